@@ -1,0 +1,123 @@
+// Kernel microbenchmarks: sketch accumulate / unsketch+top-k / merge, selection, bit packing.
+// items/s = coordinates per second; bytes/s = gradient bytes read per second (4·d).
+#include "../kernels/cpu.hpp"
+#include "../sketch/count_sketch.hpp"
+#include "common.hpp"
+
+namespace sketchsgd::bench {
+namespace {
+
+SketchConfig config(size_t d, Hashing h = Hashing::OnTheFly) {
+  return SketchConfig{d, 5, cols_for(d), 7, h};
+}
+
+void BM_Accumulate(benchmark::State& s, Hashing h) {
+  const size_t d = size_t(s.range(0));
+  const auto g = gradient(d);
+  CountSketch sk(config(d, h));
+  for (auto _ : s) {
+    sk.zero();
+    sk.accumulate(g);
+    benchmark::DoNotOptimize(sk.table().data());
+  }
+  report(s, d, 4 * d);
+}
+BENCHMARK_CAPTURE(BM_Accumulate, on_the_fly, Hashing::OnTheFly)->Apply(d_axis);
+BENCHMARK_CAPTURE(BM_Accumulate, precomputed, Hashing::Precomputed)->Apply(d_axis);
+
+void BM_UnsketchTopK(benchmark::State& s) {
+  const size_t d = size_t(s.range(0));
+  CountSketch sk(config(d));
+  sk.accumulate(gradient(d));
+  for (auto _ : s) benchmark::DoNotOptimize(sk.top_k(k_for(d)));
+  report(s, d, 4 * sk.table().size());
+}
+BENCHMARK(BM_UnsketchTopK)->Apply(d_axis);
+
+void BM_Merge(benchmark::State& s) {
+  const size_t d = size_t(s.range(0));
+  CountSketch a(config(d)), b(config(d));
+  b.accumulate(gradient(d));
+  for (auto _ : s) {
+    a += b;
+    benchmark::DoNotOptimize(a.table().data());
+  }
+  report(s, a.table().size(), 8 * a.table().size());
+}
+BENCHMARK(BM_Merge)->Apply(d_axis);
+
+void BM_TopK(benchmark::State& s) {
+  const size_t d = size_t(s.range(0)), k = d / 100;
+  const auto g = gradient(d);
+  std::vector<uint32_t> idx(k);
+  std::vector<float> val(k);
+  for (auto _ : s) {
+    kernels::cpu::topk(g.data(), d, k, idx.data(), val.data());
+    benchmark::DoNotOptimize(idx.data());
+  }
+  report(s, d, 4 * d);
+}
+BENCHMARK(BM_TopK)->Apply(d_axis);
+
+void BM_PackSigns(benchmark::State& s) {
+  const size_t d = size_t(s.range(0));
+  const auto g = gradient(d);
+  std::vector<uint32_t> w((d + 31) / 32);
+  for (auto _ : s) {
+    kernels::cpu::pack_signs(g.data(), d, w.data());
+    benchmark::DoNotOptimize(w.data());
+  }
+  report(s, d, 4 * d);
+}
+BENCHMARK(BM_PackSigns)->Apply(d_axis);
+
+void BM_UnpackSigns(benchmark::State& s) {
+  const size_t d = size_t(s.range(0));
+  const auto g = gradient(d);
+  std::vector<uint32_t> w((d + 31) / 32);
+  kernels::cpu::pack_signs(g.data(), d, w.data());
+  std::vector<float> out(d);
+  for (auto _ : s) {
+    kernels::cpu::unpack_signs(w.data(), d, d, nullptr, out.data(), false);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report(s, d, 4 * d);
+}
+BENCHMARK(BM_UnpackSigns)->Apply(d_axis);
+
+void BM_Ternarize(benchmark::State& s) {
+  const size_t d = size_t(s.range(0));
+  const auto g = gradient(d);
+  const float scale = 200.0f;
+  std::vector<uint8_t> codes((d + 3) / 4);
+  uint64_t round = 0;
+  for (auto _ : s) {
+    kernels::cpu::ternarize(g.data(), d, d, &scale, 1, round++, codes.data());
+    benchmark::DoNotOptimize(codes.data());
+  }
+  report(s, d, 4 * d);
+}
+BENCHMARK(BM_Ternarize)->Apply(d_axis);
+
+void BM_UnpackTernary(benchmark::State& s) {
+  const size_t d = size_t(s.range(0));
+  const auto g = gradient(d);
+  std::vector<uint8_t> codes((d + 3) / 4);
+  kernels::cpu::pack_ternary(g.data(), d, codes.data());
+  std::vector<float> out(d);
+  for (auto _ : s) {
+    kernels::cpu::unpack_ternary(codes.data(), d, d, nullptr, 1.0f, out.data(), false);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report(s, d, 4 * d);
+}
+BENCHMARK(BM_UnpackTernary)->Apply(d_axis);
+
+void BM_SketchConstruct(benchmark::State& s) {
+  const size_t d = 6500000;
+  for (auto _ : s) benchmark::DoNotOptimize(CountSketch(SketchConfig{d, 5, 500000, 7}));
+}
+BENCHMARK(BM_SketchConstruct)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace sketchsgd::bench

@@ -1,0 +1,109 @@
+#include "compressor.hpp"
+
+#include "../kernels/cpu.hpp"
+#include "../kernels/error.hpp"
+
+namespace sketchsgd {
+
+Compressor::Compressor(CodecId id, uint64_t dim, std::string spec)
+    : id_(id), dim_(dim), spec_(std::move(spec)) {
+  SKETCHSGD_REQUIRE(dim >= 1 && dim <= 0xFFFFFFFFull, InvalidArgument,
+                    "compressor dim must be in [1, 2^32-1], got ", dim);
+}
+
+double Compressor::compression_ratio() const {
+  return last_bytes_ ? double(dim_ * sizeof(float)) / double(last_bytes_) : 0.0;
+}
+
+CodecInfo Compressor::info() const {
+  CodecInfo i{id_, dim_, {0, 0, 0, 0, 0}};
+  for (auto k : {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
+    i.max_payload[size_t(k)] = max_payload(k);
+  return i;
+}
+
+Header CodecInfo::check(std::span<const uint8_t> message, MessageKind expected) const {
+  // Identity first (codec, dim, kind), then the size limit: a message meant for another codec gets
+  // a mismatch error rather than a size error.
+  const Header h = decode_header(message, ~uint64_t(0));
+  SKETCHSGD_REQUIRE(h.codec == id, ConfigMismatch, "message of codec ", to_string(h.codec),
+                    " given to a ", to_string(id), " codec");
+  SKETCHSGD_REQUIRE(h.dim == dim, ConfigMismatch, "message of dim ", h.dim,
+                    " given to a codec of dim ", dim);
+  SKETCHSGD_REQUIRE(h.kind == expected, ProtocolError, "expected a ", to_string(expected),
+                    " message, got a ", to_string(h.kind));
+  SKETCHSGD_REQUIRE(h.payload_bytes <= max_payload[size_t(expected)], WireError, to_string(h.kind),
+                    " payload of ", h.payload_bytes, " bytes exceeds the codec's limit of ",
+                    max_payload[size_t(expected)]);
+  return h;
+}
+
+Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t sender) {
+  SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, "encode: gradient of length ",
+                    grad.size(), " for a codec of dim ", dim_);
+  SKETCHSGD_REQUIRE(sender != kServerRank, InvalidArgument, "encode: sender id ", sender,
+                    " is reserved for the server");
+  const size_t bad = kernels::cpu::find_nonfinite(grad.data(), grad.size());
+  SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "encode: non-finite value ", grad[bad],
+                    " at coordinate ", bad);
+  Message m = do_encode(grad, make_header(MessageKind::Gradient, round, sender));
+  last_bytes_ = m.size();
+  return m;
+}
+
+Message Compressor::answer(std::span<const uint8_t> query, uint32_t sender) {
+  SKETCHSGD_REQUIRE(two_rounds(), ProtocolError, "codec ", spec_, " has no second round");
+  const Header h = check(query, MessageKind::Query);
+  ByteReader r(payload_of(query), "query payload");
+  return do_answer(r, h, sender);
+}
+
+Message Compressor::do_answer(ByteReader&, const Header&, uint32_t) {
+  throw ProtocolError("codec " + spec_ + " has no second round");
+}
+
+void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
+  SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "apply: step of length ", step.size(),
+                    " for a codec of dim ", dim_);
+  const Header h = check(update, MessageKind::Update);
+  ByteReader r(payload_of(update), "update payload");
+  do_apply(r, h, step);
+}
+
+Aggregator::Aggregator(const Compressor& codec, uint32_t world_size)
+    : info_(codec.info()), world_(world_size), seen_(world_size, false) {
+  SKETCHSGD_REQUIRE(world_size >= 1 && world_size <= 65536, InvalidArgument,
+                    "aggregator world size must be in [1, 65536], got ", world_size);
+}
+
+void Aggregator::add(std::span<const uint8_t> message) {
+  const Header h = info_.check(message, expecting_);
+  SKETCHSGD_REQUIRE(h.sender < world_, ProtocolError, "message from sender ", h.sender,
+                    " in a job of ", world_, " workers");
+  const bool opens_round = count_ == 0 && expecting_ == MessageKind::Gradient;
+  SKETCHSGD_REQUIRE(opens_round || h.round == round_, ProtocolError, "message of round ", h.round,
+                    " while collecting round ", round_);
+  SKETCHSGD_REQUIRE(!seen_[h.sender], ProtocolError, "duplicate ", to_string(h.kind),
+                    " from sender ", h.sender, " in round ", h.round);
+  ByteReader r(payload_of(message), "payload");
+  absorb(r, h);  // validates fully before changing state
+  if (count_ == 0) round_ = h.round;
+  seen_[h.sender] = true;
+  ++count_;
+}
+
+Message Aggregator::finish() {
+  SKETCHSGD_REQUIRE(count_ > 0, ProtocolError, "finish: no ", to_string(expecting_),
+                    " message arrived");
+  Header phase = info_.header(expecting_, round_, kServerRank);
+  Message out = reduce(phase, count_);
+  clear();
+  count_ = 0;
+  seen_.assign(world_, false);
+  // Byte 7 of the header is the kind (wire.hpp); a Query opens the Answer phase of this round.
+  expecting_ = MessageKind(out.bytes()[7]) == MessageKind::Query ? MessageKind::Answer
+                                                                  : MessageKind::Gradient;
+  return out;
+}
+
+}  // namespace sketchsgd

@@ -1,0 +1,49 @@
+// dense: the fp32 baseline. Workers send the gradient; the server returns the mean.
+#include "../kernels/cpu.hpp"
+#include "mean_aggregator.hpp"
+#include "payload.hpp"
+#include "registry.hpp"
+
+namespace sketchsgd {
+namespace {
+
+class DenseAggregator final : public MeanAggregator {
+ public:
+  using MeanAggregator::MeanAggregator;
+
+ private:
+  void absorb(ByteReader& r, const Header&) override {
+    const auto g = payload::read_floats(r, info_.dim, "gradient value");
+    r.expect_end();
+    auto& s = sum();
+    kernels::cpu::axpy(s.data(), g.data(), g.size(), 1.0f);
+  }
+};
+
+class Dense final : public Compressor {
+ public:
+  Dense(uint64_t dim, std::string spec) : Compressor(CodecId::Dense, dim, std::move(spec)) {}
+
+  std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
+    return std::make_unique<DenseAggregator>(*this, world);
+  }
+  uint64_t max_payload(MessageKind kind) const override {
+    return kind == MessageKind::Gradient || kind == MessageKind::Update ? dense_bytes(dim()) : 0;
+  }
+
+ private:
+  Message do_encode(std::span<const float> g, const Header& h) override {
+    return Message::build(h, g.size_bytes(), [&](ByteWriter& w) { w.put_array(g); });
+  }
+  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+    read_dense_update(r, step);
+  }
+};
+
+SKETCHSGD_REGISTER_CODEC(kDense, {"dense", "fp32 gradients, server returns the mean", {},
+                                  [](const Options&, uint64_t dim, std::string spec) {
+                                    return std::make_unique<Dense>(dim, std::move(spec));
+                                  }});
+
+}  // namespace
+}  // namespace sketchsgd

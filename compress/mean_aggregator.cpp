@@ -1,0 +1,36 @@
+#include "mean_aggregator.hpp"
+
+#include <algorithm>
+
+#include "../kernels/cpu.hpp"
+#include "payload.hpp"
+
+namespace sketchsgd {
+
+std::vector<float>& MeanAggregator::sum() {
+  if (sum_.size() != info_.dim) sum_.assign(info_.dim, 0.0f);
+  dirty_ = true;
+  return sum_;
+}
+
+Message MeanAggregator::reduce(const Header& phase, uint32_t contributors) {
+  Header h = phase;
+  h.kind = MessageKind::Update;
+  auto& s = sum();
+  kernels::cpu::scale(s.data(), s.size(), 1.0f / float(contributors));
+  return Message::build(h, dense_bytes(s.size()),
+                        [&](ByteWriter& w) { w.put_array(std::span<const float>(s)); });
+}
+
+void MeanAggregator::clear() {
+  if (dirty_) std::fill(sum_.begin(), sum_.end(), 0.0f);
+  dirty_ = false;
+}
+
+void read_dense_update(ByteReader& r, std::span<float> step) {
+  const auto v = payload::read_floats(r, step.size(), "update value");
+  r.expect_end();
+  std::copy(v.begin(), v.end(), step.begin());
+}
+
+}  // namespace sketchsgd

@@ -1,0 +1,68 @@
+#include "payload.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "../kernels/cpu.hpp"
+#include "../kernels/error.hpp"
+
+namespace sketchsgd::payload {
+
+void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val) {
+  w.put(uint32_t(idx.size()));
+  w.put_array(idx);
+  w.put_array(val);
+}
+
+std::vector<uint32_t> read_indices(ByteReader& r, uint64_t dim, uint64_t max_count) {
+  const uint32_t n = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(n <= max_count, WireError, "index list of ", n, " entries exceeds ",
+                    max_count);
+  std::vector<uint32_t> idx(n);
+  r.get_array(std::span<uint32_t>(idx));
+  for (uint32_t i = 0; i < n; ++i) {
+    SKETCHSGD_REQUIRE(idx[i] < dim, WireError, "index ", idx[i], " out of range for dim ", dim);
+    SKETCHSGD_REQUIRE(i == 0 || idx[i] > idx[i - 1], WireError,
+                      "indices not strictly increasing at entry ", i);
+  }
+  return idx;
+}
+
+Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count) {
+  Sparse s;
+  s.indices = read_indices(r, dim, max_count);
+  s.values = read_floats(r, s.indices.size(), "sparse value");
+  return s;
+}
+
+void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val) {
+  std::vector<uint32_t> order(idx.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return idx[a] < idx[b]; });
+  std::vector<uint32_t> i2(idx.size());
+  std::vector<float> v2(val.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    i2[i] = idx[order[i]];
+    v2[i] = val[order[i]];
+  }
+  idx.swap(i2);
+  val.swap(v2);
+}
+
+std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what) {
+  auto bytes = r.take<float>(n);
+  std::vector<float> out(n);
+  if (n) std::memcpy(out.data(), bytes.data(), bytes.size());
+  const size_t bad = kernels::cpu::find_nonfinite(out.data(), out.size());
+  SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, what, " ", bad, " is not finite");
+  return out;
+}
+
+std::vector<float> read_scales(ByteReader& r, uint64_t n) {
+  auto out = read_floats(r, n, "scale");
+  for (size_t i = 0; i < out.size(); ++i)
+    SKETCHSGD_REQUIRE(out[i] >= 0.0f, WireError, "scale ", i, " is negative");
+  return out;
+}
+
+}  // namespace sketchsgd::payload

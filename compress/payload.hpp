@@ -1,0 +1,38 @@
+// Payload pieces shared by several codecs: sparse (index, value) lists, float arrays, checks.
+// Readers validate everything (counts, ordering, ranges, finiteness) and throw WireError.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../kernels/bytes.hpp"
+
+namespace sketchsgd::payload {
+
+/// Sparse vector with strictly increasing indices.
+struct Sparse {
+  std::vector<uint32_t> indices;
+  std::vector<float> values;
+};
+
+/// Writes count, indices, values. Indices must be strictly increasing.
+void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val);
+/// Reads a sparse list with count ≤ max_count, indices strictly increasing and < dim, values finite.
+Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count);
+/// Reorders (idx, val) pairs by index (top-k results come ordered by magnitude).
+void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val);
+
+/// Reads n floats and checks they are finite.
+std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what);
+/// Reads n floats that must be finite and ≥ 0 (scales).
+std::vector<float> read_scales(ByteReader& r, uint64_t n);
+
+inline uint64_t sparse_bytes(uint64_t count) { return 4 + count * 8; }
+
+}  // namespace sketchsgd::payload
+
+namespace sketchsgd::payload {
+/// Reads count + strictly increasing indices < dim, count ≤ max_count.
+std::vector<uint32_t> read_indices(ByteReader& r, uint64_t dim, uint64_t max_count);
+}  // namespace sketchsgd::payload

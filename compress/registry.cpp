@@ -1,0 +1,144 @@
+#include "registry.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+
+#include "../kernels/error.hpp"
+
+namespace sketchsgd {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::string format_number(double v, bool integer) {
+  std::ostringstream os;
+  if (integer) {
+    os << uint64_t(v);
+  } else {
+    os.precision(9);
+    os << v;
+  }
+  return os.str();
+}
+
+std::string describe_options(const CodecEntry& e) {
+  std::ostringstream os;
+  if (e.options.empty()) return "  (no options)\n";
+  for (const auto& o : e.options)
+    os << "  " << o.key << "=" << (o.integer ? "<int>" : "<number>") << " in ["
+       << format_number(o.min, o.integer) << ", " << format_number(o.max, o.integer)
+       << "], default " << format_number(o.fallback, o.integer) << ": " << o.help << "\n";
+  return os.str();
+}
+
+}  // namespace
+
+double Options::number(const std::string& key) const {
+  auto it = values_.find(key);
+  SKETCHSGD_REQUIRE(it != values_.end(), InvalidArgument, "option '", key, "' is not declared");
+  return it->second;
+}
+
+std::string Options::canonical(const std::string& name, const std::vector<OptionSpec>& specs) const {
+  std::string out = name;
+  char sep = ':';
+  for (const auto& o : specs) {
+    out += sep;
+    out += o.key + "=" + format_number(number(o.key), o.integer);
+    sep = ',';
+  }
+  return out;
+}
+
+Registry& Registry::instance() {
+  static Registry registry;
+  return registry;
+}
+
+void Registry::add(CodecEntry entry) {
+  const std::string name = entry.name;
+  SKETCHSGD_REQUIRE(!entries_.count(name), InvalidArgument, "codec '", name,
+                    "' registered twice");
+  entries_.emplace(name, std::move(entry));
+}
+
+const CodecEntry* Registry::find(std::string_view name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+std::vector<const CodecEntry*> Registry::entries() const {
+  std::vector<const CodecEntry*> out;
+  for (const auto& [name, e] : entries_) out.push_back(&e);
+  return out;
+}
+
+std::string Registry::describe() const {
+  std::ostringstream os;
+  for (const auto& [name, e] : entries_) os << name << ": " << e.summary << "\n" << describe_options(e);
+  return os.str();
+}
+
+std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim) const {
+  spec = trim(spec);
+  const size_t colon = spec.find(':');
+  const std::string_view name = trim(spec.substr(0, colon));
+  const CodecEntry* e = find(name);
+  if (!e) {
+    std::string known;
+    for (const auto& [n, entry] : entries_) known += (known.empty() ? "" : ", ") + n;
+    detail::raise<InvalidArgument>("unknown codec '", name, "' in spec '", spec, "'; known: ",
+                                   known);
+  }
+  SKETCHSGD_REQUIRE(dim >= 1 && dim <= 0xFFFFFFFFull, InvalidArgument, "codec dim must be in [1, ",
+                    "2^32-1], got ", dim);
+  Options opts;
+  for (const auto& o : e->options) opts.values_[o.key] = o.fallback;
+
+  std::string_view rest = colon == std::string_view::npos ? "" : spec.substr(colon + 1);
+  std::map<std::string, bool, std::less<>> given;
+  while (colon != std::string_view::npos) {
+    const size_t comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    const size_t eq = item.find('=');
+    SKETCHSGD_REQUIRE(eq != std::string_view::npos, InvalidArgument, "spec '", spec, "': '", item,
+                      "' is not key=value; ", name, " accepts:\n", describe_options(*e));
+    const std::string key(trim(item.substr(0, eq)));
+    const std::string_view text = trim(item.substr(eq + 1));
+    const OptionSpec* o = nullptr;
+    for (const auto& cand : e->options)
+      if (cand.key == key) o = &cand;
+    SKETCHSGD_REQUIRE(o, InvalidArgument, "spec '", spec, "': unknown option '", key, "' for ",
+                      name, "; accepted:\n", describe_options(*e));
+    SKETCHSGD_REQUIRE(!given.count(key), InvalidArgument, "spec '", spec, "': option '", key,
+                      "' given twice");
+    SKETCHSGD_REQUIRE(!text.empty(), InvalidArgument, "spec '", spec, "': option '", key,
+                      "' has no value");
+    double v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    SKETCHSGD_REQUIRE(ec == std::errc() && end == text.data() + text.size() && std::isfinite(v),
+                      InvalidArgument, "spec '", spec, "': option '", key, "' = '", text,
+                      "' is not a number");
+    SKETCHSGD_REQUIRE(!o->integer || v == std::floor(v), InvalidArgument, "spec '", spec,
+                      "': option '", key, "' must be an integer, got ", text);
+    SKETCHSGD_REQUIRE(v >= o->min && v <= o->max, InvalidArgument, "spec '", spec, "': option '",
+                      key, "' = ", text, " outside [", format_number(o->min, o->integer), ", ",
+                      format_number(o->max, o->integer), "]");
+    opts.values_[key] = v;
+    given[key] = true;
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return e->build(opts, dim, opts.canonical(e->name, e->options));
+}
+
+std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim) {
+  return Registry::instance().make(spec, dim);
+}
+
+}  // namespace sketchsgd

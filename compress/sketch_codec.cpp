@@ -1,0 +1,180 @@
+// sketch: Sketched-SGD (Ivkin et al. 2019). Workers keep momentum u and error v (v += ρu + g) and
+// send the count sketch S(v). The server sums the sketches (linear: the sum is the sketch of Σv)
+// and recovers the heavy hitters:
+//   p2 = 0: the update is the top-k of the summed sketch's estimates;
+//   p2 > 0: it first asks every worker for its exact v at the top p2·k candidates (Query/Answer),
+//           sums them, and the update is the exact top-k of that sum.
+// The update holds Σ/W, the mean over contributing workers; workers zero u and v at its coordinates.
+#include <algorithm>
+
+#include "../kernels/cpu.hpp"
+#include "../kernels/error.hpp"
+#include "../sketch/count_sketch.hpp"
+#include "feedback.hpp"
+#include "payload.hpp"
+#include "registry.hpp"
+
+namespace sketchsgd {
+namespace {
+
+struct SketchOptions {
+  SketchConfig sketch;
+  uint64_t k;
+  uint64_t candidates;  // p2·k capped at dim; 0 without a second round
+  float momentum;
+};
+
+Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> val) {
+  payload::sort_by_index(idx, val);
+  h.kind = MessageKind::Update;
+  return Message::build(h, payload::sparse_bytes(idx.size()),
+                        [&](ByteWriter& w) { payload::write_sparse(w, idx, val); });
+}
+
+class SketchAggregator final : public Aggregator {
+ public:
+  SketchAggregator(const Compressor& c, uint32_t world, const SketchOptions& o)
+      : Aggregator(c, world), o_(o), sum_(o.sketch) {}
+
+ private:
+  void absorb(ByteReader& r, const Header& h) override {
+    if (h.kind == MessageKind::Gradient) {
+      const auto table = payload::read_floats(r, sum_.table().size(), "sketch cell");
+      r.expect_end();
+      sum_.add_table(table);
+    } else {
+      const uint32_t n = r.get<uint32_t>();
+      SKETCHSGD_REQUIRE(n == candidates_.size(), WireError, "answer of ", n,
+                        " values to a query of ", candidates_.size());
+      const auto v = payload::read_floats(r, n, "answer value");
+      r.expect_end();
+      kernels::cpu::axpy(answers_.data(), v.data(), n, 1.0f);
+    }
+  }
+
+  Message reduce(const Header& phase, uint32_t contributors) override {
+    const float inv = 1.0f / float(contributors);
+    if (phase.kind == MessageKind::Answer) {
+      std::vector<uint32_t> pos(std::min<uint64_t>(o_.k, answers_.size()));
+      std::vector<float> val(pos.size());
+      kernels::cpu::topk(answers_.data(), answers_.size(), pos.size(), pos.data(), val.data());
+      for (auto& p : pos) p = candidates_[p];
+      kernels::cpu::scale(val.data(), val.size(), inv);
+      return sparse_update(phase, std::move(pos), std::move(val));
+    }
+    if (o_.candidates == 0) {
+      TopK top = sum_.top_k(o_.k);
+      kernels::cpu::scale(top.values.data(), top.values.size(), inv);
+      return sparse_update(phase, std::move(top.indices), std::move(top.values));
+    }
+    TopK top = sum_.top_k(o_.candidates);
+    candidates_ = std::move(top.indices);
+    std::sort(candidates_.begin(), candidates_.end());
+    answers_.assign(candidates_.size(), 0.0f);
+    Header h = phase;
+    h.kind = MessageKind::Query;
+    return Message::build(h, 4 + 4 * candidates_.size(), [&](ByteWriter& w) {
+      w.put(uint32_t(candidates_.size()));
+      w.put_array(std::span<const uint32_t>(candidates_));
+    });
+  }
+
+  void clear() override {
+    sum_.zero();
+    std::fill(answers_.begin(), answers_.end(), 0.0f);
+  }
+
+  SketchOptions o_;
+  CountSketch sum_;
+  std::vector<uint32_t> candidates_;
+  std::vector<float> answers_;
+};
+
+class SketchCodec final : public Compressor {
+ public:
+  SketchCodec(uint64_t dim, std::string spec, const SketchOptions& o)
+      : Compressor(CodecId::Sketch, dim, std::move(spec)),
+        o_(o),
+        fb_(dim, o.momentum, true),
+        sketch_(o.sketch) {}
+
+  std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
+    return std::make_unique<SketchAggregator>(*this, world, o_);
+  }
+  bool two_rounds() const override { return o_.candidates > 0; }
+  uint64_t max_payload(MessageKind kind) const override {
+    switch (kind) {
+      case MessageKind::Gradient: return 4 * sketch_.table().size();
+      case MessageKind::Query:
+      case MessageKind::Answer: return 4 + 4 * o_.candidates;
+      case MessageKind::Update: return payload::sparse_bytes(o_.k);
+    }
+    return 0;
+  }
+
+ private:
+  Message do_encode(std::span<const float> g, const Header& h) override {
+    const auto v = fb_.absorb(g);
+    sketch_.zero();
+    sketch_.accumulate(v);
+    const auto table = sketch_.table();
+    return Message::build(h, table.size_bytes(),
+                          [&](ByteWriter& w) { w.put_array(std::span<const float>(table)); });
+  }
+
+  Message do_answer(ByteReader& r, const Header& q, uint32_t sender) override {
+    const auto idx = payload::read_indices(r, dim(), o_.candidates);
+    r.expect_end();
+    std::vector<float> val(idx.size());
+    kernels::cpu::gather(fb_.error().data(), idx.data(), idx.size(), val.data());
+    Header h = make_header(MessageKind::Answer, q.round, sender);
+    return Message::build(h, 4 + 4 * val.size(), [&](ByteWriter& w) {
+      w.put(uint32_t(val.size()));
+      w.put_array(std::span<const float>(val));
+    });
+  }
+
+  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+    const auto s = payload::read_sparse(r, dim(), o_.k);
+    r.expect_end();
+    std::fill(step.begin(), step.end(), 0.0f);
+    kernels::cpu::scatter(step.data(), s.indices.data(), s.values.data(), s.indices.size());
+    fb_.mask(s.indices);
+  }
+
+  SketchOptions o_;
+  Feedback fb_;
+  CountSketch sketch_;
+};
+
+SKETCHSGD_REGISTER_CODEC(
+    kSketch,
+    {"sketch",
+     "Sketched-SGD: count sketch of momentum + error, server recovers the top-k heavy hitters",
+     {{"rows", "sketch rows r", 5, 1, 32},
+      {"cols", "sketch columns c (0: 10 * k)", 0, 0, 2147483648.0},
+      {"k", "coordinates in each update (0: dim / 100)", 0, 0, 4294967295.0},
+      {"p2", "second round with p2 * k candidates (0: off)", 0, 0, 1000},
+      {"momentum", "worker momentum rho", 0.9, 0, 0.999, false},
+      {"seed", "hash seed shared by workers and server", 1, 0, 4294967295.0},
+      {"hashing", "0: hashes on the fly, 1: precomputed packed table", 0, 0, 1}},
+     [](const Options& o, uint64_t dim, std::string spec) {
+       SketchOptions s;
+       s.k = o.integer("k");
+       if (s.k == 0) s.k = std::max<uint64_t>(1, dim / 100);
+       SKETCHSGD_REQUIRE(s.k <= dim, InvalidArgument, "sketch: k = ", s.k, " exceeds dim ", dim);
+       s.sketch.dim = dim;
+       s.sketch.rows = uint32_t(o.integer("rows"));
+       const uint64_t cols = o.integer("cols") ? o.integer("cols") : 10 * s.k;
+       SKETCHSGD_REQUIRE(cols <= (uint64_t(1) << 31), InvalidArgument, "sketch: cols = ", cols,
+                         " exceeds 2^31");
+       s.sketch.cols = uint32_t(cols);
+       s.sketch.seed = o.integer("seed");
+       s.sketch.hashing = o.flag("hashing") ? Hashing::Precomputed : Hashing::OnTheFly;
+       s.candidates = std::min<uint64_t>(o.integer("p2") * s.k, dim);
+       s.momentum = float(o.number("momentum"));
+       return std::make_unique<SketchCodec>(dim, std::move(spec), s);
+     }});
+
+}  // namespace
+}  // namespace sketchsgd

@@ -1,0 +1,126 @@
+// topk: local top-k sparsification with error feedback (Stich et al.; DGC). Workers send the k
+// largest |e| of their error accumulator and keep the rest; the server sums the sparse vectors and
+// returns their mean (≤ W·k entries), or with global=1 re-selects the top-k of that sum.
+#include <algorithm>
+
+#include "../kernels/cpu.hpp"
+#include "../kernels/error.hpp"
+#include "feedback.hpp"
+#include "payload.hpp"
+#include "registry.hpp"
+
+namespace sketchsgd {
+namespace {
+
+struct TopKOptions {
+  uint64_t k;
+  bool global;
+  bool ef;
+  float momentum;
+};
+
+class TopKAggregator final : public Aggregator {
+ public:
+  TopKAggregator(const Compressor& c, uint32_t world, uint64_t k, bool global)
+      : Aggregator(c, world), k_(k), global_(global) {}
+
+ private:
+  void absorb(ByteReader& r, const Header&) override {
+    auto s = payload::read_sparse(r, info_.dim, k_);
+    r.expect_end();
+    idx_.insert(idx_.end(), s.indices.begin(), s.indices.end());
+    val_.insert(val_.end(), s.values.begin(), s.values.end());
+  }
+
+  Message reduce(const Header& phase, uint32_t contributors) override {
+    payload::sort_by_index(idx_, val_);  // stable within equal indices: sums are deterministic
+    std::vector<uint32_t> idx;
+    std::vector<float> val;
+    for (size_t i = 0; i < idx_.size();) {
+      size_t j = i;
+      float acc = 0.0f;
+      for (; j < idx_.size() && idx_[j] == idx_[i]; ++j) acc += val_[j];
+      idx.push_back(idx_[i]);
+      val.push_back(acc / float(contributors));
+      i = j;
+    }
+    if (global_ && idx.size() > k_) {
+      std::vector<uint32_t> pos(k_);
+      std::vector<float> top(k_);
+      kernels::cpu::topk(val.data(), val.size(), k_, pos.data(), top.data());
+      for (auto& p : pos) p = idx[p];
+      idx.swap(pos);
+      val.swap(top);
+      payload::sort_by_index(idx, val);
+    }
+    Header h = phase;
+    h.kind = MessageKind::Update;
+    return Message::build(h, payload::sparse_bytes(idx.size()),
+                          [&](ByteWriter& w) { payload::write_sparse(w, idx, val); });
+  }
+
+  void clear() override {
+    idx_.clear();
+    val_.clear();
+  }
+
+  uint64_t k_;
+  bool global_;
+  std::vector<uint32_t> idx_;
+  std::vector<float> val_;
+};
+
+class TopK final : public Compressor {
+ public:
+  TopK(uint64_t dim, std::string spec, const TopKOptions& o)
+      : Compressor(CodecId::TopK, dim, std::move(spec)), o_(o), fb_(dim, o.momentum, o.ef) {}
+
+  std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
+    return std::make_unique<TopKAggregator>(*this, world, o_.k, o_.global);
+  }
+  uint64_t max_payload(MessageKind kind) const override {
+    if (kind == MessageKind::Gradient) return payload::sparse_bytes(o_.k);
+    return kind == MessageKind::Update ? payload::sparse_bytes(dim()) : 0;
+  }
+
+ private:
+  Message do_encode(std::span<const float> g, const Header& h) override {
+    const auto v = fb_.absorb(g);
+    std::vector<uint32_t> idx(o_.k);
+    std::vector<float> val(o_.k);
+    kernels::cpu::topk(v.data(), v.size(), o_.k, idx.data(), val.data());
+    payload::sort_by_index(idx, val);
+    fb_.mask(idx);  // residual = input − sent, exactly
+    return Message::build(h, payload::sparse_bytes(o_.k),
+                          [&](ByteWriter& w) { payload::write_sparse(w, idx, val); });
+  }
+
+  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+    const auto s = payload::read_sparse(r, dim(), dim());
+    r.expect_end();
+    std::fill(step.begin(), step.end(), 0.0f);
+    kernels::cpu::scatter(step.data(), s.indices.data(), s.values.data(), s.indices.size());
+  }
+
+  TopKOptions o_;
+  Feedback fb_;
+};
+
+SKETCHSGD_REGISTER_CODEC(
+    kTopK, {"topk",
+            "local top-k with error feedback; server sums the sparse vectors",
+            {{"k", "coordinates sent per worker (0: dim / 100)", 0, 0, 4294967295.0},
+             {"global", "1: downlink re-selects the global top-k of the sum", 0, 0, 1},
+             {"ef", "1: error feedback (keep what was not sent)", 1, 0, 1},
+             {"momentum", "local momentum before selection", 0, 0, 0.999, false}},
+            [](const Options& o, uint64_t dim, std::string spec) {
+              TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"),
+                            float(o.number("momentum"))};
+              if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
+              SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ",
+                                dim);
+              return std::make_unique<TopK>(dim, std::move(spec), t);
+            }});
+
+}  // namespace
+}  // namespace sketchsgd

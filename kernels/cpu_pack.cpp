@@ -1,0 +1,113 @@
+// CPU bit packing: 1-bit signs (32 per word) and 2-bit ternary codes (4 per byte).
+#include <algorithm>
+
+#include "cpu.hpp"
+#include "elementwise.hpp"
+
+namespace sketchsgd::kernels::cpu {
+namespace {
+constexpr size_t kParallel = 1 << 14;  // words or bytes
+}
+
+void pack_signs(const float* x, size_t n, uint32_t* words) {
+  const size_t nw = (n + 31) / 32;
+#pragma omp parallel for schedule(static) if (nw > kParallel)
+  for (size_t w = 0; w < nw; ++w) {
+    const size_t lo = w * 32, m = std::min<size_t>(32, n - lo);
+    uint32_t bits = 0;
+    for (size_t b = 0; b < m; ++b) bits |= elem::sign_bit(x[lo + b]) << b;
+    words[w] = bits;
+  }
+}
+
+void unpack_signs(const uint32_t* words, size_t n, size_t chunk, const float* scales, float* out,
+                  bool accumulate) {
+  const size_t nw = (n + 31) / 32;
+#pragma omp parallel for schedule(static) if (nw > kParallel)
+  for (size_t w = 0; w < nw; ++w) {
+    const size_t lo = w * 32, m = std::min<size_t>(32, n - lo);
+    const uint32_t bits = words[w];
+    for (size_t b = 0; b < m; ++b) {
+      const size_t j = lo + b;
+      const float s = scales ? scales[j / chunk] : 1.0f;
+      const float v = s * elem::sign_value((bits >> b) & 1u);
+      out[j] = accumulate ? out[j] + v : v;
+    }
+  }
+}
+
+void count_negative(const uint32_t* words, size_t n, uint32_t* neg) {
+  const size_t nw = (n + 31) / 32;
+#pragma omp parallel for schedule(static) if (nw > kParallel)
+  for (size_t w = 0; w < nw; ++w) {
+    const size_t lo = w * 32, m = std::min<size_t>(32, n - lo);
+    const uint32_t bits = words[w];
+    for (size_t b = 0; b < m; ++b) neg[lo + b] += (bits >> b) & 1u;
+  }
+}
+
+bool sign_padding_clear(const uint32_t* words, size_t n) {
+  const size_t used = n % 32;
+  return used == 0 || (words[n / 32] >> used) == 0;
+}
+
+void ternarize(const float* x, size_t n, size_t chunk, const float* scales, uint64_t seed,
+               uint64_t stream, uint8_t* codes) {
+  const size_t nb = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (nb > kParallel)
+  for (size_t byte = 0; byte < nb; ++byte) {
+    const elem::Philox4 r = elem::philox4x32_10(uint32_t(byte), uint32_t(uint64_t(byte) >> 32),
+                                                uint32_t(stream), uint32_t(stream >> 32),
+                                                uint32_t(seed), uint32_t(seed >> 32));
+    const size_t lo = byte * 4, m = std::min<size_t>(4, n - lo);
+    uint32_t out = 0;
+    for (size_t b = 0; b < m; ++b) {
+      const size_t j = lo + b;
+      const float s = scales[j / chunk];
+      const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+      out |= elem::ternary_round(x[j], inv, elem::uniform01(r.v[b])) << (2 * b);
+    }
+    codes[byte] = uint8_t(out);
+  }
+}
+
+void pack_ternary(const float* x, size_t n, uint8_t* codes) {
+  const size_t nb = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (nb > kParallel)
+  for (size_t byte = 0; byte < nb; ++byte) {
+    const size_t lo = byte * 4, m = std::min<size_t>(4, n - lo);
+    uint32_t out = 0;
+    for (size_t b = 0; b < m; ++b) out |= elem::ternary_code(x[lo + b]) << (2 * b);
+    codes[byte] = uint8_t(out);
+  }
+}
+
+size_t unpack_ternary(const uint8_t* codes, size_t n, size_t chunk, const float* scales,
+                      float weight, float* out, bool accumulate) {
+  const size_t nb = (n + 3) / 4;
+  // Validate first so that a corrupt message changes nothing: code 3 anywhere, or padding set.
+  size_t bad = kNone;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (nb > kParallel)
+  for (size_t byte = 0; byte < nb; ++byte) {
+    const uint32_t c = codes[byte];
+    const uint32_t hi = c & 0xAAu, lo = c & 0x55u;  // code 3 = both bits of a pair set
+    const size_t m = std::min<size_t>(4, n - byte * 4);
+    const uint32_t pad = m < 4 ? (c >> (2 * m)) : 0u;
+    if (((hi >> 1) & lo) || pad) bad = std::min(bad, byte * 4);
+  }
+  if (bad != kNone) return bad;
+#pragma omp parallel for schedule(static) if (nb > kParallel)
+  for (size_t byte = 0; byte < nb; ++byte) {
+    const size_t lo = byte * 4, m = std::min<size_t>(4, n - lo);
+    const uint32_t c = codes[byte];
+    for (size_t b = 0; b < m; ++b) {
+      const size_t j = lo + b;
+      const float s = scales ? scales[j / chunk] : 1.0f;
+      const float v = weight * s * elem::ternary_value((c >> (2 * b)) & 3u);
+      out[j] = accumulate ? out[j] + v : v;
+    }
+  }
+  return kNone;
+}
+
+}  // namespace sketchsgd::kernels::cpu

@@ -1,0 +1,67 @@
+// Typed errors thrown by every public entry point of sketchsgd.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace sketchsgd {
+
+/// Base of every error the library throws on bad input or failed operations.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A size, count, index or option value outside what is accepted.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+/// NaN or ±Inf in an input vector.
+class NonFiniteError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+/// Two objects that must share a configuration (sketches, codecs, messages) do not.
+class ConfigMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Bytes that are not a valid encoded message or sketch: truncated, corrupt, oversized, inconsistent.
+class WireError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A valid message at the wrong time: wrong kind, round, duplicate sender, missing second round.
+class ProtocolError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A CUDA runtime failure; the message carries the CUDA error text.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+template <class E, class... Args>
+[[noreturn]] void raise(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  throw E(os.str());
+}
+}  // namespace detail
+
+}  // namespace sketchsgd
+
+/// Throws `Type` with the streamed message when `cond` is false.
+#define SKETCHSGD_REQUIRE(cond, Type, ...)                  \
+  do {                                                      \
+    if (!(cond)) ::sketchsgd::detail::raise<Type>(__VA_ARGS__); \
+  } while (0)

@@ -1,0 +1,35 @@
+// Test helpers: deterministic random vectors and planted heavy hitters.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace sketchsgd::test {
+
+inline std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+/// Gaussian noise plus `heavy` coordinates of magnitude `mag` with alternating signs at random
+/// distinct positions (returned sorted).
+inline std::vector<uint32_t> plant(std::vector<float>& v, size_t heavy, float mag, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint32_t> pos;
+  std::vector<bool> used(v.size(), false);
+  while (pos.size() < heavy) {
+    const uint32_t j = uint32_t(rng() % v.size());
+    if (used[j]) continue;
+    used[j] = true;
+    v[j] = (pos.size() % 2 ? -mag : mag) * (1.0f + float(pos.size()) / float(heavy));
+    pos.push_back(j);
+  }
+  std::sort(pos.begin(), pos.end());
+  return pos;
+}
+
+}  // namespace sketchsgd::test

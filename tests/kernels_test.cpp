@@ -1,0 +1,156 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "../kernels/cpu.hpp"
+#include "helpers.hpp"
+
+namespace sketchsgd {
+namespace {
+namespace k = kernels::cpu;
+
+/// Reference top-k: full sort by (|x| desc, index asc).
+void reference_topk(const std::vector<float>& x, size_t kk, std::vector<uint32_t>& idx) {
+  idx.resize(x.size());
+  std::iota(idx.begin(), idx.end(), 0u);
+  std::sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) {
+    const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
+    return fa != fb ? fa > fb : a < b;
+  });
+  idx.resize(kk);
+}
+
+class TopK : public testing::TestWithParam<std::tuple<size_t, size_t>> {};
+
+TEST_P(TopK, MatchesFullSortIncludingTies) {
+  const auto [n, kk] = GetParam();
+  auto x = test::gaussian(n, n + kk);
+  // Ties: quantise a third of the values so many magnitudes repeat, with both signs.
+  for (size_t i = 0; i < n; i += 3) x[i] = std::round(x[i] * 4) / 4;
+  std::vector<uint32_t> want;
+  reference_topk(x, kk, want);
+  std::vector<uint32_t> idx(kk);
+  std::vector<float> val(kk);
+  k::topk(x.data(), n, kk, idx.data(), val.data());
+  EXPECT_EQ(idx, want);
+  for (size_t i = 0; i < kk; ++i) EXPECT_EQ(val[i], x[idx[i]]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, TopK,
+                         testing::Values(std::make_tuple(1, 1), std::make_tuple(10, 0),
+                                         std::make_tuple(10, 10), std::make_tuple(1000, 7),
+                                         std::make_tuple(100000, 1), std::make_tuple(100000, 5000),
+                                         std::make_tuple(300000, 150000),
+                                         std::make_tuple(1 << 20, 20000)));
+
+TEST(TopK, AdversarialIncreasingOrder) {
+  // Increasing magnitudes defeat the running threshold as often as possible.
+  const size_t n = 200000, kk = 1000;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = (i % 2 ? -1.0f : 1.0f) * float(i);
+  std::vector<uint32_t> idx(kk);
+  std::vector<float> val(kk);
+  k::topk(x.data(), n, kk, idx.data(), val.data());
+  for (size_t i = 0; i < kk; ++i) EXPECT_EQ(idx[i], n - 1 - i);
+}
+
+TEST(Signs, PackUnpackExactWithPadding) {
+  for (size_t n : {1u, 31u, 32u, 33u, 1000u, 65537u}) {
+    auto x = test::gaussian(n, n);
+    x[0] = 0.0f;  // sign(0) = +1
+    std::vector<uint32_t> words((n + 31) / 32, 0xFFFFFFFFu);
+    k::pack_signs(x.data(), n, words.data());
+    EXPECT_TRUE(k::sign_padding_clear(words.data(), n));
+    std::vector<float> out(n);
+    k::unpack_signs(words.data(), n, n, nullptr, out.data(), false);
+    for (size_t j = 0; j < n; ++j) ASSERT_EQ(out[j], x[j] < 0 ? -1.0f : 1.0f) << n << " " << j;
+    std::vector<uint32_t> neg(n, 0);
+    k::count_negative(words.data(), n, neg.data());
+    for (size_t j = 0; j < n; ++j) ASSERT_EQ(neg[j], x[j] < 0 ? 1u : 0u);
+    if (n % 32) {
+      words.back() |= 1u << 31;
+      EXPECT_FALSE(k::sign_padding_clear(words.data(), n));
+    }
+  }
+}
+
+TEST(Signs, ScaledUnpackPerChunk) {
+  const size_t n = 100, chunk = 30;
+  auto x = test::gaussian(n, 3);
+  std::vector<uint32_t> words(4);
+  k::pack_signs(x.data(), n, words.data());
+  const float scales[] = {1.0f, 2.0f, 3.0f, 4.0f};
+  std::vector<float> out(n, 1.0f);
+  k::unpack_signs(words.data(), n, chunk, scales, out.data(), true);
+  for (size_t j = 0; j < n; ++j) EXPECT_EQ(out[j], 1.0f + scales[j / chunk] * (x[j] < 0 ? -1 : 1));
+}
+
+TEST(Ternary, PackUnpackRoundTripAndRejectsInvalid) {
+  for (size_t n : {1u, 3u, 4u, 5u, 1001u}) {
+    std::vector<float> x(n);
+    for (size_t j = 0; j < n; ++j) x[j] = float(int(j % 3) - 1);
+    std::vector<uint8_t> codes((n + 3) / 4);
+    k::pack_ternary(x.data(), n, codes.data());
+    std::vector<float> out(n, 9.0f);
+    ASSERT_EQ(k::unpack_ternary(codes.data(), n, n, nullptr, 2.0f, out.data(), false), kernels::kNone);
+    for (size_t j = 0; j < n; ++j) ASSERT_EQ(out[j], 2.0f * x[j]);
+    auto bad = codes;
+    bad[bad.size() / 2] |= 0x3;  // code 3
+    std::vector<float> untouched(n, 7.0f);
+    EXPECT_NE(k::unpack_ternary(bad.data(), n, n, nullptr, 1.0f, untouched.data(), true), kernels::kNone);
+    EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 7.0f; }));
+    if (n % 4) {
+      auto pad = codes;
+      pad.back() |= uint8_t(1u << 6);
+      EXPECT_NE(k::unpack_ternary(pad.data(), n, n, nullptr, 1.0f, untouched.data(), true), kernels::kNone);
+    }
+  }
+}
+
+TEST(Ternary, StochasticRoundingIsUnbiased) {
+  // Average of many independent streams approaches x (|x| ≤ s). Fixed seeds: deterministic test.
+  const size_t n = 64;
+  std::vector<float> x(n);
+  for (size_t j = 0; j < n; ++j) x[j] = std::sin(float(j)) * 0.9f;
+  const float scale = 1.0f;
+  std::vector<double> mean(n, 0.0);
+  const int draws = 20000;
+  std::vector<uint8_t> codes(n / 4);
+  std::vector<float> out(n);
+  for (int d = 0; d < draws; ++d) {
+    k::ternarize(x.data(), n, n, &scale, 5, uint64_t(d), codes.data());
+    ASSERT_EQ(k::unpack_ternary(codes.data(), n, n, &scale, 1.0f, out.data(), false), kernels::kNone);
+    for (size_t j = 0; j < n; ++j) mean[j] += out[j];
+  }
+  for (size_t j = 0; j < n; ++j) {
+    const double p = std::fabs(x[j]), sd = std::sqrt(p * (1 - p) / draws);
+    EXPECT_NEAR(mean[j] / draws, x[j], 6 * sd + 1e-6) << j;
+  }
+}
+
+TEST(Vector, FindNonFinite) {
+  std::vector<float> x(100000, 1.0f);
+  EXPECT_EQ(k::find_nonfinite(x.data(), x.size()), kernels::kNone);
+  x[77777] = std::numeric_limits<float>::infinity();
+  x[88888] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(k::find_nonfinite(x.data(), x.size()), 77777u);
+  x[5] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(k::find_nonfinite(x.data(), x.size()), 5u);
+}
+
+TEST(Vector, ChunkStats) {
+  const float x[] = {1, -3, 2, 0, 4};
+  kernels::ChunkStats s[2];
+  k::chunk_stats(x, 5, 3, s);
+  EXPECT_FLOAT_EQ(s[0].abs_max, 3);
+  EXPECT_FLOAT_EQ(s[0].abs_mean, 2);
+  EXPECT_NEAR(s[0].stddev, std::sqrt((1 + 9 + 4) / 3.0 - 0.0), 1e-6);
+  EXPECT_FLOAT_EQ(s[1].abs_max, 4);
+  EXPECT_FLOAT_EQ(s[1].stddev, 2);
+}
+
+}  // namespace
+}  // namespace sketchsgd
