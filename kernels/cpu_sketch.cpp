@@ -34,17 +34,25 @@ bool block_finite(const float* x, size_t n) {
   return bad == 0;
 }
 
+constexpr size_t kPrefetch = 16;  // table lines touched ahead: the scatter/gather is L2/L3-latency bound
+
+/// Packed hashes of coordinates lo … lo + n − 1 in one row: the precomputed table, or computed
+/// into buf (a loop without dependencies that the compiler unrolls).
+const uint32_t* row_hashes(const Hasher& h, uint32_t row, uint64_t lo, size_t n, uint32_t* buf) {
+  if (h.s.packed) return h.s.packed + row * h.s.dim + lo;
+  const hash::RowHash rh = h.rows[row];
+  const uint32_t cols = h.s.cols;
+  for (size_t i = 0; i < n; ++i) buf[i] = hash::locate(rh, uint32_t(lo + i), cols);
+  return buf;
+}
+
 void accumulate_row(const Hasher& h, uint32_t row, float* t, const float* x, size_t n,
                     uint64_t offset, float scale) {
-  if (h.s.packed) {
-    const uint32_t* p = h.s.packed + row * h.s.dim + offset;
-    for (size_t i = 0; i < n; ++i) t[hash::bucket_of(p[i])] += hash::apply_sign(p[i], scale * x[i]);
-  } else {
-    const hash::RowHash rh = h.rows[row];
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t p = hash::locate(rh, uint32_t(offset + i), h.s.cols);
-      t[hash::bucket_of(p)] += hash::apply_sign(p, scale * x[i]);
-    }
+  uint32_t buf[kBlock];
+  const uint32_t* p = row_hashes(h, row, offset, n, buf);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetch < n) __builtin_prefetch(t + hash::bucket_of(p[i + kPrefetch]), 1, 3);
+    t[hash::bucket_of(p[i])] += hash::apply_sign(p[i], scale * x[i]);
   }
 }
 
@@ -54,18 +62,31 @@ void estimate_range(const Hasher& h, const float* table, uint64_t lo, uint64_t h
   const uint32_t r = h.s.rows;
   thread_local std::vector<float> scratch;
   scratch.resize(size_t(r) * kBlock);
+  uint32_t buf[kBlock];
   for (uint32_t i = 0; i < r; ++i) {
     const float* t = table + size_t(i) * h.s.cols;
     float* dst = scratch.data() + size_t(i) * kBlock;
-    for (size_t q = 0; q < m; ++q) {
-      const uint32_t p = h(i, lo + q);
-      dst[q] = hash::apply_sign(p, t[hash::bucket_of(p)]);
-    }
+    const uint32_t* p = row_hashes(h, i, lo, m, buf);
+    // Independent loads: out-of-order execution overlaps them; a prefetch here only costs.
+    for (size_t q = 0; q < m; ++q) dst[q] = hash::apply_sign(p[q], t[hash::bucket_of(p[q])]);
   }
-  float v[elem::kMaxRows];
-  for (size_t q = 0; q < m; ++q) {
-    for (uint32_t i = 0; i < r; ++i) v[i] = scratch[size_t(i) * kBlock + q];
-    out[q] = elem::median_inplace(v, int(r));
+  // The same network as elem::median_inplace, applied row pair by row pair across the whole
+  // block: each compare-exchange is a vectorised min/max over m coordinates.
+  float* s = scratch.data();
+  for (uint32_t i = 1; i < r; ++i)
+    for (uint32_t j = i; j > 0; --j) {
+      float* a = s + size_t(j - 1) * kBlock;
+      float* b = s + size_t(j) * kBlock;
+#pragma omp simd
+      for (size_t q = 0; q < m; ++q) elem::compare_exchange(a[q], b[q]);
+    }
+  const float* low = s + size_t((r - 1) / 2) * kBlock;
+  const float* high = s + size_t(r / 2) * kBlock;
+  if (r & 1) {
+    std::copy(high, high + m, out);
+  } else {
+#pragma omp simd
+    for (size_t q = 0; q < m; ++q) out[q] = 0.5f * low[q] + 0.5f * high[q];
   }
 }
 

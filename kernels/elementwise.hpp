@@ -10,20 +10,26 @@ namespace sketchsgd::elem {
 
 inline constexpr int kMaxRows = 32;  // largest r a sketch may have (median buffers live in registers)
 
-/// Median of v[0..n), reordering v. For even n it is the mean of the two middle values
-/// (not the lower median the reference code takes). n is small (≤ kMaxRows): insertion sort.
-SKETCHSGD_HD float median_inplace(float* v, int n) {
-  for (int i = 1; i < n; ++i) {
-    const float x = v[i];
-    int j = i - 1;
-    while (j >= 0 && v[j] > x) {
-      v[j + 1] = v[j];
-      --j;
-    }
-    v[j + 1] = x;
-  }
+/// The median of n sorted values: the middle one, or for even n the mean of the two middle ones.
+SKETCHSGD_HD float median_of_sorted(const float* v, int n) {
   const int mid = n / 2;
   return (n & 1) ? v[mid] : 0.5f * v[mid - 1] + 0.5f * v[mid];
+}
+
+/// Compare-exchange without a branch (min/max instructions): the sorting network below has a
+/// fixed shape, so nothing mispredicts and the CPU kernels run it across many coordinates at once.
+SKETCHSGD_HD void compare_exchange(float& a, float& b) {
+  const float lo = a < b ? a : b, hi = a < b ? b : a;
+  a = lo;
+  b = hi;
+}
+
+/// Median of v[0..n), reordering v. For even n it is the mean of the two middle values
+/// (not the lower median the reference code takes). n ≤ kMaxRows: a fixed insertion network.
+SKETCHSGD_HD float median_inplace(float* v, int n) {
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0; --j) compare_exchange(v[j - 1], v[j]);
+  return median_of_sorted(v, n);
 }
 
 /// Philox4x32-10 (Salmon et al., SC'11), the counter-based generator cuRAND also uses: four
