@@ -35,6 +35,14 @@ Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count) {
   return s;
 }
 
+Sparse read_sparse_into(ByteReader& r, uint64_t max_count, std::span<float> step) {
+  Sparse s = read_sparse(r, step.size(), max_count);
+  r.expect_end();
+  std::fill(step.begin(), step.end(), 0.0f);
+  kernels::cpu::scatter(step.data(), s.indices.data(), s.values.data(), s.indices.size());
+  return s;
+}
+
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val) {
   std::vector<uint32_t> order(idx.size());
   std::iota(order.begin(), order.end(), 0u);

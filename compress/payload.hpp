@@ -20,6 +20,9 @@ struct Sparse {
 void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val);
 /// Reads a sparse list with count ≤ max_count, indices strictly increasing and < dim, values finite.
 Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count);
+/// Reads a sparse Update (count ≤ max_count) and writes it densely into step: zeros elsewhere.
+/// Validated completely before step is written.
+Sparse read_sparse_into(ByteReader& r, uint64_t max_count, std::span<float> step);
 /// Reorders (idx, val) pairs by index (top-k results come ordered by magnitude).
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val);
 

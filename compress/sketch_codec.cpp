@@ -135,11 +135,7 @@ class SketchCodec final : public Compressor {
   }
 
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    const auto s = payload::read_sparse(r, dim(), o_.k);
-    r.expect_end();
-    std::fill(step.begin(), step.end(), 0.0f);
-    kernels::cpu::scatter(step.data(), s.indices.data(), s.values.data(), s.indices.size());
-    fb_.mask(s.indices);
+    fb_.mask(payload::read_sparse_into(r, o_.k, step).indices);
   }
 
   SketchOptions o_;

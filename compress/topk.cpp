@@ -96,10 +96,7 @@ class TopK final : public Compressor {
   }
 
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    const auto s = payload::read_sparse(r, dim(), dim());
-    r.expect_end();
-    std::fill(step.begin(), step.end(), 0.0f);
-    kernels::cpu::scatter(step.data(), s.indices.data(), s.values.data(), s.indices.size());
+    payload::read_sparse_into(r, dim(), step);
   }
 
   TopKOptions o_;
