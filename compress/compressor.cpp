@@ -70,6 +70,14 @@ void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
   do_apply(r, h, step);
 }
 
+void Compressor::decode(std::span<const uint8_t> update, std::span<float> step) const {
+  SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "decode: step of length ", step.size(),
+                    " for a codec of dim ", dim_);
+  const Header h = check(update, MessageKind::Update);
+  ByteReader r(payload_of(update), "update payload");
+  do_decode(r, h, step);
+}
+
 Aggregator::Aggregator(const Compressor& codec, uint32_t world_size)
     : info_(codec.info()), world_(world_size), seen_(world_size, false) {
   SKETCHSGD_REQUIRE(world_size >= 1 && world_size <= 65536, InvalidArgument,

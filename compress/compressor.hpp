@@ -51,6 +51,9 @@ class Compressor {
   /// Writes the dense step of an Update into step (length dim) and updates the codec's state
   /// (e.g. zero momentum and error at the update's coordinates). Corrupt bytes change nothing.
   void apply(std::span<const uint8_t> update, std::span<float> step);
+  /// The dense step of an Update without touching any state: what a parameter server that keeps
+  /// the model applies. Same validation as apply().
+  void decode(std::span<const uint8_t> update, std::span<float> step) const;
 
   // ---- server role ------------------------------------------------------------------------------
   virtual std::unique_ptr<Aggregator> make_aggregator(uint32_t world_size) const = 0;
@@ -77,7 +80,12 @@ class Compressor {
  protected:
   virtual Message do_encode(std::span<const float> grad, const Header& h) = 0;
   virtual Message do_answer(ByteReader& payload, const Header& query, uint32_t sender);
-  virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) = 0;
+  /// Validates an Update payload completely, then writes its dense step.
+  virtual void do_decode(ByteReader& payload, const Header& h, std::span<float> step) const = 0;
+  /// decode + the codec's state change (default: none).
+  virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) {
+    do_decode(payload, h, step);
+  }
 
  private:
   CodecId id_;

@@ -35,7 +35,7 @@ class Dense final : public Compressor {
   Message do_encode(std::span<const float> g, const Header& h) override {
     return Message::build(h, g.size_bytes(), [&](ByteWriter& w) { w.put_array(g); });
   }
-  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
     read_dense_update(r, step);
   }
 };

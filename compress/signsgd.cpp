@@ -116,7 +116,7 @@ class SignSGD final : public Compressor {
     });
   }
 
-  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
     if (ef_) return read_dense_update(r, step);
     const auto codes = r.take<uint8_t>((dim() + 3) / 4);
     r.expect_end();

@@ -134,6 +134,9 @@ class SketchCodec final : public Compressor {
     });
   }
 
+  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
+    payload::read_sparse_into(r, o_.k, step);
+  }
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     fb_.mask(payload::read_sparse_into(r, o_.k, step).indices);
   }

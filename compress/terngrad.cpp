@@ -93,7 +93,7 @@ class TernGrad final : public Compressor {
     return m;
   }
 
-  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
     read_dense_update(r, step);
   }
 

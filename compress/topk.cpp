@@ -95,7 +95,7 @@ class TopK final : public Compressor {
                           [&](ByteWriter& w) { payload::write_sparse(w, idx, val); });
   }
 
-  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
     payload::read_sparse_into(r, dim(), step);
   }
 

@@ -43,6 +43,12 @@ class ProtocolError : public Error {
   using Error::Error;
 };
 
+/// A peer (server or worker) did not answer in time.
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A CUDA runtime failure; the message carries the CUDA error text.
 class CudaError : public Error {
  public:

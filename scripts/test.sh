@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/packages.sh
-ensure_packages cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libomp-dev
+ensure_packages cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libomp-dev \
+  libzmq3-dev cppzmq-dev
 
 jobs=$(nproc)
 for preset in default asan; do

@@ -1,0 +1,117 @@
+#include "checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "../kernels/bytes.hpp"
+
+namespace sketchsgd::ps {
+namespace {
+
+constexpr uint32_t kCheckpointMagic = 0x4B434B53;  // "SKCK"
+constexpr uint16_t kCheckpointVersion = 1;
+
+[[noreturn]] void fail(const std::string& what, const std::string& path) {
+  throw Error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
+}
+
+void write_all(int fd, const uint8_t* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("write", path);
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+void fsync_dir(const std::string& path) {
+  auto dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) fail("open folder of", path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail("fsync folder of", path);
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  Bytes b;
+  b.reserve(64 + c.spec.size() + c.params.size() * 4);
+  ByteWriter w(b);
+  w.put(kCheckpointMagic);
+  w.put(kCheckpointVersion);
+  w.put(uint16_t(0));
+  w.put(c.job);
+  w.put(c.round);
+  w.put(uint64_t(c.params.size()));
+  w.put(uint32_t(c.spec.size()));
+  w.put_array(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(c.spec.data()),
+                                       c.spec.size()));
+  w.put_array(std::span<const float>(c.params));
+  w.put(crc32c(b));
+
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("create", tmp);
+  try {
+    write_all(fd, b.data(), b.size(), tmp);
+    if (::fsync(fd) != 0) fail("fsync", tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename to", path);
+  fsync_dir(path);
+}
+
+std::optional<Checkpoint> load_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (!std::filesystem::exists(path)) return std::nullopt;
+    fail("open", path);
+  }
+  const Bytes b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  SKETCHSGD_REQUIRE(b.size() >= 4, WireError, "checkpoint ", path, " truncated");
+  const auto body = std::span<const uint8_t>(b).first(b.size() - 4);
+  ByteReader tail(std::span<const uint8_t>(b).last(4), "checkpoint");
+  SKETCHSGD_REQUIRE(tail.get<uint32_t>() == crc32c(body), WireError, "checkpoint ", path,
+                    ": checksum mismatch (corrupt or truncated)");
+  ByteReader r(body, "checkpoint");
+  SKETCHSGD_REQUIRE(r.get<uint32_t>() == kCheckpointMagic, WireError, "checkpoint ", path,
+                    ": bad magic");
+  const auto version = r.get<uint16_t>();
+  SKETCHSGD_REQUIRE(version == kCheckpointVersion, WireError, "checkpoint ", path, ": version ",
+                    version);
+  r.get<uint16_t>();
+  Checkpoint c;
+  c.job = r.get<uint64_t>();
+  c.round = r.get<uint64_t>();
+  const auto dim = r.get<uint64_t>();
+  const auto spec_len = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(spec_len <= 4096, WireError, "checkpoint ", path, ": spec of ", spec_len,
+                    " bytes");
+  const auto spec = r.take<uint8_t>(spec_len);
+  c.spec.assign(reinterpret_cast<const char*>(spec.data()), spec.size());
+  SKETCHSGD_REQUIRE(dim == r.left() / 4 && r.left() % 4 == 0, WireError, "checkpoint ", path,
+                    ": declares ", dim, " parameters, holds ", r.left(), " bytes");
+  c.params.resize(dim);
+  r.get_array(std::span<float>(c.params));
+  for (size_t i = 0; i < c.params.size(); ++i)
+    SKETCHSGD_REQUIRE(std::isfinite(c.params[i]), WireError, "checkpoint ", path,
+                      ": non-finite parameter at ", i);
+  return c;
+}
+
+}  // namespace sketchsgd::ps

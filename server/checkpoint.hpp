@@ -1,0 +1,25 @@
+// Server checkpoints: parameters, round and job identity in one self-checking file, written
+// atomically (temporary file, fsync, rename, fsync of the folder) so a crash leaves either the old
+// checkpoint or the new one, never a torn file.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sketchsgd::ps {
+
+struct Checkpoint {
+  uint64_t job = 0;
+  uint64_t round = 0;  ///< next round to run: updates of rounds < round are in params
+  std::string spec;    ///< canonical codec spec
+  std::vector<float> params;
+};
+
+/// Writes atomically; throws Error with the failing system call and errno text.
+void save_checkpoint(const std::string& path, const Checkpoint& c);
+/// nullopt when no file exists; WireError when it exists but is truncated or corrupt.
+std::optional<Checkpoint> load_checkpoint(const std::string& path);
+
+}  // namespace sketchsgd::ps

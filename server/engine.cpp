@@ -1,0 +1,464 @@
+#include "engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "../compress/registry.hpp"
+#include "../kernels/cpu.hpp"
+#include "../kernels/error.hpp"
+
+namespace sketchsgd::ps {
+namespace {
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+std::string ranks_text(const std::vector<uint32_t>& r) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < r.size(); ++i) os << (i ? "," : "") << r[i];
+  os << ']';
+  return os.str();
+}
+
+// Raw header fields of a core wire message (wire.hpp offsets); the aggregator validates the
+// whole message, checksum included, right after.
+uint64_t wire_u64(std::span<const uint8_t> m, size_t off) {
+  uint64_t v = 0;
+  if (m.size() >= kHeaderBytes) std::memcpy(&v, m.data() + off, 8);
+  return v;
+}
+uint32_t wire_sender(std::span<const uint8_t> m) {
+  uint32_t v = kServerRank;
+  if (m.size() >= kHeaderBytes) std::memcpy(&v, m.data() + 24, 4);
+  return v;
+}
+
+}  // namespace
+
+Policy parse_policy(std::string_view s) {
+  if (s == "wait") return Policy::Wait;
+  if (s == "quorum") return Policy::Quorum;
+  if (s == "abort") return Policy::Abort;
+  throw InvalidArgument("policy must be wait, quorum or abort, got '" + std::string(s) + "'");
+}
+
+std::string_view to_string(Policy p) {
+  switch (p) {
+    case Policy::Wait: return "wait";
+    case Policy::Quorum: return "quorum";
+    case Policy::Abort: return "abort";
+  }
+  return "unknown";
+}
+
+void JobConfig::validate() const {
+  SKETCHSGD_REQUIRE(world >= 1 && world <= 65536, InvalidArgument, "world size must be in [1, 65536], got ",
+                    world);
+  SKETCHSGD_REQUIRE(dim >= 1, InvalidArgument, "dim must be ≥ 1");
+  SKETCHSGD_REQUIRE(std::isfinite(lr), InvalidArgument, "learning rate must be finite, got ", lr);
+  SKETCHSGD_REQUIRE(min_workers <= world, InvalidArgument, "min_workers ", min_workers,
+                    " exceeds the world size ", world);
+  SKETCHSGD_REQUIRE(deadline.count() >= 1, InvalidArgument, "deadline must be ≥ 1 ms");
+  SKETCHSGD_REQUIRE(heartbeat.count() >= 1, InvalidArgument, "heartbeat must be ≥ 1 ms");
+  SKETCHSGD_REQUIRE(dead_after >= 1, InvalidArgument, "dead_after must be ≥ 1");
+}
+
+Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
+  cfg_.validate();
+  if (cfg_.min_workers == 0) cfg_.min_workers = cfg_.world;
+  codec_ = make_compressor(cfg_.spec, cfg_.dim);
+  cfg_.spec = codec_->spec();
+  agg_ = codec_->make_aggregator(cfg_.world);
+  workers_.resize(cfg_.world);
+  pending_pull_.assign(cfg_.world, false);
+  reset_round();
+}
+
+uint64_t Engine::max_frame_bytes() const {
+  uint64_t m = std::max<uint64_t>(cfg_.dim * 4, kMaxText + 64);
+  for (auto k : {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer,
+                 MessageKind::Update})
+    m = std::max(m, codec_->max_payload(k) + kHeaderBytes);
+  return m;
+}
+
+uint32_t Engine::live_workers() const {
+  return uint32_t(std::count_if(workers_.begin(), workers_.end(),
+                                [](const Worker& w) { return w.registered && w.alive; }));
+}
+
+void Engine::restore(const Checkpoint& c) {
+  SKETCHSGD_REQUIRE(c.job == cfg_.job, ConfigMismatch, "checkpoint of job ", c.job,
+                    ", server runs job ", cfg_.job);
+  SKETCHSGD_REQUIRE(c.spec == cfg_.spec, ConfigMismatch, "checkpoint of codec ", c.spec,
+                    ", server runs ", cfg_.spec);
+  SKETCHSGD_REQUIRE(c.params.size() == cfg_.dim, ConfigMismatch, "checkpoint of dim ",
+                    c.params.size(), ", server runs dim ", cfg_.dim);
+  model_ = c.params;
+  round_ = c.round;
+  agg_ = codec_->make_aggregator(cfg_.world);
+  last_outcome_.clear();
+  reset_round();
+}
+
+Checkpoint Engine::checkpoint() const { return Checkpoint{cfg_.job, round_, cfg_.spec, model_}; }
+
+void Engine::reset_round() {
+  pushed_.assign(cfg_.world, false);
+  answered_.assign(cfg_.world, false);
+  phase_ = MessageKind::Gradient;
+  round_start_.reset();
+  metrics_ = RoundMetrics{};
+  metrics_.bytes_up.assign(cfg_.world, 0);
+  metrics_.dense_bytes = cfg_.dim * 4 + kHeaderBytes;
+  merge_ms_ = 0;
+}
+
+// ---- sending --------------------------------------------------------------------------------------
+
+void Engine::send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const {
+  out.push_back(Outgoing{workers_[rank].peer, std::move(frames)});
+}
+
+namespace {
+Frame envelope(Type t, uint64_t job, uint64_t round, uint32_t rank) {
+  return Frame::own(encode(Envelope{t, job, round, rank, 0}));
+}
+}  // namespace
+
+void Engine::refuse(const PeerId& peer, const Envelope& e, bool retry, const std::string& why,
+                    std::vector<Outgoing>& out) {
+  hooks_.log("refused " + std::string(to_string(e.type)) + " from rank " +
+             std::to_string(e.rank) + ": " + why);
+  ++rejected_;
+  out.push_back(Outgoing{peer,
+                         {envelope(Type::Refuse, cfg_.job, round_, e.rank),
+                          Frame::own(encode(RefuseInfo{retry, e.type, why.substr(0, kMaxText)}))}});
+}
+
+void Engine::drop(const PeerId&, const std::string& why) {
+  ++rejected_;
+  hooks_.log("dropped message: " + why);
+}
+
+Frames Engine::model_frames() const {
+  Bytes b(model_.size() * 4);
+  std::memcpy(b.data(), model_.data(), b.size());
+  return {Frame(), Frame::own(std::move(b))};
+}
+
+// ---- receiving ------------------------------------------------------------------------------------
+
+void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
+                    std::vector<Outgoing>& out) {
+  try {
+    SKETCHSGD_REQUIRE(!frames.empty(), WireError, "message without frames");
+    const Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
+    if (e.job != cfg_.job) {
+      if (e.type == Type::Hello)
+        refuse(peer, e, false,
+               "job id " + std::to_string(e.job) + ", server runs job " + std::to_string(cfg_.job),
+               out);
+      else
+        drop(peer, "job id " + std::to_string(e.job) + " is not this job's");
+      return;
+    }
+    if (e.type == Type::Hello) {
+      on_hello(peer, e, frames, now, out);
+      return;
+    }
+    const auto it = rank_of_.find(peer);
+    if (it == rank_of_.end()) {
+      // A worker whose server restarted learns here that it must register again.
+      if (e.type != Type::Bye) refuse(peer, e, true, "not registered (send hello first)", out);
+      return;
+    }
+    const uint32_t rank = it->second;
+    SKETCHSGD_REQUIRE(e.rank == rank, ProtocolError, "connection of rank ", rank,
+                      " sent a message as rank ", e.rank);
+    Worker& w = workers_[rank];
+    w.last_seen = now;
+    if (!w.alive) {
+      w.alive = true;
+      hooks_.log("rank " + std::to_string(rank) + " is alive again");
+    }
+    switch (e.type) {
+      case Type::Init: on_init(rank, frames, out); break;
+      case Type::Pull: on_pull(rank, out); break;
+      case Type::Push: on_push(rank, e, frames, now, out); break;
+      case Type::Answer: on_answer(rank, e, frames, now, out); break;
+      case Type::Heartbeat: break;  // liveness noted above; the transport echoes it
+      case Type::Bye:
+        w.alive = false;
+        hooks_.log("rank " + std::to_string(rank) + " left");
+        break;
+      default:
+        throw ProtocolError(std::string(to_string(e.type)) + " is a server-to-worker message");
+    }
+    progress(now, out);
+  } catch (const Error& ex) {
+    drop(peer, ex.what());
+  }
+}
+
+void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f,
+                      Clock::time_point now, std::vector<Outgoing>& out) {
+  const HelloInfo h = decode_hello(f[1].bytes());
+  auto mismatch = [&](const std::string& why) { refuse(peer, e, false, why, out); };
+  if (h.world != cfg_.world)
+    return mismatch("world size " + std::to_string(h.world) + ", the job has " +
+                    std::to_string(cfg_.world) + " workers");
+  if (e.rank >= cfg_.world)
+    return mismatch("rank " + std::to_string(e.rank) + " outside [0, " +
+                    std::to_string(cfg_.world) + ")");
+  if (h.dim != cfg_.dim)
+    return mismatch("dim " + std::to_string(h.dim) + ", the job has dim " +
+                    std::to_string(cfg_.dim));
+  if (h.spec != cfg_.spec)
+    return mismatch("codec '" + h.spec + "', the job runs '" + cfg_.spec + "'");
+  const auto held = rank_of_.find(peer);
+  if (held != rank_of_.end() && held->second != e.rank)
+    return mismatch("this connection is already rank " + std::to_string(held->second));
+
+  Worker& w = workers_[e.rank];
+  if (w.registered && w.peer != peer) {
+    if (w.alive && now - w.last_seen < cfg_.heartbeat)
+      return refuse(peer, e, true,
+                    "rank " + std::to_string(e.rank) + " is held by a live connection", out);
+    rank_of_.erase(w.peer);
+    hooks_.log("rank " + std::to_string(e.rank) + " re-registered on a new connection");
+  } else if (!w.registered) {
+    hooks_.log("rank " + std::to_string(e.rank) + " registered");
+  }
+  w.peer = peer;
+  w.registered = true;
+  w.alive = true;
+  w.last_seen = now;
+  rank_of_[peer] = e.rank;
+  const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count())};
+  send(e.rank, {envelope(Type::Welcome, cfg_.job, round_, e.rank), Frame::own(encode(info))}, out);
+}
+
+void Engine::on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out) {
+  SKETCHSGD_REQUIRE(rank == 0, ProtocolError, "init from rank ", rank, " (only rank 0 initialises)");
+  if (has_model()) return;  // a second init (rank 0 restarted before the first pull) changes nothing
+  const auto b = f[1].bytes();
+  SKETCHSGD_REQUIRE(b.size() == cfg_.dim * 4, WireError, "init of ", b.size(), " bytes for dim ",
+                    cfg_.dim);
+  std::vector<float> p(cfg_.dim);
+  std::memcpy(p.data(), b.data(), b.size());
+  const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
+  SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "init: non-finite parameter at ", bad);
+  model_ = std::move(p);
+  hooks_.log("model initialised by rank 0 (" + std::to_string(cfg_.dim) + " parameters)");
+  for (uint32_t r = 0; r < cfg_.world; ++r)
+    if (pending_pull_[r]) on_pull(r, out);
+}
+
+void Engine::on_pull(uint32_t rank, std::vector<Outgoing>& out) {
+  if (!has_model()) {
+    pending_pull_[rank] = true;
+    return;
+  }
+  pending_pull_[rank] = false;
+  Frames fr = model_frames();
+  fr[0] = envelope(Type::Model, cfg_.job, round_, rank);
+  send(rank, std::move(fr), out);
+}
+
+void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
+                     std::vector<Outgoing>& out) {
+  SKETCHSGD_REQUIRE(has_model(), ProtocolError, "push from rank ", rank, " before the model exists");
+  if (e.round < round_) {
+    // Idempotent: a worker that missed the outcome of the previous round gets it again; older
+    // pushes are ignored.
+    if (e.round + 1 == round_ && !last_outcome_.empty()) {
+      Frames fr = last_outcome_;
+      fr[0] = envelope(Type(fr[0].bytes()[6]), cfg_.job, e.round, rank);
+      send(rank, std::move(fr), out);
+    }
+    hooks_.log("stale push of round " + std::to_string(e.round) + " from rank " +
+               std::to_string(rank) + " (now at " + std::to_string(round_) + ")");
+    return;
+  }
+  if (e.round > round_) {
+    // Only after a server restart from an older checkpoint: resynchronise the worker.
+    hooks_.log("rank " + std::to_string(rank) + " pushed round " + std::to_string(e.round) +
+               " ahead of the server's " + std::to_string(round_) + ": sending the model");
+    on_pull(rank, out);
+    return;
+  }
+  SKETCHSGD_REQUIRE(phase_ == MessageKind::Gradient, ProtocolError, "late push from rank ", rank,
+                    ": round ", round_, " is in its second phase");
+  const auto msg = f[1].bytes();
+  SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
+                    "push of rank ", rank, " round ", e.round,
+                    " carries a message with another sender or round");
+  const auto t0 = Clock::now();
+  agg_->add(msg);
+  merge_ms_ += ms_between(t0, Clock::now());
+  if (!round_start_) round_start_ = now;
+  if (agg_->count() == 1) phase_start_ = now;
+  pushed_[rank] = true;
+  metrics_.bytes_up[rank] += msg.size();
+}
+
+void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
+                       std::vector<Outgoing>&) {
+  if (e.round < round_) return;  // answer of a round that already closed: nothing to do
+  SKETCHSGD_REQUIRE(e.round == round_ && phase_ == MessageKind::Answer, ProtocolError,
+                    "answer of round ", e.round, " from rank ", rank,
+                    " while no query of that round is open");
+  SKETCHSGD_REQUIRE(pushed_[rank], ProtocolError, "answer from rank ", rank, " which was not queried");
+  const auto msg = f[1].bytes();
+  SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
+                    "answer of rank ", rank, " carries a message with another sender or round");
+  const auto t0 = Clock::now();
+  agg_->add(msg);
+  merge_ms_ += ms_between(t0, Clock::now());
+  if (agg_->count() == 1) phase_start_ = now;
+  answered_[rank] = true;
+  metrics_.bytes_up[rank] += msg.size();
+}
+
+// ---- rounds ---------------------------------------------------------------------------------------
+
+void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
+  if (!has_model() || finished() || agg_->count() == 0) return;
+  const bool gradient = phase_ == MessageKind::Gradient;
+  const auto& got = gradient ? pushed_ : answered_;
+  bool all = true, live_all = true;
+  std::vector<uint32_t> missing;
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    const bool expected = gradient || pushed_[r];
+    if (!expected || got[r]) continue;
+    all = false;
+    missing.push_back(r);
+    if (workers_[r].registered && workers_[r].alive) live_all = false;
+  }
+  if (all) return close_phase(now, out, "");
+  const bool late = now - phase_start_ >= cfg_.deadline;
+  const uint32_t count = agg_->count();
+  if (!gradient) {
+    // The answers of dead workers never come, whatever the policy.
+    if (live_all || late)
+      close_phase(now, out, "no answer from " + ranks_text(missing));
+    return;
+  }
+  switch (cfg_.policy) {
+    case Policy::Quorum:
+      if (count >= cfg_.min_workers && (live_all || late))
+        return close_phase(now, out, "quorum of " + std::to_string(count) + ", missing " +
+                                         ranks_text(missing));
+      break;
+    case Policy::Abort:
+      if (late)
+        return abort_round(now, out, "deadline passed with " + std::to_string(count) + " of " +
+                                         std::to_string(cfg_.world) + " pushes, missing " +
+                                         ranks_text(missing));
+      break;
+    case Policy::Wait: break;
+  }
+  if (late && now - last_wait_log_ >= cfg_.deadline) {
+    last_wait_log_ = now;
+    hooks_.log("round " + std::to_string(round_) + " past its deadline, waiting for " +
+               ranks_text(missing));
+  }
+}
+
+void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
+  const uint32_t count = agg_->count();
+  const auto t0 = Clock::now();
+  Message m = agg_->finish();
+  merge_ms_ += ms_between(t0, Clock::now());
+  if (!reason.empty()) metrics_.reason += (metrics_.reason.empty() ? "" : "; ") + reason;
+  const Frame payload = Frame::own(std::move(m).release());
+
+  if (agg_->expecting() == MessageKind::Answer) {
+    phase_ = MessageKind::Answer;
+    phase_start_ = now;
+    metrics_.contributors = count;
+    metrics_.bytes_down_each += payload.size();
+    for (uint32_t r = 0; r < cfg_.world; ++r)
+      if (pushed_[r] && workers_[r].alive)
+        send(r, {envelope(Type::Query, cfg_.job, round_, r), payload}, out);
+    return;
+  }
+  if (phase_ == MessageKind::Gradient) metrics_.contributors = count;
+
+  const UpdateInfo info{cfg_.lr, metrics_.contributors};
+  step_.resize(cfg_.dim);
+  codec_->decode(payload.bytes(), step_);
+  kernels::cpu::axpy(model_.data(), step_.data(), model_.size(), -cfg_.lr);
+  last_outcome_ = {Frame(), Frame::own(encode(info)), payload};
+  last_outcome_[0] = envelope(Type::Update, cfg_.job, round_, 0);
+  metrics_.bytes_down_each += payload.size();
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    if (!workers_[r].registered || !workers_[r].alive) continue;
+    Frames fr = last_outcome_;
+    fr[0] = envelope(Type::Update, cfg_.job, round_, r);
+    send(r, std::move(fr), out);
+  }
+  metrics_.latency_ms = round_start_ ? ms_between(*round_start_, now) : 0;
+  finish_round(out);
+}
+
+void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
+  hooks_.log("round " + std::to_string(round_) + " aborted: " + reason);
+  agg_ = codec_->make_aggregator(cfg_.world);  // drop the partial merge
+  metrics_.aborted = true;
+  metrics_.reason = reason;
+  last_outcome_ = {envelope(Type::Abort, cfg_.job, round_, 0), Frame::own(encode_text(reason))};
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    if (!workers_[r].registered || !workers_[r].alive) continue;
+    Frames fr = last_outcome_;
+    fr[0] = envelope(Type::Abort, cfg_.job, round_, r);
+    send(r, std::move(fr), out);
+  }
+  metrics_.latency_ms = round_start_ ? ms_between(*round_start_, now) : 0;
+  finish_round(out);
+}
+
+void Engine::finish_round(std::vector<Outgoing>&) {
+  metrics_.round = round_;
+  metrics_.merge_ms = merge_ms_;
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    const Worker& w = workers_[r];
+    if (w.registered && w.alive && !pushed_[r]) metrics_.stragglers.push_back(r);
+    if (!w.registered || !w.alive) metrics_.dead.push_back(r);
+  }
+  if (!metrics_.aborted && !metrics_.stragglers.empty())
+    hooks_.log("round " + std::to_string(round_) + " closed without " +
+               ranks_text(metrics_.stragglers) + (metrics_.reason.empty() ? "" : ": ") +
+               metrics_.reason);
+  hooks_.round(metrics_);
+  ++round_;
+  if (!cfg_.checkpoint.empty() && cfg_.checkpoint_every &&
+      (round_ % cfg_.checkpoint_every == 0 || finished())) {
+    try {
+      save_checkpoint(cfg_.checkpoint, checkpoint());
+    } catch (const Error& e) {
+      hooks_.log(std::string("CHECKPOINT FAILED (training goes on): ") + e.what());
+    }
+  }
+  reset_round();
+}
+
+void Engine::tick(Clock::time_point now, std::vector<Outgoing>& out) {
+  const auto limit = cfg_.heartbeat * cfg_.dead_after;
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    Worker& w = workers_[r];
+    if (w.registered && w.alive && now - w.last_seen > limit) {
+      w.alive = false;
+      hooks_.log("rank " + std::to_string(r) + " is dead: silent for " +
+                 std::to_string(int64_t(ms_between(w.last_seen, now))) + " ms");
+    }
+  }
+  progress(now, out);
+}
+
+}  // namespace sketchsgd::ps

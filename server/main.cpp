@@ -1,0 +1,85 @@
+// sketchsgd-server: the parameter server of one training job. Workers connect with the worker
+// client (worker/client.hpp); see --help.
+#include <csignal>
+#include <cstdio>
+
+#include "../compress/registry.hpp"
+#include "flags.hpp"
+#include "server.hpp"
+
+namespace {
+sketchsgd::ps::Server* g_server = nullptr;
+void on_signal(int) {
+  if (g_server) g_server->stop();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace sketchsgd::ps;
+  Flags f(
+      "sketchsgd-server: parameter server for compressed distributed SGD.\n"
+      "Workers push encoded gradients each round; the server merges them in compressed form\n"
+      "(sketches summed, heavy hitters recovered), applies the update to its model and sends it\n"
+      "to every worker.\n\n"
+      "  sketchsgd-server --world 4 --dim 1000000 --codec sketch:k=10000 --bind tcp://0.0.0.0:5555");
+  f.add("bind", "tcp://127.0.0.1:5555", "ZeroMQ endpoint to bind (tcp://HOST:PORT; PORT * = any)",
+        "SKETCHSGD_BIND");
+  f.add("job", "1", "job id; workers must use the same", "SKETCHSGD_JOB");
+  f.add("world", "1", "number of workers W", "SKETCHSGD_WORLD");
+  f.add("dim", "0", "number of parameters d (required)", "SKETCHSGD_DIM");
+  f.add("codec", "sketch", "codec spec, e.g. sketch:rows=5,cols=500000,k=50000,p2=4", "SKETCHSGD_CODEC");
+  f.add("lr", "0.1", "learning rate: everyone does w -= lr * step", "SKETCHSGD_LR");
+  f.add("policy", "quorum", "when a round's deadline passes: wait | quorum | abort", "SKETCHSGD_POLICY");
+  f.add("min-workers", "0", "quorum size (0: all W)", "SKETCHSGD_MIN_WORKERS");
+  f.add("deadline-ms", "30000", "per-round deadline from its first push", "SKETCHSGD_DEADLINE_MS");
+  f.add("heartbeat-ms", "1000", "liveness interval workers must keep", "SKETCHSGD_HEARTBEAT_MS");
+  f.add("dead-after", "3", "missed heartbeat intervals before a worker is dead", "SKETCHSGD_DEAD_AFTER");
+  f.add("checkpoint", "", "checkpoint file; resumed from when it exists", "SKETCHSGD_CHECKPOINT");
+  f.add("checkpoint-every", "100", "rounds between checkpoints (with --checkpoint)",
+        "SKETCHSGD_CHECKPOINT_EVERY");
+  f.add("rounds", "0", "stop after this many rounds (0: run until interrupted)", "SKETCHSGD_ROUNDS");
+  f.add("metrics", "", "append one JSON line per round to this file", "SKETCHSGD_METRICS");
+  f.add("quiet", "0", "no log lines", "", true);
+  f.add("no-status", "0", "no live status line", "", true);
+  f.add("list-codecs", "0", "print every codec and its options, then exit", "", true);
+  try {
+    if (!f.parse(argc, argv)) return 0;
+    if (f.on("list-codecs")) {
+      std::fputs(sketchsgd::Registry::instance().describe().c_str(), stdout);
+      return 0;
+    }
+    ServerOptions o;
+    o.bind = f.str("bind");
+    o.job.job = f.u64("job");
+    o.job.world = uint32_t(f.u64("world"));
+    o.job.dim = f.u64("dim");
+    SKETCHSGD_REQUIRE(o.job.dim > 0, sketchsgd::InvalidArgument, "--dim is required (see --help)");
+    o.job.spec = f.str("codec");
+    o.job.lr = float(f.num("lr"));
+    o.job.policy = parse_policy(f.str("policy"));
+    o.job.min_workers = uint32_t(f.u64("min-workers"));
+    o.job.deadline = Millis(f.u64("deadline-ms"));
+    o.job.heartbeat = Millis(f.u64("heartbeat-ms"));
+    o.job.dead_after = uint32_t(f.u64("dead-after"));
+    o.job.checkpoint = f.str("checkpoint");
+    o.job.checkpoint_every = f.u64("checkpoint-every");
+    o.job.max_rounds = f.u64("rounds");
+    o.metrics = f.str("metrics");
+    o.quiet = f.on("quiet");
+    o.status = !f.on("no-status") && !o.quiet;
+    Server server(o);
+    g_server = &server;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    server.start();
+    // The bound endpoint on stdout, so a launcher that asked for port * can read it.
+    std::printf("%s\n", server.endpoint().c_str());
+    std::fflush(stdout);
+    server.run();
+    g_server = nullptr;
+    return 0;
+  } catch (const sketchsgd::Error& e) {
+    std::fprintf(stderr, "sketchsgd-server: %s\n", e.what());
+    return 2;
+  }
+}

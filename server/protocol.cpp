@@ -1,0 +1,187 @@
+#include "protocol.hpp"
+
+#include <cmath>
+
+namespace sketchsgd::ps {
+
+std::string_view to_string(Type t) {
+  switch (t) {
+    case Type::Hello: return "hello";
+    case Type::Welcome: return "welcome";
+    case Type::Refuse: return "refuse";
+    case Type::Init: return "init";
+    case Type::Pull: return "pull";
+    case Type::Model: return "model";
+    case Type::Push: return "push";
+    case Type::Query: return "query";
+    case Type::Answer: return "answer";
+    case Type::Update: return "update";
+    case Type::Abort: return "abort";
+    case Type::Heartbeat: return "heartbeat";
+    case Type::Bye: return "bye";
+  }
+  return "unknown";
+}
+
+uint32_t payload_frames(Type t) {
+  switch (t) {
+    case Type::Update: return 2;
+    case Type::Pull:
+    case Type::Heartbeat:
+    case Type::Bye: return 0;
+    default: return 1;
+  }
+}
+
+Bytes encode(const Envelope& e) {
+  Bytes out;
+  out.reserve(kEnvelopeBytes);
+  ByteWriter w(out);
+  w.put(kMagic);
+  w.put(kProtocolVersion);
+  w.put(uint8_t(e.type));
+  w.put(uint8_t(0));
+  w.put(e.job);
+  w.put(e.round);
+  w.put(e.rank);
+  w.put(payload_frames(e.type));
+  return out;
+}
+
+Envelope decode_envelope(std::span<const uint8_t> frame, size_t frames_present) {
+  SKETCHSGD_REQUIRE(frame.size() == kEnvelopeBytes, WireError, "envelope of ", frame.size(),
+                    " bytes, expected ", kEnvelopeBytes);
+  ByteReader r(frame, "envelope");
+  SKETCHSGD_REQUIRE(r.get<uint32_t>() == kMagic, WireError, "envelope: bad magic");
+  const auto version = r.get<uint16_t>();
+  SKETCHSGD_REQUIRE(version == kProtocolVersion, WireError, "envelope: protocol version ",
+                    version, ", this build speaks ", kProtocolVersion);
+  const auto type = r.get<uint8_t>();
+  SKETCHSGD_REQUIRE(type >= 1 && type <= kMaxType, WireError, "envelope: unknown type ",
+                    int(type));
+  SKETCHSGD_REQUIRE(r.get<uint8_t>() == 0, WireError, "envelope: flags set");
+  Envelope e;
+  e.type = Type(type);
+  e.job = r.get<uint64_t>();
+  e.round = r.get<uint64_t>();
+  e.rank = r.get<uint32_t>();
+  e.frames = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(e.frames == payload_frames(e.type), WireError, "envelope: ", to_string(e.type),
+                    " declares ", e.frames, " payload frames, the protocol has ",
+                    payload_frames(e.type));
+  SKETCHSGD_REQUIRE(e.frames == frames_present, WireError, "envelope: declares ", e.frames,
+                    " payload frames, ", frames_present, " arrived");
+  return e;
+}
+
+namespace {
+void put_text(ByteWriter& w, std::string_view s) {
+  SKETCHSGD_REQUIRE(s.size() <= kMaxText, InvalidArgument, "text of ", s.size(),
+                    " bytes exceeds ", kMaxText);
+  w.put(uint32_t(s.size()));
+  w.put_array(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
+
+std::string get_text(ByteReader& r) {
+  const auto n = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(n <= kMaxText, WireError, "text of ", n, " bytes exceeds ", kMaxText);
+  const auto b = r.take<uint8_t>(n);
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+}  // namespace
+
+Bytes encode(const HelloInfo& h) {
+  Bytes out;
+  ByteWriter w(out);
+  w.put(h.world);
+  w.put(h.dim);
+  put_text(w, h.spec);
+  return out;
+}
+
+HelloInfo decode_hello(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "hello");
+  HelloInfo h;
+  h.world = r.get<uint32_t>();
+  h.dim = r.get<uint64_t>();
+  h.spec = get_text(r);
+  r.expect_end();
+  return h;
+}
+
+Bytes encode(const WelcomeInfo& w) {
+  Bytes out;
+  ByteWriter b(out);
+  b.put(w.has_model);
+  b.put(w.heartbeat_ms);
+  return out;
+}
+
+WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "welcome");
+  WelcomeInfo w;
+  w.has_model = r.get<uint8_t>();
+  w.heartbeat_ms = r.get<uint32_t>();
+  r.expect_end();
+  SKETCHSGD_REQUIRE(w.has_model <= 1, WireError, "welcome: has_model = ", int(w.has_model));
+  SKETCHSGD_REQUIRE(w.heartbeat_ms >= 1 && w.heartbeat_ms <= 3600000, WireError,
+                    "welcome: heartbeat interval ", w.heartbeat_ms, " ms");
+  return w;
+}
+
+Bytes encode(const RefuseInfo& f) {
+  Bytes out;
+  ByteWriter w(out);
+  w.put(uint8_t(f.retry));
+  w.put(uint8_t(f.refused));
+  put_text(w, f.reason);
+  return out;
+}
+
+RefuseInfo decode_refuse(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "refuse");
+  RefuseInfo f;
+  const auto retry = r.get<uint8_t>();
+  SKETCHSGD_REQUIRE(retry <= 1, WireError, "refuse: retry = ", int(retry));
+  f.retry = retry;
+  const auto refused = r.get<uint8_t>();
+  SKETCHSGD_REQUIRE(refused >= 1 && refused <= kMaxType, WireError, "refuse: type ", int(refused));
+  f.refused = Type(refused);
+  f.reason = get_text(r);
+  r.expect_end();
+  return f;
+}
+
+Bytes encode(const UpdateInfo& u) {
+  Bytes out;
+  ByteWriter w(out);
+  w.put(u.lr);
+  w.put(u.contributors);
+  return out;
+}
+
+UpdateInfo decode_update_info(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "update info");
+  UpdateInfo u;
+  u.lr = r.get<float>();
+  u.contributors = r.get<uint32_t>();
+  r.expect_end();
+  SKETCHSGD_REQUIRE(std::isfinite(u.lr), WireError, "update info: learning rate ", u.lr);
+  return u;
+}
+
+Bytes encode_text(std::string_view s) {
+  Bytes out;
+  ByteWriter w(out);
+  put_text(w, s);
+  return out;
+}
+
+std::string decode_text(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "text");
+  auto s = get_text(r);
+  r.expect_end();
+  return s;
+}
+
+}  // namespace sketchsgd::ps

@@ -1,0 +1,448 @@
+// The parameter server's round logic, driven in-process with a fake clock (no sockets): registration
+// checks, rounds for every codec bit for bit against the in-process reference, deadlines and
+// policies, stale and duplicate traffic, garbage, checkpoints.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "../compress/registry.hpp"
+#include "../kernels/cpu.hpp"
+#include "../server/engine.hpp"
+#include "ps_synthetic.hpp"
+#include "round.hpp"
+
+namespace sketchsgd::ps {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Net {
+  explicit Net(JobConfig cfg) : engine(std::move(cfg), hooks()) {}
+  static Hooks hooks() {
+    Hooks h;
+    h.log = [](const std::string&) {};
+    return h;
+  }
+
+  void deliver(const PeerId& peer, const Frames& f) {
+    std::vector<Outgoing> out;
+    engine.handle(peer, f, now, out);
+    route(out);
+  }
+  void tick(Millis dt) {
+    now += dt;
+    std::vector<Outgoing> out;
+    engine.tick(now, out);
+    route(out);
+  }
+  void route(std::vector<Outgoing>& out) {
+    for (auto& o : out) inbox[o.peer].push_back(std::move(o.frames));
+  }
+  /// The next message the server sent to peer (fails the test when there is none).
+  std::optional<std::pair<Envelope, Frames>> next(const PeerId& peer) {
+    auto& q = inbox[peer];
+    if (q.empty()) return std::nullopt;
+    Frames f = std::move(q.front());
+    q.pop_front();
+    return std::make_pair(decode_envelope(f[0].bytes(), f.size() - 1), std::move(f));
+  }
+
+  Engine engine;
+  Clock::time_point now = Clock::time_point{} + std::chrono::hours(1);
+  std::map<PeerId, std::deque<Frames>> inbox;
+};
+
+Frame env(Type t, uint64_t job, uint64_t round, uint32_t rank) {
+  return Frame::own(encode(Envelope{t, job, round, rank, 0}));
+}
+Frame bytes_frame(std::span<const uint8_t> b) { return Frame::own(Bytes(b.begin(), b.end())); }
+
+struct FakeWorker {
+  FakeWorker(uint32_t r, const JobConfig& cfg)
+      : rank(r), peer("peer-" + std::to_string(r)), job(cfg.job), world(cfg.world),
+        codec(make_compressor(cfg.spec, cfg.dim)) {}
+
+  void hello(Net& net, uint32_t as_world = 0) {
+    const HelloInfo h{as_world ? as_world : world, codec->dim(), codec->spec()};
+    net.deliver(peer, {env(Type::Hello, job, 0, rank), Frame::own(encode(h))});
+  }
+  /// Registers, initialises (rank 0) and pulls the model.
+  void join(Net& net, std::span<const float> init) {
+    hello(net);
+    auto w = net.next(peer);
+    ASSERT_TRUE(w);
+    ASSERT_EQ(w->first.type, Type::Welcome);
+    if (!decode_welcome(w->second[1].bytes()).has_model && rank == 0)
+      net.deliver(peer, {env(Type::Init, job, 0, rank),
+                         bytes_frame({reinterpret_cast<const uint8_t*>(init.data()), init.size_bytes()})});
+    net.deliver(peer, {env(Type::Pull, job, 0, rank)});
+  }
+  /// Takes a Model message if one is queued.
+  bool take_model(Net& net) {
+    auto m = net.next(peer);
+    if (!m || m->first.type != Type::Model) return false;
+    params.resize(codec->dim());
+    std::memcpy(params.data(), m->second[1].bytes().data(), params.size() * 4);
+    round = m->first.round;
+    return true;
+  }
+  void push(Net& net, std::span<const float> g) {
+    const Message m = codec->encode(g, round, rank);
+    net.deliver(peer, {env(Type::Push, job, round, rank), bytes_frame(m)});
+  }
+  /// Handles what the server sent: answers queries, applies the update. Returns the type that
+  /// ended the round (Update or Abort) or nothing.
+  std::optional<Type> settle(Net& net) {
+    while (auto m = net.next(peer)) {
+      const auto& [e, f] = *m;
+      if (e.type == Type::Query) {
+        const Message a = codec->answer(f[1].bytes(), rank);
+        net.deliver(peer, {env(Type::Answer, job, e.round, rank), bytes_frame(a)});
+      } else if (e.type == Type::Update && e.round == round) {
+        const UpdateInfo info = decode_update_info(f[1].bytes());
+        std::vector<float> step(codec->dim());
+        codec->apply(f[2].bytes(), step);
+        kernels::cpu::axpy(params.data(), step.data(), params.size(), -info.lr);
+        ++round;
+        return Type::Update;
+      } else if (e.type == Type::Abort && e.round == round) {
+        ++round;
+        return Type::Abort;
+      }
+    }
+    return std::nullopt;
+  }
+
+  uint32_t rank;
+  PeerId peer;
+  uint64_t job;
+  uint32_t world;
+  std::unique_ptr<Compressor> codec;
+  std::vector<float> params;
+  uint64_t round = 0;
+};
+
+JobConfig job(const std::string& spec, uint32_t world, uint64_t dim) {
+  JobConfig c;
+  c.job = 42;
+  c.world = world;
+  c.dim = dim;
+  c.spec = spec;
+  c.lr = 0.25f;
+  c.deadline = 1000ms;
+  c.heartbeat = 100ms;
+  return c;
+}
+
+std::vector<FakeWorker> start(Net& net, const JobConfig& cfg, std::span<const float> init) {
+  std::vector<FakeWorker> ws;
+  for (uint32_t r = 0; r < cfg.world; ++r) ws.emplace_back(r, cfg);
+  // Ranks 1.. register and pull before rank 0 initialises: their pulls wait for the model.
+  for (uint32_t r = cfg.world; r-- > 0;) ws[r].join(net, init);
+  for (auto& w : ws) EXPECT_TRUE(w.take_model(net)) << "rank " << w.rank;
+  return ws;
+}
+
+class EngineCodecs : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineCodecs, RoundsMatchTheInProcessReferenceBitForBit) {
+  constexpr uint64_t kDim = 3000;
+  constexpr uint32_t kWorld = 3;
+  const JobConfig cfg = job(GetParam(), kWorld, kDim);
+  Net net(cfg);
+  const auto init = test::initial_params(kDim, 7);
+  auto ws = start(net, cfg, init);
+
+  test::Job ref(cfg.spec, kDim, kWorld);
+  std::vector<float> ref_params = init;
+  for (uint64_t t = 0; t < 6; ++t) {
+    std::vector<std::vector<float>> grads;
+    for (auto& w : ws) {
+      grads.push_back(test::synthetic_grad(w.params, w.rank, t, 11));
+      w.push(net, grads.back());
+    }
+    for (int pass = 0; pass < 2; ++pass)  // second pass: updates after answers
+      for (auto& w : ws) w.settle(net);
+    for (auto& w : ws) ASSERT_EQ(w.round, t + 1) << "rank " << w.rank << " round " << t;
+    const auto steps = ref.round(grads, t);
+    kernels::cpu::axpy(ref_params.data(), steps[0].data(), kDim, -cfg.lr);
+  }
+  EXPECT_EQ(net.engine.round(), 6u);
+  const auto model = net.engine.model();
+  ASSERT_EQ(model.size(), kDim);
+  EXPECT_EQ(std::memcmp(model.data(), ref_params.data(), kDim * 4), 0) << "server ≠ reference";
+  for (auto& w : ws)
+    EXPECT_EQ(std::memcmp(w.params.data(), ref_params.data(), kDim * 4), 0) << "rank " << w.rank;
+  EXPECT_NE(std::memcmp(ref_params.data(), init.data(), kDim * 4), 0) << "nothing was trained";
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, EngineCodecs,
+                         ::testing::Values("dense", "topk:k=60", "topk:k=60,global=1", "terngrad",
+                                           "signsgd", "signsgd:ef=1", "sketch:k=60,cols=600",
+                                           "sketch:k=60,cols=600,p2=3"));
+
+std::string refusal(Net& net, const PeerId& peer) {
+  auto m = net.next(peer);
+  if (!m || m->first.type != Type::Refuse) return "<no refusal>";
+  return decode_refuse(m->second[1].bytes()).reason;
+}
+
+TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
+  const JobConfig cfg = job("sketch:k=20,cols=200", 2, 500);
+  Net net(cfg);
+  FakeWorker w(0, cfg);
+
+  w.hello(net, 3);
+  EXPECT_NE(refusal(net, w.peer).find("world size 3"), std::string::npos);
+
+  const HelloInfo bad_dim{2, 501, w.codec->spec()};
+  net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(bad_dim))});
+  EXPECT_NE(refusal(net, w.peer).find("dim 501"), std::string::npos);
+
+  const HelloInfo bad_spec{2, 500, make_compressor("topk:k=20", 500)->spec()};
+  net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(bad_spec))});
+  EXPECT_NE(refusal(net, w.peer).find("codec 'topk"), std::string::npos);
+
+  const HelloInfo good{2, 500, w.codec->spec()};
+  net.deliver(w.peer, {env(Type::Hello, cfg.job + 1, 0, 0), Frame::own(encode(good))});
+  EXPECT_NE(refusal(net, w.peer).find("job id 43"), std::string::npos);
+
+  net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 5), Frame::own(encode(good))});
+  EXPECT_NE(refusal(net, w.peer).find("rank 5 outside"), std::string::npos);
+
+  w.hello(net);
+  ASSERT_EQ(net.next(w.peer)->first.type, Type::Welcome);
+  // A second live connection claiming rank 0 is refused (retry later), not allowed to take over.
+  net.deliver("intruder", {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(good))});
+  auto m = net.next("intruder");
+  ASSERT_TRUE(m && m->first.type == Type::Refuse);
+  const RefuseInfo r = decode_refuse(m->second[1].bytes());
+  EXPECT_TRUE(r.retry);
+  EXPECT_NE(r.reason.find("held by a live connection"), std::string::npos);
+  // Once the holder has been silent for a heartbeat, a restarted worker takes the rank over.
+  net.now += 150ms;
+  net.deliver("restarted", {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(good))});
+  EXPECT_EQ(net.next("restarted")->first.type, Type::Welcome);
+  // The old connection is no longer rank 0.
+  net.deliver(w.peer, {env(Type::Pull, cfg.job, 0, 0)});
+  EXPECT_NE(refusal(net, w.peer).find("not registered"), std::string::npos);
+  EXPECT_EQ(net.engine.rejected(), 7u);
+}
+
+TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {
+  JobConfig cfg = job("topk:k=10", 3, 200);
+  cfg.policy = Policy::Quorum;
+  cfg.min_workers = 2;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(200, 1));
+  for (int i = 0; i < 2; ++i) ws[i].push(net, test::synthetic_grad(ws[i].params, i, 0, 3));
+  net.tick(50ms);
+  EXPECT_FALSE(ws[0].settle(net)) << "closed before rank 2 was known dead";
+  // Ranks 0 and 1 keep showing liveness; rank 2 stays silent past 3 heartbeat intervals.
+  for (int i = 0; i < 4; ++i) {
+    for (int r = 0; r < 2; ++r) net.deliver(ws[r].peer, {env(Type::Heartbeat, cfg.job, 0, r)});
+    net.tick(100ms);
+  }
+  EXPECT_EQ(net.engine.live_workers(), 2u);
+  EXPECT_EQ(ws[0].settle(net), Type::Update);
+  EXPECT_EQ(ws[1].settle(net), Type::Update);
+  EXPECT_EQ(net.engine.round(), 1u);
+  // The dead worker comes back with its round-0 push: stale, so it gets round 0's update again.
+  ws[2].push(net, test::synthetic_grad(ws[2].params, 2, 0, 3));
+  EXPECT_EQ(ws[2].settle(net), Type::Update);
+  EXPECT_EQ(std::memcmp(ws[2].params.data(), ws[0].params.data(), 800), 0);
+  EXPECT_EQ(net.engine.live_workers(), 3u);
+}
+
+TEST(Engine, AbortPolicyEndsTheRoundAtTheDeadline) {
+  JobConfig cfg = job("dense", 2, 100);
+  cfg.policy = Policy::Abort;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(100, 2));
+  const std::vector<float> before(net.engine.model().begin(), net.engine.model().end());
+  ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 0, 3));
+  net.tick(900ms);
+  EXPECT_FALSE(ws[0].settle(net));
+  net.deliver(ws[1].peer, {env(Type::Heartbeat, cfg.job, 0, 1)});
+  net.tick(200ms);
+  EXPECT_EQ(ws[0].settle(net), Type::Abort);
+  EXPECT_EQ(ws[1].settle(net), Type::Abort);
+  EXPECT_EQ(net.engine.round(), 1u);
+  EXPECT_EQ(std::memcmp(net.engine.model().data(), before.data(), 400), 0) << "abort changed the model";
+  // The next round runs normally.
+  for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, 1, 3));
+  EXPECT_EQ(ws[0].settle(net), Type::Update);
+}
+
+TEST(Engine, WaitPolicyWaitsPastTheDeadline) {
+  JobConfig cfg = job("dense", 2, 100);
+  cfg.policy = Policy::Wait;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(100, 2));
+  ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 0, 3));
+  for (int i = 0; i < 30; ++i) net.tick(100ms);  // rank 1 dead and past the deadline
+  EXPECT_FALSE(ws[0].settle(net));
+  ws[1].push(net, test::synthetic_grad(ws[1].params, 1, 0, 3));
+  EXPECT_EQ(ws[0].settle(net), Type::Update);
+  EXPECT_EQ(ws[1].settle(net), Type::Update);
+}
+
+TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
+  const JobConfig cfg = job("topk:k=10", 2, 200);
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(200, 4));
+  const auto g0 = test::synthetic_grad(ws[0].params, 0, 0, 3);
+  ws[0].push(net, g0);
+  const uint64_t rejected = net.engine.rejected();
+  ws[0].push(net, g0);  // duplicate: the aggregator refuses the second copy
+  EXPECT_EQ(net.engine.rejected(), rejected + 1);
+
+  const PeerId p = ws[1].peer;
+  const Frame good_env = env(Type::Push, cfg.job, 0, 1);
+  std::vector<Frames> garbage = {
+      {},
+      {Frame::own(Bytes{1, 2, 3})},
+      {Frame::own(Bytes(32, 0))},
+      {good_env},                                            // push without its payload frame
+      {good_env, Frame::own(Bytes(10, 7))},                  // payload not a wire message
+      {good_env, Frame::own(Bytes(10, 7)), Frame::own({})},  // too many frames
+      {env(Type::Push, cfg.job, 0, 0), Frame::own(Bytes(64, 0))},  // another rank's identity
+      {env(Type::Update, cfg.job, 0, 1), Frame::own({}), Frame::own({})},  // server-only type
+      {env(Type::Init, cfg.job, 0, 1), Frame::own(Bytes(800, 0))},         // init from rank 1
+  };
+  Bytes truncated = encode(Envelope{Type::Pull, cfg.job, 0, 1, 0});
+  truncated.pop_back();
+  garbage.push_back({Frame::own(truncated)});
+  Bytes bad_version = encode(Envelope{Type::Pull, cfg.job, 0, 1, 0});
+  bad_version[4] = 9;
+  garbage.push_back({Frame::own(bad_version)});
+  // A push whose message claims rank 0 inside rank 1's envelope.
+  garbage.push_back({good_env, bytes_frame(ws[0].codec->encode(g0, 0, 0))});
+  for (auto& f : garbage) net.deliver(p, f);
+  EXPECT_EQ(net.engine.rejected(), rejected + 1 + garbage.size());
+  EXPECT_EQ(net.engine.round(), 0u);
+
+  // A push of a future round makes the server resend its model (resynchronisation).
+  const Message ahead = ws[1].codec->encode(test::synthetic_grad(ws[1].params, 1, 5, 3), 5, 1);
+  net.deliver(p, {env(Type::Push, cfg.job, 5, 1), bytes_frame(ahead)});
+  auto m = net.next(p);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.type, Type::Model);
+  EXPECT_EQ(m->first.round, 0u);
+
+  ws[1].push(net, test::synthetic_grad(ws[1].params, 1, 0, 3));
+  EXPECT_EQ(ws[0].settle(net), Type::Update);
+  EXPECT_EQ(ws[1].settle(net), Type::Update);
+  EXPECT_EQ(net.engine.round(), 1u);
+}
+
+TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("sketchsgd-ckpt-" + std::to_string(::getpid()) + ".bin");
+  JobConfig cfg = job("sketch:k=20,cols=300", 2, 400);
+  cfg.checkpoint = path.string();
+  cfg.checkpoint_every = 2;
+  std::vector<float> model;
+  {
+    Net net(cfg);
+    auto ws = start(net, cfg, test::initial_params(400, 5));
+    for (uint64_t t = 0; t < 5; ++t) {
+      for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, t, 3));
+      for (auto& w : ws) ASSERT_EQ(w.settle(net), Type::Update);
+      if (t == 3) model.assign(net.engine.model().begin(), net.engine.model().end());
+    }
+  }
+  const auto c = load_checkpoint(path.string());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->round, 4u);  // written after rounds 2 and 4; round 5 was lost with the "crash"
+  Net net(cfg);
+  net.engine.restore(*c);
+  EXPECT_EQ(net.engine.round(), 4u);
+  EXPECT_EQ(std::memcmp(net.engine.model().data(), model.data(), 1600), 0);
+  FakeWorker w(0, cfg);
+  w.join(net, {});
+  ASSERT_TRUE(w.take_model(net));
+  EXPECT_EQ(w.round, 4u);
+
+  // Restoring a checkpoint of another job or codec is refused.
+  Checkpoint other = *c;
+  other.job = 7;
+  EXPECT_THROW(net.engine.restore(other), ConfigMismatch);
+  other = *c;
+  other.params.pop_back();
+  EXPECT_THROW(net.engine.restore(other), ConfigMismatch);
+
+  // Corrupt and truncated files are typed errors; a missing one is "no checkpoint".
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (size_t cut : {size_t(0), size_t(3), size_t(20), bytes.size() - 1}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(cut));
+    EXPECT_THROW(load_checkpoint(path.string()), WireError) << "cut at " << cut;
+  }
+  bytes[100] ^= 1;
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+  EXPECT_THROW(load_checkpoint(path.string()), WireError);
+  std::filesystem::remove(path);
+  EXPECT_FALSE(load_checkpoint(path.string()));
+}
+
+TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {
+  const Envelope e{Type::Update, 9, 1234567890123ull, 17, 0};
+  const Bytes b = encode(e);
+  ASSERT_EQ(b.size(), kEnvelopeBytes);
+  const Envelope d = decode_envelope(b, 2);
+  EXPECT_EQ(d.type, e.type);
+  EXPECT_EQ(d.job, 9u);
+  EXPECT_EQ(d.round, e.round);
+  EXPECT_EQ(d.rank, 17u);
+  EXPECT_THROW(decode_envelope(b, 1), WireError);
+  for (size_t i : {0, 4, 6, 7, 28}) {
+    Bytes c = b;
+    c[i] ^= 0x40;
+    EXPECT_THROW(decode_envelope(c, 2), WireError) << "byte " << i;
+  }
+  const HelloInfo h{4, 1u << 20, "sketch:rows=5"};
+  const HelloInfo h2 = decode_hello(encode(h));
+  EXPECT_EQ(h2.world, 4u);
+  EXPECT_EQ(h2.dim, 1u << 20);
+  EXPECT_EQ(h2.spec, h.spec);
+  Bytes hb = encode(h);
+  for (size_t n = 0; n < hb.size(); ++n)
+    EXPECT_THROW(decode_hello(std::span<const uint8_t>(hb).first(n)), WireError) << n;
+  hb[14] = 0xFF;  // spec length beyond the limit
+  EXPECT_THROW(decode_hello(hb), WireError);
+  EXPECT_THROW(encode(HelloInfo{1, 1, std::string(kMaxText + 1, 'x')}), InvalidArgument);
+  const RefuseInfo r = decode_refuse(encode(RefuseInfo{true, Type::Push, "why"}));
+  EXPECT_TRUE(r.retry);
+  EXPECT_EQ(r.refused, Type::Push);
+  EXPECT_EQ(r.reason, "why");
+  Bytes nan = encode(UpdateInfo{0.1f, 3});
+  const float bad = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(nan.data(), &bad, 4);
+  EXPECT_THROW(decode_update_info(nan), WireError);
+  EXPECT_THROW(decode_welcome(encode(WelcomeInfo{2, 1000})), WireError);
+}
+
+TEST(Engine, ConfigIsValidated) {
+  JobConfig c = job("dense", 2, 10);
+  c.min_workers = 3;
+  EXPECT_THROW(Engine{c}, InvalidArgument);
+  c = job("dense", 0, 10);
+  EXPECT_THROW(Engine{c}, InvalidArgument);
+  c = job("nonsense", 2, 10);
+  EXPECT_THROW(Engine{c}, InvalidArgument);
+  c = job("dense", 2, 10);
+  c.lr = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(Engine{c}, InvalidArgument);
+  EXPECT_THROW(parse_policy("sometimes"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace sketchsgd::ps
