@@ -107,10 +107,38 @@ void Engine::restore(const Checkpoint& c) {
 
 Checkpoint Engine::checkpoint() const { return Checkpoint{cfg_.job, round_, cfg_.spec, model_}; }
 
+void Engine::start_phase(MessageKind kind) {
+  phase_ = kind;
+  held_.assign(cfg_.world, Frame());
+  cursor_ = 0;
+}
+
+void Engine::absorb_in_order(bool closing) {
+  const bool gradient = phase_ == MessageKind::Gradient;
+  auto& got = gradient ? pushed_ : answered_;
+  for (; cursor_ < cfg_.world; ++cursor_) {
+    const uint32_t r = cursor_;
+    if (held_[r].size() == 0) {
+      const bool expected = gradient || pushed_[r];
+      if (expected && !closing) return;
+      continue;
+    }
+    const auto t0 = Clock::now();
+    try {
+      agg_->add(held_[r].bytes());
+    } catch (const Error& e) {
+      got[r] = false;  // a corrupt message does not count as a contribution
+      drop(workers_[r].peer, "rank " + std::to_string(r) + ": " + e.what());
+    }
+    merge_ms_ += ms_between(t0, Clock::now());
+    held_[r] = Frame();
+  }
+}
+
 void Engine::reset_round() {
   pushed_.assign(cfg_.world, false);
   answered_.assign(cfg_.world, false);
-  phase_ = MessageKind::Gradient;
+  start_phase(MessageKind::Gradient);
   round_start_.reset();
   metrics_ = RoundMetrics{};
   metrics_.bytes_up.assign(cfg_.world, 0);
@@ -298,13 +326,14 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
   SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
                     "push of rank ", rank, " round ", e.round,
                     " carries a message with another sender or round");
-  const auto t0 = Clock::now();
-  agg_->add(msg);
-  merge_ms_ += ms_between(t0, Clock::now());
+  SKETCHSGD_REQUIRE(!pushed_[rank], ProtocolError, "duplicate push from rank ", rank, " in round ",
+                    e.round);
   if (!round_start_) round_start_ = now;
-  if (agg_->count() == 1) phase_start_ = now;
+  if (std::none_of(pushed_.begin(), pushed_.end(), [](bool b) { return b; })) phase_start_ = now;
   pushed_[rank] = true;
+  held_[rank] = f[1];
   metrics_.bytes_up[rank] += msg.size();
+  absorb_in_order(false);
 }
 
 void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
@@ -317,20 +346,21 @@ void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock:
   const auto msg = f[1].bytes();
   SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
                     "answer of rank ", rank, " carries a message with another sender or round");
-  const auto t0 = Clock::now();
-  agg_->add(msg);
-  merge_ms_ += ms_between(t0, Clock::now());
-  if (agg_->count() == 1) phase_start_ = now;
+  SKETCHSGD_REQUIRE(!answered_[rank], ProtocolError, "duplicate answer from rank ", rank);
   answered_[rank] = true;
+  held_[rank] = f[1];
   metrics_.bytes_up[rank] += msg.size();
+  absorb_in_order(false);
 }
 
 // ---- rounds ---------------------------------------------------------------------------------------
 
 void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
-  if (!has_model() || finished() || agg_->count() == 0) return;
+  if (!has_model() || finished()) return;
   const bool gradient = phase_ == MessageKind::Gradient;
   const auto& got = gradient ? pushed_ : answered_;
+  const uint32_t count = uint32_t(std::count(got.begin(), got.end(), true));
+  if (count == 0) return;
   bool all = true, live_all = true;
   std::vector<uint32_t> missing;
   for (uint32_t r = 0; r < cfg_.world; ++r) {
@@ -342,7 +372,6 @@ void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
   }
   if (all) return close_phase(now, out, "");
   const bool late = now - phase_start_ >= cfg_.deadline;
-  const uint32_t count = agg_->count();
   if (!gradient) {
     // The answers of dead workers never come, whatever the policy.
     if (live_all || late)
@@ -371,7 +400,12 @@ void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
 }
 
 void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
+  absorb_in_order(true);
   const uint32_t count = agg_->count();
+  if (count == 0) {  // every held message was corrupt: keep waiting
+    start_phase(phase_);
+    return;
+  }
   const auto t0 = Clock::now();
   Message m = agg_->finish();
   merge_ms_ += ms_between(t0, Clock::now());
@@ -379,13 +413,12 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
   const Frame payload = Frame::own(std::move(m).release());
 
   if (agg_->expecting() == MessageKind::Answer) {
-    phase_ = MessageKind::Answer;
+    start_phase(MessageKind::Answer);
     phase_start_ = now;
     metrics_.contributors = count;
     metrics_.bytes_down_each += payload.size();
     for (uint32_t r = 0; r < cfg_.world; ++r)
-      if (pushed_[r] && workers_[r].alive)
-        send(r, {envelope(Type::Query, cfg_.job, round_, r), payload}, out);
+      if (pushed_[r]) send(r, {envelope(Type::Query, cfg_.job, round_, r), payload}, out);
     return;
   }
   if (phase_ == MessageKind::Gradient) metrics_.contributors = count;
@@ -398,7 +431,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
   last_outcome_[0] = envelope(Type::Update, cfg_.job, round_, 0);
   metrics_.bytes_down_each += payload.size();
   for (uint32_t r = 0; r < cfg_.world; ++r) {
-    if (!workers_[r].registered || !workers_[r].alive) continue;
+    if (!workers_[r].registered) continue;  // "dead" ones too: they may only be slow
     Frames fr = last_outcome_;
     fr[0] = envelope(Type::Update, cfg_.job, round_, r);
     send(r, std::move(fr), out);
@@ -414,7 +447,7 @@ void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std:
   metrics_.reason = reason;
   last_outcome_ = {envelope(Type::Abort, cfg_.job, round_, 0), Frame::own(encode_text(reason))};
   for (uint32_t r = 0; r < cfg_.world; ++r) {
-    if (!workers_[r].registered || !workers_[r].alive) continue;
+    if (!workers_[r].registered) continue;  // "dead" ones too: they may only be slow
     Frames fr = last_outcome_;
     fr[0] = envelope(Type::Abort, cfg_.job, round_, r);
     send(r, std::move(fr), out);

@@ -121,6 +121,10 @@ class Engine {
   void close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
   void abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
   void finish_round(std::vector<Outgoing>& out);
+  /// Merges held messages in rank order, so the float sums (and so the model) do not depend on
+  /// arrival order: up to the first expected rank still missing, or all of them when closing.
+  void absorb_in_order(bool closing);
+  void start_phase(MessageKind kind);
   void reset_round();
 
   void send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const;
@@ -144,6 +148,8 @@ class Engine {
   // current round
   std::vector<bool> pushed_;    // gradient phase contributors
   std::vector<bool> answered_;  // answer phase contributors
+  std::vector<Frame> held_;     // messages of this phase waiting for their turn to merge
+  uint32_t cursor_ = 0;         // ranks below it are merged (or skipped)
   MessageKind phase_ = MessageKind::Gradient;
   std::optional<Clock::time_point> round_start_;
   Clock::time_point phase_start_{};

@@ -1,0 +1,207 @@
+// The ZeroMQ server and worker clients on 127.0.0.1 (threads of this process): whole rounds over
+// real sockets, bit for bit against the in-process reference; refusals reach the worker as errors;
+// a raw client's malformed traffic is refused while the real workers keep training.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "../compress/registry.hpp"
+#include "../kernels/cpu.hpp"
+#include "../server/server.hpp"
+#include "../server/zmq_io.hpp"
+#include "../worker/client.hpp"
+#include "ps_synthetic.hpp"
+#include "round.hpp"
+
+namespace sketchsgd::ps {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Running {
+  explicit Running(ServerOptions o) : server(std::move(o)) {
+    server.start();
+    thread = std::thread([this] { rounds = server.run(); });
+  }
+  ~Running() { finish(); }
+  uint64_t finish() {
+    server.stop();
+    if (thread.joinable()) thread.join();
+    return rounds;
+  }
+  Server server;
+  std::thread thread;
+  uint64_t rounds = 0;
+};
+
+ServerOptions options(const std::string& spec, uint32_t world, uint64_t dim, uint64_t rounds) {
+  ServerOptions o;
+  o.bind = "tcp://127.0.0.1:*";
+  o.quiet = true;
+  o.status = false;
+  o.job.job = 5;
+  o.job.world = world;
+  o.job.dim = dim;
+  o.job.spec = spec;
+  o.job.lr = 0.125f;
+  o.job.max_rounds = rounds;
+  o.job.heartbeat = 200ms;
+  o.finish_grace = 300ms;
+  return o;
+}
+
+ClientOptions client_options(const std::string& endpoint, uint32_t rank, uint32_t world) {
+  ClientOptions c;
+  c.server = endpoint;
+  c.job = 5;
+  c.rank = rank;
+  c.world = world;
+  c.timeout = 20s;
+  c.log = [](const std::string&) {};
+  return c;
+}
+
+class Loopback : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Loopback, WorkersAndServerEndBitIdenticalToTheReference) {
+  constexpr uint64_t kDim = 5000, kRounds = 5;
+  constexpr uint32_t kWorld = 3;
+  const std::string spec = GetParam();
+  Running run(options(spec, kWorld, kDim, kRounds));
+  const auto init = test::initial_params(kDim, 3);
+
+  std::vector<std::vector<float>> final_params(kWorld);
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> workers;
+  for (uint32_t r = 0; r < kWorld; ++r)
+    workers.emplace_back([&, r] {
+      try {
+        Client c(client_options(run.server.endpoint(), r, kWorld), make_compressor(spec, kDim),
+                 r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; t < kRounds; ++t) {
+          const auto res = c.step(test::synthetic_grad(c.params(), r, t, 9));
+          if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
+          if (res.bytes_up == 0 || res.bytes_down == 0) throw Error("no traffic counted");
+        }
+        final_params[r].assign(c.params().begin(), c.params().end());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : workers) t.join();
+  for (uint32_t r = 0; r < kWorld; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+
+  test::Job ref(spec, kDim, kWorld);
+  std::vector<float> p = init;
+  std::vector<std::vector<float>> ps(kWorld, init);
+  for (uint64_t t = 0; t < kRounds; ++t) {
+    std::vector<std::vector<float>> grads;
+    for (uint32_t r = 0; r < kWorld; ++r) grads.push_back(test::synthetic_grad(p, r, t, 9));
+    const auto steps = ref.round(grads, t);
+    kernels::cpu::axpy(p.data(), steps[0].data(), kDim, -0.125f);
+  }
+  for (uint32_t r = 0; r < kWorld; ++r)
+    EXPECT_EQ(std::memcmp(final_params[r].data(), p.data(), kDim * 4), 0) << "rank " << r;
+  EXPECT_EQ(run.finish(), kRounds);
+  EXPECT_EQ(std::memcmp(run.server.engine().model().data(), p.data(), kDim * 4), 0) << "server";
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, Loopback,
+                         ::testing::Values("dense", "topk:k=50", "sketch:k=50,cols=500",
+                                           "sketch:k=50,cols=500,p2=2", "signsgd", "terngrad"));
+
+TEST(LoopbackRefusal, MismatchedWorkerGetsTheServersReason) {
+  Running run(options("sketch:k=20,cols=200", 2, 1000, 0));
+  auto o = client_options(run.server.endpoint(), 1, 2);
+  try {
+    Client c(o, make_compressor("topk:k=20", 1000), {});
+    FAIL() << "registration with another codec was accepted";
+  } catch (const ConfigMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("the job runs 'sketch"), std::string::npos) << e.what();
+  }
+  o.world = 3;
+  EXPECT_THROW(Client(o, make_compressor("sketch:k=20,cols=200", 1000), {}), ConfigMismatch);
+}
+
+TEST(LoopbackRefusal, NoServerMeansATimeoutNotAHang) {
+  auto o = client_options("tcp://127.0.0.1:1", 0, 1);  // nothing listens on port 1
+  o.timeout = 600ms;
+  o.heartbeat = 100ms;
+  const std::vector<float> init(10, 0.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(Client(o, make_compressor("dense", 10), init), TimeoutError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
+  constexpr uint64_t kDim = 2000, kRounds = 8;
+  Running run(options("sketch:k=20,cols=300", 2, kDim, kRounds));
+  const auto init = test::initial_params(kDim, 3);
+
+  std::atomic<bool> done{false};
+  std::atomic<int> sent{0};
+  std::thread abuser([&] {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect(run.server.endpoint());
+    std::mt19937 rng(1);
+    const Bytes env_ok = encode(Envelope{Type::Push, 5, 0, 1, 0});
+    const Bytes hello = encode(Envelope{Type::Hello, 5, 0, 0, 0});
+    for (int i = 0; i < 3000 && !done; ++i, ++sent) {
+      std::vector<zmq::message_t> parts;
+      switch (i % 5) {
+        case 0: parts.emplace_back(size_t(rng() % 100)); break;           // random short frame
+        case 1: parts.emplace_back(env_ok.data(), env_ok.size()); break;  // missing payload
+        case 2:
+          for (int k = 0; k < 20; ++k) parts.emplace_back(env_ok.data(), env_ok.size());
+          break;  // too many frames
+        case 3: {
+          Bytes b = env_ok;
+          b[rng() % b.size()] ^= uint8_t(1 + rng() % 255);
+          parts.emplace_back(b.data(), b.size());
+          parts.emplace_back(size_t(64));
+          break;
+        }
+        case 4:
+          parts.emplace_back(hello.data(), hello.size());
+          parts.emplace_back(size_t(3));  // truncated hello
+          break;
+      }
+      for (size_t k = 0; k < parts.size(); ++k)
+        (void)s.send(parts[k], k + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+      if (i % 50 == 49) std::this_thread::sleep_for(2ms);
+    }
+    // Last, a frame over the job's size limit: ZeroMQ drops this connection.
+    zmq::message_t huge(size_t(1) << 22);
+    (void)s.send(huge, zmq::send_flags::dontwait);
+    std::this_thread::sleep_for(50ms);
+  });
+  while (sent < 200) std::this_thread::sleep_for(1ms);
+
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.emplace_back([&, r] {
+      try {
+        Client c(client_options(run.server.endpoint(), r, 2), make_compressor("sketch:k=20,cols=300", kDim),
+                 r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; t < kRounds; ++t)
+          if (c.step(test::synthetic_grad(c.params(), r, t, 9)).outcome != StepResult::Outcome::Updated)
+            throw Error("round not updated");
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ws) t.join();
+  done = true;
+  abuser.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(run.finish(), kRounds);
+  EXPECT_GT(run.server.engine().rejected(), 0u);
+}
+
+}  // namespace
+}  // namespace sketchsgd::ps
