@@ -266,7 +266,7 @@ bool Client::handle_control(const Event& e) {
       const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
       SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "model: non-finite value at ", bad);
       params_ = std::move(p);
-      if (synced_ && e.env.round != round_) model_changed_round_ = true;
+      if (e.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
       round_ = e.env.round;
       synced_ = true;
       init_.clear();

@@ -1,0 +1,277 @@
+// The server binary and worker processes on 127.0.0.1: bit-identical training against the
+// in-process reference for W = 1, 2, 4; a worker killed with SIGKILL mid-round, restarted and
+// rejoined; the server killed with SIGKILL and resumed from its checkpoint. Every wait is bounded.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "../compress/registry.hpp"
+#include "../kernels/cpu.hpp"
+#include "../server/checkpoint.hpp"
+#include "ps_synthetic.hpp"
+#include "round.hpp"
+
+extern char** environ;
+
+namespace sketchsgd::ps {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+struct Proc {
+  pid_t pid = -1;
+  int out = -1;  // read end of its stdout
+
+  static Proc spawn(std::vector<std::string> args) {
+    int p[2];
+    if (pipe(p) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+    posix_spawn_file_actions_addclose(&fa, p[0]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    Proc pr;
+    if (posix_spawn(&pr.pid, argv[0], &fa, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("spawn " + args[0]);
+    posix_spawn_file_actions_destroy(&fa);
+    close(p[1]);
+    pr.out = p[0];
+    return pr;
+  }
+  /// First line of stdout, waiting at most `limit`.
+  std::string line(std::chrono::milliseconds limit) {
+    std::string s;
+    const auto end = std::chrono::steady_clock::now() + limit;
+    char c;
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd fd{out, POLLIN, 0};
+      if (::poll(&fd, 1, 50) <= 0) continue;
+      if (read(out, &c, 1) != 1 || c == '\n') break;
+      s += c;
+    }
+    return s;
+  }
+  /// Exit status (or -signal); kills it and returns -999 when it outlives `limit`.
+  int wait(std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    int st = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      const pid_t r = waitpid(pid, &st, WNOHANG);
+      if (r == pid) {
+        pid = -1;
+        close(out);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    kill9();
+    return -999;
+  }
+  void kill9() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+    close(out);
+  }
+  ~Proc() { kill9(); }
+  Proc() = default;
+  Proc(Proc&& o) noexcept : pid(std::exchange(o.pid, -1)), out(std::exchange(o.out, -1)) {}
+};
+
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("sketchsgd-ps-" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return d / name;
+}
+
+std::vector<float> read_params(const fs::path& p, size_t dim) {
+  std::vector<float> v(dim);
+  std::ifstream in(p, std::ios::binary);
+  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(dim * 4));
+  if (size_t(in.gcount()) != dim * 4) v.clear();
+  return v;
+}
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::vector<std::string> v;
+  std::ifstream in(p);
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+struct Job {
+  std::string spec;
+  uint32_t world;
+  uint64_t dim = 3000, rounds = 6, seed = 4;
+  std::string bind = "tcp://127.0.0.1:*";
+  std::vector<std::string> server_extra;
+
+  Proc server(const std::string& checkpoint = "", const std::string& metrics = "") const {
+    std::vector<std::string> a = {SKETCHSGD_SERVER_BIN, "--bind", bind, "--job", "3", "--world",
+                                  std::to_string(world), "--dim", std::to_string(dim), "--codec",
+                                  spec, "--lr", "0.2", "--rounds", std::to_string(rounds),
+                                  "--quiet"};
+    if (!checkpoint.empty()) a.insert(a.end(), {"--checkpoint", checkpoint, "--checkpoint-every", "2"});
+    if (!metrics.empty()) a.insert(a.end(), {"--metrics", metrics});
+    a.insert(a.end(), server_extra.begin(), server_extra.end());
+    return Proc::spawn(a);
+  }
+  Proc worker(const std::string& endpoint, uint32_t rank, const fs::path& out,
+              std::vector<std::string> extra = {}) const {
+    std::vector<std::string> a = {SKETCHSGD_WORKER_BIN, "--server", endpoint, "--job", "3",
+                                  "--rank", std::to_string(rank), "--world", std::to_string(world),
+                                  "--dim", std::to_string(dim), "--codec", spec, "--rounds",
+                                  std::to_string(rounds), "--seed", std::to_string(seed), "--out",
+                                  out.string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return Proc::spawn(a);
+  }
+  std::vector<float> reference() const {
+    test::Job ref(spec, dim, world);
+    auto p = test::initial_params(dim, seed);
+    for (uint64_t t = 0; t < rounds; ++t) {
+      std::vector<std::vector<float>> g;
+      for (uint32_t r = 0; r < world; ++r) g.push_back(test::synthetic_grad(p, r, t, seed));
+      const auto steps = ref.round(g, t);
+      kernels::cpu::axpy(p.data(), steps[0].data(), dim, -0.2f);
+    }
+    return p;
+  }
+};
+
+struct Case {
+  const char* spec;
+  uint32_t world;
+};
+
+class Processes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Processes, ServerAndWorkersEqualTheInProcessReferenceBitForBit) {
+  Job job{GetParam().spec, GetParam().world};
+  Proc server = job.server();
+  const std::string endpoint = server.line(10s);
+  ASSERT_EQ(endpoint.rfind("tcp://127.0.0.1:", 0), 0u) << "server did not start: '" << endpoint << "'";
+  std::vector<Proc> ws;
+  for (uint32_t r = 0; r < job.world; ++r)
+    ws.push_back(job.worker(endpoint, r, scratch("w" + std::to_string(r))));
+  for (uint32_t r = 0; r < job.world; ++r) ASSERT_EQ(ws[r].wait(60s), 0) << "rank " << r;
+  EXPECT_EQ(server.wait(20s), 0);
+  const auto ref = job.reference();
+  for (uint32_t r = 0; r < job.world; ++r) {
+    const auto p = read_params(scratch("w" + std::to_string(r)), job.dim);
+    ASSERT_EQ(p.size(), job.dim);
+    EXPECT_EQ(std::memcmp(p.data(), ref.data(), job.dim * 4), 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, Processes,
+    ::testing::Values(Case{"sketch:k=40,cols=400,p2=2", 1}, Case{"sketch:k=40,cols=400,p2=2", 2},
+                      Case{"sketch:k=40,cols=400,p2=2", 4}, Case{"sketch:k=40,cols=400", 4},
+                      Case{"topk:k=40", 4}, Case{"dense", 2}, Case{"terngrad", 2},
+                      Case{"signsgd", 2}, Case{"signsgd:ef=1", 2}));
+
+TEST(ProcessFaults, KilledWorkerIsOutvotedByQuorumThenRestartsAndRejoins) {
+  Job job{"sketch:k=40,cols=400", 3};
+  job.rounds = 12;
+  job.server_extra = {"--policy", "quorum", "--min-workers", "2", "--heartbeat-ms", "100",
+                      "--deadline-ms", "5000"};
+  const auto metrics = scratch("kill-worker.jsonl");
+  const auto ckpt = scratch("kill-worker.ckpt");
+  fs::remove(metrics);
+  fs::remove(ckpt);
+  Proc server = job.server(ckpt.string(), metrics.string());
+  const std::string endpoint = server.line(10s);
+  ASSERT_FALSE(endpoint.empty());
+  std::vector<Proc> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.push_back(job.worker(endpoint, r, scratch("k" + std::to_string(r)), {"--sleep-ms", "20"}));
+  Proc victim = job.worker(endpoint, 2, scratch("k2"), {"--die-at", "3", "--sleep-ms", "20"});
+  EXPECT_EQ(victim.wait(30s), -SIGKILL);
+  Proc back = job.worker(endpoint, 2, scratch("k2"), {"--sleep-ms", "20"});
+  for (auto& w : ws) ASSERT_EQ(w.wait(60s), 0);
+  ASSERT_EQ(back.wait(60s), 0);
+  ASSERT_EQ(server.wait(20s), 0);
+
+  const auto c = load_checkpoint(ckpt.string());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->round, job.rounds);
+  for (uint32_t r = 0; r < 3; ++r) {
+    const auto p = read_params(scratch("k" + std::to_string(r)), job.dim);
+    ASSERT_EQ(p.size(), job.dim);
+    EXPECT_EQ(std::memcmp(p.data(), c->params.data(), job.dim * 4), 0) << "rank " << r;
+  }
+  // Some round closed by quorum without rank 2, and every round ran exactly once.
+  const auto lines = lines_of(metrics);
+  ASSERT_EQ(lines.size(), job.rounds);
+  bool quorum = false;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_NE(lines[i].find("\"round\":" + std::to_string(i) + ","), std::string::npos) << lines[i];
+    quorum |= lines[i].find("\"contributors\":2,") != std::string::npos;
+  }
+  EXPECT_TRUE(quorum);
+}
+
+TEST(ProcessFaults, KilledServerResumesFromItsCheckpointAndWorkersResync) {
+  Job job{"topk:k=40", 2};
+  job.rounds = 16;
+  job.server_extra = {"--heartbeat-ms", "100"};
+  const auto metrics = scratch("kill-server.jsonl");
+  const auto ckpt = scratch("kill-server.ckpt");
+  fs::remove(metrics);
+  fs::remove(ckpt);
+  Proc server = job.server(ckpt.string(), metrics.string());
+  const std::string endpoint = server.line(10s);
+  ASSERT_FALSE(endpoint.empty());
+  job.bind = endpoint;  // the restarted server takes the same port
+  std::vector<Proc> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.push_back(job.worker(endpoint, r, scratch("s" + std::to_string(r)), {"--sleep-ms", "40"}));
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (lines_of(metrics).size() < 5 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(10ms);
+  server.kill9();
+  const auto before = lines_of(metrics).size();
+  ASSERT_GE(before, 5u);
+  const auto c = load_checkpoint(ckpt.string());
+  ASSERT_TRUE(c);
+  EXPECT_LE(c->round, before);
+  Proc again = job.server(ckpt.string(), metrics.string());
+  ASSERT_EQ(again.line(10s), endpoint);
+  for (auto& w : ws) ASSERT_EQ(w.wait(60s), 0);
+  ASSERT_EQ(again.wait(20s), 0);
+
+  const auto final_ckpt = load_checkpoint(ckpt.string());
+  ASSERT_TRUE(final_ckpt);
+  EXPECT_EQ(final_ckpt->round, job.rounds);
+  for (uint32_t r = 0; r < 2; ++r) {
+    const auto p = read_params(scratch("s" + std::to_string(r)), job.dim);
+    ASSERT_EQ(p.size(), job.dim);
+    EXPECT_EQ(std::memcmp(p.data(), final_ckpt->params.data(), job.dim * 4), 0) << "rank " << r;
+  }
+  // The second server's rounds start at the checkpoint's round and run once each.
+  const auto lines = lines_of(metrics);
+  ASSERT_EQ(lines.size(), before + (job.rounds - c->round));
+  for (size_t i = before; i < lines.size(); ++i)
+    EXPECT_NE(lines[i].find("\"round\":" + std::to_string(c->round + (i - before)) + ","),
+              std::string::npos)
+        << lines[i];
+}
+
+}  // namespace
+}  // namespace sketchsgd::ps
