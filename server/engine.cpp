@@ -182,7 +182,7 @@ Frames Engine::model_frames() const {
 // ---- receiving ------------------------------------------------------------------------------------
 
 void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
-                    std::vector<Outgoing>& out) {
+                    std::vector<Outgoing>& out, std::string_view user) {
   try {
     SKETCHSGD_REQUIRE(!frames.empty(), WireError, "message without frames");
     const Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
@@ -196,7 +196,7 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
       return;
     }
     if (e.type == Type::Hello) {
-      on_hello(peer, e, frames, now, out);
+      on_hello(peer, e, frames, now, out, user);
       return;
     }
     const auto it = rank_of_.find(peer);
@@ -234,9 +234,13 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
 }
 
 void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f,
-                      Clock::time_point now, std::vector<Outgoing>& out) {
+                      Clock::time_point now, std::vector<Outgoing>& out, std::string_view user) {
   const HelloInfo h = decode_hello(f[1].bytes());
   auto mismatch = [&](const std::string& why) { refuse(peer, e, false, why, out); };
+  if (cfg_.authenticated && user != std::to_string(e.rank))
+    return mismatch("this worker's key is bound to rank " +
+                    (user.empty() ? std::string("none") : std::string(user)) + ", not rank " +
+                    std::to_string(e.rank));
   if (h.world != cfg_.world)
     return mismatch("world size " + std::to_string(h.world) + ", the job has " +
                     std::to_string(cfg_.world) + " workers");

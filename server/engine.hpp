@@ -50,6 +50,7 @@ struct JobConfig {
   std::string checkpoint;   ///< path; empty: none
   uint64_t checkpoint_every = 0;
   uint64_t max_rounds = 0;  ///< the job ends after this round (0: never)
+  bool authenticated = false;  ///< CURVE: a Hello's rank must be the one its key is bound to
 
   void validate() const;
 };
@@ -79,8 +80,9 @@ class Engine {
 
   /// One incoming message (envelope + payload frames) from a peer. Never throws for bad input:
   /// malformed or unexpected traffic is logged, counted and dropped (or refused with a reason).
+  /// user: the connection's authenticated identity (the rank its CURVE key is bound to).
   void handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
-              std::vector<Outgoing>& out);
+              std::vector<Outgoing>& out, std::string_view user = {});
   /// Liveness and deadlines.
   void tick(Clock::time_point now, std::vector<Outgoing>& out);
 
@@ -108,7 +110,7 @@ class Engine {
   };
 
   void on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
-                std::vector<Outgoing>& out);
+                std::vector<Outgoing>& out, std::string_view user);
   void on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out);
   void on_pull(uint32_t rank, std::vector<Outgoing>& out);
   void on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,

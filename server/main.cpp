@@ -2,10 +2,13 @@
 // client (worker/client.hpp); see --help.
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <string>
 
 #include "../compress/registry.hpp"
 #include "flags.hpp"
 #include "server.hpp"
+#include "zmq_io.hpp"
 
 namespace {
 sketchsgd::ps::Server* g_server = nullptr;
@@ -39,6 +42,11 @@ int main(int argc, char** argv) {
         "SKETCHSGD_CHECKPOINT_EVERY");
   f.add("rounds", "0", "stop after this many rounds (0: run until interrupted)", "SKETCHSGD_ROUNDS");
   f.add("metrics", "", "append one JSON line per round to this file", "SKETCHSGD_METRICS");
+  f.add("curve-secret-file", "", "CURVE on: file holding the server's Z85 secret key",
+        "SKETCHSGD_CURVE_SECRET_FILE");
+  f.add("curve-keys", "", "with CURVE: file of 'RANK WORKER_PUBLIC_KEY' lines; only these connect",
+        "SKETCHSGD_CURVE_KEYS");
+  f.add("gen-keypair", "0", "print a new CURVE key pair (public, then secret) and exit", "", true);
   f.add("quiet", "0", "no log lines", "", true);
   f.add("no-status", "0", "no live status line", "", true);
   f.add("list-codecs", "0", "print every codec and its options, then exit", "", true);
@@ -48,7 +56,21 @@ int main(int argc, char** argv) {
       std::fputs(sketchsgd::Registry::instance().describe().c_str(), stdout);
       return 0;
     }
+    if (f.on("gen-keypair")) {
+      const CurveKeys k = curve_keypair();
+      std::printf("%s\n%s\n", k.public_key.c_str(), k.secret_key.c_str());
+      return 0;
+    }
     ServerOptions o;
+    if (!f.str("curve-secret-file").empty()) {
+      std::ifstream in(f.str("curve-secret-file"));
+      std::getline(in, o.curve_secret);
+      SKETCHSGD_REQUIRE(o.curve_secret.size() == 40, sketchsgd::InvalidArgument,
+                        "--curve-secret-file must hold a 40-character Z85 key");
+      SKETCHSGD_REQUIRE(!f.str("curve-keys").empty(), sketchsgd::InvalidArgument,
+                        "--curve-secret-file needs --curve-keys (the workers allowed in)");
+      o.curve_clients = read_key_list(f.str("curve-keys"));
+    }
     o.bind = f.str("bind");
     o.job.job = f.u64("job");
     o.job.world = uint32_t(f.u64("world"));

@@ -18,6 +18,7 @@ namespace {
 struct Incoming {
   PeerId peer;
   Frames frames;
+  std::string user;
 };
 
 std::string json_line(const RoundMetrics& m, uint32_t world) {
@@ -52,6 +53,7 @@ struct Server::Impl {
 
   Log log;
   zmq::context_t ctx{1};
+  std::unique_ptr<ZapHandler> zap;  // before the router: destroyed after it, before ctx
   std::unique_ptr<zmq::socket_t> router;
 
   std::mutex mu;
@@ -74,6 +76,7 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
     ++impl_->rounds;
     if (impl_->metrics.is_open()) impl_->metrics << json_line(m, opts_.job.world) << '\n' << std::flush;
   };
+  opts_.job.authenticated = !opts_.curve_secret.empty();
   engine_ = std::make_unique<Engine>(opts_.job, std::move(hooks));
   impl_->inbox_cap = opts_.inbox ? opts_.inbox : 2 * opts_.job.world + 16;
   if (!opts_.metrics.empty()) {
@@ -100,6 +103,14 @@ void Server::start() {
   // Larger than any valid frame of this job; anything bigger drops the sender's connection.
   apply_limits(*r, SocketLimits{engine_->max_frame_bytes() + 64, 16, opts_.linger});
   r->set(zmq::sockopt::router_mandatory, 1);
+  if (!opts_.curve_secret.empty()) {
+    // The ZAP handler must be bound before the socket so that no client slips in unchecked.
+    impl_->zap = std::make_unique<ZapHandler>(impl_->ctx, opts_.curve_clients,
+                                              [this](const std::string& s) { impl_->log(s); });
+    r->set(zmq::sockopt::curve_server, 1);
+    r->set(zmq::sockopt::curve_secretkey, opts_.curve_secret);
+    r->set(zmq::sockopt::zap_domain, "sketchsgd");
+  }
   try {
     r->bind(opts_.bind);
   } catch (const zmq::error_t& e) {
@@ -139,7 +150,7 @@ uint64_t Server::run() {
         batch.swap(s.inbox);
       }
       const auto now = Clock::now();
-      for (auto& m : batch) engine_->handle(m.peer, m.frames, now, out);
+      for (auto& m : batch) engine_->handle(m.peer, m.frames, now, out, m.user);
       engine_->tick(now, out);
       if (!out.empty()) {
         std::lock_guard lock(s.mu);
@@ -205,7 +216,7 @@ uint64_t Server::run() {
       }
       {
         std::lock_guard lock(s.mu);
-        s.inbox.push_back(Incoming{std::move(msg->peer), std::move(msg->frames)});
+        s.inbox.push_back(Incoming{std::move(msg->peer), std::move(msg->frames), std::move(msg->user)});
         queued = s.inbox.size();
       }
       s.ready.notify_one();

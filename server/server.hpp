@@ -6,6 +6,8 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine.hpp"
 
@@ -19,6 +21,10 @@ struct ServerOptions {
   bool quiet = false;       ///< no log lines (tests)
   uint32_t inbox = 0;       ///< messages queued for the merge thread (0: 2·W + 16)
   Millis linger{2000};
+  /// CURVE: the server's Z85 secret key; with it only workers whose public key is listed in
+  /// curve_clients connect, each bound to its rank. Empty: no encryption.
+  std::string curve_secret;
+  std::vector<std::pair<uint32_t, std::string>> curve_clients;
   Millis finish_grace{500}; ///< after the last round, how long to keep serving late pulls
 };
 

@@ -4,7 +4,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 #include <zmq.hpp>
 
 #include "frame.hpp"
@@ -22,6 +27,7 @@ struct Received {
   PeerId peer;       ///< routing id (ROUTER sockets only)
   Frames frames;     ///< envelope + payload frames
   bool overflow = false;  ///< more than max_frames parts: the rest was read and discarded
+  std::string user;       ///< ZAP User-Id of the connection (CURVE: the rank its key is bound to)
 };
 
 /// Receives one whole multipart message without blocking; nullopt when none is queued. At most
@@ -32,5 +38,26 @@ std::optional<Received> receive(zmq::socket_t& s, bool routed, size_t max_frames
 /// Returns false when the peer's queue is full (EAGAIN); throws zmq::error_t otherwise (e.g.
 /// EHOSTUNREACH for an unknown peer on a ROUTER_MANDATORY socket).
 bool send(zmq::socket_t& s, const PeerId* peer, const Frames& frames);
+
+/// CURVE keys in Z85 text (40 characters each).
+struct CurveKeys {
+  std::string public_key, secret_key;
+};
+CurveKeys curve_keypair();
+/// Reads "RANK PUBLIC_KEY" lines ('#' comments allowed); throws InvalidArgument naming the line.
+std::vector<std::pair<uint32_t, std::string>> read_key_list(const std::string& path);
+/// A ZAP handler (RFC 27) on ctx that accepts only CURVE clients whose public key is listed, and
+/// names each connection's User-Id after the rank its key is bound to. Must be running before the
+/// server socket binds; stops when the context shuts down.
+class ZapHandler {
+ public:
+  ZapHandler(zmq::context_t& ctx, std::vector<std::pair<uint32_t, std::string>> keys,
+             std::function<void(const std::string&)> log);
+  ~ZapHandler();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace sketchsgd::ps

@@ -205,3 +205,45 @@ TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
 
 }  // namespace
 }  // namespace sketchsgd::ps
+
+namespace sketchsgd::ps {
+namespace {
+
+TEST(LoopbackCurve, OnlyListedKeysConnectAndEachIsBoundToItsRank) {
+  const CurveKeys server = curve_keypair(), k0 = curve_keypair(), k1 = curve_keypair(),
+                  stranger = curve_keypair();
+  auto o = options("dense", 2, 100, 0);
+  o.curve_secret = server.secret_key;
+  o.curve_clients = {{0, k0.public_key}, {1, k1.public_key}};
+  Running run(o);
+  const std::vector<float> init(100, 0.5f);
+  auto with = [&](uint32_t rank, const CurveKeys& k) {
+    auto c = client_options(run.server.endpoint(), rank, 2);
+    c.timeout = 1500ms;
+    c.heartbeat = 100ms;
+    c.curve_server_key = server.public_key;
+    c.curve_public = k.public_key;
+    c.curve_secret = k.secret_key;
+    return c;
+  };
+  {
+    Client c(with(0, k0), make_compressor("dense", 100), init);
+    EXPECT_EQ(c.params()[0], 0.5f);
+  }
+  // An unlisted key never gets past the handshake.
+  EXPECT_THROW(Client(with(1, stranger), make_compressor("dense", 100), {}), TimeoutError);
+  // A listed key claiming another rank is refused with the reason.
+  try {
+    Client c(with(0, k1), make_compressor("dense", 100), init);
+    FAIL() << "rank 1's key registered as rank 0";
+  } catch (const ConfigMismatch& e) {
+    EXPECT_NE(std::string(e.what()).find("bound to rank 1"), std::string::npos) << e.what();
+  }
+  // Without CURVE at all: no handshake, no registration.
+  auto plain = client_options(run.server.endpoint(), 1, 2);
+  plain.timeout = 1000ms;
+  EXPECT_THROW(Client(plain, make_compressor("dense", 100), {}), TimeoutError);
+}
+
+}  // namespace
+}  // namespace sketchsgd::ps

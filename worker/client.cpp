@@ -68,6 +68,11 @@ struct Client::Link {
     apply_limits(*dealer, SocketLimits{max_frame, 16, Millis(500)});
     dealer->set(zmq::sockopt::reconnect_ivl, 100);
     dealer->set(zmq::sockopt::reconnect_ivl_max, int(opts.backoff_max.count()));
+    if (!opts.curve_server_key.empty()) {
+      dealer->set(zmq::sockopt::curve_serverkey, opts.curve_server_key);
+      dealer->set(zmq::sockopt::curve_publickey, opts.curve_public);
+      dealer->set(zmq::sockopt::curve_secretkey, opts.curve_secret);
+    }
     dealer->connect(opts.server);
     last_recv = Clock::now();
   }

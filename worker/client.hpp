@@ -34,6 +34,8 @@ struct ClientOptions {
   std::chrono::milliseconds timeout{120000};  ///< longest wait for registration or one round
   std::chrono::milliseconds backoff_max{4000};
   std::function<void(const std::string&)> log;  ///< default: stderr, prefixed with the rank
+  /// CURVE (all three Z85 keys, or none): the server's public key and this worker's key pair.
+  std::string curve_server_key, curve_public, curve_secret;
 };
 
 struct StepResult {
