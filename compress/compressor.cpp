@@ -100,6 +100,18 @@ void Aggregator::add(std::span<const uint8_t> message) {
   ++count_;
 }
 
+void Aggregator::abandon() {
+  clear();
+  count_ = 0;
+  seen_.assign(world_, false);
+  expecting_ = MessageKind::Gradient;
+}
+
+void Aggregator::load_state(std::span<const uint8_t> state) {
+  SKETCHSGD_REQUIRE(state.empty(), WireError, "codec ", to_string(info_.id),
+                    " keeps no server state, got ", state.size(), " bytes");
+}
+
 Message Aggregator::finish() {
   SKETCHSGD_REQUIRE(count_ > 0, ProtocolError, "finish: no ", to_string(expecting_),
                     " message arrived");

@@ -111,6 +111,14 @@ class Aggregator {
   /// Ends the phase with what has arrived (the W messages, or a quorum): an Update, or for
   /// two-round codecs after the Gradient phase a Query. ProtocolError when nothing arrived.
   Message finish();
+  /// Drops the current phase's partial merge (an aborted round); state kept across rounds stays.
+  void abandon();
+
+  /// State the server keeps across rounds (FetchSGD's momentum and error sketches), for
+  /// checkpoints. Empty for codecs without any.
+  virtual Bytes save_state() const { return {}; }
+  /// Restores save_state() bytes; WireError when they do not fit this codec.
+  virtual void load_state(std::span<const uint8_t> state);
 
  protected:
   virtual void absorb(ByteReader& payload, const Header& h) = 0;

@@ -5,7 +5,13 @@
 //   p2 > 0: it first asks every worker for its exact v at the top p2·k candidates (Query/Answer),
 //           sums them, and the update is the exact top-k of that sum.
 // The update holds Σ/W, the mean over contributing workers; workers zero u and v at its coordinates.
+//
+// fetch=1 is FetchSGD (Rothchild et al. 2020): workers are stateless and send S(g); the server keeps
+// momentum and error as sketches, S_u = ρ·S_u + mean S(g), S_e += S_u, the update is the top-k of
+// S_e's estimates, and the cells of S_u and S_e that the update's coordinates hash to are zeroed
+// (the reference code's reset: subtracting S(Δ) instead diverges unless sketches are very large).
 #include <algorithm>
+#include <optional>
 
 #include "../kernels/cpu.hpp"
 #include "../kernels/error.hpp"
@@ -22,6 +28,7 @@ struct SketchOptions {
   uint64_t k;
   uint64_t candidates;  // p2·k capped at dim; 0 without a second round
   float momentum;
+  bool fetch;  // FetchSGD: momentum and error live on the server, as sketches
 };
 
 Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> val) {
@@ -34,7 +41,39 @@ Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> va
 class SketchAggregator final : public Aggregator {
  public:
   SketchAggregator(const Compressor& c, uint32_t world, const SketchOptions& o)
-      : Aggregator(c, world), o_(o), sum_(o.sketch) {}
+      : Aggregator(c, world), o_(o), sum_(o.sketch) {
+    if (o.fetch) {
+      momentum_.emplace(o.sketch);
+      error_.emplace(o.sketch);
+    }
+  }
+
+  Bytes save_state() const override {
+    if (!o_.fetch) return {};
+    Bytes out;
+    ByteWriter w(out);
+    for (const auto* s : {&*momentum_, &*error_}) {
+      const Bytes b = s->serialize();
+      w.put(uint64_t(b.size()));
+      w.put_array(std::span<const uint8_t>(b));
+    }
+    return out;
+  }
+
+  void load_state(std::span<const uint8_t> state) override {
+    if (!o_.fetch) return Aggregator::load_state(state);
+    ByteReader r(state, "fetchsgd state");
+    std::vector<CountSketch> got;
+    for (int i = 0; i < 2; ++i) {
+      const auto n = r.get<uint64_t>();
+      got.push_back(CountSketch::deserialize(r.take<uint8_t>(n)));
+      SKETCHSGD_REQUIRE(got.back().config().compatible(o_.sketch), WireError,
+                        "fetchsgd state of another sketch shape or seed");
+    }
+    r.expect_end();
+    std::copy(got[0].table().begin(), got[0].table().end(), momentum_->table().begin());
+    std::copy(got[1].table().begin(), got[1].table().end(), error_->table().begin());
+  }
 
  private:
   void absorb(ByteReader& r, const Header& h) override {
@@ -62,6 +101,16 @@ class SketchAggregator final : public Aggregator {
       kernels::cpu::scale(val.data(), val.size(), inv);
       return sparse_update(phase, std::move(pos), std::move(val));
     }
+    if (o_.fetch) {
+      sum_.scale(inv);  // the mean sketch
+      momentum_->scale(o_.momentum);
+      *momentum_ += sum_;
+      *error_ += *momentum_;
+      TopK top = error_->top_k(o_.k);
+      momentum_->zero_buckets(top.indices);
+      error_->zero_buckets(top.indices);
+      return sparse_update(phase, std::move(top.indices), std::move(top.values));
+    }
     if (o_.candidates == 0) {
       TopK top = sum_.top_k(o_.k);
       kernels::cpu::scale(top.values.data(), top.values.size(), inv);
@@ -88,6 +137,7 @@ class SketchAggregator final : public Aggregator {
   CountSketch sum_;
   std::vector<uint32_t> candidates_;
   std::vector<float> answers_;
+  std::optional<CountSketch> momentum_, error_;  // FetchSGD only
 };
 
 class SketchCodec final : public Compressor {
@@ -95,7 +145,7 @@ class SketchCodec final : public Compressor {
   SketchCodec(uint64_t dim, std::string spec, const SketchOptions& o)
       : Compressor(CodecId::Sketch, dim, std::move(spec)),
         o_(o),
-        fb_(dim, o.momentum, true),
+        fb_(dim, o.fetch ? 0.0f : o.momentum, !o.fetch),
         sketch_(o.sketch) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
@@ -156,7 +206,8 @@ SKETCHSGD_REGISTER_CODEC(
       {"p2", "second round with p2 * k candidates (0: off)", 0, 0, 1000},
       {"momentum", "worker momentum rho", 0.9, 0, 0.999, false},
       {"seed", "hash seed shared by workers and server", 1, 0, 4294967295.0},
-      {"hashing", "0: hashes on the fly, 1: precomputed packed table", 0, 0, 1}},
+      {"hashing", "0: hashes on the fly, 1: precomputed packed table", 0, 0, 1},
+      {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1}},
      [](const Options& o, uint64_t dim, std::string spec) {
        SketchOptions s;
        s.k = o.integer("k");
@@ -172,6 +223,9 @@ SKETCHSGD_REGISTER_CODEC(
        s.sketch.hashing = o.flag("hashing") ? Hashing::Precomputed : Hashing::OnTheFly;
        s.candidates = std::min<uint64_t>(o.integer("p2") * s.k, dim);
        s.momentum = float(o.number("momentum"));
+       s.fetch = o.flag("fetch");
+       SKETCHSGD_REQUIRE(!(s.fetch && s.candidates), InvalidArgument,
+                         "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");
        return std::make_unique<SketchCodec>(dim, std::move(spec), s);
      }});
 

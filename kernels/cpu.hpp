@@ -47,6 +47,9 @@ void estimate_all(const SketchLayout& s, const float* table, float* out);
 /// Order: |value| descending, then index ascending (a total order: ties resolve the same everywhere).
 void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val);
 
+/// Zeroes, in every row, the bucket each of the n coordinates idx hashes to (FetchSGD's reset).
+void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n);
+
 /// sqrt(median over rows of Σ_col table[row][col]²): the sketch's estimate of ‖x‖₂.
 double l2_estimate(const SketchLayout& s, const float* table);
 

@@ -140,6 +140,12 @@ void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, si
   }
 }
 
+void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n) {
+  const Hasher h(s);
+  for (uint32_t i = 0; i < s.rows; ++i)
+    for (size_t q = 0; q < n; ++q) table[size_t(i) * s.cols + hash::bucket_of(h(i, idx[q]))] = 0.0f;
+}
+
 void estimate_all(const SketchLayout& s, const float* table, float* out) {
   const Hasher h(s);
   const size_t blocks = (s.dim + kBlock - 1) / kBlock;

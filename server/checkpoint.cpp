@@ -58,6 +58,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   w.put_array(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(c.spec.data()),
                                        c.spec.size()));
   w.put_array(std::span<const float>(c.params));
+  w.put(uint64_t(c.codec_state.size()));
+  w.put_array(std::span<const uint8_t>(c.codec_state));
   w.put(crc32c(b));
 
   const std::string tmp = path + ".tmp";
@@ -104,10 +106,13 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
                     " bytes");
   const auto spec = r.take<uint8_t>(spec_len);
   c.spec.assign(reinterpret_cast<const char*>(spec.data()), spec.size());
-  SKETCHSGD_REQUIRE(dim == r.left() / 4 && r.left() % 4 == 0, WireError, "checkpoint ", path,
-                    ": declares ", dim, " parameters, holds ", r.left(), " bytes");
+  SKETCHSGD_REQUIRE(dim <= r.left() / 4, WireError, "checkpoint ", path, ": declares ", dim,
+                    " parameters, holds ", r.left(), " bytes");
   c.params.resize(dim);
   r.get_array(std::span<float>(c.params));
+  const auto state = r.take<uint8_t>(r.get<uint64_t>());
+  c.codec_state.assign(state.begin(), state.end());
+  r.expect_end();
   for (size_t i = 0; i < c.params.size(); ++i)
     SKETCHSGD_REQUIRE(std::isfinite(c.params[i]), WireError, "checkpoint ", path,
                       ": non-finite parameter at ", i);

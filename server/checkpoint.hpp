@@ -15,6 +15,7 @@ struct Checkpoint {
   uint64_t round = 0;  ///< next round to run: updates of rounds < round are in params
   std::string spec;    ///< canonical codec spec
   std::vector<float> params;
+  std::vector<uint8_t> codec_state;  ///< Aggregator::save_state() (FetchSGD's sketches)
 };
 
 /// Writes atomically; throws Error with the failing system call and errno text.

@@ -98,14 +98,18 @@ void Engine::restore(const Checkpoint& c) {
                     ", server runs ", cfg_.spec);
   SKETCHSGD_REQUIRE(c.params.size() == cfg_.dim, ConfigMismatch, "checkpoint of dim ",
                     c.params.size(), ", server runs dim ", cfg_.dim);
+  auto agg = codec_->make_aggregator(cfg_.world);
+  agg->load_state(c.codec_state);
+  agg_ = std::move(agg);
   model_ = c.params;
   round_ = c.round;
-  agg_ = codec_->make_aggregator(cfg_.world);
   last_outcome_.clear();
   reset_round();
 }
 
-Checkpoint Engine::checkpoint() const { return Checkpoint{cfg_.job, round_, cfg_.spec, model_}; }
+Checkpoint Engine::checkpoint() const {
+  return Checkpoint{cfg_.job, round_, cfg_.spec, model_, agg_->save_state()};
+}
 
 void Engine::start_phase(MessageKind kind) {
   phase_ = kind;
@@ -446,7 +450,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
 
 void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
   hooks_.log("round " + std::to_string(round_) + " aborted: " + reason);
-  agg_ = codec_->make_aggregator(cfg_.world);  // drop the partial merge
+  agg_->abandon();  // drop the partial merge, keep state across rounds (FetchSGD)
   metrics_.aborted = true;
   metrics_.reason = reason;
   last_outcome_ = {envelope(Type::Abort, cfg_.job, round_, 0), Frame::own(encode_text(reason))};

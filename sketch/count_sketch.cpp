@@ -1,5 +1,7 @@
 #include "count_sketch.hpp"
 
+#include <cmath>
+
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -100,6 +102,18 @@ void CountSketch::add_table(std::span<const float> table, float scale) {
                     " floats into a ", config_.rows, " x ", config_.cols, " sketch");
   kernels::cpu::axpy(table_.data(), table.data(), table_.size(), scale);
   empty_ = false;
+}
+
+void CountSketch::scale(float a) {
+  SKETCHSGD_REQUIRE(std::isfinite(a), InvalidArgument, "scale: factor ", a, " is not finite");
+  kernels::cpu::scale(table_.data(), table_.size(), a);
+}
+
+void CountSketch::zero_buckets(std::span<const uint32_t> indices) {
+  for (size_t i = 0; i < indices.size(); ++i)
+    SKETCHSGD_REQUIRE(indices[i] < config_.dim, InvalidArgument, "zero_buckets: index ",
+                      indices[i], " out of range for dim ", config_.dim);
+  kernels::cpu::zero_buckets(layout(), table_.data(), indices.data(), indices.size());
 }
 
 void CountSketch::zero() {

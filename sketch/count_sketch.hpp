@@ -56,6 +56,10 @@ class CountSketch {
   /// Adds a raw table of rows × cols floats (a peer's sketch received as bytes).
   void add_table(std::span<const float> table, float scale = 1.0f);
   void zero();
+  /// table *= a
+  void scale(float a);
+  /// Zeroes every cell these coordinates hash to (indices < dim; FetchSGD's reset).
+  void zero_buckets(std::span<const uint32_t> indices);
 
   std::vector<float> estimate(std::span<const uint32_t> indices) const;
   void estimate(std::span<const uint32_t> indices, std::span<float> out) const;

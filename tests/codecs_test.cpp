@@ -51,6 +51,7 @@ TEST(Registry, ClearErrors) {
   EXPECT_NE(message("sketch:momentum=1.5").find("outside [0, 0.999]"), std::string::npos);
   EXPECT_NE(message("topk:k=1001").find("exceeds dim"), std::string::npos);
   EXPECT_NE(message("sketch:k=5000").find("exceeds dim"), std::string::npos);
+  EXPECT_NE(message("sketch:k=10,p2=2,fetch=1").find("no second round"), std::string::npos);
   EXPECT_NE(message("dense", 0).find("dim"), std::string::npos);
   EXPECT_NE(message("topk:k=nan").find("not a number"), std::string::npos);
 }

@@ -183,7 +183,8 @@ TEST_P(EngineCodecs, RoundsMatchTheInProcessReferenceBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Every, EngineCodecs,
                          ::testing::Values("dense", "topk:k=60", "topk:k=60,global=1", "terngrad",
                                            "signsgd", "signsgd:ef=1", "sketch:k=60,cols=600",
-                                           "sketch:k=60,cols=600,p2=3"));
+                                           "sketch:k=60,cols=600,p2=3",
+                                           "sketch:k=60,cols=600,fetch=1"));
 
 std::string refusal(Net& net, const PeerId& peer) {
   auto m = net.next(peer);
@@ -391,6 +392,47 @@ TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
   EXPECT_THROW(load_checkpoint(path.string()), WireError);
   std::filesystem::remove(path);
   EXPECT_FALSE(load_checkpoint(path.string()));
+}
+
+TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
+  JobConfig cfg = job("sketch:k=30,cols=300,fetch=1,momentum=0.9", 2, 1000);
+  cfg.policy = Policy::Abort;
+  Net a(cfg);
+  auto wa = start(a, cfg, test::initial_params(1000, 8));
+  auto run_round = [](Net& net, std::vector<FakeWorker>& ws, uint64_t t) {
+    for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, t, 3));
+    for (auto& w : ws) ASSERT_EQ(w.settle(net), Type::Update);
+  };
+  for (uint64_t t = 0; t < 3; ++t) run_round(a, wa, t);
+  // An aborted round in between drops only that round's partial merge.
+  wa[0].push(a, test::synthetic_grad(wa[0].params, 0, 3, 3));
+  for (int i = 0; i < 12; ++i) {
+    a.deliver(wa[0].peer, {env(Type::Heartbeat, cfg.job, 0, 0)});
+    a.deliver(wa[1].peer, {env(Type::Heartbeat, cfg.job, 0, 1)});
+    a.tick(100ms);
+  }
+  for (auto& w : wa) ASSERT_EQ(w.settle(a), Type::Abort);
+  const Checkpoint c = a.engine.checkpoint();
+  EXPECT_FALSE(c.codec_state.empty());
+
+  Net b(cfg);
+  b.engine.restore(c);
+  std::vector<FakeWorker> wb;
+  for (uint32_t r = 0; r < 2; ++r) {
+    wb.emplace_back(r, cfg);
+    wb[r].join(b, {});
+    ASSERT_TRUE(wb[r].take_model(b));
+  }
+  run_round(a, wa, 4);
+  run_round(b, wb, 4);
+  EXPECT_EQ(std::memcmp(a.engine.model().data(), b.engine.model().data(), 4000), 0)
+      << "restored FetchSGD state differs";
+  Checkpoint broken = c;
+  broken.codec_state.resize(10);
+  Net d(cfg);
+  EXPECT_THROW(d.engine.restore(broken), WireError);
+  broken.codec_state.clear();
+  EXPECT_THROW(d.engine.restore(broken), WireError);
 }
 
 TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {

@@ -146,6 +146,35 @@ TEST(CountSketch, SerializeRoundTripAndCorruption) {
   }
 }
 
+TEST(CountSketch, ZeroBucketsClearsExactlyTheCellsOfThoseCoordinates) {
+  const SketchConfig cfg{5000, 5, 300, 9};
+  CountSketch s(cfg);
+  s.accumulate(test::gaussian(cfg.dim, 4));
+  const std::vector<uint32_t> hit = {3, 777, 4999};
+  s.zero_buckets(hit);
+  for (float v : s.estimate(hit)) EXPECT_EQ(v, 0.0f);
+  // Every cell zeroed is a bucket of one of those coordinates; the rest is untouched.
+  CountSketch marks(cfg);
+  std::vector<float> ind(cfg.dim, 0.0f);
+  for (uint32_t j : hit) ind[j] = 1.0f;
+  marks.accumulate(ind);
+  CountSketch fresh(cfg);
+  fresh.accumulate(test::gaussian(cfg.dim, 4));
+  size_t zeroed = 0;
+  for (size_t c = 0; c < s.table().size(); ++c) {
+    if (marks.table()[c] != 0.0f) {
+      EXPECT_EQ(s.table()[c], 0.0f);
+      ++zeroed;
+    } else {
+      EXPECT_EQ(s.table()[c], fresh.table()[c]);
+    }
+  }
+  EXPECT_GE(zeroed, 5u);
+  const std::vector<uint32_t> bad = {5000};
+  EXPECT_THROW(s.zero_buckets(bad), InvalidArgument);
+  EXPECT_THROW(s.scale(std::numeric_limits<float>::infinity()), InvalidArgument);
+}
+
 TEST(CountSketch, BadInput) {
   EXPECT_THROW(CountSketch(cfg(0, 5, 10)), InvalidArgument);
   EXPECT_THROW(CountSketch(cfg(1ull << 32, 5, 10)), InvalidArgument);
