@@ -65,6 +65,7 @@ void JobConfig::validate() const {
   SKETCHSGD_REQUIRE(deadline.count() >= 1, InvalidArgument, "deadline must be ≥ 1 ms");
   SKETCHSGD_REQUIRE(heartbeat.count() >= 1, InvalidArgument, "heartbeat must be ≥ 1 ms");
   SKETCHSGD_REQUIRE(dead_after >= 1, InvalidArgument, "dead_after must be ≥ 1");
+  SKETCHSGD_REQUIRE(staleness <= 64, InvalidArgument, "staleness must be ≤ 64 rounds, got ", staleness);
 }
 
 Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
@@ -72,6 +73,9 @@ Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::m
   if (cfg_.min_workers == 0) cfg_.min_workers = cfg_.world;
   codec_ = make_compressor(cfg_.spec, cfg_.dim);
   cfg_.spec = codec_->spec();
+  SKETCHSGD_REQUIRE(cfg_.staleness == 0 || !codec_->two_rounds(), InvalidArgument,
+                    "bounded staleness needs a one-round codec: ", cfg_.spec,
+                    " queries worker state that has moved on");
   agg_ = codec_->make_aggregator(cfg_.world);
   workers_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
@@ -103,6 +107,7 @@ void Engine::restore(const Checkpoint& c) {
   agg_ = std::move(agg);
   model_ = c.params;
   round_ = c.round;
+  early_.clear();
   last_outcome_.clear();
   reset_round();
 }
@@ -275,7 +280,7 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f,
   w.alive = true;
   w.last_seen = now;
   rank_of_[peer] = e.rank;
-  const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count())};
+  const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness};
   send(e.rank, {envelope(Type::Welcome, cfg_.job, round_, e.rank), Frame::own(encode(info))}, out);
 }
 
@@ -321,6 +326,18 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
                std::to_string(rank) + " (now at " + std::to_string(round_) + ")");
     return;
   }
+  if (e.round > round_ && e.round <= round_ + cfg_.staleness) {
+    const auto msg = f[1].bytes();
+    SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
+                      "push of rank ", rank, " round ", e.round,
+                      " carries a message with another sender or round");
+    auto& slot = early_[e.round];
+    slot.resize(cfg_.world);
+    SKETCHSGD_REQUIRE(slot[rank].size() == 0, ProtocolError, "duplicate push from rank ", rank,
+                      " for round ", e.round);
+    slot[rank] = f[1];  // merged when its round starts
+    return;
+  }
   if (e.round > round_) {
     // Only after a server restart from an older checkpoint: resynchronise the worker.
     hooks_.log("rank " + std::to_string(rank) + " pushed round " + std::to_string(e.round) +
@@ -364,11 +381,32 @@ void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock:
 // ---- rounds ---------------------------------------------------------------------------------------
 
 void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
-  if (!has_model() || finished()) return;
+  for (uint32_t n = 0; n <= cfg_.staleness && progress_once(now, out); ++n) {
+  }
+}
+
+void Engine::replay_held(Clock::time_point now) {
+  const auto it = early_.find(round_);
+  if (it == early_.end()) return;
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    if (it->second[r].size() == 0) continue;
+    if (!round_start_) round_start_ = phase_start_ = now;
+    pushed_[r] = true;
+    metrics_.bytes_up[r] += it->second[r].size();
+    held_[r] = std::move(it->second[r]);
+  }
+  early_.erase(early_.begin(), std::next(it));
+  absorb_in_order(false);
+}
+
+bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
+  const uint64_t before = round_;
+  const MessageKind phase = phase_;
+  if (!has_model() || finished()) return false;
   const bool gradient = phase_ == MessageKind::Gradient;
   const auto& got = gradient ? pushed_ : answered_;
   const uint32_t count = uint32_t(std::count(got.begin(), got.end(), true));
-  if (count == 0) return;
+  if (count == 0) return false;
   bool all = true, live_all = true;
   std::vector<uint32_t> missing;
   for (uint32_t r = 0; r < cfg_.world; ++r) {
@@ -378,25 +416,29 @@ void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
     missing.push_back(r);
     if (workers_[r].registered && workers_[r].alive) live_all = false;
   }
-  if (all) return close_phase(now, out, "");
+  if (all) {
+    close_phase(now, out, "");
+    return round_ != before || phase_ != phase;
+  }
   const bool late = now - phase_start_ >= cfg_.deadline;
   if (!gradient) {
     // The answers of dead workers never come, whatever the policy.
-    if (live_all || late)
-      close_phase(now, out, "no answer from " + ranks_text(missing));
-    return;
+    if (live_all || late) close_phase(now, out, "no answer from " + ranks_text(missing));
+    return round_ != before;
   }
   switch (cfg_.policy) {
     case Policy::Quorum:
-      if (count >= cfg_.min_workers && (live_all || late))
-        return close_phase(now, out, "quorum of " + std::to_string(count) + ", missing " +
-                                         ranks_text(missing));
+      if (count >= cfg_.min_workers && (live_all || late)) {
+        close_phase(now, out, "quorum of " + std::to_string(count) + ", missing " + ranks_text(missing));
+        return round_ != before || phase_ != phase;
+      }
       break;
     case Policy::Abort:
-      if (late)
-        return abort_round(now, out, "deadline passed with " + std::to_string(count) + " of " +
-                                         std::to_string(cfg_.world) + " pushes, missing " +
-                                         ranks_text(missing));
+      if (late) {
+        abort_round(now, out, "deadline passed with " + std::to_string(count) + " of " +
+                                  std::to_string(cfg_.world) + " pushes, missing " + ranks_text(missing));
+        return true;
+      }
       break;
     case Policy::Wait: break;
   }
@@ -405,6 +447,7 @@ void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
     hooks_.log("round " + std::to_string(round_) + " past its deadline, waiting for " +
                ranks_text(missing));
   }
+  return false;
 }
 
 void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
@@ -446,6 +489,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
   }
   metrics_.latency_ms = round_start_ ? ms_between(*round_start_, now) : 0;
   finish_round(out);
+  replay_held(now);
 }
 
 void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
@@ -462,6 +506,7 @@ void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std:
   }
   metrics_.latency_ms = round_start_ ? ms_between(*round_start_, now) : 0;
   finish_round(out);
+  replay_held(now);
 }
 
 void Engine::finish_round(std::vector<Outgoing>&) {

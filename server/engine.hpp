@@ -50,6 +50,9 @@ struct JobConfig {
   std::string checkpoint;   ///< path; empty: none
   uint64_t checkpoint_every = 0;
   uint64_t max_rounds = 0;  ///< the job ends after this round (0: never)
+  /// Bounded staleness (seed 003's bounded delay): a worker may push up to this many rounds ahead
+  /// of the last update it received. 0: synchronous. Not with two-round codecs.
+  uint32_t staleness = 0;
   bool authenticated = false;  ///< CURVE: a Hello's rank must be the one its key is bound to
 
   void validate() const;
@@ -118,8 +121,12 @@ class Engine {
   void on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
                  std::vector<Outgoing>& out);
 
-  /// Closes the current phase when the policy allows; called after every change.
+  /// Closes phases while the policy allows (several rounds when early pushes were held).
   void progress(Clock::time_point now, std::vector<Outgoing>& out);
+  /// Closes the current phase when the policy allows; true when it did.
+  bool progress_once(Clock::time_point now, std::vector<Outgoing>& out);
+  /// Starts the next round with the pushes held for it (bounded staleness).
+  void replay_held(Clock::time_point now);
   void close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
   void abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
   void finish_round(std::vector<Outgoing>& out);
@@ -159,6 +166,7 @@ class Engine {
   RoundMetrics metrics_;
   double merge_ms_ = 0;
 
+  std::map<uint64_t, std::vector<Frame>> early_;  // pushes of rounds ahead, by round then rank
   Frames last_outcome_;  // Update or Abort of round_ − 1, re-sent to a worker that missed it
   uint64_t rejected_ = 0;
 };

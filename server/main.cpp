@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   f.add("deadline-ms", "30000", "per-round deadline from its first push", "SKETCHSGD_DEADLINE_MS");
   f.add("heartbeat-ms", "1000", "liveness interval workers must keep", "SKETCHSGD_HEARTBEAT_MS");
   f.add("dead-after", "3", "missed heartbeat intervals before a worker is dead", "SKETCHSGD_DEAD_AFTER");
+  f.add("staleness", "0", "bounded staleness: rounds a worker may push ahead (0: synchronous)",
+        "SKETCHSGD_STALENESS");
   f.add("checkpoint", "", "checkpoint file; resumed from when it exists", "SKETCHSGD_CHECKPOINT");
   f.add("checkpoint-every", "100", "rounds between checkpoints (with --checkpoint)",
         "SKETCHSGD_CHECKPOINT_EVERY");
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
     o.job.deadline = Millis(f.u64("deadline-ms"));
     o.job.heartbeat = Millis(f.u64("heartbeat-ms"));
     o.job.dead_after = uint32_t(f.u64("dead-after"));
+    o.job.staleness = uint32_t(f.u64("staleness"));
     o.job.checkpoint = f.str("checkpoint");
     o.job.checkpoint_every = f.u64("checkpoint-every");
     o.job.max_rounds = f.u64("rounds");

@@ -114,6 +114,7 @@ Bytes encode(const WelcomeInfo& w) {
   ByteWriter b(out);
   b.put(w.has_model);
   b.put(w.heartbeat_ms);
+  b.put(w.staleness);
   return out;
 }
 
@@ -122,7 +123,9 @@ WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
   WelcomeInfo w;
   w.has_model = r.get<uint8_t>();
   w.heartbeat_ms = r.get<uint32_t>();
+  w.staleness = r.get<uint32_t>();
   r.expect_end();
+  SKETCHSGD_REQUIRE(w.staleness <= 64, WireError, "welcome: staleness ", w.staleness);
   SKETCHSGD_REQUIRE(w.has_model <= 1, WireError, "welcome: has_model = ", int(w.has_model));
   SKETCHSGD_REQUIRE(w.heartbeat_ms >= 1 && w.heartbeat_ms <= 3600000, WireError,
                     "welcome: heartbeat interval ", w.heartbeat_ms, " ms");

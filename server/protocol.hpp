@@ -71,6 +71,7 @@ HelloInfo decode_hello(std::span<const uint8_t> frame);
 struct WelcomeInfo {
   uint8_t has_model = 0;         ///< 0: rank 0 must send Init
   uint32_t heartbeat_ms = 1000;  ///< how often the worker should show liveness
+  uint32_t staleness = 0;        ///< rounds a worker may push ahead of its last update
 };
 Bytes encode(const WelcomeInfo& w);
 WelcomeInfo decode_welcome(std::span<const uint8_t> frame);

@@ -469,7 +469,41 @@ TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {
   const float bad = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(nan.data(), &bad, 4);
   EXPECT_THROW(decode_update_info(nan), WireError);
-  EXPECT_THROW(decode_welcome(encode(WelcomeInfo{2, 1000})), WireError);
+  EXPECT_THROW(decode_welcome(encode(WelcomeInfo{2, 1000, 0})), WireError);
+  EXPECT_THROW(decode_welcome(encode(WelcomeInfo{1, 1000, 65})), WireError);
+}
+
+TEST(Engine, BoundedStalenessHoldsEarlyPushesUpToTauRoundsAhead) {
+  JobConfig cfg = job("topk:k=20", 2, 300);
+  cfg.staleness = 2;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(300, 6));
+  // Rank 0 runs ahead: rounds 0, 1, 2 on its stale parameters.
+  const auto p0 = ws[0].params;
+  for (uint64_t t = 0; t < 3; ++t) {
+    const Message m = ws[0].codec->encode(test::synthetic_grad(p0, 0, t, 3), t, 0);
+    net.deliver(ws[0].peer, {env(Type::Push, cfg.job, t, 0), bytes_frame(m)});
+  }
+  EXPECT_FALSE(net.next(ws[0].peer)) << "nothing closes without rank 1";
+  // Round 3 would be τ + 1 ahead: the server answers with its model instead of holding it.
+  const Message far = ws[0].codec->encode(test::synthetic_grad(p0, 0, 3, 3), 3, 0);
+  net.deliver(ws[0].peer, {env(Type::Push, cfg.job, 3, 0), bytes_frame(far)});
+  auto m = net.next(ws[0].peer);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.type, Type::Model);
+  // Rank 1 pushes round by round; each push closes one round with rank 0's held push.
+  for (uint64_t t = 0; t < 3; ++t) {
+    ws[1].push(net, test::synthetic_grad(ws[1].params, 1, t, 3));
+    EXPECT_EQ(ws[1].settle(net), Type::Update);
+    EXPECT_EQ(net.engine.round(), t + 1);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(ws[0].settle(net), Type::Update);
+  EXPECT_EQ(std::memcmp(ws[0].params.data(), ws[1].params.data(), 1200), 0);
+  EXPECT_EQ(std::memcmp(ws[0].params.data(), net.engine.model().data(), 1200), 0);
+
+  JobConfig two = job("sketch:k=10,cols=100,p2=2", 2, 300);
+  two.staleness = 1;
+  EXPECT_THROW(Engine{two}, InvalidArgument);
 }
 
 TEST(Engine, ConfigIsValidated) {

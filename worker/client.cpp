@@ -240,6 +240,7 @@ bool Client::handle_control(const Event& e) {
       const WelcomeInfo w = decode_welcome(e.frames[1].bytes());
       registered_ = true;
       link_->hb_ms = w.heartbeat_ms;
+      staleness_ = w.staleness;
       if (!w.has_model && opts_.rank == 0)
         link_->post({env_frame(Type::Init, opts_, round_),
                      Frame::own(Bytes(reinterpret_cast<const uint8_t*>(init_.data()),
@@ -273,6 +274,7 @@ bool Client::handle_control(const Event& e) {
       params_ = std::move(p);
       if (e.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
       round_ = e.env.round;
+      if (model_changed_round_ || pending_.empty()) next_push_ = round_;
       synced_ = true;
       init_.clear();
       init_.shrink_to_fit();
@@ -284,60 +286,88 @@ bool Client::handle_control(const Event& e) {
 
 StepResult Client::step(std::span<const float> grad) {
   StepResult res;
-  res.round = round_;
-  const uint64_t r = round_;
+  const uint64_t r = next_push_;
+  res.round = r;
   const Frame push = Frame::own(codec_->encode(grad, r, opts_.rank).release());
-  const auto send_push = [&] {
-    link_->post({env_frame(Type::Push, opts_, r), push});
-    res.bytes_up += push.size();
-  };
-  send_push();
+  pending_.emplace_back(r, push);
+  link_->post({env_frame(Type::Push, opts_, r), push});
+  res.bytes_up += push.size();
+  ++next_push_;
   const auto deadline = Clock::now() + opts_.timeout;
   for (;;) {
-    const Event e = wait(deadline, ("round " + std::to_string(r)).c_str());
-    const bool was_synced = synced_;
-    if (handle_control(e)) {
-      if (model_changed_round_) {
-        model_changed_round_ = false;
-        opts_.log("resynchronised with the server at round " + std::to_string(round_));
-        res.outcome = StepResult::Outcome::Resynced;
-        return res;
-      }
-      // A Model of this very round after (re)registration: the server may have lost our push.
-      if (e.env.type == Type::Model && !was_synced) send_push();
-      continue;
+    Event e;
+    if (next_push_ - round_ <= staleness_) {
+      // Far enough: take whatever already arrived, without waiting.
+      if (!link_->pop(e, Clock::now())) return res;
+    } else {
+      e = wait(deadline, ("round " + std::to_string(round_)).c_str());
     }
-    if (e.env.round != r) continue;  // a duplicate of an earlier round's outcome
-    switch (e.env.type) {
-      case Type::Query: {
-        const auto q = e.frames[1].bytes();
-        res.bytes_down += q.size();
-        const Frame ans = Frame::own(codec_->answer(q, opts_.rank).release());
-        res.bytes_up += ans.size();
-        link_->post({env_frame(Type::Answer, opts_, r), ans});
-        break;
-      }
-      case Type::Update: {
-        const UpdateInfo info = decode_update_info(e.frames[1].bytes());
-        const auto u = e.frames[2].bytes();
-        step_.resize(codec_->dim());
-        codec_->apply(u, step_);
-        kernels::cpu::axpy(params_.data(), step_.data(), params_.size(), -info.lr);
-        res.bytes_down += u.size();
-        res.lr = info.lr;
-        res.contributors = info.contributors;
-        round_ = r + 1;
-        return res;
-      }
-      case Type::Abort:
-        opts_.log("round " + std::to_string(r) + " aborted: " + decode_text(e.frames[1].bytes()));
-        round_ = r + 1;
-        res.outcome = StepResult::Outcome::Aborted;
-        return res;
-      default:
-        opts_.log("ignored unexpected " + std::string(to_string(e.env.type)));
-    }
+    if (settle(e, res)) return res;
   }
+}
+
+StepResult Client::sync() {
+  StepResult res;
+  res.round = round_;
+  const auto deadline = Clock::now() + opts_.timeout;
+  while (round_ < next_push_)
+    if (settle(wait(deadline, ("round " + std::to_string(round_)).c_str()), res)) break;
+  return res;
+}
+
+bool Client::settle(const Event& e, StepResult& res) {
+  const bool was_synced = synced_;
+  if (handle_control(e)) {
+    if (model_changed_round_) {
+      model_changed_round_ = false;
+      pending_.clear();
+      next_push_ = round_;
+      opts_.log("resynchronised with the server at round " + std::to_string(round_));
+      res.outcome = StepResult::Outcome::Resynced;
+      return true;
+    }
+    // A Model of our round after (re)registration: the server may have lost our pushes.
+    if (e.env.type == Type::Model && !was_synced)
+      for (const auto& [round, frame] : pending_) {
+        link_->post({env_frame(Type::Push, opts_, round), frame});
+        res.bytes_up += frame.size();
+      }
+    return false;
+  }
+  if (e.env.round != round_) return false;  // a duplicate of an earlier round's outcome
+  switch (e.env.type) {
+    case Type::Query: {
+      const auto q = e.frames[1].bytes();
+      res.bytes_down += q.size();
+      const Frame ans = Frame::own(codec_->answer(q, opts_.rank).release());
+      res.bytes_up += ans.size();
+      link_->post({env_frame(Type::Answer, opts_, round_), ans});
+      return false;
+    }
+    case Type::Update: {
+      const UpdateInfo info = decode_update_info(e.frames[1].bytes());
+      const auto u = e.frames[2].bytes();
+      step_.resize(codec_->dim());
+      codec_->apply(u, step_);
+      kernels::cpu::axpy(params_.data(), step_.data(), params_.size(), -info.lr);
+      res.bytes_down += u.size();
+      res.lr = info.lr;
+      res.contributors = info.contributors;
+      res.outcome = StepResult::Outcome::Updated;
+      break;
+    }
+    case Type::Abort:
+      opts_.log("round " + std::to_string(round_) + " aborted: " + decode_text(e.frames[1].bytes()));
+      res.outcome = StepResult::Outcome::Aborted;
+      break;
+    default:
+      opts_.log("ignored unexpected " + std::string(to_string(e.env.type)));
+      return false;
+  }
+  ++round_;
+  while (!pending_.empty() && pending_.front().first < round_) pending_.pop_front();
+  if (next_push_ < round_) next_push_ = round_;
+  return false;
 }
 
 }  // namespace sketchsgd::ps

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "../compress/compressor.hpp"
+#include "../server/frame.hpp"
 
 namespace sketchsgd::ps {
 
@@ -43,9 +45,10 @@ struct StepResult {
     Updated,   ///< the round's update was applied to params()
     Aborted,   ///< the server ended the round without an update; params() unchanged
     Resynced,  ///< the server was elsewhere (restart): params() and round() now follow it
+    Pending,   ///< bounded staleness: pushed, no update arrived yet (params() may lag)
   };
-  Outcome outcome = Outcome::Updated;
-  uint64_t round = 0;  ///< the round this step belonged to
+  Outcome outcome = Outcome::Pending;  ///< of the last round settled during this call
+  uint64_t round = 0;  ///< the round this step pushed
   float lr = 0;
   uint32_t contributors = 0;
   uint64_t bytes_up = 0;    ///< gradient (+ answer) bytes sent
@@ -64,12 +67,19 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  /// One synchronous round with this gradient (length dim, finite).
+  /// Pushes this gradient (length dim, finite) for the next round, then applies updates until at
+  /// most `staleness` pushes are unanswered (the server's setting; 0: wait for this round's update).
   StepResult step(std::span<const float> grad);
 
+  /// Waits for the outcome of every unanswered push (the end of training with staleness > 0).
+  StepResult sync();
+
   std::span<const float> params() const { return params_; }
-  /// The next round this worker will push.
+  /// The round whose update comes next: params() hold every update before it.
   uint64_t round() const { return round_; }
+  /// The round the next step() pushes (round() + unanswered pushes).
+  uint64_t next_push() const { return next_push_; }
+  uint32_t staleness() const { return staleness_; }
   Compressor& codec() { return *codec_; }
   uint32_t rank() const { return opts_.rank; }
 
@@ -78,6 +88,8 @@ class Client {
   struct Event;
   void hello();
   Event wait(std::chrono::steady_clock::time_point deadline, const char* what);
+  /// Applies one event to the round state; true when the step must return (resynchronised).
+  bool settle(const Event& e, StepResult& res);
   /// Handles registration traffic; returns true when the event was consumed.
   bool handle_control(const Event& e);
 
@@ -87,6 +99,9 @@ class Client {
   std::vector<float> init_;  // rank 0's initial parameters, kept until the server has a model
   std::vector<float> step_;
   uint64_t round_ = 0;
+  uint64_t next_push_ = 0;
+  uint32_t staleness_ = 0;
+  std::deque<std::pair<uint64_t, Frame>> pending_;  // pushes without an outcome yet
   bool registered_ = false;
   bool synced_ = false;  // a Model has arrived since the last registration
   bool model_changed_round_ = false;
