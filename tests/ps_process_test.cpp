@@ -21,6 +21,9 @@
 #include "../server/checkpoint.hpp"
 #include "ps_synthetic.hpp"
 #include "round.hpp"
+#include "../server/protocol.hpp"
+#include <zmq.hpp>
+#include <random>
 
 extern char** environ;
 
@@ -271,6 +274,51 @@ TEST(ProcessFaults, KilledServerResumesFromItsCheckpointAndWorkersResync) {
     EXPECT_NE(lines[i].find("\"round\":" + std::to_string(c->round + (i - before)) + ","),
               std::string::npos)
         << lines[i];
+}
+
+long rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind("VmRSS:", 0) == 0) return std::stol(l.substr(6));
+  return -1;
+}
+
+TEST(ProcessFaults, GarbageFloodLeavesServerMemoryBoundedAndServing) {
+  Job job{"sketch:k=40,cols=400", 1};
+  job.rounds = 3;
+  Proc server = job.server();
+  const std::string endpoint = server.line(10s);
+  ASSERT_FALSE(endpoint.empty());
+  std::this_thread::sleep_for(200ms);
+  const long before = rss_kib(server.pid);
+  ASSERT_GT(before, 0);
+  {
+    zmq::context_t ctx;
+    std::mt19937 rng(5);
+    const Bytes env = encode(Envelope{Type::Push, 3, 0, 0, 0});
+    // 10 connections × 2,000 messages of up to 7 frames, garbage of every shape, never read back.
+    for (int c = 0; c < 10; ++c) {
+      zmq::socket_t s(ctx, zmq::socket_type::dealer);
+      s.set(zmq::sockopt::linger, 200);
+      s.set(zmq::sockopt::sndhwm, 100000);
+      s.connect(endpoint);
+      for (int i = 0; i < 2000; ++i) {
+        const int parts = 1 + int(rng() % 7);
+        for (int k = 0; k < parts; ++k) {
+          zmq::message_t m(k == 0 && i % 2 ? env.size() : size_t(rng() % 16000));
+          if (k == 0 && i % 2) std::memcpy(m.data(), env.data(), env.size());
+          (void)s.send(m, k + 1 < parts ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        }
+      }
+    }
+  }
+  std::this_thread::sleep_for(500ms);
+  const long after = rss_kib(server.pid);
+  EXPECT_LT(after - before, 64 * 1024) << "server grew from " << before << " to " << after << " KiB";
+  // And it still trains a real worker.
+  Proc w = job.worker(endpoint, 0, scratch("flood0"));
+  EXPECT_EQ(w.wait(30s), 0);
+  EXPECT_EQ(server.wait(20s), 0);
 }
 
 }  // namespace
