@@ -1,5 +1,7 @@
 #include "compressor.hpp"
 
+#include <cmath>
+
 #include "../kernels/cpu.hpp"
 #include "../kernels/error.hpp"
 
@@ -76,6 +78,42 @@ void Compressor::decode(std::span<const uint8_t> update, std::span<float> step) 
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
   do_decode(r, h, step);
+}
+
+namespace {
+void check_step_args(std::span<float> params, uint64_t dim, float lr) {
+  SKETCHSGD_REQUIRE(params.size() == dim, InvalidArgument, "step: parameters of length ",
+                    params.size(), " for a codec of dim ", dim);
+  SKETCHSGD_REQUIRE(std::isfinite(lr), InvalidArgument, "step: learning rate ", lr, " is not finite");
+}
+}  // namespace
+
+void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> params, float lr) {
+  check_step_args(params, dim_, lr);
+  const Header h = check(update, MessageKind::Update);
+  ByteReader r(payload_of(update), "update payload");
+  do_apply_step(r, h, params, lr);
+}
+
+void Compressor::decode_step(std::span<const uint8_t> update, std::span<float> params,
+                             float lr) const {
+  check_step_args(params, dim_, lr);
+  const Header h = check(update, MessageKind::Update);
+  ByteReader r(payload_of(update), "update payload");
+  do_decode_step(r, h, params, lr);
+}
+
+void Compressor::do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) {
+  scratch_.resize(dim_);
+  do_apply(r, h, scratch_);
+  kernels::cpu::axpy(params.data(), scratch_.data(), dim_, -lr);
+}
+
+void Compressor::do_decode_step(ByteReader& r, const Header& h, std::span<float> params,
+                                float lr) const {
+  scratch_.resize(dim_);
+  do_decode(r, h, scratch_);
+  kernels::cpu::axpy(params.data(), scratch_.data(), dim_, -lr);
 }
 
 Aggregator::Aggregator(const Compressor& codec, uint32_t world_size)

@@ -54,6 +54,12 @@ class Compressor {
   /// The dense step of an Update without touching any state: what a parameter server that keeps
   /// the model applies. Same validation as apply().
   void decode(std::span<const uint8_t> update, std::span<float> step) const;
+  /// params −= lr · step of the update, with apply()'s state change: a worker's whole round end.
+  /// Sparse updates touch only their coordinates (O(k), no dense step); the result is bit for bit
+  /// that of apply() followed by params −= lr · step.
+  void apply_step(std::span<const uint8_t> update, std::span<float> params, float lr);
+  /// The same without any state change: a parameter server's copy of the model.
+  void decode_step(std::span<const uint8_t> update, std::span<float> params, float lr) const;
 
   // ---- server role ------------------------------------------------------------------------------
   virtual std::unique_ptr<Aggregator> make_aggregator(uint32_t world_size) const = 0;
@@ -86,12 +92,17 @@ class Compressor {
   virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) {
     do_decode(payload, h, step);
   }
+  /// Defaults: the dense step in a scratch vector, then axpy. Sparse codecs override both.
+  virtual void do_apply_step(ByteReader& payload, const Header& h, std::span<float> params, float lr);
+  virtual void do_decode_step(ByteReader& payload, const Header& h, std::span<float> params,
+                              float lr) const;
 
  private:
   CodecId id_;
   uint64_t dim_;
   std::string spec_;
   uint64_t last_bytes_ = 0;
+  mutable std::vector<float> scratch_;  // dense step of the default *_step paths
 };
 
 /// Server side of one codec for a job of world_size workers. Messages of one phase must share a

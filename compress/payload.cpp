@@ -43,6 +43,13 @@ Sparse read_sparse_into(ByteReader& r, uint64_t max_count, std::span<float> step
   return s;
 }
 
+Sparse read_sparse_axpy(ByteReader& r, uint64_t max_count, std::span<float> params, float a) {
+  Sparse s = read_sparse(r, params.size(), max_count);
+  r.expect_end();
+  kernels::cpu::scatter_axpy(params.data(), s.indices.data(), s.values.data(), s.indices.size(), a);
+  return s;
+}
+
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val) {
   std::vector<uint32_t> order(idx.size());
   std::iota(order.begin(), order.end(), 0u);

@@ -23,6 +23,9 @@ Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count);
 /// Reads a sparse Update (count ≤ max_count) and writes it densely into step: zeros elsewhere.
 /// Validated completely before step is written.
 Sparse read_sparse_into(ByteReader& r, uint64_t max_count, std::span<float> step);
+/// Reads a sparse Update (count ≤ max_count, then the end) and does params += a · values there.
+/// Validated completely before params is written.
+Sparse read_sparse_axpy(ByteReader& r, uint64_t max_count, std::span<float> params, float a);
 /// Reorders (idx, val) pairs by index (top-k results come ordered by magnitude).
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val);
 

@@ -190,6 +190,13 @@ class SketchCodec final : public Compressor {
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     fb_.mask(payload::read_sparse_into(r, o_.k, step).indices);
   }
+  void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
+                      float lr) const override {
+    payload::read_sparse_axpy(r, o_.k, params, -lr);
+  }
+  void do_apply_step(ByteReader& r, const Header&, std::span<float> params, float lr) override {
+    fb_.mask(payload::read_sparse_axpy(r, o_.k, params, -lr).indices);
+  }
 
   SketchOptions o_;
   Feedback fb_;

@@ -98,6 +98,13 @@ class TopK final : public Compressor {
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
     payload::read_sparse_into(r, dim(), step);
   }
+  void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
+                      float lr) const override {
+    payload::read_sparse_axpy(r, dim(), params, -lr);
+  }
+  void do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) override {
+    do_decode_step(r, h, params, lr);
+  }
 
   TopKOptions o_;
   Feedback fb_;

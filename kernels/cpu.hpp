@@ -74,6 +74,8 @@ void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out);
 void gather(const float* x, const uint32_t* idx, size_t n, float* out);
 void scatter(float* y, const uint32_t* idx, const float* val, size_t n);
 void zero_at(float* y, const uint32_t* idx, size_t n);
+/// y[idx[i]] += a · val[i]: the same arithmetic as axpy with a sparse x, so results agree bit for bit.
+void scatter_axpy(float* y, const uint32_t* idx, const float* val, size_t n, float a);
 
 // ---- bit packing --------------------------------------------------------------------------------
 /// 32 signs per word, bit j % 32 of word j / 32 set when x[j] < 0; padding bits zero.

@@ -36,6 +36,10 @@ void axpy(float* y, const float* x, size_t n, float a) {
   for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+void scatter_axpy(float* y, const uint32_t* idx, const float* val, size_t n, float a) {
+  for (size_t i = 0; i < n; ++i) y[idx[i]] += a * val[i];
+}
+
 void scale(float* y, size_t n, float a) {
 #pragma omp parallel for simd schedule(static) if (n > kParallel)
   for (size_t i = 0; i < n; ++i) y[i] *= a;

@@ -475,9 +475,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
   if (phase_ == MessageKind::Gradient) metrics_.contributors = count;
 
   const UpdateInfo info{cfg_.lr, metrics_.contributors};
-  step_.resize(cfg_.dim);
-  codec_->decode(payload.bytes(), step_);
-  kernels::cpu::axpy(model_.data(), step_.data(), model_.size(), -cfg_.lr);
+  codec_->decode_step(payload.bytes(), model_, cfg_.lr);
   last_outcome_ = {Frame(), Frame::own(encode(info)), payload};
   last_outcome_[0] = envelope(Type::Update, cfg_.job, round_, 0);
   metrics_.bytes_down_each += payload.size();

@@ -147,7 +147,6 @@ class Engine {
   std::unique_ptr<Compressor> codec_;  // server-side decode of updates; never encodes
   std::unique_ptr<Aggregator> agg_;
   std::vector<float> model_;
-  std::vector<float> step_;
   uint64_t round_ = 0;
 
   std::vector<Worker> workers_;

@@ -326,3 +326,45 @@ TEST(Aggregator, OutlivesTheCompressorThatMadeIt) {
 }
 }  // namespace
 }  // namespace sketchsgd
+
+namespace sketchsgd {
+namespace {
+
+// apply_step / decode_step (sparse fast path) equal apply() + axpy bit for bit, state included.
+TEST(Codecs, ApplyStepEqualsApplyThenAxpyBitForBit) {
+  constexpr uint64_t dim = 4000;
+  for (const char* spec : {"dense", "topk:k=50", "terngrad", "signsgd", "signsgd:ef=1",
+                           "sketch:cols=500,k=50", "sketch:cols=500,k=50,p2=2", "sketch:cols=500,k=50,fetch=1"}) {
+    test::Job a(spec, dim, 2), b(spec, dim, 2);
+    std::vector<float> pa = test::gaussian(dim, 3), pb = pa, pc = pa;
+    for (uint64_t t = 0; t < 3; ++t) {
+      const std::vector<std::vector<float>> g = {test::gaussian(dim, 10 + t), test::gaussian(dim, 20 + t)};
+      const auto steps = a.round(g, t);  // apply() on a's workers
+      kernels::cpu::axpy(pa.data(), steps[0].data(), dim, -0.3f);
+      // b's workers take the same round through apply_step.
+      for (uint32_t w = 0; w < 2; ++w) b.server->add(b.workers[w]->encode(g[w], t, w));
+      Message out = b.server->finish();
+      if (b.server->expecting() == MessageKind::Answer) {
+        for (uint32_t w = 0; w < 2; ++w) b.server->add(b.workers[w]->answer(out, w));
+        out = b.server->finish();
+      }
+      std::vector<float> scratch = pb;
+      b.workers[0]->apply_step(out, pb, 0.3f);
+      b.workers[1]->apply_step(out, scratch, 0.3f);
+      b.server_codec->decode_step(out, pc, 0.3f);
+      ASSERT_EQ(std::memcmp(pa.data(), pb.data(), dim * 4), 0) << spec << " round " << t;
+      ASSERT_EQ(std::memcmp(pa.data(), pc.data(), dim * 4), 0) << spec << " round " << t;
+    }
+    std::vector<float> short_params(dim - 1);
+    EXPECT_THROW(b.server_codec->decode_step(a.last_update, short_params, 0.1f), InvalidArgument) << spec;
+    EXPECT_THROW(b.server_codec->decode_step(a.last_update, pc, std::nanf("")), InvalidArgument) << spec;
+    Bytes bad(a.last_update.bytes().begin(), a.last_update.bytes().end());
+    bad.back() ^= 1;
+    const std::vector<float> before = pc;
+    EXPECT_THROW(b.server_codec->decode_step(bad, pc, 0.1f), WireError) << spec;
+    EXPECT_EQ(std::memcmp(before.data(), pc.data(), dim * 4), 0) << spec << ": corrupt update wrote";
+  }
+}
+
+}  // namespace
+}  // namespace sketchsgd

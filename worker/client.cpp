@@ -291,6 +291,7 @@ StepResult Client::step(std::span<const float> grad) {
   const Frame push = Frame::own(codec_->encode(grad, r, opts_.rank).release());
   pending_.emplace_back(r, push);
   link_->post({env_frame(Type::Push, opts_, r), push});
+  res.pushed_at = Clock::now();
   res.bytes_up += push.size();
   ++next_push_;
   const auto deadline = Clock::now() + opts_.timeout;
@@ -347,9 +348,7 @@ bool Client::settle(const Event& e, StepResult& res) {
     case Type::Update: {
       const UpdateInfo info = decode_update_info(e.frames[1].bytes());
       const auto u = e.frames[2].bytes();
-      step_.resize(codec_->dim());
-      codec_->apply(u, step_);
-      kernels::cpu::axpy(params_.data(), step_.data(), params_.size(), -info.lr);
+      codec_->apply_step(u, params_, info.lr);
       res.bytes_down += u.size();
       res.lr = info.lr;
       res.contributors = info.contributors;

@@ -53,6 +53,7 @@ struct StepResult {
   uint32_t contributors = 0;
   uint64_t bytes_up = 0;    ///< gradient (+ answer) bytes sent
   uint64_t bytes_down = 0;  ///< update (+ query) bytes received
+  std::chrono::steady_clock::time_point pushed_at{};  ///< when the encoded push was handed to the socket
 };
 
 class Client {
@@ -97,7 +98,6 @@ class Client {
   std::unique_ptr<Compressor> codec_;
   std::vector<float> params_;
   std::vector<float> init_;  // rank 0's initial parameters, kept until the server has a model
-  std::vector<float> step_;
   uint64_t round_ = 0;
   uint64_t next_push_ = 0;
   uint32_t staleness_ = 0;
