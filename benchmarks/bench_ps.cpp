@@ -6,6 +6,8 @@
 // reduce, transfer down, apply. The floor is the same measure for raw ZeroMQ moving messages of
 // the same sizes (W pushes in, one update out to each) with no work at all. Prints a table and
 // writes JSON lines (--out) for scripts/plot_ps.py.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -59,7 +61,7 @@ std::vector<float> gradient(uint64_t d) {
 }
 
 struct Result {
-  double round_ms, floor_ms, encode_ms;
+  double round_ms, floor_ms, encode_ms, merge_ms;
   uint64_t up_each, down_each;
 };
 
@@ -130,6 +132,8 @@ Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds)
   o.job.lr = 0.01f;
   o.job.max_rounds = uint64_t(rounds) + 1;
   o.finish_grace = std::chrono::milliseconds(100);
+  o.metrics = "/tmp/sketchsgd_bench_ps_" + std::to_string(::getpid()) + ".jsonl";
+  std::remove(o.metrics.c_str());
   Server server(o);
   server.start();
   std::thread srv([&] { server.run(); });
@@ -176,7 +180,18 @@ Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds)
     }
     round_ms.push_back(ms(last_done - last_push));
   }
-  Result res{median(round_ms), 0, median(enc), up[0], down[0]};
+  // The server's own merge + reduce time per round, from its metrics (round 0 is the warm-up).
+  std::vector<double> merge;
+  {
+    std::ifstream in(o.metrics);
+    for (std::string l; std::getline(in, l);) {
+      const auto at = l.find("\"merge_ms\":");
+      if (at != std::string::npos && l.find("\"round\":0,") == std::string::npos)
+        merge.push_back(std::stod(l.substr(at + 11)));
+    }
+  }
+  std::remove(o.metrics.c_str());
+  Result res{median(round_ms), 0, median(enc), median(merge), up[0], down[0]};
   // The floor moves the same bytes: W pushes of this size in, one update of this size out to each.
   res.floor_ms = loopback_floor(world, res.up_each, res.down_each, std::max(rounds, 5));
   return res;
@@ -195,8 +210,9 @@ int main(int argc, char** argv) {
     if (!f.parse(argc, argv)) return 0;
     std::ofstream out;
     if (!f.str("out").empty()) out.open(f.str("out"), std::ios::app);
-    std::printf("%-8s %10s %3s %10s %10s %6s %10s %12s %12s %8s\n", "codec", "d", "W", "round_ms",
-                "floor_ms", "ratio", "encode_ms", "up/worker", "down/worker", "vs_dense");
+    std::printf("%-8s %10s %3s %10s %10s %6s %10s %10s %12s %12s %8s\n", "codec", "d", "W",
+                "round_ms", "floor_ms", "ratio", "merge_ms", "encode_ms", "up/worker", "down/worker",
+                "vs_dense");
     std::stringstream codecs(f.str("codecs"));
     for (std::string codec; std::getline(codecs, codec, ',');)
       for (uint64_t d : list(f.str("dims")))
@@ -205,15 +221,16 @@ int main(int argc, char** argv) {
           const Result r = run_case(spec, d, uint32_t(w), int(f.u64("rounds")));
           const double dense = 2.0 * (double(d) * 4 + 48);  // a dense push and a dense update
           const double vs_dense = dense / double(r.up_each + r.down_each);
-          std::printf("%-8s %10llu %3llu %10.2f %10.2f %6.2f %10.2f %12llu %12llu %7.1fx\n",
+          std::printf("%-8s %10llu %3llu %10.2f %10.2f %6.2f %10.2f %10.2f %12llu %12llu %7.1fx\n",
                       codec.c_str(), (unsigned long long)d, (unsigned long long)w, r.round_ms,
-                      r.floor_ms, r.round_ms / r.floor_ms, r.encode_ms,
+                      r.floor_ms, r.round_ms / r.floor_ms, r.merge_ms, r.encode_ms,
                       (unsigned long long)r.up_each, (unsigned long long)r.down_each, vs_dense);
           std::fflush(stdout);
           if (out)
             out << "{\"codec\":\"" << codec << "\",\"spec\":\"" << spec << "\",\"d\":" << d
                 << ",\"workers\":" << w << ",\"round_ms\":" << r.round_ms
-                << ",\"floor_ms\":" << r.floor_ms << ",\"encode_ms\":" << r.encode_ms
+                << ",\"floor_ms\":" << r.floor_ms << ",\"merge_ms\":" << r.merge_ms
+                << ",\"encode_ms\":" << r.encode_ms
                 << ",\"up_bytes\":" << r.up_each << ",\"down_bytes\":" << r.down_each
                 << ",\"wire_vs_dense\":" << vs_dense << "}\n";
         }

@@ -194,6 +194,7 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
                     std::vector<Outgoing>& out, std::string_view user) {
   try {
     SKETCHSGD_REQUIRE(!frames.empty(), WireError, "message without frames");
+    refuse_other_version(peer, frames, out);
     const Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
     if (e.job != cfg_.job) {
       if (e.type == Type::Hello)
@@ -240,6 +241,25 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
   } catch (const Error& ex) {
     drop(peer, ex.what());
   }
+}
+
+void Engine::refuse_other_version(const PeerId& peer, const Frames& frames,
+                                  std::vector<Outgoing>& out) {
+  // A Hello of another protocol version gets a reason (in this version's format, which keeps the
+  // magic and the version field where they are) instead of silence.
+  const auto b = frames[0].bytes();
+  if (b.size() < 8) return;
+  uint32_t magic;
+  uint16_t version;
+  std::memcpy(&magic, b.data(), 4);
+  std::memcpy(&version, b.data() + 4, 2);
+  if (magic != kMagic || version == kProtocolVersion || b[6] != uint8_t(Type::Hello)) return;
+  Envelope e{Type::Hello, cfg_.job, 0, 0, 0};
+  if (b.size() >= kEnvelopeBytes) std::memcpy(&e.rank, b.data() + 24, 4);
+  refuse(peer, e, false,
+         "protocol version " + std::to_string(version) + ", this server speaks " +
+             std::to_string(kProtocolVersion),
+         out);
 }
 
 void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f,

@@ -114,6 +114,7 @@ class Engine {
 
   void on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
                 std::vector<Outgoing>& out, std::string_view user);
+  void refuse_other_version(const PeerId& peer, const Frames& frames, std::vector<Outgoing>& out);
   void on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out);
   void on_pull(uint32_t rank, std::vector<Outgoing>& out);
   void on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,

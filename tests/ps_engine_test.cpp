@@ -215,6 +215,11 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 5), Frame::own(encode(good))});
   EXPECT_NE(refusal(net, w.peer).find("rank 5 outside"), std::string::npos);
 
+  Bytes future = encode(Envelope{Type::Hello, cfg.job, 0, 0, 0});
+  future[4] = 2;  // a worker speaking protocol version 2
+  net.deliver(w.peer, {Frame::own(future), Frame::own(encode(good))});
+  EXPECT_NE(refusal(net, w.peer).find("protocol version 2, this server speaks 1"), std::string::npos);
+
   w.hello(net);
   ASSERT_EQ(net.next(w.peer)->first.type, Type::Welcome);
   // A second live connection claiming rank 0 is refused (retry later), not allowed to take over.
@@ -231,7 +236,7 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   // The old connection is no longer rank 0.
   net.deliver(w.peer, {env(Type::Pull, cfg.job, 0, 0)});
   EXPECT_NE(refusal(net, w.peer).find("not registered"), std::string::npos);
-  EXPECT_EQ(net.engine.rejected(), 7u);
+  EXPECT_EQ(net.engine.rejected(), 9u);  // 7 refusals; the other-version hello also fails to decode
 }
 
 TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {
