@@ -1,5 +1,7 @@
-// dense: the fp32 baseline. Workers send the gradient; the server returns the mean.
+// dense: the fp32 baseline. Workers send the gradient (or, with momentum, their local momentum,
+// whose mean is the momentum of the mean gradient); the server returns the mean.
 #include "../kernels/cpu.hpp"
+#include "feedback.hpp"
 #include "mean_aggregator.hpp"
 #include "payload.hpp"
 #include "registry.hpp"
@@ -22,7 +24,8 @@ class DenseAggregator final : public MeanAggregator {
 
 class Dense final : public Compressor {
  public:
-  Dense(uint64_t dim, std::string spec) : Compressor(CodecId::Dense, dim, std::move(spec)) {}
+  Dense(uint64_t dim, std::string spec, float momentum)
+      : Compressor(CodecId::Dense, dim, std::move(spec)), fb_(dim, momentum, false) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<DenseAggregator>(*this, world);
@@ -33,16 +36,22 @@ class Dense final : public Compressor {
 
  private:
   Message do_encode(std::span<const float> g, const Header& h) override {
-    return Message::build(h, g.size_bytes(), [&](ByteWriter& w) { w.put_array(g); });
+    const auto v = fb_.absorb(g);
+    return Message::build(h, v.size_bytes(), [&](ByteWriter& w) { w.put_array(v); });
   }
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
     read_dense_update(r, step);
   }
+
+  Feedback fb_;
 };
 
-SKETCHSGD_REGISTER_CODEC(kDense, {"dense", "fp32 gradients, server returns the mean", {},
-                                  [](const Options&, uint64_t dim, std::string spec) {
-                                    return std::make_unique<Dense>(dim, std::move(spec));
+SKETCHSGD_REGISTER_CODEC(kDense, {"dense",
+                                  "fp32 gradients, server returns the mean",
+                                  {{"momentum", "local momentum rho", 0, 0, 0.999, false}},
+                                  [](const Options& o, uint64_t dim, std::string spec) {
+                                    return std::make_unique<Dense>(dim, std::move(spec),
+                                                                   float(o.number("momentum")));
                                   }});
 
 }  // namespace

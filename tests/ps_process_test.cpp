@@ -21,11 +21,10 @@
 #include "../server/checkpoint.hpp"
 #include "ps_synthetic.hpp"
 #include "round.hpp"
+#include "../demo/process.hpp"
 #include "../server/protocol.hpp"
 #include <zmq.hpp>
 #include <random>
-
-extern char** environ;
 
 namespace sketchsgd::ps {
 namespace {
@@ -33,68 +32,7 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-struct Proc {
-  pid_t pid = -1;
-  int out = -1;  // read end of its stdout
-
-  static Proc spawn(std::vector<std::string> args) {
-    int p[2];
-    if (pipe(p) != 0) throw std::runtime_error("pipe");
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-    posix_spawn_file_actions_addclose(&fa, p[0]);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    Proc pr;
-    if (posix_spawn(&pr.pid, argv[0], &fa, nullptr, argv.data(), environ) != 0)
-      throw std::runtime_error("spawn " + args[0]);
-    posix_spawn_file_actions_destroy(&fa);
-    close(p[1]);
-    pr.out = p[0];
-    return pr;
-  }
-  /// First line of stdout, waiting at most `limit`.
-  std::string line(std::chrono::milliseconds limit) {
-    std::string s;
-    const auto end = std::chrono::steady_clock::now() + limit;
-    char c;
-    while (std::chrono::steady_clock::now() < end) {
-      pollfd fd{out, POLLIN, 0};
-      if (::poll(&fd, 1, 50) <= 0) continue;
-      if (read(out, &c, 1) != 1 || c == '\n') break;
-      s += c;
-    }
-    return s;
-  }
-  /// Exit status (or -signal); kills it and returns -999 when it outlives `limit`.
-  int wait(std::chrono::milliseconds limit) {
-    const auto end = std::chrono::steady_clock::now() + limit;
-    int st = 0;
-    while (std::chrono::steady_clock::now() < end) {
-      const pid_t r = waitpid(pid, &st, WNOHANG);
-      if (r == pid) {
-        pid = -1;
-        close(out);
-        return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    kill9();
-    return -999;
-  }
-  void kill9() {
-    if (pid <= 0) return;
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    pid = -1;
-    close(out);
-  }
-  ~Proc() { kill9(); }
-  Proc() = default;
-  Proc(Proc&& o) noexcept : pid(std::exchange(o.pid, -1)), out(std::exchange(o.out, -1)) {}
-};
+using Proc = demo::Process;
 
 fs::path scratch(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("sketchsgd-ps-" + std::to_string(getpid()));
@@ -290,7 +228,7 @@ TEST(ProcessFaults, GarbageFloodLeavesServerMemoryBoundedAndServing) {
   const std::string endpoint = server.line(10s);
   ASSERT_FALSE(endpoint.empty());
   std::this_thread::sleep_for(200ms);
-  const long before = rss_kib(server.pid);
+  const long before = rss_kib(server.pid());
   ASSERT_GT(before, 0);
   {
     zmq::context_t ctx;
@@ -313,7 +251,7 @@ TEST(ProcessFaults, GarbageFloodLeavesServerMemoryBoundedAndServing) {
     }
   }
   std::this_thread::sleep_for(500ms);
-  const long after = rss_kib(server.pid);
+  const long after = rss_kib(server.pid());
   EXPECT_LT(after - before, 64 * 1024) << "server grew from " << before << " to " << after << " KiB";
   // And it still trains a real worker.
   Proc w = job.worker(endpoint, 0, scratch("flood0"));

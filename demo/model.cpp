@@ -1,0 +1,70 @@
+#include "model.hpp"
+
+#include <cstring>
+
+#include "../kernels/error.hpp"
+
+namespace sketchsgd::demo {
+
+FlatModel::FlatModel(const std::string& kind, uint64_t seed) : kind_(kind) {
+  torch::manual_seed(seed);
+  namespace nn = torch::nn;
+  if (kind == "mlp") {
+    net_ = nn::Sequential(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(),
+                          nn::Linear(1024, 10));
+  } else if (kind == "cnn") {
+    net_ = nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 32, 5).padding(2)), nn::ReLU(),
+                          nn::MaxPool2d(nn::MaxPool2dOptions(2)),
+                          nn::Conv2d(nn::Conv2dOptions(32, 64, 5).padding(2)), nn::ReLU(),
+                          nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Flatten(),
+                          nn::Linear(64 * 7 * 7, 128), nn::ReLU(), nn::Linear(128, 10));
+  } else {
+    throw InvalidArgument("model must be mlp or cnn, got '" + kind + "'");
+  }
+  // Move every parameter into one flat vector and make the tensors views of it.
+  int64_t total = 0;
+  for (const auto& p : net_->parameters()) total += p.numel();
+  flat_ = torch::empty({total}, torch::kFloat32);
+  int64_t at = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& p : net_->parameters()) {
+    auto view = flat_.narrow(0, at, p.numel()).view(p.sizes());
+    view.copy_(p);
+    p.set_data(view);
+    at += p.numel();
+  }
+}
+
+torch::Tensor FlatModel::forward(const torch::Tensor& x) {
+  return net_->forward(kind_ == "cnn" ? x.view({-1, 1, 28, 28}) : x.view({-1, 784}));
+}
+
+float FlatModel::gradient(const torch::Tensor& x, const torch::Tensor& y, std::span<float> grad) {
+  SKETCHSGD_REQUIRE(int64_t(grad.size()) == dim(), InvalidArgument, "gradient buffer of ",
+                    grad.size(), " for ", dim(), " parameters");
+  for (auto& p : net_->parameters())
+    if (p.grad().defined()) p.grad().zero_();
+  const auto loss = torch::nn::functional::cross_entropy(forward(x), y);
+  loss.backward();
+  size_t at = 0;
+  for (const auto& p : net_->parameters()) {
+    const auto g = p.grad().contiguous();
+    std::memcpy(grad.data() + at, g.data_ptr<float>(), size_t(g.numel()) * 4);
+    at += size_t(g.numel());
+  }
+  return loss.item<float>();
+}
+
+double FlatModel::accuracy(const torch::Tensor& x, const torch::Tensor& y) {
+  torch::NoGradGuard no_grad;
+  int64_t correct = 0;
+  const int64_t n = x.size(0);
+  for (int64_t i = 0; i < n; i += 1000) {
+    const int64_t m = std::min<int64_t>(1000, n - i);
+    const auto pred = forward(x.narrow(0, i, m)).argmax(1);
+    correct += pred.eq(y.narrow(0, i, m)).sum().item<int64_t>();
+  }
+  return n ? double(correct) / double(n) : 0.0;
+}
+
+}  // namespace sketchsgd::demo

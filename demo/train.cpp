@@ -1,0 +1,312 @@
+// sketchsgd-train: compressed data-parallel training of a Fashion-MNIST model over ZeroMQ.
+//
+//   sketchsgd-train                          server + 4 workers on this machine, sketch codec
+//   sketchsgd-train --codec topk:k=10000     any codec spec
+//   sketchsgd-train --role server --bind tcp://0.0.0.0:5555 --workers 4
+//   sketchsgd-train --role worker --server tcp://HOST:5555 --rank 2 --workers 4
+//
+// Writes OUT/results.csv (per epoch: test accuracy, loss, traffic) and OUT/summary.json.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "../compress/registry.hpp"
+#include "../server/flags.hpp"
+#include "../server/server.hpp"
+#include "../worker/client.hpp"
+#include "idx.hpp"
+#include "model.hpp"
+#include "process.hpp"
+
+namespace {
+
+using namespace sketchsgd;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* kDefaultCodec = "sketch:rows=5,cols=25000,k=10000,momentum=0.9";
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Plan {
+  uint32_t train_count, workers, batch, epochs;
+  uint64_t steps_per_epoch() const { return (train_count / workers) / batch; }
+  uint64_t rounds() const { return steps_per_epoch() * epochs; }
+};
+
+Plan plan_of(const ps::Flags& f) {
+  Plan p{uint32_t(f.u64("subset")), uint32_t(f.u64("workers")), uint32_t(f.u64("batch")),
+         uint32_t(f.u64("epochs"))};
+  if (p.train_count == 0 || p.train_count > 60000) p.train_count = 60000;
+  SKETCHSGD_REQUIRE(p.workers >= 1 && p.batch >= 1 && p.epochs >= 1, InvalidArgument,
+                    "--workers, --batch and --epochs must be ≥ 1");
+  SKETCHSGD_REQUIRE(p.steps_per_epoch() >= 1, InvalidArgument, "--subset ", p.train_count,
+                    " is too small for ", p.workers, " workers with batch ", p.batch);
+  return p;
+}
+
+int run_server(const ps::Flags& f) {
+  const Plan plan = plan_of(f);
+  demo::FlatModel model(f.str("model"), f.u64("seed"));
+  ps::ServerOptions o;
+  o.bind = f.str("bind");
+  o.job.job = f.u64("job");
+  o.job.world = plan.workers;
+  o.job.dim = uint64_t(model.dim());
+  o.job.spec = f.str("codec");
+  o.job.lr = float(f.num("lr"));
+  o.job.max_rounds = plan.rounds();
+  o.job.policy = ps::Policy::Quorum;
+  o.job.deadline = 60s;
+  o.metrics = f.str("out") + "/rounds.jsonl";
+  std::remove(o.metrics.c_str());
+  o.quiet = !f.on("verbose");
+  o.status = false;
+  ps::Server server(o);
+  server.start();
+  std::printf("%s\n", server.endpoint().c_str());
+  std::fflush(stdout);
+  server.run();
+  return 0;
+}
+
+torch::Tensor rows(const demo::Dataset& d, const std::vector<uint32_t>& idx, size_t from, size_t n) {
+  auto x = torch::empty({int64_t(n), 784});
+  float* p = x.data_ptr<float>();
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(p + i * 784, d.x.data() + size_t(idx[from + i]) * 784, 784 * 4);
+  return x;
+}
+
+torch::Tensor labels(const demo::Dataset& d, const std::vector<uint32_t>& idx, size_t from, size_t n) {
+  auto y = torch::empty({int64_t(n)}, torch::kInt64);
+  for (size_t i = 0; i < n; ++i) y[int64_t(i)] = d.y[idx[from + i]];
+  return y;
+}
+
+void progress(uint64_t epoch, uint64_t epochs, uint64_t step, uint64_t steps, double loss,
+              double ms_per_round, bool tty) {
+  if (tty) {
+    const int width = 30, done = int(width * step / steps);
+    std::fprintf(stderr, "\r  epoch %llu/%llu [%s%s] %llu/%llu  loss %.3f  %.0f ms/round ",
+                 (unsigned long long)epoch, (unsigned long long)epochs,
+                 std::string(size_t(done), '#').c_str(), std::string(size_t(width - done), '.').c_str(),
+                 (unsigned long long)step, (unsigned long long)steps, loss, ms_per_round);
+  } else if (step == steps || step % std::max<uint64_t>(1, steps / 10) == 0) {
+    std::fprintf(stderr, "  epoch %llu/%llu: %llu/%llu rounds, loss %.3f, %.0f ms/round\n",
+                 (unsigned long long)epoch, (unsigned long long)epochs, (unsigned long long)step,
+                 (unsigned long long)steps, loss, ms_per_round);
+  }
+}
+
+int run_worker(const ps::Flags& f) {
+  const Plan plan = plan_of(f);
+  const uint32_t rank = uint32_t(f.u64("rank"));
+  torch::set_num_threads(int(f.u64("threads")));
+  const demo::Dataset train = demo::load_fashion_mnist(f.str("data"), "train", plan.train_count);
+  demo::Dataset test;
+  if (rank == 0) test = demo::load_fashion_mnist(f.str("data"), "t10k");
+  demo::FlatModel model(f.str("model"), f.u64("seed"));
+
+  ps::ClientOptions o;
+  o.server = f.str("server");
+  o.job = f.u64("job");
+  o.rank = rank;
+  o.world = plan.workers;
+  o.timeout = 300s;
+  ps::Client client(o, make_compressor(f.str("codec"), uint64_t(model.dim())), model.params());
+  auto sync_model = [&] { std::copy(client.params().begin(), client.params().end(), model.params().begin()); };
+  sync_model();
+
+  // This worker's shard: every W-th example, reshuffled each epoch with a per-rank seed.
+  std::vector<uint32_t> shard;
+  for (uint32_t i = rank; i < plan.train_count && shard.size() < plan.train_count / plan.workers; i += plan.workers)
+    shard.push_back(i);
+  std::mt19937 rng(uint32_t(f.u64("seed") * 7919 + rank));
+  std::vector<float> grad(size_t(model.dim()));
+  const float wd = float(f.num("wd"));
+  const bool tty = rank == 0 && isatty(2);
+  const torch::Tensor test_x = rank == 0 ? torch::from_blob(test.x.data(), {int64_t(test.count), 784}).clone() : torch::Tensor();
+  const torch::Tensor test_y = rank == 0 ? torch::tensor(test.y) : torch::Tensor();
+  std::ofstream csv;
+  if (rank == 0) {
+    csv.open(f.str("out") + "/results.csv");
+    csv << "epoch,round,test_acc,train_loss,wall_s\n";
+  }
+  const auto start = Clock::now();
+  while (client.round() < plan.rounds()) {
+    const uint64_t epoch = client.round() / plan.steps_per_epoch();
+    std::shuffle(shard.begin(), shard.end(), rng);
+    double loss_sum = 0;
+    uint64_t n = 0;
+    const auto epoch_start = Clock::now();
+    for (uint64_t s = client.round() % plan.steps_per_epoch(); s < plan.steps_per_epoch(); ++s) {
+      const auto x = rows(train, shard, s * plan.batch, plan.batch);
+      const auto y = labels(train, shard, s * plan.batch, plan.batch);
+      loss_sum += model.gradient(x, y, grad);
+      ++n;
+      if (wd > 0) {
+        const auto p = model.params();
+        for (size_t i = 0; i < grad.size(); ++i) grad[i] += wd * p[i];
+      }
+      const auto r = client.step(grad);
+      sync_model();
+      if (r.outcome == ps::StepResult::Outcome::Resynced) break;
+      if (rank == 0)
+        progress(epoch + 1, plan.epochs, s + 1, plan.steps_per_epoch(), loss_sum / double(n),
+                 1000.0 * seconds_since(epoch_start) / double(n), tty);
+    }
+    if (rank == 0 && client.round() % plan.steps_per_epoch() == 0) {
+      const double acc = model.accuracy(test_x, test_y);
+      if (tty) std::fprintf(stderr, "\n");
+      std::fprintf(stderr, "  epoch %llu: test accuracy %.2f%%  (%.1f s)\n",
+                   (unsigned long long)(epoch + 1), 100 * acc, seconds_since(start));
+      csv << epoch + 1 << ',' << client.round() << ',' << acc << ','
+          << loss_sum / double(std::max<uint64_t>(n, 1)) << ',' << seconds_since(start) << '\n'
+          << std::flush;
+    }
+  }
+  if (!f.str("dump").empty()) {
+    std::ofstream out(f.str("dump"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(client.params().data()), std::streamsize(client.params().size_bytes()));
+  }
+  return 0;
+}
+
+struct Traffic {
+  uint64_t rounds = 0, up = 0, down = 0, dense = 0;
+};
+
+Traffic traffic(const std::string& metrics, uint32_t workers) {
+  Traffic t;
+  std::ifstream in(metrics);
+  auto number = [](const std::string& l, const std::string& key) -> uint64_t {
+    const auto at = l.find("\"" + key + "\":");
+    return at == std::string::npos ? 0 : std::stoull(l.substr(at + key.size() + 3));
+  };
+  for (std::string l; std::getline(in, l);) {
+    ++t.rounds;
+    const auto a = l.find("\"bytes_up\":[");
+    std::stringstream ups(l.substr(a + 12, l.find(']', a) - a - 12));
+    for (std::string v; std::getline(ups, v, ',');) t.up += std::stoull(v);
+    t.down += number(l, "bytes_down_each") * workers;
+    t.dense += 2 * number(l, "dense_bytes") * workers;  // a dense push and a dense update each
+  }
+  return t;
+}
+
+int run_all(const ps::Flags& f, int argc, char** argv) {
+  const Plan plan = plan_of(f);
+  const std::string self = "/proc/self/exe";
+  std::vector<std::string> pass;  // every flag given, forwarded to the children
+  for (int i = 1; i < argc; ++i) pass.emplace_back(argv[i]);
+  auto child = [&](std::vector<std::string> role) {
+    std::vector<std::string> a = {self};
+    a.insert(a.end(), pass.begin(), pass.end());
+    a.insert(a.end(), role.begin(), role.end());  // later flags win
+    return a;
+  };
+  // Validates model and spec before anything starts.
+  const auto codec = make_compressor(f.str("codec"), uint64_t(demo::FlatModel(f.str("model"), 1).dim()));
+  std::fprintf(stderr, "sketchsgd-train: %s model, %u workers, codec %s, %u epochs of %llu rounds\n",
+               f.str("model").c_str(), plan.workers, f.str("codec").c_str(), plan.epochs,
+               (unsigned long long)plan.steps_per_epoch());
+  const auto start = Clock::now();
+  // Workers and the server share 2 cores here: one thread each for libtorch and the kernels.
+  demo::Process server = demo::Process::spawn(child({"--role", "server", "--bind", "tcp://127.0.0.1:*"}));
+  const std::string endpoint = server.line(60s);
+  SKETCHSGD_REQUIRE(!endpoint.empty(), Error, "the server did not start");
+  std::vector<demo::Process> workers;
+  for (uint32_t r = 0; r < plan.workers; ++r)
+    workers.push_back(demo::Process::spawn(
+        child({"--role", "worker", "--rank", std::to_string(r), "--server", endpoint}),
+        {"OMP_NUM_THREADS=1"}));
+  int failed = 0;
+  for (uint32_t r = 0; r < plan.workers; ++r)
+    if (const int rc = workers[r].wait(3600s); rc != 0) {
+      std::fprintf(stderr, "worker %u failed (%d)\n", r, rc);
+      ++failed;
+    }
+  const int src = server.wait(failed ? 1s : 60s);
+  if (failed || src != 0) return 1;
+  const double wall = seconds_since(start);
+
+  const Traffic t = traffic(f.str("out") + "/rounds.jsonl", plan.workers);
+  double acc = 0;
+  {
+    std::ifstream in(f.str("out") + "/results.csv");
+    for (std::string l; std::getline(in, l);) {
+      std::stringstream ss(l);
+      std::string e, rd, a;
+      std::getline(ss, e, ',');
+      std::getline(ss, rd, ',');
+      std::getline(ss, a, ',');
+      if (e != "epoch") acc = std::stod(a);
+    }
+  }
+  const double ratio = t.up + t.down ? double(t.dense) / double(t.up + t.down) : 0;
+  std::fprintf(stderr,
+               "\nsummary: test accuracy %.2f%% | %llu rounds | up %.1f MB, down %.1f MB "
+               "(dense: %.1f MB) | %.1fx less traffic than dense | %.1f s\n",
+               100 * acc, (unsigned long long)t.rounds, t.up / 1e6, t.down / 1e6, t.dense / 1e6,
+               ratio, wall);
+  std::ofstream js(f.str("out") + "/summary.json");
+  js << "{\"codec\":\"" << f.str("codec") << "\",\"spec\":\"" << codec->spec()
+     << "\",\"model\":\"" << f.str("model") << "\",\"workers\":" << plan.workers
+     << ",\"epochs\":" << plan.epochs << ",\"rounds\":" << t.rounds << ",\"test_acc\":" << acc
+     << ",\"bytes_up\":" << t.up << ",\"bytes_down\":" << t.down << ",\"dense_bytes\":" << t.dense
+     << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall << "}\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ps::Flags f(
+      "sketchsgd-train: Fashion-MNIST over a ZeroMQ parameter server with compressed gradients.\n"
+      "With no --role it starts the server and --workers worker processes on this machine.");
+  f.add("role", "all", "all | server | worker");
+  f.add("workers", "4", "number of workers W");
+  f.add("rank", "0", "this worker's rank (--role worker)");
+  f.add("server", "tcp://127.0.0.1:5555", "server endpoint (--role worker)");
+  f.add("bind", "tcp://127.0.0.1:5555", "endpoint to bind (--role server)");
+  f.add("job", "1", "job id");
+  f.add("model", "mlp", "mlp (1.86M parameters) | cnn");
+  f.add("codec", kDefaultCodec, "codec spec (see sketchsgd-server --list-codecs)");
+  f.add("epochs", "3", "passes over the training set");
+  f.add("batch", "32", "examples per worker per round");
+  f.add("lr", "0.01", "learning rate (the server's; momentum is the codec's)");
+  f.add("wd", "0", "weight decay added to the gradient");
+  f.add("seed", "1", "model initialisation and shuffling seed");
+  f.add("subset", "0", "use only the first N training examples (0: all 60,000)");
+  f.add("data", demo::kFashionDir, "folder of the Fashion-MNIST IDX files");
+  f.add("out", "build/demo", "folder for results.csv, summary.json, rounds.jsonl");
+  f.add("threads", "1", "libtorch threads per worker");
+  f.add("dump", "", "write the final parameters here (tests)");
+  f.add("verbose", "0", "server log lines", "", true);
+  try {
+    if (!f.parse(argc, argv)) return 0;
+    std::filesystem::create_directories(f.str("out"));
+    const std::string role = f.str("role");
+    if (role == "server") return run_server(f);
+    if (role == "worker") return run_worker(f);
+    if (role == "all") return run_all(f, argc, argv);
+    throw InvalidArgument("--role must be all, server or worker");
+  } catch (const sketchsgd::Error& e) {
+    std::fprintf(stderr, "sketchsgd-train: %s\n", e.what());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "sketchsgd-train: libtorch: %s\n", e.what_without_backtrace());
+    return 2;
+  }
+}
