@@ -177,7 +177,7 @@ int run_worker(const ps::Flags& f) {
     }
   }
   if (!f.str("dump").empty()) {
-    std::ofstream out(f.str("dump"), std::ios::binary);
+    std::ofstream out(f.str("dump") + ".rank" + std::to_string(rank), std::ios::binary);
     out.write(reinterpret_cast<const char*>(client.params().data()), std::streamsize(client.params().size_bytes()));
   }
   return 0;
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
   f.add("data", demo::kFashionDir, "folder of the Fashion-MNIST IDX files");
   f.add("out", "build/demo", "folder for results.csv, summary.json, rounds.jsonl");
   f.add("threads", "1", "libtorch threads per worker");
-  f.add("dump", "", "write the final parameters here (tests)");
+  f.add("dump", "", "write each worker's final parameters to PREFIX.rankN (tests)");
   f.add("verbose", "0", "server log lines", "", true);
   try {
     if (!f.parse(argc, argv)) return 0;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs every test from a fresh clone: installs the Debian packages it needs, builds the release
-# preset (CUDA code compiles when nvcc is present; GPU tests skip without a GPU) and the
-# AddressSanitizer + UBSan preset, and runs ctest on both.
+# preset (CUDA code compiles when nvcc is present; GPU tests skip without a GPU; the training demo
+# and its end-to-end test with libtorch) and the AddressSanitizer + UBSan preset (without the demo),
+# and runs ctest on both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/packages.sh
 ensure_packages cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libomp-dev \
-  libzmq3-dev cppzmq-dev
+  libzmq3-dev cppzmq-dev zlib1g-dev libtorch-dev libopenblas0-pthread dataset-fashion-mnist \
+  iproute2 python3
 
 jobs=$(nproc)
 for preset in default asan; do

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# End to end: sketchsgd-train with a server and 2 workers on a Fashion-MNIST subset. The loss must
+# fall, the model must learn, and both workers must end with identical parameters.
+#   demo_test.sh TRAIN_BIN      exit 77 = skipped (the data set package is not installed)
+set -euo pipefail
+bin=$1
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
+  { echo "SKIP: dataset-fashion-mnist is not installed"; exit 77; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+"$bin" --workers 2 --subset 6400 --batch 16 --epochs 2 --out "$out" --dump "$out/params" \
+  --codec sketch:rows=3,cols=20000,k=5000,momentum=0.5 --lr 0.01
+cat "$out/results.csv"
+python3 - "$out" <<'PY'
+import csv, json, sys
+out = sys.argv[1]
+rows = list(csv.DictReader(open(f"{out}/results.csv")))
+assert len(rows) == 2, rows
+l1, l2 = float(rows[0]["train_loss"]), float(rows[1]["train_loss"])
+acc = float(rows[1]["test_acc"])
+s = json.load(open(f"{out}/summary.json"))
+assert l2 < l1, f"loss did not fall: {l1} -> {l2}"
+assert acc > 0.6, f"test accuracy {acc} after 2 epochs"
+assert s["rounds"] == 400 and s["traffic_ratio"] > 10, s
+print(f"loss {l1:.3f} -> {l2:.3f}, accuracy {acc:.3f}, {s['traffic_ratio']:.1f}x less traffic")
+PY
+cmp "$out/params.rank0" "$out/params.rank1"
+echo "workers hold identical parameters"
