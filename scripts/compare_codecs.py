@@ -17,10 +17,11 @@ import time
 # dense leaves ~745 KB per worker and round for uplink + downlink.
 CONFIGS = [
     ("dense", "dense:momentum=0.9", 0.01),
-    ("sketch", "sketch:rows=3,cols=40000,k=15000,momentum=0.5", 0.01),
-    ("sketch-p2", "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.5", 0.01),
-    ("fetchsgd", "sketch:rows=3,cols=40000,k=15000,momentum=0.9,fetch=1", 0.01),
-    ("topk", "topk:k=18000,momentum=0.5", 0.01),  # about the sketch's traffic
+    ("sketch", "sketch:rows=5,cols=25000,k=10000,momentum=0.5", 0.005),
+    ("sketch-p2", "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9", 0.01),
+    ("sketch-p2-8x", "sketch:rows=5,cols=60000,k=30000,p2=2,momentum=0.9", 0.01),
+    ("fetchsgd", "sketch:rows=5,cols=25000,k=10000,momentum=0.9,fetch=1", 0.01),
+    ("topk", "topk:k=18000,momentum=0.9", 0.01),  # about the sketch's traffic
     ("terngrad", "terngrad:momentum=0.9", 0.01),
     ("signsgd", "signsgd:momentum=0.9", 0.0005),
     ("ef-signsgd", "signsgd:ef=1,momentum=0.9", 0.01),
@@ -80,7 +81,11 @@ def main():
 
 
 def plot(rows, out):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("no plots: matplotlib is missing (apt-get install python3-matplotlib)", file=sys.stderr)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = list(dict.fromkeys(r["name"] for r in rows))

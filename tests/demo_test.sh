@@ -9,7 +9,7 @@ bin=$1
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 "$bin" --workers 2 --subset 6400 --batch 16 --epochs 2 --out "$out" --dump "$out/params" \
-  --codec sketch:rows=3,cols=20000,k=5000,momentum=0.5 --lr 0.01
+  --codec sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9 --lr 0.01
 cat "$out/results.csv"
 python3 - "$out" <<'PY'
 import csv, json, sys
