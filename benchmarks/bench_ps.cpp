@@ -29,7 +29,9 @@ using namespace sketchsgd;
 using namespace sketchsgd::ps;
 using Clock = std::chrono::steady_clock;
 
-double ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -44,8 +46,10 @@ std::vector<uint64_t> list(const std::string& s) {
 }
 
 std::string spec_for(const std::string& codec, uint64_t d) {
-  const uint64_t k = std::max<uint64_t>(16, d / 160);  // d = 16M: k = 100k, c = 1M (the target case)
-  if (codec == "sketch") return "sketch:rows=5,cols=" + std::to_string(10 * k) + ",k=" + std::to_string(k);
+  const uint64_t k =
+      std::max<uint64_t>(16, d / 160);  // d = 16M: k = 100k, c = 1M (the target case)
+  if (codec == "sketch")
+    return "sketch:rows=5,cols=" + std::to_string(10 * k) + ",k=" + std::to_string(k);
   if (codec == "topk") return "topk:k=" + std::to_string(k);
   return codec;
 }
@@ -152,7 +156,8 @@ Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds)
       c.rank = w;
       c.world = world;
       c.log = [](const std::string&) {};
-      Client client(c, make_compressor(spec, d), w == 0 ? std::span<const float>(init) : std::span<const float>());
+      Client client(c, make_compressor(spec, d),
+                    w == 0 ? std::span<const float>(init) : std::span<const float>());
       for (int r = 0; r <= rounds; ++r) {  // round 0 warms up
         sync.arrive_and_wait();
         const auto t0 = Clock::now();
@@ -201,7 +206,8 @@ Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds)
 
 int main(int argc, char** argv) {
   Flags f("sketchsgd_bench_ps: parameter-server round cost vs the loopback floor");
-  f.add("codecs", "sketch,topk,dense", "codecs (sketch: r = 5, k = d/160, c = 10k; topk: k = d/160)");
+  f.add("codecs", "sketch,topk,dense",
+        "codecs (sketch: r = 5, k = d/160, c = 10k; topk: k = d/160)");
   f.add("dims", "1048576,4194304,16777216", "d values");
   f.add("workers", "1,2,4,8", "W values");
   f.add("rounds", "5", "measured rounds per case (median reported)");
@@ -211,8 +217,8 @@ int main(int argc, char** argv) {
     std::ofstream out;
     if (!f.str("out").empty()) out.open(f.str("out"), std::ios::app);
     std::printf("%-8s %10s %3s %10s %10s %6s %10s %10s %12s %12s %8s\n", "codec", "d", "W",
-                "round_ms", "floor_ms", "ratio", "merge_ms", "encode_ms", "up/worker", "down/worker",
-                "vs_dense");
+                "round_ms", "floor_ms", "ratio", "merge_ms", "encode_ms", "up/worker",
+                "down/worker", "vs_dense");
     std::stringstream codecs(f.str("codecs"));
     for (std::string codec; std::getline(codecs, codec, ',');)
       for (uint64_t d : list(f.str("dims")))
@@ -230,9 +236,8 @@ int main(int argc, char** argv) {
             out << "{\"codec\":\"" << codec << "\",\"spec\":\"" << spec << "\",\"d\":" << d
                 << ",\"workers\":" << w << ",\"round_ms\":" << r.round_ms
                 << ",\"floor_ms\":" << r.floor_ms << ",\"merge_ms\":" << r.merge_ms
-                << ",\"encode_ms\":" << r.encode_ms
-                << ",\"up_bytes\":" << r.up_each << ",\"down_bytes\":" << r.down_each
-                << ",\"wire_vs_dense\":" << vs_dense << "}\n";
+                << ",\"encode_ms\":" << r.encode_ms << ",\"up_bytes\":" << r.up_each
+                << ",\"down_bytes\":" << r.down_each << ",\"wire_vs_dense\":" << vs_dense << "}\n";
         }
     return 0;
   } catch (const std::exception& e) {

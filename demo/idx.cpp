@@ -12,8 +12,9 @@ namespace {
 // The whole file, gunzipped when it is gzip (gzread passes plain files through unchanged).
 std::vector<uint8_t> slurp(const std::string& path) {
   if (!std::filesystem::exists(path))
-    throw Error(path + " not found: install the Debian package dataset-fashion-mnist "
-                       "(apt-get install dataset-fashion-mnist) or pass --data DIR");
+    throw Error(path +
+                " not found: install the Debian package dataset-fashion-mnist "
+                "(apt-get install dataset-fashion-mnist) or pass --data DIR");
   gzFile f = gzopen(path.c_str(), "rb");
   SKETCHSGD_REQUIRE(f != nullptr, Error, "cannot open ", path);
   std::vector<uint8_t> out;
@@ -70,11 +71,12 @@ std::vector<uint8_t> read_labels(const std::string& path, uint32_t classes) {
 }
 
 Dataset load_fashion_mnist(const std::string& dir, const std::string& split, uint32_t limit) {
-  SKETCHSGD_REQUIRE(split == "train" || split == "t10k", InvalidArgument, "split must be train or t10k");
+  SKETCHSGD_REQUIRE(split == "train" || split == "t10k", InvalidArgument,
+                    "split must be train or t10k");
   const Images im = read_images(dir + "/" + split + "-images-idx3-ubyte.gz");
   const auto labels = read_labels(dir + "/" + split + "-labels-idx1-ubyte.gz");
-  SKETCHSGD_REQUIRE(im.rows == 28 && im.cols == 28, WireError, "Fashion-MNIST images are 28 x 28, got ",
-                    im.rows, " x ", im.cols);
+  SKETCHSGD_REQUIRE(im.rows == 28 && im.cols == 28, WireError,
+                    "Fashion-MNIST images are 28 x 28, got ", im.rows, " x ", im.cols);
   SKETCHSGD_REQUIRE(labels.size() == im.count, WireError, split, ": ", im.count, " images but ",
                     labels.size(), " labels");
   Dataset d;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -23,7 +24,8 @@ namespace sketchsgd::demo {
 class Process {
  public:
   Process() = default;
-  Process(Process&& o) noexcept : pid_(std::exchange(o.pid_, -1)), out_(std::exchange(o.out_, -1)) {}
+  Process(Process&& o) noexcept
+      : pid_(std::exchange(o.pid_, -1)), out_(std::exchange(o.out_, -1)) {}
   Process& operator=(Process&& o) noexcept {
     kill9();
     pid_ = std::exchange(o.pid_, -1);
@@ -74,6 +76,15 @@ class Process {
       s += c;
     }
     return s;
+  }
+
+  /// The exit code (or −signal) if the child has ended, without waiting.
+  std::optional<int> try_wait() {
+    int st = 0;
+    if (pid_ <= 0 || waitpid(pid_, &st, WNOHANG) != pid_) return std::nullopt;
+    pid_ = -1;
+    close_out();
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
   }
 
   /// Exit code, or −signal; kills the child and returns −999 when it outlives `limit`.

@@ -11,13 +11,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "../compress/registry.hpp"
 #include "../server/flags.hpp"
@@ -33,9 +34,10 @@ using namespace sketchsgd;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-// Sized for the MLP (d = 1.86M) at W = 4: 23x less traffic than dense. The second round (p2) sends
-// exact values of the 20,000 candidates; without it, estimation errors are applied and lost.
-constexpr const char* kDefaultCodec = "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9";
+// Sized for the MLP (d = 1.86M) at W = 4: 20.7x less traffic than dense. The one-row sketch finds
+// 20,000 candidates; the second round (p2) sums their exact values, so no estimation error is
+// applied (without it, sketched updates diverged in this demo: docs/RESULTS.md).
+constexpr const char* kDefaultCodec = "sketch:rows=1,cols=100000,k=20000,p2=1,momentum=0.9";
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -83,7 +85,8 @@ int run_server(const ps::Flags& f) {
   return 0;
 }
 
-torch::Tensor rows(const demo::Dataset& d, const std::vector<uint32_t>& idx, size_t from, size_t n) {
+torch::Tensor rows(const demo::Dataset& d, const std::vector<uint32_t>& idx, size_t from,
+                   size_t n) {
   auto x = torch::empty({int64_t(n), 784});
   float* p = x.data_ptr<float>();
   for (size_t i = 0; i < n; ++i)
@@ -91,7 +94,8 @@ torch::Tensor rows(const demo::Dataset& d, const std::vector<uint32_t>& idx, siz
   return x;
 }
 
-torch::Tensor labels(const demo::Dataset& d, const std::vector<uint32_t>& idx, size_t from, size_t n) {
+torch::Tensor labels(const demo::Dataset& d, const std::vector<uint32_t>& idx, size_t from,
+                     size_t n) {
   auto y = torch::empty({int64_t(n)}, torch::kInt64);
   for (size_t i = 0; i < n; ++i) y[int64_t(i)] = d.y[idx[from + i]];
   return y;
@@ -103,8 +107,9 @@ void progress(uint64_t epoch, uint64_t epochs, uint64_t step, uint64_t steps, do
     const int width = 30, done = int(width * step / steps);
     std::fprintf(stderr, "\r  epoch %llu/%llu [%s%s] %llu/%llu  loss %.3f  %.0f ms/round ",
                  (unsigned long long)epoch, (unsigned long long)epochs,
-                 std::string(size_t(done), '#').c_str(), std::string(size_t(width - done), '.').c_str(),
-                 (unsigned long long)step, (unsigned long long)steps, loss, ms_per_round);
+                 std::string(size_t(done), '#').c_str(),
+                 std::string(size_t(width - done), '.').c_str(), (unsigned long long)step,
+                 (unsigned long long)steps, loss, ms_per_round);
   } else if (step == steps || step % std::max<uint64_t>(1, steps / 10) == 0) {
     std::fprintf(stderr, "  epoch %llu/%llu: %llu/%llu rounds, loss %.3f, %.0f ms/round\n",
                  (unsigned long long)epoch, (unsigned long long)epochs, (unsigned long long)step,
@@ -128,19 +133,24 @@ int run_worker(const ps::Flags& f) {
   o.world = plan.workers;
   o.timeout = 300s;
   ps::Client client(o, make_compressor(f.str("codec"), uint64_t(model.dim())), model.params());
-  auto sync_model = [&] { std::copy(client.params().begin(), client.params().end(), model.params().begin()); };
+  auto sync_model = [&] {
+    std::copy(client.params().begin(), client.params().end(), model.params().begin());
+  };
   sync_model();
 
   // This worker's shard: every W-th example, reshuffled each epoch with a per-rank seed.
   std::vector<uint32_t> shard;
-  for (uint32_t i = rank; i < plan.train_count && shard.size() < plan.train_count / plan.workers; i += plan.workers)
+  for (uint32_t i = rank; i < plan.train_count && shard.size() < plan.train_count / plan.workers;
+       i += plan.workers)
     shard.push_back(i);
   std::mt19937 rng(uint32_t(f.u64("seed") * 7919 + rank));
   std::vector<float> grad(size_t(model.dim()));
   const float wd = float(f.num("wd"));
   const double clip = f.num("clip");
   const bool tty = rank == 0 && isatty(2);
-  const torch::Tensor test_x = rank == 0 ? torch::from_blob(test.x.data(), {int64_t(test.count), 784}).clone() : torch::Tensor();
+  const torch::Tensor test_x =
+      rank == 0 ? torch::from_blob(test.x.data(), {int64_t(test.count), 784}).clone()
+                : torch::Tensor();
   const torch::Tensor test_y = rank == 0 ? torch::tensor(test.y) : torch::Tensor();
   std::ofstream csv;
   if (rank == 0) {
@@ -188,7 +198,8 @@ int run_worker(const ps::Flags& f) {
   }
   if (!f.str("dump").empty()) {
     std::ofstream out(f.str("dump") + ".rank" + std::to_string(rank), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(client.params().data()), std::streamsize(client.params().size_bytes()));
+    out.write(reinterpret_cast<const char*>(client.params().data()),
+              std::streamsize(client.params().size_bytes()));
   }
   return 0;
 }
@@ -227,13 +238,16 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     return a;
   };
   // Validates model and spec before anything starts.
-  const auto codec = make_compressor(f.str("codec"), uint64_t(demo::FlatModel(f.str("model"), 1).dim()));
-  std::fprintf(stderr, "sketchsgd-train: %s model, %u workers, codec %s, %u epochs of %llu rounds\n",
+  const auto codec =
+      make_compressor(f.str("codec"), uint64_t(demo::FlatModel(f.str("model"), 1).dim()));
+  std::fprintf(stderr,
+               "sketchsgd-train: %s model, %u workers, codec %s, %u epochs of %llu rounds\n",
                f.str("model").c_str(), plan.workers, f.str("codec").c_str(), plan.epochs,
                (unsigned long long)plan.steps_per_epoch());
   const auto start = Clock::now();
   // Workers and the server share 2 cores here: one thread each for libtorch and the kernels.
-  demo::Process server = demo::Process::spawn(child({"--role", "server", "--bind", "tcp://127.0.0.1:*"}));
+  demo::Process server =
+      demo::Process::spawn(child({"--role", "server", "--bind", "tcp://127.0.0.1:*"}));
   const std::string endpoint = server.line(60s);
   SKETCHSGD_REQUIRE(!endpoint.empty(), Error, "the server did not start");
   std::vector<demo::Process> workers;
@@ -241,14 +255,26 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     workers.push_back(demo::Process::spawn(
         child({"--role", "worker", "--rank", std::to_string(r), "--server", endpoint}),
         {"OMP_NUM_THREADS=1"}));
-  int failed = 0;
-  for (uint32_t r = 0; r < plan.workers; ++r)
-    if (const int rc = workers[r].wait(3600s); rc != 0) {
-      std::fprintf(stderr, "worker %u failed (%d)\n", r, rc);
-      ++failed;
+  // The first worker that fails ends the job: the others would only wait for it.
+  std::vector<bool> done(plan.workers, false);
+  for (uint32_t left = plan.workers; left > 0;) {
+    for (uint32_t r = 0; r < plan.workers; ++r) {
+      if (done[r]) continue;
+      const auto rc = workers[r].try_wait();
+      if (!rc) continue;
+      done[r] = true;
+      --left;
+      if (*rc != 0) {
+        std::fprintf(stderr, "worker %u failed (exit %d): stopping the job\n", r, *rc);
+        return 1;  // the destructors kill the other workers and the server
+      }
     }
-  const int src = server.wait(failed ? 1s : 60s);
-  if (failed || src != 0) return 1;
+    std::this_thread::sleep_for(50ms);
+  }
+  if (const int src = server.wait(60s); src != 0) {
+    std::fprintf(stderr, "server failed (exit %d)\n", src);
+    return 1;
+  }
   const double wall = seconds_since(start);
 
   const Traffic t = traffic(f.str("out") + "/rounds.jsonl", plan.workers);
@@ -271,10 +297,10 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
                100 * acc, (unsigned long long)t.rounds, t.up / 1e6, t.down / 1e6, t.dense / 1e6,
                ratio, wall);
   std::ofstream js(f.str("out") + "/summary.json");
-  js << "{\"codec\":\"" << f.str("codec") << "\",\"spec\":\"" << codec->spec()
-     << "\",\"model\":\"" << f.str("model") << "\",\"workers\":" << plan.workers
-     << ",\"epochs\":" << plan.epochs << ",\"rounds\":" << t.rounds << ",\"test_acc\":" << acc
-     << ",\"bytes_up\":" << t.up << ",\"bytes_down\":" << t.down << ",\"dense_bytes\":" << t.dense
+  js << "{\"codec\":\"" << f.str("codec") << "\",\"spec\":\"" << codec->spec() << "\",\"model\":\""
+     << f.str("model") << "\",\"workers\":" << plan.workers << ",\"epochs\":" << plan.epochs
+     << ",\"rounds\":" << t.rounds << ",\"test_acc\":" << acc << ",\"bytes_up\":" << t.up
+     << ",\"bytes_down\":" << t.down << ",\"dense_bytes\":" << t.dense
      << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall << "}\n";
   return 0;
 }

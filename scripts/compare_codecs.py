@@ -17,10 +17,11 @@ import time
 # dense leaves ~745 KB per worker and round for uplink + downlink.
 CONFIGS = [
     ("dense", "dense:momentum=0.9", 0.01),
-    ("sketch", "sketch:rows=5,cols=25000,k=10000,momentum=0.5", 0.005),
-    ("sketch-p2", "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9", 0.01),
-    ("sketch-p2-8x", "sketch:rows=5,cols=60000,k=30000,p2=2,momentum=0.9", 0.01),
-    ("fetchsgd", "sketch:rows=5,cols=25000,k=10000,momentum=0.9,fetch=1", 0.01),
+    ("sketch", "sketch:rows=5,cols=25000,k=10000,momentum=0.5", 0.005),  # no second round
+    ("sketch-p2", "sketch:rows=1,cols=100000,k=20000,p2=1,momentum=0.9", 0.01),  # the demo's default
+    ("sketch-p2-r5", "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9", 0.01),
+    ("sketch-p2-7x", "sketch:rows=1,cols=300000,k=60000,p2=1,momentum=0.9", 0.01),
+    ("fetchsgd", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1", 0.01),
     ("topk", "topk:k=18000,momentum=0.9", 0.01),  # about the sketch's traffic
     ("terngrad", "terngrad:momentum=0.9", 0.01),
     ("signsgd", "signsgd:momentum=0.9", 0.0005),

@@ -55,8 +55,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   w.put(c.round);
   w.put(uint64_t(c.params.size()));
   w.put(uint32_t(c.spec.size()));
-  w.put_array(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(c.spec.data()),
-                                       c.spec.size()));
+  w.put_array(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(c.spec.data()), c.spec.size()));
   w.put_array(std::span<const float>(c.params));
   w.put(uint64_t(c.codec_state.size()));
   w.put_array(std::span<const uint8_t>(c.codec_state));

@@ -48,16 +48,19 @@ Policy parse_policy(std::string_view s) {
 
 std::string_view to_string(Policy p) {
   switch (p) {
-    case Policy::Wait: return "wait";
-    case Policy::Quorum: return "quorum";
-    case Policy::Abort: return "abort";
+    case Policy::Wait:
+      return "wait";
+    case Policy::Quorum:
+      return "quorum";
+    case Policy::Abort:
+      return "abort";
   }
   return "unknown";
 }
 
 void JobConfig::validate() const {
-  SKETCHSGD_REQUIRE(world >= 1 && world <= 65536, InvalidArgument, "world size must be in [1, 65536], got ",
-                    world);
+  SKETCHSGD_REQUIRE(world >= 1 && world <= 65536, InvalidArgument,
+                    "world size must be in [1, 65536], got ", world);
   SKETCHSGD_REQUIRE(dim >= 1, InvalidArgument, "dim must be ≥ 1");
   SKETCHSGD_REQUIRE(std::isfinite(lr), InvalidArgument, "learning rate must be finite, got ", lr);
   SKETCHSGD_REQUIRE(min_workers <= world, InvalidArgument, "min_workers ", min_workers,
@@ -65,7 +68,8 @@ void JobConfig::validate() const {
   SKETCHSGD_REQUIRE(deadline.count() >= 1, InvalidArgument, "deadline must be ≥ 1 ms");
   SKETCHSGD_REQUIRE(heartbeat.count() >= 1, InvalidArgument, "heartbeat must be ≥ 1 ms");
   SKETCHSGD_REQUIRE(dead_after >= 1, InvalidArgument, "dead_after must be ≥ 1");
-  SKETCHSGD_REQUIRE(staleness <= 64, InvalidArgument, "staleness must be ≤ 64 rounds, got ", staleness);
+  SKETCHSGD_REQUIRE(staleness <= 64, InvalidArgument, "staleness must be ≤ 64 rounds, got ",
+                    staleness);
 }
 
 Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
@@ -84,8 +88,8 @@ Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::m
 
 uint64_t Engine::max_frame_bytes() const {
   uint64_t m = std::max<uint64_t>(cfg_.dim * 4, kMaxText + 64);
-  for (auto k : {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer,
-                 MessageKind::Update})
+  for (auto k :
+       {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
     m = std::max(m, codec_->max_payload(k) + kHeaderBytes);
   return m;
 }
@@ -106,6 +110,7 @@ void Engine::restore(const Checkpoint& c) {
   agg->load_state(c.codec_state);
   agg_ = std::move(agg);
   model_ = c.params;
+  snapshot_ = Frame();
   round_ = c.round;
   early_.clear();
   last_outcome_.clear();
@@ -155,7 +160,8 @@ void Engine::reset_round() {
   merge_ms_ = 0;
 }
 
-// ---- sending --------------------------------------------------------------------------------------
+// ---- sending
+// --------------------------------------------------------------------------------------
 
 void Engine::send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const {
   out.push_back(Outgoing{workers_[rank].peer, std::move(frames)});
@@ -169,8 +175,8 @@ Frame envelope(Type t, uint64_t job, uint64_t round, uint32_t rank) {
 
 void Engine::refuse(const PeerId& peer, const Envelope& e, bool retry, const std::string& why,
                     std::vector<Outgoing>& out) {
-  hooks_.log("refused " + std::string(to_string(e.type)) + " from rank " +
-             std::to_string(e.rank) + ": " + why);
+  hooks_.log("refused " + std::string(to_string(e.type)) + " from rank " + std::to_string(e.rank) +
+             ": " + why);
   ++rejected_;
   out.push_back(Outgoing{peer,
                          {envelope(Type::Refuse, cfg_.job, round_, e.rank),
@@ -183,12 +189,17 @@ void Engine::drop(const PeerId&, const std::string& why) {
 }
 
 Frames Engine::model_frames() const {
-  Bytes b(model_.size() * 4);
-  std::memcpy(b.data(), model_.data(), b.size());
-  return {Frame(), Frame::own(std::move(b))};
+  // One copy per model version, shared by every Pull until the model changes.
+  if (snapshot_.size() == 0) {
+    Bytes b(model_.size() * 4);
+    std::memcpy(b.data(), model_.data(), b.size());
+    snapshot_ = Frame::own(std::move(b));
+  }
+  return {Frame(), snapshot_};
 }
 
-// ---- receiving ------------------------------------------------------------------------------------
+// ---- receiving
+// ------------------------------------------------------------------------------------
 
 void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
                     std::vector<Outgoing>& out, std::string_view user) {
@@ -225,11 +236,20 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
       hooks_.log("rank " + std::to_string(rank) + " is alive again");
     }
     switch (e.type) {
-      case Type::Init: on_init(rank, frames, out); break;
-      case Type::Pull: on_pull(rank, out); break;
-      case Type::Push: on_push(rank, e, frames, now, out); break;
-      case Type::Answer: on_answer(rank, e, frames, now, out); break;
-      case Type::Heartbeat: break;  // liveness noted above; the transport echoes it
+      case Type::Init:
+        on_init(rank, frames, out);
+        break;
+      case Type::Pull:
+        on_pull(rank, out);
+        break;
+      case Type::Push:
+        on_push(rank, e, frames, now, out);
+        break;
+      case Type::Answer:
+        on_answer(rank, e, frames, now, out);
+        break;
+      case Type::Heartbeat:
+        break;  // liveness noted above; the transport echoes it
       case Type::Bye:
         w.alive = false;
         hooks_.log("rank " + std::to_string(rank) + " left");
@@ -262,8 +282,8 @@ void Engine::refuse_other_version(const PeerId& peer, const Frames& frames,
          out);
 }
 
-void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f,
-                      Clock::time_point now, std::vector<Outgoing>& out, std::string_view user) {
+void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
+                      std::vector<Outgoing>& out, std::string_view user) {
   const HelloInfo h = decode_hello(f[1].bytes());
   auto mismatch = [&](const std::string& why) { refuse(peer, e, false, why, out); };
   if (cfg_.authenticated && user != std::to_string(e.rank))
@@ -287,7 +307,7 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f,
 
   Worker& w = workers_[e.rank];
   if (w.registered && w.peer != peer) {
-    if (w.alive && now - w.last_seen < cfg_.heartbeat)
+    if (w.alive && now - w.last_seen < cfg_.heartbeat * cfg_.dead_after)
       return refuse(peer, e, true,
                     "rank " + std::to_string(e.rank) + " is held by a live connection", out);
     rank_of_.erase(w.peer);
@@ -305,8 +325,10 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f,
 }
 
 void Engine::on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out) {
-  SKETCHSGD_REQUIRE(rank == 0, ProtocolError, "init from rank ", rank, " (only rank 0 initialises)");
-  if (has_model()) return;  // a second init (rank 0 restarted before the first pull) changes nothing
+  SKETCHSGD_REQUIRE(rank == 0, ProtocolError, "init from rank ", rank,
+                    " (only rank 0 initialises)");
+  if (has_model())
+    return;  // a second init (rank 0 restarted before the first pull) changes nothing
   const auto b = f[1].bytes();
   SKETCHSGD_REQUIRE(b.size() == cfg_.dim * 4, WireError, "init of ", b.size(), " bytes for dim ",
                     cfg_.dim);
@@ -315,6 +337,7 @@ void Engine::on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out)
   const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
   SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "init: non-finite parameter at ", bad);
   model_ = std::move(p);
+  snapshot_ = Frame();
   hooks_.log("model initialised by rank 0 (" + std::to_string(cfg_.dim) + " parameters)");
   for (uint32_t r = 0; r < cfg_.world; ++r)
     if (pending_pull_[r]) on_pull(r, out);
@@ -333,7 +356,8 @@ void Engine::on_pull(uint32_t rank, std::vector<Outgoing>& out) {
 
 void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
                      std::vector<Outgoing>& out) {
-  SKETCHSGD_REQUIRE(has_model(), ProtocolError, "push from rank ", rank, " before the model exists");
+  SKETCHSGD_REQUIRE(has_model(), ProtocolError, "push from rank ", rank,
+                    " before the model exists");
   if (e.round < round_) {
     // Idempotent: a worker that missed the outcome of the previous round gets it again; older
     // pushes are ignored.
@@ -341,6 +365,8 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
       Frames fr = last_outcome_;
       fr[0] = envelope(Type(fr[0].bytes()[6]), cfg_.job, e.round, rank);
       send(rank, std::move(fr), out);
+    } else {
+      on_pull(rank, out);  // further behind (outcomes lost): resynchronise with the model
     }
     hooks_.log("stale push of round " + std::to_string(e.round) + " from rank " +
                std::to_string(rank) + " (now at " + std::to_string(round_) + ")");
@@ -373,6 +399,9 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
                     " carries a message with another sender or round");
   SKETCHSGD_REQUIRE(!pushed_[rank], ProtocolError, "duplicate push from rank ", rank, " in round ",
                     e.round);
+  // Ranks below the cursor are merged or skipped already (e.g. a corrupt push was dropped).
+  SKETCHSGD_REQUIRE(rank >= cursor_, ProtocolError, "push from rank ", rank, " in round ", e.round,
+                    " arrived after its turn to merge");
   if (!round_start_) round_start_ = now;
   if (std::none_of(pushed_.begin(), pushed_.end(), [](bool b) { return b; })) phase_start_ = now;
   pushed_[rank] = true;
@@ -387,18 +416,22 @@ void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock:
   SKETCHSGD_REQUIRE(e.round == round_ && phase_ == MessageKind::Answer, ProtocolError,
                     "answer of round ", e.round, " from rank ", rank,
                     " while no query of that round is open");
-  SKETCHSGD_REQUIRE(pushed_[rank], ProtocolError, "answer from rank ", rank, " which was not queried");
+  SKETCHSGD_REQUIRE(pushed_[rank], ProtocolError, "answer from rank ", rank,
+                    " which was not queried");
   const auto msg = f[1].bytes();
   SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
                     "answer of rank ", rank, " carries a message with another sender or round");
   SKETCHSGD_REQUIRE(!answered_[rank], ProtocolError, "duplicate answer from rank ", rank);
+  SKETCHSGD_REQUIRE(rank >= cursor_, ProtocolError, "answer from rank ", rank,
+                    " arrived after its turn to merge");
   answered_[rank] = true;
   held_[rank] = f[1];
   metrics_.bytes_up[rank] += msg.size();
   absorb_in_order(false);
 }
 
-// ---- rounds ---------------------------------------------------------------------------------------
+// ---- rounds
+// ---------------------------------------------------------------------------------------
 
 void Engine::progress(Clock::time_point now, std::vector<Outgoing>& out) {
   for (uint32_t n = 0; n <= cfg_.staleness && progress_once(now, out); ++n) {
@@ -426,7 +459,16 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
   const bool gradient = phase_ == MessageKind::Gradient;
   const auto& got = gradient ? pushed_ : answered_;
   const uint32_t count = uint32_t(std::count(got.begin(), got.end(), true));
-  if (count == 0) return false;
+  if (count == 0) {
+    if (gradient) return false;
+    // A second phase nobody can answer any more (the queried workers died or were dropped).
+    bool live = false;
+    for (uint32_t r = 0; r < cfg_.world; ++r)
+      live |= pushed_[r] && workers_[r].registered && workers_[r].alive;
+    if (live && now - phase_start_ < cfg_.deadline) return false;
+    abort_round(now, out, "no answer to the query arrived");
+    return true;
+  }
   bool all = true, live_all = true;
   std::vector<uint32_t> missing;
   for (uint32_t r = 0; r < cfg_.world; ++r) {
@@ -449,18 +491,21 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
   switch (cfg_.policy) {
     case Policy::Quorum:
       if (count >= cfg_.min_workers && (live_all || late)) {
-        close_phase(now, out, "quorum of " + std::to_string(count) + ", missing " + ranks_text(missing));
+        close_phase(now, out,
+                    "quorum of " + std::to_string(count) + ", missing " + ranks_text(missing));
         return round_ != before || phase_ != phase;
       }
       break;
     case Policy::Abort:
       if (late) {
-        abort_round(now, out, "deadline passed with " + std::to_string(count) + " of " +
-                                  std::to_string(cfg_.world) + " pushes, missing " + ranks_text(missing));
+        abort_round(now, out,
+                    "deadline passed with " + std::to_string(count) + " of " +
+                        std::to_string(cfg_.world) + " pushes, missing " + ranks_text(missing));
         return true;
       }
       break;
-    case Policy::Wait: break;
+    case Policy::Wait:
+      break;
   }
   if (late && now - last_wait_log_ >= cfg_.deadline) {
     last_wait_log_ = now;
@@ -473,12 +518,15 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
 void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
   absorb_in_order(true);
   const uint32_t count = agg_->count();
-  if (count == 0) {  // every held message was corrupt: keep waiting
-    start_phase(phase_);
-    return;
-  }
+  if (count == 0)  // every held message was corrupt, and nobody will send it again
+    return abort_round(now, out, "every message of the phase was invalid");
   const auto t0 = Clock::now();
-  Message m = agg_->finish();
+  Message m;
+  try {
+    m = agg_->finish();
+  } catch (const Error& e) {  // e.g. the sum overflowed to ±Inf: skip the round, keep serving
+    return abort_round(now, out, std::string("reduce failed: ") + e.what());
+  }
   merge_ms_ += ms_between(t0, Clock::now());
   if (!reason.empty()) metrics_.reason += (metrics_.reason.empty() ? "" : "; ") + reason;
   const Frame payload = Frame::own(std::move(m).release());
@@ -495,14 +543,24 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
   if (phase_ == MessageKind::Gradient) metrics_.contributors = count;
 
   const UpdateInfo info{cfg_.lr, metrics_.contributors};
-  codec_->decode_step(payload.bytes(), model_, cfg_.lr);
-  last_outcome_ = {Frame(), Frame::own(encode(info)), payload};
-  last_outcome_[0] = envelope(Type::Update, cfg_.job, round_, 0);
+  try {
+    codec_->decode_step(payload.bytes(), model_, cfg_.lr);  // validates before it writes
+  } catch (const Error& e) {
+    return abort_round(now, out, std::string("update rejected: ") + e.what());
+  }
+  snapshot_ = Frame();
   metrics_.bytes_down_each += payload.size();
+  end_round(Type::Update, {Frame::own(encode(info)), payload}, now, out);
+}
+
+void Engine::end_round(Type outcome, Frames payload, Clock::time_point now,
+                       std::vector<Outgoing>& out) {
+  last_outcome_ = {envelope(outcome, cfg_.job, round_, 0)};
+  last_outcome_.insert(last_outcome_.end(), payload.begin(), payload.end());
   for (uint32_t r = 0; r < cfg_.world; ++r) {
     if (!workers_[r].registered) continue;  // "dead" ones too: they may only be slow
     Frames fr = last_outcome_;
-    fr[0] = envelope(Type::Update, cfg_.job, round_, r);
+    fr[0] = envelope(outcome, cfg_.job, round_, r);
     send(r, std::move(fr), out);
   }
   metrics_.latency_ms = round_start_ ? ms_between(*round_start_, now) : 0;
@@ -515,16 +573,7 @@ void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std:
   agg_->abandon();  // drop the partial merge, keep state across rounds (FetchSGD)
   metrics_.aborted = true;
   metrics_.reason = reason;
-  last_outcome_ = {envelope(Type::Abort, cfg_.job, round_, 0), Frame::own(encode_text(reason))};
-  for (uint32_t r = 0; r < cfg_.world; ++r) {
-    if (!workers_[r].registered) continue;  // "dead" ones too: they may only be slow
-    Frames fr = last_outcome_;
-    fr[0] = envelope(Type::Abort, cfg_.job, round_, r);
-    send(r, std::move(fr), out);
-  }
-  metrics_.latency_ms = round_start_ ? ms_between(*round_start_, now) : 0;
-  finish_round(out);
-  replay_held(now);
+  end_round(Type::Abort, {Frame::own(encode_text(reason.substr(0, kMaxText)))}, now, out);
 }
 
 void Engine::finish_round(std::vector<Outgoing>&) {

@@ -40,7 +40,8 @@ struct JobConfig {
   uint64_t job = 1;
   uint32_t world = 1;
   uint64_t dim = 0;
-  std::string spec = "sketch";  ///< any spec make_compressor accepts; workers must send its canonical form
+  std::string spec =
+      "sketch";  ///< any spec make_compressor accepts; workers must send its canonical form
   float lr = 0.1f;
   Policy policy = Policy::Wait;
   uint32_t min_workers = 0;  ///< quorum size (0: world)
@@ -61,10 +62,10 @@ struct JobConfig {
 struct RoundMetrics {
   uint64_t round = 0;
   bool aborted = false;
-  std::string reason;         ///< why it closed early or aborted
-  double latency_ms = 0;      ///< first push → update sent
-  double merge_ms = 0;        ///< time spent merging and reducing
-  uint32_t contributors = 0;  ///< gradients in the update
+  std::string reason;                ///< why it closed early or aborted
+  double latency_ms = 0;             ///< first push → update sent
+  double merge_ms = 0;               ///< time spent merging and reducing
+  uint32_t contributors = 0;         ///< gradients in the update
   std::vector<uint64_t> bytes_up;    ///< per rank, this round (gradient + answer messages)
   uint64_t bytes_down_each = 0;      ///< update (+ query) bytes sent to each worker
   uint64_t dense_bytes = 0;          ///< what one dense fp32 gradient would cost
@@ -130,6 +131,9 @@ class Engine {
   void replay_held(Clock::time_point now);
   void close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
   void abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
+  /// Sends the round's outcome (Update or Abort + payload frames) to every registered worker,
+  /// keeps it for re-sending, and moves to the next round.
+  void end_round(Type outcome, Frames payload, Clock::time_point now, std::vector<Outgoing>& out);
   void finish_round(std::vector<Outgoing>& out);
   /// Merges held messages in rank order, so the float sums (and so the model) do not depend on
   /// arrival order: up to the first expected rank still missing, or all of them when closing.
@@ -167,7 +171,9 @@ class Engine {
   double merge_ms_ = 0;
 
   std::map<uint64_t, std::vector<Frame>> early_;  // pushes of rounds ahead, by round then rank
-  Frames last_outcome_;  // Update or Abort of round_ − 1, re-sent to a worker that missed it
+  Frames last_outcome_;
+  mutable Frame snapshot_;  // the model's bytes for Pulls, until the model changes  // Update or
+                            // Abort of round_ − 1, re-sent to a worker that missed it
   uint64_t rejected_ = 0;
 };
 

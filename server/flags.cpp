@@ -52,8 +52,8 @@ uint64_t Flags::u64(const std::string& name) const {
   char* end = nullptr;
   errno = 0;
   const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
-  SKETCHSGD_REQUIRE(!v.empty() && v[0] != '-' && end && *end == '\0' && errno == 0,
-                    InvalidArgument, "--", name, " must be a non-negative integer, got '", v, "'");
+  SKETCHSGD_REQUIRE(!v.empty() && v[0] != '-' && end && *end == '\0' && errno == 0, InvalidArgument,
+                    "--", name, " must be a non-negative integer, got '", v, "'");
   return x;
 }
 
@@ -70,7 +70,9 @@ std::string Flags::help() const {
   std::string s = usage_ + "\n\nFlags (environment variable in brackets):\n";
   for (const auto& name : order_) {
     const Flag& f = flags_.at(name);
-    std::string head = "  --" + name + (f.boolean ? "" : "=" + (f.fallback.empty() ? std::string("''") : f.fallback));
+    std::string head =
+        "  --" + name +
+        (f.boolean ? "" : "=" + (f.fallback.empty() ? std::string("''") : f.fallback));
     if (!f.env.empty()) head += "  [$" + f.env + "]";
     s += head + "\n      " + f.help + "\n";
   }

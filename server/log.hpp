@@ -4,8 +4,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 #include <ctime>
+#include <mutex>
 #include <string>
 
 #include <unistd.h>
@@ -37,13 +37,14 @@ class Log {
  private:
   void print(const std::string& line) {
     const auto t = std::chrono::system_clock::now();
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
     const std::time_t secs = std::time_t(ms / 1000);
     std::tm tm{};
     gmtime_r(&secs, &tm);
     // On a terminal, clear the live status line first.
-    std::fprintf(stderr, "%s[%s %02d:%02d:%02d.%03d] %s\n", tty_ ? "\r\033[K" : "", who_.c_str(), tm.tm_hour,
-                 tm.tm_min, tm.tm_sec, int(ms % 1000), line.c_str());
+    std::fprintf(stderr, "%s[%s %02d:%02d:%02d.%03d] %s\n", tty_ ? "\r\033[K" : "", who_.c_str(),
+                 tm.tm_hour, tm.tm_min, tm.tm_sec, int(ms % 1000), line.c_str());
   }
 
   std::string who_;

@@ -24,25 +24,30 @@ int main(int argc, char** argv) {
       "Workers push encoded gradients each round; the server merges them in compressed form\n"
       "(sketches summed, heavy hitters recovered), applies the update to its model and sends it\n"
       "to every worker.\n\n"
-      "  sketchsgd-server --world 4 --dim 1000000 --codec sketch:k=10000 --bind tcp://0.0.0.0:5555");
+      "  sketchsgd-server --world 4 --dim 1000000 --codec sketch:k=10000 --bind "
+      "tcp://0.0.0.0:5555");
   f.add("bind", "tcp://127.0.0.1:5555", "ZeroMQ endpoint to bind (tcp://HOST:PORT; PORT * = any)",
         "SKETCHSGD_BIND");
   f.add("job", "1", "job id; workers must use the same", "SKETCHSGD_JOB");
   f.add("world", "1", "number of workers W", "SKETCHSGD_WORLD");
   f.add("dim", "0", "number of parameters d (required)", "SKETCHSGD_DIM");
-  f.add("codec", "sketch", "codec spec, e.g. sketch:rows=5,cols=500000,k=50000,p2=4", "SKETCHSGD_CODEC");
+  f.add("codec", "sketch", "codec spec, e.g. sketch:rows=5,cols=500000,k=50000,p2=4",
+        "SKETCHSGD_CODEC");
   f.add("lr", "0.1", "learning rate: everyone does w -= lr * step", "SKETCHSGD_LR");
-  f.add("policy", "quorum", "when a round's deadline passes: wait | quorum | abort", "SKETCHSGD_POLICY");
+  f.add("policy", "quorum", "when a round's deadline passes: wait | quorum | abort",
+        "SKETCHSGD_POLICY");
   f.add("min-workers", "0", "quorum size (0: all W)", "SKETCHSGD_MIN_WORKERS");
   f.add("deadline-ms", "30000", "per-round deadline from its first push", "SKETCHSGD_DEADLINE_MS");
   f.add("heartbeat-ms", "1000", "liveness interval workers must keep", "SKETCHSGD_HEARTBEAT_MS");
-  f.add("dead-after", "3", "missed heartbeat intervals before a worker is dead", "SKETCHSGD_DEAD_AFTER");
+  f.add("dead-after", "3", "missed heartbeat intervals before a worker is dead",
+        "SKETCHSGD_DEAD_AFTER");
   f.add("staleness", "0", "bounded staleness: rounds a worker may push ahead (0: synchronous)",
         "SKETCHSGD_STALENESS");
   f.add("checkpoint", "", "checkpoint file; resumed from when it exists", "SKETCHSGD_CHECKPOINT");
   f.add("checkpoint-every", "100", "rounds between checkpoints (with --checkpoint)",
         "SKETCHSGD_CHECKPOINT_EVERY");
-  f.add("rounds", "0", "stop after this many rounds (0: run until interrupted)", "SKETCHSGD_ROUNDS");
+  f.add("rounds", "0", "stop after this many rounds (0: run until interrupted)",
+        "SKETCHSGD_ROUNDS");
   f.add("metrics", "", "append one JSON line per round to this file", "SKETCHSGD_METRICS");
   f.add("curve-secret-file", "", "CURVE on: file holding the server's Z85 secret key",
         "SKETCHSGD_CURVE_SECRET_FILE");

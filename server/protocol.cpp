@@ -6,30 +6,46 @@ namespace sketchsgd::ps {
 
 std::string_view to_string(Type t) {
   switch (t) {
-    case Type::Hello: return "hello";
-    case Type::Welcome: return "welcome";
-    case Type::Refuse: return "refuse";
-    case Type::Init: return "init";
-    case Type::Pull: return "pull";
-    case Type::Model: return "model";
-    case Type::Push: return "push";
-    case Type::Query: return "query";
-    case Type::Answer: return "answer";
-    case Type::Update: return "update";
-    case Type::Abort: return "abort";
-    case Type::Heartbeat: return "heartbeat";
-    case Type::Bye: return "bye";
+    case Type::Hello:
+      return "hello";
+    case Type::Welcome:
+      return "welcome";
+    case Type::Refuse:
+      return "refuse";
+    case Type::Init:
+      return "init";
+    case Type::Pull:
+      return "pull";
+    case Type::Model:
+      return "model";
+    case Type::Push:
+      return "push";
+    case Type::Query:
+      return "query";
+    case Type::Answer:
+      return "answer";
+    case Type::Update:
+      return "update";
+    case Type::Abort:
+      return "abort";
+    case Type::Heartbeat:
+      return "heartbeat";
+    case Type::Bye:
+      return "bye";
   }
   return "unknown";
 }
 
 uint32_t payload_frames(Type t) {
   switch (t) {
-    case Type::Update: return 2;
+    case Type::Update:
+      return 2;
     case Type::Pull:
     case Type::Heartbeat:
-    case Type::Bye: return 0;
-    default: return 1;
+    case Type::Bye:
+      return 0;
+    default:
+      return 1;
   }
 }
 
@@ -54,11 +70,10 @@ Envelope decode_envelope(std::span<const uint8_t> frame, size_t frames_present) 
   ByteReader r(frame, "envelope");
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kMagic, WireError, "envelope: bad magic");
   const auto version = r.get<uint16_t>();
-  SKETCHSGD_REQUIRE(version == kProtocolVersion, WireError, "envelope: protocol version ",
-                    version, ", this build speaks ", kProtocolVersion);
+  SKETCHSGD_REQUIRE(version == kProtocolVersion, WireError, "envelope: protocol version ", version,
+                    ", this build speaks ", kProtocolVersion);
   const auto type = r.get<uint8_t>();
-  SKETCHSGD_REQUIRE(type >= 1 && type <= kMaxType, WireError, "envelope: unknown type ",
-                    int(type));
+  SKETCHSGD_REQUIRE(type >= 1 && type <= kMaxType, WireError, "envelope: unknown type ", int(type));
   SKETCHSGD_REQUIRE(r.get<uint8_t>() == 0, WireError, "envelope: flags set");
   Envelope e;
   e.type = Type(type);
@@ -76,8 +91,8 @@ Envelope decode_envelope(std::span<const uint8_t> frame, size_t frames_present) 
 
 namespace {
 void put_text(ByteWriter& w, std::string_view s) {
-  SKETCHSGD_REQUIRE(s.size() <= kMaxText, InvalidArgument, "text of ", s.size(),
-                    " bytes exceeds ", kMaxText);
+  SKETCHSGD_REQUIRE(s.size() <= kMaxText, InvalidArgument, "text of ", s.size(), " bytes exceeds ",
+                    kMaxText);
   w.put(uint32_t(s.size()));
   w.put_array(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
 }

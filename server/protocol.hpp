@@ -27,19 +27,19 @@ inline constexpr uint32_t kMaxPayloadFrames = 2;
 inline constexpr size_t kMaxText = 4096;
 
 enum class Type : uint8_t {
-  Hello = 1,      ///< worker → server: registration (HelloInfo)
-  Welcome = 2,    ///< server → worker: accepted (WelcomeInfo)
-  Refuse = 3,     ///< server → worker: refused (RefuseInfo); the worker prints the reason
-  Init = 4,       ///< rank 0 → server: initial parameters when the server has none
-  Pull = 5,       ///< worker → server: send me the model
-  Model = 6,      ///< server → worker: parameters as of `round` (the next round to run)
-  Push = 7,       ///< worker → server: Gradient message of `round`
-  Query = 8,      ///< server → worker: second-round Query message
-  Answer = 9,     ///< worker → server: Answer message
-  Update = 10,    ///< server → worker: UpdateInfo frame, then the Update message
-  Abort = 11,     ///< server → worker: `round` ended without an update (text frame: why)
-  Heartbeat = 12, ///< either way: liveness when there is no other traffic
-  Bye = 13,       ///< worker → server: leaving cleanly
+  Hello = 1,       ///< worker → server: registration (HelloInfo)
+  Welcome = 2,     ///< server → worker: accepted (WelcomeInfo)
+  Refuse = 3,      ///< server → worker: refused (RefuseInfo); the worker prints the reason
+  Init = 4,        ///< rank 0 → server: initial parameters when the server has none
+  Pull = 5,        ///< worker → server: send me the model
+  Model = 6,       ///< server → worker: parameters as of `round` (the next round to run)
+  Push = 7,        ///< worker → server: Gradient message of `round`
+  Query = 8,       ///< server → worker: second-round Query message
+  Answer = 9,      ///< worker → server: Answer message
+  Update = 10,     ///< server → worker: UpdateInfo frame, then the Update message
+  Abort = 11,      ///< server → worker: `round` ended without an update (text frame: why)
+  Heartbeat = 12,  ///< either way: liveness when there is no other traffic
+  Bye = 13,        ///< worker → server: leaving cleanly
 };
 inline constexpr uint8_t kMaxType = 13;
 
@@ -77,7 +77,7 @@ Bytes encode(const WelcomeInfo& w);
 WelcomeInfo decode_welcome(std::span<const uint8_t> frame);
 
 struct RefuseInfo {
-  bool retry = false;  ///< transient (rank still held, or not registered yet): try again
+  bool retry = false;          ///< transient (rank still held, or not registered yet): try again
   Type refused = Type::Hello;  ///< the type of the refused message
   std::string reason;
 };

@@ -21,6 +21,12 @@ struct Incoming {
   std::string user;
 };
 
+size_t bytes_of(const Incoming& m) {
+  size_t n = 64;
+  for (const auto& f : m.frames) n += f.size();
+  return n;
+}
+
 std::string json_line(const RoundMetrics& m, uint32_t world) {
   std::string s = "{\"round\":" + std::to_string(m.round) +
                   ",\"aborted\":" + (m.aborted ? "true" : "false") +
@@ -33,11 +39,13 @@ std::string json_line(const RoundMetrics& m, uint32_t world) {
     s += (i ? "," : "") + std::to_string(m.bytes_up[i]);
     up += m.bytes_up[i];
   }
-  const double ratio = m.contributors && up ? double(m.dense_bytes) * m.contributors / double(up) : 0;
+  const double ratio =
+      m.contributors && up ? double(m.dense_bytes) * m.contributors / double(up) : 0;
   s += "],\"bytes_down_each\":" + std::to_string(m.bytes_down_each) +
        ",\"dense_bytes\":" + std::to_string(m.dense_bytes) +
        ",\"uplink_ratio\":" + std::to_string(ratio) + ",\"stragglers\":[";
-  for (size_t i = 0; i < m.stragglers.size(); ++i) s += (i ? "," : "") + std::to_string(m.stragglers[i]);
+  for (size_t i = 0; i < m.stragglers.size(); ++i)
+    s += (i ? "," : "") + std::to_string(m.stragglers[i]);
   s += "],\"dead\":[";
   for (size_t i = 0; i < m.dead.size(); ++i) s += (i ? "," : "") + std::to_string(m.dead[i]);
   std::string reason;
@@ -60,7 +68,8 @@ struct Server::Impl {
   std::condition_variable ready;
   std::deque<Incoming> inbox;
   std::deque<Outgoing> outbox;
-  size_t inbox_cap = 0;
+  size_t inbox_cap = 0;  // bytes queued for the merge thread before the I/O thread stops reading
+  size_t inbox_bytes = 0;
   std::atomic<bool> merge_done{false};
   std::atomic<bool> outbox_signalled{false};
 
@@ -74,11 +83,15 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
   hooks.log = [this](const std::string& s) { impl_->log(s); };
   hooks.round = [this](const RoundMetrics& m) {
     ++impl_->rounds;
-    if (impl_->metrics.is_open()) impl_->metrics << json_line(m, opts_.job.world) << '\n' << std::flush;
+    if (impl_->metrics.is_open())
+      impl_->metrics << json_line(m, opts_.job.world) << '\n' << std::flush;
   };
   opts_.job.authenticated = !opts_.curve_secret.empty();
   engine_ = std::make_unique<Engine>(opts_.job, std::move(hooks));
-  impl_->inbox_cap = opts_.inbox ? opts_.inbox : 2 * opts_.job.world + 16;
+  // Counted in bytes, so heartbeats keep flowing (and being echoed) while big pushes wait for a
+  // long merge: room for `inbox` (default 2·W + 16) messages of the job's largest frame.
+  impl_->inbox_cap = size_t(opts_.inbox ? opts_.inbox : 2 * opts_.job.world + 16) *
+                     size_t(engine_->max_frame_bytes() + 64);
   if (!opts_.metrics.empty()) {
     impl_->metrics.open(opts_.metrics, std::ios::app);
     SKETCHSGD_REQUIRE(impl_->metrics.is_open(), Error, "cannot open metrics file ", opts_.metrics);
@@ -150,14 +163,25 @@ uint64_t Server::run() {
         batch.swap(s.inbox);
       }
       const auto now = Clock::now();
-      for (auto& m : batch) engine_->handle(m.peer, m.frames, now, out, m.user);
-      engine_->tick(now, out);
+      try {
+        for (auto& m : batch) engine_->handle(m.peer, m.frames, now, out, m.user);
+        engine_->tick(now, out);
+      } catch (const std::exception& e) {
+        // The engine turns bad input into refusals; anything reaching here is a bug or an
+        // exhausted resource. Log it and keep serving rather than terminate the job.
+        s.log(std::string("internal error (round continues): ") + e.what());
+      }
+      {
+        std::lock_guard lock(s.mu);
+        for (const auto& m : batch) s.inbox_bytes -= bytes_of(m);
+      }
       if (!out.empty()) {
         std::lock_guard lock(s.mu);
         for (auto& o : out) s.outbox.push_back(std::move(o));
         out.clear();
       }
-      if (!s.outbox_signalled.exchange(true)) (void)wake_tx.send(zmq::message_t(), zmq::send_flags::dontwait);
+      if (!s.outbox_signalled.exchange(true))
+        (void)wake_tx.send(zmq::message_t(), zmq::send_flags::dontwait);
       if (opts_.status && now - last_status >= std::chrono::seconds(tty ? 1 : 10)) {
         last_status = now;
         const std::string line = "round " + std::to_string(engine_->round()) + " | live " +
@@ -178,61 +202,83 @@ uint64_t Server::run() {
   });
 
   // I/O thread (this one): owns the socket.
-  while (!stop_ && !s.merge_done) {
-    size_t queued;
-    {
-      std::lock_guard lock(s.mu);
-      queued = s.inbox.size();
-    }
-    zmq::pollitem_t items[] = {
-        {router.handle(), 0, short(queued < s.inbox_cap ? ZMQ_POLLIN : 0), 0},
-        {wake_rx.handle(), 0, ZMQ_POLLIN, 0}};
-    zmq::poll(items, 2, Millis(50));
-    if (items[1].revents & ZMQ_POLLIN) {
-      zmq::message_t m;
-      while (wake_rx.recv(m, zmq::recv_flags::dontwait)) {
-      }
-      s.outbox_signalled = false;
-    }
-    for (int n = 0; n < 64 && queued < s.inbox_cap; ++n) {
-      auto msg = receive(router, true, 1 + kMaxPayloadFrames);
-      if (!msg) break;
-      if (msg->overflow) {
-        s.log("dropped message with more than " + std::to_string(1 + kMaxPayloadFrames) + " frames");
-        continue;
-      }
-      // Heartbeats are echoed here so liveness never waits behind a merge.
-      if (!msg->frames.empty() && msg->frames.size() == 1) {
+  try {
+    while (!stop_ && !s.merge_done) {
+      try {
+        size_t queued;
+        {
+          std::lock_guard lock(s.mu);
+          queued =
+              s.inbox.size() < 65536 ? s.inbox_bytes : s.inbox_cap;  // and at most 64k messages
+        }
+        zmq::pollitem_t items[] = {
+            {router.handle(), 0, short(queued < s.inbox_cap ? ZMQ_POLLIN : 0), 0},
+            {wake_rx.handle(), 0, ZMQ_POLLIN, 0}};
         try {
-          const Envelope e = decode_envelope(msg->frames[0].bytes(), 0);
-          if (e.type == Type::Heartbeat && e.job == opts_.job.job) {
+          zmq::poll(items, 2, Millis(50));
+        } catch (const zmq::error_t& e) {
+          if (e.num() != EINTR) throw;
+          continue;  // a signal (stop() comes through one): look at stop_ again
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+          zmq::message_t m;
+          while (wake_rx.recv(m, zmq::recv_flags::dontwait)) {
+          }
+          s.outbox_signalled = false;
+        }
+        for (int n = 0; n < 64 && queued < s.inbox_cap; ++n) {
+          auto msg = receive(router, true, 1 + kMaxPayloadFrames);
+          if (!msg) break;
+          if (msg->overflow) {
+            s.log("dropped message with more than " + std::to_string(1 + kMaxPayloadFrames) +
+                  " frames");
+            continue;
+          }
+          // Heartbeats are echoed here so liveness never waits behind a merge.
+          if (!msg->frames.empty() && msg->frames.size() == 1) {
             try {
-              send(router, &msg->peer, {Frame::own(encode(Envelope{Type::Heartbeat, e.job, 0, e.rank, 0}))});
-            } catch (const zmq::error_t&) {
+              const Envelope e = decode_envelope(msg->frames[0].bytes(), 0);
+              if (e.type == Type::Heartbeat && e.job == opts_.job.job) {
+                try {
+                  send(router, &msg->peer,
+                       {Frame::own(encode(Envelope{Type::Heartbeat, e.job, 0, e.rank, 0}))});
+                } catch (const zmq::error_t&) {
+                }
+              }
+            } catch (const Error&) {
             }
           }
-        } catch (const Error&) {
+          {
+            std::lock_guard lock(s.mu);
+            s.inbox.push_back(
+                Incoming{std::move(msg->peer), std::move(msg->frames), std::move(msg->user)});
+            s.inbox_bytes += bytes_of(s.inbox.back());
+            queued = s.inbox.size() < 65536 ? s.inbox_bytes : s.inbox_cap;
+          }
+          s.ready.notify_one();
         }
-      }
-      {
-        std::lock_guard lock(s.mu);
-        s.inbox.push_back(Incoming{std::move(msg->peer), std::move(msg->frames), std::move(msg->user)});
-        queued = s.inbox.size();
-      }
-      s.ready.notify_one();
-    }
-    std::deque<Outgoing> out;
-    {
-      std::lock_guard lock(s.mu);
-      out.swap(s.outbox);
-    }
-    for (auto& o : out) {
-      try {
-        if (!send(router, &o.peer, o.frames)) s.log("send queue of a worker is full: message dropped");
+        std::deque<Outgoing> out;
+        {
+          std::lock_guard lock(s.mu);
+          out.swap(s.outbox);
+        }
+        for (auto& o : out) {
+          try {
+            if (!send(router, &o.peer, o.frames))
+              s.log("send queue of a worker is full: message dropped");
+          } catch (const zmq::error_t& e) {
+            s.log(std::string("send to a departed worker failed: ") + e.what());
+          }
+        }
       } catch (const zmq::error_t& e) {
-        s.log(std::string("send to a departed worker failed: ") + e.what());
+        if (e.num() != EINTR) throw;  // a signal interrupted a call: look at stop_ again
       }
     }
+  } catch (...) {
+    stop_ = true;
+    s.ready.notify_all();
+    merge.join();
+    throw;
   }
   stop_ = true;
   s.ready.notify_all();

@@ -16,16 +16,16 @@ namespace sketchsgd::ps {
 struct ServerOptions {
   JobConfig job;
   std::string bind = "tcp://127.0.0.1:5555";  ///< "tcp://127.0.0.1:*" picks a free port
-  std::string metrics;      ///< JSON lines, one per round; empty: none
-  bool status = true;       ///< one-line live status on stderr (a terminal), periodic lines otherwise
-  bool quiet = false;       ///< no log lines (tests)
-  uint32_t inbox = 0;       ///< messages queued for the merge thread (0: 2·W + 16)
+  std::string metrics;                        ///< JSON lines, one per round; empty: none
+  bool status = true;  ///< one-line live status on stderr (a terminal), periodic lines otherwise
+  bool quiet = false;  ///< no log lines (tests)
+  uint32_t inbox = 0;  ///< messages queued for the merge thread (0: 2·W + 16)
   Millis linger{2000};
   /// CURVE: the server's Z85 secret key; with it only workers whose public key is listed in
   /// curve_clients connect, each bound to its rank. Empty: no encryption.
   std::string curve_secret;
   std::vector<std::pair<uint32_t, std::string>> curve_clients;
-  Millis finish_grace{500}; ///< after the last round, how long to keep serving late pulls
+  Millis finish_grace{500};  ///< after the last round, how long to keep serving late pulls
 };
 
 class Server {

@@ -70,9 +70,9 @@ bool send(zmq::socket_t& s, const PeerId* peer, const Frames& frames) {
     }
     // The message keeps the frame's owner alive until ZeroMQ has sent it: no copy.
     auto* hold = new std::shared_ptr<const void>(frames[i].owner());
-    zmq::message_t m(const_cast<uint8_t*>(frames[i].bytes().data()), frames[i].size(),
-                     [](void*, void* h) { delete static_cast<std::shared_ptr<const void>*>(h); },
-                     hold);
+    zmq::message_t m(
+        const_cast<uint8_t*>(frames[i].bytes().data()), frames[i].size(),
+        [](void*, void* h) { delete static_cast<std::shared_ptr<const void>*>(h); }, hold);
     // After the first part of a multipart message ZeroMQ accepts the rest atomically.
     (void)s.send(m, flags(i));
   }
@@ -132,7 +132,9 @@ struct ZapHandler::Impl {
             user = std::to_string(it->second);
           }
         }
-        if (status != "200") log("refused a connection from " + (req.size() > 3 ? req[3].to_string() : "?") + ": key not listed");
+        if (status != "200")
+          log("refused a connection from " + (req.size() > 3 ? req[3].to_string() : "?") +
+              ": key not listed");
         const std::string version = "1.0";
         const std::string id = req.size() > 1 ? req[1].to_string() : "";
         rep.send(zmq::buffer(version), zmq::send_flags::sndmore);
@@ -154,8 +156,8 @@ ZapHandler::ZapHandler(zmq::context_t& ctx, std::vector<std::pair<uint32_t, std:
     : impl_(new Impl{zmq::socket_t(ctx, zmq::socket_type::rep), {}, std::move(log), {}, {}}) {
   for (const auto& [rank, z85] : keys) {
     uint8_t raw[32];
-    SKETCHSGD_REQUIRE(zmq_z85_decode(raw, z85.c_str()) != nullptr, InvalidArgument,
-                      "not a Z85 CURVE key: ", z85);
+    SKETCHSGD_REQUIRE(z85.size() == 40 && zmq_z85_decode(raw, z85.c_str()) != nullptr,
+                      InvalidArgument, "not a 40-character Z85 CURVE key: ", z85);
     impl_->rank_of[std::string(reinterpret_cast<const char*>(raw), 32)] = rank;
   }
   impl_->rep.set(zmq::sockopt::linger, 0);

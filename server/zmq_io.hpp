@@ -24,8 +24,8 @@ struct SocketLimits {
 void apply_limits(zmq::socket_t& s, const SocketLimits& l);
 
 struct Received {
-  PeerId peer;       ///< routing id (ROUTER sockets only)
-  Frames frames;     ///< envelope + payload frames
+  PeerId peer;            ///< routing id (ROUTER sockets only)
+  Frames frames;          ///< envelope + payload frames
   bool overflow = false;  ///< more than max_frames parts: the rest was read and discarded
   std::string user;       ///< ZAP User-Id of the connection (CURVE: the rank its key is bound to)
 };

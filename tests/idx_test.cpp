@@ -23,13 +23,15 @@ std::vector<uint8_t> be(std::initializer_list<uint32_t> words) {
 }
 
 fs::path write(const std::string& name, const std::vector<uint8_t>& bytes, bool gz) {
-  const fs::path p = fs::temp_directory_path() / ("sketchsgd-idx-" + std::to_string(getpid()) + "-" + name);
+  const fs::path p =
+      fs::temp_directory_path() / ("sketchsgd-idx-" + std::to_string(getpid()) + "-" + name);
   if (gz) {
     gzFile f = gzopen(p.c_str(), "wb");
     gzwrite(f, bytes.data(), unsigned(bytes.size()));
     gzclose(f);
   } else {
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   }
   return p;
 }

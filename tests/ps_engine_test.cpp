@@ -1,6 +1,6 @@
-// The parameter server's round logic, driven in-process with a fake clock (no sockets): registration
-// checks, rounds for every codec bit for bit against the in-process reference, deadlines and
-// policies, stale and duplicate traffic, garbage, checkpoints.
+// The parameter server's round logic, driven in-process with a fake clock (no sockets):
+// registration checks, rounds for every codec bit for bit against the in-process reference,
+// deadlines and policies, stale and duplicate traffic, garbage, checkpoints.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -59,11 +59,16 @@ struct Net {
 Frame env(Type t, uint64_t job, uint64_t round, uint32_t rank) {
   return Frame::own(encode(Envelope{t, job, round, rank, 0}));
 }
-Frame bytes_frame(std::span<const uint8_t> b) { return Frame::own(Bytes(b.begin(), b.end())); }
+Frame bytes_frame(std::span<const uint8_t> b) {
+  return Frame::own(Bytes(b.begin(), b.end()));
+}
 
 struct FakeWorker {
   FakeWorker(uint32_t r, const JobConfig& cfg)
-      : rank(r), peer("peer-" + std::to_string(r)), job(cfg.job), world(cfg.world),
+      : rank(r),
+        peer("peer-" + std::to_string(r)),
+        job(cfg.job),
+        world(cfg.world),
         codec(make_compressor(cfg.spec, cfg.dim)) {}
 
   void hello(Net& net, uint32_t as_world = 0) {
@@ -77,8 +82,9 @@ struct FakeWorker {
     ASSERT_TRUE(w);
     ASSERT_EQ(w->first.type, Type::Welcome);
     if (!decode_welcome(w->second[1].bytes()).has_model && rank == 0)
-      net.deliver(peer, {env(Type::Init, job, 0, rank),
-                         bytes_frame({reinterpret_cast<const uint8_t*>(init.data()), init.size_bytes()})});
+      net.deliver(
+          peer, {env(Type::Init, job, 0, rank),
+                 bytes_frame({reinterpret_cast<const uint8_t*>(init.data()), init.size_bytes()})});
     net.deliver(peer, {env(Type::Pull, job, 0, rank)});
   }
   /// Takes a Model message if one is queued.
@@ -218,7 +224,8 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   Bytes future = encode(Envelope{Type::Hello, cfg.job, 0, 0, 0});
   future[4] = 2;  // a worker speaking protocol version 2
   net.deliver(w.peer, {Frame::own(future), Frame::own(encode(good))});
-  EXPECT_NE(refusal(net, w.peer).find("protocol version 2, this server speaks 1"), std::string::npos);
+  EXPECT_NE(refusal(net, w.peer).find("protocol version 2, this server speaks 1"),
+            std::string::npos);
 
   w.hello(net);
   ASSERT_EQ(net.next(w.peer)->first.type, Type::Welcome);
@@ -229,8 +236,8 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   const RefuseInfo r = decode_refuse(m->second[1].bytes());
   EXPECT_TRUE(r.retry);
   EXPECT_NE(r.reason.find("held by a live connection"), std::string::npos);
-  // Once the holder has been silent for a heartbeat, a restarted worker takes the rank over.
-  net.now += 150ms;
+  // Once the holder has been silent for dead_after heartbeats, a restarted worker takes the rank.
+  net.now += 350ms;
   net.deliver("restarted", {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(good))});
   EXPECT_EQ(net.next("restarted")->first.type, Type::Welcome);
   // The old connection is no longer rank 0.
@@ -278,7 +285,8 @@ TEST(Engine, AbortPolicyEndsTheRoundAtTheDeadline) {
   EXPECT_EQ(ws[0].settle(net), Type::Abort);
   EXPECT_EQ(ws[1].settle(net), Type::Abort);
   EXPECT_EQ(net.engine.round(), 1u);
-  EXPECT_EQ(std::memcmp(net.engine.model().data(), before.data(), 400), 0) << "abort changed the model";
+  EXPECT_EQ(std::memcmp(net.engine.model().data(), before.data(), 400), 0)
+      << "abort changed the model";
   // The next round runs normally.
   for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, 1, 3));
   EXPECT_EQ(ws[0].settle(net), Type::Update);
@@ -313,9 +321,9 @@ TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
       {},
       {Frame::own(Bytes{1, 2, 3})},
       {Frame::own(Bytes(32, 0))},
-      {good_env},                                            // push without its payload frame
-      {good_env, Frame::own(Bytes(10, 7))},                  // payload not a wire message
-      {good_env, Frame::own(Bytes(10, 7)), Frame::own({})},  // too many frames
+      {good_env},                                                  // push without its payload frame
+      {good_env, Frame::own(Bytes(10, 7))},                        // payload not a wire message
+      {good_env, Frame::own(Bytes(10, 7)), Frame::own({})},        // too many frames
       {env(Type::Push, cfg.job, 0, 0), Frame::own(Bytes(64, 0))},  // another rank's identity
       {env(Type::Update, cfg.job, 0, 1), Frame::own({}), Frame::own({})},  // server-only type
       {env(Type::Init, cfg.job, 0, 1), Frame::own(Bytes(800, 0))},         // init from rank 1
@@ -389,11 +397,13 @@ TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
   for (size_t cut : {size_t(0), size_t(3), size_t(20), bytes.size() - 1}) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(cut));
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), std::streamsize(cut));
     EXPECT_THROW(load_checkpoint(path.string()), WireError) << "cut at " << cut;
   }
   bytes[100] ^= 1;
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), std::streamsize(bytes.size()));
   EXPECT_THROW(load_checkpoint(path.string()), WireError);
   std::filesystem::remove(path);
   EXPECT_FALSE(load_checkpoint(path.string()));

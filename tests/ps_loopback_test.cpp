@@ -190,8 +190,12 @@ TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
     for (int i = 0; i < 3000 && !done; ++i, ++sent) {
       std::vector<zmq::message_t> parts;
       switch (i % 5) {
-        case 0: parts.emplace_back(size_t(rng() % 100)); break;           // random short frame
-        case 1: parts.emplace_back(env_ok.data(), env_ok.size()); break;  // missing payload
+        case 0:
+          parts.emplace_back(size_t(rng() % 100));
+          break;  // random short frame
+        case 1:
+          parts.emplace_back(env_ok.data(), env_ok.size());
+          break;  // missing payload
         case 2:
           for (int k = 0; k < 20; ++k) parts.emplace_back(env_ok.data(), env_ok.size());
           break;  // too many frames
@@ -208,7 +212,8 @@ TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
           break;
       }
       for (size_t k = 0; k < parts.size(); ++k)
-        (void)s.send(parts[k], k + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        (void)s.send(parts[k],
+                     k + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
       if (i % 50 == 49) std::this_thread::sleep_for(2ms);
     }
     // Last, a frame over the job's size limit: ZeroMQ drops this connection.
@@ -223,10 +228,12 @@ TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
   for (uint32_t r = 0; r < 2; ++r)
     ws.emplace_back([&, r] {
       try {
-        Client c(client_options(run.server.endpoint(), r, 2), make_compressor("sketch:k=20,cols=300", kDim),
+        Client c(client_options(run.server.endpoint(), r, 2),
+                 make_compressor("sketch:k=20,cols=300", kDim),
                  r == 0 ? std::span<const float>(init) : std::span<const float>());
         for (uint64_t t = 0; t < kRounds; ++t)
-          if (c.step(test::synthetic_grad(c.params(), r, t, 9)).outcome != StepResult::Outcome::Updated)
+          if (c.step(test::synthetic_grad(c.params(), r, t, 9)).outcome !=
+              StepResult::Outcome::Updated)
             throw Error("round not updated");
       } catch (const std::exception& e) {
         errors[r] = e.what();

@@ -16,15 +16,15 @@
 #include <fstream>
 #include <thread>
 
+#include <random>
+#include <zmq.hpp>
 #include "../compress/registry.hpp"
+#include "../demo/process.hpp"
 #include "../kernels/cpu.hpp"
 #include "../server/checkpoint.hpp"
+#include "../server/protocol.hpp"
 #include "ps_synthetic.hpp"
 #include "round.hpp"
-#include "../demo/process.hpp"
-#include "../server/protocol.hpp"
-#include <zmq.hpp>
-#include <random>
 
 namespace sketchsgd::ps {
 namespace {
@@ -63,21 +63,48 @@ struct Job {
   std::vector<std::string> server_extra;
 
   Proc server(const std::string& checkpoint = "", const std::string& metrics = "") const {
-    std::vector<std::string> a = {SKETCHSGD_SERVER_BIN, "--bind", bind, "--job", "3", "--world",
-                                  std::to_string(world), "--dim", std::to_string(dim), "--codec",
-                                  spec, "--lr", "0.2", "--rounds", std::to_string(rounds),
+    std::vector<std::string> a = {SKETCHSGD_SERVER_BIN,
+                                  "--bind",
+                                  bind,
+                                  "--job",
+                                  "3",
+                                  "--world",
+                                  std::to_string(world),
+                                  "--dim",
+                                  std::to_string(dim),
+                                  "--codec",
+                                  spec,
+                                  "--lr",
+                                  "0.2",
+                                  "--rounds",
+                                  std::to_string(rounds),
                                   "--quiet"};
-    if (!checkpoint.empty()) a.insert(a.end(), {"--checkpoint", checkpoint, "--checkpoint-every", "2"});
+    if (!checkpoint.empty())
+      a.insert(a.end(), {"--checkpoint", checkpoint, "--checkpoint-every", "2"});
     if (!metrics.empty()) a.insert(a.end(), {"--metrics", metrics});
     a.insert(a.end(), server_extra.begin(), server_extra.end());
     return Proc::spawn(a);
   }
   Proc worker(const std::string& endpoint, uint32_t rank, const fs::path& out,
               std::vector<std::string> extra = {}) const {
-    std::vector<std::string> a = {SKETCHSGD_WORKER_BIN, "--server", endpoint, "--job", "3",
-                                  "--rank", std::to_string(rank), "--world", std::to_string(world),
-                                  "--dim", std::to_string(dim), "--codec", spec, "--rounds",
-                                  std::to_string(rounds), "--seed", std::to_string(seed), "--out",
+    std::vector<std::string> a = {SKETCHSGD_WORKER_BIN,
+                                  "--server",
+                                  endpoint,
+                                  "--job",
+                                  "3",
+                                  "--rank",
+                                  std::to_string(rank),
+                                  "--world",
+                                  std::to_string(world),
+                                  "--dim",
+                                  std::to_string(dim),
+                                  "--codec",
+                                  spec,
+                                  "--rounds",
+                                  std::to_string(rounds),
+                                  "--seed",
+                                  std::to_string(seed),
+                                  "--out",
                                   out.string()};
     a.insert(a.end(), extra.begin(), extra.end());
     return Proc::spawn(a);
@@ -106,7 +133,8 @@ TEST_P(Processes, ServerAndWorkersEqualTheInProcessReferenceBitForBit) {
   Job job{GetParam().spec, GetParam().world};
   Proc server = job.server();
   const std::string endpoint = server.line(10s);
-  ASSERT_EQ(endpoint.rfind("tcp://127.0.0.1:", 0), 0u) << "server did not start: '" << endpoint << "'";
+  ASSERT_EQ(endpoint.rfind("tcp://127.0.0.1:", 0), 0u)
+      << "server did not start: '" << endpoint << "'";
   std::vector<Proc> ws;
   for (uint32_t r = 0; r < job.world; ++r)
     ws.push_back(job.worker(endpoint, r, scratch("w" + std::to_string(r))));
@@ -120,18 +148,19 @@ TEST_P(Processes, ServerAndWorkersEqualTheInProcessReferenceBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Codecs, Processes,
-    ::testing::Values(Case{"sketch:k=40,cols=400,p2=2", 1}, Case{"sketch:k=40,cols=400,p2=2", 2},
-                      Case{"sketch:k=40,cols=400,p2=2", 4}, Case{"sketch:k=40,cols=400", 4},
-                      Case{"topk:k=40", 4}, Case{"dense", 2}, Case{"terngrad", 2},
-                      Case{"signsgd", 2}, Case{"signsgd:ef=1", 2}));
+INSTANTIATE_TEST_SUITE_P(Codecs, Processes,
+                         ::testing::Values(Case{"sketch:k=40,cols=400,p2=2", 1},
+                                           Case{"sketch:k=40,cols=400,p2=2", 2},
+                                           Case{"sketch:k=40,cols=400,p2=2", 4},
+                                           Case{"sketch:k=40,cols=400", 4}, Case{"topk:k=40", 4},
+                                           Case{"dense", 2}, Case{"terngrad", 2},
+                                           Case{"signsgd", 2}, Case{"signsgd:ef=1", 2}));
 
 TEST(ProcessFaults, KilledWorkerIsOutvotedByQuorumThenRestartsAndRejoins) {
   Job job{"sketch:k=40,cols=400", 3};
   job.rounds = 12;
-  job.server_extra = {"--policy", "quorum", "--min-workers", "2", "--heartbeat-ms", "100",
-                      "--deadline-ms", "5000"};
+  job.server_extra = {"--policy",       "quorum", "--min-workers", "2",
+                      "--heartbeat-ms", "100",    "--deadline-ms", "5000"};
   const auto metrics = scratch("kill-worker.jsonl");
   const auto ckpt = scratch("kill-worker.ckpt");
   fs::remove(metrics);
@@ -252,7 +281,8 @@ TEST(ProcessFaults, GarbageFloodLeavesServerMemoryBoundedAndServing) {
   }
   std::this_thread::sleep_for(500ms);
   const long after = rss_kib(server.pid());
-  EXPECT_LT(after - before, 64 * 1024) << "server grew from " << before << " to " << after << " KiB";
+  EXPECT_LT(after - before, 64 * 1024)
+      << "server grew from " << before << " to " << after << " KiB";
   // And it still trains a real worker.
   Proc w = job.worker(endpoint, 0, scratch("flood0"));
   EXPECT_EQ(w.wait(30s), 0);

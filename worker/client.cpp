@@ -41,7 +41,9 @@ struct Client::Link {
     thread.join();
   }
 
-  std::string wake_addr() const { return "inproc://sketchsgd-client-" + std::to_string(uintptr_t(this)); }
+  std::string wake_addr() const {
+    return "inproc://sketchsgd-client-" + std::to_string(uintptr_t(this));
+  }
 
   /// Caller's thread.
   void post(Frames f) {
@@ -93,7 +95,12 @@ struct Client::Link {
       const Millis hb(hb_ms.load());
       zmq::pollitem_t items[] = {{dealer->handle(), 0, ZMQ_POLLIN, 0},
                                  {wake_rx.handle(), 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2, std::max(Millis(5), hb / 4));
+      try {
+        zmq::poll(items, 2, std::max(Millis(5), hb / 4));
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) throw;
+        continue;  // interrupted by a signal of the host program
+      }
       if (items[1].revents & ZMQ_POLLIN) {
         zmq::message_t m;
         while (wake_rx.recv(m, zmq::recv_flags::dontwait)) {
@@ -145,6 +152,13 @@ struct Client::Link {
         deliver(Event{true, {}, {}});
       }
     }
+    // What the caller queued last (its Bye) still goes out, within the socket's linger.
+    std::deque<Frames> out;
+    {
+      std::lock_guard lock(mu);
+      out.swap(outbox);
+    }
+    for (auto& f : out) (void)send(*dealer, nullptr, f);
     dealer->close();
   }
 
@@ -195,7 +209,7 @@ Client::Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
     auto log = std::make_shared<Log>("worker " + std::to_string(opts_.rank), false);
     opts_.log = [log](const std::string& s) { (*log)(s); };
   }
-  uint64_t max_frame = codec_->dim() * 4;
+  uint64_t max_frame = std::max<uint64_t>(codec_->dim() * 4, kMaxText + 64);  // model, refusal
   for (auto k : {MessageKind::Query, MessageKind::Update})
     max_frame = std::max(max_frame, codec_->max_payload(k) + kHeaderBytes);
   link_ = std::make_unique<Link>(opts_, max_frame + 64, opts_.log);
@@ -241,17 +255,21 @@ bool Client::handle_control(const Event& e) {
       registered_ = true;
       link_->hb_ms = w.heartbeat_ms;
       staleness_ = w.staleness;
-      if (!w.has_model && opts_.rank == 0)
+      if (!w.has_model && opts_.rank == 0) {
+        // A server restarted without a checkpoint starts again from rank 0's current model.
+        const std::vector<float>& p = init_.empty() ? params_ : init_;
         link_->post({env_frame(Type::Init, opts_, round_),
-                     Frame::own(Bytes(reinterpret_cast<const uint8_t*>(init_.data()),
-                                      reinterpret_cast<const uint8_t*>(init_.data() + init_.size())))});
+                     Frame::own(Bytes(reinterpret_cast<const uint8_t*>(p.data()),
+                                      reinterpret_cast<const uint8_t*>(p.data() + p.size())))});
+      }
       link_->post({env_frame(Type::Pull, opts_, round_)});
       return true;
     }
     case Type::Refuse: {
       const RefuseInfo r = decode_refuse(e.frames[1].bytes());
       if (!r.retry)
-        throw ConfigMismatch("worker " + std::to_string(opts_.rank) + ": server refused: " + r.reason);
+        throw ConfigMismatch("worker " + std::to_string(opts_.rank) +
+                             ": server refused: " + r.reason);
       if (r.refused == Type::Hello) {
         opts_.log("registration refused for now: " + r.reason);
         std::this_thread::sleep_for(Millis(std::min<int64_t>(link_->hb_ms.load(), 500)));
@@ -280,7 +298,8 @@ bool Client::handle_control(const Event& e) {
       init_.shrink_to_fit();
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -335,6 +354,12 @@ bool Client::settle(const Event& e, StepResult& res) {
       }
     return false;
   }
+  if (e.env.round > round_ && (e.env.type == Type::Update || e.env.type == Type::Abort)) {
+    // An outcome of a later round: ours was lost on the way. Catch up through the model.
+    opts_.log("missed the outcome of round " + std::to_string(round_) + ": pulling the model");
+    link_->post({env_frame(Type::Pull, opts_, round_)});
+    return false;
+  }
   if (e.env.round != round_) return false;  // a duplicate of an earlier round's outcome
   switch (e.env.type) {
     case Type::Query: {
@@ -356,7 +381,8 @@ bool Client::settle(const Event& e, StepResult& res) {
       break;
     }
     case Type::Abort:
-      opts_.log("round " + std::to_string(round_) + " aborted: " + decode_text(e.frames[1].bytes()));
+      opts_.log("round " + std::to_string(round_) +
+                " aborted: " + decode_text(e.frames[1].bytes()));
       res.outcome = StepResult::Outcome::Aborted;
       break;
     default:

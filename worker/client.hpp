@@ -48,12 +48,13 @@ struct StepResult {
     Pending,   ///< bounded staleness: pushed, no update arrived yet (params() may lag)
   };
   Outcome outcome = Outcome::Pending;  ///< of the last round settled during this call
-  uint64_t round = 0;  ///< the round this step pushed
+  uint64_t round = 0;                  ///< the round this step pushed
   float lr = 0;
   uint32_t contributors = 0;
   uint64_t bytes_up = 0;    ///< gradient (+ answer) bytes sent
   uint64_t bytes_down = 0;  ///< update (+ query) bytes received
-  std::chrono::steady_clock::time_point pushed_at{};  ///< when the encoded push was handed to the socket
+  std::chrono::steady_clock::time_point
+      pushed_at{};  ///< when the encoded push was handed to the socket
 };
 
 class Client {
@@ -69,7 +70,8 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   /// Pushes this gradient (length dim, finite) for the next round, then applies updates until at
-  /// most `staleness` pushes are unanswered (the server's setting; 0: wait for this round's update).
+  /// most `staleness` pushes are unanswered (the server's setting; 0: wait for this round's
+  /// update).
   StepResult step(std::span<const float> grad);
 
   /// Waits for the outcome of every unanswered push (the end of training with staleness > 0).
