@@ -18,10 +18,10 @@ import time
 CONFIGS = [
     ("dense", "dense:momentum=0.9", 0.01),
     ("sketch", "sketch:rows=5,cols=25000,k=10000,momentum=0.5", 0.005),  # no second round
-    ("sketch-p2", "sketch:rows=1,cols=100000,k=20000,p2=1,momentum=0.9", 0.01),  # the demo's default
+    ("sketch-p2", "sketch:rows=1,cols=100000,k=20000,p2=1,momentum=0.9", 0.01),
     ("sketch-p2-r5", "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9", 0.01),
     ("sketch-p2-7x", "sketch:rows=1,cols=300000,k=60000,p2=1,momentum=0.9", 0.01),
-    ("fetchsgd", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1", 0.01),
+    ("fetchsgd", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1", 0.01),  # demo default
     ("topk", "topk:k=18000,momentum=0.9", 0.01),  # about the sketch's traffic
     ("terngrad", "terngrad:momentum=0.9", 0.01),
     ("signsgd", "signsgd:momentum=0.9", 0.0005),
@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated config names")
     ap.add_argument("--out", default="build/compare")
     ap.add_argument("--write-docs", action="store_true", help="write docs/RESULTS.md")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: rebuild the CSV, plots and table from the last runs in --out")
     args = ap.parse_args()
 
     only = set(filter(None, args.only.split(",")))
@@ -49,16 +51,21 @@ def main():
     rows, summaries = [], []
     for i, (name, spec, lr) in enumerate(configs):
         out = os.path.join(args.out, name)
-        print(f"[{i + 1}/{len(configs)}] {name}: {spec}, lr {lr}", flush=True)
+        summary = os.path.join(out, "summary.json")
         t0 = time.time()
-        cmd = [args.binary, "--codec", spec, "--lr", str(lr), "--epochs", str(args.epochs),
-               "--workers", str(args.workers), "--model", args.model, "--subset", str(args.subset),
-               "--out", out]
-        if subprocess.run(cmd).returncode != 0:
-            print(f"  {name} FAILED (diverged or crashed); left out of the table", flush=True)
+        if not args.report_only:
+            print(f"[{i + 1}/{len(configs)}] {name}: {spec}, lr {lr}", flush=True)
+            if os.path.exists(summary):
+                os.remove(summary)
+            cmd = [args.binary, "--codec", spec, "--lr", str(lr), "--epochs", str(args.epochs),
+                   "--workers", str(args.workers), "--model", args.model, "--subset", str(args.subset),
+                   "--out", out]
+            subprocess.run(cmd)
+        s = json.load(open(summary)) if os.path.exists(summary) else None
+        if s is None or s.get("codec") != spec:
+            print(f"  {name}: no result (the run failed: diverged or crashed)", flush=True)
+            summaries.append({"name": name, "codec": spec, "lr": lr, "failed": True})
             continue
-        with open(os.path.join(out, "summary.json")) as f:
-            s = json.load(f)
         s["name"], s["lr"] = name, lr
         summaries.append(s)
         with open(os.path.join(out, "results.csv")) as f:
@@ -109,14 +116,32 @@ def plot(rows, out):
 
 
 def markdown(summaries, args):
-    dense = next((s for s in summaries if s["name"] == "dense"), None)
+    dense = next((s for s in summaries if s["name"] == "dense" and not s.get("failed")), None)
     lines = ["| codec | spec | lr | test accuracy | vs dense (pp) | traffic (MB) | less than dense | wall (s) |",
              "|---|---|---|---|---|---|---|---|"]
     for s in summaries:
+        if s.get("failed"):
+            lines.append(f"| {s['name']} | `{s['codec']}` | {s['lr']} | **failed: training diverged (NaN)** | | | | |")
+            continue
         gap = f"{100 * (s['test_acc'] - dense['test_acc']):+.2f}" if dense else "n/a"
         lines.append(f"| {s['name']} | `{s['codec']}` | {s['lr']} | {100 * s['test_acc']:.2f}% | {gap} | "
                      f"{(s['bytes_up'] + s['bytes_down']) / 1e6:.0f} | {s['traffic_ratio']:.1f}x | {s['wall_s']:.0f} |")
     return "\n".join(lines)
+
+
+NOTES = """Reading the table:
+- `sketch` applies the server's *estimates* of the top-k coordinates and every worker zeroes its
+  error there, so estimation errors are applied and then forgotten; at this traffic it diverges.
+  With a second round (`p2`) the update carries the exact sums of the candidates instead.
+- With the budget spent on one wide row (r = 1, c = 100,000) the candidates are found better than
+  with five narrow rows (r = 5, c = 20,000) at the same bytes: compare `sketch-p2` and `sketch-p2-r5`.
+- `fetchsgd` (the sketch codec with `fetch=1`: momentum and error kept as sketches on the server,
+  workers stateless) is the demo's default: the most accurate of the 20x codecs here, and the fastest
+  (one round trip per step, no worker state).
+- `topk` is local top-k with error feedback at about the sketch's traffic; its downlink carries the
+  union of the W workers' selections.
+
+"""
 
 
 def write_docs(table, args):
@@ -131,6 +156,7 @@ def write_docs(table, args):
         f.write("Reproduce: `/usr/bin/python3 scripts/compare_codecs.py --write-docs` "
                 "(after `bash scripts/demo.sh` has built the demo).\n\n")
         f.write(table + "\n\n")
+        f.write(NOTES)
         f.write("![accuracy vs epoch](images/accuracy_vs_epoch.png)\n\n")
         f.write("![accuracy vs traffic](images/accuracy_vs_bytes.png)\n")
     os.makedirs("docs/images", exist_ok=True)
