@@ -15,7 +15,7 @@ filter='.*'
 out=build/bench
 mkdir -p "$out"
 echo "== build (preset default)"
-cmake --preset default -DSKETCHSGD_TESTS=OFF >/dev/null
+cmake --preset default -DSKETCHSGD_TESTS=ON >/dev/null
 cmake --build --preset default -j "$(nproc)"
 
 echo "== microbenchmarks -> $out/bench.json"

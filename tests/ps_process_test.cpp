@@ -243,6 +243,31 @@ TEST(ProcessFaults, KilledServerResumesFromItsCheckpointAndWorkersResync) {
         << lines[i];
 }
 
+TEST(ProcessCli, BadFlagsExitWithAReasonNotACrash) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--dim", "0"},
+      {"--dim", "100", "--world", "0"},
+      {"--dim", "100", "--codec", "nonsense"},
+      {"--dim", "100", "--policy", "sometimes"},
+      {"--dim", "100", "--lr", "nan"},
+      {"--dim", "-5"},
+      {"--dim", "100", "--bogus"},
+      {"--dim", "100", "--bind", "tcp://256.1.1.1:1"},
+      {"--dim", "100", "--curve-secret-file", "/nonexistent"},
+  };
+  for (const auto& args : bad) {
+    std::vector<std::string> a = {SKETCHSGD_SERVER_BIN, "--quiet"};
+    a.insert(a.end(), args.begin(), args.end());
+    Proc p = Proc::spawn(a);
+    std::string joined;
+    for (const auto& x : args) joined += x + " ";
+    EXPECT_EQ(p.wait(10s), 2) << joined;
+  }
+  Proc help = Proc::spawn({SKETCHSGD_SERVER_BIN, "--help"});
+  EXPECT_EQ(help.line(5s).rfind("sketchsgd-server:", 0), 0u);
+  EXPECT_EQ(help.wait(10s), 0);
+}
+
 long rss_kib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   for (std::string l; std::getline(in, l);)

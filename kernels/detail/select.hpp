@@ -30,7 +30,8 @@ inline constexpr size_t kSelectBlock = 2048;
 template <class Fill>
 void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float* out_val) {
   if (k == 0 || n == 0) return;
-  const int threads = int(std::clamp<size_t>(n / (16 * kSelectBlock), 1, size_t(omp_get_max_threads())));
+  const int threads =
+      int(std::clamp<size_t>(n / (16 * kSelectBlock), 1, size_t(omp_get_max_threads())));
   std::vector<std::vector<Candidate>> kept(threads);
   const size_t cap = 2 * k + kSelectBlock;
 
