@@ -156,6 +156,20 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Processes,
                                            Case{"dense", 2}, Case{"terngrad", 2},
                                            Case{"signsgd", 2}, Case{"signsgd:ef=1", 2}));
 
+/// The server's last checkpoint is at the job's final round and every worker (parameters written
+/// to scratch(prefix + rank)) holds exactly its model.
+void expect_final_model_everywhere(const fs::path& ckpt, const Job& job, const std::string& prefix,
+                                   uint32_t workers) {
+  const auto c = load_checkpoint(ckpt.string());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->round, job.rounds);
+  for (uint32_t r = 0; r < workers; ++r) {
+    const auto p = read_params(scratch(prefix + std::to_string(r)), job.dim);
+    ASSERT_EQ(p.size(), job.dim);
+    EXPECT_EQ(std::memcmp(p.data(), c->params.data(), job.dim * 4), 0) << "rank " << r;
+  }
+}
+
 TEST(ProcessFaults, KilledWorkerIsOutvotedByQuorumThenRestartsAndRejoins) {
   Job job{"sketch:k=40,cols=400", 3};
   job.rounds = 12;
@@ -178,14 +192,7 @@ TEST(ProcessFaults, KilledWorkerIsOutvotedByQuorumThenRestartsAndRejoins) {
   ASSERT_EQ(back.wait(60s), 0);
   ASSERT_EQ(server.wait(20s), 0);
 
-  const auto c = load_checkpoint(ckpt.string());
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->round, job.rounds);
-  for (uint32_t r = 0; r < 3; ++r) {
-    const auto p = read_params(scratch("k" + std::to_string(r)), job.dim);
-    ASSERT_EQ(p.size(), job.dim);
-    EXPECT_EQ(std::memcmp(p.data(), c->params.data(), job.dim * 4), 0) << "rank " << r;
-  }
+  expect_final_model_everywhere(ckpt, job, "k", 3);
   // Some round closed by quorum without rank 2, and every round ran exactly once.
   const auto lines = lines_of(metrics);
   ASSERT_EQ(lines.size(), job.rounds);
@@ -226,14 +233,7 @@ TEST(ProcessFaults, KilledServerResumesFromItsCheckpointAndWorkersResync) {
   for (auto& w : ws) ASSERT_EQ(w.wait(60s), 0);
   ASSERT_EQ(again.wait(20s), 0);
 
-  const auto final_ckpt = load_checkpoint(ckpt.string());
-  ASSERT_TRUE(final_ckpt);
-  EXPECT_EQ(final_ckpt->round, job.rounds);
-  for (uint32_t r = 0; r < 2; ++r) {
-    const auto p = read_params(scratch("s" + std::to_string(r)), job.dim);
-    ASSERT_EQ(p.size(), job.dim);
-    EXPECT_EQ(std::memcmp(p.data(), final_ckpt->params.data(), job.dim * 4), 0) << "rank " << r;
-  }
+  expect_final_model_everywhere(ckpt, job, "s", 2);
   // The second server's rounds start at the checkpoint's round and run once each.
   const auto lines = lines_of(metrics);
   ASSERT_EQ(lines.size(), before + (job.rounds - c->round));
