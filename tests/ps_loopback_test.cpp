@@ -149,6 +149,63 @@ TEST(LoopbackStaleness, FastWorkerRunsAheadBoundedAndAllEndEqual) {
   EXPECT_EQ(std::memcmp(final_params[0].data(), run.server.engine().model().data(), kDim * 4), 0);
 }
 
+TEST(LoopbackRestart, ServerRestartedWithoutCheckpointIsReinitialisedByRankZero) {
+  constexpr uint64_t kDim = 1000;
+  auto o = options("topk:k=20", 2, kDim, 0);
+  o.job.heartbeat = 100ms;
+  auto first = std::make_unique<Running>(o);
+  const std::string endpoint = first->server.endpoint();
+  const auto init = test::initial_params(kDim, 3);
+  std::atomic<int> phase{0};  // 1: both workers did 3 rounds; 2: the new server is up
+  std::vector<std::vector<float>> final_params(2);
+  std::vector<std::string> errors(2);
+  std::vector<int> resynced(2, 0);
+  std::vector<std::thread> ws;
+  std::atomic<int> ready{0};
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.emplace_back([&, r] {
+      try {
+        auto c = client_options(endpoint, r, 2);
+        c.heartbeat = 100ms;
+        Client client(c, make_compressor("topk:k=20", kDim),
+                      r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; t < 3; ++t)
+          client.step(test::synthetic_grad(client.params(), r, t, 9));
+        ++ready;
+        while (phase < 2) std::this_thread::sleep_for(5ms);
+        // The new server knows nothing: the next step ends in a resync to rank 0's model.
+        for (int n = 0; n < 20; ++n) {
+          const auto res = client.step(test::synthetic_grad(client.params(), r, client.round(), 9));
+          if (res.outcome == StepResult::Outcome::Resynced)
+            ++resynced[r];
+          else if (resynced[r] && client.round() >= 3)
+            break;
+        }
+        final_params[r].assign(client.params().begin(), client.params().end());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  while (ready < 2) std::this_thread::sleep_for(5ms);
+  const std::vector<float> before(first->server.engine().model().begin(),
+                                  first->server.engine().model().end());
+  first.reset();  // the server goes away (no checkpoint)
+  o.bind = endpoint;
+  o.job.max_rounds = 3;
+  Running second(o);
+  phase = 2;
+  for (auto& t : ws) t.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  EXPECT_EQ(resynced[0] + resynced[1], 2) << "each worker resynchronises once";
+  EXPECT_EQ(second.finish(), 3u);
+  // The new server started from rank 0's model as of the restart, then ran rounds 0..2 again.
+  const auto model = second.server.engine().model();
+  EXPECT_EQ(std::memcmp(final_params[0].data(), model.data(), kDim * 4), 0);
+  EXPECT_EQ(std::memcmp(final_params[1].data(), model.data(), kDim * 4), 0);
+  EXPECT_NE(std::memcmp(before.data(), model.data(), kDim * 4), 0);
+}
+
 TEST(LoopbackRefusal, MismatchedWorkerGetsTheServersReason) {
   Running run(options("sketch:k=20,cols=200", 2, 1000, 0));
   auto o = client_options(run.server.endpoint(), 1, 2);
