@@ -3,6 +3,7 @@
 // a raw client's malformed traffic is refused while the real workers keep training.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -217,6 +218,20 @@ TEST(LoopbackRefusal, MismatchedWorkerGetsTheServersReason) {
   }
   o.world = 3;
   EXPECT_THROW(Client(o, make_compressor("sketch:k=20,cols=200", 1000), {}), ConfigMismatch);
+}
+
+TEST(LoopbackRefusal, BadClientOptionsAreTypedErrors) {
+  const std::vector<float> init(10, 0.0f);
+  auto o = client_options("not-an-endpoint", 0, 1);
+  EXPECT_THROW(Client(o, make_compressor("dense", 10), init), InvalidArgument);
+  o = client_options("tcp://127.0.0.1:1", 2, 2);  // rank outside the world
+  EXPECT_THROW(Client(o, make_compressor("dense", 10), init), InvalidArgument);
+  o = client_options("tcp://127.0.0.1:1", 0, 1);
+  EXPECT_THROW(Client(o, make_compressor("dense", 10), std::vector<float>(9)), InvalidArgument);
+  std::vector<float> nan = init;
+  nan[3] = std::nanf("");
+  EXPECT_THROW(Client(o, make_compressor("dense", 10), nan), NonFiniteError);
+  EXPECT_THROW(Client(o, nullptr, init), InvalidArgument);
 }
 
 TEST(LoopbackRefusal, NoServerMeansATimeoutNotAHang) {

@@ -32,6 +32,13 @@ struct Client::Link {
     wake_rx.bind(wake_addr());
     wake_tx.set(zmq::sockopt::linger, 0);
     wake_tx.connect(wake_addr());
+    // The first socket is made here, so a bad endpoint is the caller's error, not a crash on the
+    // link thread (which takes the socket over; thread start orders the accesses).
+    try {
+      connect();
+    } catch (const zmq::error_t& e) {
+      throw InvalidArgument("client: cannot connect to '" + o.server + "': " + e.what());
+    }
     thread = std::thread([this] { loop(); });
   }
 
@@ -88,7 +95,6 @@ struct Client::Link {
   }
 
   void loop() {
-    connect();
     Millis backoff(100);
     auto last_send = Clock::time_point{};
     while (!stop) {
