@@ -62,23 +62,14 @@ struct Job {
   std::string bind = "tcp://127.0.0.1:*";
   std::vector<std::string> server_extra;
 
+  /// The flags server and workers must agree on.
+  std::vector<std::string> job_flags(std::string program) const {
+    return {std::move(program),  "--job",   "3",  "--world",  std::to_string(world), "--dim",
+            std::to_string(dim), "--codec", spec, "--rounds", std::to_string(rounds)};
+  }
   Proc server(const std::string& checkpoint = "", const std::string& metrics = "") const {
-    std::vector<std::string> a = {SKETCHSGD_SERVER_BIN,
-                                  "--bind",
-                                  bind,
-                                  "--job",
-                                  "3",
-                                  "--world",
-                                  std::to_string(world),
-                                  "--dim",
-                                  std::to_string(dim),
-                                  "--codec",
-                                  spec,
-                                  "--lr",
-                                  "0.2",
-                                  "--rounds",
-                                  std::to_string(rounds),
-                                  "--quiet"};
+    auto a = job_flags(SKETCHSGD_SERVER_BIN);
+    a.insert(a.end(), {"--bind", bind, "--lr", "0.2", "--quiet"});
     if (!checkpoint.empty())
       a.insert(a.end(), {"--checkpoint", checkpoint, "--checkpoint-every", "2"});
     if (!metrics.empty()) a.insert(a.end(), {"--metrics", metrics});
@@ -87,25 +78,9 @@ struct Job {
   }
   Proc worker(const std::string& endpoint, uint32_t rank, const fs::path& out,
               std::vector<std::string> extra = {}) const {
-    std::vector<std::string> a = {SKETCHSGD_WORKER_BIN,
-                                  "--server",
-                                  endpoint,
-                                  "--job",
-                                  "3",
-                                  "--rank",
-                                  std::to_string(rank),
-                                  "--world",
-                                  std::to_string(world),
-                                  "--dim",
-                                  std::to_string(dim),
-                                  "--codec",
-                                  spec,
-                                  "--rounds",
-                                  std::to_string(rounds),
-                                  "--seed",
-                                  std::to_string(seed),
-                                  "--out",
-                                  out.string()};
+    auto a = job_flags(SKETCHSGD_WORKER_BIN);
+    a.insert(a.end(), {"--server", endpoint, "--rank", std::to_string(rank), "--seed",
+                       std::to_string(seed), "--out", out.string()});
     a.insert(a.end(), extra.begin(), extra.end());
     return Proc::spawn(a);
   }
