@@ -1,25 +1,381 @@
-// GPU tests: run where a CUDA device is present, skip with a visible reason elsewhere.
+// GPU kernels against the CPU kernels on fresh random inputs (the seed is printed with any
+// failure). They run where a CUDA device is present and skip with a visible reason elsewhere.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "../kernels/cuda.hpp"
+#include "../kernels/error.hpp"
+#include "helpers.hpp"
 
 namespace sketchsgd {
 namespace {
 
+namespace cu = kernels::cuda;
+namespace cpu = kernels::cpu;
+
+#define REQUIRE_GPU() \
+  if (cu::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+
+/// Device copy of a host vector; poisoned (0xFF bytes: NaN floats) when made from a size alone.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p_, 0xFF, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    EXPECT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  T* get() { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> v(n_);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (uint64_t(rd()) << 32) | rd();
+}
+
+std::vector<uint8_t> same_bits(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+#define EXPECT_BITS_EQ(a, b) EXPECT_TRUE(same_bits(a) == same_bits(b))
+
 TEST(Cuda, PrecomputedHashesMatchCpuBitForBit) {
-  if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-  kernels::SketchLayout s{1000003, 5, 500000, 12345, nullptr};
-  std::vector<uint32_t> cpu(s.rows * s.dim), gpu(s.rows * s.dim);
-  kernels::cpu::precompute_hashes(s, cpu.data());
-  uint32_t* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, gpu.size() * 4), cudaSuccess);
-  kernels::cuda::precompute_hashes(s, d);
-  ASSERT_EQ(cudaMemcpy(gpu.data(), d, gpu.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaFree(d);
-  EXPECT_EQ(cpu, gpu);
+  REQUIRE_GPU();
+  kernels::SketchLayout s{1000003, 5, 500000, fresh_seed(), nullptr};
+  SCOPED_TRACE(s.seed);
+  std::vector<uint32_t> cpu(s.rows * s.dim);
+  cpu::precompute_hashes(s, cpu.data());
+  Dev<uint32_t> d(cpu.size());
+  cu::precompute_hashes(s, d.get());
+  EXPECT_EQ(cpu, d.host());
+}
+
+/// Accumulates one random vector on both backends, in both hashing modes.
+TEST(Cuda, AccumulateMatchesCpuToRounding) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (bool packed : {false, true}) {
+    kernels::SketchLayout s{300007, 5, 20011, seed, nullptr};
+    std::vector<uint32_t> hashes;
+    Dev<uint32_t> dhash(packed ? s.rows * s.dim : 0);
+    kernels::SketchLayout sg = s;
+    if (packed) {
+      hashes.resize(s.rows * s.dim);
+      cpu::precompute_hashes(s, hashes.data());
+      s.packed = hashes.data();
+      cu::precompute_hashes(sg, dhash.get());
+      sg.packed = dhash.get();
+    }
+    const auto x = test::gaussian(200003, seed + 1);
+    std::vector<float> table(s.rows * s.cols, 0.0f);
+    // A slice at an offset with a scale: the per-layer path.
+    ASSERT_EQ(cpu::accumulate(s, table.data(), x.data(), x.size(), 99991, -0.75f), kernels::kNone);
+    Dev<float> dt(std::vector<float>(table.size(), 0.0f)), dx(x);
+    Dev<unsigned long long> bad(std::vector<unsigned long long>{~0ull});
+    cu::accumulate(sg, dt.get(), dx.get(), x.size(), 99991, -0.75f, bad.get());
+    const auto gpu = dt.host();
+    EXPECT_EQ(bad.host()[0], ~0ull);
+    double worst = 0.0;
+    size_t nonzero = 0;
+    for (size_t i = 0; i < table.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(gpu[i] - table[i])));
+      nonzero += table[i] != 0.0f;
+    }
+    EXPECT_LT(worst, 1e-4) << "packed=" << packed;
+    EXPECT_GT(nonzero, table.size() / 2);
+  }
+}
+
+TEST(Cuda, AccumulateSkipsAndReportsNonFinite) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  kernels::SketchLayout s{100000, 3, 5003, seed, nullptr};
+  auto x = test::gaussian(s.dim, seed);
+  x[77777] = std::nanf("");
+  x[1234] = INFINITY;
+  Dev<float> dt(std::vector<float>(s.rows * s.cols, 0.0f)), dx(x);
+  Dev<unsigned long long> bad(std::vector<unsigned long long>{~0ull});
+  cu::accumulate(s, dt.get(), dx.get(), x.size(), 0, 1.0f, bad.get());
+  EXPECT_EQ(bad.host()[0], 1234u);
+  x[77777] = x[1234] = 0.0f;  // skipped values add nothing
+  std::vector<float> table(s.rows * s.cols, 0.0f);
+  cpu::accumulate(s, table.data(), x.data(), x.size(), 0, 1.0f);
+  const auto gpu = dt.host();
+  for (size_t i = 0; i < table.size(); ++i) ASSERT_NEAR(gpu[i], table[i], 1e-4) << i;
+}
+
+/// Given the same table, estimates are bit-identical (same hashes, same median network).
+TEST(Cuda, EstimatesMatchCpuBitForBit) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (uint32_t rows : {1u, 3u, 4u, 5u, 7u}) {
+    kernels::SketchLayout s{250001, rows, 30011, seed + rows, nullptr};
+    const auto x = test::gaussian(s.dim, seed);
+    std::vector<float> table(rows * s.cols, 0.0f);
+    cpu::accumulate(s, table.data(), x.data(), x.size(), 0, 1.0f);
+    std::vector<float> all(s.dim);
+    cpu::estimate_all(s, table.data(), all.data());
+    Dev<float> dt(table), dall(s.dim);
+    cu::estimate_all(s, dt.get(), dall.get());
+    EXPECT_BITS_EQ(dall.host(), all) << "rows=" << rows;
+
+    std::vector<uint32_t> idx(5000);
+    std::mt19937 rng{uint32_t(seed)};
+    for (auto& j : idx) j = rng() % s.dim;
+    std::vector<float> some(idx.size());
+    cpu::estimate(s, table.data(), idx.data(), idx.size(), some.data());
+    Dev<uint32_t> didx(idx);
+    Dev<float> dsome(idx.size());
+    cu::estimate(s, dt.get(), didx.get(), idx.size(), dsome.get());
+    EXPECT_BITS_EQ(dsome.host(), some) << "rows=" << rows;
+  }
+}
+
+TEST(Cuda, EstimateTopkFindsPlantedHeavyHittersLikeCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  kernels::SketchLayout s{2000003, 5, 200003, seed, nullptr};
+  auto x = test::gaussian(s.dim, seed, 0.01f);
+  const auto heavy = test::plant(x, 1000, 5.0f, seed + 1);
+  std::vector<float> table(s.rows * s.cols, 0.0f);
+  cpu::accumulate(s, table.data(), x.data(), x.size(), 0, 1.0f);
+  cu::Workspace ws;
+  Dev<float> dt(table);
+  for (size_t k : {size_t(1), size_t(1000), size_t(20000)}) {
+    std::vector<uint32_t> ci(k);
+    std::vector<float> cv(k);
+    cpu::estimate_topk(s, table.data(), k, ci.data(), cv.data());
+    Dev<uint32_t> gi(k);
+    Dev<float> gv(k);
+    cu::estimate_topk(s, dt.get(), k, gi.get(), gv.get(), ws);
+    EXPECT_EQ(gi.host(), ci) << "k=" << k;
+    EXPECT_BITS_EQ(gv.host(), cv);
+    if (k == 1000) {
+      auto found = gi.host();
+      std::sort(found.begin(), found.end());
+      EXPECT_EQ(found, heavy);
+    }
+  }
+}
+
+/// The exact CPU result (set, order and values) for one input and k.
+void expect_topk_like_cpu(const std::vector<float>& x, size_t k, cu::Workspace& ws) {
+  std::vector<uint32_t> ci(k);
+  std::vector<float> cv(k);
+  cpu::topk(x.data(), x.size(), k, ci.data(), cv.data());
+  Dev<float> dx(x);
+  Dev<uint32_t> gi(k);
+  Dev<float> gv(k);
+  cu::topk(dx.get(), x.size(), k, gi.get(), gv.get(), ws);
+  EXPECT_EQ(gi.host(), ci) << "n=" << x.size() << " k=" << k;
+  EXPECT_BITS_EQ(gv.host(), cv);
+}
+
+TEST(Cuda, TopkMatchesCpuOnRandomData) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  cu::Workspace ws;
+  const auto x = test::gaussian(3000017, seed);
+  for (size_t k : {size_t(1), size_t(7), size_t(30000), size_t(300001)}) expect_topk_like_cpu(x, k, ws);
+  const auto small = test::gaussian(1000, seed + 1);
+  expect_topk_like_cpu(small, small.size(), ws);  // k = n
+  expect_topk_like_cpu(small, 999, ws);
+}
+
+/// Ties at the threshold resolve by smallest index, whether they fit the candidate buffer (few
+/// distinct values) or overflow it (a mostly zero vector, every value equal).
+TEST(Cuda, TopkBreaksTiesByIndexLikeCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  cu::Workspace ws;
+  std::vector<float> few(1 << 20);
+  for (auto& v : few) v = float(int(rng() % 33) - 16) * 0.25f;  // 33 distinct values
+  expect_topk_like_cpu(few, 100000, ws);
+  std::vector<float> sparse(1 << 21, 0.0f);
+  for (int i = 0; i < 1000; ++i) sparse[rng() % sparse.size()] = float(rng() % 1000 + 1);
+  expect_topk_like_cpu(sparse, 150000, ws);  // 149,000+ zeros picked by index
+  std::vector<float> equal(1 << 20, -2.5f);
+  expect_topk_like_cpu(equal, 12345, ws);
+}
+
+TEST(Cuda, SelectionRejectsKAboveN) {
+  REQUIRE_GPU();
+  cu::Workspace ws;
+  Dev<float> x(std::vector<float>(10, 1.0f));
+  Dev<uint32_t> i(11);
+  Dev<float> v(11);
+  EXPECT_THROW(cu::topk(x.get(), 10, 11, i.get(), v.get(), ws), InvalidArgument);
+}
+
+TEST(Cuda, FailedAllocationIsACudaError) {
+  REQUIRE_GPU();
+  cu::Workspace ws;
+  EXPECT_THROW(ws.get(size_t(1) << 52, nullptr), CudaError);
+  EXPECT_NE(ws.get(1024, nullptr), nullptr);  // the workspace still works afterwards
+}
+
+TEST(Cuda, ZeroBucketsAndL2MatchCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  kernels::SketchLayout s{500000, 5, 40009, seed, nullptr};
+  const auto x = test::gaussian(s.dim, seed);
+  std::vector<float> table(s.rows * s.cols, 0.0f);
+  cpu::accumulate(s, table.data(), x.data(), x.size(), 0, 1.0f);
+  Dev<float> dt(table);
+  cu::Workspace ws;
+  Dev<double> l2(1);
+  cu::l2_estimate(s, dt.get(), l2.get(), ws);
+  EXPECT_NEAR(l2.host()[0], cpu::l2_estimate(s, table.data()), 1e-5 * cpu::l2_estimate(s, table.data()));
+  std::vector<uint32_t> idx{0, 17, 4242, 499999};
+  cpu::zero_buckets(s, table.data(), idx.data(), idx.size());
+  Dev<uint32_t> didx(idx);
+  cu::zero_buckets(s, dt.get(), didx.get(), idx.size());
+  EXPECT_BITS_EQ(dt.host(), table);
+}
+
+TEST(Cuda, VectorKernelsMatchCpuBitForBit) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const size_t n = 1000037;
+  auto u = test::gaussian(n, seed), v = test::gaussian(n, seed + 1);
+  const auto g = test::gaussian(n, seed + 2);
+  Dev<float> du(u), dv(v), dg(g);
+  cpu::momentum_accumulate(u.data(), v.data(), g.data(), n, 0.9f);
+  cu::momentum_accumulate(du.get(), dv.get(), dg.get(), n, 0.9f);
+  EXPECT_BITS_EQ(du.host(), u);
+  EXPECT_BITS_EQ(dv.host(), v);
+  cpu::axpy(v.data(), g.data(), n, -0.125f);
+  cu::axpy(dv.get(), dg.get(), n, -0.125f);
+  cpu::scale(v.data(), n, 0.3f);
+  cu::scale(dv.get(), n, 0.3f);
+  EXPECT_BITS_EQ(dv.host(), v);
+
+  std::vector<uint32_t> idx(20000);
+  std::mt19937 rng{uint32_t(seed)};
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = uint32_t(i * 50 + rng() % 50);  // distinct
+  Dev<uint32_t> didx(idx);
+  std::vector<float> got(idx.size());
+  cpu::gather(v.data(), idx.data(), idx.size(), got.data());
+  Dev<float> dgot(idx.size());
+  cu::gather(dv.get(), didx.get(), idx.size(), dgot.get());
+  EXPECT_BITS_EQ(dgot.host(), got);
+  cpu::scatter_axpy(v.data(), idx.data(), got.data(), idx.size(), 2.5f);
+  cu::scatter_axpy(dv.get(), didx.get(), dgot.get(), idx.size(), 2.5f);
+  cpu::zero_at(u.data(), idx.data(), 100);
+  cu::zero_at(du.get(), didx.get(), 100);
+  cpu::scatter(u.data(), idx.data() + 100, got.data(), 100);
+  cu::scatter(du.get(), didx.get() + 100, dgot.get(), 100);
+  EXPECT_BITS_EQ(dv.host(), v);
+  EXPECT_BITS_EQ(du.host(), u);
+
+  auto bad = g;
+  bad[654321] = -INFINITY;
+  bad[700000] = std::nanf("");
+  Dev<float> dbad(bad);
+  Dev<unsigned long long> first(std::vector<unsigned long long>{~0ull});
+  cu::find_nonfinite(dbad.get(), n, first.get());
+  EXPECT_EQ(first.host()[0], 654321u);
+  EXPECT_EQ(cpu::find_nonfinite(bad.data(), n), 654321u);
+
+  const size_t chunk = 4099;
+  std::vector<kernels::ChunkStats> cs((n + chunk - 1) / chunk);
+  cpu::chunk_stats(g.data(), n, chunk, cs.data());
+  Dev<kernels::ChunkStats> dcs(cs.size());
+  cu::chunk_stats(dg.get(), n, chunk, dcs.get());
+  const auto gs = dcs.host();
+  for (size_t c = 0; c < cs.size(); ++c) {
+    ASSERT_EQ(gs[c].abs_max, cs[c].abs_max) << c;
+    ASSERT_NEAR(gs[c].abs_mean, cs[c].abs_mean, 1e-6f * cs[c].abs_mean) << c;
+    ASSERT_NEAR(gs[c].stddev, cs[c].stddev, 1e-6f * cs[c].stddev) << c;
+  }
+}
+
+TEST(Cuda, PackingMatchesCpuBitForBit) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (size_t n : {size_t(1), size_t(31), size_t(1000037)}) {
+    auto x = test::gaussian(n, seed + n);
+    for (size_t j = 0; j < n; j += 97) x[j] = 0.0f;  // ternary zero codes
+    Dev<float> dx(x);
+    const size_t nw = (n + 31) / 32, nb = (n + 3) / 4, chunk = 1000;
+    std::vector<uint32_t> words(nw);
+    cpu::pack_signs(x.data(), n, words.data());
+    Dev<uint32_t> dw(nw);
+    cu::pack_signs(dx.get(), n, dw.get());
+    EXPECT_EQ(dw.host(), words) << n;
+
+    std::vector<float> scales((n + chunk - 1) / chunk);
+    for (size_t c = 0; c < scales.size(); ++c) scales[c] = 0.5f + float(c % 7);
+    scales[0] = 0.0f;  // a zero scale codes everything as 0
+    Dev<float> ds(scales);
+    std::vector<float> out = test::gaussian(n, seed);
+    Dev<float> dout(out);
+    cpu::unpack_signs(words.data(), n, chunk, scales.data(), out.data(), true);
+    cu::unpack_signs(dw.get(), n, chunk, ds.get(), dout.get(), true);
+    EXPECT_BITS_EQ(dout.host(), out);
+    std::vector<uint32_t> neg(n, 3);
+    Dev<uint32_t> dneg(neg);
+    cpu::count_negative(words.data(), n, neg.data());
+    cu::count_negative(dw.get(), n, dneg.get());
+    EXPECT_EQ(dneg.host(), neg);
+
+    std::vector<uint8_t> codes(nb);
+    Dev<uint8_t> dc(nb);
+    cpu::ternarize(x.data(), n, chunk, scales.data(), seed, 42, codes.data());
+    cu::ternarize(dx.get(), n, chunk, ds.get(), seed, 42, dc.get());
+    EXPECT_EQ(dc.host(), codes) << n;
+    cpu::pack_ternary(x.data(), n, codes.data());
+    cu::pack_ternary(dx.get(), n, dc.get());
+    EXPECT_EQ(dc.host(), codes) << n;
+
+    Dev<unsigned long long> bad(std::vector<unsigned long long>{~0ull});
+    ASSERT_EQ(cpu::unpack_ternary(codes.data(), n, chunk, scales.data(), 0.25f, out.data(), true),
+              kernels::kNone);
+    cu::unpack_ternary(dc.get(), n, chunk, ds.get(), 0.25f, dout.get(), true, bad.get());
+    EXPECT_EQ(bad.host()[0], ~0ull);
+    EXPECT_BITS_EQ(dout.host(), out);
+
+    // An invalid code: nothing is written, the position is reported.
+    auto corrupt = codes;
+    corrupt[nb / 2] |= 0x3u;
+    Dev<uint8_t> dcor(corrupt);
+    const auto before = dout.host();
+    cu::unpack_ternary(dcor.get(), n, chunk, ds.get(), 1.0f, dout.get(), false, bad.get());
+    EXPECT_EQ(bad.host()[0], nb / 2 * 4);
+    EXPECT_BITS_EQ(dout.host(), before);
+  }
 }
 
 }  // namespace

@@ -1,18 +1,10 @@
-// Device discovery and the hash precompute kernel (the same hash.hpp code as the CPU path).
+// Device discovery and the reusable workspace of the CUDA backend.
 #include "../cuda.hpp"
-#include "../hash.hpp"
+#include <algorithm>
+
 #include "check.cuh"
 
 namespace sketchsgd::kernels::cuda {
-namespace {
-
-__global__ void precompute_kernel(hash::RowHash h, uint64_t dim, uint32_t cols, uint32_t* out) {
-  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < dim;
-       j += uint64_t(gridDim.x) * blockDim.x)
-    out[j] = hash::locate(h, uint32_t(j), cols);
-}
-
-}  // namespace
 
 int device_count() {
   int n = 0;
@@ -24,15 +16,28 @@ int device_count() {
   return n;
 }
 
-void precompute_hashes(const SketchLayout& s, uint32_t* packed) {
-  const int threads = 256;
-  const unsigned blocks = unsigned(std::min<uint64_t>((s.dim + threads - 1) / threads, 65535));
-  for (uint32_t row = 0; row < s.rows; ++row) {
-    precompute_kernel<<<blocks, threads>>>(hash::row_hash(s.seed, row), s.dim, s.cols,
-                                           packed + uint64_t(row) * s.dim);
-    SKETCHSGD_CUDA_CHECK(cudaGetLastError());
-  }
-  SKETCHSGD_CUDA_CHECK(cudaDeviceSynchronize());
+Workspace::~Workspace() {
+  // Destructors must not throw; a failing free at teardown leaves nothing to recover.
+  if (ptr_) (void)cudaFree(ptr_);
+  if (host_) (void)cudaFreeHost(host_);
+}
+
+void* Workspace::get(size_t bytes, Stream stream) {
+  if (bytes <= size_) return ptr_;
+  // Grow by at least half so a slowly rising request does not reallocate every call. The old
+  // block may still be read by queued work: free it in stream order.
+  const size_t grown = std::max(bytes, size_ + size_ / 2);
+  if (ptr_) SKETCHSGD_CUDA_CHECK(cudaFreeAsync(ptr_, stream));
+  ptr_ = nullptr;
+  size_ = 0;
+  SKETCHSGD_CUDA_CHECK(cudaMallocAsync(&ptr_, grown, stream));
+  size_ = grown;
+  return ptr_;
+}
+
+void* Workspace::host() {
+  if (!host_) SKETCHSGD_CUDA_CHECK(cudaMallocHost(&host_, 256));
+  return host_;
 }
 
 }  // namespace sketchsgd::kernels::cuda

@@ -1,0 +1,133 @@
+// CUDA kernels over dense and sparse float vectors: the fused momentum + error-feedback update,
+// axpy, chunk statistics, finiteness, gathers and scatters. Memory-bound grid-stride loops.
+#include <cub/block/block_reduce.cuh>
+
+#include "../cuda.hpp"
+#include "../hd.hpp"
+#include "launch.cuh"
+
+namespace sketchsgd::kernels::cuda {
+namespace {
+
+__global__ void find_nonfinite_kernel(const float* x, uint64_t n, unsigned long long* first) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride())
+    if (!is_finite(x[i])) atomicMin(first, (unsigned long long)i);
+}
+
+__global__ void axpy_kernel(float* y, const float* x, uint64_t n, float a) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[i] += a * x[i];
+}
+
+__global__ void scale_kernel(float* y, uint64_t n, float a) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[i] *= a;
+}
+
+__global__ void momentum_kernel(float* u, float* v, const float* g, uint64_t n, float rho) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) {
+    const float m = rho * u[i] + g[i];
+    u[i] = m;
+    v[i] += m;
+  }
+}
+
+struct Moments {
+  double sum, sq, abs_sum;
+  float abs_max;
+};
+
+struct AddMoments {
+  __device__ Moments operator()(const Moments& a, const Moments& b) const {
+    return {a.sum + b.sum, a.sq + b.sq, a.abs_sum + b.abs_sum, fmaxf(a.abs_max, b.abs_max)};
+  }
+};
+
+/// One block per chunk: the same double accumulation and formulas as cpu::chunk_stats.
+__global__ void chunk_stats_kernel(const float* x, uint64_t n, uint64_t chunk, ChunkStats* out) {
+  using Reduce = cub::BlockReduce<Moments, kThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const uint64_t lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
+  Moments m{0.0, 0.0, 0.0, 0.0f};
+  for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const double v = x[i];
+    m.sum += v;
+    m.sq += v * v;
+    m.abs_sum += fabs(v);
+    m.abs_max = fmaxf(m.abs_max, fabsf(x[i]));
+  }
+  const Moments t = Reduce(temp).Reduce(m, AddMoments{});
+  if (threadIdx.x == 0) {
+    const double cnt = double(hi - lo), mean = t.sum / cnt;
+    out[blockIdx.x] = ChunkStats{t.abs_max, float(t.abs_sum / cnt),
+                                 float(sqrt(fmax(0.0, t.sq / cnt - mean * mean)))};
+  }
+}
+
+__global__ void gather_kernel(const float* x, const uint32_t* idx, uint64_t n, float* out) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) out[i] = x[idx[i]];
+}
+
+__global__ void scatter_kernel(float* y, const uint32_t* idx, const float* val, uint64_t n) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[idx[i]] = val ? val[i] : 0.0f;
+}
+
+__global__ void scatter_axpy_kernel(float* y, const uint32_t* idx, const float* val, uint64_t n, float a) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[idx[i]] += a * val[i];
+}
+
+}  // namespace
+
+void find_nonfinite(const float* x, size_t n, unsigned long long* first, Stream stream) {
+  if (n == 0) return;
+  find_nonfinite_kernel<<<grid_for(n, 8), kThreads, 0, stream>>>(x, n, first);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void axpy(float* y, const float* x, size_t n, float a, Stream stream) {
+  if (n == 0) return;
+  axpy_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(y, x, n, a);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void scale(float* y, size_t n, float a, Stream stream) {
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(y, n, a);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho, Stream stream) {
+  if (n == 0) return;
+  momentum_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(u, v, g, n, rho);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out, Stream stream) {
+  if (n == 0) return;
+  const uint64_t chunks = (n + chunk - 1) / chunk;
+  SKETCHSGD_REQUIRE(chunks < (1u << 31), InvalidArgument, "chunk_stats: too many chunks");
+  chunk_stats_kernel<<<unsigned(chunks), kThreads, 0, stream>>>(x, n, chunk, out);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void gather(const float* x, const uint32_t* idx, size_t n, float* out, Stream stream) {
+  if (n == 0) return;
+  gather_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, idx, n, out);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void scatter(float* y, const uint32_t* idx, const float* val, size_t n, Stream stream) {
+  if (n == 0) return;
+  scatter_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, idx, val, n);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void zero_at(float* y, const uint32_t* idx, size_t n, Stream stream) {
+  scatter(y, idx, nullptr, n, stream);
+}
+
+void scatter_axpy(float* y, const uint32_t* idx, const float* val, size_t n, float a, Stream stream) {
+  if (n == 0) return;
+  scatter_axpy_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, idx, val, n, a);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+}  // namespace sketchsgd::kernels::cuda

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""GPU side-by-side: times the PyTorch baselines on this GPU and prints them next to
+sketchsgd's Google Benchmark results (one JSON from sketchsgd_bench_gpu), with the targets of
+issue 3. Run by scripts/gpu_check.sh; needs PyTorch with CUDA.
+
+    python3 scripts/gpu_report.py --bench gpu.json [--markdown table.md]
+
+Baselines (CUDA events, median of several runs after warm-up):
+  copy      x.clone() of the same size: the bandwidth ceiling
+  topk      torch.topk(x.abs(), k)
+  compress  the reference count-sketch method (CSVec): momentum + error feedback, then per row
+            torch.bincount over precomputed int64 buckets with float signs as weights
+  unsketch  table[r][buckets[r]] * signs[r] for all r (an r x d tensor), torch.median over rows,
+            torch.topk of the absolute values
+"""
+import argparse, json, statistics, sys
+
+import torch
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def time_ms(fn, reps=10, warm=2):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def gradient(d, seed=42):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(d, device="cuda", generator=g)
+    x[::997] *= 50.0  # the same heavy tail as bench_gpu.cpp
+    return x
+
+
+def torch_baselines(D, C, R, K):
+    res = {}
+    x = gradient(D)
+    res["copy"] = time_ms(lambda: x.clone())
+    x100 = gradient(100_000_000)
+    res["copy_1e8"] = time_ms(lambda: x100.clone())
+    res["topk_1e8_1e6"] = time_ms(lambda: torch.topk(x100.abs(), 1_000_000))
+    res["topk_1e8_1e3"] = time_ms(lambda: torch.topk(x100.abs(), 1000))
+    res["topk_D_1e6"] = time_ms(lambda: torch.topk(x.abs(), K))
+    del x100
+    log("torch: copy and topk done")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for rows in (R, 1):
+        buckets = torch.randint(0, C, (rows, D), device="cuda", generator=gen, dtype=torch.int64)
+        signs = (torch.randint(0, 2, (rows, D), device="cuda", generator=gen).float() * 2 - 1)
+        u = torch.zeros(D, device="cuda")
+        v = torch.zeros(D, device="cuda")
+        table = torch.zeros(rows, C, device="cuda")
+
+        def compress():
+            u.mul_(0.9).add_(x)
+            v.add_(u)
+            table.zero_()
+            for r in range(rows):
+                table[r] += torch.bincount(buckets[r], weights=signs[r] * v, minlength=C)
+
+        def unsketch():
+            vals = torch.stack([table[r][buckets[r]] * signs[r] for r in range(rows)])
+            est = vals.median(dim=0).values if rows > 1 else vals[0]
+            return torch.topk(est.abs(), K)
+
+        res[f"compress_r{rows}"] = time_ms(compress, reps=5)
+        res[f"unsketch_r{rows}"] = time_ms(unsketch, reps=5)
+        del buckets, signs, u, v, table
+        torch.cuda.empty_cache()
+        log(f"torch: reference sketch r={rows} done")
+    return res
+
+
+def ours(path):
+    with open(path) as f:
+        data = json.load(f)
+    out = {}
+    for b in data["benchmarks"]:
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        name = b["run_name"] if "run_name" in b else b["name"]
+        unit = {"ms": 1.0, "us": 1e-3, "ns": 1e-6}[b["time_unit"]]
+        out[name] = (b["real_time"] * unit, b.get("bytes_per_second"))
+    return out, data.get("context", {})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", required=True, help="sketchsgd_bench_gpu JSON output")
+    ap.add_argument("--markdown", help="also write the table here")
+    a = ap.parse_args()
+    D, C, R, K = 1 << 27, 1 << 20, 5, 1_000_000
+    mine, ctx = ours(a.bench)
+    t = torch_baselines(D, C, R, K)
+    gpu = torch.cuda.get_device_name()
+
+    def m(name):
+        for key, v in mine.items():
+            if key.startswith(name):
+                return v
+        raise KeyError(name)
+
+    copy_ms, copy_bw = m(f"BM_CopyDeviceToDevice/{D}")
+    rows = []
+    def add(what, ours_ms, ref_ms, ref_name, target, ok):
+        rows.append((what, ours_ms, ref_ms, ref_name, target, "met" if ok else "MISSED"))
+
+    acc_ms, acc_bw = m(f"BM_Accumulate/{D}/5/{C}/0")
+    add("accumulate d=2^27 r=5 c=2^20 (hashes on the fly)", acc_ms, copy_ms, "D2D copy (ours)",
+        f">= 50% of copy bw: {acc_bw / copy_bw:.0%}", acc_bw >= 0.5 * copy_bw)
+    accp_ms, accp_bw = m(f"BM_Accumulate/{D}/5/{C}/1")
+    add("accumulate, precomputed hashes", accp_ms, copy_ms, "D2D copy (ours)",
+        f"(info) {accp_bw / copy_bw:.0%} of copy bw", True)
+    acc1_ms, acc1_bw = m(f"BM_Accumulate/{D}/1/{C}/0")
+    add("accumulate r=1", acc1_ms, copy_ms, "D2D copy (ours)", f"(info) {acc1_bw / copy_bw:.0%} of copy bw", True)
+    for name, ref, label in ((f"BM_Topk/100000000/1000000", "topk_1e8_1e6", "top-k d=1e8 k=1e6"),
+                             (f"BM_Topk/100000000/1000", "topk_1e8_1e3", "top-k d=1e8 k=1e3"),
+                             (f"BM_Topk/{D}/1000000", "topk_D_1e6", "top-k d=2^27 k=1e6")):
+        ms, _ = m(name)
+        add(label, ms, t[ref], "torch.topk(|x|)", f"not slower: {t[ref] / ms:.1f}x", ms <= t[ref])
+    for rows in (R, 1):
+        ms, _ = m(f"BM_Compress/{D}/{rows}/{C}") if rows == R else (None, None)
+        if ms is not None:
+            add(f"compress (EF + accumulate) r={rows}", ms, t[f"compress_r{rows}"], "torch CSVec method",
+                f">= 20x: {t[f'compress_r{rows}'] / ms:.1f}x", t[f"compress_r{rows}"] >= 20 * ms)
+        ms, _ = m(f"BM_UnsketchTopk/{D}/{rows}/{C}/{K}")
+        add(f"unsketch + top-k r={rows} k=1e6", ms, t[f"unsketch_r{rows}"], "torch CSVec method",
+            f">= 20x: {t[f'unsketch_r{rows}'] / ms:.1f}x", t[f"unsketch_r{rows}"] >= 20 * ms)
+    for name, label in (("BM_PackSigns", "sign packing"), ("BM_Ternarize", "TernGrad (Philox)"),
+                        ("BM_PackTernary", "ternary packing")):
+        ms, bw = m(f"{name}/{D}")
+        add(f"{label} d=2^27", ms, copy_ms, "D2D copy (ours)", f">= 80% of copy bw: {bw / copy_bw:.0%}",
+            bw >= 0.8 * copy_bw)
+
+    lines = [f"GPU: {gpu}; copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write, d=2^27 floats); "
+             f"torch {torch.__version__}",
+             "",
+             "| what | ours ms | baseline ms | baseline | target |",
+             "|---|---|---|---|---|"]
+    for what, o, r, rn, tg, ok in rows:
+        lines.append(f"| {what} | {o:.3f} | {r:.3f} | {rn} | {tg}: {ok} |")
+    text = "\n".join(lines)
+    print(text)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
