@@ -57,6 +57,20 @@ TEST(TopK, AdversarialIncreasingOrder) {
   for (size_t i = 0; i < kk; ++i) EXPECT_EQ(idx[i], n - 1 - i);
 }
 
+/// Every value equal: the whole selection is tie-breaking by index. A pruning that dropped the
+/// running k-th candidate itself once lost the last winner here (found by the GPU comparison).
+TEST(TopK, AllEqualMagnitudesPickSmallestIndices) {
+  for (size_t n : {size_t(1) << 20, size_t(100003)}) {
+    std::vector<float> x(n, -2.5f);
+    for (size_t i = 1; i < n; i += 2) x[i] = 2.5f;
+    const size_t kk = 12345;
+    std::vector<uint32_t> idx(kk);
+    std::vector<float> val(kk);
+    k::topk(x.data(), n, kk, idx.data(), val.data());
+    for (size_t i = 0; i < kk; ++i) ASSERT_EQ(idx[i], i) << "n=" << n;
+  }
+}
+
 TEST(Signs, PackUnpackExactWithPadding) {
   for (size_t n : {1u, 31u, 32u, 33u, 1000u, 65537u}) {
     auto x = test::gaussian(n, n);

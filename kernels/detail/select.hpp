@@ -59,10 +59,11 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
         used += keys[i] >= threshold;
       }
       if (used >= cap) {
-        // Ties with the threshold passed the cheap test; keep only those better than worst.
+        // Ties with the threshold passed the cheap test; drop those worse than worst (worst
+        // itself stays: it is one of the k kept last time).
         if (pruned)
           used = size_t(std::remove_if(buf.get(), buf.get() + used,
-                                       [&](const Candidate& c) { return !better(c, worst); }) -
+                                       [&](const Candidate& c) { return better(worst, c); }) -
                         buf.get());
         if (used >= cap) {
           std::nth_element(buf.get(), buf.get() + (k - 1), buf.get() + used, better);
