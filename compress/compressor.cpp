@@ -4,13 +4,15 @@
 
 #include "../kernels/cpu.hpp"
 #include "../kernels/error.hpp"
+#include "ops.hpp"
 
 namespace sketchsgd {
 
-Compressor::Compressor(CodecId id, uint64_t dim, std::string spec)
-    : id_(id), dim_(dim), spec_(std::move(spec)) {
+Compressor::Compressor(CodecId id, uint64_t dim, std::string spec, const Device& device)
+    : id_(id), dim_(dim), spec_(std::move(spec)), device_(device) {
   SKETCHSGD_REQUIRE(dim >= 1 && dim <= 0xFFFFFFFFull, InvalidArgument,
                     "compressor dim must be in [1, 2^32-1], got ", dim);
+  device_.activate();
 }
 
 double Compressor::compression_ratio() const {
@@ -45,9 +47,12 @@ Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t
                     grad.size(), " for a codec of dim ", dim_);
   SKETCHSGD_REQUIRE(sender != kServerRank, InvalidArgument, "encode: sender id ", sender,
                     " is reserved for the server");
-  const size_t bad = kernels::cpu::find_nonfinite(grad.data(), grad.size());
-  SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "encode: non-finite value ", grad[bad],
-                    " at coordinate ", bad);
+  const size_t bad = ops::find_nonfinite(device_, grad);
+  if (bad != kernels::kNone) {
+    float value = 0.0f;
+    detail::copy_bytes(&value, grad.data() + bad, sizeof(float), device_);
+    detail::raise<NonFiniteError>("encode: non-finite value ", value, " at coordinate ", bad);
+  }
   Message m = do_encode(grad, make_header(MessageKind::Gradient, round, sender));
   last_bytes_ = m.size();
   return m;
@@ -104,16 +109,16 @@ void Compressor::decode_step(std::span<const uint8_t> update, std::span<float> p
 }
 
 void Compressor::do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) {
-  scratch_.resize(dim_);
-  do_apply(r, h, scratch_);
-  kernels::cpu::axpy(params.data(), scratch_.data(), dim_, -lr);
+  if (scratch_.size() != dim_) scratch_ = Buffer<float>(dim_, device_);
+  do_apply(r, h, scratch_.span());
+  ops::axpy(device_, params, scratch_.span(), -lr);
 }
 
 void Compressor::do_decode_step(ByteReader& r, const Header& h, std::span<float> params,
                                 float lr) const {
-  scratch_.resize(dim_);
-  do_decode(r, h, scratch_);
-  kernels::cpu::axpy(params.data(), scratch_.data(), dim_, -lr);
+  if (scratch_.size() != dim_) scratch_ = Buffer<float>(dim_, device_);
+  do_decode(r, h, scratch_.span());
+  ops::axpy(device_, params, scratch_.span(), -lr);
 }
 
 Aggregator::Aggregator(const Compressor& codec, uint32_t world_size)

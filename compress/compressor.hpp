@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/device.hpp"
 #include "wire.hpp"
 
 namespace sketchsgd {
@@ -32,12 +33,15 @@ struct CodecInfo {
 
 class Compressor {
  public:
-  Compressor(CodecId id, uint64_t dim, std::string spec);
+  Compressor(CodecId id, uint64_t dim, std::string spec, const Device& device = Device::cpu());
   virtual ~Compressor() = default;
   Compressor(const Compressor&) = delete;
   Compressor& operator=(const Compressor&) = delete;
 
   CodecId id() const { return id_; }
+  /// Where gradients, steps and parameters passed to this codec live (device memory on a GPU).
+  /// Messages are always host bytes.
+  const Device& device() const { return device_; }
   uint64_t dim() const { return dim_; }
   /// The canonical spec with every option spelled out: make_compressor(spec(), dim()) rebuilds it.
   const std::string& spec() const { return spec_; }
@@ -101,8 +105,9 @@ class Compressor {
   CodecId id_;
   uint64_t dim_;
   std::string spec_;
+  Device device_;
   uint64_t last_bytes_ = 0;
-  mutable std::vector<float> scratch_;  // dense step of the default *_step paths
+  mutable Buffer<float> scratch_;  // dense step of the default *_step paths
 };
 
 /// Server side of one codec for a job of world_size workers. Messages of one phase must share a

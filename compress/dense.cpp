@@ -3,6 +3,7 @@
 #include "../kernels/cpu.hpp"
 #include "feedback.hpp"
 #include "mean_aggregator.hpp"
+#include "ops.hpp"
 #include "payload.hpp"
 #include "registry.hpp"
 
@@ -24,8 +25,9 @@ class DenseAggregator final : public MeanAggregator {
 
 class Dense final : public Compressor {
  public:
-  Dense(uint64_t dim, std::string spec, float momentum)
-      : Compressor(CodecId::Dense, dim, std::move(spec)), fb_(dim, momentum, false) {}
+  Dense(uint64_t dim, std::string spec, float momentum, const Device& device)
+      : Compressor(CodecId::Dense, dim, std::move(spec), device),
+        fb_(dim, momentum, false, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<DenseAggregator>(*this, world);
@@ -36,22 +38,25 @@ class Dense final : public Compressor {
 
  private:
   Message do_encode(std::span<const float> g, const Header& h) override {
-    const auto v = fb_.absorb(g);
+    const auto v = ops::to_host(device(), fb_.absorb(g), staging_);
     return Message::build(h, v.size_bytes(), [&](ByteWriter& w) { w.put_array(v); });
   }
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    read_dense_update(r, step);
+    read_dense_update(r, step, device());
   }
 
   Feedback fb_;
+  std::vector<float> staging_;  // host copy of a GPU vector for the wire
 };
 
 SKETCHSGD_REGISTER_CODEC(kDense, {"dense",
                                   "fp32 gradients, server returns the mean",
                                   {{"momentum", "local momentum rho", 0, 0, 0.999, false}},
-                                  [](const Options& o, uint64_t dim, std::string spec) {
+                                  [](const Options& o, uint64_t dim, std::string spec,
+                                     const Device& device) {
                                     return std::make_unique<Dense>(dim, std::move(spec),
-                                                                   float(o.number("momentum")));
+                                                                   float(o.number("momentum")),
+                                                                   device);
                                   }});
 
 }  // namespace

@@ -1,35 +1,35 @@
 #include "feedback.hpp"
 
-#include "../kernels/cpu.hpp"
+#include "ops.hpp"
 
 namespace sketchsgd {
 
-Feedback::Feedback(uint64_t dim, float momentum, bool error_feedback) : rho_(momentum) {
-  if (momentum > 0.0f) momentum_.assign(dim, 0.0f);
-  if (error_feedback) error_.assign(dim, 0.0f);
+Feedback::Feedback(uint64_t dim, float momentum, bool error_feedback, const Device& device)
+    : device_(device), rho_(momentum) {
+  if (momentum > 0.0f) momentum_ = Buffer<float>(dim, device);
+  if (error_feedback) error_ = Buffer<float>(dim, device);
 }
 
 std::span<const float> Feedback::absorb(std::span<const float> g) {
-  namespace k = kernels::cpu;
   if (!momentum_.empty() && !error_.empty()) {
-    k::momentum_accumulate(momentum_.data(), error_.data(), g.data(), g.size(), rho_);
-    return error_;
+    ops::momentum_accumulate(device_, momentum_.span(), error_.span(), g, rho_);
+    return error_.span();
   }
   if (!momentum_.empty()) {
-    k::scale(momentum_.data(), momentum_.size(), rho_);
-    k::axpy(momentum_.data(), g.data(), g.size(), 1.0f);
-    return momentum_;
+    ops::scale(device_, momentum_.span(), rho_);
+    ops::axpy(device_, momentum_.span(), g, 1.0f);
+    return momentum_.span();
   }
   if (!error_.empty()) {
-    k::axpy(error_.data(), g.data(), g.size(), 1.0f);
-    return error_;
+    ops::axpy(device_, error_.span(), g, 1.0f);
+    return error_.span();
   }
   return g;
 }
 
 void Feedback::mask(std::span<const uint32_t> indices) {
-  if (!momentum_.empty()) kernels::cpu::zero_at(momentum_.data(), indices.data(), indices.size());
-  if (!error_.empty()) kernels::cpu::zero_at(error_.data(), indices.data(), indices.size());
+  if (!momentum_.empty()) ops::zero_at(device_, momentum_.span(), indices);
+  if (!error_.empty()) ops::zero_at(device_, error_.span(), indices);
 }
 
 }  // namespace sketchsgd

@@ -27,10 +27,10 @@ void MeanAggregator::clear() {
   dirty_ = false;
 }
 
-void read_dense_update(ByteReader& r, std::span<float> step) {
+void read_dense_update(ByteReader& r, std::span<float> step, const Device& device) {
   const auto v = payload::read_floats(r, step.size(), "update value");
   r.expect_end();
-  std::copy(v.begin(), v.end(), step.begin());
+  detail::copy_bytes(step.data(), v.data(), v.size() * sizeof(float), device);
 }
 
 }  // namespace sketchsgd

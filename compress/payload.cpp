@@ -5,6 +5,7 @@
 
 #include "../kernels/cpu.hpp"
 #include "../kernels/error.hpp"
+#include "ops.hpp"
 
 namespace sketchsgd::payload {
 
@@ -35,18 +36,19 @@ Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count) {
   return s;
 }
 
-Sparse read_sparse_into(ByteReader& r, uint64_t max_count, std::span<float> step) {
+Sparse read_sparse_into(ByteReader& r, uint64_t max_count, std::span<float> step,
+                        const Device& device) {
   Sparse s = read_sparse(r, step.size(), max_count);
   r.expect_end();
-  std::fill(step.begin(), step.end(), 0.0f);
-  kernels::cpu::scatter(step.data(), s.indices.data(), s.values.data(), s.indices.size());
+  ops::write_sparse(device, step, s.indices, s.values);
   return s;
 }
 
-Sparse read_sparse_axpy(ByteReader& r, uint64_t max_count, std::span<float> params, float a) {
+Sparse read_sparse_axpy(ByteReader& r, uint64_t max_count, std::span<float> params, float a,
+                        const Device& device) {
   Sparse s = read_sparse(r, params.size(), max_count);
   r.expect_end();
-  kernels::cpu::scatter_axpy(params.data(), s.indices.data(), s.values.data(), s.indices.size(), a);
+  ops::add_sparse(device, params, s.indices, s.values, a);
   return s;
 }
 

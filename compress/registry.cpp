@@ -84,7 +84,8 @@ std::string Registry::describe() const {
   return os.str();
 }
 
-std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim) const {
+std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
+                                           const Device& device) const {
   spec = trim(spec);
   const size_t colon = spec.find(':');
   const std::string_view name = trim(spec.substr(0, colon));
@@ -134,11 +135,12 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim) 
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }
-  return e->build(opts, dim, opts.canonical(e->name, e->options));
+  return e->build(opts, dim, opts.canonical(e->name, e->options), device);
 }
 
-std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim) {
-  return Registry::instance().make(spec, dim);
+std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
+                                            const Device& device) {
+  return Registry::instance().make(spec, dim, device);
 }
 
 }  // namespace sketchsgd

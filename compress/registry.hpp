@@ -43,8 +43,11 @@ struct CodecEntry {
   std::string name;
   std::string summary;
   std::vector<OptionSpec> options;
-  /// dim is validated before; build gets the canonical spec to store.
-  std::function<std::unique_ptr<Compressor>(const Options&, uint64_t dim, std::string spec)> build;
+  /// dim is validated before; build gets the canonical spec to store. Codecs without a CUDA
+  /// implementation throw InvalidArgument for a GPU device.
+  std::function<std::unique_ptr<Compressor>(const Options&, uint64_t dim, std::string spec,
+                                            const Device& device)>
+      build;
 };
 
 class Registry {
@@ -53,7 +56,7 @@ class Registry {
   void add(CodecEntry entry);
   const CodecEntry* find(std::string_view name) const;
   std::vector<const CodecEntry*> entries() const;
-  std::unique_ptr<Compressor> make(std::string_view spec, uint64_t dim) const;
+  std::unique_ptr<Compressor> make(std::string_view spec, uint64_t dim, const Device& device) const;
   /// Human-readable list of codecs and their options (for errors and --help).
   std::string describe() const;
 
@@ -61,8 +64,10 @@ class Registry {
   std::map<std::string, CodecEntry, std::less<>> entries_;
 };
 
-/// Builds a codec for vectors of length dim from a spec string.
-std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim);
+/// Builds a codec for vectors of length dim from a spec string, on a device (gradients, steps and
+/// parameters then live there).
+std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
+                                            const Device& device = Device::cpu());
 
 struct CodecRegistrar {
   explicit CodecRegistrar(CodecEntry entry) { Registry::instance().add(std::move(entry)); }

@@ -137,7 +137,8 @@ SKETCHSGD_REGISTER_CODEC(
                 {"chunk", "ef=1: elements per scale (0: one scale for the whole vector)", 0, 0,
                  4294967295.0},
                 {"momentum", "local momentum before the sign (Signum)", 0, 0, 0.999, false}},
-               [](const Options& o, uint64_t dim, std::string spec) {
+               [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
+       SKETCHSGD_REQUIRE(!device.is_gpu(), InvalidArgument, "signsgd runs on the CPU only so far (its packing kernels exist for CUDA; the codec does not use them yet): create it with Device::cpu()");
                  uint64_t chunk = o.integer("chunk");
                  if (chunk == 0 || chunk > dim) chunk = dim;
                  return std::make_unique<SignSGD>(dim, std::move(spec), o.flag("ef"), chunk,

@@ -17,6 +17,7 @@
 #include "../kernels/error.hpp"
 #include "../sketch/count_sketch.hpp"
 #include "feedback.hpp"
+#include "ops.hpp"
 #include "payload.hpp"
 #include "registry.hpp"
 
@@ -41,11 +42,12 @@ Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> va
 class SketchAggregator final : public Aggregator {
  public:
   SketchAggregator(const Compressor& c, uint32_t world, const SketchOptions& o)
-      : Aggregator(c, world), o_(o), sum_(o.sketch) {
+      : Aggregator(c, world), o_(o), device_(c.device()), sum_(o.sketch, c.device()) {
     if (o.fetch) {
-      momentum_.emplace(o.sketch);
-      error_.emplace(o.sketch);
+      momentum_.emplace(o.sketch, device_);
+      error_.emplace(o.sketch, device_);
     }
+    if (device_.is_gpu()) staging_ = Buffer<float>(sum_.table().size(), device_);
   }
 
   Bytes save_state() const override {
@@ -66,13 +68,15 @@ class SketchAggregator final : public Aggregator {
     std::vector<CountSketch> got;
     for (int i = 0; i < 2; ++i) {
       const auto n = r.get<uint64_t>();
-      got.push_back(CountSketch::deserialize(r.take<uint8_t>(n)));
+      got.push_back(CountSketch::deserialize(r.take<uint8_t>(n), device_));
       SKETCHSGD_REQUIRE(got.back().config().compatible(o_.sketch), WireError,
                         "fetchsgd state of another sketch shape or seed");
     }
     r.expect_end();
-    std::copy(got[0].table().begin(), got[0].table().end(), momentum_->table().begin());
-    std::copy(got[1].table().begin(), got[1].table().end(), error_->table().begin());
+    momentum_->zero();
+    *momentum_ += got[0];
+    error_->zero();
+    *error_ += got[1];
   }
 
  private:
@@ -80,7 +84,12 @@ class SketchAggregator final : public Aggregator {
     if (h.kind == MessageKind::Gradient) {
       const auto table = payload::read_floats(r, sum_.table().size(), "sketch cell");
       r.expect_end();
-      sum_.add_table(table);
+      if (device_.is_gpu()) {
+        staging_.upload(table);
+        sum_.add_table(staging_.span());
+      } else {
+        sum_.add_table(table);
+      }
     } else {
       const uint32_t n = r.get<uint32_t>();
       SKETCHSGD_REQUIRE(n == candidates_.size(), WireError, "answer of ", n,
@@ -107,8 +116,15 @@ class SketchAggregator final : public Aggregator {
       *momentum_ += sum_;
       *error_ += *momentum_;
       TopK top = error_->top_k(o_.k);
-      momentum_->zero_buckets(top.indices);
-      error_->zero_buckets(top.indices);
+      if (device_.is_gpu()) {
+        Buffer<uint32_t> idx(top.indices.size(), device_);
+        idx.upload(top.indices);
+        momentum_->zero_buckets(idx.span());
+        error_->zero_buckets(idx.span());
+      } else {
+        momentum_->zero_buckets(top.indices);
+        error_->zero_buckets(top.indices);
+      }
       return sparse_update(phase, std::move(top.indices), std::move(top.values));
     }
     if (o_.candidates == 0) {
@@ -134,7 +150,9 @@ class SketchAggregator final : public Aggregator {
   }
 
   SketchOptions o_;
+  Device device_;
   CountSketch sum_;
+  Buffer<float> staging_;  // a received table on its way to the GPU
   std::vector<uint32_t> candidates_;
   std::vector<float> answers_;
   std::optional<CountSketch> momentum_, error_;  // FetchSGD only
@@ -142,11 +160,11 @@ class SketchAggregator final : public Aggregator {
 
 class SketchCodec final : public Compressor {
  public:
-  SketchCodec(uint64_t dim, std::string spec, const SketchOptions& o)
-      : Compressor(CodecId::Sketch, dim, std::move(spec)),
+  SketchCodec(uint64_t dim, std::string spec, const SketchOptions& o, const Device& device)
+      : Compressor(CodecId::Sketch, dim, std::move(spec), device),
         o_(o),
-        fb_(dim, o.fetch ? 0.0f : o.momentum, !o.fetch),
-        sketch_(o.sketch) {}
+        fb_(dim, o.fetch ? 0.0f : o.momentum, !o.fetch, device),
+        sketch_(o.sketch, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<SketchAggregator>(*this, world, o_);
@@ -167,7 +185,7 @@ class SketchCodec final : public Compressor {
     const auto v = fb_.absorb(g);
     sketch_.zero();
     sketch_.accumulate(v);
-    const auto table = sketch_.table();
+    const auto table = ops::to_host(device(), sketch_.table(), staging_);
     return Message::build(h, table.size_bytes(),
                           [&](ByteWriter& w) { w.put_array(std::span<const float>(table)); });
   }
@@ -175,8 +193,7 @@ class SketchCodec final : public Compressor {
   Message do_answer(ByteReader& r, const Header& q, uint32_t sender) override {
     const auto idx = payload::read_indices(r, dim(), o_.candidates);
     r.expect_end();
-    std::vector<float> val(idx.size());
-    kernels::cpu::gather(fb_.error().data(), idx.data(), idx.size(), val.data());
+    const std::vector<float> val = ops::gather(device(), fb_.error(), idx);
     Header h = make_header(MessageKind::Answer, q.round, sender);
     return Message::build(h, 4 + 4 * val.size(), [&](ByteWriter& w) {
       w.put(uint32_t(val.size()));
@@ -185,22 +202,23 @@ class SketchCodec final : public Compressor {
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, o_.k, step);
+    payload::read_sparse_into(r, o_.k, step, device());
   }
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    fb_.mask(payload::read_sparse_into(r, o_.k, step).indices);
+    fb_.mask(payload::read_sparse_into(r, o_.k, step, device()).indices);
   }
   void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
                       float lr) const override {
-    payload::read_sparse_axpy(r, o_.k, params, -lr);
+    payload::read_sparse_axpy(r, o_.k, params, -lr, device());
   }
   void do_apply_step(ByteReader& r, const Header&, std::span<float> params, float lr) override {
-    fb_.mask(payload::read_sparse_axpy(r, o_.k, params, -lr).indices);
+    fb_.mask(payload::read_sparse_axpy(r, o_.k, params, -lr, device()).indices);
   }
 
   SketchOptions o_;
   Feedback fb_;
   CountSketch sketch_;
+  std::vector<float> staging_;  // host copy of a GPU table for the wire
 };
 
 SKETCHSGD_REGISTER_CODEC(
@@ -215,7 +233,7 @@ SKETCHSGD_REGISTER_CODEC(
       {"seed", "hash seed shared by workers and server", 1, 0, 4294967295.0},
       {"hashing", "0: hashes on the fly, 1: precomputed packed table", 0, 0, 1},
       {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1}},
-     [](const Options& o, uint64_t dim, std::string spec) {
+     [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SketchOptions s;
        s.k = o.integer("k");
        if (s.k == 0) s.k = std::max<uint64_t>(1, dim / 100);
@@ -233,7 +251,7 @@ SKETCHSGD_REGISTER_CODEC(
        s.fetch = o.flag("fetch");
        SKETCHSGD_REQUIRE(!(s.fetch && s.candidates), InvalidArgument,
                          "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");
-       return std::make_unique<SketchCodec>(dim, std::move(spec), s);
+       return std::make_unique<SketchCodec>(dim, std::move(spec), s, device);
      }});
 
 }  // namespace

@@ -112,7 +112,8 @@ SKETCHSGD_REGISTER_CODEC(
       {"seed", "seed of the Philox random stream", 1, 0, 4294967295.0},
       {"ef", "1: error feedback", 0, 0, 1},
       {"momentum", "local momentum before quantisation", 0, 0, 0.999, false}},
-     [](const Options& o, uint64_t dim, std::string spec) {
+     [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
+       SKETCHSGD_REQUIRE(!device.is_gpu(), InvalidArgument, "terngrad runs on the CPU only so far (its packing kernels exist for CUDA; the codec does not use them yet): create it with Device::cpu()");
        uint64_t chunk = o.integer("chunk");
        if (chunk == 0 || chunk > dim) chunk = dim;
        return std::make_unique<TernGrad>(dim, std::move(spec), chunk, float(o.number("clip")),

@@ -6,6 +6,7 @@
 #include "../kernels/cpu.hpp"
 #include "../kernels/error.hpp"
 #include "feedback.hpp"
+#include "ops.hpp"
 #include "payload.hpp"
 #include "registry.hpp"
 
@@ -72,8 +73,10 @@ class TopKAggregator final : public Aggregator {
 
 class TopK final : public Compressor {
  public:
-  TopK(uint64_t dim, std::string spec, const TopKOptions& o)
-      : Compressor(CodecId::TopK, dim, std::move(spec)), o_(o), fb_(dim, o.momentum, o.ef) {}
+  TopK(uint64_t dim, std::string spec, const TopKOptions& o, const Device& device)
+      : Compressor(CodecId::TopK, dim, std::move(spec), device),
+        o_(o),
+        fb_(dim, o.momentum, o.ef, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<TopKAggregator>(*this, world, o_.k, o_.global);
@@ -86,9 +89,9 @@ class TopK final : public Compressor {
  private:
   Message do_encode(std::span<const float> g, const Header& h) override {
     const auto v = fb_.absorb(g);
-    std::vector<uint32_t> idx(o_.k);
-    std::vector<float> val(o_.k);
-    kernels::cpu::topk(v.data(), v.size(), o_.k, idx.data(), val.data());
+    std::vector<uint32_t> idx;
+    std::vector<float> val;
+    ops::topk(device(), v, o_.k, idx, val, ws_);
     payload::sort_by_index(idx, val);
     fb_.mask(idx);  // residual = input − sent, exactly
     return Message::build(h, payload::sparse_bytes(o_.k),
@@ -96,11 +99,11 @@ class TopK final : public Compressor {
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, dim(), step);
+    payload::read_sparse_into(r, dim(), step, device());
   }
   void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
                       float lr) const override {
-    payload::read_sparse_axpy(r, dim(), params, -lr);
+    payload::read_sparse_axpy(r, dim(), params, -lr, device());
   }
   void do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) override {
     do_decode_step(r, h, params, lr);
@@ -108,6 +111,7 @@ class TopK final : public Compressor {
 
   TopKOptions o_;
   Feedback fb_;
+  kernels::cuda::Workspace ws_;  // GPU selection scratch, reused
 };
 
 SKETCHSGD_REGISTER_CODEC(
@@ -117,13 +121,13 @@ SKETCHSGD_REGISTER_CODEC(
              {"global", "1: downlink re-selects the global top-k of the sum", 0, 0, 1},
              {"ef", "1: error feedback (keep what was not sent)", 1, 0, 1},
              {"momentum", "local momentum before selection", 0, 0, 0.999, false}},
-            [](const Options& o, uint64_t dim, std::string spec) {
+            [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
               TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"),
                             float(o.number("momentum"))};
               if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
               SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ",
                                 dim);
-              return std::make_unique<TopK>(dim, std::move(spec), t);
+              return std::make_unique<TopK>(dim, std::move(spec), t, device);
             }});
 
 }  // namespace

@@ -21,6 +21,22 @@ using Stream = CUstream_st*;
 /// Number of usable CUDA devices (0 without a driver, a device, or a CUDA build).
 int device_count();
 
+// ---- memory -------------------------------------------------------------------------------------
+void set_device(int id);
+/// cudaMalloc of at least one byte; CudaError when it fails.
+void* alloc(size_t bytes);
+/// cudaFree; never throws (called from destructors).
+void free(void* p) noexcept;
+/// Copies between host and device memory in either direction (unified addressing), ordered on
+/// the stream, and waits for it.
+void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+/// Zeroes device memory, ordered on the stream (does not wait).
+void zero(void* dst, size_t bytes, Stream stream = nullptr);
+void synchronize(Stream stream = nullptr);
+/// *first (device, preset to UINT64_MAX) = min position i with idx[i] ≥ limit.
+void check_indices(const uint32_t* idx, size_t n, uint64_t limit, unsigned long long* first,
+                   Stream stream = nullptr);
+
 /// Scratch memory of the selection kernels, reused across calls: it grows to the largest request
 /// (stream-ordered allocation) and never shrinks, so the hot path allocates nothing. One
 /// workspace serves one stream at a time. It also holds a small pinned host buffer for the few

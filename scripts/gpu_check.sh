@@ -31,7 +31,7 @@ fi
 "$PY" - "$REPORT/tests.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-cuda = [t for s in d["testsuites"] if s["name"] == "Cuda" for t in s["testsuite"]]
+cuda = [t for s in d["testsuites"] if s["name"].startswith("Cuda") for t in s["testsuite"]]
 ran = [t for t in cuda if t.get("result") == "COMPLETED" and "failures" not in t]
 print(f"GPU tests passed: {len(ran)} of {len(cuda)}")
 sys.exit(0 if cuda and len(ran) == len(cuda) else 1)
@@ -40,7 +40,7 @@ PY
 step "compute-sanitizer memcheck (small cases)"
 compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
   "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
-  --gtest_filter='Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*' \
+  --gtest_filter='Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:CudaSketch.*:CudaCodec.DenseTopk*' \
   2>&1 | tee "$REPORT/memcheck.log" | tail -n 5
 
 step "benchmarks"

@@ -113,9 +113,9 @@ def main():
         raise KeyError(name)
 
     copy_ms, copy_bw = m(f"BM_CopyDeviceToDevice/{D}")
-    rows = []
+    table = []
     def add(what, ours_ms, ref_ms, ref_name, target, ok):
-        rows.append((what, ours_ms, ref_ms, ref_name, target, "met" if ok else "MISSED"))
+        table.append((what, ours_ms, ref_ms, ref_name, target, "met" if ok else "MISSED"))
 
     acc_ms, acc_bw = m(f"BM_Accumulate/{D}/5/{C}/0")
     add("accumulate d=2^27 r=5 c=2^20 (hashes on the fly)", acc_ms, copy_ms, "D2D copy (ours)",
@@ -149,7 +149,7 @@ def main():
              "",
              "| what | ours ms | baseline ms | baseline | target |",
              "|---|---|---|---|---|"]
-    for what, o, r, rn, tg, ok in rows:
+    for what, o, r, rn, tg, ok in table:
         lines.append(f"| {what} | {o:.3f} | {r:.3f} | {rn} | {tg}: {ok} |")
     text = "\n".join(lines)
     print(text)

@@ -1,5 +1,6 @@
 #include "count_sketch.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <map>
@@ -18,21 +19,29 @@ constexpr uint16_t kVersion = 1;
 constexpr size_t kHeaderBytes = 4 + 2 + 1 + 1 + 8 + 4 + 4 + 8;
 constexpr uint64_t kMaxTable = uint64_t(1) << 31;  // floats: 8 GiB
 
-/// Precomputed hash tables are shared by every sketch of one (dim, rows, cols, seed): a server
-/// holding many sketches of one job pays for the table once.
-std::shared_ptr<const std::vector<uint32_t>> shared_hashes(const SketchConfig& c) {
-  using Key = std::tuple<uint64_t, uint32_t, uint32_t, uint64_t>;
+/// Precomputed hash tables are shared by every sketch of one (dim, rows, cols, seed) on one
+/// device: a server holding many sketches of one job pays for the table once.
+std::shared_ptr<const Buffer<uint32_t>> shared_hashes(const SketchConfig& c, const Device& d) {
+  using Key = std::tuple<uint64_t, uint32_t, uint32_t, uint64_t, int>;
   static std::mutex mutex;
-  static std::map<Key, std::weak_ptr<const std::vector<uint32_t>>> cache;
-  const Key key{c.dim, c.rows, c.cols, c.seed};
+  static std::map<Key, std::weak_ptr<const Buffer<uint32_t>>> cache;
+  const Key key{c.dim, c.rows, c.cols, c.seed, d.gpu};
   std::lock_guard lock(mutex);
   if (auto hit = cache[key].lock()) return hit;
-  auto table = std::make_shared<std::vector<uint32_t>>(size_t(c.rows) * c.dim);
-  kernels::SketchLayout layout{c.dim, c.rows, c.cols, c.seed, nullptr};
-  kernels::cpu::precompute_hashes(layout, table->data());
+  auto table = std::make_shared<Buffer<uint32_t>>(size_t(c.rows) * c.dim, d);
+  const kernels::SketchLayout layout{c.dim, c.rows, c.cols, c.seed, nullptr};
+  if (d.is_gpu()) {
+    kernels::cuda::precompute_hashes(layout, table->data(), d.stream);
+    kernels::cuda::synchronize(d.stream);
+  } else {
+    kernels::cpu::precompute_hashes(layout, table->data());
+  }
   cache[key] = table;
   return table;
 }
+
+namespace cu = kernels::cuda;
+namespace cpu = kernels::cpu;
 
 }  // namespace
 
@@ -49,15 +58,63 @@ void SketchConfig::validate() const {
                     InvalidArgument, "unknown hashing mode ", int(hashing));
 }
 
-CountSketch::CountSketch(const SketchConfig& config) : config_(config) {
+CountSketch::CountSketch(const SketchConfig& config, const Device& device)
+    : config_(config), device_(device) {
   config_.validate();
-  table_.assign(size_t(config_.rows) * config_.cols, 0.0f);
-  if (config_.hashing == Hashing::Precomputed) packed_ = shared_hashes(config_);
+  device_.activate();
+  table_ = Buffer<float>(size_t(config_.rows) * config_.cols, device_);
+  if (config_.hashing == Hashing::Precomputed) packed_ = shared_hashes(config_, device_);
+}
+
+CountSketch CountSketch::to(const Device& device) const {
+  CountSketch out(config_, device);
+  if (device_.is_gpu() || device.is_gpu()) {
+    device_.activate();
+    cu::copy(out.table_.data(), table_.data(), table_.size() * sizeof(float), device_.stream);
+  } else {
+    std::copy(table_.data(), table_.data() + table_.size(), out.table_.data());
+  }
+  out.empty_ = empty_;
+  return out;
 }
 
 kernels::SketchLayout CountSketch::layout() const {
   return {config_.dim, config_.rows, config_.cols, config_.seed,
           packed_ ? packed_->data() : nullptr};
+}
+
+cu::Workspace& CountSketch::workspace() const {
+  if (!scratch_.ws) scratch_.ws = std::make_unique<cu::Workspace>();
+  return *scratch_.ws;
+}
+
+template <class Check>
+size_t CountSketch::device_check(Check&& check) const {
+  if (scratch_.flag.empty()) scratch_.flag = Buffer<unsigned long long>(1, device_);
+  const unsigned long long none = ~0ull;
+  scratch_.flag.upload(std::span<const unsigned long long>(&none, 1));
+  check(scratch_.flag.data());
+  unsigned long long got = 0;
+  scratch_.flag.download(std::span<unsigned long long>(&got, 1));
+  return got == ~0ull ? kernels::kNone : size_t(got);
+}
+
+void CountSketch::check_indices(std::span<const uint32_t> indices, const char* what) const {
+  if (device_.is_gpu()) {
+    const size_t bad = device_check([&](unsigned long long* flag) {
+      cu::check_indices(indices.data(), indices.size(), config_.dim, flag, device_.stream);
+    });
+    if (bad != kernels::kNone) {
+      uint32_t value = 0;
+      cu::copy(&value, indices.data() + bad, 4, device_.stream);
+      detail::raise<InvalidArgument>(what, ": index ", value, " at position ", bad,
+                                     " out of range for dim ", config_.dim);
+    }
+    return;
+  }
+  for (size_t i = 0; i < indices.size(); ++i)
+    SKETCHSGD_REQUIRE(indices[i] < config_.dim, InvalidArgument, what, ": index ", indices[i],
+                      " out of range for dim ", config_.dim);
 }
 
 void CountSketch::accumulate(std::span<const float> x, float scale) {
@@ -72,14 +129,38 @@ void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float sc
                     ") outside the sketch's dim ", config_.dim);
   SKETCHSGD_REQUIRE(is_finite(scale), NonFiniteError, "accumulate: scale is not finite");
   const auto l = layout();
-  const size_t stop = kernels::cpu::accumulate(l, table_.data(), x.data(), x.size(), offset, scale);
+  if (device_.is_gpu()) {
+    if (x.empty()) return;
+    // One pass adds the finite values and reports the first non-finite one; on a report, the
+    // same pass with −scale takes the finite values back out (or the table is zeroed when it
+    // was empty: exact).
+    const size_t bad = device_check([&](unsigned long long* flag) {
+      cu::accumulate(l, table_.data(), x.data(), x.size(), offset, scale, flag, device_.stream);
+    });
+    if (bad != kernels::kNone) {
+      if (empty_) {
+        zero();
+      } else {
+        device_check([&](unsigned long long* flag) {
+          cu::accumulate(l, table_.data(), x.data(), x.size(), offset, -scale, flag, device_.stream);
+        });
+      }
+      float value = 0.0f;
+      cu::copy(&value, x.data() + bad, 4, device_.stream);
+      detail::raise<NonFiniteError>("accumulate: non-finite value ", value, " at coordinate ",
+                                    offset + bad);
+    }
+    empty_ = false;
+    return;
+  }
+  const size_t stop = cpu::accumulate(l, table_.data(), x.data(), x.size(), offset, scale);
   if (stop != kernels::kNone) {
     if (empty_) {
       zero();
     } else if (stop > 0) {
-      kernels::cpu::accumulate(l, table_.data(), x.data(), stop, offset, -scale);
+      cpu::accumulate(l, table_.data(), x.data(), stop, offset, -scale);
     }
-    const size_t bad = stop + kernels::cpu::find_nonfinite(x.data() + stop, x.size() - stop);
+    const size_t bad = stop + cpu::find_nonfinite(x.data() + stop, x.size() - stop);
     detail::raise<NonFiniteError>("accumulate: non-finite value ", x[bad], " at coordinate ",
                                   offset + bad);
   }
@@ -92,7 +173,12 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
                     config_.rows, ", cols ", config_.cols, ", seed ", config_.seed, ") vs (dim ",
                     other.config_.dim, ", rows ", other.config_.rows, ", cols ", other.config_.cols,
                     ", seed ", other.config_.seed, ")");
-  kernels::cpu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f);
+  SKETCHSGD_REQUIRE(device_.gpu == other.device_.gpu, InvalidArgument, "cannot merge a sketch on ",
+                    other.device_.name(), " into one on ", device_.name(), " (use to())");
+  if (device_.is_gpu())
+    cu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f, device_.stream);
+  else
+    cpu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f);
   empty_ = empty_ && other.empty_;
   return *this;
 }
@@ -100,52 +186,75 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
 void CountSketch::add_table(std::span<const float> table, float scale) {
   SKETCHSGD_REQUIRE(table.size() == table_.size(), ConfigMismatch, "add_table: ", table.size(),
                     " floats into a ", config_.rows, " x ", config_.cols, " sketch");
-  kernels::cpu::axpy(table_.data(), table.data(), table_.size(), scale);
+  if (device_.is_gpu())
+    cu::axpy(table_.data(), table.data(), table_.size(), scale, device_.stream);
+  else
+    cpu::axpy(table_.data(), table.data(), table_.size(), scale);
   empty_ = false;
 }
 
 void CountSketch::scale(float a) {
   SKETCHSGD_REQUIRE(std::isfinite(a), InvalidArgument, "scale: factor ", a, " is not finite");
-  kernels::cpu::scale(table_.data(), table_.size(), a);
+  if (device_.is_gpu())
+    cu::scale(table_.data(), table_.size(), a, device_.stream);
+  else
+    cpu::scale(table_.data(), table_.size(), a);
 }
 
 void CountSketch::zero_buckets(std::span<const uint32_t> indices) {
-  for (size_t i = 0; i < indices.size(); ++i)
-    SKETCHSGD_REQUIRE(indices[i] < config_.dim, InvalidArgument, "zero_buckets: index ",
-                      indices[i], " out of range for dim ", config_.dim);
-  kernels::cpu::zero_buckets(layout(), table_.data(), indices.data(), indices.size());
+  check_indices(indices, "zero_buckets");
+  if (device_.is_gpu())
+    cu::zero_buckets(layout(), table_.data(), indices.data(), indices.size(), device_.stream);
+  else
+    cpu::zero_buckets(layout(), table_.data(), indices.data(), indices.size());
 }
 
 void CountSketch::zero() {
-  std::fill(table_.begin(), table_.end(), 0.0f);
+  table_.zero();
   empty_ = true;
 }
 
 void CountSketch::estimate(std::span<const uint32_t> indices, std::span<float> out) const {
   SKETCHSGD_REQUIRE(out.size() == indices.size(), InvalidArgument, "estimate: ", indices.size(),
                     " indices but room for ", out.size(), " values");
-  for (size_t i = 0; i < indices.size(); ++i)
-    SKETCHSGD_REQUIRE(indices[i] < config_.dim, InvalidArgument, "estimate: index ", indices[i],
-                      " out of range for dim ", config_.dim);
-  kernels::cpu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data());
+  check_indices(indices, "estimate");
+  if (device_.is_gpu())
+    cu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data(), device_.stream);
+  else
+    cpu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data());
 }
 
 std::vector<float> CountSketch::estimate(std::span<const uint32_t> indices) const {
-  std::vector<float> out(indices.size());
-  estimate(indices, out);
-  return out;
+  Buffer<float> out(indices.size(), device_);
+  estimate(indices, out.span());
+  return out.to_vector();
 }
 
 void CountSketch::estimate_all(std::span<float> out) const {
   SKETCHSGD_REQUIRE(out.size() == config_.dim, InvalidArgument, "estimate_all: output of length ",
                     out.size(), " for dim ", config_.dim);
-  kernels::cpu::estimate_all(layout(), table_.data(), out.data());
+  if (device_.is_gpu())
+    cu::estimate_all(layout(), table_.data(), out.data(), device_.stream);
+  else
+    cpu::estimate_all(layout(), table_.data(), out.data());
 }
 
 std::vector<float> CountSketch::estimate_all() const {
-  std::vector<float> out(config_.dim);
-  estimate_all(out);
-  return out;
+  Buffer<float> out(config_.dim, device_);
+  estimate_all(out.span());
+  return out.to_vector();
+}
+
+void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
+  SKETCHSGD_REQUIRE(idx.size() == val.size(), InvalidArgument, "top_k: ", idx.size(),
+                    " index slots but ", val.size(), " value slots");
+  SKETCHSGD_REQUIRE(idx.size() <= config_.dim, InvalidArgument, "top_k: k = ", idx.size(),
+                    " exceeds dim ", config_.dim);
+  if (device_.is_gpu())
+    cu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data(), workspace(),
+                      device_.stream);
+  else
+    cpu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data());
 }
 
 TopK CountSketch::top_k(uint64_t k) const {
@@ -154,11 +263,24 @@ TopK CountSketch::top_k(uint64_t k) const {
   TopK out;
   out.indices.resize(k);
   out.values.resize(k);
-  kernels::cpu::estimate_topk(layout(), table_.data(), k, out.indices.data(), out.values.data());
+  if (device_.is_gpu()) {
+    Buffer<uint32_t> idx(k, device_);
+    Buffer<float> val(k, device_);
+    top_k(idx.span(), val.span());
+    idx.download(out.indices);
+    val.download(out.values);
+  } else {
+    top_k(std::span<uint32_t>(out.indices), std::span<float>(out.values));
+  }
   return out;
 }
 
-double CountSketch::l2_estimate() const { return kernels::cpu::l2_estimate(layout(), table_.data()); }
+double CountSketch::l2_estimate() const {
+  if (!device_.is_gpu()) return cpu::l2_estimate(layout(), table_.data());
+  Buffer<double> out(1, device_);
+  cu::l2_estimate(layout(), table_.data(), out.data(), workspace(), device_.stream);
+  return out.to_vector()[0];
+}
 
 Bytes CountSketch::serialize() const {
   Bytes out;
@@ -172,12 +294,16 @@ Bytes CountSketch::serialize() const {
   w.put(config_.rows);
   w.put(config_.cols);
   w.put(config_.seed);
-  w.put_array(std::span<const float>(table_));
+  if (device_.is_gpu()) {
+    w.put_array(std::span<const float>(table_.to_vector()));
+  } else {
+    w.put_array(table_.span());
+  }
   w.put(crc32c(out));
   return out;
 }
 
-CountSketch CountSketch::deserialize(std::span<const uint8_t> bytes) {
+CountSketch CountSketch::deserialize(std::span<const uint8_t> bytes, const Device& device) {
   ByteReader r(bytes, "serialised sketch");
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kMagic, WireError, "serialised sketch: bad magic");
   const auto version = r.get<uint16_t>();
@@ -202,10 +328,13 @@ CountSketch CountSketch::deserialize(std::span<const uint8_t> bytes) {
   ByteReader tail(bytes.last(4));
   SKETCHSGD_REQUIRE(crc32c(body) == tail.get<uint32_t>(), WireError,
                     "serialised sketch: checksum mismatch");
-  CountSketch s(c);
-  r.get_array(std::span<float>(s.table_));
-  SKETCHSGD_REQUIRE(kernels::cpu::find_nonfinite(s.table_.data(), s.table_.size()) == kernels::kNone,
-                    WireError, "serialised sketch: non-finite table entry");
+  CountSketch s(c, device);
+  std::vector<float> staging(device.is_gpu() ? n : 0);
+  const std::span<float> table = device.is_gpu() ? std::span<float>(staging) : s.table_.span();
+  r.get_array(table);
+  SKETCHSGD_REQUIRE(cpu::find_nonfinite(table.data(), table.size()) == kernels::kNone, WireError,
+                    "serialised sketch: non-finite table entry");
+  if (device.is_gpu()) s.table_.upload(table);
   s.empty_ = false;
   return s;
 }

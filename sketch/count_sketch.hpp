@@ -8,6 +8,7 @@
 
 #include "../kernels/bytes.hpp"
 #include "../kernels/cpu.hpp"
+#include "../kernels/device.hpp"
 
 namespace sketchsgd {
 
@@ -38,11 +39,19 @@ struct TopK {
   std::vector<float> values;
 };
 
+/// A count sketch on a Device. On a GPU the table lives in device memory and every span argument
+/// or result (vectors to accumulate, indices, outputs, table()) is device memory; functions that
+/// return std::vector or TopK return host copies (the final k results). Hashes are bit-identical
+/// on every device, so serialize() on one and deserialize() on another gives the same sketch.
+/// Validation on a GPU (finiteness, index ranges) runs on the device and reads back one word.
 class CountSketch {
  public:
-  explicit CountSketch(const SketchConfig& config);
+  explicit CountSketch(const SketchConfig& config, const Device& device = Device::cpu());
 
   const SketchConfig& config() const { return config_; }
+  const Device& device() const { return device_; }
+  /// The same sketch on another device (a copy of the table).
+  CountSketch to(const Device& device) const;
 
   /// table += scale · S(x); x.size() must equal dim. Non-finite values throw NonFiniteError (found
   /// in the same pass) and leave the sketch as it was (bit for bit when it was empty, otherwise up
@@ -65,27 +74,47 @@ class CountSketch {
   void estimate(std::span<const uint32_t> indices, std::span<float> out) const;
   std::vector<float> estimate_all() const;
   void estimate_all(std::span<float> out) const;
-  /// The k coordinates of largest estimated magnitude (k ≤ dim).
+  /// The k coordinates of largest estimated magnitude (k ≤ dim), on the host.
   TopK top_k(uint64_t k) const;
+  /// The same into idx and val (k = idx.size() = val.size(), in the sketch's memory).
+  void top_k(std::span<uint32_t> idx, std::span<float> val) const;
   /// Estimate of ‖x‖₂: sqrt of the median over rows of the row's sum of squares.
   double l2_estimate() const;
 
   /// Row-major rows × cols table.
-  std::span<float> table() { return table_; }
-  std::span<const float> table() const { return table_; }
+  std::span<float> table() { return table_.span(); }
+  std::span<const float> table() const { return table_.span(); }
 
   /// Self-describing bytes (config + table + CRC-32C); deserialize validates every field.
   Bytes serialize() const;
-  static CountSketch deserialize(std::span<const uint8_t> bytes);
+  static CountSketch deserialize(std::span<const uint8_t> bytes, const Device& device = Device::cpu());
 
   /// The layout the kernels take (table pointer excluded).
   kernels::SketchLayout layout() const;
 
  private:
+  /// GPU scratch: created on first use, never shared by copies (a copy may run elsewhere).
+  struct Scratch {
+    std::unique_ptr<kernels::cuda::Workspace> ws;
+    Buffer<unsigned long long> flag;
+    Scratch() = default;
+    Scratch(const Scratch&) {}
+    Scratch& operator=(const Scratch&) { return *this; }
+    Scratch(Scratch&&) = default;
+    Scratch& operator=(Scratch&&) = default;
+  };
+  kernels::cuda::Workspace& workspace() const;
+  /// Runs a device check that min-s a position into the flag; returns it (kNone when clean).
+  template <class Check>
+  size_t device_check(Check&& check) const;
+  void check_indices(std::span<const uint32_t> indices, const char* what) const;
+
   SketchConfig config_;
-  std::vector<float> table_;
-  std::shared_ptr<const std::vector<uint32_t>> packed_;  // Precomputed mode only
+  Device device_;
+  Buffer<float> table_;
+  std::shared_ptr<const Buffer<uint32_t>> packed_;  // Precomputed mode only
   bool empty_ = true;  // nothing accumulated since construction or zero(): exact rollback
+  mutable Scratch scratch_;
 };
 
 }  // namespace sketchsgd

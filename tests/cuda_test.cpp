@@ -9,7 +9,9 @@
 #include <random>
 #include <vector>
 
+#include "../compress/registry.hpp"
 #include "../kernels/cuda.hpp"
+#include "../sketch/count_sketch.hpp"
 #include "../kernels/error.hpp"
 #include "helpers.hpp"
 
@@ -377,6 +379,197 @@ TEST(Cuda, PackingMatchesCpuBitForBit) {
     cu::unpack_ternary(dcor.get(), n, chunk, ds.get(), 1.0f, dout.get(), false, bad.get());
     EXPECT_EQ(bad.host()[0], nb / 2 * 4);
     EXPECT_BITS_EQ(dout.host(), before);
+  }
+}
+
+
+// ---- the device API: the same objects, created on the GPU ---------------------------------------
+
+template <class T>
+std::span<const T> cspan(Dev<T>& d, size_t n) {
+  return {d.get(), n};
+}
+
+TEST(CudaSketch, SameSketchOnEveryDeviceAndAcrossSerialisation) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (Hashing hashing : {Hashing::OnTheFly, Hashing::Precomputed}) {
+    SketchConfig c{400009, 5, 40009, seed, hashing};
+    auto x = test::gaussian(c.dim, seed, 0.01f);
+    test::plant(x, 300, 3.0f, seed + 1);
+    CountSketch cpu(c), gpu(c, Device::cuda());
+    Dev<float> dx(x);
+    cpu.accumulate(x);
+    gpu.accumulate(cspan(dx, x.size()));
+    EXPECT_EQ(gpu.device().gpu, 0);
+    const CountSketch back = gpu.to(Device::cpu());
+    for (size_t i = 0; i < cpu.table().size(); ++i)
+      ASSERT_NEAR(back.table()[i], cpu.table()[i], 1e-4) << i;
+    // Bytes from the GPU deserialise on the CPU (and back) to the same table.
+    const auto bytes = gpu.serialize();
+    const CountSketch on_cpu = CountSketch::deserialize(bytes);
+    EXPECT_EQ(on_cpu.serialize(), bytes);
+    const CountSketch on_gpu = CountSketch::deserialize(cpu.serialize(), Device::cuda());
+    EXPECT_EQ(on_gpu.serialize(), cpu.serialize());
+    // The same table gives the same heavy hitters and estimates, exactly.
+    const TopK a = cpu.top_k(1000), b = on_gpu.top_k(1000);
+    EXPECT_EQ(a.indices, b.indices);
+    EXPECT_BITS_EQ(a.values, b.values);
+    Dev<uint32_t> di(a.indices);
+    EXPECT_BITS_EQ(on_gpu.estimate(cspan(di, a.indices.size())), cpu.estimate(a.indices));
+    EXPECT_NEAR(on_gpu.l2_estimate(), cpu.l2_estimate(), 1e-6 * cpu.l2_estimate());
+  }
+}
+
+TEST(CudaSketch, RejectsBadInputWithoutChangingTheTable) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  SketchConfig c{100000, 3, 5003, seed, Hashing::OnTheFly};
+  CountSketch gpu(c, Device::cuda());
+  auto x = test::gaussian(c.dim, seed);
+  x[4321] = std::nanf("");
+  Dev<float> dx(x);
+  try {
+    gpu.accumulate(cspan(dx, x.size()));
+    FAIL() << "no error for a NaN";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("4321"), std::string::npos) << e.what();
+  }
+  for (float v : gpu.to(Device::cpu()).table()) ASSERT_EQ(v, 0.0f);  // empty: exactly zero again
+  x[4321] = 1.0f;
+  Dev<float> good(x);
+  gpu.accumulate(cspan(good, x.size()));
+  const auto before = gpu.to(Device::cpu());
+  EXPECT_THROW(gpu.accumulate(cspan(dx, x.size())), NonFiniteError);
+  const auto after = gpu.to(Device::cpu());
+  for (size_t i = 0; i < before.table().size(); ++i)
+    ASSERT_NEAR(after.table()[i], before.table()[i], 1e-5) << i;
+
+  Dev<uint32_t> bad(std::vector<uint32_t>{1, 2, uint32_t(c.dim)});
+  EXPECT_THROW(gpu.zero_buckets(cspan(bad, 3)), InvalidArgument);
+  Dev<float> out(3);
+  EXPECT_THROW(gpu.estimate(cspan(bad, 3), std::span<float>(out.get(), 3)), InvalidArgument);
+  CountSketch cpu(c);
+  EXPECT_THROW(gpu += cpu, InvalidArgument);  // different devices: use to()
+  EXPECT_THROW(CountSketch(c, Device::cuda(cu::device_count())), CudaError);
+}
+
+/// Encodes the same gradients with one codec on each device and returns both message streams.
+struct Pair {
+  std::unique_ptr<Compressor> cpu, gpu;
+};
+
+Pair both(const std::string& spec, uint64_t dim) {
+  return {make_compressor(spec, dim), make_compressor(spec, dim, Device::cuda())};
+}
+
+/// Worker rounds on both devices with the server on the CPU: gradients, updates and parameters on
+/// the GPU codec stay device memory; messages agree exactly (or, for sketches, to rounding).
+void expect_codec_agrees(const std::string& spec, bool exact_messages) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(spec + " seed " + std::to_string(seed));
+  const uint64_t dim = 300007;
+  auto codecs = both(spec, dim);
+  auto agg = codecs.cpu->make_aggregator(1);
+  std::vector<float> params = test::gaussian(dim, seed + 7);
+  Dev<float> dparams(params);
+  for (uint64_t round = 0; round < 3; ++round) {
+    const auto g = test::gaussian(dim, seed + round, 0.1f);
+    Dev<float> dg(g);
+    const Message mc = codecs.cpu->encode(g, round, 0);
+    const Message mg = codecs.gpu->encode(cspan(dg, dim), round, 0);
+    ASSERT_EQ(mc.size(), mg.size());
+    if (exact_messages) {
+      EXPECT_TRUE(std::equal(mc.bytes().begin(), mc.bytes().end(), mg.bytes().begin())) << round;
+    } else {
+      const auto pc = payload_of(mc.bytes()), pg = payload_of(mg.bytes());
+      std::vector<float> fc(pc.size() / 4), fg(pg.size() / 4);
+      std::memcpy(fc.data(), pc.data(), pc.size());
+      std::memcpy(fg.data(), pg.data(), pg.size());
+      for (size_t i = 0; i < fc.size(); ++i) ASSERT_NEAR(fg[i], fc[i], 1e-4) << i;
+    }
+    agg->add(mc.bytes());
+    const Message update = agg->finish();
+    codecs.cpu->apply_step(update.bytes(), params, 0.5f);
+    codecs.gpu->apply_step(update.bytes(), std::span<float>(dparams.get(), dim), 0.5f);
+    EXPECT_BITS_EQ(dparams.host(), params) << round;
+  }
+  // A corrupt update changes nothing on the GPU either.
+  const auto before = dparams.host();
+  std::vector<uint8_t> junk(64, 0xAB);
+  EXPECT_ANY_THROW(codecs.gpu->apply_step(junk, std::span<float>(dparams.get(), dim), 0.5f));
+  EXPECT_BITS_EQ(dparams.host(), before);
+  // Non-finite gradients are refused before any state changes.
+  auto bad = test::gaussian(dim, seed);
+  bad[dim - 1] = INFINITY;
+  Dev<float> dbad(bad);
+  EXPECT_THROW(codecs.gpu->encode(cspan(dbad, dim), 9, 0), NonFiniteError);
+}
+
+TEST(CudaCodec, DenseTopkAndSketchWorkersMatchTheCpu) {
+  REQUIRE_GPU();
+  expect_codec_agrees("dense:momentum=0.9", true);
+  expect_codec_agrees("topk:k=3000,momentum=0.9", true);
+  expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9", false);
+  expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1", false);
+}
+
+/// Server side on the GPU: the same messages give the same Update bytes as the CPU aggregator
+/// (sums in the same order, hashes and medians bit-identical), FetchSGD state included.
+TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const uint64_t dim = 500009;
+  for (const char* spec : {"sketch:rows=5,cols=50000,k=5000", "sketch:rows=1,cols=50000,k=5000,fetch=1",
+                           "sketch:rows=3,cols=50000,k=2000,p2=2"}) {
+    SCOPED_TRACE(spec);
+    auto workers = both(spec, dim);
+    auto cpu = workers.cpu->make_aggregator(2), gpu = workers.gpu->make_aggregator(2);
+    auto w1 = make_compressor(spec, dim);
+    for (uint64_t round = 0; round < 3; ++round) {
+      const Message a = workers.cpu->encode(test::gaussian(dim, seed + round), round, 0);
+      const Message b = w1->encode(test::gaussian(dim, seed + 100 + round), round, 1);
+      for (auto* agg : {cpu.get(), gpu.get()}) {
+        agg->add(a.bytes());
+        agg->add(b.bytes());
+      }
+      Message uc = cpu->finish(), ug = gpu->finish();
+      ASSERT_EQ(uc.size(), ug.size());
+      if (workers.cpu->two_rounds()) {  // Query → Answers → Update
+        ASSERT_TRUE(std::equal(uc.bytes().begin(), uc.bytes().end(), ug.bytes().begin()));
+        const Message qa = workers.cpu->answer(uc.bytes(), 0), qb = w1->answer(uc.bytes(), 1);
+        for (auto* agg : {cpu.get(), gpu.get()}) {
+          agg->add(qa.bytes());
+          agg->add(qb.bytes());
+        }
+        uc = cpu->finish();
+        ug = gpu->finish();
+        ASSERT_EQ(uc.size(), ug.size());
+      }
+      EXPECT_TRUE(std::equal(uc.bytes().begin(), uc.bytes().end(), ug.bytes().begin())) << round;
+      std::vector<float> step(dim);
+      workers.cpu->apply(uc.bytes(), step);
+      w1->apply(uc.bytes(), step);
+    }
+    EXPECT_EQ(cpu->save_state(), gpu->save_state());
+    auto restored = workers.gpu->make_aggregator(2);
+    restored->load_state(cpu->save_state());
+    EXPECT_EQ(restored->save_state(), cpu->save_state());
+  }
+}
+
+TEST(CudaCodec, CodecsWithoutAGpuPathSaySo) {
+  REQUIRE_GPU();
+  for (const char* spec : {"signsgd", "terngrad"}) {
+    try {
+      make_compressor(spec, 1000, Device::cuda());
+      FAIL() << spec;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("CPU"), std::string::npos) << e.what();
+    }
   }
 }
 

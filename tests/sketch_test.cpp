@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "../kernels/error.hpp"
+#include "../compress/registry.hpp"
 #include "../sketch/count_sketch.hpp"
 #include "helpers.hpp"
 
@@ -217,6 +218,28 @@ TEST(CountSketch, NonFiniteRejectedAndStateKept) {
     }
     for (size_t i = 0; i < before.size(); ++i) ASSERT_NEAR(full.table()[i], before[i], 1e-4f);
   }
+}
+
+}  // namespace
+}  // namespace sketchsgd
+
+namespace sketchsgd {
+namespace {
+
+TEST(Device, ParsesNamesAndRejectsOthers) {
+  EXPECT_FALSE(Device::parse("cpu").is_gpu());
+  EXPECT_EQ(Device::parse("cuda").gpu, 0);
+  EXPECT_EQ(Device::parse("cuda:3").gpu, 3);
+  EXPECT_EQ(Device::parse("cuda:3").name(), "cuda:3");
+  for (const char* bad : {"", "cuda:", "cuda:x", "cuda:-1", "tpu", "cuda:12345"})
+    EXPECT_THROW(Device::parse(bad), InvalidArgument) << bad;
+}
+
+TEST(Device, AMissingGpuIsATypedError) {
+  // Asks for one more device than exists: in a build or on a machine without CUDA, that is cuda:0.
+  const Device missing = Device::cuda(kernels::cuda::device_count());
+  EXPECT_THROW(CountSketch(SketchConfig{1000, 3, 100, 1, Hashing::OnTheFly}, missing), CudaError);
+  EXPECT_THROW(make_compressor("sketch:rows=1,cols=100,k=10", 1000, missing), CudaError);
 }
 
 }  // namespace

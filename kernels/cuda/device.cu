@@ -16,6 +16,30 @@ int device_count() {
   return n;
 }
 
+void set_device(int id) { SKETCHSGD_CUDA_CHECK(cudaSetDevice(id)); }
+
+void* alloc(size_t bytes) {
+  void* p = nullptr;
+  SKETCHSGD_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+  return p;
+}
+
+void free(void* p) noexcept {
+  if (p) (void)cudaFree(p);
+}
+
+void copy(void* dst, const void* src, size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  SKETCHSGD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void zero(void* dst, size_t bytes, Stream stream) {
+  if (bytes) SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
+}
+
+void synchronize(Stream stream) { SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+
 Workspace::~Workspace() {
   // Destructors must not throw; a failing free at teardown leaves nothing to recover.
   if (ptr_) (void)cudaFree(ptr_);

@@ -5,8 +5,9 @@
 // selected 11 + 11 + 9 bits at a time. Level 0 histograms the top digit of every value and picks
 // the bucket holding the k-th largest; one more pass writes the values of higher buckets to the
 // output, compacts that bucket's values into a candidate buffer and histograms their next digit.
-// Later levels read only the candidates, so the input (or the count-sketch estimates, recomputed
-// on the fly) is read twice. When the candidates overflow their buffer (heavy ties, say a mostly
+// Later levels read only the candidates, so the input is read twice. Values that are expensive
+// to compute (count-sketch estimates: r gathers and a median each) are computed once: the
+// histogram pass stores them and the second pass reads them back. When the candidates overflow their buffer (heavy ties, say a mostly
 // zero vector) a level re-reads the input instead, filtered by the key prefix fixed so far.
 // After the last level the threshold key is exact; ties at it are broken by smallest index
 // (sorting the tie buffer, or an order-preserving block scan over the input when it overflowed),
@@ -39,18 +40,6 @@ struct State {
 
 __device__ __forceinline__ uint32_t key_of(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
 
-/// Appends for every lane whose pred holds: one atomic per warp. All 32 lanes must call it.
-__device__ __forceinline__ uint32_t warp_append(bool pred, uint32_t* counter, bool& any) {
-  const unsigned ballot = __ballot_sync(0xFFFFFFFFu, pred);
-  any = ballot != 0;
-  if (!any) return 0;
-  const int lane = int(threadIdx.x & 31u), leader = __ffs(int(ballot)) - 1;
-  uint32_t base = 0;
-  if (lane == leader) base = atomicAdd(counter, uint32_t(__popc(ballot)));
-  base = __shfl_sync(0xFFFFFFFFu, base, leader);
-  return base + uint32_t(__popc(ballot & ((1u << lane) - 1u)));
-}
-
 /// Every coordinate 0 … n − 1 with its value computed by V (the input, or a sketch estimate).
 template <class V>
 struct Full {
@@ -60,6 +49,12 @@ struct Full {
     idx = uint32_t(i);
     val = value(idx);
   }
+};
+
+/// A vector in device memory as a value source.
+struct Values {
+  const float* x;
+  __device__ __forceinline__ float operator()(uint32_t j) const { return __ldg(x + j); }
 };
 
 /// Compacted candidates.
@@ -73,16 +68,52 @@ struct Buffer {
   }
 };
 
+inline constexpr int kPer = 8;  // elements per thread per tile
+
+/// Loads this thread's kPer values of the tile at t0 (element q at t0 + q·blockDim + thread).
+/// A whole tile loads without conditions, so all kPer loads are in flight at once (with a bound
+/// check per load the compiler issues them one at a time: 0.8 instead of 2.5 TB/s measured).
 template <class Src>
-__global__ void histogram_kernel(Src src, uint32_t* hist) {
+__device__ __forceinline__ void load_tile(const Src& src, uint64_t t0, uint32_t (&j)[kPer],
+                                          float (&v)[kPer], bool (&ok)[kPer]) {
+  const uint64_t first = t0 + threadIdx.x;
+  if (t0 + uint64_t(blockDim.x) * kPer <= src.n) {
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      src.get(first + uint64_t(q) * blockDim.x, j[q], v[q]);
+      ok[q] = true;
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const uint64_t i = first + uint64_t(q) * blockDim.x;
+      ok[q] = i < src.n;
+      j[q] = 0;
+      v[q] = 0.0f;
+      if (ok[q]) src.get(i, j[q], v[q]);
+    }
+  }
+}
+
+/// Level-0 histogram of the top digit, in shared memory. With store, the values are also
+/// written out (computed once, read back by the later passes).
+template <class Src>
+__global__ void histogram_kernel(Src src, uint32_t* hist, float* store) {
   __shared__ uint32_t bins[kBins];
   for (int b = threadIdx.x; b < kBins; b += blockDim.x) bins[b] = 0;
   __syncthreads();
-  for (uint64_t i = thread_index(); i < src.n; i += grid_stride()) {
-    uint32_t j;
-    float v;
-    src.get(i, j, v);
-    atomicAdd(&bins[key_of(v) >> shift_of(0)], 1u);
+  const uint64_t tile = uint64_t(blockDim.x) * kPer;
+  for (uint64_t t0 = blockIdx.x * tile; t0 < src.n; t0 += gridDim.x * tile) {
+    uint32_t j[kPer];
+    float v[kPer];
+    bool ok[kPer];
+    load_tile(src, t0, j, v, ok);
+#pragma unroll
+    for (int q = 0; q < kPer; ++q)
+      if (ok[q]) {
+        if (store) store[t0 + uint64_t(q) * blockDim.x + threadIdx.x] = v[q];
+        atomicAdd(&bins[key_of(v[q]) >> shift_of(0)], 1u);
+      }
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += blockDim.x)
@@ -120,48 +151,67 @@ __global__ void choose_kernel(State* st, const uint32_t* hist, int level) {
 /// Level l over src: keys in a higher bucket are winners, keys in the chosen bucket go on as
 /// candidates (and into the next level's histogram). At the last level the chosen bucket is the
 /// exact threshold key: ties are winners when all of them are needed, else candidates.
+/// Appends are block-aggregated: one scan per tile of kPer · blockDim values, then one global
+/// atomic per counter per tile (a per-warp atomic on one address serialises in L2).
 template <class Src>
-__global__ void filter_kernel(Src src, const State* st_in, State* st, int level, uint32_t* out_idx,
-                              float* out_val, uint32_t* next_hist, uint32_t* cand_idx,
-                              float* cand_val, uint32_t* cand_n, uint64_t cap) {
-  const uint32_t prefix = st_in->prefix[level], mask = st_in->mask[level];
-  const uint32_t bucket = st_in->bucket[level];
+__global__ void filter_kernel(Src src, State* st, int level, uint32_t* out_idx, float* out_val,
+                              uint32_t* next_hist, uint32_t* cand_idx, float* cand_val,
+                              uint32_t* cand_n, uint64_t cap) {
+  using Scan = cub::BlockScan<uint32_t, kThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ uint32_t base_out, base_cand;
+  const uint32_t prefix = st->prefix[level], mask = st->mask[level];
+  const uint32_t bucket = st->bucket[level];
   const int shift = shift_of(level);
   const uint32_t digits = digits_of(level);
   const bool last = level == kLevels - 1;
-  const bool ties_win = last && st_in->in_bucket[level] == st_in->need[level + 1];
-  const uint64_t stride = grid_stride();
-  // Warp-uniform trip count: every lane takes part in the ballots.
-  const uint64_t first = thread_index();
-  for (uint64_t base = first - (threadIdx.x & 31u); base < src.n; base += stride) {
-    const uint64_t i = base + (threadIdx.x & 31u);
-    uint32_t j = 0;
-    float v = 0.0f;
-    bool in = false;
-    uint32_t digit = 0;
-    uint32_t key = 0;
-    if (i < src.n) {
-      src.get(i, j, v);
-      key = key_of(v);
-      in = (key & mask) == prefix;
-      digit = (key >> shift) & digits;
-    }
-    const bool win = in && (digit > bucket || (ties_win && digit == bucket));
-    const bool cand = in && digit == bucket && !ties_win;
-    bool any;
-    const uint32_t o = warp_append(win, &st->out_n, any);
-    if (win) {
-      out_idx[o] = j;
-      out_val[o] = v;
-    }
-    const uint32_t c = warp_append(cand, cand_n, any);
-    if (cand) {
-      if (!last) atomicAdd(&next_hist[(key >> shift_of(level + 1)) & digits_of(level + 1)], 1u);
-      if (c < cap) {
-        cand_idx[c] = j;
-        cand_val[c] = v;
+  const bool ties_win = last && st->in_bucket[level] == st->need[level + 1];
+  const uint64_t tile = uint64_t(blockDim.x) * kPer;
+  for (uint64_t t0 = blockIdx.x * tile; t0 < src.n; t0 += gridDim.x * tile) {  // block-uniform
+    uint32_t j[kPer], key[kPer];
+    float v[kPer];
+    bool ok[kPer];
+    load_tile(src, t0, j, v, ok);
+    uint32_t kind = 0;  // 2 bits per element: 1 winner, 2 candidate
+    uint32_t mine = 0;  // winners << 16 | candidates (a tile holds at most 2048 of each)
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      key[q] = key_of(v[q]);
+      if (ok[q] && (key[q] & mask) == prefix) {
+        {
+          const uint32_t digit = (key[q] >> shift) & digits;
+          const bool win = digit > bucket || (ties_win && digit == bucket);
+          const bool cand = digit == bucket && !ties_win;
+          kind |= (win ? 1u : (cand ? 2u : 0u)) << (2 * q);
+          mine += win ? (1u << 16) : (cand ? 1u : 0u);
+        }
       }
     }
+    uint32_t pos, total;
+    Scan(temp).ExclusiveSum(mine, pos, total);
+    if (threadIdx.x == 0) {
+      base_out = (total >> 16) ? atomicAdd(&st->out_n, total >> 16) : 0u;
+      base_cand = (total & 0xFFFFu) ? atomicAdd(cand_n, total & 0xFFFFu) : 0u;
+    }
+    __syncthreads();
+    uint32_t o = base_out + (pos >> 16), c = base_cand + (pos & 0xFFFFu);
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const uint32_t k2 = (kind >> (2 * q)) & 3u;
+      if (k2 == 1u) {
+        out_idx[o] = j[q];
+        out_val[o] = v[q];
+        ++o;
+      } else if (k2 == 2u) {
+        if (!last) atomicAdd(&next_hist[(key[q] >> shift_of(level + 1)) & digits_of(level + 1)], 1u);
+        if (c < cap) {
+          cand_idx[c] = j[q];
+          cand_val[c] = v[q];
+        }
+        ++c;
+      }
+    }
+    __syncthreads();  // temp and the bases are reused by the next tile
   }
 }
 
@@ -318,47 +368,31 @@ inline const State& read_state(const Buffers& b, Workspace& ws, Stream stream) {
   return *static_cast<const State*>(ws.host());
 }
 
-/// The k largest |value(j)| over j < n, ordered; idx/val are the caller's device arrays.
+/// Levels 0 … 2 after the level-0 histogram, the ties, and the final ordering.
 template <class V>
-void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream) {
-  if (k == 0 || n == 0) return;
-  const size_t tb = temp_bytes(n, k);
-  uint64_t total = 0;
-  carve(nullptr, n, k, tb, total);
-  Buffers b = carve(static_cast<char*>(ws.get(total, stream)), n, k, tb, total);
-  const uint64_t cap = capacity(n, k);
-  const Full<V> full{value, n};
-
-  State init{};
-  init.need[0] = uint32_t(k);
-  SKETCHSGD_CUDA_CHECK(cudaMemcpyAsync(b.st, &init, sizeof(State), cudaMemcpyHostToDevice, stream));
-  SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(b.hist, 0, kLevels * kBins * sizeof(uint32_t), stream));
-  // The host State above is copied before this function returns: read_state synchronises.
-
-  histogram_kernel<<<grid_for(n, 8), kThreads, 0, stream>>>(full, b.hist);
+void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Buffers& b,
+            uint64_t cap, Workspace& ws, Stream stream) {
+  const uint64_t n = full.n;
+  choose_kernel<1024><<<1, 1024, 0, stream>>>(b.st, b.hist, 0);
   SKETCHSGD_LAUNCH_CHECK();
-  uint64_t src_n = n;  // candidates in the current source (n: the full input)
+  uint64_t src_n = n;  // values in the current source (n: the full input)
   bool from_full = true;
-  int in = 0;          // buffer read at the current level when !from_full
+  int in = 0;  // buffer read at the current level when !from_full
   for (int level = 0; level < kLevels; ++level) {
-    if (level == 0) {
-      choose_kernel<1024><<<1, 1024, 0, stream>>>(b.st, b.hist, 0);
-      SKETCHSGD_LAUNCH_CHECK();
-    }
     const int outb = from_full ? 0 : 1 - in;
     uint32_t* next_hist = level + 1 < kLevels ? b.hist + (level + 1) * kBins : nullptr;
     uint32_t* cand_n = b.st->buf_n + outb;
     SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(cand_n, 0, sizeof(uint32_t), stream));
     if (from_full) {
-      filter_kernel<<<grid_for(n, 8), kThreads, 0, stream>>>(full, b.st, b.st, level, b.out_idx,
-                                                             b.out_val, next_hist, b.buf_idx[outb],
-                                                             b.buf_val[outb], cand_n, cap);
+      filter_kernel<<<grid_for(n, kPer), kThreads, 0, stream>>>(full, b.st, level, b.out_idx, b.out_val,
+                                                                next_hist, b.buf_idx[outb],
+                                                                b.buf_val[outb], cand_n, cap);
     } else {
       const Buffer src{b.buf_idx[in], b.buf_val[in], src_n};
-      filter_kernel<<<grid_for(src_n, 4), kThreads, 0, stream>>>(src, b.st, b.st, level, b.out_idx,
-                                                                 b.out_val, next_hist,
-                                                                 b.buf_idx[outb], b.buf_val[outb],
-                                                                 cand_n, cap);
+      filter_kernel<<<grid_for(src_n, kPer), kThreads, 0, stream>>>(src, b.st, level, b.out_idx,
+                                                                    b.out_val, next_hist,
+                                                                    b.buf_idx[outb], b.buf_val[outb],
+                                                                    cand_n, cap);
     }
     SKETCHSGD_LAUNCH_CHECK();
     if (level + 1 < kLevels) {
@@ -406,6 +440,36 @@ void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace&
                                                                  int64_t(k), 0, 63, stream));
   permute_kernel<<<grid_for(k), kThreads, 0, stream>>>(pos.Current(), b.out_idx, b.out_val, k, idx, val);
   SKETCHSGD_LAUNCH_CHECK();
+}
+
+/// The k largest |value(j)| over j < n, ordered; idx/val are the caller's device arrays. With
+/// materialize, values are computed once into workspace (n floats) instead of once per pass
+/// over the input: worth it when a value costs more than reading 8 bytes.
+template <class V>
+void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream,
+          bool materialize) {
+  if (k == 0 || n == 0) return;
+  const size_t tb = temp_bytes(n, k);
+  uint64_t total = 0;
+  carve(nullptr, n, k, tb, total);
+  const uint64_t extra = materialize ? (n * sizeof(float) + 255) / 256 * 256 : 0;
+  char* base = static_cast<char*>(ws.get(total + extra, stream));
+  const Buffers b = carve(base, n, k, tb, total);
+  float* store = materialize ? reinterpret_cast<float*>(base + total) : nullptr;
+  const uint64_t cap = capacity(n, k);
+
+  State init{};
+  init.need[0] = uint32_t(k);
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so init may go.
+  SKETCHSGD_CUDA_CHECK(cudaMemcpyAsync(b.st, &init, sizeof(State), cudaMemcpyHostToDevice, stream));
+  SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(b.hist, 0, kLevels * kBins * sizeof(uint32_t), stream));
+  const Full<V> full{value, n};
+  histogram_kernel<<<grid_for(n, kPer), kThreads, 0, stream>>>(full, b.hist, store);
+  SKETCHSGD_LAUNCH_CHECK();
+  if (materialize)
+    finish(Full<Values>{Values{store}, n}, k, idx, val, b, cap, ws, stream);
+  else
+    finish(full, k, idx, val, b, cap, ws, stream);
 }
 
 }  // namespace sketchsgd::kernels::cuda::select

@@ -61,12 +61,6 @@ void with_estimator(const SketchLayout& s, const float* table, F&& f) {
   }
 }
 
-/// The values of a plain vector, for the selection kernels.
-struct Plain {
-  const float* x;
-  __device__ __forceinline__ float operator()(uint32_t j) const { return __ldg(x + j); }
-};
-
 __global__ void precompute_kernel(hash::RowHash h, uint64_t dim, uint32_t cols, uint32_t* out) {
   for (uint64_t j = thread_index(); j < dim; j += grid_stride()) out[j] = hash::locate(h, uint32_t(j), cols);
 }
@@ -158,7 +152,8 @@ void estimate_all(const SketchLayout& s, const float* table, float* out, Stream 
 void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val,
                    Workspace& ws, Stream stream) {
   SKETCHSGD_REQUIRE(k <= s.dim, InvalidArgument, "estimate_topk: k = ", k, " exceeds dim = ", s.dim);
-  with_estimator(s, table, [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream); });
+  // Estimates cost r gathers and a median each: compute them once (d floats of workspace).
+  with_estimator(s, table, [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, true); });
 }
 
 void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n, Stream stream) {
@@ -180,7 +175,7 @@ void l2_estimate(const SketchLayout& s, const float* table, double* out, Workspa
 void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream) {
   SKETCHSGD_REQUIRE(k <= n, InvalidArgument, "topk: k = ", k, " exceeds n = ", n);
   SKETCHSGD_REQUIRE(n < (uint64_t(1) << 32), InvalidArgument, "topk: n = ", n, " needs 32-bit indices");
-  select::topk(Plain{x}, n, k, idx, val, ws, stream);
+  select::topk(select::Values{x}, n, k, idx, val, ws, stream, false);
 }
 
 }  // namespace sketchsgd::kernels::cuda

@@ -74,7 +74,20 @@ __global__ void scatter_axpy_kernel(float* y, const uint32_t* idx, const float* 
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[idx[i]] += a * val[i];
 }
 
+__global__ void check_indices_kernel(const uint32_t* idx, uint64_t n, uint64_t limit,
+                                     unsigned long long* first) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride())
+    if (idx[i] >= limit) atomicMin(first, (unsigned long long)i);
+}
+
 }  // namespace
+
+void check_indices(const uint32_t* idx, size_t n, uint64_t limit, unsigned long long* first,
+                   Stream stream) {
+  if (n == 0) return;
+  check_indices_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(idx, n, limit, first);
+  SKETCHSGD_LAUNCH_CHECK();
+}
 
 void find_nonfinite(const float* x, size_t n, unsigned long long* first, Stream stream) {
   if (n == 0) return;

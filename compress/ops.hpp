@@ -1,0 +1,37 @@
+// Vector operations on a Device: the CPU kernels or the CUDA kernels, so that codecs are written
+// once. Vectors are in the device's memory; index lists decoded from messages are host vectors
+// and are staged on the device where needed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../kernels/device.hpp"
+
+namespace sketchsgd::ops {
+
+/// Index of the first NaN/±Inf, or kernels::kNone.
+size_t find_nonfinite(const Device& d, std::span<const float> x);
+void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a);
+void scale(const Device& d, std::span<float> y, float a);
+/// u = ρ·u + g; v += u.
+void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
+                         std::span<const float> g, float rho);
+/// y[idx] = 0 (host indices).
+void zero_at(const Device& d, std::span<float> y, std::span<const uint32_t> idx);
+/// y = 0 except y[idx[i]] = val[i] (host lists).
+void write_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
+                  std::span<const float> val);
+/// y[idx[i]] += a · val[i] (host lists).
+void add_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
+                std::span<const float> val, float a);
+/// x[idx] on the host.
+std::vector<float> gather(const Device& d, std::span<const float> x, std::span<const uint32_t> idx);
+/// The k largest |x|, ordered (|x| desc, index asc), on the host. ws: reused GPU scratch.
+void topk(const Device& d, std::span<const float> x, size_t k, std::vector<uint32_t>& idx,
+          std::vector<float>& val, kernels::cuda::Workspace& ws);
+/// Host copy of a vector in the device's memory (the span itself on the CPU: no copy).
+std::span<const float> to_host(const Device& d, std::span<const float> x, std::vector<float>& staging);
+
+}  // namespace sketchsgd::ops

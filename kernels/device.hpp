@@ -1,0 +1,82 @@
+// Where a sketch or codec keeps its memory and runs its kernels, faiss-style: choose the device
+// once when creating the object; afterwards every span it takes or returns lives there (device
+// memory for a GPU), and the object runs the matching kernels. Callers never branch again.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda.hpp"
+
+namespace sketchsgd {
+
+struct Device {
+  int gpu = -1;                             ///< CUDA device ordinal; −1: the CPU
+  kernels::cuda::Stream stream = nullptr;   ///< the caller's stream (null: the default stream)
+
+  static Device cpu() { return {}; }
+  static Device cuda(int id = 0, kernels::cuda::Stream s = nullptr) { return {id, s}; }
+  bool is_gpu() const { return gpu >= 0; }
+  bool operator==(const Device& o) const { return gpu == o.gpu && stream == o.stream; }
+  /// "cpu" or "cuda:N".
+  std::string name() const;
+  /// Parses "cpu", "cuda" or "cuda:N" (InvalidArgument otherwise).
+  static Device parse(const std::string& text);
+  /// Makes this device current for the calling thread; CudaError when it does not exist or the
+  /// build has no CUDA. No-op for the CPU.
+  void activate() const;
+};
+
+namespace detail {
+/// Owning device allocation (cudaMalloc on the device; freed by the deleter).
+std::shared_ptr<void> device_alloc(size_t bytes, const Device& d);
+/// Copies between any two of host and device memory and waits for it (stream order kept).
+void copy_bytes(void* dst, const void* src, size_t bytes, const Device& d);
+void zero_bytes(void* dst, size_t bytes, const Device& d);
+}  // namespace detail
+
+/// A zero-initialised array on a Device: a std::vector on the CPU, device memory on a GPU.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(size_t n, const Device& d) : dev_(d), n_(n) {
+    if (d.is_gpu()) {
+      mem_ = detail::device_alloc(n * sizeof(T), d);
+      zero();
+    } else {
+      host_.assign(n, T{});
+    }
+  }
+
+  const Device& device() const { return dev_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  T* data() { return dev_.is_gpu() ? static_cast<T*>(mem_.get()) : host_.data(); }
+  const T* data() const { return dev_.is_gpu() ? static_cast<const T*>(mem_.get()) : host_.data(); }
+  std::span<T> span() { return {data(), n_}; }
+  std::span<const T> span() const { return {data(), n_}; }
+
+  void zero() { detail::zero_bytes(data(), n_ * sizeof(T), dev_); }
+  /// Host → this buffer's first src.size() elements (src.size() ≤ size()).
+  void upload(std::span<const T> src) { detail::copy_bytes(data(), src.data(), src.size_bytes(), dev_); }
+  /// This buffer's first dst.size() elements → host.
+  void download(std::span<T> dst) const { detail::copy_bytes(dst.data(), data(), dst.size_bytes(), dev_); }
+  std::vector<T> to_vector() const {
+    std::vector<T> out(n_);
+    download(out);
+    return out;
+  }
+
+ private:
+  Device dev_;
+  size_t n_ = 0;
+  std::vector<T> host_;
+  std::shared_ptr<void> mem_;
+};
+
+}  // namespace sketchsgd
