@@ -437,7 +437,8 @@ TEST(CudaSketch, RejectsBadInputWithoutChangingTheTable) {
   } catch (const NonFiniteError& e) {
     EXPECT_NE(std::string(e.what()).find("4321"), std::string::npos) << e.what();
   }
-  for (float v : gpu.to(Device::cpu()).table()) ASSERT_EQ(v, 0.0f);  // empty: exactly zero again
+  const CountSketch rolled_back = gpu.to(Device::cpu());
+  for (float v : rolled_back.table()) ASSERT_EQ(v, 0.0f);  // it was empty: exactly zero again
   x[4321] = 1.0f;
   Dev<float> good(x);
   gpu.accumulate(cspan(good, x.size()));
