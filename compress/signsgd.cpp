@@ -9,6 +9,7 @@
 #include "../kernels/error.hpp"
 #include "feedback.hpp"
 #include "mean_aggregator.hpp"
+#include "ops.hpp"
 #include "payload.hpp"
 #include "registry.hpp"
 
@@ -76,11 +77,12 @@ class ScaledSignAggregator final : public MeanAggregator {
 
 class SignSGD final : public Compressor {
  public:
-  SignSGD(uint64_t dim, std::string spec, bool ef, uint64_t chunk, float momentum)
-      : Compressor(CodecId::SignSGD, dim, std::move(spec)),
+  SignSGD(uint64_t dim, std::string spec, bool ef, uint64_t chunk, float momentum,
+          const Device& device)
+      : Compressor(CodecId::SignSGD, dim, std::move(spec), device),
         ef_(ef),
         chunk_(chunk),
-        fb_(dim, momentum, ef) {}
+        fb_(dim, momentum, ef, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     if (ef_) return std::make_unique<ScaledSignAggregator>(*this, world, chunk_);
@@ -99,16 +101,14 @@ class SignSGD final : public Compressor {
     const auto p = fb_.absorb(g);
     std::vector<float> scales(scale_count());
     if (ef_) {
-      std::vector<kernels::ChunkStats> stats(scales.size());
-      kernels::cpu::chunk_stats(p.data(), p.size(), chunk_, stats.data());
+      const auto stats = ops::chunk_stats(device(), p, chunk_);
       for (size_t c = 0; c < stats.size(); ++c) scales[c] = stats[c].abs_mean;
     }
-    std::vector<uint32_t> words(words_of(dim()));
-    kernels::cpu::pack_signs(p.data(), p.size(), words.data());
+    const std::vector<uint32_t> words = ops::pack_signs(device(), p);
     if (ef_) {  // e = p − scale·sign(p)
       std::vector<float> neg(scales.size());
       for (size_t c = 0; c < scales.size(); ++c) neg[c] = -scales[c];
-      kernels::cpu::unpack_signs(words.data(), dim(), chunk_, neg.data(), fb_.error().data(), true);
+      ops::unpack_signs(device(), words, chunk_, neg, fb_.error(), true);
     }
     return Message::build(h, max_payload(MessageKind::Gradient), [&](ByteWriter& w) {
       w.put_array(std::span<const float>(scales));
@@ -117,11 +117,10 @@ class SignSGD final : public Compressor {
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    if (ef_) return read_dense_update(r, step);
+    if (ef_) return read_dense_update(r, step, device());
     const auto codes = r.take<uint8_t>((dim() + 3) / 4);
     r.expect_end();
-    const size_t bad = kernels::cpu::unpack_ternary(codes.data(), dim(), dim(), nullptr, 1.0f,
-                                                    step.data(), false);
+    const size_t bad = ops::unpack_ternary(device(), codes, dim(), {}, 1.0f, step, false);
     SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "signsgd: invalid vote code at ", bad);
   }
 
@@ -138,11 +137,10 @@ SKETCHSGD_REGISTER_CODEC(
                  4294967295.0},
                 {"momentum", "local momentum before the sign (Signum)", 0, 0, 0.999, false}},
                [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
-       SKETCHSGD_REQUIRE(!device.is_gpu(), InvalidArgument, "signsgd runs on the CPU only so far (its packing kernels exist for CUDA; the codec does not use them yet): create it with Device::cpu()");
                  uint64_t chunk = o.integer("chunk");
                  if (chunk == 0 || chunk > dim) chunk = dim;
                  return std::make_unique<SignSGD>(dim, std::move(spec), o.flag("ef"), chunk,
-                                                  float(o.number("momentum")));
+                                                  float(o.number("momentum")), device);
                }});
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "../kernels/error.hpp"
 #include "feedback.hpp"
 #include "mean_aggregator.hpp"
+#include "ops.hpp"
 #include "payload.hpp"
 #include "registry.hpp"
 
@@ -53,12 +54,12 @@ class TernAggregator final : public MeanAggregator {
 class TernGrad final : public Compressor {
  public:
   TernGrad(uint64_t dim, std::string spec, uint64_t chunk, float clip, uint64_t seed, bool ef,
-           float momentum)
-      : Compressor(CodecId::TernGrad, dim, std::move(spec)),
+           float momentum, const Device& device)
+      : Compressor(CodecId::TernGrad, dim, std::move(spec), device),
         chunk_(chunk),
         clip_(clip),
         seed_(seed),
-        fb_(dim, momentum, ef) {}
+        fb_(dim, momentum, ef, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<TernAggregator>(*this, world, chunk_);
@@ -72,8 +73,7 @@ class TernGrad final : public Compressor {
   Message do_encode(std::span<const float> g, const Header& h) override {
     const auto v = fb_.absorb(g);
     const uint64_t nc = chunks_of(dim(), chunk_);
-    std::vector<kernels::ChunkStats> stats(nc);
-    kernels::cpu::chunk_stats(v.data(), v.size(), chunk_, stats.data());
+    const auto stats = ops::chunk_stats(device(), v, chunk_);
     std::vector<float> scales(nc);
     for (uint64_t c = 0; c < nc; ++c)
       scales[c] = clip_ > 0 ? std::min(stats[c].abs_max, clip_ * stats[c].stddev) : stats[c].abs_max;
@@ -82,19 +82,17 @@ class TernGrad final : public Compressor {
     Message m = Message::build(h, max_payload(MessageKind::Gradient), [&](ByteWriter& w) {
       w.put(uint32_t(chunk_));
       w.put_array(std::span<const float>(scales));
-      kernels::cpu::ternarize(v.data(), v.size(), chunk_, scales.data(), seed_, stream,
-                              w.grow(nbytes));
+      ops::ternarize(device(), v, chunk_, scales, seed_, stream, w.grow(nbytes));
     });
     if (fb_.has_error()) {  // e −= what was sent
       const auto codes = payload_of(m).subspan(4 + 4 * nc);
-      kernels::cpu::unpack_ternary(codes.data(), dim(), chunk_, scales.data(), -1.0f,
-                                   fb_.error().data(), true);
+      ops::unpack_ternary(device(), codes, chunk_, scales, -1.0f, fb_.error(), true);
     }
     return m;
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    read_dense_update(r, step);
+    read_dense_update(r, step, device());
   }
 
   uint64_t chunk_;
@@ -113,12 +111,11 @@ SKETCHSGD_REGISTER_CODEC(
       {"ef", "1: error feedback", 0, 0, 1},
       {"momentum", "local momentum before quantisation", 0, 0, 0.999, false}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
-       SKETCHSGD_REQUIRE(!device.is_gpu(), InvalidArgument, "terngrad runs on the CPU only so far (its packing kernels exist for CUDA; the codec does not use them yet): create it with Device::cpu()");
        uint64_t chunk = o.integer("chunk");
        if (chunk == 0 || chunk > dim) chunk = dim;
        return std::make_unique<TernGrad>(dim, std::move(spec), chunk, float(o.number("clip")),
                                          o.integer("seed"), o.flag("ef"),
-                                         float(o.number("momentum")));
+                                         float(o.number("momentum")), device);
      }});
 
 }  // namespace

@@ -466,9 +466,14 @@ Pair both(const std::string& spec, uint64_t dim) {
   return {make_compressor(spec, dim), make_compressor(spec, dim, Device::cuda())};
 }
 
+/// How closely a GPU codec's messages must match the CPU's: bit for bit; payload floats to
+/// rounding (sketch tables: atomic order); or ≥ 99.9 % of payload bytes (scales from double sums
+/// in another order can move a float by one ulp, and a stochastic rounding near it then differs).
+enum class Match { Exact, Floats, Mostly };
+
 /// Worker rounds on both devices with the server on the CPU: gradients, updates and parameters on
-/// the GPU codec stay device memory; messages agree exactly (or, for sketches, to rounding).
-void expect_codec_agrees(const std::string& spec, bool exact_messages) {
+/// the GPU codec stay device memory; messages agree as `match` says, parameters exactly.
+void expect_codec_agrees(const std::string& spec, Match match) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(spec + " seed " + std::to_string(seed));
   const uint64_t dim = 300007;
@@ -482,8 +487,13 @@ void expect_codec_agrees(const std::string& spec, bool exact_messages) {
     const Message mc = codecs.cpu->encode(g, round, 0);
     const Message mg = codecs.gpu->encode(cspan(dg, dim), round, 0);
     ASSERT_EQ(mc.size(), mg.size());
-    if (exact_messages) {
+    if (match == Match::Exact) {
       EXPECT_TRUE(std::equal(mc.bytes().begin(), mc.bytes().end(), mg.bytes().begin())) << round;
+    } else if (match == Match::Mostly) {
+      const auto pc = payload_of(mc.bytes()), pg = payload_of(mg.bytes());
+      size_t differ = 0;
+      for (size_t i = 0; i < pc.size(); ++i) differ += pc[i] != pg[i];
+      EXPECT_LE(differ, pc.size() / 1000) << round;
     } else {
       const auto pc = payload_of(mc.bytes()), pg = payload_of(mg.bytes());
       std::vector<float> fc(pc.size() / 4), fg(pg.size() / 4);
@@ -511,10 +521,19 @@ void expect_codec_agrees(const std::string& spec, bool exact_messages) {
 
 TEST(CudaCodec, DenseTopkAndSketchWorkersMatchTheCpu) {
   REQUIRE_GPU();
-  expect_codec_agrees("dense:momentum=0.9", true);
-  expect_codec_agrees("topk:k=3000,momentum=0.9", true);
-  expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9", false);
-  expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1", false);
+  expect_codec_agrees("dense:momentum=0.9", Match::Exact);
+  expect_codec_agrees("topk:k=3000,momentum=0.9", Match::Exact);
+  expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9", Match::Floats);
+  expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1", Match::Floats);
+}
+
+TEST(CudaCodec, QuantisingWorkersMatchTheCpu) {
+  REQUIRE_GPU();
+  expect_codec_agrees("signsgd:momentum=0.9", Match::Exact);
+  expect_codec_agrees("terngrad:chunk=1000", Match::Exact);  // scale = max |x|: exact everywhere
+  expect_codec_agrees("terngrad:ef=1,momentum=0.5", Match::Exact);
+  expect_codec_agrees("signsgd:ef=1,chunk=4096,momentum=0.9", Match::Mostly);
+  expect_codec_agrees("terngrad:chunk=1000,clip=2.5", Match::Mostly);
 }
 
 /// Server side on the GPU: the same messages give the same Update bytes as the CPU aggregator
@@ -559,18 +578,6 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
     auto restored = workers.gpu->make_aggregator(2);
     restored->load_state(cpu->save_state());
     EXPECT_EQ(restored->save_state(), cpu->save_state());
-  }
-}
-
-TEST(CudaCodec, CodecsWithoutAGpuPathSaySo) {
-  REQUIRE_GPU();
-  for (const char* spec : {"signsgd", "terngrad"}) {
-    try {
-      make_compressor(spec, 1000, Device::cuda());
-      FAIL() << spec;
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("CPU"), std::string::npos) << e.what();
-    }
   }
 }
 
