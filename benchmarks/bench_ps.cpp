@@ -125,7 +125,7 @@ double loopback_floor(uint32_t world, size_t up, size_t down, int rounds) {
   return median(times);
 }
 
-Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds) {
+Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds, const Device& device) {
   ServerOptions o;
   o.bind = "tcp://127.0.0.1:*";
   o.quiet = true;
@@ -134,6 +134,7 @@ Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds)
   o.job.dim = d;
   o.job.spec = spec;
   o.job.lr = 0.01f;
+  o.job.device = device;
   o.job.max_rounds = uint64_t(rounds) + 1;
   o.finish_grace = std::chrono::milliseconds(100);
   o.metrics = "/tmp/sketchsgd_bench_ps_" + std::to_string(::getpid()) + ".jsonl";
@@ -212,8 +213,10 @@ int main(int argc, char** argv) {
   f.add("workers", "1,2,4,8", "W values");
   f.add("rounds", "5", "measured rounds per case (median reported)");
   f.add("out", "", "append JSON lines here");
+  f.add("device", "cpu", "where the server's aggregator runs: cpu or cuda[:N]");
   try {
     if (!f.parse(argc, argv)) return 0;
+    const Device device = Device::parse(f.str("device"));
     std::ofstream out;
     if (!f.str("out").empty()) out.open(f.str("out"), std::ios::app);
     std::printf("%-8s %10s %3s %10s %10s %6s %10s %10s %12s %12s %8s\n", "codec", "d", "W",
@@ -224,7 +227,7 @@ int main(int argc, char** argv) {
       for (uint64_t d : list(f.str("dims")))
         for (uint64_t w : list(f.str("workers"))) {
           const std::string spec = spec_for(codec, d);
-          const Result r = run_case(spec, d, uint32_t(w), int(f.u64("rounds")));
+          const Result r = run_case(spec, d, uint32_t(w), int(f.u64("rounds")), device);
           const double dense = 2.0 * (double(d) * 4 + 48);  // a dense push and a dense update
           const double vs_dense = dense / double(r.up_each + r.down_each);
           std::printf("%-8s %10llu %3llu %10.2f %10.2f %6.2f %10.2f %10.2f %12llu %12llu %7.1fx\n",
@@ -233,7 +236,7 @@ int main(int argc, char** argv) {
                       (unsigned long long)r.up_each, (unsigned long long)r.down_each, vs_dense);
           std::fflush(stdout);
           if (out)
-            out << "{\"codec\":\"" << codec << "\",\"spec\":\"" << spec << "\",\"d\":" << d
+            out << "{\"device\":\"" << device.name() << "\",\"codec\":\"" << codec << "\",\"spec\":\"" << spec << "\",\"d\":" << d
                 << ",\"workers\":" << w << ",\"round_ms\":" << r.round_ms
                 << ",\"floor_ms\":" << r.floor_ms << ",\"merge_ms\":" << r.merge_ms
                 << ",\"encode_ms\":" << r.encode_ms << ",\"up_bytes\":" << r.up_each

@@ -80,7 +80,10 @@ Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::m
   SKETCHSGD_REQUIRE(cfg_.staleness == 0 || !codec_->two_rounds(), InvalidArgument,
                     "bounded staleness needs a one-round codec: ", cfg_.spec,
                     " queries worker state that has moved on");
-  agg_ = codec_->make_aggregator(cfg_.world);
+  // The aggregator keeps only the codec's identity and limits: one made by a codec on the chosen
+  // device runs there, while codec_ (host) keeps decoding into the host model.
+  agg_ = cfg_.device.is_gpu() ? make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world)
+                              : codec_->make_aggregator(cfg_.world);
   workers_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
   reset_round();

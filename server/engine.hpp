@@ -55,6 +55,9 @@ struct JobConfig {
   /// of the last update it received. 0: synchronous. Not with two-round codecs.
   uint32_t staleness = 0;
   bool authenticated = false;  ///< CURVE: a Hello's rank must be the one its key is bound to
+  /// Where the aggregator sums and decodes (a GPU: the sketch unsketch runs there). The server's
+  /// model copy stays on the host.
+  Device device = Device::cpu();
 
   void validate() const;
 };

@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
         "SKETCHSGD_DEAD_AFTER");
   f.add("staleness", "0", "bounded staleness: rounds a worker may push ahead (0: synchronous)",
         "SKETCHSGD_STALENESS");
+  f.add("device", "cpu", "where the aggregator runs: cpu, cuda or cuda:N (sketch unsketch on the GPU)",
+        "SKETCHSGD_DEVICE");
   f.add("checkpoint", "", "checkpoint file; resumed from when it exists", "SKETCHSGD_CHECKPOINT");
   f.add("checkpoint-every", "100", "rounds between checkpoints (with --checkpoint)",
         "SKETCHSGD_CHECKPOINT_EVERY");
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
     o.job.heartbeat = Millis(f.u64("heartbeat-ms"));
     o.job.dead_after = uint32_t(f.u64("dead-after"));
     o.job.staleness = uint32_t(f.u64("staleness"));
+    o.job.device = sketchsgd::Device::parse(f.str("device"));
     o.job.checkpoint = f.str("checkpoint");
     o.job.checkpoint_every = f.u64("checkpoint-every");
     o.job.max_rounds = f.u64("rounds");
