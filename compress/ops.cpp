@@ -1,6 +1,8 @@
 #include "ops.hpp"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include "../kernels/cpu.hpp"
 #include "../kernels/error.hpp"
@@ -10,24 +12,58 @@ namespace cu = kernels::cuda;
 namespace cpu = kernels::cpu;
 
 namespace {
-/// Host list → device copy (the host list itself on the CPU).
-template <class T>
-const T* staged(const Device& d, std::span<const T> host, Buffer<T>& buf) {
-  if (!d.is_gpu()) return host.data();
-  buf = Buffer<T>(host.size(), d);
-  buf.upload(host);
-  return buf.data();
+
+/// Reusable device memory of the ops on one (device, stream) for the calling thread: staging
+/// slots that grow and never shrink, and a flag word. After a codec's first round its hot path
+/// allocates nothing. Reuse is safe: every upload into a slot is ordered on the same stream after
+/// the kernels that read the slot's previous contents.
+struct Scratch {
+  Buffer<uint8_t> slot[3];
+  Buffer<unsigned long long> flag;
+};
+
+Scratch& scratch(const Device& d) {
+  thread_local std::map<std::pair<int, cu::Stream>, Scratch> all;
+  return all[{d.gpu, d.stream}];
 }
+
+/// Device room for n Ts in a slot.
+template <class T>
+T* room(const Device& d, size_t n, int slot) {
+  Buffer<uint8_t>& b = scratch(d).slot[slot];
+  const size_t bytes = std::max<size_t>(n * sizeof(T), 1);
+  if (b.size() < bytes) b = Buffer<uint8_t>(std::max(bytes, b.size() + b.size() / 2), d);
+  return reinterpret_cast<T*>(b.data());
+}
+
+/// Host list → device copy in a slot (the host list itself on the CPU).
+template <class T>
+const T* staged(const Device& d, std::span<const T> host, int slot) {
+  if (!d.is_gpu()) return host.data();
+  T* p = room<T>(d, host.size(), slot);
+  detail::copy_bytes(p, host.data(), host.size_bytes(), d);
+  return p;
+}
+
+/// Runs a device check that min-s a position into the flag; kNone when nothing was found.
+template <class Check>
+size_t device_check(const Device& d, Check&& check) {
+  Buffer<unsigned long long>& flag = scratch(d).flag;
+  if (flag.empty()) flag = Buffer<unsigned long long>(1, d);
+  cu::reset_flag(flag.data(), d.stream);
+  check(flag.data());
+  unsigned long long got = 0;
+  flag.download(std::span<unsigned long long>(&got, 1));
+  return got == ~0ull ? kernels::kNone : size_t(got);
+}
+
 }  // namespace
 
 size_t find_nonfinite(const Device& d, std::span<const float> x) {
   if (!d.is_gpu()) return cpu::find_nonfinite(x.data(), x.size());
-  Buffer<unsigned long long> flag(1, d);
-  const unsigned long long none = ~0ull;
-  flag.upload(std::span<const unsigned long long>(&none, 1));
-  cu::find_nonfinite(x.data(), x.size(), flag.data(), d.stream);
-  const unsigned long long got = flag.to_vector()[0];
-  return got == ~0ull ? kernels::kNone : size_t(got);
+  return device_check(d, [&](unsigned long long* flag) {
+    cu::find_nonfinite(x.data(), x.size(), flag, d.stream);
+  });
 }
 
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a) {
@@ -54,8 +90,7 @@ void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v
 
 
 void zero_at(const Device& d, std::span<float> y, std::span<const uint32_t> idx) {
-  Buffer<uint32_t> di;
-  const uint32_t* p = staged(d, idx, di);
+  const uint32_t* p = staged(d, idx, 0);
   if (d.is_gpu())
     cu::zero_at(y.data(), p, idx.size(), d.stream);
   else
@@ -64,10 +99,8 @@ void zero_at(const Device& d, std::span<float> y, std::span<const uint32_t> idx)
 
 void write_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
                   std::span<const float> val) {
-  Buffer<uint32_t> di;
-  Buffer<float> dv;
-  const uint32_t* pi = staged(d, idx, di);
-  const float* pv = staged(d, val, dv);
+  const uint32_t* pi = staged(d, idx, 0);
+  const float* pv = staged(d, val, 1);
   if (d.is_gpu()) {
     cu::zero(y.data(), y.size_bytes(), d.stream);
     cu::scatter(y.data(), pi, pv, idx.size(), d.stream);
@@ -79,10 +112,8 @@ void write_sparse(const Device& d, std::span<float> y, std::span<const uint32_t>
 
 void add_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
                 std::span<const float> val, float a) {
-  Buffer<uint32_t> di;
-  Buffer<float> dv;
-  const uint32_t* pi = staged(d, idx, di);
-  const float* pv = staged(d, val, dv);
+  const uint32_t* pi = staged(d, idx, 0);
+  const float* pv = staged(d, val, 1);
   if (d.is_gpu())
     cu::scatter_axpy(y.data(), pi, pv, idx.size(), a, d.stream);
   else
@@ -95,10 +126,9 @@ std::vector<float> gather(const Device& d, std::span<const float> x, std::span<c
     cpu::gather(x.data(), idx.data(), idx.size(), out.data());
     return out;
   }
-  Buffer<uint32_t> di;
-  Buffer<float> dv(idx.size(), d);
-  cu::gather(x.data(), staged(d, idx, di), idx.size(), dv.data(), d.stream);
-  dv.download(out);
+  float* dv = room<float>(d, idx.size(), 1);
+  cu::gather(x.data(), staged(d, idx, 0), idx.size(), dv, d.stream);
+  detail::copy_bytes(out.data(), dv, out.size() * sizeof(float), d);
   return out;
 }
 
@@ -110,11 +140,11 @@ void topk(const Device& d, std::span<const float> x, size_t k, std::vector<uint3
     cpu::topk(x.data(), x.size(), k, idx.data(), val.data());
     return;
   }
-  Buffer<uint32_t> di(k, d);
-  Buffer<float> dv(k, d);
-  cu::topk(x.data(), x.size(), k, di.data(), dv.data(), ws, d.stream);
-  di.download(idx);
-  dv.download(val);
+  uint32_t* di = room<uint32_t>(d, k, 0);
+  float* dv = room<float>(d, k, 1);
+  cu::topk(x.data(), x.size(), k, di, dv, ws, d.stream);
+  detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
+  detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
 }
 
 std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const float> x, size_t chunk) {
@@ -123,9 +153,9 @@ std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const fl
     cpu::chunk_stats(x.data(), x.size(), chunk, out.data());
     return out;
   }
-  Buffer<kernels::ChunkStats> dev(out.size(), d);
-  cu::chunk_stats(x.data(), x.size(), chunk, dev.data(), d.stream);
-  dev.download(out);
+  auto* dev = room<kernels::ChunkStats>(d, out.size(), 0);
+  cu::chunk_stats(x.data(), x.size(), chunk, dev, d.stream);
+  detail::copy_bytes(out.data(), dev, out.size() * sizeof(kernels::ChunkStats), d);
   return out;
 }
 
@@ -135,9 +165,9 @@ std::vector<uint32_t> pack_signs(const Device& d, std::span<const float> x) {
     cpu::pack_signs(x.data(), x.size(), words.data());
     return words;
   }
-  Buffer<uint32_t> dev(words.size(), d);
-  cu::pack_signs(x.data(), x.size(), dev.data(), d.stream);
-  dev.download(words);
+  uint32_t* dev = room<uint32_t>(d, words.size(), 0);
+  cu::pack_signs(x.data(), x.size(), dev, d.stream);
+  detail::copy_bytes(words.data(), dev, words.size() * sizeof(uint32_t), d);
   return words;
 }
 
@@ -148,10 +178,8 @@ void unpack_signs(const Device& d, std::span<const uint32_t> words, size_t chunk
                       out.data(), accumulate);
     return;
   }
-  Buffer<uint32_t> dw;
-  Buffer<float> ds;
-  const uint32_t* pw = staged(d, words, dw);
-  const float* ps = scales.empty() ? nullptr : staged(d, scales, ds);
+  const uint32_t* pw = staged(d, words, 0);
+  const float* ps = scales.empty() ? nullptr : staged(d, scales, 1);
   cu::unpack_signs(pw, out.size(), chunk, ps, out.data(), accumulate, d.stream);
 }
 
@@ -161,10 +189,10 @@ void ternarize(const Device& d, std::span<const float> x, size_t chunk, std::spa
     cpu::ternarize(x.data(), x.size(), chunk, scales.data(), seed, stream, codes);
     return;
   }
-  Buffer<float> ds;
-  Buffer<uint8_t> dc((x.size() + 3) / 4, d);
-  cu::ternarize(x.data(), x.size(), chunk, staged(d, scales, ds), seed, stream, dc.data(), d.stream);
-  dc.download(std::span<uint8_t>(codes, dc.size()));
+  const size_t nb = (x.size() + 3) / 4;
+  uint8_t* dc = room<uint8_t>(d, nb, 0);
+  cu::ternarize(x.data(), x.size(), chunk, staged(d, scales, 1), seed, stream, dc, d.stream);
+  detail::copy_bytes(codes, dc, nb, d);
 }
 
 size_t unpack_ternary(const Device& d, std::span<const uint8_t> codes, size_t chunk,
@@ -173,15 +201,11 @@ size_t unpack_ternary(const Device& d, std::span<const uint8_t> codes, size_t ch
   const float* hs = scales.empty() ? nullptr : scales.data();
   if (!d.is_gpu())
     return cpu::unpack_ternary(codes.data(), out.size(), chunk, hs, weight, out.data(), accumulate);
-  Buffer<uint8_t> dc;
-  Buffer<float> ds;
-  Buffer<unsigned long long> flag(1, d);
-  const unsigned long long none = ~0ull;
-  flag.upload(std::span<const unsigned long long>(&none, 1));
-  cu::unpack_ternary(staged(d, codes, dc), out.size(), chunk, hs ? staged(d, scales, ds) : nullptr,
-                     weight, out.data(), accumulate, flag.data(), d.stream);
-  const unsigned long long bad = flag.to_vector()[0];
-  return bad == ~0ull ? kernels::kNone : size_t(bad);
+  const uint8_t* dc = staged(d, codes, 0);
+  const float* ds = hs ? staged(d, scales, 1) : nullptr;
+  return device_check(d, [&](unsigned long long* flag) {
+    cu::unpack_ternary(dc, out.size(), chunk, ds, weight, out.data(), accumulate, flag, d.stream);
+  });
 }
 
 std::span<const float> to_host(const Device& d, std::span<const float> x, std::vector<float>& staging) {

@@ -115,13 +115,19 @@ class SketchAggregator final : public Aggregator {
       momentum_->scale(o_.momentum);
       *momentum_ += sum_;
       *error_ += *momentum_;
-      TopK top = error_->top_k(o_.k);
-      if (device_.is_gpu()) {
-        Buffer<uint32_t> idx(top.indices.size(), device_);
-        idx.upload(top.indices);
-        momentum_->zero_buckets(idx.span());
-        error_->zero_buckets(idx.span());
+      TopK top;
+      if (device_.is_gpu()) {  // select and reset on the device; only the k results come back
+        if (top_idx_.size() != o_.k) {
+          top_idx_ = Buffer<uint32_t>(o_.k, device_);
+          top_val_ = Buffer<float>(o_.k, device_);
+        }
+        error_->top_k(top_idx_.span(), top_val_.span());
+        momentum_->zero_buckets(top_idx_.span());
+        error_->zero_buckets(top_idx_.span());
+        top.indices = top_idx_.to_vector();
+        top.values = top_val_.to_vector();
       } else {
+        top = error_->top_k(o_.k);
         momentum_->zero_buckets(top.indices);
         error_->zero_buckets(top.indices);
       }
@@ -153,6 +159,8 @@ class SketchAggregator final : public Aggregator {
   Device device_;
   CountSketch sum_;
   Buffer<float> staging_;  // a received table on its way to the GPU
+  Buffer<uint32_t> top_idx_;  // FetchSGD on a GPU: the selection, kept across rounds
+  Buffer<float> top_val_;
   std::vector<uint32_t> candidates_;
   std::vector<float> answers_;
   std::optional<CountSketch> momentum_, error_;  // FetchSGD only

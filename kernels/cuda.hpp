@@ -33,6 +33,8 @@ void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 /// Zeroes device memory, ordered on the stream (does not wait).
 void zero(void* dst, size_t bytes, Stream stream = nullptr);
 void synchronize(Stream stream = nullptr);
+/// *flag = UINT64_MAX, ordered on the stream (the "nothing found" value of the check kernels).
+void reset_flag(unsigned long long* flag, Stream stream = nullptr);
 /// *first (device, preset to UINT64_MAX) = min position i with idx[i] ≥ limit.
 void check_indices(const uint32_t* idx, size_t n, uint64_t limit, unsigned long long* first,
                    Stream stream = nullptr);

@@ -16,6 +16,7 @@ void free(void*) noexcept {}
 void copy(void*, const void*, size_t, Stream) { absent(); }
 void zero(void*, size_t, Stream) { absent(); }
 void synchronize(Stream) { absent(); }
+void reset_flag(unsigned long long*, Stream) { absent(); }
 void check_indices(const uint32_t*, size_t, uint64_t, unsigned long long*, Stream) { absent(); }
 
 Workspace::~Workspace() = default;

@@ -91,8 +91,7 @@ cu::Workspace& CountSketch::workspace() const {
 template <class Check>
 size_t CountSketch::device_check(Check&& check) const {
   if (scratch_.flag.empty()) scratch_.flag = Buffer<unsigned long long>(1, device_);
-  const unsigned long long none = ~0ull;
-  scratch_.flag.upload(std::span<const unsigned long long>(&none, 1));
+  cu::reset_flag(scratch_.flag.data(), device_.stream);
   check(scratch_.flag.data());
   unsigned long long got = 0;
   scratch_.flag.download(std::span<unsigned long long>(&got, 1));
@@ -264,11 +263,14 @@ TopK CountSketch::top_k(uint64_t k) const {
   out.indices.resize(k);
   out.values.resize(k);
   if (device_.is_gpu()) {
-    Buffer<uint32_t> idx(k, device_);
-    Buffer<float> val(k, device_);
-    top_k(idx.span(), val.span());
-    idx.download(out.indices);
-    val.download(out.values);
+    // Result buffers kept across calls (a server asks every round).
+    if (scratch_.top_idx.size() != k) {
+      scratch_.top_idx = Buffer<uint32_t>(k, device_);
+      scratch_.top_val = Buffer<float>(k, device_);
+    }
+    top_k(scratch_.top_idx.span(), scratch_.top_val.span());
+    scratch_.top_idx.download(out.indices);
+    scratch_.top_val.download(out.values);
   } else {
     top_k(std::span<uint32_t>(out.indices), std::span<float>(out.values));
   }

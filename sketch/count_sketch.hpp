@@ -97,6 +97,8 @@ class CountSketch {
   struct Scratch {
     std::unique_ptr<kernels::cuda::Workspace> ws;
     Buffer<unsigned long long> flag;
+    Buffer<uint32_t> top_idx;
+    Buffer<float> top_val;
     Scratch() = default;
     Scratch(const Scratch&) {}
     Scratch& operator=(const Scratch&) { return *this; }

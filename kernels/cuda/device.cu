@@ -40,6 +40,10 @@ void zero(void* dst, size_t bytes, Stream stream) {
 
 void synchronize(Stream stream) { SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream)); }
 
+void reset_flag(unsigned long long* flag, Stream stream) {
+  SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(flag, 0xFF, sizeof(*flag), stream));
+}
+
 Workspace::~Workspace() {
   // Destructors must not throw; a failing free at teardown leaves nothing to recover.
   if (ptr_) (void)cudaFree(ptr_);
