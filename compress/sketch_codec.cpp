@@ -82,12 +82,17 @@ class SketchAggregator final : public Aggregator {
  private:
   void absorb(ByteReader& r, const Header& h) override {
     if (h.kind == MessageKind::Gradient) {
-      const auto table = payload::read_floats(r, sum_.table().size(), "sketch cell");
-      r.expect_end();
       if (device_.is_gpu()) {
-        staging_.upload(table);
+        // Straight from the message bytes to the device, validated there: no host pass.
+        const auto bytes = r.take<uint8_t>(staging_.size() * sizeof(float));
+        r.expect_end();
+        detail::copy_bytes(staging_.data(), bytes.data(), bytes.size(), device_);
+        const size_t bad = ops::find_nonfinite(device_, staging_.span());
+        SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "sketch cell ", bad, " is not finite");
         sum_.add_table(staging_.span());
       } else {
+        const auto table = payload::read_floats(r, sum_.table().size(), "sketch cell");
+        r.expect_end();
         sum_.add_table(table);
       }
     } else {

@@ -578,6 +578,17 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
     auto restored = workers.gpu->make_aggregator(2);
     restored->load_state(cpu->save_state());
     EXPECT_EQ(restored->save_state(), cpu->save_state());
+
+    // A well-formed message carrying a NaN cell is refused by the GPU aggregator (validated on
+    // the device) exactly as on the CPU, and the round goes on without it.
+    std::vector<float> cells(workers.cpu->max_payload(MessageKind::Gradient) / 4, 0.5f);
+    cells[cells.size() / 3] = std::nanf("");
+    const Message poisoned = Message::build(
+        workers.cpu->make_header(MessageKind::Gradient, 3, 0), cells.size() * 4,
+        [&](ByteWriter& w) { w.put_array(std::span<const float>(cells)); });
+    EXPECT_THROW(cpu->add(poisoned.bytes()), WireError);
+    EXPECT_THROW(gpu->add(poisoned.bytes()), WireError);
+    EXPECT_EQ(gpu->count(), 0u);
   }
 }
 
