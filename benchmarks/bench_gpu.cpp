@@ -28,7 +28,9 @@ void check(cudaError_t e, const char* what) {
 template <class T>
 struct Dev {
   T* p = nullptr;
-  explicit Dev(size_t n) { check(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Dev(size_t n) {
+    check(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  }
   ~Dev() { cudaFree(p); }
 };
 
@@ -88,7 +90,8 @@ void BM_CopyDeviceToDevice(benchmark::State& state) {
   const size_t n = size_t(state.range(0));
   Dev<float> dst(n);
   const float* src = device_gradient(n);
-  timed(state, [&] { check(cudaMemcpyAsync(dst.p, src, n * 4, cudaMemcpyDeviceToDevice), "copy"); });
+  timed(state,
+        [&] { check(cudaMemcpyAsync(dst.p, src, n * 4, cudaMemcpyDeviceToDevice), "copy"); });
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n) * 8);  // read + write
 }
 
@@ -184,14 +187,29 @@ void BM_PackTernary(benchmark::State& state) {
 
 constexpr int64_t kD = int64_t(1) << 27, kC = int64_t(1) << 20;
 
-BENCHMARK(BM_CopyDeviceToDevice)->Arg(kD)->Arg(100'000'000)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Accumulate)->Args({kD, 5, kC, 0})->Args({kD, 5, kC, 1})->Args({kD, 1, kC, 0})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CopyDeviceToDevice)
+    ->Arg(kD)
+    ->Arg(100'000'000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Accumulate)
+    ->Args({kD, 5, kC, 0})
+    ->Args({kD, 5, kC, 1})
+    ->Args({kD, 1, kC, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Compress)->Args({kD, 5, kC})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_UnsketchTopk)->Args({kD, 5, kC, 1'000'000})->Args({kD, 1, kC, 1'000'000})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Topk)->Args({100'000'000, 1'000'000})->Args({100'000'000, 1000})->Args({kD, 1'000'000})
-    ->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_UnsketchTopk)
+    ->Args({kD, 5, kC, 1'000'000})
+    ->Args({kD, 1, kC, 1'000'000})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Topk)
+    ->Args({100'000'000, 1'000'000})
+    ->Args({100'000'000, 1000})
+    ->Args({kD, 1'000'000})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PackSigns)->Arg(kD)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Ternarize)->Arg(kD)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PackTernary)->Arg(kD)->UseManualTime()->Unit(benchmark::kMillisecond);

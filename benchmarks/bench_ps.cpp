@@ -125,7 +125,8 @@ double loopback_floor(uint32_t world, size_t up, size_t down, int rounds) {
   return median(times);
 }
 
-Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds, const Device& device) {
+Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds,
+                const Device& device) {
   ServerOptions o;
   o.bind = "tcp://127.0.0.1:*";
   o.quiet = true;
@@ -236,11 +237,12 @@ int main(int argc, char** argv) {
                       (unsigned long long)r.up_each, (unsigned long long)r.down_each, vs_dense);
           std::fflush(stdout);
           if (out)
-            out << "{\"device\":\"" << device.name() << "\",\"codec\":\"" << codec << "\",\"spec\":\"" << spec << "\",\"d\":" << d
-                << ",\"workers\":" << w << ",\"round_ms\":" << r.round_ms
-                << ",\"floor_ms\":" << r.floor_ms << ",\"merge_ms\":" << r.merge_ms
-                << ",\"encode_ms\":" << r.encode_ms << ",\"up_bytes\":" << r.up_each
-                << ",\"down_bytes\":" << r.down_each << ",\"wire_vs_dense\":" << vs_dense << "}\n";
+            out << "{\"device\":\"" << device.name() << "\",\"codec\":\"" << codec
+                << "\",\"spec\":\"" << spec << "\",\"d\":" << d << ",\"workers\":" << w
+                << ",\"round_ms\":" << r.round_ms << ",\"floor_ms\":" << r.floor_ms
+                << ",\"merge_ms\":" << r.merge_ms << ",\"encode_ms\":" << r.encode_ms
+                << ",\"up_bytes\":" << r.up_each << ",\"down_bytes\":" << r.down_each
+                << ",\"wire_vs_dense\":" << vs_dense << "}\n";
         }
     return 0;
   } catch (const std::exception& e) {

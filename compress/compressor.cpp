@@ -21,7 +21,8 @@ double Compressor::compression_ratio() const {
 
 CodecInfo Compressor::info() const {
   CodecInfo i{id_, dim_, {0, 0, 0, 0, 0}};
-  for (auto k : {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
+  for (auto k :
+       {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
     i.max_payload[size_t(k)] = max_payload(k);
   return i;
 }
@@ -89,7 +90,8 @@ namespace {
 void check_step_args(std::span<float> params, uint64_t dim, float lr) {
   SKETCHSGD_REQUIRE(params.size() == dim, InvalidArgument, "step: parameters of length ",
                     params.size(), " for a codec of dim ", dim);
-  SKETCHSGD_REQUIRE(std::isfinite(lr), InvalidArgument, "step: learning rate ", lr, " is not finite");
+  SKETCHSGD_REQUIRE(std::isfinite(lr), InvalidArgument, "step: learning rate ", lr,
+                    " is not finite");
 }
 }  // namespace
 
@@ -165,7 +167,7 @@ Message Aggregator::finish() {
   seen_.assign(world_, false);
   // Byte 7 of the header is the kind (wire.hpp); a Query opens the Answer phase of this round.
   expecting_ = MessageKind(out.bytes()[7]) == MessageKind::Query ? MessageKind::Answer
-                                                                  : MessageKind::Gradient;
+                                                                 : MessageKind::Gradient;
   return out;
 }
 

@@ -1,6 +1,7 @@
 // One interface for every codec, with the three roles a parameter server needs:
-//   worker:  encode(gradient) → Gradient message; answer(Query) → Answer; apply(Update) → dense step
-//   server:  make_aggregator(W) → add() the W messages of a phase, finish() → Update (or Query)
+//   worker:  encode(gradient) → Gradient message; answer(Query) → Answer; apply(Update) → dense
+//   step server:  make_aggregator(W) → add() the W messages of a phase, finish() → Update (or
+//   Query)
 // Steps estimate the mean gradient over the contributing workers; the caller does w −= lr · step.
 #pragma once
 
@@ -97,7 +98,8 @@ class Compressor {
     do_decode(payload, h, step);
   }
   /// Defaults: the dense step in a scratch vector, then axpy. Sparse codecs override both.
-  virtual void do_apply_step(ByteReader& payload, const Header& h, std::span<float> params, float lr);
+  virtual void do_apply_step(ByteReader& payload, const Header& h, std::span<float> params,
+                             float lr);
   virtual void do_decode_step(ByteReader& payload, const Header& h, std::span<float> params,
                               float lr) const;
 

@@ -54,9 +54,8 @@ SKETCHSGD_REGISTER_CODEC(kDense, {"dense",
                                   {{"momentum", "local momentum rho", 0, 0, 0.999, false}},
                                   [](const Options& o, uint64_t dim, std::string spec,
                                      const Device& device) {
-                                    return std::make_unique<Dense>(dim, std::move(spec),
-                                                                   float(o.number("momentum")),
-                                                                   device);
+                                    return std::make_unique<Dense>(
+                                        dim, std::move(spec), float(o.number("momentum")), device);
                                   }});
 
 }  // namespace

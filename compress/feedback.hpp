@@ -1,7 +1,8 @@
 // Worker-side state shared by every codec that wants it: momentum and error feedback, one mechanism
 // (as BytePS's decorators) instead of a copy per codec.
 //   absorb(g):   u = ρ·u + g (momentum)   then   e = e + u (error feedback)   → vector to compress
-//   after sending: the codec removes what was sent from e (subtract or mask), so e keeps the residual.
+//   after sending: the codec removes what was sent from e (subtract or mask), so e keeps the
+//   residual.
 // The state lives on the codec's Device; on a GPU the fused update is one kernel.
 #pragma once
 

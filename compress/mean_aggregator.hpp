@@ -24,7 +24,9 @@ class MeanAggregator : public Aggregator {
 };
 
 /// Payload of a dense Update: dim floats.
-inline uint64_t dense_bytes(uint64_t dim) { return dim * sizeof(float); }
+inline uint64_t dense_bytes(uint64_t dim) {
+  return dim * sizeof(float);
+}
 /// Reads a dense Update into step, in the device's memory (validated before step is written).
 void read_dense_update(ByteReader& r, std::span<float> step, const Device& device = Device::cpu());
 

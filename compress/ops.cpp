@@ -61,9 +61,8 @@ size_t device_check(const Device& d, Check&& check) {
 
 size_t find_nonfinite(const Device& d, std::span<const float> x) {
   if (!d.is_gpu()) return cpu::find_nonfinite(x.data(), x.size());
-  return device_check(d, [&](unsigned long long* flag) {
-    cu::find_nonfinite(x.data(), x.size(), flag, d.stream);
-  });
+  return device_check(
+      d, [&](unsigned long long* flag) { cu::find_nonfinite(x.data(), x.size(), flag, d.stream); });
 }
 
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a) {
@@ -87,7 +86,6 @@ void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v
   else
     cpu::momentum_accumulate(u.data(), v.data(), g.data(), g.size(), rho);
 }
-
 
 void zero_at(const Device& d, std::span<float> y, std::span<const uint32_t> idx) {
   const uint32_t* p = staged(d, idx, 0);
@@ -120,7 +118,8 @@ void add_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> i
     cpu::scatter_axpy(y.data(), pi, pv, idx.size(), a);
 }
 
-std::vector<float> gather(const Device& d, std::span<const float> x, std::span<const uint32_t> idx) {
+std::vector<float> gather(const Device& d, std::span<const float> x,
+                          std::span<const uint32_t> idx) {
   std::vector<float> out(idx.size());
   if (!d.is_gpu()) {
     cpu::gather(x.data(), idx.data(), idx.size(), out.data());
@@ -147,7 +146,8 @@ void topk(const Device& d, std::span<const float> x, size_t k, std::vector<uint3
   detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
 }
 
-std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const float> x, size_t chunk) {
+std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const float> x,
+                                             size_t chunk) {
   std::vector<kernels::ChunkStats> out((x.size() + chunk - 1) / chunk);
   if (!d.is_gpu()) {
     cpu::chunk_stats(x.data(), x.size(), chunk, out.data());
@@ -183,8 +183,8 @@ void unpack_signs(const Device& d, std::span<const uint32_t> words, size_t chunk
   cu::unpack_signs(pw, out.size(), chunk, ps, out.data(), accumulate, d.stream);
 }
 
-void ternarize(const Device& d, std::span<const float> x, size_t chunk, std::span<const float> scales,
-               uint64_t seed, uint64_t stream, uint8_t* codes) {
+void ternarize(const Device& d, std::span<const float> x, size_t chunk,
+               std::span<const float> scales, uint64_t seed, uint64_t stream, uint8_t* codes) {
   if (!d.is_gpu()) {
     cpu::ternarize(x.data(), x.size(), chunk, scales.data(), seed, stream, codes);
     return;
@@ -208,7 +208,8 @@ size_t unpack_ternary(const Device& d, std::span<const uint8_t> codes, size_t ch
   });
 }
 
-std::span<const float> to_host(const Device& d, std::span<const float> x, std::vector<float>& staging) {
+std::span<const float> to_host(const Device& d, std::span<const float> x,
+                               std::vector<float>& staging) {
   if (!d.is_gpu()) return x;
   staging.resize(x.size());
   detail::copy_bytes(staging.data(), x.data(), x.size_bytes(), d);

@@ -33,15 +33,16 @@ void topk(const Device& d, std::span<const float> x, size_t k, std::vector<uint3
           std::vector<float>& val, kernels::cuda::Workspace& ws);
 // ---- quantisation (x in device memory; codes, words and scales on the host) ---------------------
 /// Per-chunk statistics of x.
-std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const float> x, size_t chunk);
+std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const float> x,
+                                             size_t chunk);
 /// 32 signs per word (cpu::pack_signs's format).
 std::vector<uint32_t> pack_signs(const Device& d, std::span<const float> x);
 /// out (+)= scales[j / chunk] · sign bit j (scales empty: 1).
 void unpack_signs(const Device& d, std::span<const uint32_t> words, size_t chunk,
                   std::span<const float> scales, std::span<float> out, bool accumulate);
 /// TernGrad codes into codes (host, (n + 3) / 4 bytes).
-void ternarize(const Device& d, std::span<const float> x, size_t chunk, std::span<const float> scales,
-               uint64_t seed, uint64_t stream, uint8_t* codes);
+void ternarize(const Device& d, std::span<const float> x, size_t chunk,
+               std::span<const float> scales, uint64_t seed, uint64_t stream, uint8_t* codes);
 /// out (+)= weight · scale · value(code); nothing written and the first bad position returned
 /// when a code is invalid, else kernels::kNone.
 size_t unpack_ternary(const Device& d, std::span<const uint8_t> codes, size_t chunk,
@@ -49,6 +50,7 @@ size_t unpack_ternary(const Device& d, std::span<const uint8_t> codes, size_t ch
                       bool accumulate);
 
 /// Host copy of a vector in the device's memory (the span itself on the CPU: no copy).
-std::span<const float> to_host(const Device& d, std::span<const float> x, std::vector<float>& staging);
+std::span<const float> to_host(const Device& d, std::span<const float> x,
+                               std::vector<float>& staging);
 
 }  // namespace sketchsgd::ops

@@ -17,8 +17,7 @@ void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const 
 
 std::vector<uint32_t> read_indices(ByteReader& r, uint64_t dim, uint64_t max_count) {
   const uint32_t n = r.get<uint32_t>();
-  SKETCHSGD_REQUIRE(n <= max_count, WireError, "index list of ", n, " entries exceeds ",
-                    max_count);
+  SKETCHSGD_REQUIRE(n <= max_count, WireError, "index list of ", n, " entries exceeds ", max_count);
   std::vector<uint32_t> idx(n);
   r.get_array(std::span<uint32_t>(idx));
   for (uint32_t i = 0; i < n; ++i) {

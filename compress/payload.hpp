@@ -19,7 +19,8 @@ struct Sparse {
 
 /// Writes count, indices, values. Indices must be strictly increasing.
 void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val);
-/// Reads a sparse list with count ≤ max_count, indices strictly increasing and < dim, values finite.
+/// Reads a sparse list with count ≤ max_count, indices strictly increasing and < dim, values
+/// finite.
 Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count);
 /// Reads a sparse Update (count ≤ max_count) and writes it densely into step: zeros elsewhere.
 /// Validated completely before step is written.
@@ -37,7 +38,9 @@ std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what);
 /// Reads n floats that must be finite and ≥ 0 (scales).
 std::vector<float> read_scales(ByteReader& r, uint64_t n);
 
-inline uint64_t sparse_bytes(uint64_t count) { return 4 + count * 8; }
+inline uint64_t sparse_bytes(uint64_t count) {
+  return 4 + count * 8;
+}
 
 }  // namespace sketchsgd::payload
 

@@ -44,7 +44,8 @@ double Options::number(const std::string& key) const {
   return it->second;
 }
 
-std::string Options::canonical(const std::string& name, const std::vector<OptionSpec>& specs) const {
+std::string Options::canonical(const std::string& name,
+                               const std::vector<OptionSpec>& specs) const {
   std::string out = name;
   char sep = ':';
   for (const auto& o : specs) {
@@ -62,8 +63,7 @@ Registry& Registry::instance() {
 
 void Registry::add(CodecEntry entry) {
   const std::string name = entry.name;
-  SKETCHSGD_REQUIRE(!entries_.count(name), InvalidArgument, "codec '", name,
-                    "' registered twice");
+  SKETCHSGD_REQUIRE(!entries_.count(name), InvalidArgument, "codec '", name, "' registered twice");
   entries_.emplace(name, std::move(entry));
 }
 
@@ -80,7 +80,8 @@ std::vector<const CodecEntry*> Registry::entries() const {
 
 std::string Registry::describe() const {
   std::ostringstream os;
-  for (const auto& [name, e] : entries_) os << name << ": " << e.summary << "\n" << describe_options(e);
+  for (const auto& [name, e] : entries_)
+    os << name << ": " << e.summary << "\n" << describe_options(e);
   return os.str();
 }
 
@@ -93,8 +94,8 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
   if (!e) {
     std::string known;
     for (const auto& [n, entry] : entries_) known += (known.empty() ? "" : ", ") + n;
-    detail::raise<InvalidArgument>("unknown codec '", name, "' in spec '", spec, "'; known: ",
-                                   known);
+    detail::raise<InvalidArgument>("unknown codec '", name, "' in spec '", spec,
+                                   "'; known: ", known);
   }
   SKETCHSGD_REQUIRE(dim >= 1 && dim <= 0xFFFFFFFFull, InvalidArgument, "codec dim must be in [1, ",
                     "2^32-1], got ", dim);

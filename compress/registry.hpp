@@ -75,5 +75,7 @@ struct CodecRegistrar {
 
 }  // namespace sketchsgd
 
-#define SKETCHSGD_REGISTER_CODEC(var, ...) \
-  static const ::sketchsgd::CodecRegistrar var{::sketchsgd::CodecEntry __VA_ARGS__}
+#define SKETCHSGD_REGISTER_CODEC(var, ...)       \
+  static const ::sketchsgd::CodecRegistrar var { \
+    ::sketchsgd::CodecEntry __VA_ARGS__          \
+  }

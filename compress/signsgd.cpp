@@ -16,8 +16,12 @@
 namespace sketchsgd {
 namespace {
 
-uint64_t words_of(uint64_t dim) { return (dim + 31) / 32; }
-uint64_t chunks_of(uint64_t dim, uint64_t chunk) { return (dim + chunk - 1) / chunk; }
+uint64_t words_of(uint64_t dim) {
+  return (dim + 31) / 32;
+}
+uint64_t chunks_of(uint64_t dim, uint64_t chunk) {
+  return (dim + chunk - 1) / chunk;
+}
 
 struct Signs {
   std::vector<float> scales;  // ef only
@@ -130,18 +134,18 @@ class SignSGD final : public Compressor {
 };
 
 SKETCHSGD_REGISTER_CODEC(
-    kSignSGD, {"signsgd",
-               "1-bit signs; majority vote (ef=0) or EF-signSGD scaled signs (ef=1)",
-               {{"ef", "1: EF-signSGD (error feedback, scaled signs, averaged)", 0, 0, 1},
-                {"chunk", "ef=1: elements per scale (0: one scale for the whole vector)", 0, 0,
-                 4294967295.0},
-                {"momentum", "local momentum before the sign (Signum)", 0, 0, 0.999, false}},
-               [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
-                 uint64_t chunk = o.integer("chunk");
-                 if (chunk == 0 || chunk > dim) chunk = dim;
-                 return std::make_unique<SignSGD>(dim, std::move(spec), o.flag("ef"), chunk,
-                                                  float(o.number("momentum")), device);
-               }});
+    kSignSGD,
+    {"signsgd",
+     "1-bit signs; majority vote (ef=0) or EF-signSGD scaled signs (ef=1)",
+     {{"ef", "1: EF-signSGD (error feedback, scaled signs, averaged)", 0, 0, 1},
+      {"chunk", "ef=1: elements per scale (0: one scale for the whole vector)", 0, 0, 4294967295.0},
+      {"momentum", "local momentum before the sign (Signum)", 0, 0, 0.999, false}},
+     [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
+       uint64_t chunk = o.integer("chunk");
+       if (chunk == 0 || chunk > dim) chunk = dim;
+       return std::make_unique<SignSGD>(dim, std::move(spec), o.flag("ef"), chunk,
+                                        float(o.number("momentum")), device);
+     }});
 
 }  // namespace
 }  // namespace sketchsgd

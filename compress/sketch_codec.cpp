@@ -4,12 +4,14 @@
 //   p2 = 0: the update is the top-k of the summed sketch's estimates;
 //   p2 > 0: it first asks every worker for its exact v at the top p2·k candidates (Query/Answer),
 //           sums them, and the update is the exact top-k of that sum.
-// The update holds Σ/W, the mean over contributing workers; workers zero u and v at its coordinates.
+// The update holds Σ/W, the mean over contributing workers; workers zero u and v at its
+// coordinates.
 //
-// fetch=1 is FetchSGD (Rothchild et al. 2020): workers are stateless and send S(g); the server keeps
-// momentum and error as sketches, S_u = ρ·S_u + mean S(g), S_e += S_u, the update is the top-k of
-// S_e's estimates, and the cells of S_u and S_e that the update's coordinates hash to are zeroed
-// (the reference code's reset: subtracting S(Δ) instead diverges unless sketches are very large).
+// fetch=1 is FetchSGD (Rothchild et al. 2020): workers are stateless and send S(g); the server
+// keeps momentum and error as sketches, S_u = ρ·S_u + mean S(g), S_e += S_u, the update is the
+// top-k of S_e's estimates, and the cells of S_u and S_e that the update's coordinates hash to are
+// zeroed (the reference code's reset: subtracting S(Δ) instead diverges unless sketches are very
+// large).
 #include <algorithm>
 #include <optional>
 
@@ -163,7 +165,7 @@ class SketchAggregator final : public Aggregator {
   SketchOptions o_;
   Device device_;
   CountSketch sum_;
-  Buffer<float> staging_;  // a received table on its way to the GPU
+  Buffer<float> staging_;     // a received table on its way to the GPU
   Buffer<uint32_t> top_idx_;  // FetchSGD on a GPU: the selection, kept across rounds
   Buffer<float> top_val_;
   std::vector<uint32_t> candidates_;
@@ -185,10 +187,13 @@ class SketchCodec final : public Compressor {
   bool two_rounds() const override { return o_.candidates > 0; }
   uint64_t max_payload(MessageKind kind) const override {
     switch (kind) {
-      case MessageKind::Gradient: return 4 * sketch_.table().size();
+      case MessageKind::Gradient:
+        return 4 * sketch_.table().size();
       case MessageKind::Query:
-      case MessageKind::Answer: return 4 + 4 * o_.candidates;
-      case MessageKind::Update: return payload::sparse_bytes(o_.k);
+      case MessageKind::Answer:
+        return 4 + 4 * o_.candidates;
+      case MessageKind::Update:
+        return payload::sparse_bytes(o_.k);
     }
     return 0;
   }
@@ -262,8 +267,9 @@ SKETCHSGD_REGISTER_CODEC(
        s.candidates = std::min<uint64_t>(o.integer("p2") * s.k, dim);
        s.momentum = float(o.number("momentum"));
        s.fetch = o.flag("fetch");
-       SKETCHSGD_REQUIRE(!(s.fetch && s.candidates), InvalidArgument,
-                         "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");
+       SKETCHSGD_REQUIRE(
+           !(s.fetch && s.candidates), InvalidArgument,
+           "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");
        return std::make_unique<SketchCodec>(dim, std::move(spec), s, device);
      }});
 

@@ -1,7 +1,7 @@
 // terngrad: TernGrad (Wen et al. 2017). Each element becomes s·sign(g)·Bernoulli(|g|/s) — unbiased
-// — packed four 2-bit codes a byte, one scaler s per chunk: max|g|, or with clip=c, min(max|g|, c·σ)
-// (values beyond ±s saturate). Random bits come from Philox keyed by (seed, round, sender), so runs
-// reproduce. The server averages the dequantised vectors (dense downlink).
+// — packed four 2-bit codes a byte, one scaler s per chunk: max|g|, or with clip=c, min(max|g|,
+// c·σ) (values beyond ±s saturate). Random bits come from Philox keyed by (seed, round, sender), so
+// runs reproduce. The server averages the dequantised vectors (dense downlink).
 #include <algorithm>
 
 #include "../kernels/cpu.hpp"
@@ -15,7 +15,9 @@
 namespace sketchsgd {
 namespace {
 
-uint64_t chunks_of(uint64_t dim, uint64_t chunk) { return (dim + chunk - 1) / chunk; }
+uint64_t chunks_of(uint64_t dim, uint64_t chunk) {
+  return (dim + chunk - 1) / chunk;
+}
 
 /// Parsed Gradient payload: chunk size, scales, codes (validated on unpack).
 struct Ternary {
@@ -76,7 +78,8 @@ class TernGrad final : public Compressor {
     const auto stats = ops::chunk_stats(device(), v, chunk_);
     std::vector<float> scales(nc);
     for (uint64_t c = 0; c < nc; ++c)
-      scales[c] = clip_ > 0 ? std::min(stats[c].abs_max, clip_ * stats[c].stddev) : stats[c].abs_max;
+      scales[c] =
+          clip_ > 0 ? std::min(stats[c].abs_max, clip_ * stats[c].stddev) : stats[c].abs_max;
     const uint64_t stream = (h.round << 32) ^ h.sender;
     const size_t nbytes = (dim() + 3) / 4;
     Message m = Message::build(h, max_payload(MessageKind::Gradient), [&](ByteWriter& w) {

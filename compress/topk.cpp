@@ -115,20 +115,19 @@ class TopK final : public Compressor {
 };
 
 SKETCHSGD_REGISTER_CODEC(
-    kTopK, {"topk",
-            "local top-k with error feedback; server sums the sparse vectors",
-            {{"k", "coordinates sent per worker (0: dim / 100)", 0, 0, 4294967295.0},
-             {"global", "1: downlink re-selects the global top-k of the sum", 0, 0, 1},
-             {"ef", "1: error feedback (keep what was not sent)", 1, 0, 1},
-             {"momentum", "local momentum before selection", 0, 0, 0.999, false}},
-            [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
-              TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"),
-                            float(o.number("momentum"))};
-              if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
-              SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ",
-                                dim);
-              return std::make_unique<TopK>(dim, std::move(spec), t, device);
-            }});
+    kTopK,
+    {"topk",
+     "local top-k with error feedback; server sums the sparse vectors",
+     {{"k", "coordinates sent per worker (0: dim / 100)", 0, 0, 4294967295.0},
+      {"global", "1: downlink re-selects the global top-k of the sum", 0, 0, 1},
+      {"ef", "1: error feedback (keep what was not sent)", 1, 0, 1},
+      {"momentum", "local momentum before selection", 0, 0, 0.999, false}},
+     [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
+       TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"), float(o.number("momentum"))};
+       if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
+       SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ", dim);
+       return std::make_unique<TopK>(dim, std::move(spec), t, device);
+     }});
 
 }  // namespace
 }  // namespace sketchsgd

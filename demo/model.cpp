@@ -6,7 +6,7 @@
 
 namespace sketchsgd::demo {
 
-FlatModel::FlatModel(const std::string& kind, uint64_t seed) : kind_(kind) {
+FlatModel::FlatModel(const std::string& kind, uint64_t seed, torch::Device device) : kind_(kind) {
   torch::manual_seed(seed);
   namespace nn = torch::nn;
   if (kind == "mlp") {
@@ -21,10 +21,12 @@ FlatModel::FlatModel(const std::string& kind, uint64_t seed) : kind_(kind) {
   } else {
     throw InvalidArgument("model must be mlp or cnn, got '" + kind + "'");
   }
-  // Move every parameter into one flat vector and make the tensors views of it.
+  // Initialised on the CPU (the same numbers on every device), then moved; every parameter then
+  // becomes a view of one flat vector.
+  net_->to(device);
   int64_t total = 0;
   for (const auto& p : net_->parameters()) total += p.numel();
-  flat_ = torch::empty({total}, torch::kFloat32);
+  flat_ = torch::empty({total}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   int64_t at = 0;
   torch::NoGradGuard no_grad;
   for (auto& p : net_->parameters()) {
@@ -39,18 +41,31 @@ torch::Tensor FlatModel::forward(const torch::Tensor& x) {
   return net_->forward(kind_ == "cnn" ? x.view({-1, 1, 28, 28}) : x.view({-1, 784}));
 }
 
+torch::Tensor FlatModel::view(std::span<float> v) const {
+  return torch::from_blob(v.data(), {int64_t(v.size())},
+                          torch::TensorOptions().dtype(torch::kFloat32).device(flat_.device()));
+}
+
+void FlatModel::load(std::span<const float> p) {
+  SKETCHSGD_REQUIRE(int64_t(p.size()) == dim(), InvalidArgument, "load: ", p.size(), " values for ",
+                    dim(), " parameters");
+  torch::NoGradGuard no_grad;
+  flat_.copy_(view({const_cast<float*>(p.data()), p.size()}));
+}
+
 float FlatModel::gradient(const torch::Tensor& x, const torch::Tensor& y, std::span<float> grad) {
   SKETCHSGD_REQUIRE(int64_t(grad.size()) == dim(), InvalidArgument, "gradient buffer of ",
                     grad.size(), " for ", dim(), " parameters");
   for (auto& p : net_->parameters())
     if (p.grad().defined()) p.grad().zero_();
-  const auto loss = torch::nn::functional::cross_entropy(forward(x), y);
+  const auto loss = torch::nn::functional::cross_entropy(forward(x.to(device())), y.to(device()));
   loss.backward();
-  size_t at = 0;
+  torch::NoGradGuard no_grad;
+  torch::Tensor out = view(grad);
+  int64_t at = 0;
   for (const auto& p : net_->parameters()) {
-    const auto g = p.grad().contiguous();
-    std::memcpy(grad.data() + at, g.data_ptr<float>(), size_t(g.numel()) * 4);
-    at += size_t(g.numel());
+    out.narrow(0, at, p.numel()).copy_(p.grad().reshape({-1}));
+    at += p.numel();
   }
   return loss.item<float>();
 }
@@ -61,8 +76,8 @@ double FlatModel::accuracy(const torch::Tensor& x, const torch::Tensor& y) {
   const int64_t n = x.size(0);
   for (int64_t i = 0; i < n; i += 1000) {
     const int64_t m = std::min<int64_t>(1000, n - i);
-    const auto pred = forward(x.narrow(0, i, m)).argmax(1);
-    correct += pred.eq(y.narrow(0, i, m)).sum().item<int64_t>();
+    const auto pred = forward(x.narrow(0, i, m).to(device())).argmax(1);
+    correct += pred.eq(y.narrow(0, i, m).to(device())).sum().item<int64_t>();
   }
   return n ? double(correct) / double(n) : 0.0;
 }

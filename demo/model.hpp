@@ -1,5 +1,6 @@
 // The demo's models (libtorch) with all parameters living in one flat float vector, so a worker
-// hands its gradient to the codec and takes the server's model back with one copy each.
+// hands its gradient to the codec and takes the server's model back with one copy each. On a
+// CUDA device the vector, the gradient and every span below are device memory.
 #pragma once
 
 #include <torch/torch.h>
@@ -14,13 +15,20 @@ class FlatModel {
  public:
   /// "mlp": 784-1024-1024-10 (1,863,690 parameters); "cnn": two 5×5 conv layers + two dense
   /// layers (~580k). Initialised from seed, identically in every process.
-  FlatModel(const std::string& kind, uint64_t seed);
+  FlatModel(const std::string& kind, uint64_t seed, torch::Device device = torch::kCPU);
 
   int64_t dim() const { return flat_.numel(); }
+  torch::Device device() const { return flat_.device(); }
   /// The parameters, one contiguous vector (the model's tensors are views into it).
   std::span<float> params() { return {flat_.data_ptr<float>(), size_t(flat_.numel())}; }
+  torch::Tensor& flat() { return flat_; }
+  /// params = p (p in the model's memory).
+  void load(std::span<const float> p);
+  /// A tensor over memory of the model's device (no copy).
+  torch::Tensor view(std::span<float> v) const;
 
-  /// Forward + backward on a batch; writes the flat gradient into grad and returns the loss.
+  /// Forward + backward on a batch (moved to the model's device); writes the flat gradient into
+  /// grad (the model's memory) and returns the loss.
   float gradient(const torch::Tensor& x, const torch::Tensor& y, std::span<float> grad);
   /// Accuracy over a data set, in batches.
   double accuracy(const torch::Tensor& x, const torch::Tensor& y);

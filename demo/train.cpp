@@ -60,6 +60,27 @@ Plan plan_of(const ps::Flags& f) {
   return p;
 }
 
+/// Where this process trains: --device auto picks CUDA when both libtorch and sketchsgd have it.
+torch::Device torch_device(const ps::Flags& f) {
+  const std::string d = f.str("device");
+  const bool cuda_ok = torch::cuda::is_available() && kernels::cuda::device_count() > 0;
+  if (d == "cpu" || (d == "auto" && !cuda_ok)) return torch::kCPU;
+  SKETCHSGD_REQUIRE(d == "auto" || d == "cuda", InvalidArgument,
+                    "--device must be auto, cpu or cuda, got ", d);
+  SKETCHSGD_REQUIRE(cuda_ok, InvalidArgument, "--device cuda: ",
+                    torch::cuda::is_available()
+                        ? "sketchsgd was built without CUDA or sees no GPU"
+                        : "this libtorch has no CUDA (Debian's is CPU-only; "
+                          "build against a CUDA PyTorch, see README)");
+  return torch::Device(torch::kCUDA, 0);
+}
+
+/// The codecs' device for a torch device: the legacy default stream, which libtorch also uses, so
+/// torch's kernels and ours are ordered without extra synchronisation.
+Device codec_device(torch::Device d) {
+  return d.is_cuda() ? Device::cuda(d.index() < 0 ? 0 : d.index()) : Device::cpu();
+}
+
 int run_server(const ps::Flags& f) {
   const Plan plan = plan_of(f);
   demo::FlatModel model(f.str("model"), f.u64("seed"));
@@ -72,6 +93,7 @@ int run_server(const ps::Flags& f) {
   o.job.lr = float(f.num("lr"));
   o.job.max_rounds = plan.rounds();
   o.job.policy = ps::Policy::Quorum;
+  o.job.device = codec_device(torch_device(f));  // the sketch unsketch runs where workers train
   o.job.deadline = 60s;
   o.metrics = f.str("out") + "/rounds.jsonl";
   std::remove(o.metrics.c_str());
@@ -124,7 +146,9 @@ int run_worker(const ps::Flags& f) {
   const demo::Dataset train = demo::load_fashion_mnist(f.str("data"), "train", plan.train_count);
   demo::Dataset test;
   if (rank == 0) test = demo::load_fashion_mnist(f.str("data"), "t10k");
-  demo::FlatModel model(f.str("model"), f.u64("seed"));
+  const torch::Device device = torch_device(f);
+  const bool gpu = device.is_cuda();
+  demo::FlatModel model(f.str("model"), f.u64("seed"), device);
 
   ps::ClientOptions o;
   o.server = f.str("server");
@@ -132,10 +156,11 @@ int run_worker(const ps::Flags& f) {
   o.rank = rank;
   o.world = plan.workers;
   o.timeout = 300s;
-  ps::Client client(o, make_compressor(f.str("codec"), uint64_t(model.dim())), model.params());
-  auto sync_model = [&] {
-    std::copy(client.params().begin(), client.params().end(), model.params().begin());
-  };
+  // On a GPU the codec takes the device gradient straight from libtorch (no host copy) and the
+  // client keeps the model in device memory.
+  ps::Client client(o, make_compressor(f.str("codec"), uint64_t(model.dim()), codec_device(device)),
+                    model.params());
+  auto sync_model = [&] { model.load(client.params()); };
   sync_model();
 
   // This worker's shard: every W-th example, reshuffled each epoch with a per-rank seed.
@@ -144,7 +169,14 @@ int run_worker(const ps::Flags& f) {
        i += plan.workers)
     shard.push_back(i);
   std::mt19937 rng(uint32_t(f.u64("seed") * 7919 + rank));
-  std::vector<float> grad(size_t(model.dim()));
+  std::vector<float> host_grad(gpu ? 0 : size_t(model.dim()));
+  torch::Tensor device_grad =
+      gpu ? torch::empty({model.dim()},
+                         torch::TensorOptions().dtype(torch::kFloat32).device(device))
+          : torch::Tensor();
+  const std::span<float> grad =
+      gpu ? std::span<float>(device_grad.data_ptr<float>(), size_t(model.dim()))
+          : std::span<float>(host_grad);
   const float wd = float(f.num("wd"));
   const double clip = f.num("clip");
   const bool tty = rank == 0 && isatty(2);
@@ -169,15 +201,23 @@ int run_worker(const ps::Flags& f) {
       const auto y = labels(train, shard, s * plan.batch, plan.batch);
       loss_sum += model.gradient(x, y, grad);
       ++n;
-      if (wd > 0) {
-        const auto p = model.params();
-        for (size_t i = 0; i < grad.size(); ++i) grad[i] += wd * p[i];
-      }
-      if (clip > 0) {  // local gradient clipping: keeps error-feedback codecs stable early on
-        double sq = 0;
-        for (float v : grad) sq += double(v) * v;
-        if (const double norm = std::sqrt(sq); norm > clip)
-          for (auto& v : grad) v *= float(clip / norm);
+      if (gpu) {  // the same two steps as torch ops on the device
+        torch::NoGradGuard no_grad;
+        if (wd > 0) device_grad.add_(model.flat(), wd);
+        if (clip > 0)
+          if (const double norm = device_grad.norm().item<double>(); norm > clip)
+            device_grad.mul_(clip / norm);
+      } else {
+        if (wd > 0) {
+          const auto p = model.params();
+          for (size_t i = 0; i < grad.size(); ++i) grad[i] += wd * p[i];
+        }
+        if (clip > 0) {  // local gradient clipping: keeps error-feedback codecs stable early on
+          double sq = 0;
+          for (float v : grad) sq += double(v) * v;
+          if (const double norm = std::sqrt(sq); norm > clip)
+            for (auto& v : grad) v *= float(clip / norm);
+        }
       }
       const auto r = client.step(grad);
       sync_model();
@@ -198,8 +238,9 @@ int run_worker(const ps::Flags& f) {
   }
   if (!f.str("dump").empty()) {
     std::ofstream out(f.str("dump") + ".rank" + std::to_string(rank), std::ios::binary);
-    out.write(reinterpret_cast<const char*>(client.params().data()),
-              std::streamsize(client.params().size_bytes()));
+    const torch::Tensor host = model.flat().to(torch::kCPU).contiguous();  // the client's model
+    out.write(reinterpret_cast<const char*>(host.data_ptr<float>()),
+              std::streamsize(host.numel() * sizeof(float)));
   }
   return 0;
 }
@@ -237,13 +278,14 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     a.insert(a.end(), role.begin(), role.end());  // later flags win
     return a;
   };
-  // Validates model and spec before anything starts.
+  // Validates device, model and spec before anything starts.
+  const torch::Device device = torch_device(f);
   const auto codec =
       make_compressor(f.str("codec"), uint64_t(demo::FlatModel(f.str("model"), 1).dim()));
   std::fprintf(stderr,
-               "sketchsgd-train: %s model, %u workers, codec %s, %u epochs of %llu rounds\n",
-               f.str("model").c_str(), plan.workers, f.str("codec").c_str(), plan.epochs,
-               (unsigned long long)plan.steps_per_epoch());
+               "sketchsgd-train: %s model on %s, %u workers, codec %s, %u epochs of %llu rounds\n",
+               f.str("model").c_str(), device.str().c_str(), plan.workers, f.str("codec").c_str(),
+               plan.epochs, (unsigned long long)plan.steps_per_epoch());
   const auto start = Clock::now();
   // Workers and the server share 2 cores here: one thread each for libtorch and the kernels.
   demo::Process server =
@@ -328,6 +370,9 @@ int main(int argc, char** argv) {
   f.add("subset", "0", "use only the first N training examples (0: all 60,000)");
   f.add("data", demo::kFashionDir, "folder of the Fashion-MNIST IDX files");
   f.add("out", "build/demo", "folder for results.csv, summary.json, rounds.jsonl");
+  f.add("device", "auto",
+        "auto | cpu | cuda: where workers train and the server unsketches "
+        "(auto: CUDA when libtorch and sketchsgd both have it)");
   f.add("threads", "1", "libtorch threads per worker");
   f.add("dump", "", "write each worker's final parameters to PREFIX.rankN (tests)");
   f.add("verbose", "0", "server log lines", "", true);

@@ -9,47 +9,108 @@ namespace {
 }
 }  // namespace
 
-int device_count() { return 0; }
-void set_device(int) { absent(); }
-void* alloc(size_t) { absent(); }
-void free(void*) noexcept {}
-void copy(void*, const void*, size_t, Stream) { absent(); }
-void zero(void*, size_t, Stream) { absent(); }
-void synchronize(Stream) { absent(); }
-void reset_flag(unsigned long long*, Stream) { absent(); }
-void check_indices(const uint32_t*, size_t, uint64_t, unsigned long long*, Stream) { absent(); }
-
-Workspace::~Workspace() = default;
-void* Workspace::get(size_t, Stream) { absent(); }
-void* Workspace::host() { absent(); }
-
-void precompute_hashes(const SketchLayout&, uint32_t*, Stream) { absent(); }
-void accumulate(const SketchLayout&, float*, const float*, size_t, uint64_t, float,
-                unsigned long long*, Stream) { absent(); }
-void estimate(const SketchLayout&, const float*, const uint32_t*, size_t, float*, Stream) { absent(); }
-void estimate_all(const SketchLayout&, const float*, float*, Stream) { absent(); }
-void estimate_topk(const SketchLayout&, const float*, size_t, uint32_t*, float*, Workspace&, Stream) {
+int device_count() {
+  return 0;
+}
+void set_device(int) {
   absent();
 }
-void zero_buckets(const SketchLayout&, float*, const uint32_t*, size_t, Stream) { absent(); }
-void l2_estimate(const SketchLayout&, const float*, double*, Workspace&, Stream) { absent(); }
-void topk(const float*, size_t, size_t, uint32_t*, float*, Workspace&, Stream) { absent(); }
-void find_nonfinite(const float*, size_t, unsigned long long*, Stream) { absent(); }
-void axpy(float*, const float*, size_t, float, Stream) { absent(); }
-void scale(float*, size_t, float, Stream) { absent(); }
-void momentum_accumulate(float*, float*, const float*, size_t, float, Stream) { absent(); }
-void chunk_stats(const float*, size_t, size_t, ChunkStats*, Stream) { absent(); }
-void gather(const float*, const uint32_t*, size_t, float*, Stream) { absent(); }
-void scatter(float*, const uint32_t*, const float*, size_t, Stream) { absent(); }
-void zero_at(float*, const uint32_t*, size_t, Stream) { absent(); }
-void scatter_axpy(float*, const uint32_t*, const float*, size_t, float, Stream) { absent(); }
-void pack_signs(const float*, size_t, uint32_t*, Stream) { absent(); }
-void unpack_signs(const uint32_t*, size_t, size_t, const float*, float*, bool, Stream) { absent(); }
-void count_negative(const uint32_t*, size_t, uint32_t*, Stream) { absent(); }
+void* alloc(size_t) {
+  absent();
+}
+void free(void*) noexcept {}
+void copy(void*, const void*, size_t, Stream) {
+  absent();
+}
+void zero(void*, size_t, Stream) {
+  absent();
+}
+void synchronize(Stream) {
+  absent();
+}
+void reset_flag(unsigned long long*, Stream) {
+  absent();
+}
+void check_indices(const uint32_t*, size_t, uint64_t, unsigned long long*, Stream) {
+  absent();
+}
+
+Workspace::~Workspace() = default;
+void* Workspace::get(size_t, Stream) {
+  absent();
+}
+void* Workspace::host() {
+  absent();
+}
+
+void precompute_hashes(const SketchLayout&, uint32_t*, Stream) {
+  absent();
+}
+void accumulate(const SketchLayout&, float*, const float*, size_t, uint64_t, float,
+                unsigned long long*, Stream) {
+  absent();
+}
+void estimate(const SketchLayout&, const float*, const uint32_t*, size_t, float*, Stream) {
+  absent();
+}
+void estimate_all(const SketchLayout&, const float*, float*, Stream) {
+  absent();
+}
+void estimate_topk(const SketchLayout&, const float*, size_t, uint32_t*, float*, Workspace&,
+                   Stream) {
+  absent();
+}
+void zero_buckets(const SketchLayout&, float*, const uint32_t*, size_t, Stream) {
+  absent();
+}
+void l2_estimate(const SketchLayout&, const float*, double*, Workspace&, Stream) {
+  absent();
+}
+void topk(const float*, size_t, size_t, uint32_t*, float*, Workspace&, Stream) {
+  absent();
+}
+void find_nonfinite(const float*, size_t, unsigned long long*, Stream) {
+  absent();
+}
+void axpy(float*, const float*, size_t, float, Stream) {
+  absent();
+}
+void scale(float*, size_t, float, Stream) {
+  absent();
+}
+void momentum_accumulate(float*, float*, const float*, size_t, float, Stream) {
+  absent();
+}
+void chunk_stats(const float*, size_t, size_t, ChunkStats*, Stream) {
+  absent();
+}
+void gather(const float*, const uint32_t*, size_t, float*, Stream) {
+  absent();
+}
+void scatter(float*, const uint32_t*, const float*, size_t, Stream) {
+  absent();
+}
+void zero_at(float*, const uint32_t*, size_t, Stream) {
+  absent();
+}
+void scatter_axpy(float*, const uint32_t*, const float*, size_t, float, Stream) {
+  absent();
+}
+void pack_signs(const float*, size_t, uint32_t*, Stream) {
+  absent();
+}
+void unpack_signs(const uint32_t*, size_t, size_t, const float*, float*, bool, Stream) {
+  absent();
+}
+void count_negative(const uint32_t*, size_t, uint32_t*, Stream) {
+  absent();
+}
 void ternarize(const float*, size_t, size_t, const float*, uint64_t, uint64_t, uint8_t*, Stream) {
   absent();
 }
-void pack_ternary(const float*, size_t, uint8_t*, Stream) { absent(); }
+void pack_ternary(const float*, size_t, uint8_t*, Stream) {
+  absent();
+}
 void unpack_ternary(const uint8_t*, size_t, size_t, const float*, float, float*, bool,
                     unsigned long long*, Stream) {
   absent();

@@ -6,7 +6,9 @@
 
 namespace sketchsgd {
 
-std::string Device::name() const { return is_gpu() ? "cuda:" + std::to_string(gpu) : "cpu"; }
+std::string Device::name() const {
+  return is_gpu() ? "cuda:" + std::to_string(gpu) : "cpu";
+}
 
 Device Device::parse(const std::string& text) {
   if (text == "cpu") return cpu();
@@ -24,8 +26,8 @@ void Device::activate() const {
   if (!is_gpu()) return;
   const int n = kernels::cuda::device_count();
   SKETCHSGD_REQUIRE(gpu < n, CudaError, "device cuda:", gpu, " is not available (this ",
-                    n ? "machine has " : "machine or build has no CUDA device", n ? std::to_string(n) : "",
-                    n ? " CUDA devices)" : ")");
+                    n ? "machine has " : "machine or build has no CUDA device",
+                    n ? std::to_string(n) : "", n ? " CUDA devices)" : ")");
   kernels::cuda::set_device(gpu);
 }
 

@@ -15,8 +15,8 @@
 namespace sketchsgd {
 
 struct Device {
-  int gpu = -1;                             ///< CUDA device ordinal; −1: the CPU
-  kernels::cuda::Stream stream = nullptr;   ///< the caller's stream (null: the default stream)
+  int gpu = -1;                            ///< CUDA device ordinal; −1: the CPU
+  kernels::cuda::Stream stream = nullptr;  ///< the caller's stream (null: the default stream)
 
   static Device cpu() { return {}; }
   static Device cuda(int id = 0, kernels::cuda::Stream s = nullptr) { return {id, s}; }
@@ -63,9 +63,13 @@ class Buffer {
 
   void zero() { detail::zero_bytes(data(), n_ * sizeof(T), dev_); }
   /// Host → this buffer's first src.size() elements (src.size() ≤ size()).
-  void upload(std::span<const T> src) { detail::copy_bytes(data(), src.data(), src.size_bytes(), dev_); }
+  void upload(std::span<const T> src) {
+    detail::copy_bytes(data(), src.data(), src.size_bytes(), dev_);
+  }
   /// This buffer's first dst.size() elements → host.
-  void download(std::span<T> dst) const { detail::copy_bytes(dst.data(), data(), dst.size_bytes(), dev_); }
+  void download(std::span<T> dst) const {
+    detail::copy_bytes(dst.data(), data(), dst.size_bytes(), dev_);
+  }
   std::vector<T> to_vector() const {
     std::vector<T> out(n_);
     download(out);

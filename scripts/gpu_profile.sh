@@ -13,6 +13,8 @@ ncu --clock-control none --kernel-name regex:accumulate_kernel --launch-count 1 
   $BENCH --benchmark_filter='BM_Accumulate/134217728/5/1048576/0' > "$REPORT/ncu-accumulate.txt" 2>&1
 ncu --clock-control none --kernel-name regex:estimate --launch-count 1 --metrics "$L2" \
   $BENCH --benchmark_filter='BM_UnsketchTopk/134217728/5' > "$REPORT/ncu-estimate.txt" 2>&1
+ncu --clock-control none --kernel-name regex:ternarize_kernel --launch-count 1 --metrics "$L2" \
+  $BENCH --benchmark_filter='BM_Ternarize' > "$REPORT/ncu-ternarize.txt" 2>&1
 for f in 'BM_Topk/100000000/1000000' 'BM_UnsketchTopk/134217728/5'; do
   name=$(echo "$f" | tr '/' '_')
   # Skip the two warm-up calls' kernels: one call is about 20 launches.

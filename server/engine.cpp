@@ -82,8 +82,9 @@ Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::m
                     " queries worker state that has moved on");
   // The aggregator keeps only the codec's identity and limits: one made by a codec on the chosen
   // device runs there, while codec_ (host) keeps decoding into the host model.
-  agg_ = cfg_.device.is_gpu() ? make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world)
-                              : codec_->make_aggregator(cfg_.world);
+  agg_ = cfg_.device.is_gpu()
+             ? make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world)
+             : codec_->make_aggregator(cfg_.world);
   workers_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
   reset_round();

@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
         "SKETCHSGD_DEAD_AFTER");
   f.add("staleness", "0", "bounded staleness: rounds a worker may push ahead (0: synchronous)",
         "SKETCHSGD_STALENESS");
-  f.add("device", "cpu", "where the aggregator runs: cpu, cuda or cuda:N (sketch unsketch on the GPU)",
+  f.add("device", "cpu",
+        "where the aggregator runs: cpu, cuda or cuda:N (sketch unsketch on the GPU)",
         "SKETCHSGD_DEVICE");
   f.add("checkpoint", "", "checkpoint file; resumed from when it exists", "SKETCHSGD_CHECKPOINT");
   f.add("checkpoint-every", "100", "rounds between checkpoints (with --checkpoint)",

@@ -141,7 +141,8 @@ void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float sc
         zero();
       } else {
         device_check([&](unsigned long long* flag) {
-          cu::accumulate(l, table_.data(), x.data(), x.size(), offset, -scale, flag, device_.stream);
+          cu::accumulate(l, table_.data(), x.data(), x.size(), offset, -scale, flag,
+                         device_.stream);
         });
       }
       float value = 0.0f;
@@ -218,7 +219,8 @@ void CountSketch::estimate(std::span<const uint32_t> indices, std::span<float> o
                     " indices but room for ", out.size(), " values");
   check_indices(indices, "estimate");
   if (device_.is_gpu())
-    cu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data(), device_.stream);
+    cu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data(),
+                 device_.stream);
   else
     cpu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data());
 }

@@ -87,7 +87,8 @@ class CountSketch {
 
   /// Self-describing bytes (config + table + CRC-32C); deserialize validates every field.
   Bytes serialize() const;
-  static CountSketch deserialize(std::span<const uint8_t> bytes, const Device& device = Device::cpu());
+  static CountSketch deserialize(std::span<const uint8_t> bytes,
+                                 const Device& device = Device::cpu());
 
   /// The layout the kernels take (table pointer excluded).
   kernels::SketchLayout layout() const;

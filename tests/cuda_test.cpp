@@ -11,8 +11,8 @@
 
 #include "../compress/registry.hpp"
 #include "../kernels/cuda.hpp"
-#include "../sketch/count_sketch.hpp"
 #include "../kernels/error.hpp"
+#include "../sketch/count_sketch.hpp"
 #include "helpers.hpp"
 
 namespace sketchsgd {
@@ -207,7 +207,8 @@ TEST(Cuda, TopkMatchesCpuOnRandomData) {
   SCOPED_TRACE(seed);
   cu::Workspace ws;
   const auto x = test::gaussian(3000017, seed);
-  for (size_t k : {size_t(1), size_t(7), size_t(30000), size_t(300001)}) expect_topk_like_cpu(x, k, ws);
+  for (size_t k : {size_t(1), size_t(7), size_t(30000), size_t(300001)})
+    expect_topk_like_cpu(x, k, ws);
   const auto small = test::gaussian(1000, seed + 1);
   expect_topk_like_cpu(small, small.size(), ws);  // k = n
   expect_topk_like_cpu(small, 999, ws);
@@ -259,7 +260,8 @@ TEST(Cuda, ZeroBucketsAndL2MatchCpu) {
   cu::Workspace ws;
   Dev<double> l2(1);
   cu::l2_estimate(s, dt.get(), l2.get(), ws);
-  EXPECT_NEAR(l2.host()[0], cpu::l2_estimate(s, table.data()), 1e-5 * cpu::l2_estimate(s, table.data()));
+  EXPECT_NEAR(l2.host()[0], cpu::l2_estimate(s, table.data()),
+              1e-5 * cpu::l2_estimate(s, table.data()));
   std::vector<uint32_t> idx{0, 17, 4242, 499999};
   cpu::zero_buckets(s, table.data(), idx.data(), idx.size());
   Dev<uint32_t> didx(idx);
@@ -382,7 +384,6 @@ TEST(Cuda, PackingMatchesCpuBitForBit) {
   }
 }
 
-
 // ---- the device API: the same objects, created on the GPU ---------------------------------------
 
 template <class T>
@@ -446,7 +447,8 @@ TEST(CudaSketch, RejectsBadInputWithoutChangingTheTable) {
   EXPECT_THROW(gpu.accumulate(cspan(dx, x.size())), NonFiniteError);
   const auto after = gpu.to(Device::cpu());
   for (size_t i = 0; i < before.table().size(); ++i)
-    ASSERT_NEAR(after.table()[i], before.table()[i], 1e-5 * (1.0f + std::fabs(before.table()[i]))) << i;
+    ASSERT_NEAR(after.table()[i], before.table()[i], 1e-5 * (1.0f + std::fabs(before.table()[i])))
+        << i;
 
   Dev<uint32_t> bad(std::vector<uint32_t>{1, 2, uint32_t(c.dim)});
   EXPECT_THROW(gpu.zero_buckets(cspan(bad, 3)), InvalidArgument);
@@ -543,8 +545,9 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   const uint64_t dim = 500009;
-  for (const char* spec : {"sketch:rows=5,cols=50000,k=5000", "sketch:rows=1,cols=50000,k=5000,fetch=1",
-                           "sketch:rows=3,cols=50000,k=2000,p2=2"}) {
+  for (const char* spec :
+       {"sketch:rows=5,cols=50000,k=5000", "sketch:rows=1,cols=50000,k=5000,fetch=1",
+        "sketch:rows=3,cols=50000,k=2000,p2=2"}) {
     SCOPED_TRACE(spec);
     auto workers = both(spec, dim);
     auto cpu = workers.cpu->make_aggregator(2), gpu = workers.gpu->make_aggregator(2);
@@ -583,9 +586,9 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
     // the device) exactly as on the CPU, and the round goes on without it.
     std::vector<float> cells(workers.cpu->max_payload(MessageKind::Gradient) / 4, 0.5f);
     cells[cells.size() / 3] = std::nanf("");
-    const Message poisoned = Message::build(
-        workers.cpu->make_header(MessageKind::Gradient, 3, 0), cells.size() * 4,
-        [&](ByteWriter& w) { w.put_array(std::span<const float>(cells)); });
+    const Message poisoned =
+        Message::build(workers.cpu->make_header(MessageKind::Gradient, 3, 0), cells.size() * 4,
+                       [&](ByteWriter& w) { w.put_array(std::span<const float>(cells)); });
     EXPECT_THROW(cpu->add(poisoned.bytes()), WireError);
     EXPECT_THROW(gpu->add(poisoned.bytes()), WireError);
     EXPECT_EQ(gpu->count(), 0u);

@@ -109,17 +109,20 @@ TEST(Ternary, PackUnpackRoundTripAndRejectsInvalid) {
     std::vector<uint8_t> codes((n + 3) / 4);
     k::pack_ternary(x.data(), n, codes.data());
     std::vector<float> out(n, 9.0f);
-    ASSERT_EQ(k::unpack_ternary(codes.data(), n, n, nullptr, 2.0f, out.data(), false), kernels::kNone);
+    ASSERT_EQ(k::unpack_ternary(codes.data(), n, n, nullptr, 2.0f, out.data(), false),
+              kernels::kNone);
     for (size_t j = 0; j < n; ++j) ASSERT_EQ(out[j], 2.0f * x[j]);
     auto bad = codes;
     bad[bad.size() / 2] |= 0x3;  // code 3
     std::vector<float> untouched(n, 7.0f);
-    EXPECT_NE(k::unpack_ternary(bad.data(), n, n, nullptr, 1.0f, untouched.data(), true), kernels::kNone);
+    EXPECT_NE(k::unpack_ternary(bad.data(), n, n, nullptr, 1.0f, untouched.data(), true),
+              kernels::kNone);
     EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float v) { return v == 7.0f; }));
     if (n % 4) {
       auto pad = codes;
       pad.back() |= uint8_t(1u << 6);
-      EXPECT_NE(k::unpack_ternary(pad.data(), n, n, nullptr, 1.0f, untouched.data(), true), kernels::kNone);
+      EXPECT_NE(k::unpack_ternary(pad.data(), n, n, nullptr, 1.0f, untouched.data(), true),
+                kernels::kNone);
     }
   }
 }
@@ -136,7 +139,8 @@ TEST(Ternary, StochasticRoundingIsUnbiased) {
   std::vector<float> out(n);
   for (int d = 0; d < draws; ++d) {
     k::ternarize(x.data(), n, n, &scale, 5, uint64_t(d), codes.data());
-    ASSERT_EQ(k::unpack_ternary(codes.data(), n, n, &scale, 1.0f, out.data(), false), kernels::kNone);
+    ASSERT_EQ(k::unpack_ternary(codes.data(), n, n, &scale, 1.0f, out.data(), false),
+              kernels::kNone);
     for (size_t j = 0; j < n; ++j) mean[j] += out[j];
   }
   for (size_t j = 0; j < n; ++j) {

@@ -5,8 +5,8 @@
 #include <limits>
 #include <numeric>
 
-#include "../kernels/error.hpp"
 #include "../compress/registry.hpp"
+#include "../kernels/error.hpp"
 #include "../sketch/count_sketch.hpp"
 #include "helpers.hpp"
 
@@ -86,7 +86,8 @@ TEST(CountSketch, OneRowIsAnUnbiasedEstimator) {
   CountSketch s(c);
   s.accumulate(x);
   const auto est = s.estimate(heavy);
-  for (size_t i = 0; i < heavy.size(); ++i) EXPECT_NEAR(std::fabs(est[i]), std::fabs(x[heavy[i]]), 0.2f);
+  for (size_t i = 0; i < heavy.size(); ++i)
+    EXPECT_NEAR(std::fabs(est[i]), std::fabs(x[heavy[i]]), 0.2f);
 }
 
 TEST(CountSketch, PrecomputedAndOnTheFlyAgreeBitForBit) {
@@ -105,7 +106,8 @@ TEST(CountSketch, PrecomputedAndOnTheFlyAgreeBitForBit) {
 
 TEST(CountSketch, L2EstimateAccurateOverSeeds) {
   // Each row's sum of squares is an unbiased estimate of ‖x‖² with variance ≤ 2‖x‖⁴/c; the median
-  // of 5 rows is within 10 % for c = 2000 in the vast majority of seeds. Fixed seeds: deterministic.
+  // of 5 rows is within 10 % for c = 2000 in the vast majority of seeds. Fixed seeds:
+  // deterministic.
   const auto x = test::gaussian(100000, 9);
   double norm = 0;
   for (float v : x) norm += double(v) * v;
@@ -206,7 +208,8 @@ TEST(CountSketch, NonFiniteRejectedAndStateKept) {
     y[15000] = bad;  // past several blocks: the partial sum must be undone
     CountSketch empty(c);
     EXPECT_THROW(empty.accumulate(y), NonFiniteError);
-    EXPECT_TRUE(std::all_of(empty.table().begin(), empty.table().end(), [](float v) { return v == 0; }));
+    EXPECT_TRUE(
+        std::all_of(empty.table().begin(), empty.table().end(), [](float v) { return v == 0; }));
     CountSketch full(c);
     full.accumulate(x);
     const std::vector<float> before(full.table().begin(), full.table().end());

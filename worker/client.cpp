@@ -206,10 +206,12 @@ Client::Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
     SKETCHSGD_REQUIRE(initial_params.size() == codec_->dim(), InvalidArgument,
                       "client: rank 0 needs initial parameters of length ", codec_->dim(), ", got ",
                       initial_params.size());
-    const size_t bad = kernels::cpu::find_nonfinite(initial_params.data(), initial_params.size());
+    init_.resize(initial_params.size());
+    detail::copy_bytes(init_.data(), initial_params.data(), initial_params.size_bytes(),
+                       codec_->device());
+    const size_t bad = kernels::cpu::find_nonfinite(init_.data(), init_.size());
     SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError,
                       "client: non-finite initial parameter at ", bad);
-    init_.assign(initial_params.begin(), initial_params.end());
   }
   if (!opts_.log) {
     auto log = std::make_shared<Log>("worker " + std::to_string(opts_.rank), false);
@@ -263,7 +265,7 @@ bool Client::handle_control(const Event& e) {
       staleness_ = w.staleness;
       if (!w.has_model && opts_.rank == 0) {
         // A server restarted without a checkpoint starts again from rank 0's current model.
-        const std::vector<float>& p = init_.empty() ? params_ : init_;
+        const std::vector<float> p = init_.empty() ? params_.to_vector() : init_;
         link_->post({env_frame(Type::Init, opts_, round_),
                      Frame::own(Bytes(reinterpret_cast<const uint8_t*>(p.data()),
                                       reinterpret_cast<const uint8_t*>(p.data() + p.size())))});
@@ -295,7 +297,8 @@ bool Client::handle_control(const Event& e) {
       std::memcpy(p.data(), b.data(), b.size());
       const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
       SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "model: non-finite value at ", bad);
-      params_ = std::move(p);
+      if (params_.size() != p.size()) params_ = Buffer<float>(p.size(), codec_->device());
+      params_.upload(p);
       if (e.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
       round_ = e.env.round;
       if (model_changed_round_ || pending_.empty()) next_push_ = round_;
@@ -379,7 +382,7 @@ bool Client::settle(const Event& e, StepResult& res) {
     case Type::Update: {
       const UpdateInfo info = decode_update_info(e.frames[1].bytes());
       const auto u = e.frames[2].bytes();
-      codec_->apply_step(u, params_, info.lr);
+      codec_->apply_step(u, params_.span(), info.lr);
       res.bytes_down += u.size();
       res.lr = info.lr;
       res.contributors = info.contributors;

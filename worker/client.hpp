@@ -61,8 +61,10 @@ class Client {
  public:
   /// Connects, registers and pulls the model. Rank 0 initialises the server's model with
   /// initial_params when the server has none; every other rank ignores initial_params (may be
-  /// empty). Throws ConfigMismatch with the server's reason when registration is refused, and
-  /// TimeoutError when the server does not answer within opts.timeout.
+  /// empty). Parameters and gradients live where the codec does (codec->device(): device memory
+  /// for a GPU codec); the wire carries host bytes. Throws ConfigMismatch with the server's reason
+  /// when registration is refused, and TimeoutError when the server does not answer within
+  /// opts.timeout.
   Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
          std::span<const float> initial_params);
   ~Client();  ///< says goodbye; never blocks longer than the socket linger
@@ -77,7 +79,8 @@ class Client {
   /// Waits for the outcome of every unanswered push (the end of training with staleness > 0).
   StepResult sync();
 
-  std::span<const float> params() const { return params_; }
+  /// The model, in the codec's device memory.
+  std::span<const float> params() const { return params_.span(); }
   /// The round whose update comes next: params() hold every update before it.
   uint64_t round() const { return round_; }
   /// The round the next step() pushes (round() + unanswered pushes).
@@ -98,8 +101,9 @@ class Client {
 
   ClientOptions opts_;
   std::unique_ptr<Compressor> codec_;
-  std::vector<float> params_;
-  std::vector<float> init_;  // rank 0's initial parameters, kept until the server has a model
+  Buffer<float> params_;  // on the codec's device
+  std::vector<float>
+      init_;  // rank 0's initial parameters (host), kept until the server has a model
   uint64_t round_ = 0;
   uint64_t next_push_ = 0;
   uint32_t staleness_ = 0;

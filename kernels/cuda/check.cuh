@@ -6,13 +6,13 @@
 
 #include "../error.hpp"
 
-#define SKETCHSGD_CUDA_CHECK(call)                                                          \
-  do {                                                                                      \
-    const cudaError_t sketchsgd_err_ = (call);                                              \
-    if (sketchsgd_err_ != cudaSuccess) {                                                    \
+#define SKETCHSGD_CUDA_CHECK(call)                                                             \
+  do {                                                                                         \
+    const cudaError_t sketchsgd_err_ = (call);                                                 \
+    if (sketchsgd_err_ != cudaSuccess) {                                                       \
       (void)cudaGetLastError(); /* clear a non-sticky error so later calls do not report it */ \
-      ::sketchsgd::detail::raise<::sketchsgd::CudaError>(#call, " failed at ", __FILE__, ":", \
-                                                         __LINE__, ": ",                    \
-                                                         cudaGetErrorString(sketchsgd_err_)); \
-    }                                                                                       \
+      ::sketchsgd::detail::raise<::sketchsgd::CudaError>(#call, " failed at ", __FILE__, ":",  \
+                                                         __LINE__, ": ",                       \
+                                                         cudaGetErrorString(sketchsgd_err_));  \
+    }                                                                                          \
   } while (0)

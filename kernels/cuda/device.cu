@@ -1,6 +1,6 @@
 // Device discovery and the reusable workspace of the CUDA backend.
-#include "../cuda.hpp"
 #include <algorithm>
+#include "../cuda.hpp"
 
 #include "check.cuh"
 
@@ -16,7 +16,9 @@ int device_count() {
   return n;
 }
 
-void set_device(int id) { SKETCHSGD_CUDA_CHECK(cudaSetDevice(id)); }
+void set_device(int id) {
+  SKETCHSGD_CUDA_CHECK(cudaSetDevice(id));
+}
 
 void* alloc(size_t bytes) {
   void* p = nullptr;
@@ -38,7 +40,9 @@ void zero(void* dst, size_t bytes, Stream stream) {
   if (bytes) SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
 }
 
-void synchronize(Stream stream) { SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream)); }
+void synchronize(Stream stream) {
+  SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
 void reset_flag(unsigned long long* flag, Stream stream) {
   SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(flag, 0xFF, sizeof(*flag), stream));

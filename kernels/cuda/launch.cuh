@@ -24,7 +24,9 @@ inline unsigned grid_for(uint64_t n, unsigned per_thread = 1) {
 __device__ __forceinline__ uint64_t thread_index() {
   return blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
 }
-__device__ __forceinline__ uint64_t grid_stride() { return uint64_t(gridDim.x) * blockDim.x; }
+__device__ __forceinline__ uint64_t grid_stride() {
+  return uint64_t(gridDim.x) * blockDim.x;
+}
 
 /// Checks the launch that just happened (configuration errors surface here; faults surface at the
 /// next synchronising call, which is checked too).

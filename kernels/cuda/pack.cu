@@ -13,7 +13,8 @@ namespace {
 /// run is whole; positions at or past n read as 0. Each thread owning N contiguous elements keeps
 /// N/4 wide loads in flight, which a warp-per-32-elements ballot loop does not.
 template <int N>
-__device__ __forceinline__ void load_run(const float* x, uint64_t j0, uint64_t n, bool aligned, float (&v)[N]) {
+__device__ __forceinline__ void load_run(const float* x, uint64_t j0, uint64_t n, bool aligned,
+                                         float (&v)[N]) {
   if (aligned && j0 + N <= n) {
     const float4* p = reinterpret_cast<const float4*>(x + j0);
 #pragma unroll
@@ -30,7 +31,9 @@ __device__ __forceinline__ void load_run(const float* x, uint64_t j0, uint64_t n
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
 
 /// One thread per 32-bit word: 32 signs.
 __global__ void pack_signs_kernel(const float* x, uint64_t n, uint32_t* words, bool aligned) {
@@ -94,9 +97,9 @@ __global__ void ternarize_kernel(const float* x, uint32_t n, uint32_t chunk, con
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const uint64_t byte = t * 4 + q;
-      const elem::Philox4 r = elem::philox4x32_10(uint32_t(byte), uint32_t(byte >> 32),
-                                                  uint32_t(stream_id), uint32_t(stream_id >> 32),
-                                                  uint32_t(seed), uint32_t(seed >> 32));
+      const elem::Philox4 r =
+          elem::philox4x32_10(uint32_t(byte), uint32_t(byte >> 32), uint32_t(stream_id),
+                              uint32_t(stream_id >> 32), uint32_t(seed), uint32_t(seed >> 32));
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const uint32_t j = j0 + 4 * q + e;
@@ -107,7 +110,8 @@ __global__ void ternarize_kernel(const float* x, uint32_t n, uint32_t chunk, con
           const float s = scales[c];
           inv = s > 0.0f ? 1.0f / s : 0.0f;
         }
-        word |= elem::ternary_round(v[4 * q + e], inv, elem::uniform01(r.v[e])) << (2 * (4 * q + e));
+        word |= elem::ternary_round(v[4 * q + e], inv, elem::uniform01(r.v[e]))
+                << (2 * (4 * q + e));
       }
     }
     store_word(codes, t * 4, nb, word);
@@ -126,7 +130,8 @@ __global__ void pack_ternary_kernel(const float* x, uint64_t n, uint8_t* codes, 
   }
 }
 
-__global__ void ternary_check_kernel(const uint8_t* codes, uint64_t n, unsigned long long* first_bad) {
+__global__ void ternary_check_kernel(const uint8_t* codes, uint64_t n,
+                                     unsigned long long* first_bad) {
   const uint64_t nb = (n + 3) / 4;
   for (uint64_t byte = thread_index(); byte < nb; byte += grid_stride()) {
     const uint32_t c = codes[byte];
@@ -138,8 +143,8 @@ __global__ void ternary_check_kernel(const uint8_t* codes, uint64_t n, unsigned 
 }
 
 __global__ void unpack_ternary_kernel(const uint8_t* codes, uint32_t n, uint32_t chunk,
-                                      const float* scales, float weight, float* out, bool accumulate,
-                                      const unsigned long long* first_bad) {
+                                      const float* scales, float weight, float* out,
+                                      bool accumulate, const unsigned long long* first_bad) {
   if (*first_bad != ~0ull) return;  // corrupt codes: write nothing
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) {
     const uint32_t j = uint32_t(i);
@@ -152,8 +157,9 @@ __global__ void unpack_ternary_kernel(const uint8_t* codes, uint32_t n, uint32_t
 
 /// Sizes must fit the 32-bit index arithmetic of the kernels (dim < 2^32 everywhere).
 void check_size(size_t n, size_t chunk) {
-  SKETCHSGD_REQUIRE(n < (uint64_t(1) << 32) && chunk > 0 && chunk < (uint64_t(1) << 32), InvalidArgument,
-                    "packing: n = ", n, " and chunk = ", chunk, " must be below 2^32 (chunk > 0)");
+  SKETCHSGD_REQUIRE(n < (uint64_t(1) << 32) && chunk > 0 && chunk < (uint64_t(1) << 32),
+                    InvalidArgument, "packing: n = ", n, " and chunk = ", chunk,
+                    " must be below 2^32 (chunk > 0)");
 }
 
 }  // namespace
@@ -168,7 +174,8 @@ void unpack_signs(const uint32_t* words, size_t n, size_t chunk, const float* sc
                   bool accumulate, Stream stream) {
   if (n == 0) return;
   check_size(n, chunk);
-  unpack_signs_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(words, n, chunk, scales, out, accumulate);
+  unpack_signs_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(words, n, chunk, scales, out,
+                                                               accumulate);
   SKETCHSGD_LAUNCH_CHECK();
 }
 
@@ -183,8 +190,8 @@ void ternarize(const float* x, size_t n, size_t chunk, const float* scales, uint
                uint64_t stream_id, uint8_t* codes, Stream stream) {
   if (n == 0) return;
   check_size(n, chunk);
-  ternarize_kernel<<<grid_for(n, 16), kThreads, 0, stream>>>(x, uint32_t(n), uint32_t(chunk), scales,
-                                                             seed, stream_id, codes, aligned16(x));
+  ternarize_kernel<<<grid_for(n, 16), kThreads, 0, stream>>>(
+      x, uint32_t(n), uint32_t(chunk), scales, seed, stream_id, codes, aligned16(x));
   SKETCHSGD_LAUNCH_CHECK();
 }
 
@@ -200,8 +207,8 @@ void unpack_ternary(const uint8_t* codes, size_t n, size_t chunk, const float* s
   check_size(n, chunk);
   ternary_check_kernel<<<grid_for(n / 4 + 1, 4), kThreads, 0, stream>>>(codes, n, first_bad);
   SKETCHSGD_LAUNCH_CHECK();
-  unpack_ternary_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(codes, n, chunk, scales, weight, out,
-                                                                accumulate, first_bad);
+  unpack_ternary_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(codes, n, chunk, scales, weight,
+                                                                 out, accumulate, first_bad);
   SKETCHSGD_LAUNCH_CHECK();
 }
 

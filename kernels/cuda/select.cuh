@@ -7,11 +7,12 @@
 // output, compacts that bucket's values into a candidate buffer and histograms their next digit.
 // Later levels read only the candidates, so the input is read twice. Values that are expensive
 // to compute (count-sketch estimates: r gathers and a median each) are computed once: the
-// histogram pass stores them and the second pass reads them back. When the candidates overflow their buffer (heavy ties, say a mostly
-// zero vector) a level re-reads the input instead, filtered by the key prefix fixed so far.
-// After the last level the threshold key is exact; ties at it are broken by smallest index
-// (sorting the tie buffer, or an order-preserving block scan over the input when it overflowed),
-// and the k winners are sorted by (|v| desc, index asc): the same total order as the CPU kernels.
+// histogram pass stores them and the second pass reads them back. When the candidates overflow
+// their buffer (heavy ties, say a mostly zero vector) a level re-reads the input instead, filtered
+// by the key prefix fixed so far. After the last level the threshold key is exact; ties at it are
+// broken by smallest index (sorting the tie buffer, or an order-preserving block scan over the
+// input when it overflowed), and the k winners are sorted by (|v| desc, index asc): the same total
+// order as the CPU kernels.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -25,20 +26,26 @@ namespace sketchsgd::kernels::cuda::select {
 
 inline constexpr int kLevels = 3;
 inline constexpr int kBins = 2048;
-__host__ __device__ constexpr int shift_of(int level) { return level == 0 ? 20 : (level == 1 ? 9 : 0); }
-__host__ __device__ constexpr uint32_t digits_of(int level) { return level == 2 ? 0x1FFu : 0x7FFu; }
+__host__ __device__ constexpr int shift_of(int level) {
+  return level == 0 ? 20 : (level == 1 ? 9 : 0);
+}
+__host__ __device__ constexpr uint32_t digits_of(int level) {
+  return level == 2 ? 0x1FFu : 0x7FFu;
+}
 
 struct State {
   uint32_t prefix[kLevels + 1];  // key bits fixed before level l (prefix[3]: the threshold key)
   uint32_t mask[kLevels + 1];
-  uint32_t bucket[kLevels];      // chosen digit of level l
-  uint32_t need[kLevels + 1];    // winners still to find inside the chosen bucket (need[0] = k)
-  uint32_t in_bucket[kLevels];   // values in the chosen bucket
-  uint32_t out_n;                // winners written
-  uint32_t buf_n[2];             // values appended to each candidate buffer (may exceed capacity)
+  uint32_t bucket[kLevels];     // chosen digit of level l
+  uint32_t need[kLevels + 1];   // winners still to find inside the chosen bucket (need[0] = k)
+  uint32_t in_bucket[kLevels];  // values in the chosen bucket
+  uint32_t out_n;               // winners written
+  uint32_t buf_n[2];            // values appended to each candidate buffer (may exceed capacity)
 };
 
-__device__ __forceinline__ uint32_t key_of(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+__device__ __forceinline__ uint32_t key_of(float v) {
+  return __float_as_uint(v) & 0x7FFFFFFFu;
+}
 
 /// Every coordinate 0 … n − 1 with its value computed by V (the input, or a sketch estimate).
 template <class V>
@@ -203,7 +210,8 @@ __global__ void filter_kernel(Src src, State* st, int level, uint32_t* out_idx, 
         out_val[o] = v[q];
         ++o;
       } else if (k2 == 2u) {
-        if (!last) atomicAdd(&next_hist[(key[q] >> shift_of(level + 1)) & digits_of(level + 1)], 1u);
+        if (!last)
+          atomicAdd(&next_hist[(key[q] >> shift_of(level + 1)) & digits_of(level + 1)], 1u);
         if (c < cap) {
           cand_idx[c] = j[q];
           cand_val[c] = v[q];
@@ -218,7 +226,8 @@ __global__ void filter_kernel(Src src, State* st, int level, uint32_t* out_idx, 
 /// Ties at the threshold key in index order when they overflowed the buffer: block g owns one
 /// contiguous range of the input; pass 1 counts its ties, pass 2 writes the first `need` of them.
 template <class V>
-__global__ void tie_count_kernel(Full<V> src, const State* st, uint64_t per_block, uint32_t* counts) {
+__global__ void tie_count_kernel(Full<V> src, const State* st, uint64_t per_block,
+                                 uint32_t* counts) {
   using Reduce = cub::BlockScan<uint32_t, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   const uint32_t threshold = st->prefix[kLevels];
@@ -236,8 +245,8 @@ __global__ void tie_count_kernel(Full<V> src, const State* st, uint64_t per_bloc
 }
 
 template <class V>
-__global__ void tie_write_kernel(Full<V> src, State* st, uint64_t per_block, const uint32_t* offsets,
-                                 uint32_t* out_idx, float* out_val) {
+__global__ void tie_write_kernel(Full<V> src, State* st, uint64_t per_block,
+                                 const uint32_t* offsets, uint32_t* out_idx, float* out_val) {
   using Scan = cub::BlockScan<uint32_t, kThreads>;
   __shared__ typename Scan::TempStorage temp;
   const uint32_t threshold = st->prefix[kLevels], need = st->need[kLevels];
@@ -266,8 +275,8 @@ __global__ void tie_write_kernel(Full<V> src, State* st, uint64_t per_block, con
 }
 
 /// Appends the first `need` entries of a (sorted) tie buffer to the winners.
-__global__ void take_kernel(const State* st, const uint32_t* idx, const float* val, uint32_t* out_idx,
-                            float* out_val) {
+__global__ void take_kernel(const State* st, const uint32_t* idx, const float* val,
+                            uint32_t* out_idx, float* out_val) {
   const uint32_t need = st->need[kLevels], base = st->out_n;
   for (uint64_t i = thread_index(); i < need; i += grid_stride()) {
     out_idx[base + i] = idx[i];
@@ -284,8 +293,8 @@ __global__ void order_keys_kernel(const uint32_t* idx, const float* val, uint64_
   }
 }
 
-__global__ void permute_kernel(const uint32_t* pos, const uint32_t* idx, const float* val, uint64_t n,
-                               uint32_t* out_idx, float* out_val) {
+__global__ void permute_kernel(const uint32_t* pos, const uint32_t* idx, const float* val,
+                               uint64_t n, uint32_t* out_idx, float* out_val) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) {
     out_idx[i] = idx[pos[i]];
     out_val[i] = val[pos[i]];
@@ -363,7 +372,8 @@ inline size_t temp_bytes(uint64_t n, uint64_t k) {
 }
 
 inline const State& read_state(const Buffers& b, Workspace& ws, Stream stream) {
-  SKETCHSGD_CUDA_CHECK(cudaMemcpyAsync(ws.host(), b.st, sizeof(State), cudaMemcpyDeviceToHost, stream));
+  SKETCHSGD_CUDA_CHECK(
+      cudaMemcpyAsync(ws.host(), b.st, sizeof(State), cudaMemcpyDeviceToHost, stream));
   SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream));
   return *static_cast<const State*>(ws.host());
 }
@@ -384,15 +394,14 @@ void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Bu
     uint32_t* cand_n = b.st->buf_n + outb;
     SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(cand_n, 0, sizeof(uint32_t), stream));
     if (from_full) {
-      filter_kernel<<<grid_for(n, kPer), kThreads, 0, stream>>>(full, b.st, level, b.out_idx, b.out_val,
-                                                                next_hist, b.buf_idx[outb],
-                                                                b.buf_val[outb], cand_n, cap);
+      filter_kernel<<<grid_for(n, kPer), kThreads, 0, stream>>>(
+          full, b.st, level, b.out_idx, b.out_val, next_hist, b.buf_idx[outb], b.buf_val[outb],
+          cand_n, cap);
     } else {
       const Buffer src{b.buf_idx[in], b.buf_val[in], src_n};
-      filter_kernel<<<grid_for(src_n, kPer), kThreads, 0, stream>>>(src, b.st, level, b.out_idx,
-                                                                    b.out_val, next_hist,
-                                                                    b.buf_idx[outb], b.buf_val[outb],
-                                                                    cand_n, cap);
+      filter_kernel<<<grid_for(src_n, kPer), kThreads, 0, stream>>>(
+          src, b.st, level, b.out_idx, b.out_val, next_hist, b.buf_idx[outb], b.buf_val[outb],
+          cand_n, cap);
     }
     SKETCHSGD_LAUNCH_CHECK();
     if (level + 1 < kLevels) {
@@ -431,14 +440,16 @@ void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Bu
   }
 
   // The k winners in the total order (|v| desc, index asc).
-  order_keys_kernel<<<grid_for(k), kThreads, 0, stream>>>(b.out_idx, b.out_val, k, b.keys[0], b.pos[0]);
+  order_keys_kernel<<<grid_for(k), kThreads, 0, stream>>>(b.out_idx, b.out_val, k, b.keys[0],
+                                                          b.pos[0]);
   SKETCHSGD_LAUNCH_CHECK();
   cub::DoubleBuffer<uint64_t> keys(b.keys[0], b.keys[1]);
   cub::DoubleBuffer<uint32_t> pos(b.pos[0], b.pos[1]);
   size_t bytes = b.temp_bytes;
   SKETCHSGD_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(b.temp, bytes, keys, pos,
                                                                  int64_t(k), 0, 63, stream));
-  permute_kernel<<<grid_for(k), kThreads, 0, stream>>>(pos.Current(), b.out_idx, b.out_val, k, idx, val);
+  permute_kernel<<<grid_for(k), kThreads, 0, stream>>>(pos.Current(), b.out_idx, b.out_val, k, idx,
+                                                       val);
   SKETCHSGD_LAUNCH_CHECK();
 }
 

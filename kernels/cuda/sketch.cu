@@ -21,7 +21,8 @@ struct Hashes {
   uint32_t rows;
   uint32_t cols;
 
-  explicit Hashes(const SketchLayout& s) : packed(s.packed), dim(s.dim), rows(s.rows), cols(s.cols) {
+  explicit Hashes(const SketchLayout& s)
+      : packed(s.packed), dim(s.dim), rows(s.rows), cols(s.cols) {
     for (uint32_t i = 0; i < elem::kMaxRows; ++i) row[i] = hash::row_hash(s.seed, i);
   }
   __device__ __forceinline__ uint32_t at(uint32_t i, uint64_t j) const {
@@ -54,19 +55,24 @@ template <class F>
 void with_estimator(const SketchLayout& s, const float* table, F&& f) {
   const Hashes h(s);
   switch (s.rows) {
-    case 1: return f(Estimator<1>{h, table});
-    case 3: return f(Estimator<3>{h, table});
-    case 5: return f(Estimator<5>{h, table});
-    default: return f(Estimator<0>{h, table});
+    case 1:
+      return f(Estimator<1>{h, table});
+    case 3:
+      return f(Estimator<3>{h, table});
+    case 5:
+      return f(Estimator<5>{h, table});
+    default:
+      return f(Estimator<0>{h, table});
   }
 }
 
 __global__ void precompute_kernel(hash::RowHash h, uint64_t dim, uint32_t cols, uint32_t* out) {
-  for (uint64_t j = thread_index(); j < dim; j += grid_stride()) out[j] = hash::locate(h, uint32_t(j), cols);
+  for (uint64_t j = thread_index(); j < dim; j += grid_stride())
+    out[j] = hash::locate(h, uint32_t(j), cols);
 }
 
-__global__ void accumulate_kernel(Hashes h, float* table, const float* x, uint64_t n, uint64_t offset,
-                                  float scale, unsigned long long* first_bad) {
+__global__ void accumulate_kernel(Hashes h, float* table, const float* x, uint64_t n,
+                                  uint64_t offset, float scale, unsigned long long* first_bad) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) {
     const float v = x[i];
     if (!is_finite(v)) {
@@ -104,7 +110,8 @@ __global__ void row_squares_kernel(const float* table, uint32_t cols, double* su
   __shared__ typename Reduce::TempStorage temp;
   const float* t = table + uint64_t(blockIdx.y) * cols;
   double acc = 0.0;
-  for (uint64_t c = thread_index(); c < cols; c += grid_stride()) acc += double(t[c]) * double(t[c]);
+  for (uint64_t c = thread_index(); c < cols; c += grid_stride())
+    acc += double(t[c]) * double(t[c]);
   const double total = Reduce(temp).Sum(acc);
   if (threadIdx.x == 0) atomicAdd(sums + blockIdx.y, total);
 }
@@ -119,8 +126,8 @@ __global__ void l2_finish_kernel(const double* sums, uint32_t rows, double* out)
 
 void precompute_hashes(const SketchLayout& s, uint32_t* packed, Stream stream) {
   for (uint32_t row = 0; row < s.rows; ++row) {
-    precompute_kernel<<<grid_for(s.dim, 4), kThreads, 0, stream>>>(hash::row_hash(s.seed, row), s.dim,
-                                                                   s.cols, packed + uint64_t(row) * s.dim);
+    precompute_kernel<<<grid_for(s.dim, 4), kThreads, 0, stream>>>(
+        hash::row_hash(s.seed, row), s.dim, s.cols, packed + uint64_t(row) * s.dim);
     SKETCHSGD_LAUNCH_CHECK();
   }
 }
@@ -129,7 +136,7 @@ void accumulate(const SketchLayout& s, float* table, const float* x, size_t n, u
                 float scale, unsigned long long* first_bad, Stream stream) {
   if (n == 0) return;
   accumulate_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(Hashes(s), table, x, n, offset, scale,
-                                                            first_bad);
+                                                             first_bad);
   SKETCHSGD_LAUNCH_CHECK();
 }
 
@@ -151,18 +158,22 @@ void estimate_all(const SketchLayout& s, const float* table, float* out, Stream 
 
 void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val,
                    Workspace& ws, Stream stream) {
-  SKETCHSGD_REQUIRE(k <= s.dim, InvalidArgument, "estimate_topk: k = ", k, " exceeds dim = ", s.dim);
+  SKETCHSGD_REQUIRE(k <= s.dim, InvalidArgument, "estimate_topk: k = ", k,
+                    " exceeds dim = ", s.dim);
   // Estimates cost r gathers and a median each: compute them once (d floats of workspace).
-  with_estimator(s, table, [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, true); });
+  with_estimator(s, table,
+                 [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, true); });
 }
 
-void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n, Stream stream) {
+void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n,
+                  Stream stream) {
   if (n == 0) return;
   zero_buckets_kernel<<<grid_for(n), kThreads, 0, stream>>>(Hashes(s), table, idx, n);
   SKETCHSGD_LAUNCH_CHECK();
 }
 
-void l2_estimate(const SketchLayout& s, const float* table, double* out, Workspace& ws, Stream stream) {
+void l2_estimate(const SketchLayout& s, const float* table, double* out, Workspace& ws,
+                 Stream stream) {
   auto* sums = static_cast<double*>(ws.get(s.rows * sizeof(double), stream));
   SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(sums, 0, s.rows * sizeof(double), stream));
   const dim3 grid(std::min(grid_for(s.cols, 8), 256u), s.rows);
@@ -172,9 +183,11 @@ void l2_estimate(const SketchLayout& s, const float* table, double* out, Workspa
   SKETCHSGD_LAUNCH_CHECK();
 }
 
-void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream) {
+void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspace& ws,
+          Stream stream) {
   SKETCHSGD_REQUIRE(k <= n, InvalidArgument, "topk: k = ", k, " exceeds n = ", n);
-  SKETCHSGD_REQUIRE(n < (uint64_t(1) << 32), InvalidArgument, "topk: n = ", n, " needs 32-bit indices");
+  SKETCHSGD_REQUIRE(n < (uint64_t(1) << 32), InvalidArgument, "topk: n = ", n,
+                    " needs 32-bit indices");
   select::topk(select::Values{x}, n, k, idx, val, ws, stream, false);
 }
 

@@ -70,7 +70,8 @@ __global__ void scatter_kernel(float* y, const uint32_t* idx, const float* val, 
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[idx[i]] = val ? val[i] : 0.0f;
 }
 
-__global__ void scatter_axpy_kernel(float* y, const uint32_t* idx, const float* val, uint64_t n, float a) {
+__global__ void scatter_axpy_kernel(float* y, const uint32_t* idx, const float* val, uint64_t n,
+                                    float a) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[idx[i]] += a * val[i];
 }
 
@@ -137,7 +138,8 @@ void zero_at(float* y, const uint32_t* idx, size_t n, Stream stream) {
   scatter(y, idx, nullptr, n, stream);
 }
 
-void scatter_axpy(float* y, const uint32_t* idx, const float* val, size_t n, float a, Stream stream) {
+void scatter_axpy(float* y, const uint32_t* idx, const float* val, size_t n, float a,
+                  Stream stream) {
   if (n == 0) return;
   scatter_axpy_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, idx, val, n, a);
   SKETCHSGD_LAUNCH_CHECK();
