@@ -48,6 +48,7 @@ Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t
                     grad.size(), " for a codec of dim ", dim_);
   SKETCHSGD_REQUIRE(sender != kServerRank, InvalidArgument, "encode: sender id ", sender,
                     " is reserved for the server");
+  device_.require_accessible(grad.data(), grad.size_bytes(), "encode: gradient");
   const size_t bad = ops::find_nonfinite(device_, grad);
   if (bad != kernels::kNone) {
     float value = 0.0f;
@@ -73,6 +74,7 @@ Message Compressor::do_answer(ByteReader&, const Header&, uint32_t) {
 void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
   SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "apply: step of length ", step.size(),
                     " for a codec of dim ", dim_);
+  device_.require_accessible(step.data(), step.size_bytes(), "apply: step");
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
   do_apply(r, h, step);
@@ -81,22 +83,24 @@ void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
 void Compressor::decode(std::span<const uint8_t> update, std::span<float> step) const {
   SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "decode: step of length ", step.size(),
                     " for a codec of dim ", dim_);
+  device_.require_accessible(step.data(), step.size_bytes(), "decode: step");
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
   do_decode(r, h, step);
 }
 
 namespace {
-void check_step_args(std::span<float> params, uint64_t dim, float lr) {
+void check_step_args(std::span<float> params, uint64_t dim, float lr, const Device& device) {
   SKETCHSGD_REQUIRE(params.size() == dim, InvalidArgument, "step: parameters of length ",
                     params.size(), " for a codec of dim ", dim);
+  device.require_accessible(params.data(), params.size_bytes(), "step: parameters");
   SKETCHSGD_REQUIRE(std::isfinite(lr), InvalidArgument, "step: learning rate ", lr,
                     " is not finite");
 }
 }  // namespace
 
 void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> params, float lr) {
-  check_step_args(params, dim_, lr);
+  check_step_args(params, dim_, lr, device_);
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
   do_apply_step(r, h, params, lr);
@@ -104,7 +108,7 @@ void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> pa
 
 void Compressor::decode_step(std::span<const uint8_t> update, std::span<float> params,
                              float lr) const {
-  check_step_args(params, dim_, lr);
+  check_step_args(params, dim_, lr, device_);
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
   do_decode_step(r, h, params, lr);

@@ -33,6 +33,10 @@ void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 /// Zeroes device memory, ordered on the stream (does not wait).
 void zero(void* dst, size_t bytes, Stream stream = nullptr);
 void synchronize(Stream stream = nullptr);
+/// True for memory a kernel may touch: device, managed or page-locked (registered) host memory.
+/// Plain host memory would fault inside a kernel and poison the context, so objects on a GPU
+/// check their span arguments with this first.
+bool device_accessible(const void* p);
 /// *flag = UINT64_MAX, ordered on the stream (the "nothing found" value of the check kernels).
 void reset_flag(unsigned long long* flag, Stream stream = nullptr);
 /// *first (device, preset to UINT64_MAX) = min position i with idx[i] ≥ limit.

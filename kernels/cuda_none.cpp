@@ -28,6 +28,9 @@ void zero(void*, size_t, Stream) {
 void synchronize(Stream) {
   absent();
 }
+bool device_accessible(const void*) {
+  return false;
+}
 void reset_flag(unsigned long long*, Stream) {
   absent();
 }

@@ -31,7 +31,18 @@ void Device::activate() const {
   kernels::cuda::set_device(gpu);
 }
 
+void Device::require_accessible(const void* p, size_t bytes, const char* what) const {
+  if (!is_gpu() || bytes == 0) return;
+  SKETCHSGD_REQUIRE(kernels::cuda::device_accessible(p), InvalidArgument, what,
+                    ": host memory given to an object on ", name(),
+                    "; pass device (or managed, or page-locked) memory");
+}
+
 namespace detail {
+
+void check_fits(size_t n, size_t size) {
+  SKETCHSGD_REQUIRE(n <= size, InvalidArgument, "buffer: ", n, " elements do not fit ", size);
+}
 
 std::shared_ptr<void> device_alloc(size_t bytes, const Device& d) {
   d.activate();

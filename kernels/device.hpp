@@ -29,6 +29,9 @@ struct Device {
   /// Makes this device current for the calling thread; CudaError when it does not exist or the
   /// build has no CUDA. No-op for the CPU.
   void activate() const;
+  /// On a GPU: InvalidArgument unless p (bytes > 0) is memory its kernels can touch — a host
+  /// pointer passed by mistake is an error, not a fault that poisons the CUDA context.
+  void require_accessible(const void* p, size_t bytes, const char* what) const;
 };
 
 namespace detail {
@@ -37,6 +40,8 @@ std::shared_ptr<void> device_alloc(size_t bytes, const Device& d);
 /// Copies between any two of host and device memory and waits for it (stream order kept).
 void copy_bytes(void* dst, const void* src, size_t bytes, const Device& d);
 void zero_bytes(void* dst, size_t bytes, const Device& d);
+/// InvalidArgument when a copy of n elements does not fit a buffer of size.
+void check_fits(size_t n, size_t size);
 }  // namespace detail
 
 /// A zero-initialised array on a Device: a std::vector on the CPU, device memory on a GPU.
@@ -64,10 +69,12 @@ class Buffer {
   void zero() { detail::zero_bytes(data(), n_ * sizeof(T), dev_); }
   /// Host → this buffer's first src.size() elements (src.size() ≤ size()).
   void upload(std::span<const T> src) {
+    detail::check_fits(src.size(), n_);
     detail::copy_bytes(data(), src.data(), src.size_bytes(), dev_);
   }
-  /// This buffer's first dst.size() elements → host.
+  /// This buffer's first dst.size() elements → host (dst.size() ≤ size()).
   void download(std::span<T> dst) const {
+    detail::check_fits(dst.size(), n_);
     detail::copy_bytes(dst.data(), data(), dst.size_bytes(), dev_);
   }
   std::vector<T> to_vector() const {

@@ -100,6 +100,7 @@ size_t CountSketch::device_check(Check&& check) const {
 
 void CountSketch::check_indices(std::span<const uint32_t> indices, const char* what) const {
   if (device_.is_gpu()) {
+    device_.require_accessible(indices.data(), indices.size_bytes(), what);
     const size_t bad = device_check([&](unsigned long long* flag) {
       cu::check_indices(indices.data(), indices.size(), config_.dim, flag, device_.stream);
     });
@@ -127,6 +128,7 @@ void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float sc
                     "accumulate: slice [", offset, ", ", offset + x.size(),
                     ") outside the sketch's dim ", config_.dim);
   SKETCHSGD_REQUIRE(is_finite(scale), NonFiniteError, "accumulate: scale is not finite");
+  device_.require_accessible(x.data(), x.size_bytes(), "accumulate");
   const auto l = layout();
   if (device_.is_gpu()) {
     if (x.empty()) return;
@@ -186,6 +188,7 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
 void CountSketch::add_table(std::span<const float> table, float scale) {
   SKETCHSGD_REQUIRE(table.size() == table_.size(), ConfigMismatch, "add_table: ", table.size(),
                     " floats into a ", config_.rows, " x ", config_.cols, " sketch");
+  device_.require_accessible(table.data(), table.size_bytes(), "add_table");
   if (device_.is_gpu())
     cu::axpy(table_.data(), table.data(), table_.size(), scale, device_.stream);
   else
@@ -218,6 +221,7 @@ void CountSketch::estimate(std::span<const uint32_t> indices, std::span<float> o
   SKETCHSGD_REQUIRE(out.size() == indices.size(), InvalidArgument, "estimate: ", indices.size(),
                     " indices but room for ", out.size(), " values");
   check_indices(indices, "estimate");
+  device_.require_accessible(out.data(), out.size_bytes(), "estimate: output");
   if (device_.is_gpu())
     cu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data(),
                  device_.stream);
@@ -234,6 +238,7 @@ std::vector<float> CountSketch::estimate(std::span<const uint32_t> indices) cons
 void CountSketch::estimate_all(std::span<float> out) const {
   SKETCHSGD_REQUIRE(out.size() == config_.dim, InvalidArgument, "estimate_all: output of length ",
                     out.size(), " for dim ", config_.dim);
+  device_.require_accessible(out.data(), out.size_bytes(), "estimate_all: output");
   if (device_.is_gpu())
     cu::estimate_all(layout(), table_.data(), out.data(), device_.stream);
   else
@@ -251,6 +256,8 @@ void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
                     " index slots but ", val.size(), " value slots");
   SKETCHSGD_REQUIRE(idx.size() <= config_.dim, InvalidArgument, "top_k: k = ", idx.size(),
                     " exceeds dim ", config_.dim);
+  device_.require_accessible(idx.data(), idx.size_bytes(), "top_k: indices");
+  device_.require_accessible(val.data(), val.size_bytes(), "top_k: values");
   if (device_.is_gpu())
     cu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data(), workspace(),
                       device_.stream);

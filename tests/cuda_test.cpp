@@ -456,6 +456,14 @@ TEST(CudaSketch, RejectsBadInputWithoutChangingTheTable) {
   EXPECT_THROW(gpu.estimate(cspan(bad, 3), std::span<float>(out.get(), 3)), InvalidArgument);
   CountSketch cpu(c);
   EXPECT_THROW(gpu += cpu, InvalidArgument);  // different devices: use to()
+  // Host memory handed to a GPU object is an error, not a kernel fault.
+  EXPECT_THROW(gpu.accumulate(x), InvalidArgument);
+  std::vector<float> host_out(3);
+  Dev<uint32_t> good_idx(std::vector<uint32_t>{1, 2, 3});
+  EXPECT_THROW(gpu.estimate(cspan(good_idx, 3), host_out), InvalidArgument);
+  auto codec = make_compressor("topk:k=10", c.dim, Device::cuda());
+  EXPECT_THROW(codec->encode(x, 0, 0), InvalidArgument);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the context is still clean
   EXPECT_THROW(CountSketch(c, Device::cuda(cu::device_count())), CudaError);
 }
 

@@ -238,6 +238,16 @@ TEST(Device, ParsesNamesAndRejectsOthers) {
     EXPECT_THROW(Device::parse(bad), InvalidArgument) << bad;
 }
 
+TEST(Device, BufferCopiesRefuseToOverflow) {
+  Buffer<float> b(3, Device::cpu());
+  const std::vector<float> four(4, 1.0f), two{5.0f, 6.0f};
+  EXPECT_THROW(b.upload(four), InvalidArgument);
+  b.upload(two);
+  EXPECT_EQ(b.to_vector(), (std::vector<float>{5.0f, 6.0f, 0.0f}));
+  std::vector<float> out(4);
+  EXPECT_THROW(b.download(out), InvalidArgument);
+}
+
 TEST(Device, AMissingGpuIsATypedError) {
   // Asks for one more device than exists: in a build or on a machine without CUDA, that is cuda:0.
   const Device missing = Device::cuda(kernels::cuda::device_count());

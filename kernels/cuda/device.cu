@@ -40,6 +40,16 @@ void zero(void* dst, size_t bytes, Stream stream) {
   if (bytes) SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
 }
 
+bool device_accessible(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ||
+         a.type == cudaMemoryTypeHost;
+}
+
 void synchronize(Stream stream) {
   SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
