@@ -44,6 +44,7 @@ Header CodecInfo::check(std::span<const uint8_t> message, MessageKind expected) 
 }
 
 Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t sender) {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, "encode: gradient of length ",
                     grad.size(), " for a codec of dim ", dim_);
   SKETCHSGD_REQUIRE(sender != kServerRank, InvalidArgument, "encode: sender id ", sender,
@@ -61,6 +62,7 @@ Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t
 }
 
 Message Compressor::answer(std::span<const uint8_t> query, uint32_t sender) {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(two_rounds(), ProtocolError, "codec ", spec_, " has no second round");
   const Header h = check(query, MessageKind::Query);
   ByteReader r(payload_of(query), "query payload");
@@ -72,6 +74,7 @@ Message Compressor::do_answer(ByteReader&, const Header&, uint32_t) {
 }
 
 void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "apply: step of length ", step.size(),
                     " for a codec of dim ", dim_);
   device_.require_accessible(step.data(), step.size_bytes(), "apply: step");
@@ -81,6 +84,7 @@ void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
 }
 
 void Compressor::decode(std::span<const uint8_t> update, std::span<float> step) const {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "decode: step of length ", step.size(),
                     " for a codec of dim ", dim_);
   device_.require_accessible(step.data(), step.size_bytes(), "decode: step");
@@ -100,6 +104,7 @@ void check_step_args(std::span<float> params, uint64_t dim, float lr, const Devi
 }  // namespace
 
 void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> params, float lr) {
+  device_.activate();  // the calling thread may have another device current
   check_step_args(params, dim_, lr, device_);
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
@@ -108,6 +113,7 @@ void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> pa
 
 void Compressor::decode_step(std::span<const uint8_t> update, std::span<float> params,
                              float lr) const {
+  device_.activate();  // the calling thread may have another device current
   check_step_args(params, dim_, lr, device_);
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");

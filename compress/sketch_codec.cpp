@@ -83,6 +83,7 @@ class SketchAggregator final : public Aggregator {
 
  private:
   void absorb(ByteReader& r, const Header& h) override {
+    device_.activate();
     if (h.kind == MessageKind::Gradient) {
       if (device_.is_gpu()) {
         // Straight from the message bytes to the device, validated there: no host pass.
@@ -108,6 +109,7 @@ class SketchAggregator final : public Aggregator {
   }
 
   Message reduce(const Header& phase, uint32_t contributors) override {
+    device_.activate();
     const float inv = 1.0f / float(contributors);
     if (phase.kind == MessageKind::Answer) {
       std::vector<uint32_t> pos(std::min<uint64_t>(o_.k, answers_.size()));
@@ -158,6 +160,7 @@ class SketchAggregator final : public Aggregator {
   }
 
   void clear() override {
+    device_.activate();
     sum_.zero();
     std::fill(answers_.begin(), answers_.end(), 0.0f);
   }

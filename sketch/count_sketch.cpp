@@ -124,6 +124,7 @@ void CountSketch::accumulate(std::span<const float> x, float scale) {
 }
 
 void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float scale) {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(offset <= config_.dim && x.size() <= config_.dim - offset, InvalidArgument,
                     "accumulate: slice [", offset, ", ", offset + x.size(),
                     ") outside the sketch's dim ", config_.dim);
@@ -170,6 +171,7 @@ void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float sc
 }
 
 CountSketch& CountSketch::operator+=(const CountSketch& other) {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(config_.compatible(other.config_), ConfigMismatch,
                     "cannot merge sketches of different configs: (dim ", config_.dim, ", rows ",
                     config_.rows, ", cols ", config_.cols, ", seed ", config_.seed, ") vs (dim ",
@@ -186,6 +188,7 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
 }
 
 void CountSketch::add_table(std::span<const float> table, float scale) {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(table.size() == table_.size(), ConfigMismatch, "add_table: ", table.size(),
                     " floats into a ", config_.rows, " x ", config_.cols, " sketch");
   device_.require_accessible(table.data(), table.size_bytes(), "add_table");
@@ -197,6 +200,7 @@ void CountSketch::add_table(std::span<const float> table, float scale) {
 }
 
 void CountSketch::scale(float a) {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(std::isfinite(a), InvalidArgument, "scale: factor ", a, " is not finite");
   if (device_.is_gpu())
     cu::scale(table_.data(), table_.size(), a, device_.stream);
@@ -205,6 +209,7 @@ void CountSketch::scale(float a) {
 }
 
 void CountSketch::zero_buckets(std::span<const uint32_t> indices) {
+  device_.activate();  // the calling thread may have another device current
   check_indices(indices, "zero_buckets");
   if (device_.is_gpu())
     cu::zero_buckets(layout(), table_.data(), indices.data(), indices.size(), device_.stream);
@@ -213,11 +218,13 @@ void CountSketch::zero_buckets(std::span<const uint32_t> indices) {
 }
 
 void CountSketch::zero() {
+  device_.activate();  // the calling thread may have another device current
   table_.zero();
   empty_ = true;
 }
 
 void CountSketch::estimate(std::span<const uint32_t> indices, std::span<float> out) const {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(out.size() == indices.size(), InvalidArgument, "estimate: ", indices.size(),
                     " indices but room for ", out.size(), " values");
   check_indices(indices, "estimate");
@@ -236,6 +243,7 @@ std::vector<float> CountSketch::estimate(std::span<const uint32_t> indices) cons
 }
 
 void CountSketch::estimate_all(std::span<float> out) const {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(out.size() == config_.dim, InvalidArgument, "estimate_all: output of length ",
                     out.size(), " for dim ", config_.dim);
   device_.require_accessible(out.data(), out.size_bytes(), "estimate_all: output");
@@ -252,6 +260,7 @@ std::vector<float> CountSketch::estimate_all() const {
 }
 
 void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
+  device_.activate();  // the calling thread may have another device current
   SKETCHSGD_REQUIRE(idx.size() == val.size(), InvalidArgument, "top_k: ", idx.size(),
                     " index slots but ", val.size(), " value slots");
   SKETCHSGD_REQUIRE(idx.size() <= config_.dim, InvalidArgument, "top_k: k = ", idx.size(),
@@ -287,6 +296,7 @@ TopK CountSketch::top_k(uint64_t k) const {
 }
 
 double CountSketch::l2_estimate() const {
+  device_.activate();  // the calling thread may have another device current
   if (!device_.is_gpu()) return cpu::l2_estimate(layout(), table_.data());
   Buffer<double> out(1, device_);
   cu::l2_estimate(layout(), table_.data(), out.data(), workspace(), device_.stream);
@@ -294,6 +304,7 @@ double CountSketch::l2_estimate() const {
 }
 
 Bytes CountSketch::serialize() const {
+  device_.activate();  // the calling thread may have another device current
   Bytes out;
   out.reserve(kHeaderBytes + table_.size() * sizeof(float) + 4);
   ByteWriter w(out);
