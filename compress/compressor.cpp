@@ -12,7 +12,7 @@ Compressor::Compressor(CodecId id, uint64_t dim, std::string spec, const Device&
     : id_(id), dim_(dim), spec_(std::move(spec)), device_(device) {
   SKETCHSGD_REQUIRE(dim >= 1 && dim <= 0xFFFFFFFFull, InvalidArgument,
                     "compressor dim must be in [1, 2^32-1], got ", dim);
-  device_.activate();
+  const auto scope = device_.activate();  // CudaError now when the device does not exist
 }
 
 double Compressor::compression_ratio() const {
@@ -44,13 +44,13 @@ Header CodecInfo::check(std::span<const uint8_t> message, MessageKind expected) 
 }
 
 Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t sender) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, "encode: gradient of length ",
                     grad.size(), " for a codec of dim ", dim_);
   SKETCHSGD_REQUIRE(sender != kServerRank, InvalidArgument, "encode: sender id ", sender,
                     " is reserved for the server");
   device_.require_accessible(grad.data(), grad.size_bytes(), "encode: gradient");
-  const size_t bad = ops::find_nonfinite(device_, grad);
+  const size_t bad = ops::find_nonfinite(device_, ops_, grad);
   if (bad != kernels::kNone) {
     float value = 0.0f;
     detail::copy_bytes(&value, grad.data() + bad, sizeof(float), device_);
@@ -62,7 +62,7 @@ Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t
 }
 
 Message Compressor::answer(std::span<const uint8_t> query, uint32_t sender) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(two_rounds(), ProtocolError, "codec ", spec_, " has no second round");
   const Header h = check(query, MessageKind::Query);
   ByteReader r(payload_of(query), "query payload");
@@ -74,7 +74,7 @@ Message Compressor::do_answer(ByteReader&, const Header&, uint32_t) {
 }
 
 void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "apply: step of length ", step.size(),
                     " for a codec of dim ", dim_);
   device_.require_accessible(step.data(), step.size_bytes(), "apply: step");
@@ -84,7 +84,7 @@ void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
 }
 
 void Compressor::decode(std::span<const uint8_t> update, std::span<float> step) const {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "decode: step of length ", step.size(),
                     " for a codec of dim ", dim_);
   device_.require_accessible(step.data(), step.size_bytes(), "decode: step");
@@ -104,7 +104,7 @@ void check_step_args(std::span<float> params, uint64_t dim, float lr, const Devi
 }  // namespace
 
 void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> params, float lr) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   check_step_args(params, dim_, lr, device_);
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
@@ -113,7 +113,7 @@ void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> pa
 
 void Compressor::decode_step(std::span<const uint8_t> update, std::span<float> params,
                              float lr) const {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   check_step_args(params, dim_, lr, device_);
   const Header h = check(update, MessageKind::Update);
   ByteReader r(payload_of(update), "update payload");
@@ -121,16 +121,16 @@ void Compressor::decode_step(std::span<const uint8_t> update, std::span<float> p
 }
 
 void Compressor::do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) {
-  if (scratch_.size() != dim_) scratch_ = Buffer<float>(dim_, device_);
-  do_apply(r, h, scratch_.span());
-  ops::axpy(device_, params, scratch_.span(), -lr);
+  if (step_.size() != dim_) step_ = Buffer<float>(dim_, device_);
+  do_apply(r, h, step_.span());
+  ops::axpy(device_, params, step_.span(), -lr);
 }
 
 void Compressor::do_decode_step(ByteReader& r, const Header& h, std::span<float> params,
                                 float lr) const {
-  if (scratch_.size() != dim_) scratch_ = Buffer<float>(dim_, device_);
-  do_decode(r, h, scratch_.span());
-  ops::axpy(device_, params, scratch_.span(), -lr);
+  if (step_.size() != dim_) step_ = Buffer<float>(dim_, device_);
+  do_decode(r, h, step_.span());
+  ops::axpy(device_, params, step_.span(), -lr);
 }
 
 Aggregator::Aggregator(const Compressor& codec, uint32_t world_size)

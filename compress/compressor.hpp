@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../kernels/device.hpp"
+#include "ops.hpp"
 #include "wire.hpp"
 
 namespace sketchsgd {
@@ -103,13 +104,15 @@ class Compressor {
   virtual void do_decode_step(ByteReader& payload, const Header& h, std::span<float> params,
                               float lr) const;
 
+  mutable ops::Scratch ops_;  // device staging of this codec's vector ops (decode paths are const)
+
  private:
   CodecId id_;
   uint64_t dim_;
   std::string spec_;
   Device device_;
   uint64_t last_bytes_ = 0;
-  mutable Buffer<float> scratch_;  // dense step of the default *_step paths
+  mutable Buffer<float> step_;  // dense step of the default *_step paths
 };
 
 /// Server side of one codec for a job of world_size workers. Messages of one phase must share a

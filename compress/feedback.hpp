@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../kernels/device.hpp"
+#include "ops.hpp"
 
 namespace sketchsgd {
 
@@ -32,6 +33,7 @@ class Feedback {
   float rho_;
   Buffer<float> momentum_;
   Buffer<float> error_;
+  ops::Scratch ops_;
 };
 
 }  // namespace sketchsgd

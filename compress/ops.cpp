@@ -1,7 +1,6 @@
 #include "ops.hpp"
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "../kernels/cpu.hpp"
@@ -13,56 +12,44 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-/// Reusable device memory of the ops on one (device, stream) for the calling thread: staging
-/// slots that grow and never shrink, and a flag word. After a codec's first round its hot path
-/// allocates nothing. Reuse is safe: every upload into a slot is ordered on the same stream after
-/// the kernels that read the slot's previous contents.
-struct Scratch {
-  Buffer<uint8_t> slot[3];
-  Buffer<unsigned long long> flag;
-};
-
-Scratch& scratch(const Device& d) {
-  thread_local std::map<std::pair<int, cu::Stream>, Scratch> all;
-  return all[{d.gpu, d.stream}];
-}
-
-/// Device room for n Ts in a slot.
+/// Device room for n Ts in a slot of s (grown by half again, so rising sizes seldom reallocate).
 template <class T>
-T* room(const Device& d, size_t n, int slot) {
-  Buffer<uint8_t>& b = scratch(d).slot[slot];
+T* room(const Device& d, Scratch& s, size_t n, int slot) {
+  Buffer<uint8_t>& b = s.slot[slot];
   const size_t bytes = std::max<size_t>(n * sizeof(T), 1);
-  if (b.size() < bytes) b = Buffer<uint8_t>(std::max(bytes, b.size() + b.size() / 2), d);
+  if (b.size() < bytes || !(b.device() == d))
+    b = Buffer<uint8_t>(std::max(bytes, b.size() + b.size() / 2), d);
   return reinterpret_cast<T*>(b.data());
 }
 
-/// Host list → device copy in a slot (the host list itself on the CPU).
+/// Host list → device copy in a slot (the host list itself on the CPU). Reuse is safe: every
+/// upload into a slot is ordered on the stream after the kernels that read its last contents.
 template <class T>
-const T* staged(const Device& d, std::span<const T> host, int slot) {
+const T* staged(const Device& d, Scratch& s, std::span<const T> host, int slot) {
   if (!d.is_gpu()) return host.data();
-  T* p = room<T>(d, host.size(), slot);
+  T* p = room<T>(d, s, host.size(), slot);
   detail::copy_bytes(p, host.data(), host.size_bytes(), d);
   return p;
 }
 
 /// Runs a device check that min-s a position into the flag; kNone when nothing was found.
 template <class Check>
-size_t device_check(const Device& d, Check&& check) {
-  Buffer<unsigned long long>& flag = scratch(d).flag;
-  if (flag.empty()) flag = Buffer<unsigned long long>(1, d);
-  cu::reset_flag(flag.data(), d.stream);
-  check(flag.data());
+size_t device_check(const Device& d, Scratch& s, Check&& check) {
+  if (s.flag.empty() || !(s.flag.device() == d)) s.flag = Buffer<unsigned long long>(1, d);
+  cu::reset_flag(s.flag.data(), d.stream);
+  check(s.flag.data());
   unsigned long long got = 0;
-  flag.download(std::span<unsigned long long>(&got, 1));
+  s.flag.download(std::span<unsigned long long>(&got, 1));
   return got == ~0ull ? kernels::kNone : size_t(got);
 }
 
 }  // namespace
 
-size_t find_nonfinite(const Device& d, std::span<const float> x) {
+size_t find_nonfinite(const Device& d, Scratch& s, std::span<const float> x) {
   if (!d.is_gpu()) return cpu::find_nonfinite(x.data(), x.size());
-  return device_check(
-      d, [&](unsigned long long* flag) { cu::find_nonfinite(x.data(), x.size(), flag, d.stream); });
+  return device_check(d, s, [&](unsigned long long* flag) {
+    cu::find_nonfinite(x.data(), x.size(), flag, d.stream);
+  });
 }
 
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a) {
@@ -87,18 +74,18 @@ void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v
     cpu::momentum_accumulate(u.data(), v.data(), g.data(), g.size(), rho);
 }
 
-void zero_at(const Device& d, std::span<float> y, std::span<const uint32_t> idx) {
-  const uint32_t* p = staged(d, idx, 0);
+void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx) {
+  const uint32_t* p = staged(d, s, idx, 0);
   if (d.is_gpu())
     cu::zero_at(y.data(), p, idx.size(), d.stream);
   else
     cpu::zero_at(y.data(), p, idx.size());
 }
 
-void write_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
+void write_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx,
                   std::span<const float> val) {
-  const uint32_t* pi = staged(d, idx, 0);
-  const float* pv = staged(d, val, 1);
+  const uint32_t* pi = staged(d, s, idx, 0);
+  const float* pv = staged(d, s, val, 1);
   if (d.is_gpu()) {
     cu::zero(y.data(), y.size_bytes(), d.stream);
     cu::scatter(y.data(), pi, pv, idx.size(), d.stream);
@@ -108,102 +95,103 @@ void write_sparse(const Device& d, std::span<float> y, std::span<const uint32_t>
   }
 }
 
-void add_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
+void add_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx,
                 std::span<const float> val, float a) {
-  const uint32_t* pi = staged(d, idx, 0);
-  const float* pv = staged(d, val, 1);
+  const uint32_t* pi = staged(d, s, idx, 0);
+  const float* pv = staged(d, s, val, 1);
   if (d.is_gpu())
     cu::scatter_axpy(y.data(), pi, pv, idx.size(), a, d.stream);
   else
     cpu::scatter_axpy(y.data(), pi, pv, idx.size(), a);
 }
 
-std::vector<float> gather(const Device& d, std::span<const float> x,
+std::vector<float> gather(const Device& d, Scratch& s, std::span<const float> x,
                           std::span<const uint32_t> idx) {
   std::vector<float> out(idx.size());
   if (!d.is_gpu()) {
     cpu::gather(x.data(), idx.data(), idx.size(), out.data());
     return out;
   }
-  float* dv = room<float>(d, idx.size(), 1);
-  cu::gather(x.data(), staged(d, idx, 0), idx.size(), dv, d.stream);
+  float* dv = room<float>(d, s, idx.size(), 1);
+  cu::gather(x.data(), staged(d, s, idx, 0), idx.size(), dv, d.stream);
   detail::copy_bytes(out.data(), dv, out.size() * sizeof(float), d);
   return out;
 }
 
-void topk(const Device& d, std::span<const float> x, size_t k, std::vector<uint32_t>& idx,
-          std::vector<float>& val, cu::Workspace& ws) {
+void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
+          std::vector<uint32_t>& idx, std::vector<float>& val) {
   idx.resize(k);
   val.resize(k);
   if (!d.is_gpu()) {
     cpu::topk(x.data(), x.size(), k, idx.data(), val.data());
     return;
   }
-  uint32_t* di = room<uint32_t>(d, k, 0);
-  float* dv = room<float>(d, k, 1);
-  cu::topk(x.data(), x.size(), k, di, dv, ws, d.stream);
+  uint32_t* di = room<uint32_t>(d, s, k, 0);
+  float* dv = room<float>(d, s, k, 1);
+  if (!s.select) s.select = std::make_unique<cu::Workspace>();
+  cu::topk(x.data(), x.size(), k, di, dv, *s.select, d.stream);
   detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
   detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
 }
 
-std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const float> x,
+std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::span<const float> x,
                                              size_t chunk) {
   std::vector<kernels::ChunkStats> out((x.size() + chunk - 1) / chunk);
   if (!d.is_gpu()) {
     cpu::chunk_stats(x.data(), x.size(), chunk, out.data());
     return out;
   }
-  auto* dev = room<kernels::ChunkStats>(d, out.size(), 0);
+  auto* dev = room<kernels::ChunkStats>(d, s, out.size(), 0);
   cu::chunk_stats(x.data(), x.size(), chunk, dev, d.stream);
   detail::copy_bytes(out.data(), dev, out.size() * sizeof(kernels::ChunkStats), d);
   return out;
 }
 
-std::vector<uint32_t> pack_signs(const Device& d, std::span<const float> x) {
+std::vector<uint32_t> pack_signs(const Device& d, Scratch& s, std::span<const float> x) {
   std::vector<uint32_t> words((x.size() + 31) / 32);
   if (!d.is_gpu()) {
     cpu::pack_signs(x.data(), x.size(), words.data());
     return words;
   }
-  uint32_t* dev = room<uint32_t>(d, words.size(), 0);
+  uint32_t* dev = room<uint32_t>(d, s, words.size(), 0);
   cu::pack_signs(x.data(), x.size(), dev, d.stream);
   detail::copy_bytes(words.data(), dev, words.size() * sizeof(uint32_t), d);
   return words;
 }
 
-void unpack_signs(const Device& d, std::span<const uint32_t> words, size_t chunk,
+void unpack_signs(const Device& d, Scratch& s, std::span<const uint32_t> words, size_t chunk,
                   std::span<const float> scales, std::span<float> out, bool accumulate) {
   if (!d.is_gpu()) {
     cpu::unpack_signs(words.data(), out.size(), chunk, scales.empty() ? nullptr : scales.data(),
                       out.data(), accumulate);
     return;
   }
-  const uint32_t* pw = staged(d, words, 0);
-  const float* ps = scales.empty() ? nullptr : staged(d, scales, 1);
+  const uint32_t* pw = staged(d, s, words, 0);
+  const float* ps = scales.empty() ? nullptr : staged(d, s, scales, 1);
   cu::unpack_signs(pw, out.size(), chunk, ps, out.data(), accumulate, d.stream);
 }
 
-void ternarize(const Device& d, std::span<const float> x, size_t chunk,
+void ternarize(const Device& d, Scratch& s, std::span<const float> x, size_t chunk,
                std::span<const float> scales, uint64_t seed, uint64_t stream, uint8_t* codes) {
   if (!d.is_gpu()) {
     cpu::ternarize(x.data(), x.size(), chunk, scales.data(), seed, stream, codes);
     return;
   }
   const size_t nb = (x.size() + 3) / 4;
-  uint8_t* dc = room<uint8_t>(d, nb, 0);
-  cu::ternarize(x.data(), x.size(), chunk, staged(d, scales, 1), seed, stream, dc, d.stream);
+  uint8_t* dc = room<uint8_t>(d, s, nb, 0);
+  cu::ternarize(x.data(), x.size(), chunk, staged(d, s, scales, 1), seed, stream, dc, d.stream);
   detail::copy_bytes(codes, dc, nb, d);
 }
 
-size_t unpack_ternary(const Device& d, std::span<const uint8_t> codes, size_t chunk,
+size_t unpack_ternary(const Device& d, Scratch& s, std::span<const uint8_t> codes, size_t chunk,
                       std::span<const float> scales, float weight, std::span<float> out,
                       bool accumulate) {
   const float* hs = scales.empty() ? nullptr : scales.data();
   if (!d.is_gpu())
     return cpu::unpack_ternary(codes.data(), out.size(), chunk, hs, weight, out.data(), accumulate);
-  const uint8_t* dc = staged(d, codes, 0);
-  const float* ds = hs ? staged(d, scales, 1) : nullptr;
-  return device_check(d, [&](unsigned long long* flag) {
+  const uint8_t* dc = staged(d, s, codes, 0);
+  const float* ds = hs ? staged(d, s, scales, 1) : nullptr;
+  return device_check(d, s, [&](unsigned long long* flag) {
     cu::unpack_ternary(dc, out.size(), chunk, ds, weight, out.data(), accumulate, flag, d.stream);
   });
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -11,41 +12,62 @@
 
 namespace sketchsgd::ops {
 
+/// Device memory through which the ops stage host lists and results, owned by the object that
+/// calls them (a codec, its feedback, an aggregator): grown on demand and kept, so that after the
+/// object's first round its hot path allocates nothing, and freed with the object. Unused on the
+/// CPU. One object runs its ops one at a time, so one scratch serves all of them; a copy starts
+/// empty (it may run elsewhere).
+struct Scratch {
+  Scratch() = default;
+  Scratch(const Scratch&) {}
+  Scratch& operator=(const Scratch&) {
+    *this = Scratch();
+    return *this;
+  }
+  Scratch(Scratch&&) noexcept = default;
+  Scratch& operator=(Scratch&&) noexcept = default;
+
+  Buffer<uint8_t> slot[2];          ///< staged inputs and results (an op uses distinct slots)
+  Buffer<unsigned long long> flag;  ///< first bad position of a device check
+  std::unique_ptr<kernels::cuda::Workspace> select;  ///< top-k selection
+};
+
 /// Index of the first NaN/±Inf, or kernels::kNone.
-size_t find_nonfinite(const Device& d, std::span<const float> x);
+size_t find_nonfinite(const Device& d, Scratch& s, std::span<const float> x);
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a);
 void scale(const Device& d, std::span<float> y, float a);
 /// u = ρ·u + g; v += u.
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
                          std::span<const float> g, float rho);
 /// y[idx] = 0 (host indices).
-void zero_at(const Device& d, std::span<float> y, std::span<const uint32_t> idx);
+void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx);
 /// y = 0 except y[idx[i]] = val[i] (host lists).
-void write_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
+void write_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx,
                   std::span<const float> val);
 /// y[idx[i]] += a · val[i] (host lists).
-void add_sparse(const Device& d, std::span<float> y, std::span<const uint32_t> idx,
+void add_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx,
                 std::span<const float> val, float a);
 /// x[idx] on the host.
-std::vector<float> gather(const Device& d, std::span<const float> x, std::span<const uint32_t> idx);
-/// The k largest |x|, ordered (|x| desc, index asc), on the host. ws: reused GPU scratch.
-void topk(const Device& d, std::span<const float> x, size_t k, std::vector<uint32_t>& idx,
-          std::vector<float>& val, kernels::cuda::Workspace& ws);
+std::vector<float> gather(const Device& d, Scratch& s, std::span<const float> x,
+                          std::span<const uint32_t> idx);
+/// The k largest |x|, ordered (|x| desc, index asc), on the host.
+void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
+          std::vector<uint32_t>& idx, std::vector<float>& val);
 // ---- quantisation (x in device memory; codes, words and scales on the host) ---------------------
 /// Per-chunk statistics of x.
-std::vector<kernels::ChunkStats> chunk_stats(const Device& d, std::span<const float> x,
+std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::span<const float> x,
                                              size_t chunk);
 /// 32 signs per word (cpu::pack_signs's format).
-std::vector<uint32_t> pack_signs(const Device& d, std::span<const float> x);
+std::vector<uint32_t> pack_signs(const Device& d, Scratch& s, std::span<const float> x);
 /// out (+)= scales[j / chunk] · sign bit j (scales empty: 1).
-void unpack_signs(const Device& d, std::span<const uint32_t> words, size_t chunk,
+void unpack_signs(const Device& d, Scratch& s, std::span<const uint32_t> words, size_t chunk,
                   std::span<const float> scales, std::span<float> out, bool accumulate);
 /// TernGrad codes into codes (host, (n + 3) / 4 bytes).
-void ternarize(const Device& d, std::span<const float> x, size_t chunk,
+void ternarize(const Device& d, Scratch& s, std::span<const float> x, size_t chunk,
                std::span<const float> scales, uint64_t seed, uint64_t stream, uint8_t* codes);
 /// out (+)= weight · scale · value(code); nothing written and the first bad position returned
 /// when a code is invalid, else kernels::kNone.
-size_t unpack_ternary(const Device& d, std::span<const uint8_t> codes, size_t chunk,
+size_t unpack_ternary(const Device& d, Scratch& s, std::span<const uint8_t> codes, size_t chunk,
                       std::span<const float> scales, float weight, std::span<float> out,
                       bool accumulate);
 

@@ -35,20 +35,20 @@ Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count) {
   return s;
 }
 
-Sparse read_sparse_into(ByteReader& r, uint64_t max_count, std::span<float> step,
+Sparse read_sparse_into(ByteReader& r, ops::Scratch& s, uint64_t max_count, std::span<float> step,
                         const Device& device) {
-  Sparse s = read_sparse(r, step.size(), max_count);
+  Sparse u = read_sparse(r, step.size(), max_count);
   r.expect_end();
-  ops::write_sparse(device, step, s.indices, s.values);
-  return s;
+  ops::write_sparse(device, s, step, u.indices, u.values);
+  return u;
 }
 
-Sparse read_sparse_axpy(ByteReader& r, uint64_t max_count, std::span<float> params, float a,
-                        const Device& device) {
-  Sparse s = read_sparse(r, params.size(), max_count);
+Sparse read_sparse_axpy(ByteReader& r, ops::Scratch& s, uint64_t max_count, std::span<float> params,
+                        float a, const Device& device) {
+  Sparse u = read_sparse(r, params.size(), max_count);
   r.expect_end();
-  ops::add_sparse(device, params, s.indices, s.values, a);
-  return s;
+  ops::add_sparse(device, s, params, u.indices, u.values, a);
+  return u;
 }
 
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val) {

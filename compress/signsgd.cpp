@@ -105,14 +105,14 @@ class SignSGD final : public Compressor {
     const auto p = fb_.absorb(g);
     std::vector<float> scales(scale_count());
     if (ef_) {
-      const auto stats = ops::chunk_stats(device(), p, chunk_);
+      const auto stats = ops::chunk_stats(device(), ops_, p, chunk_);
       for (size_t c = 0; c < stats.size(); ++c) scales[c] = stats[c].abs_mean;
     }
-    const std::vector<uint32_t> words = ops::pack_signs(device(), p);
+    const std::vector<uint32_t> words = ops::pack_signs(device(), ops_, p);
     if (ef_) {  // e = p − scale·sign(p)
       std::vector<float> neg(scales.size());
       for (size_t c = 0; c < scales.size(); ++c) neg[c] = -scales[c];
-      ops::unpack_signs(device(), words, chunk_, neg, fb_.error(), true);
+      ops::unpack_signs(device(), ops_, words, chunk_, neg, fb_.error(), true);
     }
     return Message::build(h, max_payload(MessageKind::Gradient), [&](ByteWriter& w) {
       w.put_array(std::span<const float>(scales));
@@ -124,7 +124,7 @@ class SignSGD final : public Compressor {
     if (ef_) return read_dense_update(r, step, device());
     const auto codes = r.take<uint8_t>((dim() + 3) / 4);
     r.expect_end();
-    const size_t bad = ops::unpack_ternary(device(), codes, dim(), {}, 1.0f, step, false);
+    const size_t bad = ops::unpack_ternary(device(), ops_, codes, dim(), {}, 1.0f, step, false);
     SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "signsgd: invalid vote code at ", bad);
   }
 

@@ -83,14 +83,14 @@ class SketchAggregator final : public Aggregator {
 
  private:
   void absorb(ByteReader& r, const Header& h) override {
-    device_.activate();
+    const auto scope = device_.activate();
     if (h.kind == MessageKind::Gradient) {
       if (device_.is_gpu()) {
         // Straight from the message bytes to the device, validated there: no host pass.
         const auto bytes = r.take<uint8_t>(staging_.size() * sizeof(float));
         r.expect_end();
         detail::copy_bytes(staging_.data(), bytes.data(), bytes.size(), device_);
-        const size_t bad = ops::find_nonfinite(device_, staging_.span());
+        const size_t bad = ops::find_nonfinite(device_, ops_, staging_.span());
         SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "sketch cell ", bad, " is not finite");
         sum_.add_table(staging_.span());
       } else {
@@ -109,7 +109,7 @@ class SketchAggregator final : public Aggregator {
   }
 
   Message reduce(const Header& phase, uint32_t contributors) override {
-    device_.activate();
+    const auto scope = device_.activate();
     const float inv = 1.0f / float(contributors);
     if (phase.kind == MessageKind::Answer) {
       std::vector<uint32_t> pos(std::min<uint64_t>(o_.k, answers_.size()));
@@ -160,7 +160,7 @@ class SketchAggregator final : public Aggregator {
   }
 
   void clear() override {
-    device_.activate();
+    const auto scope = device_.activate();
     sum_.zero();
     std::fill(answers_.begin(), answers_.end(), 0.0f);
   }
@@ -168,7 +168,8 @@ class SketchAggregator final : public Aggregator {
   SketchOptions o_;
   Device device_;
   CountSketch sum_;
-  Buffer<float> staging_;     // a received table on its way to the GPU
+  Buffer<float> staging_;  // a received table on its way to the GPU
+  ops::Scratch ops_;
   Buffer<uint32_t> top_idx_;  // FetchSGD on a GPU: the selection, kept across rounds
   Buffer<float> top_val_;
   std::vector<uint32_t> candidates_;
@@ -214,7 +215,7 @@ class SketchCodec final : public Compressor {
   Message do_answer(ByteReader& r, const Header& q, uint32_t sender) override {
     const auto idx = payload::read_indices(r, dim(), o_.candidates);
     r.expect_end();
-    const std::vector<float> val = ops::gather(device(), fb_.error(), idx);
+    const std::vector<float> val = ops::gather(device(), ops_, fb_.error(), idx);
     Header h = make_header(MessageKind::Answer, q.round, sender);
     return Message::build(h, 4 + 4 * val.size(), [&](ByteWriter& w) {
       w.put(uint32_t(val.size()));
@@ -223,17 +224,17 @@ class SketchCodec final : public Compressor {
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, o_.k, step, device());
+    payload::read_sparse_into(r, ops_, o_.k, step, device());
   }
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    fb_.mask(payload::read_sparse_into(r, o_.k, step, device()).indices);
+    fb_.mask(payload::read_sparse_into(r, ops_, o_.k, step, device()).indices);
   }
   void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
                       float lr) const override {
-    payload::read_sparse_axpy(r, o_.k, params, -lr, device());
+    payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device());
   }
   void do_apply_step(ByteReader& r, const Header&, std::span<float> params, float lr) override {
-    fb_.mask(payload::read_sparse_axpy(r, o_.k, params, -lr, device()).indices);
+    fb_.mask(payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device()).indices);
   }
 
   SketchOptions o_;

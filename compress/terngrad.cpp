@@ -75,7 +75,7 @@ class TernGrad final : public Compressor {
   Message do_encode(std::span<const float> g, const Header& h) override {
     const auto v = fb_.absorb(g);
     const uint64_t nc = chunks_of(dim(), chunk_);
-    const auto stats = ops::chunk_stats(device(), v, chunk_);
+    const auto stats = ops::chunk_stats(device(), ops_, v, chunk_);
     std::vector<float> scales(nc);
     for (uint64_t c = 0; c < nc; ++c)
       scales[c] =
@@ -85,11 +85,11 @@ class TernGrad final : public Compressor {
     Message m = Message::build(h, max_payload(MessageKind::Gradient), [&](ByteWriter& w) {
       w.put(uint32_t(chunk_));
       w.put_array(std::span<const float>(scales));
-      ops::ternarize(device(), v, chunk_, scales, seed_, stream, w.grow(nbytes));
+      ops::ternarize(device(), ops_, v, chunk_, scales, seed_, stream, w.grow(nbytes));
     });
     if (fb_.has_error()) {  // e −= what was sent
       const auto codes = payload_of(m).subspan(4 + 4 * nc);
-      ops::unpack_ternary(device(), codes, chunk_, scales, -1.0f, fb_.error(), true);
+      ops::unpack_ternary(device(), ops_, codes, chunk_, scales, -1.0f, fb_.error(), true);
     }
     return m;
   }

@@ -91,7 +91,7 @@ class TopK final : public Compressor {
     const auto v = fb_.absorb(g);
     std::vector<uint32_t> idx;
     std::vector<float> val;
-    ops::topk(device(), v, o_.k, idx, val, ws_);
+    ops::topk(device(), ops_, v, o_.k, idx, val);
     payload::sort_by_index(idx, val);
     fb_.mask(idx);  // residual = input − sent, exactly
     return Message::build(h, payload::sparse_bytes(o_.k),
@@ -99,11 +99,11 @@ class TopK final : public Compressor {
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, dim(), step, device());
+    payload::read_sparse_into(r, ops_, dim(), step, device());
   }
   void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
                       float lr) const override {
-    payload::read_sparse_axpy(r, dim(), params, -lr, device());
+    payload::read_sparse_axpy(r, ops_, dim(), params, -lr, device());
   }
   void do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) override {
     do_decode_step(r, h, params, lr);
@@ -111,7 +111,6 @@ class TopK final : public Compressor {
 
   TopKOptions o_;
   Feedback fb_;
-  kernels::cuda::Workspace ws_;  // GPU selection scratch, reused
 };
 
 SKETCHSGD_REGISTER_CODEC(

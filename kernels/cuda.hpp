@@ -23,20 +23,24 @@ int device_count();
 
 // ---- memory -------------------------------------------------------------------------------------
 void set_device(int id);
+/// The calling thread's current device (cudaGetDevice).
+int current_device();
 /// cudaMalloc of at least one byte; CudaError when it fails.
 void* alloc(size_t bytes);
-/// cudaFree; never throws (called from destructors).
-void free(void* p) noexcept;
+/// cudaFree on device gpu (−1: the current one), restoring the current device; never throws
+/// (called from destructors).
+void free(void* p, int gpu = -1) noexcept;
 /// Copies between host and device memory in either direction (unified addressing), ordered on
 /// the stream, and waits for it.
 void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 /// Zeroes device memory, ordered on the stream (does not wait).
 void zero(void* dst, size_t bytes, Stream stream = nullptr);
 void synchronize(Stream stream = nullptr);
-/// True for memory a kernel may touch: device, managed or page-locked (registered) host memory.
-/// Plain host memory would fault inside a kernel and poison the context, so objects on a GPU
+/// True for memory a kernel on device `gpu` may touch: that device's memory, managed or
+/// page-locked (registered) host memory. Plain host memory, or another GPU's memory (no peer
+/// access is set up), would fault inside a kernel and poison the context, so objects on a GPU
 /// check their span arguments with this first.
-bool device_accessible(const void* p);
+bool device_accessible(const void* p, int gpu);
 /// *flag = UINT64_MAX, ordered on the stream (the "nothing found" value of the check kernels).
 void reset_flag(unsigned long long* flag, Stream stream = nullptr);
 /// *first (device, preset to UINT64_MAX) = min position i with idx[i] ≥ limit.

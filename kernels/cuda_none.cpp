@@ -15,10 +15,13 @@ int device_count() {
 void set_device(int) {
   absent();
 }
+int current_device() {
+  absent();
+}
 void* alloc(size_t) {
   absent();
 }
-void free(void*) noexcept {}
+void free(void*, int) noexcept {}
 void copy(void*, const void*, size_t, Stream) {
   absent();
 }
@@ -28,7 +31,7 @@ void zero(void*, size_t, Stream) {
 void synchronize(Stream) {
   absent();
 }
-bool device_accessible(const void*) {
+bool device_accessible(const void*, int) {
   return false;
 }
 void reset_flag(unsigned long long*, Stream) {

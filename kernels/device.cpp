@@ -22,20 +22,32 @@ Device Device::parse(const std::string& text) {
   throw InvalidArgument("device '" + text + "': expected cpu, cuda or cuda:N");
 }
 
-void Device::activate() const {
-  if (!is_gpu()) return;
+DeviceScope::DeviceScope(const Device& d) {
+  if (!d.is_gpu()) return;
   const int n = kernels::cuda::device_count();
-  SKETCHSGD_REQUIRE(gpu < n, CudaError, "device cuda:", gpu, " is not available (this ",
+  SKETCHSGD_REQUIRE(d.gpu < n, CudaError, "device cuda:", d.gpu, " is not available (this ",
                     n ? "machine has " : "machine or build has no CUDA device",
                     n ? std::to_string(n) : "", n ? " CUDA devices)" : ")");
-  kernels::cuda::set_device(gpu);
+  const int current = kernels::cuda::current_device();
+  if (current == d.gpu) return;
+  kernels::cuda::set_device(d.gpu);
+  previous_ = current;
+}
+
+DeviceScope::~DeviceScope() {
+  if (previous_ < 0) return;
+  try {
+    kernels::cuda::set_device(previous_);
+  } catch (...) {  // a destructor must not throw; the device existed a moment ago
+  }
 }
 
 void Device::require_accessible(const void* p, size_t bytes, const char* what) const {
   if (!is_gpu() || bytes == 0) return;
-  SKETCHSGD_REQUIRE(kernels::cuda::device_accessible(p), InvalidArgument, what,
-                    ": host memory given to an object on ", name(),
-                    "; pass device (or managed, or page-locked) memory");
+  SKETCHSGD_REQUIRE(kernels::cuda::device_accessible(p, gpu), InvalidArgument, what,
+                    ": memory given to an object on ", name(),
+                    " is neither its device memory nor managed or page-locked host memory "
+                    "(host memory, or another GPU's?)");
 }
 
 namespace detail {
@@ -45,25 +57,35 @@ void check_fits(size_t n, size_t size) {
 }
 
 std::shared_ptr<void> device_alloc(size_t bytes, const Device& d) {
-  d.activate();
+  const auto scope = d.activate();
   void* p = kernels::cuda::alloc(bytes);
-  return std::shared_ptr<void>(p, [](void* q) { kernels::cuda::free(q); });
+  return std::shared_ptr<void>(p, [gpu = d.gpu](void* q) { kernels::cuda::free(q, gpu); });
 }
 
 void copy_bytes(void* dst, const void* src, size_t bytes, const Device& d) {
   if (bytes == 0) return;
-  if (d.is_gpu())
+  if (d.is_gpu()) {
+    const auto scope = d.activate();  // a null stream means the current device's
     kernels::cuda::copy(dst, src, bytes, d.stream);
-  else
+  } else {
     std::memcpy(dst, src, bytes);
+  }
 }
 
 void zero_bytes(void* dst, size_t bytes, const Device& d) {
   if (bytes == 0) return;
-  if (d.is_gpu())
+  if (d.is_gpu()) {
+    const auto scope = d.activate();
     kernels::cuda::zero(dst, bytes, d.stream);
-  else
+  } else {
     std::memset(dst, 0, bytes);
+  }
+}
+
+void wait(const Device& d) {
+  if (!d.is_gpu()) return;
+  const auto scope = d.activate();
+  kernels::cuda::synchronize(d.stream);
 }
 
 }  // namespace detail

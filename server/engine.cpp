@@ -80,14 +80,18 @@ Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::m
   SKETCHSGD_REQUIRE(cfg_.staleness == 0 || !codec_->two_rounds(), InvalidArgument,
                     "bounded staleness needs a one-round codec: ", cfg_.spec,
                     " queries worker state that has moved on");
-  // The aggregator keeps only the codec's identity and limits: one made by a codec on the chosen
-  // device runs there, while codec_ (host) keeps decoding into the host model.
-  agg_ = cfg_.device.is_gpu()
-             ? make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world)
-             : codec_->make_aggregator(cfg_.world);
+  agg_ = make_aggregator();
   workers_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
   reset_round();
+}
+
+std::unique_ptr<Aggregator> Engine::make_aggregator() const {
+  // The aggregator keeps only the codec's identity and limits: one made by a codec on the chosen
+  // device runs there, while codec_ (host) keeps decoding into the host model.
+  return cfg_.device.is_gpu()
+             ? make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world)
+             : codec_->make_aggregator(cfg_.world);
 }
 
 uint64_t Engine::max_frame_bytes() const {
@@ -110,7 +114,7 @@ void Engine::restore(const Checkpoint& c) {
                     ", server runs ", cfg_.spec);
   SKETCHSGD_REQUIRE(c.params.size() == cfg_.dim, ConfigMismatch, "checkpoint of dim ",
                     c.params.size(), ", server runs dim ", cfg_.dim);
-  auto agg = codec_->make_aggregator(cfg_.world);
+  auto agg = make_aggregator();  // on the configured device, as at start
   agg->load_state(c.codec_state);
   agg_ = std::move(agg);
   model_ = c.params;

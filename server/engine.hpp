@@ -144,6 +144,8 @@ class Engine {
   void start_phase(MessageKind kind);
   void reset_round();
 
+  /// An aggregator on the job's device (the CPU, or a GPU for --device cuda).
+  std::unique_ptr<Aggregator> make_aggregator() const;
   void send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const;
   void refuse(const PeerId& peer, const Envelope& e, bool retry, const std::string& why,
               std::vector<Outgoing>& out);

@@ -61,16 +61,18 @@ void SketchConfig::validate() const {
 CountSketch::CountSketch(const SketchConfig& config, const Device& device)
     : config_(config), device_(device) {
   config_.validate();
-  device_.activate();
+  const auto scope = device_.activate();
   table_ = Buffer<float>(size_t(config_.rows) * config_.cols, device_);
   if (config_.hashing == Hashing::Precomputed) packed_ = shared_hashes(config_, device_);
 }
 
 CountSketch CountSketch::to(const Device& device) const {
-  CountSketch out(config_, device);
+  CountSketch out(config_, device);  // zeroed and synchronised: ready for any stream
   if (device_.is_gpu() || device.is_gpu()) {
-    device_.activate();
-    cu::copy(out.table_.data(), table_.data(), table_.size() * sizeof(float), device_.stream);
+    // Ordered after this sketch's queued work on its stream; copy() waits before returning.
+    const auto scope = (device_.is_gpu() ? device_ : device).activate();
+    cu::copy(out.table_.data(), table_.data(), table_.size() * sizeof(float),
+             device_.is_gpu() ? device_.stream : device.stream);
   } else {
     std::copy(table_.data(), table_.data() + table_.size(), out.table_.data());
   }
@@ -124,7 +126,7 @@ void CountSketch::accumulate(std::span<const float> x, float scale) {
 }
 
 void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float scale) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(offset <= config_.dim && x.size() <= config_.dim - offset, InvalidArgument,
                     "accumulate: slice [", offset, ", ", offset + x.size(),
                     ") outside the sketch's dim ", config_.dim);
@@ -171,7 +173,7 @@ void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float sc
 }
 
 CountSketch& CountSketch::operator+=(const CountSketch& other) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(config_.compatible(other.config_), ConfigMismatch,
                     "cannot merge sketches of different configs: (dim ", config_.dim, ", rows ",
                     config_.rows, ", cols ", config_.cols, ", seed ", config_.seed, ") vs (dim ",
@@ -179,16 +181,19 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
                     ", seed ", other.config_.seed, ")");
   SKETCHSGD_REQUIRE(device_.gpu == other.device_.gpu, InvalidArgument, "cannot merge a sketch on ",
                     other.device_.name(), " into one on ", device_.name(), " (use to())");
-  if (device_.is_gpu())
+  if (device_.is_gpu()) {
+    // other's table may still be written on its own stream of the same GPU.
+    if (other.device_.stream != device_.stream) cu::synchronize(other.device_.stream);
     cu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f, device_.stream);
-  else
+  } else {
     cpu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f);
+  }
   empty_ = empty_ && other.empty_;
   return *this;
 }
 
 void CountSketch::add_table(std::span<const float> table, float scale) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(table.size() == table_.size(), ConfigMismatch, "add_table: ", table.size(),
                     " floats into a ", config_.rows, " x ", config_.cols, " sketch");
   device_.require_accessible(table.data(), table.size_bytes(), "add_table");
@@ -200,7 +205,7 @@ void CountSketch::add_table(std::span<const float> table, float scale) {
 }
 
 void CountSketch::scale(float a) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(std::isfinite(a), InvalidArgument, "scale: factor ", a, " is not finite");
   if (device_.is_gpu())
     cu::scale(table_.data(), table_.size(), a, device_.stream);
@@ -209,7 +214,7 @@ void CountSketch::scale(float a) {
 }
 
 void CountSketch::zero_buckets(std::span<const uint32_t> indices) {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   check_indices(indices, "zero_buckets");
   if (device_.is_gpu())
     cu::zero_buckets(layout(), table_.data(), indices.data(), indices.size(), device_.stream);
@@ -218,13 +223,13 @@ void CountSketch::zero_buckets(std::span<const uint32_t> indices) {
 }
 
 void CountSketch::zero() {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   table_.zero();
   empty_ = true;
 }
 
 void CountSketch::estimate(std::span<const uint32_t> indices, std::span<float> out) const {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(out.size() == indices.size(), InvalidArgument, "estimate: ", indices.size(),
                     " indices but room for ", out.size(), " values");
   check_indices(indices, "estimate");
@@ -243,7 +248,7 @@ std::vector<float> CountSketch::estimate(std::span<const uint32_t> indices) cons
 }
 
 void CountSketch::estimate_all(std::span<float> out) const {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(out.size() == config_.dim, InvalidArgument, "estimate_all: output of length ",
                     out.size(), " for dim ", config_.dim);
   device_.require_accessible(out.data(), out.size_bytes(), "estimate_all: output");
@@ -260,7 +265,7 @@ std::vector<float> CountSketch::estimate_all() const {
 }
 
 void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(idx.size() == val.size(), InvalidArgument, "top_k: ", idx.size(),
                     " index slots but ", val.size(), " value slots");
   SKETCHSGD_REQUIRE(idx.size() <= config_.dim, InvalidArgument, "top_k: k = ", idx.size(),
@@ -296,7 +301,7 @@ TopK CountSketch::top_k(uint64_t k) const {
 }
 
 double CountSketch::l2_estimate() const {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   if (!device_.is_gpu()) return cpu::l2_estimate(layout(), table_.data());
   Buffer<double> out(1, device_);
   cu::l2_estimate(layout(), table_.data(), out.data(), workspace(), device_.stream);
@@ -304,7 +309,7 @@ double CountSketch::l2_estimate() const {
 }
 
 Bytes CountSketch::serialize() const {
-  device_.activate();  // the calling thread may have another device current
+  const auto scope = device_.activate();
   Bytes out;
   out.reserve(kHeaderBytes + table_.size() * sizeof(float) + 4);
   ByteWriter w(out);

@@ -44,6 +44,7 @@ struct TopK {
 /// return std::vector or TopK return host copies (the final k results). Hashes are bit-identical
 /// on every device, so serialize() on one and deserialize() on another gives the same sketch.
 /// Validation on a GPU (finiteness, index ranges) runs on the device and reads back one word.
+/// Not thread-safe, const functions included: on a GPU they share the sketch's scratch memory.
 class CountSketch {
  public:
   explicit CountSketch(const SketchConfig& config, const Device& device = Device::cpu());
@@ -102,7 +103,10 @@ class CountSketch {
     Buffer<float> top_val;
     Scratch() = default;
     Scratch(const Scratch&) {}
-    Scratch& operator=(const Scratch&) { return *this; }
+    Scratch& operator=(const Scratch&) {  // the old scratch may be on another device or stream
+      *this = Scratch();
+      return *this;
+    }
     Scratch(Scratch&&) = default;
     Scratch& operator=(Scratch&&) = default;
   };

@@ -314,16 +314,18 @@ TEST(Cuda, VectorKernelsMatchCpuBitForBit) {
   EXPECT_EQ(first.host()[0], 654321u);
   EXPECT_EQ(cpu::find_nonfinite(bad.data(), n), 654321u);
 
-  const size_t chunk = 4099;
-  std::vector<kernels::ChunkStats> cs((n + chunk - 1) / chunk);
-  cpu::chunk_stats(g.data(), n, chunk, cs.data());
-  Dev<kernels::ChunkStats> dcs(cs.size());
-  cu::chunk_stats(dg.get(), n, chunk, dcs.get());
-  const auto gs = dcs.host();
-  for (size_t c = 0; c < cs.size(); ++c) {
-    ASSERT_EQ(gs[c].abs_max, cs[c].abs_max) << c;
-    ASSERT_NEAR(gs[c].abs_mean, cs[c].abs_mean, 1e-6f * cs[c].abs_mean) << c;
-    ASSERT_NEAR(gs[c].stddev, cs[c].stddev, 1e-6f * cs[c].stddev) << c;
+  // chunk 1: more chunks (n) than the kernel's grid, so blocks stride over chunks.
+  for (const size_t chunk : {size_t(4099), size_t(1)}) {
+    std::vector<kernels::ChunkStats> cs((n + chunk - 1) / chunk);
+    cpu::chunk_stats(g.data(), n, chunk, cs.data());
+    Dev<kernels::ChunkStats> dcs(cs.size());
+    cu::chunk_stats(dg.get(), n, chunk, dcs.get());
+    const auto gs = dcs.host();
+    for (size_t c = 0; c < cs.size(); ++c) {
+      ASSERT_EQ(gs[c].abs_max, cs[c].abs_max) << c;
+      ASSERT_NEAR(gs[c].abs_mean, cs[c].abs_mean, 1e-6f * cs[c].abs_mean) << c;
+      ASSERT_NEAR(gs[c].stddev, cs[c].stddev, 1e-6f * cs[c].stddev) << c;
+    }
   }
 }
 
@@ -465,6 +467,67 @@ TEST(CudaSketch, RejectsBadInputWithoutChangingTheTable) {
   EXPECT_THROW(codec->encode(x, 0, 0), InvalidArgument);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the context is still clean
   EXPECT_THROW(CountSketch(c, Device::cuda(cu::device_count())), CudaError);
+}
+
+TEST(CudaSketch, CopiesAreIndependentAndStreamsAreOrdered) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  SketchConfig c{200003, 3, 20011, seed, Hashing::OnTheFly};
+  const auto x = test::gaussian(c.dim, seed);
+  Dev<float> dx(x);
+  CountSketch a(c, Device::cuda());
+  a.accumulate(cspan(dx, x.size()));
+  CountSketch b = a;  // a deep copy: accumulating into b leaves a alone
+  b.accumulate(cspan(dx, x.size()));
+  const auto ta = a.to(Device::cpu()), tb = b.to(Device::cpu());
+  for (size_t i = 0; i < ta.table().size(); ++i)
+    ASSERT_NEAR(tb.table()[i], 2.0f * ta.table()[i], 1e-4f * (1.0f + std::fabs(ta.table()[i])));
+
+  // A sketch copied onto a non-blocking stream keeps its table (the new table's zeroing is not
+  // left queued behind the copy), and a merge from another stream waits for that stream.
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  {
+    CountSketch cpu(c);
+    cpu.accumulate(x);
+    const CountSketch on_s = cpu.to(Device::cuda(0, s));
+    EXPECT_EQ(on_s.serialize(), cpu.serialize());
+    CountSketch sum(c, Device::cuda());
+    sum += on_s;
+    sum += on_s;
+    const auto back = sum.to(Device::cpu());
+    for (size_t i = 0; i < back.table().size(); ++i)
+      ASSERT_EQ(back.table()[i], 2.0f * cpu.table()[i]) << i;
+  }
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+
+  // Page-locked host memory is usable by the kernels; plain host memory is refused.
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, x.size() * sizeof(float)), cudaSuccess);
+  std::copy(x.begin(), x.end(), pinned);
+  CountSketch p(c, Device::cuda());
+  p.accumulate(std::span<const float>(pinned, x.size()));
+  const auto tp = p.to(Device::cpu());
+  for (size_t i = 0; i < ta.table().size(); ++i)
+    ASSERT_NEAR(tp.table()[i], ta.table()[i], 1e-4f * (1.0f + std::fabs(ta.table()[i]))) << i;
+  cudaFreeHost(pinned);
+}
+
+TEST(CudaSketch, CallsLeaveTheCallersDeviceCurrent) {
+  REQUIRE_GPU();
+  if (cu::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  SketchConfig c{10007, 3, 1009, 7, Hashing::OnTheFly};
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  CountSketch on0(c, Device::cuda(0));
+  (void)on0.top_k(10);
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 1);
+  // Memory of another GPU is refused up front instead of faulting in a kernel.
+  Dev<float> on1(std::vector<float>(c.dim, 1.0f));
+  EXPECT_THROW(on0.accumulate(cspan(on1, c.dim)), InvalidArgument);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
 
 /// Encodes the same gradients with one codec on each device and returns both message streams.

@@ -248,6 +248,19 @@ TEST(Device, BufferCopiesRefuseToOverflow) {
   EXPECT_THROW(b.download(out), InvalidArgument);
 }
 
+TEST(Device, BuffersCopyDeepAndMoveEmpty) {
+  Buffer<float> a(2, Device::cpu());
+  a.upload(std::vector<float>{1.0f, 2.0f});
+  Buffer<float> b = a;
+  b.upload(std::vector<float>{3.0f});
+  EXPECT_EQ(a.to_vector(), (std::vector<float>{1.0f, 2.0f}));
+  EXPECT_EQ(b.to_vector(), (std::vector<float>{3.0f, 2.0f}));
+  Buffer<float> c = std::move(b);
+  EXPECT_EQ(c.to_vector(), (std::vector<float>{3.0f, 2.0f}));
+  EXPECT_EQ(b.size(), 0u);  // NOLINT(bugprone-use-after-move): a moved-from buffer is empty
+  EXPECT_TRUE(b.to_vector().empty());
+}
+
 TEST(Device, AMissingGpuIsATypedError) {
   // Asks for one more device than exists: in a build or on a machine without CUDA, that is cuda:0.
   const Device missing = Device::cuda(kernels::cuda::device_count());

@@ -20,14 +20,28 @@ void set_device(int id) {
   SKETCHSGD_CUDA_CHECK(cudaSetDevice(id));
 }
 
+int current_device() {
+  int id = 0;
+  SKETCHSGD_CUDA_CHECK(cudaGetDevice(&id));
+  return id;
+}
+
 void* alloc(size_t bytes) {
   void* p = nullptr;
   SKETCHSGD_CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
   return p;
 }
 
-void free(void* p) noexcept {
-  if (p) (void)cudaFree(p);
+void free(void* p, int gpu) noexcept {
+  if (!p) return;
+  int current = -1;
+  if (gpu >= 0 && (cudaGetDevice(&current) != cudaSuccess || current == gpu ||
+                   cudaSetDevice(gpu) != cudaSuccess))
+    current = -1;  // already there, or cannot switch: free from here
+  // A failed call must not stay behind as the runtime's last error, where the next launch check
+  // (ours or the caller's) would report it as its own.
+  if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+  if (current >= 0 && cudaSetDevice(current) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void copy(void* dst, const void* src, size_t bytes, Stream stream) {
@@ -40,14 +54,15 @@ void zero(void* dst, size_t bytes, Stream stream) {
   if (bytes) SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
 }
 
-bool device_accessible(const void* p) {
+bool device_accessible(const void* p, int gpu) {
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ||
-         a.type == cudaMemoryTypeHost;
+  // Registered host memory is usable at its own address only where the device maps it there.
+  return (a.type == cudaMemoryTypeDevice && a.device == gpu) || a.type == cudaMemoryTypeManaged ||
+         (a.type == cudaMemoryTypeHost && a.devicePointer == p);
 }
 
 void synchronize(Stream stream) {
@@ -60,8 +75,8 @@ void reset_flag(unsigned long long* flag, Stream stream) {
 
 Workspace::~Workspace() {
   // Destructors must not throw; a failing free at teardown leaves nothing to recover.
-  if (ptr_) (void)cudaFree(ptr_);
-  if (host_) (void)cudaFreeHost(host_);
+  if (ptr_) free(ptr_);
+  if (host_ && cudaFreeHost(host_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void* Workspace::get(size_t bytes, Stream stream) {

@@ -2,6 +2,8 @@
 // axpy, chunk statistics, finiteness, gathers and scatters. Memory-bound grid-stride loops.
 #include <cub/block/block_reduce.cuh>
 
+#include <algorithm>
+
 #include "../cuda.hpp"
 #include "../hd.hpp"
 #include "launch.cuh"
@@ -42,23 +44,28 @@ struct AddMoments {
 };
 
 /// One block per chunk: the same double accumulation and formulas as cpu::chunk_stats.
+/// One block per chunk at a time; blocks stride over the chunks (there may be more than a grid).
 __global__ void chunk_stats_kernel(const float* x, uint64_t n, uint64_t chunk, ChunkStats* out) {
   using Reduce = cub::BlockReduce<Moments, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
-  const uint64_t lo = blockIdx.x * chunk, hi = min(n, lo + chunk);
-  Moments m{0.0, 0.0, 0.0, 0.0f};
-  for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    const double v = x[i];
-    m.sum += v;
-    m.sq += v * v;
-    m.abs_sum += fabs(v);
-    m.abs_max = fmaxf(m.abs_max, fabsf(x[i]));
-  }
-  const Moments t = Reduce(temp).Reduce(m, AddMoments{});
-  if (threadIdx.x == 0) {
-    const double cnt = double(hi - lo), mean = t.sum / cnt;
-    out[blockIdx.x] = ChunkStats{t.abs_max, float(t.abs_sum / cnt),
-                                 float(sqrt(fmax(0.0, t.sq / cnt - mean * mean)))};
+  const uint64_t chunks = (n + chunk - 1) / chunk;
+  for (uint64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const uint64_t lo = c * chunk, hi = min(n, lo + chunk);
+    Moments m{0.0, 0.0, 0.0, 0.0f};
+    for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+      const double v = x[i];
+      m.sum += v;
+      m.sq += v * v;
+      m.abs_sum += fabs(v);
+      m.abs_max = fmaxf(m.abs_max, fabsf(x[i]));
+    }
+    const Moments t = Reduce(temp).Reduce(m, AddMoments{});
+    if (threadIdx.x == 0) {
+      const double cnt = double(hi - lo), mean = t.sum / cnt;
+      out[c] = ChunkStats{t.abs_max, float(t.abs_sum / cnt),
+                          float(sqrt(fmax(0.0, t.sq / cnt - mean * mean)))};
+    }
+    __syncthreads();  // temp is reused by the next chunk's reduction
   }
 }
 
@@ -117,8 +124,8 @@ void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho
 void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out, Stream stream) {
   if (n == 0) return;
   const uint64_t chunks = (n + chunk - 1) / chunk;
-  SKETCHSGD_REQUIRE(chunks < (1u << 31), InvalidArgument, "chunk_stats: too many chunks");
-  chunk_stats_kernel<<<unsigned(chunks), kThreads, 0, stream>>>(x, n, chunk, out);
+  chunk_stats_kernel<<<unsigned(std::min<uint64_t>(chunks, 1u << 20)), kThreads, 0, stream>>>(
+      x, n, chunk, out);
   SKETCHSGD_LAUNCH_CHECK();
 }
 
