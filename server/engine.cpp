@@ -83,6 +83,8 @@ Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::m
   agg_ = make_aggregator();
   workers_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
+  if (!cfg_.checkpoint.empty() && cfg_.checkpoint_every)
+    writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint);
   reset_round();
 }
 
@@ -598,14 +600,13 @@ void Engine::finish_round(std::vector<Outgoing>&) {
                metrics_.reason);
   hooks_.round(metrics_);
   ++round_;
-  if (!cfg_.checkpoint.empty() && cfg_.checkpoint_every &&
-      (round_ % cfg_.checkpoint_every == 0 || finished())) {
-    try {
-      save_checkpoint(cfg_.checkpoint, checkpoint());
-    } catch (const Error& e) {
-      hooks_.log(std::string("CHECKPOINT FAILED (training goes on): ") + e.what());
-    }
+  if (writer_ && (round_ % cfg_.checkpoint_every == 0 || finished())) {
+    writer_->submit(checkpoint());     // a snapshot: the file is written off this thread
+    if (finished()) writer_->flush();  // the final model is on disk before the job reports done
   }
+  if (writer_)
+    for (const auto& why : writer_->take_failures())
+      hooks_.log("CHECKPOINT FAILED (training goes on): " + why);
   reset_round();
 }
 

@@ -19,6 +19,7 @@
 
 #include "../compress/compressor.hpp"
 #include "checkpoint.hpp"
+#include "checkpoint_writer.hpp"
 #include "frame.hpp"
 #include "protocol.hpp"
 
@@ -176,10 +177,10 @@ class Engine {
   double merge_ms_ = 0;
 
   std::map<uint64_t, std::vector<Frame>> early_;  // pushes of rounds ahead, by round then rank
-  Frames last_outcome_;
-  mutable Frame snapshot_;  // the model's bytes for Pulls, until the model changes  // Update or
-                            // Abort of round_ − 1, re-sent to a worker that missed it
+  Frames last_outcome_;     // Update or Abort of round_ − 1, re-sent to a worker that missed it
+  mutable Frame snapshot_;  // the model's bytes for Pulls, until the model changes
   uint64_t rejected_ = 0;
+  std::unique_ptr<CheckpointWriter> writer_;  // null without --checkpoint
 };
 
 }  // namespace sketchsgd::ps
