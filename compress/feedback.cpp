@@ -28,8 +28,7 @@ std::span<const float> Feedback::absorb(std::span<const float> g) {
 }
 
 void Feedback::mask(std::span<const uint32_t> indices) {
-  if (!momentum_.empty()) ops::zero_at(device_, ops_, momentum_.span(), indices);
-  if (!error_.empty()) ops::zero_at(device_, ops_, error_.span(), indices);
+  ops::zero_at(device_, ops_, momentum_.span(), error_.span(), indices);
 }
 
 }  // namespace sketchsgd

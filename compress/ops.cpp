@@ -74,12 +74,17 @@ void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v
     cpu::momentum_accumulate(u.data(), v.data(), g.data(), g.size(), rho);
 }
 
-void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx) {
+void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<float> z,
+             std::span<const uint32_t> idx) {
+  if (idx.empty() || (y.empty() && z.empty())) return;
   const uint32_t* p = staged(d, s, idx, 0);
-  if (d.is_gpu())
-    cu::zero_at(y.data(), p, idx.size(), d.stream);
-  else
-    cpu::zero_at(y.data(), p, idx.size());
+  for (const std::span<float> v : {y, z}) {
+    if (v.empty()) continue;
+    if (d.is_gpu())
+      cu::zero_at(v.data(), p, idx.size(), d.stream);
+    else
+      cpu::zero_at(v.data(), p, idx.size());
+  }
 }
 
 void write_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx,

@@ -39,8 +39,9 @@ void scale(const Device& d, std::span<float> y, float a);
 /// u = ρ·u + g; v += u.
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
                          std::span<const float> g, float rho);
-/// y[idx] = 0 (host indices).
-void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx);
+/// y[idx] = 0 and z[idx] = 0 (host indices; either vector may be empty), the indices staged once.
+void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<float> z,
+             std::span<const uint32_t> idx);
 /// y = 0 except y[idx[i]] = val[i] (host lists).
 void write_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<const uint32_t> idx,
                   std::span<const float> val);
