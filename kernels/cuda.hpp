@@ -25,6 +25,10 @@ int device_count();
 void set_device(int id);
 /// The calling thread's current device (cudaGetDevice).
 int current_device();
+/// Whether the process has created device id's primary context (true when the driver cannot
+/// tell). Making a device current creates its context, so a scope restores the caller's device
+/// only where this holds.
+bool context_active(int id);
 /// cudaMalloc of at least one byte; CudaError when it fails.
 void* alloc(size_t bytes);
 /// cudaFree on device gpu (−1: the current one), restoring the current device; never throws
@@ -67,6 +71,7 @@ class Workspace {
  private:
   void* ptr_ = nullptr;
   size_t size_ = 0;
+  int device_ = -1;  // where ptr_ lives, so the destructor frees it there
   void* host_ = nullptr;
 };
 

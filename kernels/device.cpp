@@ -31,7 +31,9 @@ DeviceScope::DeviceScope(const Device& d) {
   const int current = kernels::cuda::current_device();
   if (current == d.gpu) return;
   kernels::cuda::set_device(d.gpu);
-  previous_ = current;
+  // A thread that never chose a device reports device 0; switching "back" to it would create a
+  // context there (hundreds of MB on a GPU the process does not use), so leave it then.
+  if (kernels::cuda::context_active(current)) previous_ = current;
 }
 
 DeviceScope::~DeviceScope() {

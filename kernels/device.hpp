@@ -95,6 +95,7 @@ class Buffer {
     return *this;
   }
   Buffer& operator=(Buffer&& o) noexcept {
+    if (this == &o) return *this;
     dev_ = o.dev_;
     n_ = std::exchange(o.n_, 0);
     host_ = std::move(o.host_);

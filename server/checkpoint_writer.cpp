@@ -1,5 +1,6 @@
 #include "checkpoint_writer.hpp"
 
+#include <cstdio>
 #include <utility>
 
 #include "../kernels/error.hpp"
@@ -16,6 +17,8 @@ CheckpointWriter::~CheckpointWriter() {
   }
   wake_.notify_one();
   thread_.join();
+  // Nobody is left to take these: say them rather than lose them.
+  for (const auto& why : failures_) std::fprintf(stderr, "CHECKPOINT FAILED: %s\n", why.c_str());
 }
 
 void CheckpointWriter::submit(Checkpoint c) {

@@ -182,9 +182,12 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
   SKETCHSGD_REQUIRE(device_.gpu == other.device_.gpu, InvalidArgument, "cannot merge a sketch on ",
                     other.device_.name(), " into one on ", device_.name(), " (use to())");
   if (device_.is_gpu()) {
-    // other's table may still be written on its own stream of the same GPU.
-    if (other.device_.stream != device_.stream) cu::synchronize(other.device_.stream);
+    // other's table may still be written on its own stream of the same GPU, and may be changed
+    // there right after this returns: wait on both sides.
+    const bool cross = other.device_.stream != device_.stream;
+    if (cross) cu::synchronize(other.device_.stream);
     cu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f, device_.stream);
+    if (cross) cu::synchronize(device_.stream);
   } else {
     cpu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f);
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "../compress/registry.hpp"
@@ -314,12 +315,17 @@ TEST(Cuda, VectorKernelsMatchCpuBitForBit) {
   EXPECT_EQ(first.host()[0], 654321u);
   EXPECT_EQ(cpu::find_nonfinite(bad.data(), n), 654321u);
 
-  // chunk 1: more chunks (n) than the kernel's grid, so blocks stride over chunks.
-  for (const size_t chunk : {size_t(4099), size_t(1)}) {
-    std::vector<kernels::ChunkStats> cs((n + chunk - 1) / chunk);
-    cpu::chunk_stats(g.data(), n, chunk, cs.data());
+  // chunk 1 over 2^20 + 4099 values: more chunks than the kernel's grid (2^20 blocks), so blocks
+  // stride over chunks.
+  const size_t m = (size_t(1) << 20) + 4099;
+  const auto h = test::gaussian(m, seed + 7);
+  Dev<float> dh(h);
+  for (const auto& [x, dx, len, chunk] :
+       {std::tuple(&g, &dg, n, size_t(4099)), std::tuple(&h, &dh, m, size_t(1))}) {
+    std::vector<kernels::ChunkStats> cs((len + chunk - 1) / chunk);
+    cpu::chunk_stats(x->data(), len, chunk, cs.data());
     Dev<kernels::ChunkStats> dcs(cs.size());
-    cu::chunk_stats(dg.get(), n, chunk, dcs.get());
+    cu::chunk_stats(dx->get(), len, chunk, dcs.get());
     const auto gs = dcs.host();
     for (size_t c = 0; c < cs.size(); ++c) {
       ASSERT_EQ(gs[c].abs_max, cs[c].abs_max) << c;

@@ -1,7 +1,9 @@
 // Device discovery and the reusable workspace of the CUDA backend.
-#include <algorithm>
-#include "../cuda.hpp"
+#include <cuda.h>  // driver types only: the driver is reached through the runtime, never linked
 
+#include <algorithm>
+
+#include "../cuda.hpp"
 #include "check.cuh"
 
 namespace sketchsgd::kernels::cuda {
@@ -20,6 +22,34 @@ void set_device(int id) {
   SKETCHSGD_CUDA_CHECK(cudaSetDevice(id));
 }
 
+bool context_active(int id) {
+  // cuDevicePrimaryCtxGetState through the runtime's entry-point lookup, so that the library
+  // does not link libcuda (CI machines have none).
+  using Get = CUresult (*)(CUdevice*, int);
+  using State = CUresult (*)(CUdevice, unsigned int*, int*);
+  static const auto fns = [] {
+    void* get = nullptr;
+    void* state = nullptr;
+    cudaDriverEntryPointQueryResult q1{}, q2{};
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &q1) !=
+            cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &state, 12000,
+                                         cudaEnableDefault, &q2) != cudaSuccess ||
+        q1 != cudaDriverEntryPointSuccess || q2 != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      get = state = nullptr;
+    }
+    return std::pair(reinterpret_cast<Get>(get), reinterpret_cast<State>(state));
+  }();
+  if (!fns.first || !fns.second) return true;  // cannot tell: assume it is
+  CUdevice dev = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (fns.first(&dev, id) != CUDA_SUCCESS || fns.second(dev, &flags, &active) != CUDA_SUCCESS)
+    return true;
+  return active != 0;
+}
+
 int current_device() {
   int id = 0;
   SKETCHSGD_CUDA_CHECK(cudaGetDevice(&id));
@@ -34,14 +64,18 @@ void* alloc(size_t bytes) {
 
 void free(void* p, int gpu) noexcept {
   if (!p) return;
-  int current = -1;
-  if (gpu >= 0 && (cudaGetDevice(&current) != cudaSuccess || current == gpu ||
-                   cudaSetDevice(gpu) != cudaSuccess))
-    current = -1;  // already there, or cannot switch: free from here
   // A failed call must not stay behind as the runtime's last error, where the next launch check
   // (ours or the caller's) would report it as its own.
+  int current = -1;
+  if (gpu >= 0 && (cudaGetDevice(&current) != cudaSuccess || current == gpu ||
+                   cudaSetDevice(gpu) != cudaSuccess)) {
+    (void)cudaGetLastError();
+    current = -1;  // already there, or cannot switch: free from here
+  }
   if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
-  if (current >= 0 && cudaSetDevice(current) != cudaSuccess) (void)cudaGetLastError();
+  // Switching back to a device whose context the process never created would create one.
+  if (current >= 0 && context_active(current) && cudaSetDevice(current) != cudaSuccess)
+    (void)cudaGetLastError();
 }
 
 void copy(void* dst, const void* src, size_t bytes, Stream stream) {
@@ -75,7 +109,7 @@ void reset_flag(unsigned long long* flag, Stream stream) {
 
 Workspace::~Workspace() {
   // Destructors must not throw; a failing free at teardown leaves nothing to recover.
-  if (ptr_) free(ptr_);
+  if (ptr_) free(ptr_, device_);
   if (host_ && cudaFreeHost(host_) != cudaSuccess) (void)cudaGetLastError();
 }
 
@@ -89,6 +123,7 @@ void* Workspace::get(size_t bytes, Stream stream) {
   size_ = 0;
   SKETCHSGD_CUDA_CHECK(cudaMallocAsync(&ptr_, grown, stream));
   size_ = grown;
+  SKETCHSGD_CUDA_CHECK(cudaGetDevice(&device_));
   return ptr_;
 }
 
