@@ -60,19 +60,32 @@ Plan plan_of(const ps::Flags& f) {
   return p;
 }
 
-/// Where this process trains: --device auto picks CUDA when both libtorch and sketchsgd have it.
-torch::Device torch_device(const ps::Flags& f) {
+/// Where this process trains: --device auto picks CUDA when both libtorch and sketchsgd have it;
+/// auto and cuda spread the workers over the visible GPUs by rank (the server takes rank 0's),
+/// cuda:N puts every process on GPU N.
+torch::Device torch_device(const ps::Flags& f, uint32_t rank = 0) {
   const std::string d = f.str("device");
   const bool cuda_ok = torch::cuda::is_available() && kernels::cuda::device_count() > 0;
   if (d == "cpu" || (d == "auto" && !cuda_ok)) return torch::kCPU;
-  SKETCHSGD_REQUIRE(d == "auto" || d == "cuda", InvalidArgument,
-                    "--device must be auto, cpu or cuda, got ", d);
-  SKETCHSGD_REQUIRE(cuda_ok, InvalidArgument, "--device cuda: ",
+  SKETCHSGD_REQUIRE(d == "auto" || d == "cuda" || d.rfind("cuda:", 0) == 0, InvalidArgument,
+                    "--device must be auto, cpu, cuda or cuda:N, got ", d);
+  Device pinned;
+  try {
+    pinned = Device::parse(d);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string("--device: ") + e.what());
+  }
+  SKETCHSGD_REQUIRE(cuda_ok, InvalidArgument, "--device ", d, ": ",
                     torch::cuda::is_available()
                         ? "sketchsgd was built without CUDA or sees no GPU"
                         : "this libtorch has no CUDA (Debian's is CPU-only; "
                           "build against a CUDA PyTorch, see README)");
-  return torch::Device(torch::kCUDA, 0);
+  const int gpus =
+      int(std::min<size_t>(torch::cuda::device_count(), size_t(kernels::cuda::device_count())));
+  if (d.find(':') == std::string::npos) return torch::Device(torch::kCUDA, int(rank % gpus));
+  SKETCHSGD_REQUIRE(pinned.gpu < gpus, InvalidArgument, "--device ", d, ": this machine has ", gpus,
+                    " GPU", gpus == 1 ? "" : "s");
+  return torch::Device(torch::kCUDA, pinned.gpu);
 }
 
 /// The codecs' device for a torch device: the legacy default stream, which libtorch also uses, so
@@ -146,7 +159,7 @@ int run_worker(const ps::Flags& f) {
   const demo::Dataset train = demo::load_fashion_mnist(f.str("data"), "train", plan.train_count);
   demo::Dataset test;
   if (rank == 0) test = demo::load_fashion_mnist(f.str("data"), "t10k");
-  const torch::Device device = torch_device(f);
+  const torch::Device device = torch_device(f, rank);
   const bool gpu = device.is_cuda();
   demo::FlatModel model(f.str("model"), f.u64("seed"), device);
 
@@ -371,8 +384,8 @@ int main(int argc, char** argv) {
   f.add("data", demo::kFashionDir, "folder of the Fashion-MNIST IDX files");
   f.add("out", "build/demo", "folder for results.csv, summary.json, rounds.jsonl");
   f.add("device", "auto",
-        "auto | cpu | cuda: where workers train and the server unsketches "
-        "(auto: CUDA when libtorch and sketchsgd both have it)");
+        "auto | cpu | cuda | cuda:N: where workers train and the server unsketches (auto: CUDA "
+        "when libtorch and sketchsgd both have it; workers spread over the GPUs by rank)");
   f.add("threads", "1", "libtorch threads per worker");
   f.add("dump", "", "write each worker's final parameters to PREFIX.rankN (tests)");
   f.add("verbose", "0", "server log lines", "", true);

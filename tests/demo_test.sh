@@ -4,6 +4,14 @@
 #   demo_test.sh TRAIN_BIN      exit 77 = skipped (the data set package is not installed)
 set -euo pipefail
 bin=$1
+# Bad devices are refused with a reason (exit 2) before any process starts.
+for bad in tpu cuda:x cuda:99; do
+  rc=0
+  msg=$("$bin" --device "$bad" --out "$(mktemp -d)" 2>&1) || rc=$?
+  [ "$rc" = 2 ] && grep -q -- "--device" <<<"$msg" ||
+    { echo "--device $bad: exit $rc, '$msg'"; exit 1; }
+done
+echo "bad --device values refused"
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] ||
   { echo "SKIP: dataset-fashion-mnist is not installed"; exit 77; }
 out=$(mktemp -d)
