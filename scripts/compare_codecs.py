@@ -42,6 +42,11 @@ def main():
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: rebuild the CSV, plots and table from the last runs in --out")
     args = ap.parse_args()
+    if args.write_docs:
+        try:  # the docs embed the plots: fail now rather than leave stale images after the runs
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit("error: --write-docs needs matplotlib (apt-get install python3-matplotlib)")
 
     only = set(filter(None, args.only.split(",")))
     configs = [c for c in CONFIGS if not only or c[0] in only]
@@ -151,7 +156,7 @@ def write_docs(table, args):
         f.write(f"`{args.model}` model, {args.workers} workers + server on one 2-core machine over ZeroMQ "
                 f"(loopback), {args.epochs} epochs, batch 32 per worker, same seeds for every codec.\n"
                 "Traffic counts every message a worker sent or received (pushes, answers, queries, updates), "
-                "headers included; 'less than dense' divides what dense fp32 (a push and an update per "
+                "the codecs' 48-byte headers included (not the 32-byte protocol envelopes); 'less than dense' divides what dense fp32 (a push and an update per "
                 "worker and round) would have moved by it.\n\n")
         f.write("Reproduce: `/usr/bin/python3 scripts/compare_codecs.py --write-docs` "
                 "(after `bash scripts/demo.sh` has built the demo).\n\n")

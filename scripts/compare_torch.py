@@ -157,6 +157,8 @@ def main():
     ap.add_argument("--binary", default="build/cpu/benchmarks/sketchsgd_compare")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--out-json", help="write all results here")
+    ap.add_argument("--save-input", metavar="FILE",
+                    help="also keep the gradient (raw little-endian f32) here, e.g. for a profiler")
     args = ap.parse_args()
 
     # Fail before the minute of torch work, not after it.
@@ -176,6 +178,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "grad.f32")
         x_np.astype("<f4", copy=False).tofile(path)
+        if args.save_input:
+            x_np.astype("<f4", copy=False).tofile(args.save_input)
         log("torch reference:")
         t = bench_torch(torch.from_numpy(x_np), args.rows, args.cols, args.k, args.reps, args.seed)
         found = np.intersect1d(t.pop("top_indices").numpy(), heavy).size

@@ -520,7 +520,7 @@ TEST(CudaSketch, CopiesAreIndependentAndStreamsAreOrdered) {
   cudaFreeHost(pinned);
 }
 
-TEST(CudaSketch, CallsLeaveTheCallersDeviceCurrent) {
+TEST(CudaMultiGpu, CallsLeaveTheCallersDeviceCurrent) {
   REQUIRE_GPU();
   if (cu::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   SketchConfig c{10007, 3, 1009, 7, Hashing::OnTheFly};
