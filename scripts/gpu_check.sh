@@ -55,4 +55,5 @@ step "benchmarks"
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 
 step "PyTorch baselines and the table"
-"$PY" scripts/gpu_report.py --bench "$REPORT/gpu.json" --markdown "$REPORT/table.md"
+"$PY" scripts/gpu_report.py --bench "$REPORT/gpu.json" --markdown "$REPORT/table.md" \
+  --json "$REPORT/report.json" --png "$REPORT/gpu.png"

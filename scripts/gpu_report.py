@@ -3,7 +3,8 @@
 sketchsgd's Google Benchmark results (one JSON from sketchsgd_bench_gpu), with the targets of
 issue 3. Run by scripts/gpu_check.sh; needs PyTorch with CUDA.
 
-    python3 scripts/gpu_report.py --bench gpu.json [--markdown table.md]
+    python3 scripts/gpu_report.py --bench gpu.json [--markdown table.md] [--json r.json] [--png r.png]
+    python3 scripts/gpu_report.py --replot r.json --png r.png     # the chart of an earlier run
 
 Baselines (CUDA events, median of several runs after warm-up):
   copy      x.clone() of the same size: the bandwidth ceiling
@@ -13,9 +14,9 @@ Baselines (CUDA events, median of several runs after warm-up):
   unsketch  table[r][buckets[r]] * signs[r] for all r (an r x d tensor), torch.median over rows,
             torch.topk of the absolute values
 """
-import argparse, json, statistics, sys
+import argparse, importlib, json, statistics, sys
 
-import torch
+torch = None  # imported by main() when measuring: --replot needs no PyTorch
 
 
 def log(msg):
@@ -96,11 +97,59 @@ def ours(path):
     return out, data.get("context", {})
 
 
+def chart(report, path):
+    """Two panels: speed-up over the PyTorch baselines, and share of copy bandwidth; the targets as
+    marks. report: {"gpu": ..., "points": [{"label", "kind": "speedup"|"bandwidth", "value",
+    "goal" (None for information rows)}]}."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    kinds = (("speedup", "times faster than the PyTorch baseline (log)", True),
+             ("bandwidth", "share of device-to-device copy bandwidth", False))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for ax, (kind, xlabel, log_x) in zip(axes, kinds):
+        pts = [p for p in report["points"] if p["kind"] == kind][::-1]
+        y = range(len(pts))
+        colors = ["tab:gray" if p["goal"] is None else
+                  ("tab:green" if p["value"] >= p["goal"] else "tab:red") for p in pts]
+        ax.barh(list(y), [p["value"] for p in pts], color=colors)
+        for i, p in enumerate(pts):
+            if p["goal"] is not None:
+                ax.plot([p["goal"]] * 2, [i - 0.4, i + 0.4], color="black", linewidth=2)
+            v = p["value"]
+            text = f"{v:.1f}x" if kind == "speedup" else (f"{v:.1%}" if v < 0.1 else f"{v:.0%}")
+            ax.text(p["value"], i, " " + text, va="center", fontsize=8)
+        ax.set_yticks(list(y), [p["label"] for p in pts], fontsize=8)
+        ax.set_xlabel(xlabel)
+        if log_x:
+            ax.set_xscale("log")
+            ax.axvline(1.0, color="gray", linewidth=0.8)
+        else:
+            ax.set_xlim(0, 1.1)
+    fig.suptitle(f"sketchsgd on {report['gpu']}: green met, red missed, gray information; "
+                 "black marks: the issue's targets", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"wrote {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bench", required=True, help="sketchsgd_bench_gpu JSON output")
+    ap.add_argument("--bench", help="sketchsgd_bench_gpu JSON output")
     ap.add_argument("--markdown", help="also write the table here")
+    ap.add_argument("--json", help="also write the chart's data here")
+    ap.add_argument("--png", help="also draw the chart here (needs matplotlib)")
+    ap.add_argument("--replot", help="draw --png from an earlier --json instead of measuring")
     a = ap.parse_args()
+    if a.replot:
+        if not a.png:
+            sys.exit("error: --replot needs --png")
+        chart(json.load(open(a.replot)), a.png)
+        return
+    if not a.bench:
+        sys.exit("error: --bench (or --replot) is required")
+    global torch
+    torch = importlib.import_module("torch")
     D, C, R, K = 1 << 27, 1 << 20, 5, 1_000_000
     mine, ctx = ours(a.bench)
     t = torch_baselines(D, C, R, K)
@@ -114,40 +163,49 @@ def main():
         raise KeyError(name)
 
     copy_ms, copy_bw = m(f"BM_CopyDeviceToDevice/{D}")
-    table = []
+    table, points = [], []
     def add(what, ours_ms, ref_ms, ref_name, target, ok):
         table.append((what, ours_ms, ref_ms, ref_name, target, "met" if ok else "MISSED"))
+    def point(label, kind, value, goal=None):
+        points.append({"label": label, "kind": kind, "value": value, "goal": goal})
 
     acc_ms, acc_bw = m(f"BM_Accumulate/{D}/5/{C}/0")
     add("accumulate d=2^27 r=5 c=2^20 (hashes on the fly)", acc_ms, copy_ms, "D2D copy (ours)",
         f">= 50% of copy bw: {acc_bw / copy_bw:.0%}", acc_bw >= 0.5 * copy_bw)
+    point("accumulate r=5", "bandwidth", acc_bw / copy_bw, 0.5)
     accp_ms, accp_bw = m(f"BM_Accumulate/{D}/5/{C}/1")
     add("accumulate, precomputed hashes", accp_ms, copy_ms, "D2D copy (ours)",
         f"(info) {accp_bw / copy_bw:.0%} of copy bw", True)
     acc1_ms, acc1_bw = m(f"BM_Accumulate/{D}/1/{C}/0")
     add("accumulate r=1", acc1_ms, copy_ms, "D2D copy (ours)", f"(info) {acc1_bw / copy_bw:.0%} of copy bw", True)
+    point("accumulate r=1", "bandwidth", acc1_bw / copy_bw)
     for name, ref, label in ((f"BM_Topk/100000000/1000000", "topk_1e8_1e6", "top-k d=1e8 k=1e6"),
                              (f"BM_Topk/100000000/1000", "topk_1e8_1e3", "top-k d=1e8 k=1e3"),
                              (f"BM_Topk/{D}/1000000", "topk_D_1e6", "top-k d=2^27 k=1e6")):
         ms, _ = m(name)
         add(label, ms, t[ref], "torch.topk(|x|)", f"not slower: {t[ref] / ms:.1f}x", ms <= t[ref])
+        point(label, "speedup", t[ref] / ms, 1.0 if ref == "topk_1e8_1e6" else None)
     for rows in (R, 1):
         ms, _ = m(f"BM_Compress/{D}/{rows}/{C}") if rows == R else (None, None)
         if ms is not None:
             add(f"compress (EF + accumulate) r={rows}", ms, t[f"compress_r{rows}"], "torch CSVec method",
                 f">= 20x: {t[f'compress_r{rows}'] / ms:.1f}x", t[f"compress_r{rows}"] >= 20 * ms)
+            point(f"compress r={rows}", "speedup", t[f"compress_r{rows}"] / ms, 20.0)
         ms, _ = m(f"BM_UnsketchTopk/{D}/{rows}/{C}/{K}")
         if rows == R:
             add(f"unsketch + top-k r={rows} k=1e6", ms, t[f"unsketch_r{rows}"], "torch CSVec method",
                 f">= 20x: {t[f'unsketch_r{rows}'] / ms:.1f}x", t[f"unsketch_r{rows}"] >= 20 * ms)
+            point(f"unsketch + top-k r={rows}", "speedup", t[f"unsketch_r{rows}"] / ms, 20.0)
         else:  # one row: the reference is a single gather and top-k, no median to win on
             add(f"unsketch + top-k r={rows} k=1e6", ms, t[f"unsketch_r{rows}"], "torch CSVec method",
                 f"(info) {t[f'unsketch_r{rows}'] / ms:.1f}x", True)
+            point(f"unsketch + top-k r={rows}", "speedup", t[f"unsketch_r{rows}"] / ms)
     for name, label in (("BM_PackSigns", "sign packing"), ("BM_Ternarize", "TernGrad (Philox)"),
                         ("BM_PackTernary", "ternary packing")):
         ms, bw = m(f"{name}/{D}")
         add(f"{label} d=2^27", ms, copy_ms, "D2D copy (ours)", f">= 80% of copy bw: {bw / copy_bw:.0%}",
             bw >= 0.8 * copy_bw)
+        point(label, "bandwidth", bw / copy_bw, 0.8)
 
     lines = [f"GPU: {gpu}; copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write, d=2^27 floats); "
              f"torch {torch.__version__}",
@@ -161,6 +219,12 @@ def main():
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write(text + "\n")
+    report = {"gpu": gpu, "torch": torch.__version__, "points": points}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if a.png:
+        chart(report, a.png)
 
 
 if __name__ == "__main__":
