@@ -101,7 +101,11 @@ def chart(report, path):
     """Two panels: speed-up over the PyTorch baselines, and share of copy bandwidth; the targets as
     marks. report: {"gpu": ..., "points": [{"label", "kind": "speedup"|"bandwidth", "value",
     "goal" (None for information rows)}]}."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the table is the result; the chart is a convenience
+        log("no chart: matplotlib is missing")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     kinds = (("speedup", "times faster than the PyTorch baseline (log)", True),
