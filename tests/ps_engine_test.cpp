@@ -481,6 +481,42 @@ TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
   EXPECT_THROW(d.engine.restore(broken), WireError);
 }
 
+TEST(CudaEngine, SketchServerOnTheGpuMatchesTheCpuAcrossACheckpoint) {
+  if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  // The aggregator (table sums, unsketch, FetchSGD's sketches) on the GPU, workers on the CPU.
+  for (const char* spec :
+       {"sketch:k=40,cols=500,p2=2,momentum=0.9", "sketch:k=40,cols=500,fetch=1,momentum=0.9"}) {
+    SCOPED_TRACE(spec);
+    JobConfig on_cpu = job(spec, 2, 3000), on_gpu = on_cpu;
+    on_gpu.device = Device::cuda();
+    Net a(on_cpu), b(on_gpu);
+    const auto init = test::initial_params(3000, 9);
+    auto wa = start(a, on_cpu, init), wb = start(b, on_gpu, init);
+    auto run_round = [](Net& net, std::vector<FakeWorker>& ws, uint64_t t) {
+      for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, t, 3));
+      for (auto& w : ws) ASSERT_EQ(w.settle(net), Type::Update);
+    };
+    for (uint64_t t = 0; t < 3; ++t) {
+      run_round(a, wa, t);
+      run_round(b, wb, t);
+    }
+    ASSERT_EQ(std::memcmp(a.engine.model().data(), b.engine.model().data(), 12000), 0);
+    // A server restarted from the GPU server's checkpoint keeps its aggregator on the GPU and its
+    // state: the next round still matches the CPU server's.
+    Net c(on_gpu);
+    c.engine.restore(b.engine.checkpoint());
+    std::vector<FakeWorker> wc;
+    for (uint32_t r = 0; r < 2; ++r) {
+      wc.emplace_back(r, on_gpu);
+      wc[r].join(c, {});
+      ASSERT_TRUE(wc[r].take_model(c));
+    }
+    run_round(a, wa, 3);
+    run_round(c, wc, 3);
+    EXPECT_EQ(std::memcmp(a.engine.model().data(), c.engine.model().data(), 12000), 0);
+  }
+}
+
 TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {
   const Envelope e{Type::Update, 9, 1234567890123ull, 17, 0};
   const Bytes b = encode(e);

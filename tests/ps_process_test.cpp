@@ -34,6 +34,15 @@ namespace fs = std::filesystem;
 
 using Proc = demo::Process;
 
+/// The programs under test: the build's, or the environment's (a build copied to another
+/// machine, as scripts/gpu_check.sh runs it, lives at another path).
+std::string program(const char* env, const char* built) {
+  const char* v = std::getenv(env);
+  return v && *v ? v : built;
+}
+const std::string kServer = program("SKETCHSGD_SERVER_BIN", SKETCHSGD_SERVER_BIN);
+const std::string kWorker = program("SKETCHSGD_WORKER_BIN", SKETCHSGD_WORKER_BIN);
+
 fs::path scratch(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("sketchsgd-ps-" + std::to_string(getpid()));
   fs::create_directories(d);
@@ -68,7 +77,7 @@ struct Job {
             std::to_string(dim), "--codec", spec, "--rounds", std::to_string(rounds)};
   }
   Proc server(const std::string& checkpoint = "", const std::string& metrics = "") const {
-    auto a = job_flags(SKETCHSGD_SERVER_BIN);
+    auto a = job_flags(kServer);
     a.insert(a.end(), {"--bind", bind, "--lr", "0.2", "--quiet"});
     if (!checkpoint.empty())
       a.insert(a.end(), {"--checkpoint", checkpoint, "--checkpoint-every", "2"});
@@ -78,7 +87,7 @@ struct Job {
   }
   Proc worker(const std::string& endpoint, uint32_t rank, const fs::path& out,
               std::vector<std::string> extra = {}) const {
-    auto a = job_flags(SKETCHSGD_WORKER_BIN);
+    auto a = job_flags(kWorker);
     a.insert(a.end(), {"--server", endpoint, "--rank", std::to_string(rank), "--seed",
                        std::to_string(seed), "--out", out.string()});
     a.insert(a.end(), extra.begin(), extra.end());
@@ -231,14 +240,14 @@ TEST(ProcessCli, BadFlagsExitWithAReasonNotACrash) {
       {"--dim", "100", "--curve-secret-file", "/nonexistent"},
   };
   for (const auto& args : bad) {
-    std::vector<std::string> a = {SKETCHSGD_SERVER_BIN, "--quiet"};
+    std::vector<std::string> a = {kServer, "--quiet"};
     a.insert(a.end(), args.begin(), args.end());
     Proc p = Proc::spawn(a);
     std::string joined;
     for (const auto& x : args) joined += x + " ";
     EXPECT_EQ(p.wait(10s), 2) << joined;
   }
-  Proc help = Proc::spawn({SKETCHSGD_SERVER_BIN, "--help"});
+  Proc help = Proc::spawn({kServer, "--help"});
   EXPECT_EQ(help.line(5s).rfind("sketchsgd-server:", 0), 0u);
   EXPECT_EQ(help.wait(10s), 0);
 }
