@@ -51,7 +51,7 @@ PY
 step "compute-sanitizer memcheck (small cases)"
 compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
   "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
-  --gtest_filter='Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:CudaSketch.*:CudaCodec.DenseTopk*' \
+  --gtest_filter='Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:CudaSketch.*:CudaCodec.DenseTopk*:CudaEngine.*' \
   2>&1 | tee "$REPORT/memcheck.log" | tail -n 5
 
 step "benchmarks"
