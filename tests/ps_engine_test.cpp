@@ -153,6 +153,23 @@ std::vector<FakeWorker> start(Net& net, const JobConfig& cfg, std::span<const fl
   return ws;
 }
 
+/// One round in which every worker pushes a synthetic gradient and applies the update.
+void run_round(Net& net, std::vector<FakeWorker>& ws, uint64_t t) {
+  for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, t, 3));
+  for (auto& w : ws) ASSERT_EQ(w.settle(net), Type::Update);
+}
+
+/// Workers that join a server restored from a checkpoint and take its model.
+std::vector<FakeWorker> rejoin(Net& net, const JobConfig& cfg) {
+  std::vector<FakeWorker> ws;
+  for (uint32_t r = 0; r < cfg.world; ++r) {
+    ws.emplace_back(r, cfg);
+    ws[r].join(net, {});
+    EXPECT_TRUE(ws[r].take_model(net)) << "rank " << r;
+  }
+  return ws;
+}
+
 class EngineCodecs : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(EngineCodecs, RoundsMatchTheInProcessReferenceBitForBit) {
@@ -445,10 +462,6 @@ TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
   cfg.policy = Policy::Abort;
   Net a(cfg);
   auto wa = start(a, cfg, test::initial_params(1000, 8));
-  auto run_round = [](Net& net, std::vector<FakeWorker>& ws, uint64_t t) {
-    for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, t, 3));
-    for (auto& w : ws) ASSERT_EQ(w.settle(net), Type::Update);
-  };
   for (uint64_t t = 0; t < 3; ++t) run_round(a, wa, t);
   // An aborted round in between drops only that round's partial merge.
   wa[0].push(a, test::synthetic_grad(wa[0].params, 0, 3, 3));
@@ -463,12 +476,7 @@ TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
 
   Net b(cfg);
   b.engine.restore(c);
-  std::vector<FakeWorker> wb;
-  for (uint32_t r = 0; r < 2; ++r) {
-    wb.emplace_back(r, cfg);
-    wb[r].join(b, {});
-    ASSERT_TRUE(wb[r].take_model(b));
-  }
+  auto wb = rejoin(b, cfg);
   run_round(a, wa, 4);
   run_round(b, wb, 4);
   EXPECT_EQ(std::memcmp(a.engine.model().data(), b.engine.model().data(), 4000), 0)
@@ -492,10 +500,6 @@ TEST(CudaEngine, SketchServerOnTheGpuMatchesTheCpuAcrossACheckpoint) {
     Net a(on_cpu), b(on_gpu);
     const auto init = test::initial_params(3000, 9);
     auto wa = start(a, on_cpu, init), wb = start(b, on_gpu, init);
-    auto run_round = [](Net& net, std::vector<FakeWorker>& ws, uint64_t t) {
-      for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, t, 3));
-      for (auto& w : ws) ASSERT_EQ(w.settle(net), Type::Update);
-    };
     for (uint64_t t = 0; t < 3; ++t) {
       run_round(a, wa, t);
       run_round(b, wb, t);
@@ -505,12 +509,7 @@ TEST(CudaEngine, SketchServerOnTheGpuMatchesTheCpuAcrossACheckpoint) {
     // state: the next round still matches the CPU server's.
     Net c(on_gpu);
     c.engine.restore(b.engine.checkpoint());
-    std::vector<FakeWorker> wc;
-    for (uint32_t r = 0; r < 2; ++r) {
-      wc.emplace_back(r, on_gpu);
-      wc[r].join(c, {});
-      ASSERT_TRUE(wc[r].take_model(c));
-    }
+    auto wc = rejoin(c, on_gpu);
     run_round(a, wa, 3);
     run_round(c, wc, 3);
     EXPECT_EQ(std::memcmp(a.engine.model().data(), c.engine.model().data(), 12000), 0);
