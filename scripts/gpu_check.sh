@@ -5,8 +5,10 @@
 #      fails if a GPU test skipped (GPU vs CPU on fresh random inputs; CudaMultiGpu needs 2 GPUs),
 #   3. runs compute-sanitizer memcheck over the small GPU cases,
 #   4. runs the GPU benchmarks and the PyTorch baselines, and prints one table.
-# Everything lands in $REPORT (default $BUILD/gpu-check). Exit status non-zero on any failure.
-set -euo pipefail
+# Every step runs even when an earlier one failed; each failure is printed as it happens and again
+# at the end. Everything lands in $REPORT (default $BUILD/gpu-check). Exit status non-zero on any
+# failure.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build/gpu}
 REPORT=${REPORT:-$BUILD/gpu-check}
@@ -18,22 +20,21 @@ export LD_LIBRARY_PATH="$B:$B/server:$B/extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PAT
 export SKETCHSGD_SERVER_BIN="$B/server/sketchsgd-server" SKETCHSGD_WORKER_BIN="$B/tests/sketchsgd_test_worker"
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+failed=()
+fail() { failed+=("$1"); printf '*** FAILED: %s\n' "$1" >&2; }
 
 step "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 if [ ! -x "$BUILD/tests/sketchsgd_tests" ] || [ ! -x "$BUILD/benchmarks/sketchsgd_bench_gpu" ]; then
   step "build (preset gpu)"
-  cmake --preset gpu
-  cmake --build --preset gpu
+  { cmake --preset gpu && cmake --build --preset gpu; } || { fail "build"; exit 1; }
 fi
 
 step "tests"
-"$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_output="json:$REPORT/tests.json" 2>&1 | tee "$REPORT/tests.log"
-if grep -q "no CUDA device" "$REPORT/tests.log"; then
-  echo "GPU tests skipped: no usable CUDA device" >&2
-  exit 1
-fi
-"$PY" - "$REPORT/tests.json" <<'PY'
+"$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_output="json:$REPORT/tests.json" 2>&1 |
+  tee "$REPORT/tests.log" || fail "tests (see $REPORT/tests.log)"
+grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
+"$PY" - "$REPORT/tests.json" <<'PY' || fail "GPU tests: some failed or skipped"
 import json, sys
 d = json.load(open(sys.argv[1]))
 suites = [s for s in d["testsuites"] if s["name"].startswith("Cuda")]
@@ -52,12 +53,22 @@ step "compute-sanitizer memcheck (small cases)"
 compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
   "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
   --gtest_filter='Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:CudaSketch.*:CudaCodec.DenseTopk*:CudaEngine.*' \
-  2>&1 | tee "$REPORT/memcheck.log" | tail -n 5
+  > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see $REPORT/memcheck.log)"
+tail -n 5 "$REPORT/memcheck.log"
 
 step "benchmarks"
 "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_out="$REPORT/gpu.json" --benchmark_out_format=json \
-  --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+  --benchmark_repetitions=3 --benchmark_report_aggregates_only=true || fail "GPU benchmarks"
 
 step "PyTorch baselines and the table"
 "$PY" scripts/gpu_report.py --bench "$REPORT/gpu.json" --markdown "$REPORT/table.md" \
-  --json "$REPORT/report.json" --png "$REPORT/gpu.png"
+  --json "$REPORT/report.json" --png "$REPORT/gpu.png" || fail "PyTorch baselines and the table"
+
+step "summary"
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "gpu_check: every step passed"
+  exit 0
+fi
+printf 'gpu_check: %d step(s) failed:\n' "${#failed[@]}" >&2
+printf '  - %s\n' "${failed[@]}" >&2
+exit 1
