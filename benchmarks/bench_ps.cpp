@@ -18,9 +18,9 @@
 #include <thread>
 
 #include "../compress/registry.hpp"
-#include "../server/flags.hpp"
+#include "../ps/flags.hpp"
 #include "../server/server.hpp"
-#include "../server/zmq_io.hpp"
+#include "../ps/transport.hpp"
 #include "../worker/client.hpp"
 
 namespace {

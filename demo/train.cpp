@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "../compress/registry.hpp"
-#include "../server/flags.hpp"
+#include "../ps/flags.hpp"
 #include "../server/server.hpp"
 #include "../worker/client.hpp"
 #include "idx.hpp"
@@ -365,7 +365,9 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
 int main(int argc, char** argv) {
   ps::Flags f(
       "sketchsgd-train: Fashion-MNIST over a ZeroMQ parameter server with compressed gradients.\n"
-      "With no --role it starts the server and --workers worker processes on this machine.");
+      "With no --role it starts the server and --workers worker processes on this machine.\n"
+      "Exit status: 0 trained, 1 the job failed, 2 bad flags or an error, 3 (--role worker) the\n"
+      "server's job had already finished.");
   f.add("role", "all", "all | server | worker");
   f.add("workers", "4", "number of workers W");
   f.add("rank", "0", "this worker's rank (--role worker)");
@@ -397,6 +399,10 @@ int main(int argc, char** argv) {
     if (role == "worker") return run_worker(f);
     if (role == "all") return run_all(f, argc, argv);
     throw InvalidArgument("--role must be all, server or worker");
+  } catch (const sketchsgd::JobFinished& e) {
+    // A worker that came after the job's last round: told at once, with its own exit code.
+    std::fprintf(stderr, "sketchsgd-train: nothing to do: %s\n", e.what());
+    return ps::kExitJobFinished;
   } catch (const sketchsgd::Error& e) {
     std::fprintf(stderr, "sketchsgd-train: %s\n", e.what());
     return 2;

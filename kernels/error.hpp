@@ -1,6 +1,7 @@
 // Typed errors thrown by every public entry point of sketchsgd.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -47,6 +48,17 @@ class ProtocolError : public Error {
 class TimeoutError : public Error {
  public:
   using Error::Error;
+};
+
+/// The parameter server's job ended (its last round ran) before this request could be served.
+class JobFinished : public Error {
+ public:
+  JobFinished(const std::string& what, uint64_t round) : Error(what), round_(round) {}
+  /// The round the job finished at: the model holds every update before it.
+  uint64_t round() const { return round_; }
+
+ private:
+  uint64_t round_;
 };
 
 /// A CUDA runtime failure; the message carries the CUDA error text.

@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$REPORT"
 # A build made elsewhere (scripts/gpu_prepare.sh) finds its libraries and programs here.
 B=$(cd "$BUILD" 2>/dev/null && pwd || echo "$PWD/$BUILD")
-export LD_LIBRARY_PATH="$B:$B/server:$B/extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$B:$B/ps:$B/server:$B/worker:$B/extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SKETCHSGD_SERVER_BIN="$B/server/sketchsgd-server" SKETCHSGD_WORKER_BIN="$B/tests/sketchsgd_test_worker"
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }

@@ -72,7 +72,11 @@ void JobConfig::validate() const {
                     staleness);
 }
 
-Engine::Engine(JobConfig cfg, Hooks hooks) : cfg_(std::move(cfg)), hooks_(std::move(hooks)) {
+Engine::Engine(JobConfig cfg, Hooks hooks)
+    : cfg_(std::move(cfg)), hooks_(std::move(hooks)), rng_(std::random_device{}()) {
+  // Session tokens differ across restarts: a capture of an earlier server's traffic is refused.
+  rng_.seed((uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^
+            uint64_t(Clock::now().time_since_epoch().count()));
   cfg_.validate();
   if (cfg_.min_workers == 0) cfg_.min_workers = cfg_.world;
   codec_ = make_compressor(cfg_.spec, cfg_.dim);
@@ -131,6 +135,12 @@ Checkpoint Engine::checkpoint() const {
   return Checkpoint{cfg_.job, round_, cfg_.spec, model_, agg_->save_state()};
 }
 
+void Engine::flush_checkpoints() {
+  if (!writer_) return;
+  writer_->flush();
+  for (const auto& why : writer_->take_failures()) hooks_.log("CHECKPOINT FAILED: " + why);
+}
+
 void Engine::start_phase(MessageKind kind) {
   phase_ = kind;
   held_.assign(cfg_.world, Frame());
@@ -178,10 +188,23 @@ void Engine::send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) cons
 }
 
 namespace {
-Frame envelope(Type t, uint64_t job, uint64_t round, uint32_t rank) {
-  return Frame::own(encode(Envelope{t, job, round, rank, 0}));
+Frame envelope(Type t, uint64_t job, uint64_t round, uint32_t rank, uint64_t session) {
+  return Frame::own(encode(Envelope{t, job, round, rank, 0, session}));
 }
 }  // namespace
+
+Frame Engine::to(uint32_t rank, Type t, uint64_t round) const {
+  return envelope(t, cfg_.job, round, rank, workers_[rank].session);
+}
+
+void Engine::finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out) {
+  ++late_;
+  const std::string why = "job " + std::to_string(cfg_.job) + " finished at round " +
+                          std::to_string(round_) + " (its last round)";
+  out.push_back(Outgoing{peer,
+                         {envelope(Type::Finished, cfg_.job, round_, e.rank, e.session),
+                          Frame::own(encode_text(why))}});
+}
 
 void Engine::refuse(const PeerId& peer, const Envelope& e, bool retry, const std::string& why,
                     std::vector<Outgoing>& out) {
@@ -189,7 +212,7 @@ void Engine::refuse(const PeerId& peer, const Envelope& e, bool retry, const std
              ": " + why);
   ++rejected_;
   out.push_back(Outgoing{peer,
-                         {envelope(Type::Refuse, cfg_.job, round_, e.rank),
+                         {envelope(Type::Refuse, cfg_.job, round_, e.rank, e.session),
                           Frame::own(encode(RefuseInfo{retry, e.type, why.substr(0, kMaxText)}))}});
 }
 
@@ -227,19 +250,32 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
       return;
     }
     if (e.type == Type::Hello) {
+      // Also after the last round: a late worker may still pull the final model; its first push
+      // is answered Finished.
       on_hello(peer, e, frames, now, out, user);
       return;
     }
     const auto it = rank_of_.find(peer);
     if (it == rank_of_.end()) {
+      if (e.type == Type::Bye) return;
+      if (finished() && e.type == Type::Push) return finished_reply(peer, e, out);
       // A worker whose server restarted learns here that it must register again.
-      if (e.type != Type::Bye) refuse(peer, e, true, "not registered (send hello first)", out);
+      refuse(peer, e, true, "not registered (send hello first)", out);
       return;
     }
     const uint32_t rank = it->second;
     SKETCHSGD_REQUIRE(e.rank == rank, ProtocolError, "connection of rank ", rank,
                       " sent a message as rank ", e.rank);
     Worker& w = workers_[rank];
+    if (e.session != w.session) {
+      // Only this registration's token counts: a capture replayed from this connection after a
+      // re-registration, or traffic of an older registration, changes nothing. (A heartbeat sent
+      // while a re-registration crossed it is no replay: ignored, not counted.)
+      if (e.type == Type::Heartbeat) return;
+      ++replays_;
+      drop(peer, "rank " + std::to_string(rank) + ": session token of another registration");
+      return;
+    }
     w.last_seen = now;
     if (!w.alive) {
       w.alive = true;
@@ -285,7 +321,7 @@ void Engine::refuse_other_version(const PeerId& peer, const Frames& frames,
   std::memcpy(&version, b.data() + 4, 2);
   if (magic != kMagic || version == kProtocolVersion || b[6] != uint8_t(Type::Hello)) return;
   Envelope e{Type::Hello, cfg_.job, 0, 0, 0};
-  if (b.size() >= kEnvelopeBytes) std::memcpy(&e.rank, b.data() + 24, 4);
+  if (b.size() >= 28) std::memcpy(&e.rank, b.data() + 24, 4);  // where every version keeps it
   refuse(peer, e, false,
          "protocol version " + std::to_string(version) + ", this server speaks " +
              std::to_string(kProtocolVersion),
@@ -326,12 +362,14 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
     hooks_.log("rank " + std::to_string(e.rank) + " registered");
   }
   w.peer = peer;
+  w.session = 0;
+  while (w.session == 0) w.session = rng_();  // 0 marks "no registration" in a Hello
   w.registered = true;
   w.alive = true;
   w.last_seen = now;
   rank_of_[peer] = e.rank;
   const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness};
-  send(e.rank, {envelope(Type::Welcome, cfg_.job, round_, e.rank), Frame::own(encode(info))}, out);
+  send(e.rank, {to(e.rank, Type::Welcome, round_), Frame::own(encode(info))}, out);
 }
 
 void Engine::on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out) {
@@ -360,7 +398,7 @@ void Engine::on_pull(uint32_t rank, std::vector<Outgoing>& out) {
   }
   pending_pull_[rank] = false;
   Frames fr = model_frames();
-  fr[0] = envelope(Type::Model, cfg_.job, round_, rank);
+  fr[0] = to(rank, Type::Model, round_);
   send(rank, std::move(fr), out);
 }
 
@@ -373,7 +411,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
     // pushes are ignored.
     if (e.round + 1 == round_ && !last_outcome_.empty()) {
       Frames fr = last_outcome_;
-      fr[0] = envelope(Type(fr[0].bytes()[6]), cfg_.job, e.round, rank);
+      fr[0] = to(rank, Type(fr[0].bytes()[6]), e.round);
       send(rank, std::move(fr), out);
     } else {
       on_pull(rank, out);  // further behind (outcomes lost): resynchronise with the model
@@ -382,6 +420,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
                std::to_string(rank) + " (now at " + std::to_string(round_) + ")");
     return;
   }
+  if (finished()) return finished_reply(workers_[rank].peer, e, out);
   if (e.round > round_ && e.round <= round_ + cfg_.staleness) {
     const auto msg = f[1].bytes();
     SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
@@ -547,7 +586,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
     metrics_.contributors = count;
     metrics_.bytes_down_each += payload.size();
     for (uint32_t r = 0; r < cfg_.world; ++r)
-      if (pushed_[r]) send(r, {envelope(Type::Query, cfg_.job, round_, r), payload}, out);
+      if (pushed_[r]) send(r, {to(r, Type::Query, round_), payload}, out);
     return;
   }
   if (phase_ == MessageKind::Gradient) metrics_.contributors = count;
@@ -565,12 +604,12 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
 
 void Engine::end_round(Type outcome, Frames payload, Clock::time_point now,
                        std::vector<Outgoing>& out) {
-  last_outcome_ = {envelope(outcome, cfg_.job, round_, 0)};
+  last_outcome_ = {envelope(outcome, cfg_.job, round_, 0, 0)};
   last_outcome_.insert(last_outcome_.end(), payload.begin(), payload.end());
   for (uint32_t r = 0; r < cfg_.world; ++r) {
     if (!workers_[r].registered) continue;  // "dead" ones too: they may only be slow
     Frames fr = last_outcome_;
-    fr[0] = envelope(outcome, cfg_.job, round_, r);
+    fr[0] = to(r, outcome, round_);
     send(r, std::move(fr), out);
   }
   metrics_.latency_ms = round_start_ ? ms_between(*round_start_, now) : 0;

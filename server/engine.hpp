@@ -14,14 +14,15 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "../compress/compressor.hpp"
 #include "checkpoint.hpp"
 #include "checkpoint_writer.hpp"
-#include "frame.hpp"
-#include "protocol.hpp"
+#include "../ps/frame.hpp"
+#include "../ps/protocol.hpp"
 
 namespace sketchsgd::ps {
 
@@ -97,6 +98,8 @@ class Engine {
   /// Resume from a checkpoint (job and spec must match). The next round is c.round.
   void restore(const Checkpoint& c);
   Checkpoint checkpoint() const;
+  /// Waits until a checkpoint still queued for writing is on disk (failures are logged).
+  void flush_checkpoints();
 
   uint64_t round() const { return round_; }
   bool has_model() const { return !model_.empty(); }
@@ -104,6 +107,10 @@ class Engine {
   /// max_rounds reached.
   bool finished() const { return cfg_.max_rounds && round_ >= cfg_.max_rounds; }
   uint64_t rejected() const { return rejected_; }
+  /// Messages refused for carrying another registration's session token (counted in rejected()).
+  uint64_t replays() const { return replays_; }
+  /// Requests answered with Finished (the job had ended).
+  uint64_t late_requests() const { return late_; }
   uint32_t live_workers() const;
   const JobConfig& config() const { return cfg_; }
   /// Largest frame a valid message of this job can carry (for ZMQ_MAXMSGSIZE).
@@ -114,6 +121,7 @@ class Engine {
     PeerId peer;
     bool registered = false;
     bool alive = false;
+    uint64_t session = 0;  ///< token issued in its Welcome; its every message must carry it
     Clock::time_point last_seen{};
   };
 
@@ -148,6 +156,10 @@ class Engine {
   /// An aggregator on the job's device (the CPU, or a GPU for --device cuda).
   std::unique_ptr<Aggregator> make_aggregator() const;
   void send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const;
+  /// An envelope to a registered rank, with its session token.
+  Frame to(uint32_t rank, Type t, uint64_t round) const;
+  /// "The job finished at round N", to a request that came after the last round.
+  void finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out);
   void refuse(const PeerId& peer, const Envelope& e, bool retry, const std::string& why,
               std::vector<Outgoing>& out);
   Frames model_frames() const;
@@ -180,6 +192,9 @@ class Engine {
   Frames last_outcome_;     // Update or Abort of round_ − 1, re-sent to a worker that missed it
   mutable Frame snapshot_;  // the model's bytes for Pulls, until the model changes
   uint64_t rejected_ = 0;
+  uint64_t replays_ = 0;
+  uint64_t late_ = 0;
+  std::mt19937_64 rng_;  // session tokens
   std::unique_ptr<CheckpointWriter> writer_;  // null without --checkpoint
 };
 

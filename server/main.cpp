@@ -1,19 +1,26 @@
 // sketchsgd-server: the parameter server of one training job. Workers connect with the worker
 // client (worker/client.hpp); see --help.
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
 
 #include "../compress/registry.hpp"
-#include "flags.hpp"
+#include "../ps/flags.hpp"
 #include "server.hpp"
-#include "zmq_io.hpp"
+#include "../ps/transport.hpp"
 
 namespace {
 sketchsgd::ps::Server* g_server = nullptr;
-void on_signal(int) {
-  if (g_server) g_server->stop();
+std::atomic<bool> g_shutting_down{false};
+// The first signal ends the job cleanly (queued checkpoint written, last messages sent); one that
+// comes while ZeroMQ still lingers over undelivered messages, or a second one, ends the process.
+void on_signal(int sig) {
+  if (g_shutting_down.exchange(true) || !g_server) _exit(128 + sig);
+  g_server->stop();
 }
 }  // namespace
 
@@ -51,6 +58,11 @@ int main(int argc, char** argv) {
         "SKETCHSGD_CHECKPOINT_EVERY");
   f.add("rounds", "0", "stop after this many rounds (0: run until interrupted)",
         "SKETCHSGD_ROUNDS");
+  f.add("finish-grace-ms", "500",
+        "after the last round, how long to keep answering late workers 'job finished'",
+        "SKETCHSGD_FINISH_GRACE_MS");
+  f.add("linger-ms", "2000", "at exit, how long ZeroMQ may keep trying to deliver to slow peers",
+        "SKETCHSGD_LINGER_MS");
   f.add("metrics", "", "append one JSON line per round to this file", "SKETCHSGD_METRICS");
   f.add("curve-secret-file", "", "CURVE on: file holding the server's Z85 secret key",
         "SKETCHSGD_CURVE_SECRET_FILE");
@@ -98,19 +110,23 @@ int main(int argc, char** argv) {
     o.job.checkpoint = f.str("checkpoint");
     o.job.checkpoint_every = f.u64("checkpoint-every");
     o.job.max_rounds = f.u64("rounds");
+    o.finish_grace = Millis(f.u64("finish-grace-ms"));
+    o.linger = Millis(f.u64("linger-ms"));
     o.metrics = f.str("metrics");
     o.quiet = f.on("quiet");
     o.status = !f.on("no-status") && !o.quiet;
-    Server server(o);
-    g_server = &server;
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
-    server.start();
-    // The bound endpoint on stdout, so a launcher that asked for port * can read it.
-    std::printf("%s\n", server.endpoint().c_str());
-    std::fflush(stdout);
-    server.run();
-    g_server = nullptr;
+    {
+      Server server(o);
+      g_server = &server;
+      std::signal(SIGINT, on_signal);
+      std::signal(SIGTERM, on_signal);
+      server.start();
+      // The bound endpoint on stdout, so a launcher that asked for port * can read it.
+      std::printf("%s\n", server.endpoint().c_str());
+      std::fflush(stdout);
+      server.run();
+      g_shutting_down = true;  // from here on a signal ends the process at once
+    }  // within --linger-ms, whatever the peers do
     return 0;
   } catch (const sketchsgd::Error& e) {
     std::fprintf(stderr, "sketchsgd-server: %s\n", e.what());

@@ -2,30 +2,19 @@
 
 #include <unistd.h>
 
-#include <condition_variable>
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <fstream>
-#include <mutex>
+#include <memory>
 #include <thread>
 
-#include "log.hpp"
-#include "zmq_io.hpp"
+#include "../ps/io_thread.hpp"
+#include "../ps/log.hpp"
+#include "../ps/transport.hpp"
 
 namespace sketchsgd::ps {
 namespace {
-
-struct Incoming {
-  PeerId peer;
-  Frames frames;
-  std::string user;
-};
-
-size_t bytes_of(const Incoming& m) {
-  size_t n = 64;
-  for (const auto& f : m.frames) n += f.size();
-  return n;
-}
 
 std::string json_line(const RoundMetrics& m, uint32_t world) {
   std::string s = "{\"round\":" + std::to_string(m.round) +
@@ -61,17 +50,9 @@ struct Server::Impl {
 
   Log log;
   zmq::context_t ctx{1};
-  std::unique_ptr<ZapHandler> zap;  // before the router: destroyed after it, before ctx
-  std::unique_ptr<zmq::socket_t> router;
-
-  std::mutex mu;
-  std::condition_variable ready;
-  std::deque<Incoming> inbox;
-  std::deque<Outgoing> outbox;
-  size_t inbox_cap = 0;  // bytes queued for the merge thread before the I/O thread stops reading
-  size_t inbox_bytes = 0;
-  std::atomic<bool> merge_done{false};
-  std::atomic<bool> outbox_signalled{false};
+  std::unique_ptr<ZapHandler> zap;  // before the socket: destroyed after it, before ctx
+  std::unique_ptr<zmq::socket_t> router;  // until run() hands it to the I/O thread
+  size_t inbox_cap = 0;  // bytes queued for the round logic before the I/O thread stops reading
 
   std::ofstream metrics;
   uint64_t rounds = 0;
@@ -101,6 +82,27 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
 Server::~Server() {
   stop_ = true;
   if (impl_->router) impl_->router->close();
+  engine_.reset();  // its checkpoint writer finishes first; its hooks use impl_
+  impl_->zap.reset();
+  // ZeroMQ keeps trying to deliver what is queued to slow or departed peers for the socket's
+  // linger, then gives up; should it ever take longer, the server still goes away: the context
+  // is left to finish on its own thread (and to the process's exit).
+  auto* impl = impl_.release();
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread closer([impl, done] {
+    impl->ctx.close();
+    *done = true;
+  });
+  const auto until = Clock::now() + opts_.linger + Millis(1000);
+  while (!*done && Clock::now() < until) std::this_thread::sleep_for(Millis(5));
+  if (*done) {
+    closer.join();
+    delete impl;
+  } else {
+    impl->log("ZeroMQ still held messages " + std::to_string(opts_.linger.count() + 1000) +
+              " ms after the job ended: leaving them");
+    closer.detach();  // impl stays allocated: the closing thread still uses its context
+  }
 }
 
 void Server::start() {
@@ -138,164 +140,78 @@ void Server::start() {
 
 uint64_t Server::run() {
   if (!impl_->router) start();
+  SKETCHSGD_REQUIRE(impl_->router != nullptr, Error, "server: run() may be called once");
   Impl& s = *impl_;
-  zmq::socket_t& router = *s.router;
   const bool tty = isatty(2);
+  const uint64_t job = opts_.job.job;
 
-  // Merge thread: all round logic. Wakes on new messages or every tick for deadlines/liveness.
+  // The I/O thread owns the socket and echoes heartbeats itself, so liveness never waits behind
+  // a merge; this thread runs the round logic (the Engine) on what it queues.
+  IoThread::Hooks io_hooks;
+  io_hooks.screen = [job](IoThread& io, const Received& m) {
+    if (m.frames.size() == 1) {
+      try {
+        const Envelope e = decode_envelope(m.frames[0].bytes(), 0);
+        if (e.type == Type::Heartbeat && e.job == job)
+          (void)io.send_now(&m.peer, {Frame::own(encode(Envelope{Type::Heartbeat, job, 0, e.rank,
+                                                                 0, e.session}))});
+      } catch (const Error&) {
+      }
+    }
+    return true;  // the Engine still sees it: liveness, and refusals of garbage
+  };
+  IoOptions io_opts;
+  io_opts.routed = true;
+  io_opts.inbox_bytes = s.inbox_cap;
+  IoThread io(s.ctx, std::move(s.router), io_opts, std::move(io_hooks),
+              [&s](const std::string& line) { s.log(line); });
+
+  // Wakes on new messages or every tick for deadlines and liveness.
   const Millis tick = std::clamp(opts_.job.heartbeat / 4, Millis(5), Millis(100));
-  // The merge thread wakes the I/O thread through an inproc pair when it has something to send.
-  const std::string wake_addr = "inproc://sketchsgd-wake-" + std::to_string(uintptr_t(this));
-  zmq::socket_t wake_rx(s.ctx, zmq::socket_type::pair);
-  wake_rx.bind(wake_addr);
-  std::thread merge([&] {
-    zmq::socket_t wake_tx(s.ctx, zmq::socket_type::pair);
-    wake_tx.set(zmq::sockopt::linger, 0);
-    wake_tx.connect(wake_addr);
-    std::vector<Outgoing> out;
-    auto last_status = Clock::now();
-    std::optional<Clock::time_point> finished_at;
-    while (!stop_) {
-      std::deque<Incoming> batch;
-      {
-        std::unique_lock lock(s.mu);
-        s.ready.wait_for(lock, tick, [&] { return !s.inbox.empty() || stop_; });
-        batch.swap(s.inbox);
-      }
-      const auto now = Clock::now();
-      try {
-        for (auto& m : batch) engine_->handle(m.peer, m.frames, now, out, m.user);
-        engine_->tick(now, out);
-      } catch (const std::exception& e) {
-        // The engine turns bad input into refusals; anything reaching here is a bug or an
-        // exhausted resource. Log it and keep serving rather than terminate the job.
-        s.log(std::string("internal error (round continues): ") + e.what());
-      }
-      {
-        std::lock_guard lock(s.mu);
-        for (const auto& m : batch) s.inbox_bytes -= bytes_of(m);
-      }
-      if (!out.empty()) {
-        std::lock_guard lock(s.mu);
-        for (auto& o : out) s.outbox.push_back(std::move(o));
-        out.clear();
-      }
-      if (!s.outbox_signalled.exchange(true))
-        (void)wake_tx.send(zmq::message_t(), zmq::send_flags::dontwait);
-      if (opts_.status && now - last_status >= std::chrono::seconds(tty ? 1 : 10)) {
-        last_status = now;
-        const std::string line = "round " + std::to_string(engine_->round()) + " | live " +
-                                 std::to_string(engine_->live_workers()) + "/" +
-                                 std::to_string(opts_.job.world) + " | rejected " +
-                                 std::to_string(engine_->rejected());
-        if (tty)
-          std::fprintf(stderr, "\r\033[K[server] %s", line.c_str());
-        else if (!opts_.quiet)
-          s.log(line);
-      }
-      if (engine_->finished()) {
-        if (!finished_at) finished_at = now;
-        if (now - *finished_at >= opts_.finish_grace) break;
-      }
+  std::vector<Outgoing> out;
+  auto last_status = Clock::now();
+  std::optional<Clock::time_point> finished_at;
+  while (!stop_) {
+    std::deque<Received> batch = io.take(Clock::now() + tick);
+    if (const auto failure = io.failure()) std::rethrow_exception(failure);
+    const auto now = Clock::now();
+    try {
+      for (auto& m : batch) engine_->handle(m.peer, m.frames, now, out, m.user);
+      engine_->tick(now, out);
+    } catch (const std::exception& e) {
+      // The engine turns bad input into refusals; anything reaching here is a bug or an
+      // exhausted resource. Log it and keep serving rather than end the job.
+      s.log(std::string("internal error (round continues): ") + e.what());
     }
-    s.merge_done = true;
-  });
-
-  // I/O thread (this one): owns the socket.
-  try {
-    while (!stop_ && !s.merge_done) {
-      try {
-        size_t queued;
-        {
-          std::lock_guard lock(s.mu);
-          queued =
-              s.inbox.size() < 65536 ? s.inbox_bytes : s.inbox_cap;  // and at most 64k messages
-        }
-        zmq::pollitem_t items[] = {
-            {router.handle(), 0, short(queued < s.inbox_cap ? ZMQ_POLLIN : 0), 0},
-            {wake_rx.handle(), 0, ZMQ_POLLIN, 0}};
-        try {
-          zmq::poll(items, 2, Millis(50));
-        } catch (const zmq::error_t& e) {
-          if (e.num() != EINTR) throw;
-          continue;  // a signal (stop() comes through one): look at stop_ again
-        }
-        if (items[1].revents & ZMQ_POLLIN) {
-          zmq::message_t m;
-          while (wake_rx.recv(m, zmq::recv_flags::dontwait)) {
-          }
-          s.outbox_signalled = false;
-        }
-        for (int n = 0; n < 64 && queued < s.inbox_cap; ++n) {
-          auto msg = receive(router, true, 1 + kMaxPayloadFrames);
-          if (!msg) break;
-          if (msg->overflow) {
-            s.log("dropped message with more than " + std::to_string(1 + kMaxPayloadFrames) +
-                  " frames");
-            continue;
-          }
-          // Heartbeats are echoed here so liveness never waits behind a merge.
-          if (!msg->frames.empty() && msg->frames.size() == 1) {
-            try {
-              const Envelope e = decode_envelope(msg->frames[0].bytes(), 0);
-              if (e.type == Type::Heartbeat && e.job == opts_.job.job) {
-                try {
-                  send(router, &msg->peer,
-                       {Frame::own(encode(Envelope{Type::Heartbeat, e.job, 0, e.rank, 0}))});
-                } catch (const zmq::error_t&) {
-                }
-              }
-            } catch (const Error&) {
-            }
-          }
-          {
-            std::lock_guard lock(s.mu);
-            s.inbox.push_back(
-                Incoming{std::move(msg->peer), std::move(msg->frames), std::move(msg->user)});
-            s.inbox_bytes += bytes_of(s.inbox.back());
-            queued = s.inbox.size() < 65536 ? s.inbox_bytes : s.inbox_cap;
-          }
-          s.ready.notify_one();
-        }
-        std::deque<Outgoing> out;
-        {
-          std::lock_guard lock(s.mu);
-          out.swap(s.outbox);
-        }
-        for (auto& o : out) {
-          try {
-            if (!send(router, &o.peer, o.frames))
-              s.log("send queue of a worker is full: message dropped");
-          } catch (const zmq::error_t& e) {
-            s.log(std::string("send to a departed worker failed: ") + e.what());
-          }
-        }
-      } catch (const zmq::error_t& e) {
-        if (e.num() != EINTR) throw;  // a signal interrupted a call: look at stop_ again
-      }
+    io.release(batch);
+    for (auto& o : out) io.post(std::move(o));
+    out.clear();
+    if (opts_.status && now - last_status >= std::chrono::seconds(tty ? 1 : 10)) {
+      last_status = now;
+      const std::string line = "round " + std::to_string(engine_->round()) + " | live " +
+                               std::to_string(engine_->live_workers()) + "/" +
+                               std::to_string(opts_.job.world) + " | rejected " +
+                               std::to_string(engine_->rejected());
+      if (tty)
+        std::fprintf(stderr, "\r\033[K[server] %s", line.c_str());
+      else if (!opts_.quiet)
+        s.log(line);
     }
-  } catch (...) {
-    stop_ = true;
-    s.ready.notify_all();
-    merge.join();
-    throw;
+    // After the last round the server lingers a little, answering late workers "finished".
+    if (engine_->finished()) {
+      if (!finished_at) finished_at = now;
+      if (now - *finished_at >= opts_.finish_grace) break;
+    }
   }
   stop_ = true;
-  s.ready.notify_all();
-  merge.join();
-  wake_rx.close();
-  // Flush what the last round produced (the final updates).
-  for (auto& o : s.outbox) {
-    try {
-      send(router, &o.peer, o.frames);
-    } catch (const zmq::error_t&) {
-    }
-  }
-  s.outbox.clear();
+  io.stop();  // the last round's updates go out first
+  engine_->flush_checkpoints();
+  if (const auto failure = io.failure()) std::rethrow_exception(failure);
   if (tty && opts_.status) std::fprintf(stderr, "\n");
   s.log("stopped at round " + std::to_string(engine_->round()) + " after " +
         std::to_string(s.rounds) + " rounds, " + std::to_string(engine_->rejected()) +
-        " messages rejected");
+        " messages rejected (" + std::to_string(engine_->replays()) + " of another session), " +
+        std::to_string(engine_->late_requests()) + " late requests told the job had finished");
   return s.rounds;
 }
 

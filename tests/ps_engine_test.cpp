@@ -12,6 +12,7 @@
 #include "../compress/registry.hpp"
 #include "../kernels/cpu.hpp"
 #include "../server/engine.hpp"
+#include "ps_job.hpp"
 #include "ps_synthetic.hpp"
 #include "round.hpp"
 
@@ -56,8 +57,8 @@ struct Net {
   std::map<PeerId, std::deque<Frames>> inbox;
 };
 
-Frame env(Type t, uint64_t job, uint64_t round, uint32_t rank) {
-  return Frame::own(encode(Envelope{t, job, round, rank, 0}));
+Frame env(Type t, uint64_t job, uint64_t round, uint32_t rank, uint64_t session = 0) {
+  return Frame::own(encode(Envelope{t, job, round, rank, 0, session}));
 }
 Frame bytes_frame(std::span<const uint8_t> b) {
   return Frame::own(Bytes(b.begin(), b.end()));
@@ -81,11 +82,12 @@ struct FakeWorker {
     auto w = net.next(peer);
     ASSERT_TRUE(w);
     ASSERT_EQ(w->first.type, Type::Welcome);
+    session = w->first.session;
     if (!decode_welcome(w->second[1].bytes()).has_model && rank == 0)
       net.deliver(
-          peer, {env(Type::Init, job, 0, rank),
+          peer, {mine(Type::Init, 0),
                  bytes_frame({reinterpret_cast<const uint8_t*>(init.data()), init.size_bytes()})});
-    net.deliver(peer, {env(Type::Pull, job, 0, rank)});
+    net.deliver(peer, {mine(Type::Pull, 0)});
   }
   /// Takes a Model message if one is queued.
   bool take_model(Net& net) {
@@ -98,7 +100,7 @@ struct FakeWorker {
   }
   void push(Net& net, std::span<const float> g) {
     const Message m = codec->encode(g, round, rank);
-    net.deliver(peer, {env(Type::Push, job, round, rank), bytes_frame(m)});
+    net.deliver(peer, {mine(Type::Push, round), bytes_frame(m)});
   }
   /// Handles what the server sent: answers queries, applies the update. Returns the type that
   /// ended the round (Update or Abort) or nothing.
@@ -107,7 +109,7 @@ struct FakeWorker {
       const auto& [e, f] = *m;
       if (e.type == Type::Query) {
         const Message a = codec->answer(f[1].bytes(), rank);
-        net.deliver(peer, {env(Type::Answer, job, e.round, rank), bytes_frame(a)});
+        net.deliver(peer, {mine(Type::Answer, e.round), bytes_frame(a)});
       } else if (e.type == Type::Update && e.round == round) {
         const UpdateInfo info = decode_update_info(f[1].bytes());
         std::vector<float> step(codec->dim());
@@ -123,25 +125,21 @@ struct FakeWorker {
     return std::nullopt;
   }
 
+  /// An envelope of this worker's current registration.
+  Frame mine(Type t, uint64_t r) const { return env(t, job, r, rank, session); }
+
   uint32_t rank;
   PeerId peer;
   uint64_t job;
   uint32_t world;
+  uint64_t session = 0;  // from the Welcome
   std::unique_ptr<Compressor> codec;
   std::vector<float> params;
   uint64_t round = 0;
 };
 
 JobConfig job(const std::string& spec, uint32_t world, uint64_t dim) {
-  JobConfig c;
-  c.job = 42;
-  c.world = world;
-  c.dim = dim;
-  c.spec = spec;
-  c.lr = 0.25f;
-  c.deadline = 1000ms;
-  c.heartbeat = 100ms;
-  return c;
+  return test_job::make(spec, world, dim);
 }
 
 std::vector<FakeWorker> start(Net& net, const JobConfig& cfg, std::span<const float> init) {
@@ -245,9 +243,9 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   EXPECT_NE(refusal(net, w.peer).find("rank 5 outside"), std::string::npos);
 
   Bytes future = encode(Envelope{Type::Hello, cfg.job, 0, 0, 0});
-  future[4] = 2;  // a worker speaking protocol version 2
+  future[4] = 3;  // a worker speaking protocol version 3
   net.deliver(w.peer, {Frame::own(future), Frame::own(encode(good))});
-  EXPECT_NE(refusal(net, w.peer).find("protocol version 2, this server speaks 1"),
+  EXPECT_NE(refusal(net, w.peer).find("protocol version 3, this server speaks 2"),
             std::string::npos);
 
   w.hello(net);
@@ -280,7 +278,7 @@ TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {
   EXPECT_FALSE(ws[0].settle(net)) << "closed before rank 2 was known dead";
   // Ranks 0 and 1 keep showing liveness; rank 2 stays silent past 3 heartbeat intervals.
   for (int i = 0; i < 4; ++i) {
-    for (int r = 0; r < 2; ++r) net.deliver(ws[r].peer, {env(Type::Heartbeat, cfg.job, 0, r)});
+    for (int r = 0; r < 2; ++r) net.deliver(ws[r].peer, {ws[r].mine(Type::Heartbeat, 0)});
     net.tick(100ms);
   }
   EXPECT_EQ(net.engine.live_workers(), 2u);
@@ -303,7 +301,7 @@ TEST(Engine, AbortPolicyEndsTheRoundAtTheDeadline) {
   ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 0, 3));
   net.tick(900ms);
   EXPECT_FALSE(ws[0].settle(net));
-  net.deliver(ws[1].peer, {env(Type::Heartbeat, cfg.job, 0, 1)});
+  net.deliver(ws[1].peer, {ws[1].mine(Type::Heartbeat, 0)});
   net.tick(200ms);
   EXPECT_EQ(ws[0].settle(net), Type::Abort);
   EXPECT_EQ(ws[1].settle(net), Type::Abort);
@@ -339,7 +337,7 @@ TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
   EXPECT_EQ(net.engine.rejected(), rejected + 1);
 
   const PeerId p = ws[1].peer;
-  const Frame good_env = env(Type::Push, cfg.job, 0, 1);
+  const Frame good_env = ws[1].mine(Type::Push, 0);
   std::vector<Frames> garbage = {
       {},
       {Frame::own(Bytes{1, 2, 3})},
@@ -348,8 +346,8 @@ TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
       {good_env, Frame::own(Bytes(10, 7))},                        // payload not a wire message
       {good_env, Frame::own(Bytes(10, 7)), Frame::own({})},        // too many frames
       {env(Type::Push, cfg.job, 0, 0), Frame::own(Bytes(64, 0))},  // another rank's identity
-      {env(Type::Update, cfg.job, 0, 1), Frame::own({}), Frame::own({})},  // server-only type
-      {env(Type::Init, cfg.job, 0, 1), Frame::own(Bytes(800, 0))},         // init from rank 1
+      {ws[1].mine(Type::Update, 0), Frame::own({}), Frame::own({})},  // server-only type
+      {ws[1].mine(Type::Init, 0), Frame::own(Bytes(800, 0))},         // init from rank 1
   };
   Bytes truncated = encode(Envelope{Type::Pull, cfg.job, 0, 1, 0});
   truncated.pop_back();
@@ -365,7 +363,7 @@ TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
 
   // A push of a future round makes the server resend its model (resynchronisation).
   const Message ahead = ws[1].codec->encode(test::synthetic_grad(ws[1].params, 1, 5, 3), 5, 1);
-  net.deliver(p, {env(Type::Push, cfg.job, 5, 1), bytes_frame(ahead)});
+  net.deliver(p, {ws[1].mine(Type::Push, 5), bytes_frame(ahead)});
   auto m = net.next(p);
   ASSERT_TRUE(m);
   EXPECT_EQ(m->first.type, Type::Model);
@@ -375,6 +373,84 @@ TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
   EXPECT_EQ(ws[0].settle(net), Type::Update);
   EXPECT_EQ(ws[1].settle(net), Type::Update);
   EXPECT_EQ(net.engine.round(), 1u);
+}
+
+TEST(Engine, AfterTheLastRoundPushesAreToldTheJobFinished) {
+  JobConfig cfg = job("topk:k=10", 2, 200);
+  cfg.max_rounds = 2;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(200, 4));
+  for (uint64_t t = 0; t < 2; ++t) run_round(net, ws, t);
+  ASSERT_TRUE(net.engine.finished());
+  // A worker that wants round 2 gets "finished at round 2" at once, not silence.
+  ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 2, 3));
+  auto m = net.next(ws[0].peer);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.type, Type::Finished);
+  EXPECT_EQ(m->first.round, 2u);
+  EXPECT_NE(decode_text(m->second[1].bytes()).find("finished at round 2"), std::string::npos);
+  // A late worker may still register and pull the final model; its push is answered the same.
+  net.deliver(ws[1].peer, {ws[1].mine(Type::Bye, 2)});
+  FakeWorker late(1, cfg);
+  late.peer = "late";
+  late.join(net, {});
+  ASSERT_TRUE(late.take_model(net));
+  EXPECT_EQ(late.round, 2u);
+  EXPECT_EQ(std::memcmp(late.params.data(), net.engine.model().data(), 800), 0);
+  late.push(net, test::synthetic_grad(late.params, 1, 2, 3));
+  EXPECT_EQ(net.next(late.peer)->first.type, Type::Finished);
+  // So is a push from a connection that never registered.
+  net.deliver("stranger", {env(Type::Push, cfg.job, 7, 1), Frame::own(Bytes(64, 0))});
+  EXPECT_EQ(net.next("stranger")->first.type, Type::Finished);
+  EXPECT_EQ(net.engine.late_requests(), 3u);
+  // A worker that missed the last update still gets it again, not "finished".
+  ws[0].round = 1;
+  ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 1, 3));
+  EXPECT_EQ(net.next(ws[0].peer)->first.type, Type::Update);
+  EXPECT_EQ(net.engine.round(), 2u);
+}
+
+TEST(Engine, ReplayedPushesFromAnotherConnectionOrIntoARestartAreRefused) {
+  JobConfig cfg = job("topk:k=10", 2, 200);
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(200, 4));
+  // An eavesdropper without CURVE captured rank 1's hello and its push of round 0.
+  const HelloInfo hello{2, 200, ws[1].codec->spec()};
+  const Frames captured_hello = {env(Type::Hello, cfg.job, 0, 1), Frame::own(encode(hello))};
+  const Message g1 = ws[1].codec->encode(test::synthetic_grad(ws[1].params, 1, 0, 3), 0, 1);
+  const Frames captured_push = {ws[1].mine(Type::Push, 0), bytes_frame(g1)};
+  // Replayed from another connection while rank 1 is alive: the rank is not handed over.
+  net.deliver("mallory", captured_hello);
+  EXPECT_EQ(net.next("mallory")->first.type, Type::Refuse);
+  net.deliver("mallory", captured_push);
+  EXPECT_EQ(net.next("mallory")->first.type, Type::Refuse);  // not registered
+  // Once rank 1 has gone quiet the replayed hello takes the rank, but its session token is new:
+  // the captured push carries the old one and is refused and counted.
+  for (int i = 0; i < 4; ++i) {
+    net.deliver(ws[0].peer, {ws[0].mine(Type::Heartbeat, 0)});
+    net.tick(100ms);
+  }
+  net.deliver("mallory", captured_hello);
+  EXPECT_EQ(net.next("mallory")->first.type, Type::Welcome);
+  const uint64_t rejected = net.engine.rejected();
+  net.deliver("mallory", captured_push);
+  EXPECT_EQ(net.engine.replays(), 1u);
+  EXPECT_EQ(net.engine.rejected(), rejected + 1);
+  ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 0, 3));
+  net.tick(10ms);
+  EXPECT_EQ(net.engine.round(), 0u) << "the replayed push counted as rank 1's gradient";
+  EXPECT_FALSE(ws[0].settle(net));
+
+  // Into a server restarted from a checkpoint: new tokens, so the same captures change nothing.
+  Net again(cfg);
+  again.engine.restore(net.engine.checkpoint());
+  again.deliver("mallory", captured_hello);
+  EXPECT_EQ(again.next("mallory")->first.type, Type::Welcome);
+  again.deliver("mallory", captured_push);
+  EXPECT_EQ(again.engine.replays(), 1u);
+  // A heartbeat of another session is ignored, not counted as a replay.
+  again.deliver("mallory", {ws[1].mine(Type::Heartbeat, 0)});
+  EXPECT_EQ(again.engine.replays(), 1u);
 }
 
 TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
@@ -472,8 +548,8 @@ TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
   // An aborted round in between drops only that round's partial merge.
   wa[0].push(a, test::synthetic_grad(wa[0].params, 0, 3, 3));
   for (int i = 0; i < 12; ++i) {
-    a.deliver(wa[0].peer, {env(Type::Heartbeat, cfg.job, 0, 0)});
-    a.deliver(wa[1].peer, {env(Type::Heartbeat, cfg.job, 0, 1)});
+    a.deliver(wa[0].peer, {wa[0].mine(Type::Heartbeat, 0)});
+    a.deliver(wa[1].peer, {wa[1].mine(Type::Heartbeat, 0)});
     a.tick(100ms);
   }
   for (auto& w : wa) ASSERT_EQ(w.settle(a), Type::Abort);
@@ -573,12 +649,12 @@ TEST(Engine, BoundedStalenessHoldsEarlyPushesUpToTauRoundsAhead) {
   const auto p0 = ws[0].params;
   for (uint64_t t = 0; t < 3; ++t) {
     const Message m = ws[0].codec->encode(test::synthetic_grad(p0, 0, t, 3), t, 0);
-    net.deliver(ws[0].peer, {env(Type::Push, cfg.job, t, 0), bytes_frame(m)});
+    net.deliver(ws[0].peer, {ws[0].mine(Type::Push, t), bytes_frame(m)});
   }
   EXPECT_FALSE(net.next(ws[0].peer)) << "nothing closes without rank 1";
   // Round 3 would be τ + 1 ahead: the server answers with its model instead of holding it.
   const Message far = ws[0].codec->encode(test::synthetic_grad(p0, 0, 3, 3), 3, 0);
-  net.deliver(ws[0].peer, {env(Type::Push, cfg.job, 3, 0), bytes_frame(far)});
+  net.deliver(ws[0].peer, {ws[0].mine(Type::Push, 3), bytes_frame(far)});
   auto m = net.next(ws[0].peer);
   ASSERT_TRUE(m);
   EXPECT_EQ(m->first.type, Type::Model);

@@ -10,7 +10,7 @@
 #include "../compress/registry.hpp"
 #include "../kernels/cpu.hpp"
 #include "../server/server.hpp"
-#include "../server/zmq_io.hpp"
+#include "../ps/transport.hpp"
 #include "../worker/client.hpp"
 #include "ps_synthetic.hpp"
 #include "round.hpp"
@@ -242,6 +242,41 @@ TEST(LoopbackRefusal, NoServerMeansATimeoutNotAHang) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(Client(o, make_compressor("dense", 10), init), TimeoutError);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST(LoopbackLate, WorkersPastTheLastRoundAreToldAtOnceNotAtTheirTimeout) {
+  constexpr uint64_t kDim = 500;
+  auto so = options("topk:k=20", 1, kDim, 2);
+  so.finish_grace = 10s;  // the server lingers after its last round, answering late workers
+  Running run(so);
+  const auto init = test::initial_params(kDim, 3);
+  auto o = client_options(run.server.endpoint(), 0, 1);
+  o.timeout = 30s;
+  std::vector<float> final_model;
+  {
+    Client c(o, make_compressor("topk:k=20", kDim), init);
+    for (uint64_t t = 0; t < 2; ++t) c.step(test::synthetic_grad(c.params(), 0, t, 3));
+    final_model.assign(c.params().begin(), c.params().end());
+    // This worker wants a third round.
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      c.step(test::synthetic_grad(c.params(), 0, 2, 3));
+      FAIL() << "a push past the last round was not refused";
+    } catch (const JobFinished& e) {
+      EXPECT_EQ(e.round(), 2u);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "waited for its timeout";
+  }
+  // A worker that connects after the end still gets the final model, then the same answer.
+  const auto t0 = std::chrono::steady_clock::now();
+  Client late(o, make_compressor("topk:k=20", kDim), init);
+  EXPECT_EQ(late.round(), 2u);
+  ASSERT_EQ(late.params().size(), kDim);
+  EXPECT_EQ(std::memcmp(late.params().data(), final_model.data(), kDim * 4), 0);
+  EXPECT_THROW(late.step(test::synthetic_grad(late.params(), 0, 2, 3)), JobFinished);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(run.finish(), 2u);
+  EXPECT_EQ(run.server.engine().late_requests(), 2u);
 }
 
 TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {

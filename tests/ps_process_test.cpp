@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <thread>
 
 #include <random>
@@ -22,7 +23,8 @@
 #include "../demo/process.hpp"
 #include "../kernels/cpu.hpp"
 #include "../server/checkpoint.hpp"
-#include "../server/protocol.hpp"
+#include "../ps/flags.hpp"
+#include "../ps/protocol.hpp"
 #include "ps_synthetic.hpp"
 #include "round.hpp"
 
@@ -250,6 +252,83 @@ TEST(ProcessCli, BadFlagsExitWithAReasonNotACrash) {
   Proc help = Proc::spawn({kServer, "--help"});
   EXPECT_EQ(help.line(5s).rfind("sketchsgd-server:", 0), 0u);
   EXPECT_EQ(help.wait(10s), 0);
+}
+
+TEST(ProcessCli, AWorkerPastTheLastRoundExitsAtOnceWithItsOwnCode) {
+  Job job{"topk:k=40", 1};
+  job.rounds = 2;
+  job.server_extra = {"--finish-grace-ms", "30000"};  // lingers, answering late workers
+  Proc server = job.server();
+  const std::string endpoint = server.line(10s);
+  ASSERT_FALSE(endpoint.empty());
+  ASSERT_EQ(job.worker(endpoint, 0, scratch("late0")).wait(30s), 0);
+  // Another process wants rounds the job never runs: told so, not left waiting 20 s.
+  Job longer = job;
+  longer.rounds = 5;
+  auto args = longer.job_flags(kWorker);
+  args.insert(args.end(), {"--server", endpoint, "--rank", "0", "--timeout-ms", "20000"});
+  const auto t0 = std::chrono::steady_clock::now();
+  Proc late = Proc::spawn(args);
+  EXPECT_EQ(late.wait(15s), kExitJobFinished);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  ::kill(server.pid(), SIGTERM);
+  EXPECT_EQ(server.wait(10s), 0);
+}
+
+TEST(ProcessFaults, FinishedServerExitsWithinLingerAndGraceWhateverPeersDo) {
+  Job job{"sketch:k=40,cols=400", 1};
+  job.rounds = 4;
+  job.server_extra = {"--linger-ms", "500", "--finish-grace-ms", "300"};
+  Proc server = job.server();
+  const std::string endpoint = server.line(10s);
+  ASSERT_FALSE(endpoint.empty());
+  // 16 peers flood the server with mutated copies of real traffic and never read its answers, so
+  // its send queues to them fill; half of them vanish at the job's end, half stay and go on.
+  std::atomic<int> phase{0};  // 0: flood, 1: the job ended, half leave, 2: stop
+  std::atomic<long> sent{0};
+  std::thread abuse([&] {
+    zmq::context_t ctx;
+    std::vector<zmq::socket_t> peers;
+    for (int i = 0; i < 16; ++i) {
+      peers.emplace_back(ctx, zmq::socket_type::dealer);
+      peers.back().set(zmq::sockopt::linger, 0);
+      peers.back().set(zmq::sockopt::sndhwm, 2000);
+      peers.back().set(zmq::sockopt::rcvhwm, 1);
+      peers.back().connect(endpoint);
+    }
+    const auto codec = make_compressor(job.spec, job.dim);
+    const Bytes push = codec->encode(test::initial_params(job.dim, 1), 0, 0).release();
+    const Bytes hello = encode(HelloInfo{2, job.dim, codec->spec()});  // wrong world: refused
+    std::mt19937 rng(11);
+    const auto end = std::chrono::steady_clock::now() + 60s;
+    for (long n = 0; phase < 2 && std::chrono::steady_clock::now() < end && n < 2000000; ++n) {
+      if (phase == 1 && peers.size() == 16) peers.resize(8);  // closed without a goodbye
+      const size_t i = size_t(n) % peers.size();
+      const bool is_hello = n % 3 == 0;
+      Bytes env = encode(Envelope{is_hello ? Type::Hello : Type::Push, 3, uint64_t(n % 5), 0, 0,
+                                  uint64_t(rng())});
+      Bytes body = is_hello ? hello : push;
+      if (n % 2) body[rng() % body.size()] ^= uint8_t(1 + rng() % 255);  // a mutated replay
+      zmq::message_t a(env.data(), env.size()), b(body.data(), body.size());
+      if (peers[i].send(a, zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+        (void)peers[i].send(b, zmq::send_flags::dontwait);
+      ++sent;
+      if (n % 64 == 0) std::this_thread::sleep_for(1ms);
+    }
+  });
+  Proc w = job.worker(endpoint, 0, scratch("abused0"));
+  EXPECT_EQ(w.wait(60s), 0);
+  phase = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = server.wait(20s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  phase = 2;
+  abuse.join();
+  EXPECT_EQ(rc, 0) << "the server did not exit after its job ended";
+  // linger 0.5 s + grace 0.3 s, with room for a loaded 2-core machine; never minutes.
+  EXPECT_LT(took, 6s) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms to exit";
+  EXPECT_GT(sent.load(), 1000);
 }
 
 long rss_kib(pid_t pid) {

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "../compress/registry.hpp"
-#include "../server/flags.hpp"
+#include "../ps/flags.hpp"
 #include "../worker/client.hpp"
 #include "ps_synthetic.hpp"
 
@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
     }
     std::printf("rank %u done at round %llu\n", o.rank, (unsigned long long)c.round());
     return 0;
+  } catch (const sketchsgd::JobFinished& e) {
+    std::fprintf(stderr, "sketchsgd_test_worker: nothing to do: %s\n", e.what());
+    return kExitJobFinished;
   } catch (const sketchsgd::Error& e) {
     std::fprintf(stderr, "sketchsgd_test_worker: %s\n", e.what());
     return 2;

@@ -1,407 +1,197 @@
 #include "client.hpp"
 
 #include <algorithm>
-#include <condition_variable>
-#include <cstring>
+#include <atomic>
 #include <deque>
-#include <mutex>
-#include <thread>
 
-#include "../kernels/cpu.hpp"
 #include "../kernels/error.hpp"
-#include "../server/log.hpp"
-#include "../server/protocol.hpp"
-#include "../server/zmq_io.hpp"
+#include "../ps/io_thread.hpp"
+#include "../ps/log.hpp"
+#include "../ps/transport.hpp"
 
 namespace sketchsgd::ps {
 
-using Clock = std::chrono::steady_clock;
-using Millis = std::chrono::milliseconds;
-
-struct Client::Event {
-  bool reconnected = false;  // the link replaced its socket: register again
-  Envelope env{};
-  Frames frames;
-};
-
-// Background thread that owns the DEALER socket: sends what the caller queues, receives and
-// checks envelopes, sends heartbeats, and replaces the socket when the server falls silent.
+// The DEALER socket on an I/O thread, with the worker's liveness rules run there: a heartbeat when
+// nothing else went out for an interval, and a new socket when the server has been silent for
+// dead_after intervals (with exponential backoff).
 struct Client::Link {
-  Link(const ClientOptions& o, uint64_t max_frame, std::function<void(const std::string&)> log)
-      : opts(o), max_frame(max_frame), log(std::move(log)), hb_ms(o.heartbeat.count()) {
-    wake_rx.bind(wake_addr());
-    wake_tx.set(zmq::sockopt::linger, 0);
-    wake_tx.connect(wake_addr());
-    // The first socket is made here, so a bad endpoint is the caller's error, not a crash on the
-    // link thread (which takes the socket over; thread start orders the accesses).
+  Link(const ClientOptions& o, uint64_t max_frame, IoThread::Log log)
+      : opts(o), max_frame(max_frame), hb_ms(o.heartbeat.count()) {
+    // The first socket is made here, so a bad endpoint is the caller's error.
+    std::unique_ptr<zmq::socket_t> first;
     try {
-      connect();
+      first = connect();
     } catch (const zmq::error_t& e) {
       throw InvalidArgument("client: cannot connect to '" + o.server + "': " + e.what());
     }
-    thread = std::thread([this] { loop(); });
-  }
-
-  ~Link() {
-    stop = true;
-    notify();
-    thread.join();
-  }
-
-  std::string wake_addr() const {
-    return "inproc://sketchsgd-client-" + std::to_string(uintptr_t(this));
-  }
-
-  /// Caller's thread.
-  void post(Frames f) {
-    {
-      std::lock_guard lock(mu);
-      outbox.push_back(std::move(f));
-    }
-    notify();
-  }
-  void notify() {
-    std::lock_guard lock(wake_mu);
-    (void)wake_tx.send(zmq::message_t(), zmq::send_flags::dontwait);
-  }
-  bool pop(Event& e, Clock::time_point deadline) {
-    std::unique_lock lock(mu);
-    if (!ready.wait_until(lock, deadline, [&] { return !inbox.empty(); })) return false;
-    e = std::move(inbox.front());
-    inbox.pop_front();
-    return true;
-  }
-
-  void connect() {
-    dealer = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
-    apply_limits(*dealer, SocketLimits{max_frame, 16, Millis(500)});
-    dealer->set(zmq::sockopt::reconnect_ivl, 100);
-    dealer->set(zmq::sockopt::reconnect_ivl_max, int(opts.backoff_max.count()));
-    if (!opts.curve_server_key.empty()) {
-      dealer->set(zmq::sockopt::curve_serverkey, opts.curve_server_key);
-      dealer->set(zmq::sockopt::curve_publickey, opts.curve_public);
-      dealer->set(zmq::sockopt::curve_secretkey, opts.curve_secret);
-    }
-    dealer->connect(opts.server);
     last_recv = Clock::now();
-  }
-
-  void deliver(Event e) {
-    {
-      std::lock_guard lock(mu);
-      inbox.push_back(std::move(e));
-    }
-    ready.notify_one();
-  }
-
-  void loop() {
-    Millis backoff(100);
-    auto last_send = Clock::time_point{};
-    while (!stop) {
-      const Millis hb(hb_ms.load());
-      zmq::pollitem_t items[] = {{dealer->handle(), 0, ZMQ_POLLIN, 0},
-                                 {wake_rx.handle(), 0, ZMQ_POLLIN, 0}};
+    IoThread::Hooks hooks;
+    hooks.screen = [this](IoThread&, const Received& m) {
+      last_recv = Clock::now();  // any traffic shows the server is alive
+      backoff = Millis(100);
+      if (m.frames.size() != 1) return true;
       try {
-        zmq::poll(items, 2, std::max(Millis(5), hb / 4));
-      } catch (const zmq::error_t& e) {
-        if (e.num() != EINTR) throw;
-        continue;  // interrupted by a signal of the host program
+        return decode_envelope(m.frames[0].bytes(), 0).type != Type::Heartbeat;
+      } catch (const Error&) {
+        return true;  // the session logs what it cannot read
       }
-      if (items[1].revents & ZMQ_POLLIN) {
-        zmq::message_t m;
-        while (wake_rx.recv(m, zmq::recv_flags::dontwait)) {
-        }
-      }
-      std::deque<Frames> out;
-      {
-        std::lock_guard lock(mu);
-        out.swap(outbox);
-      }
-      for (auto& f : out) {
-        if (!send(*dealer, nullptr, f)) log("send queue full: message dropped");
-        last_send = Clock::now();
-      }
-      for (int n = 0; n < 64; ++n) {
-        auto msg = receive(*dealer, false, 1 + kMaxPayloadFrames);
-        if (!msg) break;
-        last_recv = Clock::now();
-        backoff = Millis(100);
-        if (msg->overflow || msg->frames.empty()) {
-          log("dropped a server message with too many frames");
-          continue;
-        }
-        try {
-          Event e;
-          e.env = decode_envelope(msg->frames[0].bytes(), msg->frames.size() - 1);
-          SKETCHSGD_REQUIRE(e.env.job == opts.job && e.env.rank == opts.rank, ProtocolError,
-                            "message for job ", e.env.job, " rank ", e.env.rank);
-          if (e.env.type == Type::Heartbeat) continue;
-          e.frames = std::move(msg->frames);
-          deliver(std::move(e));
-        } catch (const Error& ex) {
-          log(std::string("dropped server message: ") + ex.what());
-        }
-      }
-      const auto now = Clock::now();
-      if (now - last_send >= hb) {
-        (void)send(*dealer, nullptr,
-                   {Frame::own(encode(Envelope{Type::Heartbeat, opts.job, 0, opts.rank, 0}))});
-        last_send = now;
-      }
+    };
+    hooks.tick = [this, log](IoThread& io, Clock::time_point now) {
+      const Millis hb(hb_ms.load());
+      if (now - io.last_send() >= hb)
+        (void)io.send_now(nullptr, {Frame::own(encode(Envelope{Type::Heartbeat, opts.job, 0,
+                                                               opts.rank, 0, session.load()}))});
       if (now - last_recv > hb * opts.dead_after + backoff) {
         log("server silent for " +
             std::to_string(std::chrono::duration_cast<Millis>(now - last_recv).count()) +
             " ms: reconnecting");
-        dealer->close();
-        connect();
+        io.replace_socket(connect());
+        last_recv = now;
         backoff = std::min(backoff * 2, opts.backoff_max);
-        deliver(Event{true, {}, {}});
       }
+    };
+    IoOptions io_opts;
+    io_opts.poll = std::max(Millis(5), std::min(Millis(50), opts.heartbeat / 4));
+    io = std::make_unique<IoThread>(ctx, std::move(first), io_opts, std::move(hooks),
+                                    std::move(log));
+  }
+
+  std::unique_ptr<zmq::socket_t> connect() {
+    auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+    apply_limits(*s, SocketLimits{max_frame, 16, Millis(500)});
+    s->set(zmq::sockopt::reconnect_ivl, 100);
+    s->set(zmq::sockopt::reconnect_ivl_max, int(opts.backoff_max.count()));
+    if (!opts.curve_server_key.empty()) {
+      s->set(zmq::sockopt::curve_serverkey, opts.curve_server_key);
+      s->set(zmq::sockopt::curve_publickey, opts.curve_public);
+      s->set(zmq::sockopt::curve_secretkey, opts.curve_secret);
     }
-    // What the caller queued last (its Bye) still goes out, within the socket's linger.
-    std::deque<Frames> out;
-    {
-      std::lock_guard lock(mu);
-      out.swap(outbox);
-    }
-    for (auto& f : out) (void)send(*dealer, nullptr, f);
-    dealer->close();
+    s->connect(opts.server);
+    return s;
   }
 
   const ClientOptions& opts;
   uint64_t max_frame;
-  std::function<void(const std::string&)> log;
-  std::atomic<int64_t> hb_ms;
-  std::atomic<bool> stop{false};
-
+  std::atomic<int64_t> hb_ms;        // the server's interval, once registered
+  std::atomic<uint64_t> session{0};  // heartbeats carry the registration's token
+  Clock::time_point last_recv;       // I/O thread only
+  Millis backoff{100};               // I/O thread only
+  std::deque<Received> backlog;      // taken from the I/O thread, not yet handled
   zmq::context_t ctx{1};
-  std::unique_ptr<zmq::socket_t> dealer;
-  zmq::socket_t wake_rx{ctx, zmq::socket_type::pair};
-  zmq::socket_t wake_tx{ctx, zmq::socket_type::pair};
-  std::mutex wake_mu;
-  Clock::time_point last_recv;
-
-  std::mutex mu;
-  std::condition_variable ready;
-  std::deque<Frames> outbox;
-  std::deque<Event> inbox;
-  std::thread thread;
+  std::unique_ptr<IoThread> io;  // last: stopped before the context goes
 };
-
-namespace {
-Frame env_frame(Type t, const ClientOptions& o, uint64_t round) {
-  return Frame::own(encode(Envelope{t, o.job, round, o.rank, 0}));
-}
-}  // namespace
 
 Client::Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
                std::span<const float> initial_params)
-    : opts_(std::move(opts)), codec_(std::move(codec)) {
+    : codec_(std::move(codec)) {
   SKETCHSGD_REQUIRE(codec_ != nullptr, InvalidArgument, "client: no codec");
-  SKETCHSGD_REQUIRE(opts_.world >= 1 && opts_.rank < opts_.world, InvalidArgument, "client: rank ",
-                    opts_.rank, " outside a world of ", opts_.world);
-  SKETCHSGD_REQUIRE(opts_.timeout.count() >= 1 && opts_.heartbeat.count() >= 1, InvalidArgument,
-                    "client: timeout and heartbeat must be ≥ 1 ms");
-  if (opts_.rank == 0) {
-    SKETCHSGD_REQUIRE(initial_params.size() == codec_->dim(), InvalidArgument,
-                      "client: rank 0 needs initial parameters of length ", codec_->dim(), ", got ",
-                      initial_params.size());
-    init_.resize(initial_params.size());
-    detail::copy_bytes(init_.data(), initial_params.data(), initial_params.size_bytes(),
-                       codec_->device());
-    const size_t bad = kernels::cpu::find_nonfinite(init_.data(), init_.size());
-    SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError,
-                      "client: non-finite initial parameter at ", bad);
+  if (!opts.log) {
+    auto log = std::make_shared<Log>("worker " + std::to_string(opts.rank), false);
+    opts.log = [log](const std::string& s) { (*log)(s); };
   }
-  if (!opts_.log) {
-    auto log = std::make_shared<Log>("worker " + std::to_string(opts_.rank), false);
-    opts_.log = [log](const std::string& s) { (*log)(s); };
-  }
+  session_ = std::make_unique<Session>(std::move(opts), *codec_, initial_params);
+  const ClientOptions& o = session_->options();
   uint64_t max_frame = std::max<uint64_t>(codec_->dim() * 4, kMaxText + 64);  // model, refusal
   for (auto k : {MessageKind::Query, MessageKind::Update})
     max_frame = std::max(max_frame, codec_->max_payload(k) + kHeaderBytes);
-  link_ = std::make_unique<Link>(opts_, max_frame + 64, opts_.log);
+  link_ = std::make_unique<Link>(o, max_frame + 64, o.log);
 
-  hello();
-  const auto deadline = Clock::now() + opts_.timeout;
-  while (!synced_) {
-    const Event e = wait(deadline, "registration");
-    if (!handle_control(e))
-      opts_.log("ignored " + std::string(to_string(e.env.type)) + " before registration");
+  Session::Outbox out;
+  session_->hello(out);
+  flush(out);
+  const auto deadline = Clock::now() + o.timeout;
+  while (!session_->synced()) {
+    Received ev;
+    if (!next(deadline, ev)) timeout("registration");
+    if (ev.reconnected)
+      session_->hello(out);
+    else
+      session_->handle_registration(ev.frames, Clock::now(), out);
+    flush(out);
   }
-  model_changed_round_ = false;
 }
 
 Client::~Client() {
-  if (link_ && registered_) link_->post({env_frame(Type::Bye, opts_, round_)});
-  link_.reset();
-}
-
-void Client::hello() {
-  registered_ = false;
-  synced_ = false;
-  const HelloInfo h{opts_.world, codec_->dim(), codec_->spec()};
-  link_->post({env_frame(Type::Hello, opts_, round_), Frame::own(encode(h))});
-}
-
-Client::Event Client::wait(Clock::time_point deadline, const char* what) {
-  Event e;
-  if (!link_->pop(e, deadline))
-    throw TimeoutError("worker " + std::to_string(opts_.rank) + ": no answer from " + opts_.server +
-                       " for " + what + " within " + std::to_string(opts_.timeout.count()) + " ms");
-  return e;
-}
-
-bool Client::handle_control(const Event& e) {
-  if (e.reconnected) {
-    hello();
-    return true;
+  if (link_ && session_) {
+    Session::Outbox out;
+    session_->bye(out);
+    flush(out);
   }
-  switch (e.env.type) {
-    case Type::Welcome: {
-      const WelcomeInfo w = decode_welcome(e.frames[1].bytes());
-      registered_ = true;
-      link_->hb_ms = w.heartbeat_ms;
-      staleness_ = w.staleness;
-      if (!w.has_model && opts_.rank == 0) {
-        // A server restarted without a checkpoint starts again from rank 0's current model.
-        const std::vector<float> p = init_.empty() ? params_.to_vector() : init_;
-        link_->post({env_frame(Type::Init, opts_, round_),
-                     Frame::own(Bytes(reinterpret_cast<const uint8_t*>(p.data()),
-                                      reinterpret_cast<const uint8_t*>(p.data() + p.size())))});
-      }
-      link_->post({env_frame(Type::Pull, opts_, round_)});
+  link_.reset();  // sends the goodbye, then closes within the socket's linger
+}
+
+void Client::flush(Session::Outbox& out) {
+  for (auto& f : out) link_->io->post(Outgoing{{}, std::move(f)});
+  out.clear();
+  link_->hb_ms = session_->heartbeat().count();
+  link_->session = session_->session();
+}
+
+[[noreturn]] void Client::timeout(const std::string& what) const {
+  const ClientOptions& o = session_->options();
+  throw TimeoutError("worker " + std::to_string(o.rank) + ": no answer from " + o.server + " for " +
+                     what + " within " + std::to_string(o.timeout.count()) + " ms");
+}
+
+bool Client::next(Clock::time_point deadline, Received& ev) {
+  for (;;) {
+    if (!link_->backlog.empty()) {
+      ev = std::move(link_->backlog.front());
+      link_->backlog.pop_front();
       return true;
     }
-    case Type::Refuse: {
-      const RefuseInfo r = decode_refuse(e.frames[1].bytes());
-      if (!r.retry)
-        throw ConfigMismatch("worker " + std::to_string(opts_.rank) +
-                             ": server refused: " + r.reason);
-      if (r.refused == Type::Hello) {
-        opts_.log("registration refused for now: " + r.reason);
-        std::this_thread::sleep_for(Millis(std::min<int64_t>(link_->hb_ms.load(), 500)));
-        hello();
-      } else if (registered_) {
-        // The server forgot us (it restarted): register again, then pull.
-        opts_.log("server: " + r.reason + ": registering again");
-        hello();
-      }
-      return true;
-    }
-    case Type::Model: {
-      const auto b = e.frames[1].bytes();
-      SKETCHSGD_REQUIRE(b.size() == codec_->dim() * 4, WireError, "model of ", b.size(),
-                        " bytes for dim ", codec_->dim());
-      std::vector<float> p(codec_->dim());
-      std::memcpy(p.data(), b.data(), b.size());
-      const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
-      SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "model: non-finite value at ", bad);
-      if (params_.size() != p.size()) params_ = Buffer<float>(p.size(), codec_->device());
-      params_.upload(p);
-      if (e.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
-      round_ = e.env.round;
-      if (model_changed_round_ || pending_.empty()) next_push_ = round_;
-      synced_ = true;
-      init_.clear();
-      init_.shrink_to_fit();
-      return true;
-    }
-    default:
-      return false;
+    Session::Outbox out;
+    session_->tick(Clock::now(), out);  // e.g. a Hello again after a transient refusal
+    flush(out);
+    auto wake = deadline;
+    if (const auto t = session_->next_tick()) wake = std::min(wake, *t);
+    auto got = link_->io->take(std::max(wake, Clock::now()));
+    if (const auto failure = link_->io->failure()) std::rethrow_exception(failure);
+    for (auto& m : got) link_->backlog.push_back(std::move(m));
+    if (link_->backlog.empty() && Clock::now() >= deadline) return false;
   }
+}
+
+bool Client::dispatch(Received& ev, StepResult& res) {
+  Session::Outbox out;
+  bool done = false;
+  if (ev.reconnected)
+    session_->hello(out);  // what went out before may be lost: register again, then resend
+  else
+    done = session_->handle(ev.frames, Clock::now(), out, res);
+  flush(out);
+  return done;
 }
 
 StepResult Client::step(std::span<const float> grad) {
   StepResult res;
-  const uint64_t r = next_push_;
-  res.round = r;
-  const Frame push = Frame::own(codec_->encode(grad, r, opts_.rank).release());
-  pending_.emplace_back(r, push);
-  link_->post({env_frame(Type::Push, opts_, r), push});
+  Session::Outbox out;
+  session_->push(grad, out, res);
+  flush(out);
   res.pushed_at = Clock::now();
-  res.bytes_up += push.size();
-  ++next_push_;
-  const auto deadline = Clock::now() + opts_.timeout;
+  const auto deadline = Clock::now() + session_->options().timeout;
   for (;;) {
-    Event e;
-    if (next_push_ - round_ <= staleness_) {
+    Received ev;
+    if (!session_->must_wait()) {
       // Far enough: take whatever already arrived, without waiting.
-      if (!link_->pop(e, Clock::now())) return res;
-    } else {
-      e = wait(deadline, ("round " + std::to_string(round_)).c_str());
+      if (!next(Clock::now(), ev)) return res;
+    } else if (!next(deadline, ev)) {
+      timeout("round " + std::to_string(session_->round()));
     }
-    if (settle(e, res)) return res;
+    if (dispatch(ev, res)) return res;
   }
 }
 
 StepResult Client::sync() {
   StepResult res;
-  res.round = round_;
-  const auto deadline = Clock::now() + opts_.timeout;
-  while (round_ < next_push_)
-    if (settle(wait(deadline, ("round " + std::to_string(round_)).c_str()), res)) break;
+  res.round = session_->round();
+  const auto deadline = Clock::now() + session_->options().timeout;
+  while (session_->round() < session_->next_push()) {
+    Received ev;
+    if (!next(deadline, ev)) timeout("round " + std::to_string(session_->round()));
+    if (dispatch(ev, res)) break;
+  }
   return res;
-}
-
-bool Client::settle(const Event& e, StepResult& res) {
-  const bool was_synced = synced_;
-  if (handle_control(e)) {
-    if (model_changed_round_) {
-      model_changed_round_ = false;
-      pending_.clear();
-      next_push_ = round_;
-      opts_.log("resynchronised with the server at round " + std::to_string(round_));
-      res.outcome = StepResult::Outcome::Resynced;
-      return true;
-    }
-    // A Model of our round after (re)registration: the server may have lost our pushes.
-    if (e.env.type == Type::Model && !was_synced)
-      for (const auto& [round, frame] : pending_) {
-        link_->post({env_frame(Type::Push, opts_, round), frame});
-        res.bytes_up += frame.size();
-      }
-    return false;
-  }
-  if (e.env.round > round_ && (e.env.type == Type::Update || e.env.type == Type::Abort)) {
-    // An outcome of a later round: ours was lost on the way. Catch up through the model.
-    opts_.log("missed the outcome of round " + std::to_string(round_) + ": pulling the model");
-    link_->post({env_frame(Type::Pull, opts_, round_)});
-    return false;
-  }
-  if (e.env.round != round_) return false;  // a duplicate of an earlier round's outcome
-  switch (e.env.type) {
-    case Type::Query: {
-      const auto q = e.frames[1].bytes();
-      res.bytes_down += q.size();
-      const Frame ans = Frame::own(codec_->answer(q, opts_.rank).release());
-      res.bytes_up += ans.size();
-      link_->post({env_frame(Type::Answer, opts_, round_), ans});
-      return false;
-    }
-    case Type::Update: {
-      const UpdateInfo info = decode_update_info(e.frames[1].bytes());
-      const auto u = e.frames[2].bytes();
-      codec_->apply_step(u, params_.span(), info.lr);
-      res.bytes_down += u.size();
-      res.lr = info.lr;
-      res.contributors = info.contributors;
-      res.outcome = StepResult::Outcome::Updated;
-      break;
-    }
-    case Type::Abort:
-      opts_.log("round " + std::to_string(round_) +
-                " aborted: " + decode_text(e.frames[1].bytes()));
-      res.outcome = StepResult::Outcome::Aborted;
-      break;
-    default:
-      opts_.log("ignored unexpected " + std::string(to_string(e.env.type)));
-      return false;
-  }
-  ++round_;
-  while (!pending_.empty() && pending_.front().first < round_) pending_.pop_front();
-  if (next_push_ < round_) next_push_ = round_;
-  return false;
 }
 
 }  // namespace sketchsgd::ps

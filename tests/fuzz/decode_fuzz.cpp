@@ -16,7 +16,7 @@
 #include "../../kernels/error.hpp"
 #include "../../sketch/count_sketch.hpp"
 #if SKETCHSGD_FUZZ_PS
-#include "../../server/protocol.hpp"
+#include "../../ps/protocol.hpp"
 #endif
 
 namespace {

@@ -32,6 +32,8 @@ std::string_view to_string(Type t) {
       return "heartbeat";
     case Type::Bye:
       return "bye";
+    case Type::Finished:
+      return "finished";
   }
   return "unknown";
 }
@@ -61,6 +63,7 @@ Bytes encode(const Envelope& e) {
   w.put(e.round);
   w.put(e.rank);
   w.put(payload_frames(e.type));
+  w.put(e.session);
   return out;
 }
 
@@ -81,6 +84,7 @@ Envelope decode_envelope(std::span<const uint8_t> frame, size_t frames_present) 
   e.round = r.get<uint64_t>();
   e.rank = r.get<uint32_t>();
   e.frames = r.get<uint32_t>();
+  e.session = r.get<uint64_t>();
   SKETCHSGD_REQUIRE(e.frames == payload_frames(e.type), WireError, "envelope: ", to_string(e.type),
                     " declares ", e.frames, " payload frames, the protocol has ",
                     payload_frames(e.type));

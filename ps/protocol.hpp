@@ -1,4 +1,4 @@
-// Parameter-server protocol: every ZeroMQ message is a fixed 32-byte envelope frame, then payload
+// Parameter-server protocol: every ZeroMQ message is a fixed 40-byte envelope frame, then payload
 // frames. Codec messages (gradients, queries, answers, updates) travel as core wire-format bytes
 // (compress/wire.hpp) in a payload frame; the envelope adds what ZeroMQ itself never checks.
 //
@@ -7,6 +7,11 @@
 //    4   2  protocol version        16   8  round
 //    6   1  message type            24   4  rank (worker; the server writes the addressee)
 //    7   1  flags (zero)            28   4  number of payload frames that follow
+//                                   32   8  session: the token the server issued in Welcome
+//
+// The session token is drawn at random for each registration. Every message of a registered
+// worker must carry it, so pushes captured on one connection and replayed from another, into
+// another job or into a restarted server are refused (docs/ARCHITECTURE.md, threat model).
 #pragma once
 
 #include <cstdint>
@@ -19,8 +24,8 @@
 namespace sketchsgd::ps {
 
 inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
-inline constexpr uint16_t kProtocolVersion = 1;
-inline constexpr size_t kEnvelopeBytes = 32;
+inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
 /// Longest codec spec or refusal reason accepted.
@@ -40,8 +45,9 @@ enum class Type : uint8_t {
   Abort = 11,      ///< server → worker: `round` ended without an update (text frame: why)
   Heartbeat = 12,  ///< either way: liveness when there is no other traffic
   Bye = 13,        ///< worker → server: leaving cleanly
+  Finished = 14,   ///< server → worker: the job ended at `round` (text frame: why); go home
 };
-inline constexpr uint8_t kMaxType = 13;
+inline constexpr uint8_t kMaxType = 14;
 
 std::string_view to_string(Type t);
 
@@ -50,7 +56,8 @@ struct Envelope {
   uint64_t job = 0;
   uint64_t round = 0;
   uint32_t rank = 0;
-  uint32_t frames = 0;  ///< payload frames that follow
+  uint32_t frames = 0;   ///< payload frames that follow
+  uint64_t session = 0;  ///< the registration's token (0 in a Hello)
 };
 
 Bytes encode(const Envelope& e);

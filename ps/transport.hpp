@@ -26,8 +26,9 @@ void apply_limits(zmq::socket_t& s, const SocketLimits& l);
 struct Received {
   PeerId peer;            ///< routing id (ROUTER sockets only)
   Frames frames;          ///< envelope + payload frames
-  bool overflow = false;  ///< more than max_frames parts: the rest was read and discarded
+  bool overflow = false;  ///< more than max_frames parts (the rest read and discarded), or cut short
   std::string user;       ///< ZAP User-Id of the connection (CURVE: the rank its key is bound to)
+  bool reconnected = false;  ///< no message: the socket was replaced (IoThread::replace_socket)
 };
 
 /// Receives one whole multipart message without blocking; nullopt when none is queued. At most

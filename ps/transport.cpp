@@ -1,4 +1,4 @@
-#include "zmq_io.hpp"
+#include "transport.hpp"
 
 #include <atomic>
 #include <fstream>
@@ -46,7 +46,12 @@ std::optional<Received> receive(zmq::socket_t& s, bool routed, size_t max_frames
     first = false;
     if (!more) break;
     part = zmq::message_t();
-    (void)s.recv(part, zmq::recv_flags::none);
+    // ZeroMQ delivers the parts of a message together, so the rest is already here; never block
+    // the I/O thread on it all the same (a message cut short is dropped as malformed).
+    if (!s.recv(part, zmq::recv_flags::dontwait)) {
+      r.overflow = true;
+      break;
+    }
   }
   return r;
 }

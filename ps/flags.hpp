@@ -12,6 +12,10 @@
 
 namespace sketchsgd::ps {
 
+/// Exit status of a worker program whose server had already finished its job (JobFinished), apart
+/// from 0 (done) and 2 (bad flags or another error).
+inline constexpr int kExitJobFinished = 3;
+
 class Flags {
  public:
   explicit Flags(std::string usage) : usage_(std::move(usage)) {}

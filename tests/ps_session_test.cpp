@@ -1,0 +1,316 @@
+// The worker's round logic (Session) against the server's (Engine), in-process with a fake clock and
+// no sockets: registration, rounds bit for bit against the in-process reference, transient
+// refusals retried on a timer, reconnects, resynchronisation after a server restart, the job's end
+// as a typed error, and traffic of another session or rank dropped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include "../compress/registry.hpp"
+#include "../kernels/cpu.hpp"
+#include "../server/engine.hpp"
+#include "../worker/session.hpp"
+#include "ps_job.hpp"
+#include "ps_synthetic.hpp"
+#include "round.hpp"
+
+namespace sketchsgd::ps {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// The server's Engine and what it sent to each peer; time moves only when a test says so.
+struct Wire {
+  explicit Wire(const JobConfig& cfg) : engine(cfg, quiet()) {}
+  static Hooks quiet() {
+    Hooks h;
+    h.log = [](const std::string&) {};
+    return h;
+  }
+  /// Hands what a worker queued to the server.
+  void send(const PeerId& peer, Session::Outbox& out) {
+    for (auto& f : out) {
+      std::vector<Outgoing> o;
+      engine.handle(peer, f, now, o);
+      route(o);
+    }
+    out.clear();
+  }
+  void route(std::vector<Outgoing>& o) {
+    for (auto& m : o) inbox[m.peer].push_back(std::move(m.frames));
+  }
+  void tick(Millis dt) {
+    now += dt;
+    std::vector<Outgoing> o;
+    engine.tick(now, o);
+    route(o);
+  }
+
+  Engine engine;
+  Clock::time_point now = Clock::time_point{} + std::chrono::hours(1);
+  std::map<PeerId, std::deque<Frames>> inbox;
+};
+
+JobConfig job(const std::string& spec, uint32_t world, uint64_t dim) {
+  return test_job::make(spec, world, dim);
+}
+
+ClientOptions options(uint32_t rank, uint32_t world) {
+  ClientOptions o;
+  o.job = test_job::kJob;
+  o.rank = rank;
+  o.world = world;
+  o.log = [](const std::string&) {};
+  return o;
+}
+
+struct Worker {
+  Worker(const JobConfig& cfg, uint32_t rank, std::span<const float> init, std::string p = "")
+      : peer(p.empty() ? "w" + std::to_string(rank) : std::move(p)),
+        codec(make_compressor(cfg.spec, cfg.dim)),
+        session(options(rank, cfg.world), *codec, init) {}
+
+  void hello(Wire& w) {
+    Session::Outbox out;
+    session.hello(out);
+    w.send(peer, out);
+  }
+  /// Hands every queued server message to the session, until it is synchronised.
+  void registration(Wire& w) {
+    auto& q = w.inbox[peer];
+    while (!q.empty()) {
+      const Frames f = std::move(q.front());
+      q.pop_front();
+      Session::Outbox out;
+      session.handle_registration(f, w.now, out);
+      w.send(peer, out);
+    }
+  }
+  /// Hands every queued server message to the session; true when one made the step return.
+  bool pump(Wire& w, StepResult& res) {
+    auto& q = w.inbox[peer];
+    bool stop = false;
+    while (!q.empty()) {
+      const Frames f = std::move(q.front());
+      q.pop_front();
+      Session::Outbox out;
+      stop |= session.handle(f, w.now, out, res);
+      w.send(peer, out);
+    }
+    return stop;
+  }
+  void push(Wire& w, uint64_t seed, StepResult& res) {
+    const auto g = test::synthetic_grad(session.params(), session.options().rank,
+                                        session.next_push(), seed);
+    Session::Outbox out;
+    session.push(g, out, res);
+    w.send(peer, out);
+  }
+
+  PeerId peer;
+  std::unique_ptr<Compressor> codec;
+  Session session;
+};
+
+/// W workers registered with rank 0's initial model (others register first: their pulls wait).
+std::vector<std::unique_ptr<Worker>> join(Wire& w, const JobConfig& cfg,
+                                          const std::vector<float>& init) {
+  std::vector<std::unique_ptr<Worker>> ws;
+  for (uint32_t r = 0; r < cfg.world; ++r)
+    ws.push_back(std::make_unique<Worker>(cfg, r, r == 0 ? std::span<const float>(init)
+                                                         : std::span<const float>()));
+  for (uint32_t r = cfg.world; r-- > 0;) ws[r]->hello(w);
+  for (int pass = 0; pass < 3; ++pass)
+    for (auto& x : ws) x->registration(w);
+  for (auto& x : ws) EXPECT_TRUE(x->session.synced()) << x->peer;
+  return ws;
+}
+
+/// One round: every worker pushes and the messages flow until every session has its outcome.
+void round(Wire& w, std::vector<std::unique_ptr<Worker>>& ws, uint64_t seed) {
+  std::vector<StepResult> res(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) ws[i]->push(w, seed, res[i]);
+  for (int pass = 0; pass < 3; ++pass)
+    for (size_t i = 0; i < ws.size(); ++i) ws[i]->pump(w, res[i]);
+  for (size_t i = 0; i < ws.size(); ++i)
+    ASSERT_EQ(res[i].outcome, StepResult::Outcome::Updated) << "rank " << i;
+}
+
+class SessionCodecs : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SessionCodecs, TrainBitForBitLikeTheInProcessReference) {
+  const JobConfig cfg = job(GetParam(), 3, 2000);
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 5);
+  auto ws = join(w, cfg, init);
+  test::Job ref(w.engine.config().spec, cfg.dim, cfg.world);
+  std::vector<float> expect = init;
+  for (uint64_t t = 0; t < 4; ++t) {
+    std::vector<std::vector<float>> grads;
+    for (auto& x : ws)
+      grads.push_back(test::synthetic_grad(x->session.params(), x->session.options().rank, t, 11));
+    round(w, ws, 11);
+    const auto steps = ref.round(grads, t);
+    kernels::cpu::axpy(expect.data(), steps[0].data(), cfg.dim, -cfg.lr);
+  }
+  for (auto& x : ws) {
+    EXPECT_EQ(x->session.round(), 4u);
+    EXPECT_EQ(std::memcmp(x->session.params().data(), expect.data(), cfg.dim * 4), 0) << x->peer;
+  }
+  EXPECT_EQ(std::memcmp(w.engine.model().data(), expect.data(), cfg.dim * 4), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, SessionCodecs,
+                         ::testing::Values("sketch:k=30,cols=300,p2=2", "sketch:k=30,cols=300,fetch=1",
+                                           "topk:k=30", "signsgd", "terngrad"));
+
+TEST(Session, TransientRefusalRetriesHelloWhenItsTimerIsDue) {
+  const JobConfig cfg = job("topk:k=10", 2, 300);
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 2);
+  auto ws = join(w, cfg, init);
+  // A second process claims rank 1 while the first is alive: refused for now.
+  Worker again(cfg, 1, {}, "again");
+  again.hello(w);
+  again.registration(w);
+  EXPECT_FALSE(again.session.registered());
+  const auto due = again.session.next_tick();
+  ASSERT_TRUE(due);
+  // Before a Welcome the session knows only its own heartbeat option (1 s): min(1 s, 500 ms).
+  EXPECT_EQ(*due, w.now + 500ms) << "retry after min(heartbeat, 500 ms)";
+  Session::Outbox out;
+  again.session.tick(w.now + 450ms, out);
+  EXPECT_TRUE(out.empty()) << "Hello again before its time";
+  // The first rank 1 falls silent; rank 0 keeps its heartbeats up.
+  for (int i = 0; i < 5; ++i) {
+    Session::Outbox hb = {{Frame::own(encode(
+        Envelope{Type::Heartbeat, test_job::kJob, 0, 0, 0, ws[0]->session.session()}))}};
+    w.send(ws[0]->peer, hb);
+    w.tick(100ms);
+  }
+  again.session.tick(w.now, out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_FALSE(again.session.next_tick());
+  w.send(again.peer, out);
+  again.registration(w);
+  EXPECT_TRUE(again.session.synced());
+  EXPECT_EQ(std::memcmp(again.session.params().data(), w.engine.model().data(), 1200), 0);
+}
+
+TEST(Session, APushPastTheLastRoundRaisesJobFinishedAtOnce) {
+  JobConfig cfg = job("dense", 2, 100);
+  cfg.max_rounds = 1;
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 3));
+  round(w, ws, 3);
+  StepResult res;
+  ws[0]->push(w, 3, res);
+  try {
+    ws[0]->pump(w, res);
+    FAIL() << "no JobFinished";
+  } catch (const JobFinished& e) {
+    EXPECT_EQ(e.round(), 1u);
+    EXPECT_NE(std::string(e.what()).find("finished at round 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Session, ServerRestartFromAnOlderCheckpointResynchronises) {
+  const JobConfig cfg = job("topk:k=10", 2, 300);
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 4));
+  round(w, ws, 4);
+  const Checkpoint at1 = w.engine.checkpoint();
+  round(w, ws, 4);
+  round(w, ws, 4);
+  // The server dies and comes back from the round-1 checkpoint; it knows no connection.
+  Wire back(cfg);
+  back.engine.restore(at1);
+  std::vector<StepResult> res(2);
+  for (size_t i = 0; i < 2; ++i) ws[i]->push(back, 4, res[i]);  // refused: not registered
+  bool resynced[2] = {false, false};
+  for (int pass = 0; pass < 4; ++pass)
+    for (size_t i = 0; i < 2; ++i) resynced[i] |= ws[i]->pump(back, res[i]);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(resynced[i]) << "rank " << i;
+    EXPECT_EQ(res[i].outcome, StepResult::Outcome::Resynced);
+    EXPECT_EQ(ws[i]->session.round(), 1u);
+    EXPECT_EQ(ws[i]->session.next_push(), 1u);
+    EXPECT_EQ(std::memcmp(ws[i]->session.params().data(), at1.params.data(), 1200), 0);
+  }
+  round(back, ws, 4);  // and training goes on from there
+  EXPECT_EQ(back.engine.round(), 2u);
+}
+
+TEST(Session, PendingPushesGoOutAgainAfterAReconnect) {
+  const JobConfig cfg = job("topk:k=10", 2, 300);
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 6));
+  // Rank 1's push is lost with its old connection.
+  StepResult r0, r1;
+  ws[0]->push(w, 6, r0);
+  const auto g = test::synthetic_grad(ws[1]->session.params(), 1, 0, 6);
+  Session::Outbox lost;
+  ws[1]->session.push(g, lost, r1);
+  // The link noticed a silent server, made a new socket (a new peer id) and says so.
+  ws[1]->peer = "w1-again";
+  for (int i = 0; i < 4; ++i) w.tick(100ms);  // the old connection counts as dead
+  ws[1]->hello(w);
+  for (int pass = 0; pass < 3; ++pass) {
+    ws[1]->pump(w, r1);
+    ws[0]->pump(w, r0);
+  }
+  EXPECT_EQ(r0.outcome, StepResult::Outcome::Updated);
+  EXPECT_EQ(r1.outcome, StepResult::Outcome::Updated);
+  EXPECT_EQ(w.engine.round(), 1u);
+  EXPECT_EQ(std::memcmp(ws[0]->session.params().data(), ws[1]->session.params().data(), 1200), 0);
+}
+
+TEST(Session, MessagesOfAnotherSessionRankOrJobAreDropped) {
+  const JobConfig cfg = job("dense", 1, 50);
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 7));
+  Session& s = ws[0]->session;
+  StepResult res;
+  ws[0]->push(w, 7, res);
+  ASSERT_EQ(w.inbox["w0"].size(), 1u);
+  const Frames update = w.inbox["w0"].front();
+  w.inbox["w0"].clear();
+  const Envelope e = decode_envelope(update[0].bytes(), update.size() - 1);
+  ASSERT_EQ(e.type, Type::Update);
+  auto forged = [&](uint64_t job, uint32_t rank, uint64_t session) {
+    Frames f = update;
+    f[0] = Frame::own(encode(Envelope{Type::Update, job, e.round, rank, 0, session}));
+    return f;
+  };
+  Session::Outbox out;
+  const uint64_t j = test_job::kJob;
+  for (const Frames& f : {forged(j, 0, e.session + 1), forged(j, 1, e.session),
+                          forged(j + 1, 0, e.session), Frames{}, Frames{Frame::own(Bytes(40, 0))}}) {
+    EXPECT_FALSE(s.handle(f, w.now, out, res));
+    EXPECT_EQ(s.round(), 0u) << "applied a message that is not this session's";
+  }
+  EXPECT_TRUE(out.empty());
+  EXPECT_FALSE(s.handle(update, w.now, out, res));
+  EXPECT_EQ(s.round(), 1u);
+  EXPECT_EQ(std::memcmp(s.params().data(), w.engine.model().data(), 200), 0);
+}
+
+TEST(Session, BadOptionsAndInitialParametersAreRefused) {
+  const auto codec = make_compressor("dense", 10);
+  const std::vector<float> ten(10, 0.5f);
+  EXPECT_THROW(Session(options(2, 2), *codec, ten), InvalidArgument);
+  EXPECT_THROW(Session(options(0, 1), *codec, std::vector<float>(9)), InvalidArgument);
+  std::vector<float> nan = ten;
+  nan[3] = std::nanf("");
+  EXPECT_THROW(Session(options(0, 1), *codec, nan), NonFiniteError);
+  ClientOptions zero = options(0, 1);
+  zero.timeout = 0ms;
+  EXPECT_THROW(Session(zero, *codec, ten), InvalidArgument);
+  EXPECT_NO_THROW(Session(options(1, 2), *codec, {}));  // only rank 0 brings a model
+}
+
+}  // namespace
+}  // namespace sketchsgd::ps

@@ -1,0 +1,220 @@
+#include "session.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../kernels/cpu.hpp"
+#include "../kernels/error.hpp"
+
+namespace sketchsgd::ps {
+
+using Millis = std::chrono::milliseconds;
+
+struct Session::Parsed {
+  Envelope env;
+  const Frames& frames;
+};
+
+Session::Session(ClientOptions opts, Compressor& codec, std::span<const float> initial_params)
+    : opts_(std::move(opts)), codec_(codec), heartbeat_(opts_.heartbeat) {
+  SKETCHSGD_REQUIRE(opts_.world >= 1 && opts_.rank < opts_.world, InvalidArgument, "client: rank ",
+                    opts_.rank, " outside a world of ", opts_.world);
+  SKETCHSGD_REQUIRE(opts_.timeout.count() >= 1 && opts_.heartbeat.count() >= 1, InvalidArgument,
+                    "client: timeout and heartbeat must be ≥ 1 ms");
+  if (!opts_.log) opts_.log = [](const std::string&) {};
+  if (opts_.rank == 0) {
+    SKETCHSGD_REQUIRE(initial_params.size() == codec_.dim(), InvalidArgument,
+                      "client: rank 0 needs initial parameters of length ", codec_.dim(), ", got ",
+                      initial_params.size());
+    init_.resize(initial_params.size());
+    detail::copy_bytes(init_.data(), initial_params.data(), initial_params.size_bytes(),
+                       codec_.device());
+    const size_t bad = kernels::cpu::find_nonfinite(init_.data(), init_.size());
+    SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError,
+                      "client: non-finite initial parameter at ", bad);
+  }
+}
+
+Frame Session::envelope(Type t, uint64_t round) const {
+  return Frame::own(encode(Envelope{t, opts_.job, round, opts_.rank, 0, session_}));
+}
+
+void Session::hello(Outbox& out) {
+  registered_ = false;
+  synced_ = false;
+  session_ = 0;
+  hello_at_.reset();
+  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec()};
+  out.push_back({envelope(Type::Hello, round_), Frame::own(encode(h))});
+}
+
+void Session::bye(Outbox& out) const {
+  if (registered_) out.push_back({envelope(Type::Bye, round_)});
+}
+
+void Session::tick(Clock::time_point now, Outbox& out) {
+  if (hello_at_ && now >= *hello_at_) hello(out);
+}
+
+std::optional<Session::Parsed> Session::parse(const Frames& frames) const {
+  if (frames.empty()) return std::nullopt;
+  try {
+    Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
+    SKETCHSGD_REQUIRE(e.job == opts_.job && e.rank == opts_.rank, ProtocolError, "message for job ",
+                      e.job, " rank ", e.rank);
+    // Registration answers come before (or instead of) a session; everything else must belong to
+    // the current one, so traffic of an earlier registration is never applied.
+    const bool any_session =
+        e.type == Type::Welcome || e.type == Type::Refuse || e.type == Type::Finished;
+    SKETCHSGD_REQUIRE(any_session || (session_ != 0 && e.session == session_), ProtocolError,
+                      to_string(e.type), " of another session");
+    return Parsed{e, frames};
+  } catch (const Error& ex) {
+    opts_.log(std::string("dropped server message: ") + ex.what());
+    return std::nullopt;
+  }
+}
+
+bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
+  switch (m.env.type) {
+    case Type::Welcome: {
+      const WelcomeInfo w = decode_welcome(m.frames[1].bytes());
+      registered_ = true;
+      session_ = m.env.session;
+      heartbeat_ = Millis(w.heartbeat_ms);
+      staleness_ = w.staleness;
+      if (!w.has_model && opts_.rank == 0) {
+        // A server restarted without a checkpoint starts again from rank 0's current model.
+        const std::vector<float> p = init_.empty() ? params_.to_vector() : init_;
+        out.push_back({envelope(Type::Init, round_),
+                       Frame::own(Bytes(reinterpret_cast<const uint8_t*>(p.data()),
+                                        reinterpret_cast<const uint8_t*>(p.data() + p.size())))});
+      }
+      out.push_back({envelope(Type::Pull, round_)});
+      return true;
+    }
+    case Type::Refuse: {
+      const RefuseInfo r = decode_refuse(m.frames[1].bytes());
+      if (!r.retry)
+        throw ConfigMismatch("worker " + std::to_string(opts_.rank) +
+                             ": server refused: " + r.reason);
+      if (r.refused == Type::Hello) {
+        opts_.log("registration refused for now: " + r.reason);
+        hello_at_ = now + std::min(heartbeat_, Millis(500));
+      } else if (registered_) {
+        // The server forgot us (it restarted): register again, then pull.
+        opts_.log("server: " + r.reason + ": registering again");
+        hello(out);
+      }
+      return true;
+    }
+    case Type::Finished:
+      throw JobFinished("worker " + std::to_string(opts_.rank) +
+                            ": the server's job has ended: " + decode_text(m.frames[1].bytes()),
+                        m.env.round);
+    case Type::Model: {
+      const auto b = m.frames[1].bytes();
+      SKETCHSGD_REQUIRE(b.size() == codec_.dim() * 4, WireError, "model of ", b.size(),
+                        " bytes for dim ", codec_.dim());
+      std::vector<float> p(codec_.dim());
+      std::memcpy(p.data(), b.data(), b.size());
+      const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
+      SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "model: non-finite value at ", bad);
+      if (params_.size() != p.size()) params_ = Buffer<float>(p.size(), codec_.device());
+      params_.upload(p);
+      if (m.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
+      round_ = m.env.round;
+      if (model_changed_round_ || pending_.empty()) next_push_ = round_;
+      synced_ = true;
+      init_.clear();
+      init_.shrink_to_fit();
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+void Session::handle_registration(const Frames& frames, Clock::time_point now, Outbox& out) {
+  const auto m = parse(frames);
+  if (!m || m->env.type == Type::Heartbeat) return;
+  if (!control(*m, now, out))
+    opts_.log("ignored " + std::string(to_string(m->env.type)) + " before registration");
+  else if (m->env.type == Type::Model)
+    model_changed_round_ = false;  // the first model is where we start, not a resync
+}
+
+void Session::push(std::span<const float> grad, Outbox& out, StepResult& res) {
+  const uint64_t r = next_push_;
+  res.round = r;
+  const Frame msg = Frame::own(codec_.encode(grad, r, opts_.rank).release());
+  pending_.emplace_back(r, msg);
+  out.push_back({envelope(Type::Push, r), msg});
+  res.bytes_up += msg.size();
+  ++next_push_;
+}
+
+bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, StepResult& res) {
+  const auto m = parse(frames);
+  if (!m || m->env.type == Type::Heartbeat) return false;
+  const Envelope& e = m->env;
+  const bool was_synced = synced_;
+  if (control(*m, now, out)) {
+    if (model_changed_round_) {
+      model_changed_round_ = false;
+      pending_.clear();
+      next_push_ = round_;
+      opts_.log("resynchronised with the server at round " + std::to_string(round_));
+      res.outcome = StepResult::Outcome::Resynced;
+      return true;
+    }
+    // A Model of our round after (re)registration: the server may have lost our pushes.
+    if (e.type == Type::Model && !was_synced)
+      for (const auto& [round, frame] : pending_) {
+        out.push_back({envelope(Type::Push, round), frame});
+        res.bytes_up += frame.size();
+      }
+    return false;
+  }
+  if (e.round > round_ && (e.type == Type::Update || e.type == Type::Abort)) {
+    // An outcome of a later round: ours was lost on the way. Catch up through the model.
+    opts_.log("missed the outcome of round " + std::to_string(round_) + ": pulling the model");
+    out.push_back({envelope(Type::Pull, round_)});
+    return false;
+  }
+  if (e.round != round_) return false;  // a duplicate of an earlier round's outcome
+  switch (e.type) {
+    case Type::Query: {
+      const auto q = m->frames[1].bytes();
+      res.bytes_down += q.size();
+      const Frame ans = Frame::own(codec_.answer(q, opts_.rank).release());
+      res.bytes_up += ans.size();
+      out.push_back({envelope(Type::Answer, round_), ans});
+      return false;
+    }
+    case Type::Update: {
+      const UpdateInfo info = decode_update_info(m->frames[1].bytes());
+      const auto u = m->frames[2].bytes();
+      codec_.apply_step(u, params_.span(), info.lr);
+      res.bytes_down += u.size();
+      res.lr = info.lr;
+      res.contributors = info.contributors;
+      res.outcome = StepResult::Outcome::Updated;
+      break;
+    }
+    case Type::Abort:
+      opts_.log("round " + std::to_string(round_) +
+                " aborted: " + decode_text(m->frames[1].bytes()));
+      res.outcome = StepResult::Outcome::Aborted;
+      break;
+    default:
+      opts_.log("ignored unexpected " + std::string(to_string(e.type)));
+      return false;
+  }
+  ++round_;
+  while (!pending_.empty() && pending_.front().first < round_) pending_.pop_front();
+  if (next_push_ < round_) next_push_ = round_;
+  return false;
+}
+
+}  // namespace sketchsgd::ps
