@@ -99,27 +99,41 @@ sketchsgd::kernels::SketchLayout layout(benchmark::State& state) {
   return {uint64_t(state.range(0)), uint32_t(state.range(1)), uint32_t(state.range(2)), 7, nullptr};
 }
 
+/// The hashing of argument `arg`: 0 random on the fly, 1 random precomputed, 2 blocked (B = 1024;
+/// the window words are a table of rows × d/B, built here as CountSketch builds it).
+std::unique_ptr<Dev<uint32_t>> hashing(benchmark::State& state, int arg,
+                                       sketchsgd::kernels::SketchLayout& s) {
+  const int64_t mode = state.range(arg);
+  std::unique_ptr<Dev<uint32_t>> t;
+  if (mode == 1) {
+    t = std::make_unique<Dev<uint32_t>>(size_t(s.rows) * s.dim);
+    cu::precompute_hashes(s, t->p);
+    s.packed = t->p;
+  } else if (mode == 2) {
+    s.block = 1024;
+    t = std::make_unique<Dev<uint32_t>>(size_t(s.rows) * ((s.dim + 1023) / 1024));
+    cu::precompute_windows(s, t->p);
+    s.windows = t->p;
+  }
+  state.SetLabel(mode == 0 ? "random, on the fly" : mode == 1 ? "random, precomputed" : "blocked");
+  return t;
+}
+
 void BM_Accumulate(benchmark::State& state) {
   auto s = layout(state);
-  const bool packed = state.range(3) != 0;
   Dev<float> table(size_t(s.rows) * s.cols);
   Dev<unsigned long long> bad(1);
-  std::unique_ptr<Dev<uint32_t>> hashes;
-  if (packed) {
-    hashes = std::make_unique<Dev<uint32_t>>(size_t(s.rows) * s.dim);
-    cu::precompute_hashes(s, hashes->p);
-    s.packed = hashes->p;
-  }
+  const auto hashes = hashing(state, 3, s);
   const float* x = device_gradient(s.dim);
   check(cudaMemset(table.p, 0, size_t(s.rows) * s.cols * 4), "memset");
   timed(state, [&] { cu::accumulate(s, table.p, x, s.dim, 0, 1.0f, bad.p); });
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(s.dim) * 4);  // the gradient read
-  state.SetLabel(packed ? "precomputed hashes" : "hashes on the fly");
 }
 
 /// Worker compress: momentum + error feedback (u = ρu + g, v += u), then v into the sketch.
 void BM_Compress(benchmark::State& state) {
-  const auto s = layout(state);
+  auto s = layout(state);
+  const auto hashes = hashing(state, 3, s);
   Dev<float> table(size_t(s.rows) * s.cols), u(s.dim), v(s.dim);
   Dev<unsigned long long> bad(1);
   check(cudaMemset(u.p, 0, s.dim * 4), "memset");
@@ -135,8 +149,9 @@ void BM_Compress(benchmark::State& state) {
 
 /// Server unsketch: estimates of every coordinate + top-k, from a sketch of the gradient.
 void BM_UnsketchTopk(benchmark::State& state) {
-  const auto s = layout(state);
+  auto s = layout(state);
   const size_t k = size_t(state.range(3));
+  const auto hashes = hashing(state, 4, s);
   Dev<float> table(size_t(s.rows) * s.cols);
   Dev<unsigned long long> bad(1);
   Dev<uint32_t> idx(k);
@@ -145,6 +160,38 @@ void BM_UnsketchTopk(benchmark::State& state) {
   cu::accumulate(s, table.p, device_gradient(s.dim), s.dim, 0, 1.0f, bad.p);
   cu::Workspace ws;
   timed(state, [&] { cu::estimate_topk(s, table.p, k, idx.p, val.p, ws); });
+  state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(s.dim));
+}
+
+/// All d estimates written out (the first half of a two-step unsketch).
+void BM_EstimateAll(benchmark::State& state) {
+  auto s = layout(state);
+  const auto hashes = hashing(state, 3, s);
+  Dev<float> table(size_t(s.rows) * s.cols), out(s.dim);
+  Dev<unsigned long long> bad(1);
+  check(cudaMemset(table.p, 0, size_t(s.rows) * s.cols * 4), "memset");
+  cu::accumulate(s, table.p, device_gradient(s.dim), s.dim, 0, 1.0f, bad.p);
+  timed(state, [&] { cu::estimate_all(s, table.p, out.p); });
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(s.dim) * 4);  // the estimates
+}
+
+/// Unsketch in two steps: every estimate written, then the plain top-k of them (the selection
+/// then reads floats instead of recomputing estimates in each of its passes).
+void BM_UnsketchTwoStep(benchmark::State& state) {
+  auto s = layout(state);
+  const size_t k = size_t(state.range(3));
+  const auto hashes = hashing(state, 4, s);
+  Dev<float> table(size_t(s.rows) * s.cols), est(s.dim);
+  Dev<unsigned long long> bad(1);
+  Dev<uint32_t> idx(k);
+  Dev<float> val(k);
+  check(cudaMemset(table.p, 0, size_t(s.rows) * s.cols * 4), "memset");
+  cu::accumulate(s, table.p, device_gradient(s.dim), s.dim, 0, 1.0f, bad.p);
+  cu::Workspace ws;
+  timed(state, [&] {
+    cu::estimate_all(s, table.p, est.p);
+    cu::topk(est.p, s.dim, k, idx.p, val.p, ws);
+  });
   state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(s.dim));
 }
 
@@ -196,12 +243,29 @@ BENCHMARK(BM_Accumulate)
     ->Args({kD, 5, kC, 0})
     ->Args({kD, 5, kC, 1})
     ->Args({kD, 1, kC, 0})
+    ->Args({kD, 5, kC, 2})
+    ->Args({kD, 1, kC, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Compress)->Args({kD, 5, kC})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Compress)
+    ->Args({kD, 5, kC, 0})
+    ->Args({kD, 5, kC, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_UnsketchTopk)
-    ->Args({kD, 5, kC, 1'000'000})
-    ->Args({kD, 1, kC, 1'000'000})
+    ->Args({kD, 5, kC, 1'000'000, 0})
+    ->Args({kD, 1, kC, 1'000'000, 0})
+    ->Args({kD, 5, kC, 1'000'000, 2})
+    ->Args({kD, 1, kC, 1'000'000, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EstimateAll)
+    ->Args({kD, 5, kC, 0})
+    ->Args({kD, 5, kC, 2})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_UnsketchTwoStep)
+    ->Args({kD, 5, kC, 1'000'000, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Topk)

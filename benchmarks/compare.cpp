@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   uint32_t rows = 5, cols = 500000;
   uint64_t k = 50000, seed = 42;
   int reps = 5;
+  sketchsgd::Hashing hashing = sketchsgd::Hashing::Blocked;
+  uint32_t block = 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--input") input = v;
@@ -51,6 +53,11 @@ int main(int argc, char** argv) {
     else if (a == "--k") k = std::stoull(v);
     else if (a == "--reps") reps = std::max(1, std::stoi(v));
     else if (a == "--seed") seed = std::stoull(v);
+    else if (a == "--block") block = uint32_t(std::stoul(v));
+    else if (a == "--hashing" && (v == "random" || v == "precomputed" || v == "blocked"))
+      hashing = v == "random" ? sketchsgd::Hashing::OnTheFly
+                : v == "precomputed" ? sketchsgd::Hashing::Precomputed
+                                     : sketchsgd::Hashing::Blocked;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -74,7 +81,8 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) {
       std::unique_ptr<sketchsgd::CountSketch> s;
       construct.push_back(ms([&] {
-        s = std::make_unique<sketchsgd::CountSketch>(sketchsgd::SketchConfig{x.size(), rows, cols, seed});
+        s = std::make_unique<sketchsgd::CountSketch>(
+            sketchsgd::SketchConfig{x.size(), rows, cols, seed, hashing, block});
       }));
       acc.push_back(ms([&] { s->accumulate(x); }));
       sketchsgd::TopK t;

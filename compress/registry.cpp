@@ -26,13 +26,26 @@ std::string format_number(double v, bool integer) {
   return os.str();
 }
 
+/// A value as a spec writes it: its name for an enumeration, else the number.
+std::string format_value(const OptionSpec& o, double v) {
+  const double i = v - o.min;
+  if (!o.names.empty() && i >= 0 && i < double(o.names.size())) return o.names[size_t(i)];
+  return format_number(v, o.integer);
+}
+
 std::string describe_options(const CodecEntry& e) {
   std::ostringstream os;
   if (e.options.empty()) return "  (no options)\n";
-  for (const auto& o : e.options)
-    os << "  " << o.key << "=" << (o.integer ? "<int>" : "<number>") << " in ["
-       << format_number(o.min, o.integer) << ", " << format_number(o.max, o.integer)
-       << "], default " << format_number(o.fallback, o.integer) << ": " << o.help << "\n";
+  for (const auto& o : e.options) {
+    os << "  " << o.key << "=";
+    if (!o.names.empty()) {
+      for (size_t i = 0; i < o.names.size(); ++i) os << (i ? "|" : "") << o.names[i];
+    } else {
+      os << (o.integer ? "<int>" : "<number>") << " in [" << format_number(o.min, o.integer)
+         << ", " << format_number(o.max, o.integer) << "]";
+    }
+    os << ", default " << format_value(o, o.fallback) << ": " << o.help << "\n";
+  }
   return os.str();
 }
 
@@ -50,7 +63,7 @@ std::string Options::canonical(const std::string& name,
   char sep = ':';
   for (const auto& o : specs) {
     out += sep;
-    out += o.key + "=" + format_number(number(o.key), o.integer);
+    out += o.key + "=" + format_value(o, number(o.key));
     sep = ',';
   }
   return out;
@@ -122,10 +135,19 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
     SKETCHSGD_REQUIRE(!text.empty(), InvalidArgument, "spec '", spec, "': option '", key,
                       "' has no value");
     double v = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    SKETCHSGD_REQUIRE(ec == std::errc() && end == text.data() + text.size() && std::isfinite(v),
-                      InvalidArgument, "spec '", spec, "': option '", key, "' = '", text,
-                      "' is not a number");
+    bool named = false;
+    for (size_t i = 0; i < o->names.size(); ++i)
+      if (text == o->names[i]) {
+        v = o->min + double(i);
+        named = true;
+      }
+    if (!named) {
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      SKETCHSGD_REQUIRE(ec == std::errc() && end == text.data() + text.size() && std::isfinite(v),
+                        InvalidArgument, "spec '", spec, "': option '", key, "' = '", text,
+                        "' is not ", o->names.empty() ? "a number" : "one of its values",
+                        "; ", name, " accepts:\n", describe_options(*e));
+    }
     SKETCHSGD_REQUIRE(!o->integer || v == std::floor(v), InvalidArgument, "spec '", spec,
                       "': option '", key, "' must be an integer, got ", text);
     SKETCHSGD_REQUIRE(v >= o->min && v <= o->max, InvalidArgument, "spec '", spec, "': option '",

@@ -23,6 +23,9 @@ struct OptionSpec {
   double min;
   double max;
   bool integer = true;
+  /// Names of the values min, min + 1, … (an enumeration): accepted in specs beside the numbers,
+  /// and written in the canonical spec.
+  std::vector<std::string> names = {};
 };
 
 /// Parsed, range-checked option values of one spec (every declared key present).

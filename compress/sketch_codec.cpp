@@ -253,7 +253,11 @@ SKETCHSGD_REGISTER_CODEC(
       {"p2", "second round with p2 * k candidates (0: off)", 0, 0, 1000},
       {"momentum", "worker momentum rho", 0.9, 0, 0.999, false},
       {"seed", "hash seed shared by workers and server", 1, 0, 4294967295.0},
-      {"hashing", "0: hashes on the fly, 1: precomputed packed table", 0, 0, 1},
+      {"hashing",
+       "random: a random bucket per (row, coordinate), hashed on the fly; precomputed: the same "
+       "from a packed table; blocked: windows of `block` contiguous columns (fast, as accurate)",
+       2, 0, 2, true, {"random", "precomputed", "blocked"}},
+      {"block", "blocked hashing: coordinates per window, a power of two", 1024, 1, 65536},
       {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SketchOptions s;
@@ -267,7 +271,8 @@ SKETCHSGD_REGISTER_CODEC(
                          " exceeds 2^31");
        s.sketch.cols = uint32_t(cols);
        s.sketch.seed = o.integer("seed");
-       s.sketch.hashing = o.flag("hashing") ? Hashing::Precomputed : Hashing::OnTheFly;
+       s.sketch.hashing = Hashing(o.integer("hashing"));
+       s.sketch.block = uint32_t(o.integer("block"));
        s.candidates = std::min<uint64_t>(o.integer("p2") * s.k, dim);
        s.momentum = float(o.number("momentum"));
        s.fetch = o.flag("fetch");

@@ -14,6 +14,10 @@ struct SketchLayout {
   uint32_t cols = 0;                ///< c
   uint64_t seed = 0;                ///< shared by every process that must agree on the hashes
   const uint32_t* packed = nullptr; ///< optional precomputed packed hashes, rows × dim; null: on the fly
+  /// Blocked hashing (hash.hpp): the configured block size (0: random buckets) and the window
+  /// words, rows × ⌈dim / B⌉ with B = blocked_shape(block, cols).size() (required when blocked).
+  uint32_t block = 0;
+  const uint32_t* windows = nullptr;
 };
 
 /// Summary statistics of one chunk of a vector (scalers for TernGrad and EF-signSGD).
@@ -30,6 +34,8 @@ namespace cpu {
 // ---- count sketch -------------------------------------------------------------------------------
 /// Fills packed[row · dim + j] with the packed bucket and sign of every (row, coordinate).
 void precompute_hashes(const SketchLayout& s, uint32_t* packed);
+/// Fills words[row · ⌈dim / B⌉ + b] with the window word of every (row, block) (blocked hashing).
+void precompute_windows(const SketchLayout& s, uint32_t* words);
 
 /// table += scale · S(x) for coordinates offset … offset + n − 1. Checks finiteness block by block
 /// in the same pass; on a non-finite value it stops before that block and returns the block's

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu.hpp"
@@ -18,12 +19,24 @@ constexpr size_t kBlock = 4096;
 
 struct Hasher {
   const SketchLayout& s;
-  hash::RowHash rows[elem::kMaxRows];
+  hash::RowHash rows[elem::kMaxRows];  // random: bucket hashes; blocked: sign hashes
+  hash::Blocked b{};
+  uint64_t blocks = 0;  // per row (blocked)
 
   explicit Hasher(const SketchLayout& layout) : s(layout) {
-    for (uint32_t i = 0; i < s.rows; ++i) rows[i] = hash::row_hash(s.seed, i);
+    if (s.block) {
+      b = hash::blocked_shape(s.block, s.cols);
+      blocks = (s.dim + b.size() - 1) >> b.shift;
+      for (uint32_t i = 0; i < s.rows; ++i) rows[i] = hash::sign_hash(s.seed, i);
+    } else {
+      for (uint32_t i = 0; i < s.rows; ++i) rows[i] = hash::row_hash(s.seed, i);
+    }
   }
+  bool blocked() const { return s.block != 0; }
+  uint32_t word(uint32_t row, uint64_t block) const { return s.windows[row * blocks + block]; }
   uint32_t operator()(uint32_t row, uint64_t j) const {
+    if (blocked())
+      return hash::locate_blocked(word(row, j >> b.shift), rows[row], uint32_t(j), s.cols, b);
     return s.packed ? s.packed[row * s.dim + j] : hash::locate(rows[row], uint32_t(j), s.cols);
   }
 };
@@ -39,6 +52,10 @@ constexpr size_t kPrefetch = 16;  // table lines touched ahead: the scatter/gath
 /// Packed hashes of coordinates lo … lo + n − 1 in one row: the precomputed table, or computed
 /// into buf (a loop without dependencies that the compiler unrolls).
 const uint32_t* row_hashes(const Hasher& h, uint32_t row, uint64_t lo, size_t n, uint32_t* buf) {
+  if (h.blocked()) {
+    for (size_t i = 0; i < n; ++i) buf[i] = h(row, lo + i);
+    return buf;
+  }
   if (h.s.packed) return h.s.packed + row * h.s.dim + lo;
   const hash::RowHash rh = h.rows[row];
   const uint32_t cols = h.s.cols;
@@ -56,6 +73,207 @@ void accumulate_row(const Hasher& h, uint32_t row, float* t, const float* x, siz
   }
 }
 
+// ---- blocked windows --------------------------------------------------------------------------
+// A block's positions [plo, phi) sit on contiguous columns but for the lane key, which swaps
+// positions inside aligned groups of 4: column col + q of a run starting at an aligned position
+// p holds position p + (q XOR key). The runs below move whole groups with the key fixed at
+// compile time, so each becomes a vector load, a shuffle and a vector add or store.
+
+// One 16-byte group as a GCC/Clang vector: elementwise IEEE adds, so the sums are the scalar ones.
+using Float4 = float __attribute__((vector_size(16)));
+inline Float4 load4(const float* p) {
+  Float4 v;
+  std::memcpy(&v, p, 16);
+  return v;
+}
+inline void store4(float* p, Float4 v) { std::memcpy(p, &v, 16); }
+/// Lane l of the result is lane l XOR K of v.
+template <int K>
+inline Float4 permute(Float4 v) {
+#if defined(__clang__)
+  return __builtin_shufflevector(v, v, 0 ^ K, 1 ^ K, 2 ^ K, 3 ^ K);
+#else
+  using Int4 = int __attribute__((vector_size(16)));
+  return __builtin_shuffle(v, Int4{0 ^ K, 1 ^ K, 2 ^ K, 3 ^ K});
+#endif
+}
+
+using Uint4 = uint32_t __attribute__((vector_size(16)));
+
+/// dst[q] += sign · scale · x[q XOR K] for a run of whole groups, where h0 = a·j + b (mod 2^32)
+/// for the run's first coordinate j: the sign hash of j + i is h0 + i·a, so the signs of a
+/// group are one vector add away from the last group's (hash::sign_bit, incrementally).
+template <int K>
+void add_signed_run(float* dst, const float* x, uint32_t n, uint32_t h0, uint32_t a,
+                    float scale) {
+  Uint4 h = {h0, h0 + a, h0 + 2 * a, h0 + 3 * a};
+  const Uint4 step = {4 * a, 4 * a, 4 * a, 4 * a};
+  const Uint4 sign = {hash::kSignBit, hash::kSignBit, hash::kSignBit, hash::kSignBit};
+  const Float4 sc = {scale, scale, scale, scale};
+  for (size_t g = 0; g < n; g += 4) {
+    Float4 v = load4(x + g) * sc;
+    Uint4 bits;
+    std::memcpy(&bits, &v, 16);
+    bits ^= h & sign;
+    std::memcpy(&v, &bits, 16);
+    store4(dst + g, load4(dst + g) + permute<K>(v));
+    h += step;
+  }
+}
+
+template <int K>
+void gather_run(float* dst, const float* src, uint32_t n) {
+  for (size_t g = 0; g < n; g += 4) store4(dst + g, permute<K>(load4(src + g)));
+}
+
+template <template <int> class Op, class... A>
+void with_key(uint32_t key, A... a) {
+  switch (key) {
+    case 0:
+      return Op<0>::run(a...);
+    case 1:
+      return Op<1>::run(a...);
+    case 2:
+      return Op<2>::run(a...);
+    default:
+      return Op<3>::run(a...);
+  }
+}
+template <int K>
+struct AddRun {
+  static void run(float* d, const float* x, uint32_t n, uint32_t h0, uint32_t a, float scale) {
+    add_signed_run<K>(d, x, n, h0, a, scale);
+  }
+};
+template <int K>
+struct GatherRun {
+  static void run(float* d, const float* s, uint32_t n) { gather_run<K>(d, s, n); }
+};
+
+/// Calls run(col, p, n) for the runs of whole groups among positions [plo, phi) of the window
+/// (start, key) that fall in columns [c0, c1) (multiples of 4 when aligned), and one(col, p) for
+/// every other position whose column is in [c0, c1).
+template <class Run, class One>
+void for_window(const hash::Blocked& b, uint32_t cols, uint32_t start, uint32_t key, uint32_t plo,
+                uint32_t phi, uint32_t c0, uint32_t c1, Run&& run, One&& one) {
+  auto single = [&](uint32_t p) {
+    uint32_t col = start + (p ^ key);
+    if (col >= cols) col -= cols;
+    if (col >= c0 && col < c1) one(col, p);
+  };
+  if (!b.aligned || b.lanes != 3) {
+    for (uint32_t p = plo; p < phi; ++p) single(p);
+    return;
+  }
+  const uint32_t pa = std::min(phi, (plo + 3) & ~3u), pb = std::max(pa, phi & ~3u);
+  for (uint32_t p = plo; p < pa; ++p) single(p);
+  for (uint32_t p = pb; p < phi; ++p) single(p);
+  if (pa >= pb) return;
+  // Columns start + pa … start + pb − 1 wrap at cols at most once (B ≤ cols).
+  auto piece = [&](uint64_t a, uint64_t e, uint64_t back) {
+    const uint64_t lo = std::max<uint64_t>(a, c0), hi = std::min<uint64_t>(e, c1);
+    if (lo < hi) run(uint32_t(lo), uint32_t(lo + back - start), uint32_t(hi - lo));
+  };
+  const uint64_t a = uint64_t(start) + pa, e = uint64_t(start) + pb;
+  piece(a, std::min<uint64_t>(e, cols), 0);
+  if (e > cols) piece(std::max<uint64_t>(a, cols) - cols, e - cols, cols);
+}
+
+/// Calls f(row's window word, first coordinate j, positions [plo, phi)) for the pieces of
+/// coordinates [lo, lo + m) that lie in one block each.
+template <class F>
+void for_blocks(const Hasher& h, uint32_t row, uint64_t lo, size_t m, F&& f) {
+  const uint64_t end = lo + m, mask = h.b.size() - 1;
+  for (uint64_t j = lo; j < end;) {
+    const uint64_t block = j >> h.b.shift;
+    const uint64_t je = std::min<uint64_t>((block + 1) << h.b.shift, end);
+    f(h.word(row, block), j, uint32_t(j & mask), uint32_t((j & mask) + (je - j)));
+    j = je;
+  }
+}
+
+/// Column bound i of `slices` equal parts of a row (multiples of 4 when windows are aligned, so
+/// runs of whole groups never straddle two parts).
+uint32_t slice_bound(uint32_t i, uint32_t slices, uint32_t cols, bool aligned) {
+  if (i >= slices) return cols;
+  const uint32_t c = uint32_t(uint64_t(cols) * i / slices);
+  return aligned ? c & ~3u : c;
+}
+
+/// Blocked accumulate: every thread owns (row, column slice) units, so no two threads write one
+/// cell and every cell gets its coordinates in block order whatever the thread count: the table
+/// is bit-identical for any number of threads. Each block's piece is added to its window as runs
+/// of contiguous columns, signing and scaling on the way (no pass over a buffer in between).
+size_t accumulate_blocked(const Hasher& h, float* table, const float* x, size_t n,
+                          uint64_t offset, float scale) {
+  const SketchLayout& s = h.s;
+  const uint32_t cols = s.cols;
+  const int threads = int(std::min<size_t>(size_t(omp_get_max_threads()),
+                                           std::max<size_t>(1, n / kBlock)));
+  const uint32_t slices = s.rows % uint32_t(threads) == 0 ? 1 : uint32_t(threads);
+  const uint32_t units = s.rows * slices;
+  size_t stop = kNone;
+#pragma omp parallel num_threads(threads)
+  {
+    const uint32_t t = uint32_t(omp_get_thread_num()), nt = uint32_t(omp_get_num_threads());
+    size_t my_stop = kNone;
+    for (size_t b0 = 0; b0 < n; b0 += kBlock) {
+      const size_t m = std::min(kBlock, n - b0);
+      // Every thread checks the same chunk, so all stop at the same place.
+      if (!block_finite(x + b0, m)) {
+        my_stop = b0;
+        break;
+      }
+      for (uint32_t u = t; u < units; u += nt) {
+        const uint32_t row = u / slices, slice = u % slices;
+        const uint32_t c0 = slice_bound(slice, slices, cols, h.b.aligned);
+        const uint32_t c1 = slice_bound(slice + 1, slices, cols, h.b.aligned);
+        float* tr = table + size_t(row) * cols;
+        const hash::RowHash sh = h.rows[row];
+        const uint32_t a = uint32_t(sh.a);
+        for_blocks(h, row, offset + b0, m, [&](uint32_t w, uint64_t j, uint32_t plo, uint32_t phi) {
+          const float* src = x + (j - offset);  // position p is src[p − plo], coordinate j + p − plo
+          const uint32_t key = w & h.b.lanes;
+          for_window(
+              h.b, cols, hash::window_start(w, cols, h.b.aligned), key, plo, phi, c0, c1,
+              [&](uint32_t col, uint32_t p, uint32_t len) {
+                const uint32_t jp = uint32_t(j + (p - plo));
+                with_key<AddRun>(key, tr + col, src + (p - plo), len, hash::sign_word(sh, jp), a,
+                                 scale);
+              },
+              [&](uint32_t col, uint32_t p) {
+                tr[col] += hash::apply_sign(hash::sign_bit(sh, uint32_t(j + (p - plo))),
+                                            scale * src[p - plo]);
+              });
+        });
+      }
+    }
+    if (t == 0) stop = my_stop;
+  }
+  return stop;
+}
+
+/// One row's signed values of coordinates lo … lo + m − 1 under blocked hashing, into dst.
+void gather_blocked(const Hasher& h, uint32_t row, const float* tr, uint64_t lo, size_t m,
+                    float* dst) {
+  const uint32_t cols = h.s.cols;
+  for_blocks(h, row, lo, m, [&](uint32_t w, uint64_t j, uint32_t plo, uint32_t phi) {
+    float* out = dst + (j - lo);  // position p is out[p − plo]
+    const uint32_t key = w & h.b.lanes;
+    for_window(
+        h.b, cols, hash::window_start(w, cols, h.b.aligned), key, plo, phi, 0, cols,
+        [&](uint32_t col, uint32_t p, uint32_t len) {
+          with_key<GatherRun>(key, out + (p - plo), tr + col, len);
+        },
+        [&](uint32_t col, uint32_t p) { out[p - plo] = tr[col]; });
+  });
+  // Signs incrementally: the sign hash of lo + q is a·q + (a·lo + b) (mod 2^32).
+  const hash::RowHash sh = h.rows[row];
+  const uint32_t a = uint32_t(sh.a), h0 = hash::sign_word(sh, uint32_t(lo));
+  for (size_t q = 0; q < m; ++q)
+    dst[q] = hash::apply_sign((h0 + a * uint32_t(q)) & hash::kSignBit, dst[q]);
+}
+
 /// Estimates of coordinates lo … hi − 1 (hi − lo ≤ kBlock): row-major gathers, then medians.
 void estimate_range(const Hasher& h, const float* table, uint64_t lo, uint64_t hi, float* out) {
   const size_t m = hi - lo;
@@ -66,6 +284,10 @@ void estimate_range(const Hasher& h, const float* table, uint64_t lo, uint64_t h
   for (uint32_t i = 0; i < r; ++i) {
     const float* t = table + size_t(i) * h.s.cols;
     float* dst = scratch.data() + size_t(i) * kBlock;
+    if (h.blocked()) {
+      gather_blocked(h, i, t, lo, m, dst);
+      continue;
+    }
     const uint32_t* p = row_hashes(h, i, lo, m, buf);
     // Independent loads: out-of-order execution overlaps them; a prefetch here only costs.
     for (size_t q = 0; q < m; ++q) dst[q] = hash::apply_sign(p[q], t[hash::bucket_of(p[q])]);
@@ -101,9 +323,19 @@ void precompute_hashes(const SketchLayout& s, uint32_t* packed) {
   }
 }
 
+void precompute_windows(const SketchLayout& s, uint32_t* words) {
+  const Hasher h(s);
+  for (uint32_t i = 0; i < s.rows; ++i) {
+    const hash::RowHash wh = hash::window_hash(s.seed, i);
+    uint32_t* w = words + size_t(i) * h.blocks;
+    for (uint64_t b = 0; b < h.blocks; ++b) w[b] = hash::window_word(wh, b);
+  }
+}
+
 size_t accumulate(const SketchLayout& s, float* table, const float* x, size_t n, uint64_t offset,
                   float scale) {
   const Hasher h(s);
+  if (h.blocked()) return accumulate_blocked(h, table, x, n, offset, scale);
   const int threads = int(std::min<size_t>({size_t(s.rows), size_t(omp_get_max_threads()),
                                             std::max<size_t>(1, n / kBlock)}));
   size_t stop = kNone;

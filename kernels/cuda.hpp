@@ -78,6 +78,8 @@ class Workspace {
 // ---- count sketch -------------------------------------------------------------------------------
 /// packed[row · dim + j], bit-identical to cpu::precompute_hashes.
 void precompute_hashes(const SketchLayout& s, uint32_t* packed, Stream stream = nullptr);
+/// The window words of blocked hashing, bit-identical to cpu::precompute_windows.
+void precompute_windows(const SketchLayout& s, uint32_t* words, Stream stream = nullptr);
 
 /// table += scale · S(x) for coordinates offset … offset + n − 1 (atomic adds: the summation order
 /// differs from the CPU's, so results agree to float rounding). Non-finite values are skipped and

@@ -55,6 +55,7 @@ void* Workspace::host() {
 void precompute_hashes(const SketchLayout&, uint32_t*, Stream) {
   absent();
 }
+void precompute_windows(const SketchLayout&, uint32_t*, Stream) { absent(); }
 void accumulate(const SketchLayout&, float*, const float*, size_t, uint64_t, float,
                 unsigned long long*, Stream) {
   absent();

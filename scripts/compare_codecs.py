@@ -26,6 +26,12 @@ CONFIGS = [
     ("terngrad", "terngrad:momentum=0.9", 0.01),
     ("signsgd", "signsgd:momentum=0.9", 0.0005),
     ("ef-signsgd", "signsgd:ef=1,momentum=0.9", 0.01),
+    # Blocked hashing (the default) against random buckets on the same jobs, and the run-to-run
+    # noise: the demo's job again with another model seed.
+    ("fetchsgd-seed2", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1", 0.01, 2),
+    ("fetchsgd-random", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1,hashing=random", 0.01),
+    ("sketch-p2-random", "sketch:rows=1,cols=100000,k=20000,p2=1,momentum=0.9,hashing=random", 0.01),
+    ("sketch-p2-r5-random", "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9,hashing=random", 0.01),
 ]
 
 
@@ -54,20 +60,21 @@ def main():
         sys.exit(f"unknown config(s): {sorted(only - {c[0] for c in CONFIGS})}")
     os.makedirs(args.out, exist_ok=True)
     rows, summaries = [], []
-    for i, (name, spec, lr) in enumerate(configs):
+    for i, (name, spec, lr, *rest) in enumerate(configs):
+        seed = rest[0] if rest else 1
         out = os.path.join(args.out, name)
         summary = os.path.join(out, "summary.json")
         t0 = time.time()
         if not args.report_only:
-            print(f"[{i + 1}/{len(configs)}] {name}: {spec}, lr {lr}", flush=True)
+            print(f"[{i + 1}/{len(configs)}] {name}: {spec}, lr {lr}, seed {seed}", flush=True)
             if os.path.exists(summary):
                 os.remove(summary)
             cmd = [args.binary, "--codec", spec, "--lr", str(lr), "--epochs", str(args.epochs),
                    "--workers", str(args.workers), "--model", args.model, "--subset", str(args.subset),
-                   "--out", out]
+                   "--seed", str(seed), "--out", out]
             subprocess.run(cmd)
         s = json.load(open(summary)) if os.path.exists(summary) else None
-        if s is None or s.get("codec") != spec:
+        if s is None or s.get("codec") != spec:  # (the demo echoes the spec it was given)
             print(f"  {name}: no result (the run failed: diverged or crashed)", flush=True)
             summaries.append({"name": name, "codec": spec, "lr": lr, "failed": True})
             continue

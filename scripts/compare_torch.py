@@ -113,9 +113,10 @@ def bench_torch(x, r, c, k, reps, seed):
     }
 
 
-def run_binary(args, path):
+def run_binary(args, path, hashing):
     cmd = [args.binary, "--input", path, "--rows", str(args.rows), "--cols", str(args.cols),
-           "--k", str(args.k), "--reps", str(args.reps), "--seed", str(args.seed)]
+           "--k", str(args.k), "--reps", str(args.reps), "--seed", str(args.seed),
+           "--hashing", hashing, "--block", str(args.block)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     log("  $ " + " ".join(cmd))
     try:
@@ -156,6 +157,9 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--binary", default="build/cpu/benchmarks/sketchsgd_compare")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--hashing", default="blocked,random",
+                    help="sketchsgd hashing modes to run side by side (random, precomputed, blocked)")
+    ap.add_argument("--block", type=int, default=1024, help="block size of blocked hashing")
     ap.add_argument("--out-json", help="write all results here")
     ap.add_argument("--save-input", metavar="FILE",
                     help="also keep the gradient (raw little-endian f32) here, e.g. for a profiler")
@@ -184,31 +188,40 @@ def main():
         t = bench_torch(torch.from_numpy(x_np), args.rows, args.cols, args.k, args.reps, args.seed)
         found = np.intersect1d(t.pop("top_indices").numpy(), heavy).size
         log(f"  torch top-k holds {found}/{heavy.size} planted heavy coordinates")
-        log("sketchsgd:")
-        ours = run_binary(args, path)
+        modes = [m.strip() for m in args.hashing.split(",") if m.strip()]
+        all_ours = {}
+        for mode in modes:
+            log(f"sketchsgd, hashing={mode}:")
+            all_ours[mode] = run_binary(args, path, mode)
 
-    rows = [("construct", t["construct_ms"], ours["construct_ms"]),
-            ("accumulate", t["accumulate_ms"], ours["accumulate_ms"]),
-            ("unsketch+topk", t["topk_ms"], ours["topk_ms"])]
-    speedup = {}
-    log("")
-    log(f"{'operation':<16}| {'torch ms':>12} | {'sketchsgd ms':>12} | {'speed-up':>9}")
-    log("-" * 58)
-    for name, tm, om in rows:
-        speedup[name] = tm / om if om > 0 else float("inf")
-        log(f"{name:<16}| {tm:12.2f} | {om:12.2f} | {speedup[name]:8.2f}x")
-    mib = 1024.0 ** 2
-    ob = ours["peak_extra_bytes"]
-    for label, tb in (("tensors", t["tensor_peak_bytes"]), ("RSS HWM", t["rss_hwm_growth_bytes"])):
-        pct = 100.0 * ob / tb if tb > 0 else float("nan")
-        log(f"{'peak mem ' + label:<16}| {tb / mib:8.1f} MiB | {ob / mib:8.1f} MiB | {pct:8.1f}% (ours/torch)")
+    speedups = {}
+    for mode, ours in all_ours.items():
+        rows = [("construct", t["construct_ms"], ours["construct_ms"]),
+                ("accumulate", t["accumulate_ms"], ours["accumulate_ms"]),
+                ("unsketch+topk", t["topk_ms"], ours["topk_ms"])]
+        speedup = speedups[mode] = {}
+        log("")
+        log(f"hashing={mode}")
+        log(f"{'operation':<16}| {'torch ms':>12} | {'sketchsgd ms':>12} | {'speed-up':>9}")
+        log("-" * 58)
+        for name, tm, om in rows:
+            speedup[name] = tm / om if om > 0 else float("inf")
+            log(f"{name:<16}| {tm:12.2f} | {om:12.2f} | {speedup[name]:8.2f}x")
+        mib = 1024.0 ** 2
+        ob = ours["peak_extra_bytes"]
+        for label, tb in (("tensors", t["tensor_peak_bytes"]), ("RSS HWM", t["rss_hwm_growth_bytes"])):
+            pct = 100.0 * ob / tb if tb > 0 else float("nan")
+            log(f"{'peak mem ' + label:<16}| {tb / mib:8.1f} MiB | {ob / mib:8.1f} MiB | {pct:8.1f}% (ours/torch)")
+    ours = all_ours[modes[0]]
+    speedup = speedups[modes[0]]
     log(f"sketchsgd threads: {ours.get('threads', '?')}")
 
     if args.out_json:
         result = {"machine": machine, "params": {key: getattr(args, key) for key in
                                                  ("dim", "rows", "cols", "k", "reps", "seed", "threads")},
                   "torch": dict(t, planted_heavy=int(heavy.size), heavy_in_topk=int(found)),
-                  "sketchsgd": ours, "speedup": speedup}
+                  "sketchsgd": ours, "speedup": speedup,
+                  "by_hashing": {m: {"sketchsgd": all_ours[m], "speedup": speedups[m]} for m in modes}}
         with open(args.out_json, "w") as f:
             json.dump(result, f, indent=2)
         log(f"wrote {args.out_json}")

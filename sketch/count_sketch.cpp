@@ -15,24 +15,33 @@ namespace sketchsgd {
 namespace {
 
 constexpr uint32_t kMagic = 0x53435353;  // "SSCS"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: blocked hashing (hashing byte 2, log2 of the block after it)
 constexpr size_t kHeaderBytes = 4 + 2 + 1 + 1 + 8 + 4 + 4 + 8;
 constexpr uint64_t kMaxTable = uint64_t(1) << 31;  // floats: 8 GiB
 
-/// Precomputed hash tables are shared by every sketch of one (dim, rows, cols, seed) on one
-/// device: a server holding many sketches of one job pays for the table once.
+/// Precomputed hash tables (random buckets: rows × dim; blocked windows: rows × ⌈dim / B⌉) are
+/// shared by every sketch of one config on one device: a server holding many sketches of one job
+/// pays for the table once.
 std::shared_ptr<const Buffer<uint32_t>> shared_hashes(const SketchConfig& c, const Device& d) {
-  using Key = std::tuple<uint64_t, uint32_t, uint32_t, uint64_t, int>;
+  using Key = std::tuple<uint64_t, uint32_t, uint32_t, uint64_t, int, uint32_t>;
   static std::mutex mutex;
   static std::map<Key, std::weak_ptr<const Buffer<uint32_t>>> cache;
-  const Key key{c.dim, c.rows, c.cols, c.seed, d.gpu};
+  const uint32_t block = c.blocked() ? hash::blocked_shape(c.block, c.cols).size() : 0;
+  const Key key{c.dim, c.rows, c.cols, c.seed, d.gpu, block};
   std::lock_guard lock(mutex);
   if (auto hit = cache[key].lock()) return hit;
-  auto table = std::make_shared<Buffer<uint32_t>>(size_t(c.rows) * c.dim, d);
-  const kernels::SketchLayout layout{c.dim, c.rows, c.cols, c.seed, nullptr};
+  const uint64_t per_row = block ? (c.dim + block - 1) / block : c.dim;
+  auto table = std::make_shared<Buffer<uint32_t>>(size_t(c.rows) * per_row, d);
+  kernels::SketchLayout layout{c.dim, c.rows, c.cols, c.seed};
+  layout.block = c.blocked() ? c.block : 0;
   if (d.is_gpu()) {
-    kernels::cuda::precompute_hashes(layout, table->data(), d.stream);
+    if (block)
+      kernels::cuda::precompute_windows(layout, table->data(), d.stream);
+    else
+      kernels::cuda::precompute_hashes(layout, table->data(), d.stream);
     kernels::cuda::synchronize(d.stream);
+  } else if (block) {
+    kernels::cpu::precompute_windows(layout, table->data());
   } else {
     kernels::cpu::precompute_hashes(layout, table->data());
   }
@@ -54,8 +63,12 @@ void SketchConfig::validate() const {
                     "sketch cols must be in [1, 2^31], got ", cols);
   SKETCHSGD_REQUIRE(uint64_t(rows) * cols <= kMaxTable, InvalidArgument, "sketch table of ", rows,
                     " x ", cols, " floats exceeds the limit of 2^31 floats");
-  SKETCHSGD_REQUIRE(hashing == Hashing::OnTheFly || hashing == Hashing::Precomputed,
+  SKETCHSGD_REQUIRE(hashing == Hashing::OnTheFly || hashing == Hashing::Precomputed ||
+                        hashing == Hashing::Blocked,
                     InvalidArgument, "unknown hashing mode ", int(hashing));
+  SKETCHSGD_REQUIRE(!blocked() || (block >= 1 && block <= 65536 && (block & (block - 1)) == 0),
+                    InvalidArgument, "sketch block must be a power of two in [1, 65536], got ",
+                    block);
 }
 
 CountSketch::CountSketch(const SketchConfig& config, const Device& device)
@@ -63,7 +76,7 @@ CountSketch::CountSketch(const SketchConfig& config, const Device& device)
   config_.validate();
   const auto scope = device_.activate();
   table_ = Buffer<float>(size_t(config_.rows) * config_.cols, device_);
-  if (config_.hashing == Hashing::Precomputed) packed_ = shared_hashes(config_, device_);
+  if (config_.hashing != Hashing::OnTheFly) packed_ = shared_hashes(config_, device_);
 }
 
 CountSketch CountSketch::to(const Device& device) const {
@@ -81,8 +94,14 @@ CountSketch CountSketch::to(const Device& device) const {
 }
 
 kernels::SketchLayout CountSketch::layout() const {
-  return {config_.dim, config_.rows, config_.cols, config_.seed,
-          packed_ ? packed_->data() : nullptr};
+  kernels::SketchLayout l{config_.dim, config_.rows, config_.cols, config_.seed};
+  if (config_.blocked()) {
+    l.block = config_.block;
+    l.windows = packed_->data();
+  } else if (packed_) {
+    l.packed = packed_->data();
+  }
+  return l;
 }
 
 cu::Workspace& CountSketch::workspace() const {
@@ -319,7 +338,9 @@ Bytes CountSketch::serialize() const {
   w.put(kMagic);
   w.put(kVersion);
   w.put(uint8_t(config_.hashing));
-  w.put(uint8_t(0));
+  uint8_t log2_block = 0;
+  while (config_.blocked() && (1u << log2_block) < config_.block) ++log2_block;
+  w.put(log2_block);
   w.put(config_.dim);
   w.put(config_.rows);
   w.put(config_.cols);
@@ -337,11 +358,18 @@ CountSketch CountSketch::deserialize(std::span<const uint8_t> bytes, const Devic
   ByteReader r(bytes, "serialised sketch");
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kMagic, WireError, "serialised sketch: bad magic");
   const auto version = r.get<uint16_t>();
-  SKETCHSGD_REQUIRE(version == kVersion, WireError, "serialised sketch: version ", version,
-                    " (this build reads ", kVersion, ")");
+  // Version 1 (random hashing only) is read as it was written.
+  SKETCHSGD_REQUIRE(version == 1 || version == kVersion, WireError, "serialised sketch: version ",
+                    version, " (this build reads 1 and ", kVersion, ")");
   SketchConfig c;
   c.hashing = Hashing(r.get<uint8_t>());
-  SKETCHSGD_REQUIRE(r.get<uint8_t>() == 0, WireError, "serialised sketch: reserved byte set");
+  const uint8_t log2_block = r.get<uint8_t>();
+  SKETCHSGD_REQUIRE(version > 1 || c.hashing != Hashing::Blocked, WireError,
+                    "serialised sketch: version 1 has no blocked hashing");
+  SKETCHSGD_REQUIRE(c.blocked() ? log2_block <= 16 : log2_block == 0, WireError,
+                    "serialised sketch: block byte ", int(log2_block), " for hashing mode ",
+                    int(c.hashing));
+  c.block = 1u << log2_block;
   c.dim = r.get<uint64_t>();
   c.rows = r.get<uint32_t>();
   c.cols = r.get<uint32_t>();

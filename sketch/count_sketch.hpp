@@ -12,10 +12,13 @@
 
 namespace sketchsgd {
 
-/// How bucket and sign of each (row, coordinate) are found. Both give identical hashes.
+/// How bucket and sign of each (row, coordinate) are found (kernels/hash.hpp).
 enum class Hashing : uint8_t {
-  OnTheFly = 0,     ///< one multiply-add per (row, coordinate); no memory (default)
-  Precomputed = 1,  ///< packed 4-byte table, rows × dim, shared by sketches of the same config
+  OnTheFly = 0,     ///< random buckets, one multiply-add per (row, coordinate); no memory
+  Precomputed = 1,  ///< the same buckets from a packed 4-byte table, rows × dim, shared by
+                    ///< sketches of one config
+  Blocked = 2,      ///< blocks of `block` coordinates on windows of contiguous columns, from a
+                    ///< table of rows × ⌈dim / block⌉ words (default: contiguous, as accurate)
 };
 
 struct SketchConfig {
@@ -23,13 +26,19 @@ struct SketchConfig {
   uint32_t rows = 5;  ///< r, 1 … 32
   uint32_t cols = 0;  ///< c, 1 … 2^31
   uint64_t seed = 0;  ///< processes that merge sketches must use the same seed
-  Hashing hashing = Hashing::OnTheFly;
+  Hashing hashing = Hashing::Blocked;
+  /// Blocked hashing: coordinates per window, a power of two ≤ 2^16. When cols < block the block
+  /// shrinks to the largest power of two ≤ cols (a window never overlaps itself).
+  uint32_t block = 1024;
 
   /// Throws InvalidArgument naming the bad field.
   void validate() const;
-  /// Same hashes and table shape (the hashing mode may differ: the hashes are identical).
+  bool blocked() const { return hashing == Hashing::Blocked; }
+  /// Same hashes and table shape: random hashing on the fly and precomputed agree; blocked
+  /// hashing agrees only with blocked hashing of the same block size.
   bool compatible(const SketchConfig& other) const {
-    return dim == other.dim && rows == other.rows && cols == other.cols && seed == other.seed;
+    return dim == other.dim && rows == other.rows && cols == other.cols && seed == other.seed &&
+           blocked() == other.blocked() && (!blocked() || block == other.block);
   }
 };
 
@@ -119,7 +128,7 @@ class CountSketch {
   SketchConfig config_;
   Device device_;
   Buffer<float> table_;
-  std::shared_ptr<const Buffer<uint32_t>> packed_;  // Precomputed mode only
+  std::shared_ptr<const Buffer<uint32_t>> packed_;  // Precomputed: hashes; Blocked: window words
   bool empty_ = true;  // nothing accumulated since construction or zero(): exact rollback
   mutable Scratch scratch_;
 };

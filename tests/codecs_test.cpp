@@ -207,16 +207,20 @@ TEST(TernGrad, ClippingSaturates) {
 
 TEST(Sketch, RecoversPlantedHeavyHittersInOneRound) {
   const size_t dim = 100000;
-  test::Job job("sketch:rows=5,cols=4000,k=40,momentum=0", dim, 2);
-  std::vector<std::vector<float>> g(2);
-  g[0] = test::gaussian(dim, 9, 0.01f);
-  g[1] = test::gaussian(dim, 10, 0.01f);
-  const auto heavy = test::plant(g[0], 40, 3.0f, 11);
-  for (auto j : heavy) g[1][j] = g[0][j];
-  const auto step = job.round(g, 0)[0];
-  for (auto j : heavy) EXPECT_NEAR(step[j], g[0][j], 0.05f) << j;
-  EXPECT_EQ(std::count_if(step.begin(), step.end(), [](float v) { return v != 0; }), 40);
-  EXPECT_NEAR(job.workers[0]->compression_ratio(), 400000.0 / (48 + 4 * 5 * 4000), 1e-9);
+  for (const char* hashing : {"random", "blocked"}) {
+    SCOPED_TRACE(hashing);
+    test::Job job(std::string("sketch:rows=5,cols=8000,k=40,momentum=0,hashing=") + hashing, dim,
+                  2);
+    std::vector<std::vector<float>> g(2);
+    g[0] = test::gaussian(dim, 9, 0.01f);
+    g[1] = test::gaussian(dim, 10, 0.01f);
+    const auto heavy = test::plant(g[0], 40, 3.0f, 11);
+    for (auto j : heavy) g[1][j] = g[0][j];
+    const auto step = job.round(g, 0)[0];
+    for (auto j : heavy) EXPECT_NEAR(step[j], g[0][j], 0.05f) << j;
+    EXPECT_EQ(std::count_if(step.begin(), step.end(), [](float v) { return v != 0; }), 40);
+    EXPECT_NEAR(job.workers[0]->compression_ratio(), 400000.0 / (48 + 4 * 5 * 8000), 1e-9);
+  }
 }
 
 TEST(Sketch, SecondRoundReturnsExactTopKOfSummedAccumulators) {

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "../compress/registry.hpp"
+#include "../kernels/cpu.hpp"
 #include "../kernels/cuda.hpp"
+#include "../kernels/hash.hpp"
 #include "../kernels/error.hpp"
 #include "../sketch/count_sketch.hpp"
 #include "helpers.hpp"
@@ -186,6 +188,86 @@ TEST(Cuda, EstimateTopkFindsPlantedHeavyHittersLikeCpu) {
       std::sort(found.begin(), found.end());
       EXPECT_EQ(found, heavy);
     }
+  }
+}
+
+/// Blocked hashing on the GPU against the CPU: the same window words; tables to rounding through
+/// the vector-atomic path (aligned windows, whole groups) and the per-coordinate path (unaligned
+/// windows, a slice off a group boundary, tiny blocks); estimates, top-k and FetchSGD's reset
+/// bit for bit from one table; the first non-finite coordinate found on the vector path.
+TEST(CudaBlocked, KernelsMatchTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  struct Shape {
+    uint64_t dim;
+    uint32_t rows, cols, block;
+  };
+  for (const Shape sh : {Shape{1000003, 5, 100000, 1024}, Shape{300007, 5, 20011, 1024},
+                         Shape{200003, 3, 700, 1024}, Shape{100003, 1, 4096, 4096},
+                         Shape{50021, 2, 5000, 2}}) {
+    SCOPED_TRACE(testing::Message() << sh.dim << " " << sh.rows << "x" << sh.cols << " B" << sh.block);
+    kernels::SketchLayout s{sh.dim, sh.rows, sh.cols, seed, nullptr};
+    s.block = sh.block;
+    const auto b = hash::blocked_shape(sh.block, sh.cols);
+    const size_t nw = size_t(s.rows) * ((s.dim + b.size() - 1) >> b.shift);
+    std::vector<uint32_t> words(nw);
+    cpu::precompute_windows(s, words.data());
+    Dev<uint32_t> dwords(nw);
+    cu::precompute_windows(s, dwords.get());
+    ASSERT_EQ(dwords.host(), words);
+    kernels::SketchLayout sg = s;
+    s.windows = words.data();
+    sg.windows = dwords.get();
+
+    auto x = test::gaussian(s.dim, seed + 1);
+    test::plant(x, 500, 4.0f, seed + 2);
+    Dev<float> dx(x);
+    // The whole vector, and a slice that starts off a group boundary (the per-coordinate path).
+    for (auto [off, len] : {std::pair<uint64_t, uint64_t>{0, s.dim}, {s.dim / 3 | 1, s.dim / 3}}) {
+      std::vector<float> table(s.rows * s.cols, 0.0f);
+      ASSERT_EQ(cpu::accumulate(s, table.data(), x.data() + off, len, off, -0.75f), kernels::kNone);
+      Dev<float> dt(std::vector<float>(table.size(), 0.0f));
+      Dev<unsigned long long> bad(std::vector<unsigned long long>{~0ull});
+      cu::accumulate(sg, dt.get(), dx.get() + off, len, off, -0.75f, bad.get());
+      EXPECT_EQ(bad.host()[0], ~0ull);
+      const auto gpu = dt.host();
+      double worst = 0.0;
+      for (size_t i = 0; i < table.size(); ++i)
+        worst = std::max(worst, double(std::fabs(gpu[i] - table[i])));
+      EXPECT_LT(worst, 1e-4) << "slice at " << off;
+    }
+    std::vector<float> table(s.rows * s.cols, 0.0f);
+    cpu::accumulate(s, table.data(), x.data(), s.dim, 0, 1.0f);
+    Dev<float> dt(table);
+    std::vector<float> all(s.dim);
+    cpu::estimate_all(s, table.data(), all.data());
+    Dev<float> dall(s.dim);
+    cu::estimate_all(sg, dt.get(), dall.get());
+    EXPECT_BITS_EQ(dall.host(), all);
+    cu::Workspace ws;
+    for (size_t k : {size_t(1), size_t(500), size_t(s.dim / 10)}) {
+      std::vector<uint32_t> ci(k);
+      std::vector<float> cv(k);
+      cpu::estimate_topk(s, table.data(), k, ci.data(), cv.data());
+      Dev<uint32_t> gi(k);
+      Dev<float> gv(k);
+      cu::estimate_topk(sg, dt.get(), k, gi.get(), gv.get(), ws);
+      EXPECT_EQ(gi.host(), ci) << "k=" << k;
+      EXPECT_BITS_EQ(gv.host(), cv);
+    }
+    std::vector<uint32_t> idx = {0, 1, 2, 3, uint32_t(s.dim / 2), uint32_t(s.dim - 1)};
+    cpu::zero_buckets(s, table.data(), idx.data(), idx.size());
+    Dev<uint32_t> didx(idx);
+    cu::zero_buckets(sg, dt.get(), didx.get(), idx.size());
+    EXPECT_BITS_EQ(dt.host(), table);
+    // A NaN on the vector path: reported at its own index.
+    x[4 * 777 + 2] = std::nanf("");
+    Dev<float> dnan(x);
+    Dev<float> dz(std::vector<float>(table.size(), 0.0f));
+    Dev<unsigned long long> bad(std::vector<unsigned long long>{~0ull});
+    cu::accumulate(sg, dz.get(), dnan.get(), s.dim, 0, 1.0f, bad.get());
+    EXPECT_EQ(bad.host()[0], 4u * 777 + 2);
   }
 }
 
@@ -403,7 +485,7 @@ TEST(CudaSketch, SameSketchOnEveryDeviceAndAcrossSerialisation) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
-  for (Hashing hashing : {Hashing::OnTheFly, Hashing::Precomputed}) {
+  for (Hashing hashing : {Hashing::OnTheFly, Hashing::Precomputed, Hashing::Blocked}) {
     SketchConfig c{400009, 5, 40009, seed, hashing};
     auto x = test::gaussian(c.dim, seed, 0.01f);
     test::plant(x, 300, 3.0f, seed + 1);
@@ -603,6 +685,7 @@ TEST(CudaCodec, DenseTopkAndSketchWorkersMatchTheCpu) {
   expect_codec_agrees("dense:momentum=0.9", Match::Exact);
   expect_codec_agrees("topk:k=3000,momentum=0.9", Match::Exact);
   expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9", Match::Floats);
+  expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9,hashing=random", Match::Floats);
   expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1", Match::Floats);
 }
 

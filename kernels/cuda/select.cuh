@@ -458,6 +458,33 @@ void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Bu
 /// over the input: worth it when a value costs more than reading 8 bytes.
 template <class V>
 void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream,
+          bool materialize);
+
+/// The same with the values written first by fill(float* out, stream) (n floats of workspace):
+/// for values a dedicated kernel computes faster than one at a time.
+template <class Fill>
+void topk_filled(Fill fill, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws,
+                 Stream stream) {
+  if (k == 0 || n == 0) return;
+  const size_t tb = temp_bytes(n, k);
+  uint64_t total = 0;
+  carve(nullptr, n, k, tb, total);
+  char* base = static_cast<char*>(ws.get(total + (n * sizeof(float) + 255) / 256 * 256, stream));
+  const Buffers b = carve(base, n, k, tb, total);
+  float* store = reinterpret_cast<float*>(base + total);
+  fill(store, stream);
+  State init{};
+  init.need[0] = uint32_t(k);
+  SKETCHSGD_CUDA_CHECK(cudaMemcpyAsync(b.st, &init, sizeof(State), cudaMemcpyHostToDevice, stream));
+  SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(b.hist, 0, kLevels * kBins * sizeof(uint32_t), stream));
+  const Full<Values> full{Values{store}, n};
+  histogram_kernel<<<grid_for(n, kPer), kThreads, 0, stream>>>(full, b.hist, nullptr);
+  SKETCHSGD_LAUNCH_CHECK();
+  finish(full, k, idx, val, b, capacity(n, k), ws, stream);
+}
+
+template <class V>
+void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream,
           bool materialize) {
   if (k == 0 || n == 0) return;
   const size_t tb = temp_bytes(n, k);

@@ -13,19 +13,30 @@
 namespace sketchsgd::kernels::cuda {
 namespace {
 
-/// Row hash parameters by value (kernel parameter space: no device allocation, no copy).
+/// Hash parameters by value (kernel parameter space: no device allocation, no copy). Random
+/// hashing: row[i] are the bucket hashes (or packed holds them); blocked: row[i] are the sign
+/// hashes and windows the (row, block) words.
 struct Hashes {
   hash::RowHash row[elem::kMaxRows];
   const uint32_t* packed;
+  const uint32_t* windows;
   uint64_t dim;
+  uint64_t blocks;  // per row (blocked)
   uint32_t rows;
   uint32_t cols;
+  hash::Blocked b;
 
   explicit Hashes(const SketchLayout& s)
-      : packed(s.packed), dim(s.dim), rows(s.rows), cols(s.cols) {
-    for (uint32_t i = 0; i < elem::kMaxRows; ++i) row[i] = hash::row_hash(s.seed, i);
+      : packed(s.packed), windows(s.windows), dim(s.dim), rows(s.rows), cols(s.cols) {
+    b = s.block ? hash::blocked_shape(s.block, s.cols) : hash::Blocked{};
+    blocks = s.block ? (s.dim + b.size() - 1) >> b.shift : 0;
+    for (uint32_t i = 0; i < elem::kMaxRows; ++i)
+      row[i] = s.block ? hash::sign_hash(s.seed, i) : hash::row_hash(s.seed, i);
   }
   __device__ __forceinline__ uint32_t at(uint32_t i, uint64_t j) const {
+    if (windows)
+      return hash::locate_blocked(__ldg(windows + i * blocks + (j >> b.shift)), row[i],
+                                  uint32_t(j), cols, b);
     return packed ? __ldg(packed + i * dim + j) : hash::locate(row[i], uint32_t(j), cols);
   }
 };
@@ -71,12 +82,14 @@ __global__ void precompute_kernel(hash::RowHash h, uint64_t dim, uint32_t cols, 
     out[j] = hash::locate(h, uint32_t(j), cols);
 }
 
+/// x[i] is coordinate offset + i and reported as index base + i.
 __global__ void accumulate_kernel(Hashes h, float* table, const float* x, uint64_t n,
-                                  uint64_t offset, float scale, unsigned long long* first_bad) {
+                                  uint64_t offset, float scale, uint64_t base,
+                                  unsigned long long* first_bad) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) {
     const float v = x[i];
     if (!is_finite(v)) {
-      atomicMin(first_bad, (unsigned long long)i);
+      atomicMin(first_bad, (unsigned long long)(base + i));
       continue;
     }
     const float sv = scale * v;
@@ -88,14 +101,128 @@ __global__ void accumulate_kernel(Hashes h, float* table, const float* x, uint64
   }
 }
 
+__global__ void windows_kernel(hash::RowHash h, uint64_t blocks, uint32_t* out) {
+  for (uint64_t b = thread_index(); b < blocks; b += grid_stride()) out[b] = hash::window_word(h, b);
+}
+
+/// The 4-vector whose lane l is v's lane l XOR key: lane l of a window group holds position
+/// l XOR key. Selects, not a runtime-indexed array (which would live in local memory).
+__device__ __forceinline__ float4 permute_lanes(float4 v, uint32_t key) {
+  switch (key) {
+    case 1:
+      return make_float4(v.y, v.x, v.w, v.z);
+    case 2:
+      return make_float4(v.z, v.w, v.x, v.y);
+    case 3:
+      return make_float4(v.w, v.z, v.y, v.x);
+    default:
+      return v;
+  }
+}
+
+/// Blocked accumulate, aligned windows: one thread per group of 4 coordinates (one block, one
+/// 16-byte column group per row). One 16-byte load of x, then per row one vector atomic add
+/// (sm_90) of the signed values in the window's lane order. A group holding a non-finite value
+/// is skipped whole and its first bad index reported (the rollback pass skips the same groups).
+__global__ void accumulate_groups_kernel(Hashes h, float* table, const float* x, uint64_t groups,
+                                         uint64_t offset, float scale,
+                                         unsigned long long* first_bad) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const uint32_t mask = h.b.size() - 1;
+  for (uint64_t g = thread_index(); g < groups; g += grid_stride()) {
+    const float4 v = x4[g];
+    if (!is_finite(v.x) || !is_finite(v.y) || !is_finite(v.z) || !is_finite(v.w)) {
+      const uint64_t i = 4 * g + (!is_finite(v.x) ? 0 : !is_finite(v.y) ? 1 : !is_finite(v.z) ? 2 : 3);
+      atomicMin(first_bad, (unsigned long long)i);
+      continue;
+    }
+    const uint64_t j = offset + 4 * g;
+    const uint64_t block = j >> h.b.shift;
+    const uint32_t t = uint32_t(j) & mask;
+    for (uint32_t r = 0; r < h.rows; ++r) {
+      const uint32_t w = __ldg(h.windows + r * h.blocks + block);
+      uint32_t col = hash::window_start(w, h.cols, true) + t;  // the group's first column
+      if (col >= h.cols) col -= h.cols;
+      const hash::RowHash sh = h.row[r];
+      const float4 sv = make_float4(
+          hash::apply_sign(hash::sign_bit(sh, uint32_t(j)), scale * v.x),
+          hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 1)), scale * v.y),
+          hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 2)), scale * v.z),
+          hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 3)), scale * v.w));
+      float* dst = table + uint64_t(r) * h.cols + col;
+      const float4 d = permute_lanes(sv, w & 3u);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float4*>(dst), d);
+#else
+      atomicAdd(dst, d.x);
+      atomicAdd(dst + 1, d.y);
+      atomicAdd(dst + 2, d.z);
+      atomicAdd(dst + 3, d.w);
+#endif
+    }
+  }
+}
+
+/// Blocked estimates, aligned windows: one thread per group of 4 coordinates. Per row one window
+/// word, one 16-byte load of the group's columns, lanes put back in position order, signs from
+/// one hash and three adds; then four medians. R rows, known at compile time (registers).
+template <int R>
+__global__ void estimate_groups_kernel(Hashes h, const float* table, uint64_t groups, float* out) {
+  const uint32_t mask = h.b.size() - 1;
+  for (uint64_t g = thread_index(); g < groups; g += grid_stride()) {
+    const uint64_t j = 4 * g;
+    const uint64_t block = j >> h.b.shift;
+    const uint32_t t = uint32_t(j) & mask;
+    float v0[R], v1[R], v2[R], v3[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const uint32_t w = __ldg(h.windows + i * h.blocks + block);
+      uint32_t col = hash::window_start(w, h.cols, true) + t;
+      if (col >= h.cols) col -= h.cols;
+      const float4 q = permute_lanes(
+          __ldg(reinterpret_cast<const float4*>(table + uint64_t(i) * h.cols + col)), w & 3u);
+      const uint32_t a = uint32_t(h.row[i].a), s0 = hash::sign_word(h.row[i], uint32_t(j));
+      v0[i] = hash::apply_sign(s0 & hash::kSignBit, q.x);
+      v1[i] = hash::apply_sign((s0 + a) & hash::kSignBit, q.y);
+      v2[i] = hash::apply_sign((s0 + 2 * a) & hash::kSignBit, q.z);
+      v3[i] = hash::apply_sign((s0 + 3 * a) & hash::kSignBit, q.w);
+    }
+    reinterpret_cast<float4*>(out)[g] =
+        make_float4(elem::median_inplace(v0, R), elem::median_inplace(v1, R),
+                    elem::median_inplace(v2, R), elem::median_inplace(v3, R));
+  }
+}
+
+/// Writes every estimate: the grouped kernel where windows are aligned and R is a common row
+/// count (the tail of fewer than 4 coordinates, and every other case, one thread per estimate).
+/// Returns false when out is not 16-byte aligned or the shape has no grouped path.
+bool estimate_all_grouped(const SketchLayout& s, const float* table, float* out, Stream stream) {
+  const Hashes h(s);
+  if (!s.block || !h.b.aligned || h.b.lanes != 3 || reinterpret_cast<uintptr_t>(out) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(table) % 16 != 0 || (s.rows != 1 && s.rows != 3 && s.rows != 5))
+    return false;
+  const uint64_t groups = s.dim / 4;
+  if (groups) {
+    const unsigned grid = grid_for(groups, 2);
+    if (s.rows == 1)
+      estimate_groups_kernel<1><<<grid, kThreads, 0, stream>>>(h, table, groups, out);
+    else if (s.rows == 3)
+      estimate_groups_kernel<3><<<grid, kThreads, 0, stream>>>(h, table, groups, out);
+    else
+      estimate_groups_kernel<5><<<grid, kThreads, 0, stream>>>(h, table, groups, out);
+    SKETCHSGD_LAUNCH_CHECK();
+  }
+  return true;
+}
+
 template <class E>
 __global__ void estimate_kernel(E est, const uint32_t* idx, uint64_t n, float* out) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) out[i] = est(idx[i]);
 }
 
 template <class E>
-__global__ void estimate_all_kernel(E est, uint64_t dim, float* out) {
-  for (uint64_t j = thread_index(); j < dim; j += grid_stride()) out[j] = est(uint32_t(j));
+__global__ void estimate_all_kernel(E est, uint64_t first, uint64_t dim, float* out) {
+  for (uint64_t j = first + thread_index(); j < dim; j += grid_stride()) out[j] = est(uint32_t(j));
 }
 
 __global__ void zero_buckets_kernel(Hashes h, float* table, const uint32_t* idx, uint64_t n) {
@@ -132,12 +259,35 @@ void precompute_hashes(const SketchLayout& s, uint32_t* packed, Stream stream) {
   }
 }
 
+void precompute_windows(const SketchLayout& s, uint32_t* words, Stream stream) {
+  const Hashes h(s);
+  for (uint32_t row = 0; row < s.rows; ++row) {
+    windows_kernel<<<grid_for(h.blocks), kThreads, 0, stream>>>(
+        hash::window_hash(s.seed, row), h.blocks, words + uint64_t(row) * h.blocks);
+    SKETCHSGD_LAUNCH_CHECK();
+  }
+}
+
 void accumulate(const SketchLayout& s, float* table, const float* x, size_t n, uint64_t offset,
                 float scale, unsigned long long* first_bad, Stream stream) {
   if (n == 0) return;
-  accumulate_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(Hashes(s), table, x, n, offset, scale,
-                                                             first_bad);
-  SKETCHSGD_LAUNCH_CHECK();
+  const Hashes h(s);
+  // Whole 16-byte groups of aligned windows take the vector path; a slice that starts off a group
+  // boundary or an unaligned x, tiny blocks and unaligned windows take one thread per coordinate.
+  const bool groups = s.block && h.b.aligned && h.b.lanes == 3 && offset % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(table) % 16 == 0;
+  const size_t head = groups ? n / 4 * 4 : 0;
+  if (head) {
+    accumulate_groups_kernel<<<grid_for(head / 4, 2), kThreads, 0, stream>>>(
+        h, table, x, head / 4, offset, scale, first_bad);
+    SKETCHSGD_LAUNCH_CHECK();
+  }
+  if (head < n) {
+    accumulate_kernel<<<grid_for(n - head, 4), kThreads, 0, stream>>>(
+        h, table, x + head, n - head, offset + head, scale, head, first_bad);
+    SKETCHSGD_LAUNCH_CHECK();
+  }
 }
 
 void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, size_t n, float* out,
@@ -150,8 +300,11 @@ void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, si
 }
 
 void estimate_all(const SketchLayout& s, const float* table, float* out, Stream stream) {
+  const uint64_t first = estimate_all_grouped(s, table, out, stream) ? s.dim / 4 * 4 : 0;
+  if (first == s.dim) return;
   with_estimator(s, table, [&](auto est) {
-    estimate_all_kernel<<<grid_for(s.dim, 2), kThreads, 0, stream>>>(est, s.dim, out);
+    estimate_all_kernel<<<grid_for(s.dim - first, 2), kThreads, 0, stream>>>(est, first, s.dim,
+                                                                             out);
   });
   SKETCHSGD_LAUNCH_CHECK();
 }
@@ -160,9 +313,21 @@ void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t
                    Workspace& ws, Stream stream) {
   SKETCHSGD_REQUIRE(k <= s.dim, InvalidArgument, "estimate_topk: k = ", k,
                     " exceeds dim = ", s.dim);
-  // Estimates cost r gathers and a median each: compute them once (d floats of workspace).
-  with_estimator(s, table,
-                 [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, true); });
+  // Random buckets: an estimate costs r scattered gathers and a median, so compute them once
+  // (d floats of workspace). Blocked windows: neighbouring coordinates read neighbouring columns
+  // (coalesced), so each selection pass recomputes them instead of writing and reading d floats.
+  const Hashes h(s);
+  if (s.block && h.b.aligned && h.b.lanes == 3 && reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
+      (s.rows == 1 || s.rows == 3 || s.rows == 5)) {
+    // Blocked, aligned: every estimate written once by the grouped kernel (16-byte loads, signs
+    // and window words shared by 4 coordinates), then the selection reads floats.
+    select::topk_filled([&](float* out, Stream st) { estimate_all(s, table, out, st); }, s.dim, k,
+                        idx, val, ws, stream);
+    return;
+  }
+  with_estimator(s, table, [&](auto est) {
+    select::topk(est, s.dim, k, idx, val, ws, stream, s.block == 0);
+  });
 }
 
 void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n,
