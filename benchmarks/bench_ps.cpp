@@ -48,8 +48,9 @@ std::vector<uint64_t> list(const std::string& s) {
 std::string spec_for(const std::string& codec, uint64_t d) {
   const uint64_t k =
       std::max<uint64_t>(16, d / 160);  // d = 16M: k = 100k, c = 1M (the target case)
-  if (codec == "sketch")
-    return "sketch:rows=5,cols=" + std::to_string(10 * k) + ",k=" + std::to_string(k);
+  if (codec == "sketch" || codec == "sketch-random")  // blocked hashing (the default) or random
+    return "sketch:rows=5,cols=" + std::to_string(10 * k) + ",k=" + std::to_string(k) +
+           (codec == "sketch" ? "" : ",hashing=random");
   if (codec == "topk") return "topk:k=" + std::to_string(k);
   return codec;
 }
@@ -209,7 +210,8 @@ Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds,
 int main(int argc, char** argv) {
   Flags f("sketchsgd_bench_ps: parameter-server round cost vs the loopback floor");
   f.add("codecs", "sketch,topk,dense",
-        "codecs (sketch: r = 5, k = d/160, c = 10k; topk: k = d/160)");
+        "codecs (sketch: r = 5, k = d/160, c = 10k, blocked hashing; sketch-random: the same with "
+        "random buckets; topk: k = d/160)");
   f.add("dims", "1048576,4194304,16777216", "d values");
   f.add("workers", "1,2,4,8", "W values");
   f.add("rounds", "5", "measured rounds per case (median reported)");

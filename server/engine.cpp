@@ -116,7 +116,14 @@ uint32_t Engine::live_workers() const {
 void Engine::restore(const Checkpoint& c) {
   SKETCHSGD_REQUIRE(c.job == cfg_.job, ConfigMismatch, "checkpoint of job ", c.job,
                     ", server runs job ", cfg_.job);
-  SKETCHSGD_REQUIRE(c.spec == cfg_.spec, ConfigMismatch, "checkpoint of codec ", c.spec,
+  // Compared in today's canonical form: a checkpoint written by an older version names the same
+  // codec in older words (e.g. hashing=0 for hashing=random).
+  std::string spec = c.spec;
+  try {
+    spec = make_compressor(c.spec, cfg_.dim)->spec();
+  } catch (const Error&) {
+  }
+  SKETCHSGD_REQUIRE(spec == cfg_.spec, ConfigMismatch, "checkpoint of codec ", c.spec,
                     ", server runs ", cfg_.spec);
   SKETCHSGD_REQUIRE(c.params.size() == cfg_.dim, ConfigMismatch, "checkpoint of dim ",
                     c.params.size(), ", server runs dim ", cfg_.dim);

@@ -539,6 +539,27 @@ TEST(Engine, CheckpointWriterKeepsTheLatestSnapshotAndReportsFailures) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Engine, TheHashingModeIsCheckedAtRegistrationAndOnRestore) {
+  const JobConfig cfg = job("sketch:k=20,cols=200", 1, 500);  // blocked hashing, the default
+  Net net(cfg);
+  FakeWorker w(0, cfg);
+  const HelloInfo random{1, 500, make_compressor("sketch:k=20,cols=200,hashing=random", 500)->spec()};
+  net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(random))});
+  auto m = net.next(w.peer);
+  ASSERT_TRUE(m && m->first.type == Type::Refuse);
+  EXPECT_NE(decode_refuse(m->second[1].bytes()).reason.find("hashing=blocked"), std::string::npos);
+  // A checkpoint of an older version names random hashing as hashing=0: the same codec as
+  // hashing=random today, and another than the blocked default.
+  JobConfig old = job("sketch:k=20,cols=200,hashing=random", 1, 500);
+  Net a(old);
+  Checkpoint c = a.engine.checkpoint();
+  c.params.assign(500, 0.5f);
+  c.spec = "sketch:rows=5,cols=200,k=20,p2=0,momentum=0.9,seed=1,hashing=0,fetch=0";
+  Net b(old);
+  EXPECT_NO_THROW(b.engine.restore(c));
+  EXPECT_THROW(net.engine.restore(c), ConfigMismatch);
+}
+
 TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
   JobConfig cfg = job("sketch:k=30,cols=300,fetch=1,momentum=0.9", 2, 1000);
   cfg.policy = Policy::Abort;
