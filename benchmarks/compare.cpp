@@ -1,6 +1,6 @@
 // sketchsgd_compare --input FILE.f32 --rows R --cols C --k K --reps N --seed S
 // Times construction, accumulate and unsketch+top-k of one vector and prints one JSON object;
-// scripts/compare_torch.py runs the PyTorch reference on the same vector beside it.
+// benchmarks/compare_torch.py runs the PyTorch reference on the same vector beside it.
 #include <omp.h>
 
 #include <algorithm>

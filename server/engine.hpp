@@ -53,8 +53,8 @@ struct JobConfig {
   std::string checkpoint;   ///< path; empty: none
   uint64_t checkpoint_every = 0;
   uint64_t max_rounds = 0;  ///< the job ends after this round (0: never)
-  /// Bounded staleness (seed 003's bounded delay): a worker may push up to this many rounds ahead
-  /// of the last update it received. 0: synchronous. Not with two-round codecs.
+  /// Bounded staleness (the parameter-server paper's bounded delay): a worker may push up to this
+  /// many rounds ahead of the last update it received. 0: synchronous. Not with two-round codecs.
   uint32_t staleness = 0;
   bool authenticated = false;  ///< CURVE: a Hello's rank must be the one its key is bound to
   /// Where the aggregator sums and decodes (a GPU: the sketch unsketch runs there). The server's

@@ -37,7 +37,7 @@ namespace fs = std::filesystem;
 using Proc = demo::Process;
 
 /// The programs under test: the build's, or the environment's (a build copied to another
-/// machine, as scripts/gpu_check.sh runs it, lives at another path).
+/// machine, as scripts/gpu.sh check runs it, lives at another path).
 std::string program(const char* env, const char* built) {
   const char* v = std::getenv(env);
   return v && *v ? v : built;

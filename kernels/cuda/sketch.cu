@@ -8,7 +8,7 @@
 #include "../error.hpp"
 #include "../hash.hpp"
 #include "launch.cuh"
-#include "select.cuh"
+#include "select/dispatch.cuh"
 
 namespace sketchsgd::kernels::cuda {
 namespace {

@@ -2,7 +2,7 @@
 """Side-by-side benchmark: sketchsgd's C++ count sketch vs. the PyTorch CSVec reference.
 
 Run with Debian's interpreter (needs python3-torch, python3-numpy):
-    /usr/bin/python3 scripts/compare_torch.py --binary build/cpu/benchmarks/sketchsgd_compare
+    /usr/bin/python3 benchmarks/compare_torch.py --binary build/cpu/benchmarks/sketchsgd_compare
 
 The torch half mirrors CSVec with precomputed hashes: int64 buckets and float32
 signs per (row, coordinate), per-row bincount to accumulate, gather of all r x d

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """GPU side-by-side: times the PyTorch baselines on this GPU and prints them next to
-sketchsgd's Google Benchmark results (one JSON from sketchsgd_bench_gpu), with the targets of
-issue 3. Run by scripts/gpu_check.sh; needs PyTorch with CUDA.
+sketchsgd's Google Benchmark results (one JSON from sketchsgd_bench_gpu), with the targets set
+for the GPU backend. Run by scripts/gpu.sh check; needs PyTorch with CUDA.
 
-    python3 scripts/gpu_report.py --bench gpu.json [--markdown table.md] [--json r.json] [--png r.png]
-    python3 scripts/gpu_report.py --replot r.json --png r.png     # the chart of an earlier run
+    python3 benchmarks/gpu_report.py --bench gpu.json [--markdown table.md] [--json r.json] [--png r.png]
+    python3 benchmarks/gpu_report.py --replot r.json --png r.png     # the chart of an earlier run
 
 Baselines (CUDA events, median of several runs after warm-up):
   copy      x.clone() of the same size: the bandwidth ceiling
@@ -131,7 +131,7 @@ def chart(report, path):
         else:
             ax.set_xlim(0, 1.1)
     fig.suptitle(f"sketchsgd on {report['gpu']}: green met, red missed, gray information; "
-                 "black marks: the issue's targets", fontsize=10)
+                 "black marks: the targets", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     log(f"wrote {path}")

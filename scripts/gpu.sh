@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Everything that needs a CUDA GPU, in one entry point. The lent GPU machine has nvcc, CMake, ninja,
+# ncu, compute-sanitizer and a CUDA PyTorch but none of our other dependencies, so the `prepare`
+# steps run here and stage what the GPU machine lacks; the others run there.
+#
+#   bash scripts/gpu.sh prepare        here: build preset `gpu` (CUDA sm_90, the server where
+#                                      ZeroMQ is found) and copy the shared libraries its programs
+#                                      need beyond glibc, libstdc++ and the CUDA runtime into
+#                                      build/gpu/extra (carry build/gpu)
+#   bash scripts/gpu.sh check          there: the GoogleTest suite (fails if a GPU test skipped;
+#                                      the two-GPU one may skip on one GPU), compute-sanitizer
+#                                      memcheck, the GPU benchmarks against PyTorch, one table and
+#                                      a PNG. Every step runs; failures are listed at the end.
+#   bash scripts/gpu.sh profile        there: the Nsight Compute figures quoted in BENCHMARKS.md
+#   bash scripts/gpu.sh demo-prepare   here: ZeroMQ, cppzmq and zlib headers and libraries and the
+#                                      Fashion-MNIST files into build/gpu-demo-deps (carry it)
+#   bash scripts/gpu.sh demo [ARGS]    there: build the demo against the machine's PyTorch, train
+#                                      the default job on the GPU and on the CPU, print both
+#                                      summaries (ARGS go to both runs, e.g. --epochs 1)
+#
+# Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build/gpu}
+PY=${PYTHON:-python3}
+# Not these: the GPU machine has them (or must use its own).
+SYSTEM_LIBS='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libresolv'
+
+step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+failed=()
+fail() { failed+=("$1"); printf '*** FAILED: %s\n' "$1" >&2; }
+finish() {
+  step "summary"
+  if [ ${#failed[@]} -eq 0 ]; then
+    echo "gpu.sh $1: every step passed"
+    exit 0
+  fi
+  printf 'gpu.sh %s: %d step(s) failed:\n' "$1" "${#failed[@]}" >&2
+  printf '  - %s\n' "${failed[@]}" >&2
+  exit 1
+}
+# A build made elsewhere finds its libraries and programs here.
+use_build() {
+  local b
+  b=$(cd "$BUILD" 2>/dev/null && pwd || echo "$PWD/$BUILD")
+  export LD_LIBRARY_PATH="$b:$b/ps:$b/server:$b/worker:$b/extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export SKETCHSGD_SERVER_BIN="$b/server/sketchsgd-server"
+  export SKETCHSGD_WORKER_BIN="$b/tests/sketchsgd_test_worker"
+}
+
+prepare() {
+  set -e
+  cmake --preset gpu >/dev/null
+  cmake --build --preset gpu
+  mkdir -p "$BUILD/extra"
+  for bin in "$BUILD/tests/sketchsgd_tests" "$BUILD/benchmarks/sketchsgd_bench_gpu" \
+    "$BUILD/benchmarks/sketchsgd_bench_ps" "$BUILD/server/sketchsgd-server" \
+    "$BUILD/tests/sketchsgd_test_worker"; do
+    [ -x "$bin" ] || continue  # no server without ZeroMQ
+    ldd "$bin" | awk '/=>/ {print $1, $3}' | grep -vE "$SYSTEM_LIBS|libcudart|libsketchsgd" |
+      while read -r name path; do
+        [ -f "$path" ] && cp -L "$path" "$BUILD/extra/$name"
+      done
+  done
+  echo "self-contained GPU build in $BUILD ($(du -sh "$BUILD" | cut -f1)); extra libraries: $(ls "$BUILD/extra" | tr '\n' ' ')"
+}
+
+check() {
+  REPORT=${REPORT:-$BUILD/gpu-check}
+  mkdir -p "$REPORT"
+  use_build
+  step "device"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  if [ ! -x "$BUILD/tests/sketchsgd_tests" ] || [ ! -x "$BUILD/benchmarks/sketchsgd_bench_gpu" ]; then
+    step "build (preset gpu)"
+    { cmake --preset gpu && cmake --build --preset gpu; } || { fail "build"; finish check; }
+  fi
+
+  step "tests"
+  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_output="json:$REPORT/tests.json" 2>&1 |
+    tee "$REPORT/tests.log" || fail "tests (see $REPORT/tests.log)"
+  grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
+  "$PY" - "$REPORT/tests.json" <<'PY' || fail "GPU tests: some failed or skipped"
+import json, sys
+d = json.load(open(sys.argv[1]))
+suites = [s for s in d["testsuites"] if s["name"].startswith("Cuda")]
+cuda = [t for s in suites for t in s["testsuite"]]
+ran = [t for t in cuda if t.get("result") == "COMPLETED" and "failures" not in t]
+failed = [t["name"] for t in cuda if "failures" in t]
+# CudaMultiGpu tests need two GPUs and may skip on a one-GPU machine; every other one must run.
+skipped = [t["name"] for s in suites if s["name"] != "CudaMultiGpu" for t in s["testsuite"]
+           if t.get("result") != "COMPLETED"]
+print(f"GPU tests passed: {len(ran)} of {len(cuda)}" +
+      (f"; failed: {failed}" if failed else "") + (f"; skipped: {skipped}" if skipped else ""))
+sys.exit(0 if ran and not failed and not skipped else 1)
+PY
+
+  step "compute-sanitizer memcheck (small cases)"
+  compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
+    "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
+    --gtest_filter='CudaBlocked.*:Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:CudaSketch.*:CudaCodec.DenseTopk*:CudaEngine.*' \
+    > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see $REPORT/memcheck.log)"
+  tail -n 5 "$REPORT/memcheck.log"
+
+  step "benchmarks"
+  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_out="$REPORT/gpu.json" \
+    --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ||
+    fail "GPU benchmarks"
+
+  step "PyTorch baselines and the table"
+  "$PY" benchmarks/gpu_report.py --bench "$REPORT/gpu.json" --markdown "$REPORT/table.md" \
+    --json "$REPORT/report.json" --png "$REPORT/gpu.png" || fail "PyTorch baselines and the table"
+  finish check
+}
+
+profile() {
+  REPORT=${REPORT:-$BUILD/gpu-check}
+  mkdir -p "$REPORT"
+  use_build
+  local bench="$BUILD/benchmarks/sketchsgd_bench_gpu --benchmark_min_time=0.001"
+  local l2="lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,lts__t_sectors_op_read.sum,lts__t_requests_srcunit_tex_op_red.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum"
+  # name, kernel regex, benchmark filter: the accumulate kernels' L2 traffic, the estimates, TernGrad.
+  while read -r name kernel filter; do
+    step "ncu $name"
+    ncu --clock-control none --kernel-name "regex:$kernel" --launch-count 1 --metrics "$l2" \
+      $bench --benchmark_filter="$filter" > "$REPORT/ncu-$name.txt" 2>&1 || fail "ncu $name"
+  done <<'CASES'
+accumulate accumulate_kernel BM_Accumulate/134217728/5/1048576/0
+accumulate-blocked accumulate_groups BM_Accumulate/134217728/5/1048576/2
+estimate estimate BM_UnsketchTopk/134217728/5/1048576/1000000/0
+estimate-blocked estimate_groups BM_UnsketchTopk/134217728/5/1048576/1000000/2
+ternarize ternarize_kernel BM_Ternarize
+CASES
+  # Every kernel of one top-k and one unsketch (skipping the two warm-up calls' kernels).
+  for f in 'BM_Topk/100000000/1000000' 'BM_UnsketchTopk/134217728/5/1048576/1000000/0' \
+    'BM_UnsketchTopk/134217728/5/1048576/1000000/2'; do
+    step "ncu $f"
+    ncu --clock-control none --launch-skip 40 --launch-count 20 \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      $bench --benchmark_filter="$f" > "$REPORT/ncu-$(echo "$f" | tr '/' '_').txt" 2>&1 ||
+      fail "ncu $f"
+  done
+  grep -h -E "^  [a-z_]+.*\(|gpu__time_duration|lts__|dram__|sm__" "$REPORT"/ncu-*.txt |
+    sed 's/  */ /g' | head -150
+  finish profile
+}
+
+demo_prepare() {
+  set -e
+  source scripts/packages.sh
+  ensure_packages libzmq3-dev cppzmq-dev zlib1g-dev dataset-fashion-mnist
+  local deps=${DEPS:-build/gpu-demo-deps} lib
+  lib=/usr/lib/$(gcc -dumpmachine)
+  rm -rf "$deps"
+  mkdir -p "$deps/include" "$deps/lib" "$deps/share/cmake" "$deps/data"
+  cp /usr/include/{zmq.h,zmq_utils.h,zmq.hpp,zmq_addon.hpp,zlib.h,zconf.h} "$deps/include/"
+  cp -r /usr/share/cmake/cppzmq "$deps/share/cmake/"
+  # Link names for the build, sonames for the loader.
+  for so in libzmq.so.5 libz.so.1; do
+    cp -L "$lib/$so" "$deps/lib/$so"
+    ln -sf "$so" "$deps/lib/${so%.*}"
+  done
+  # libzmq's own dependencies (libsodium, pgm, norm, Kerberos, …) beyond glibc and libstdc++.
+  ldd "$lib/libzmq.so.5" | awk '/=>/ {print $1, $3}' | grep -vE "$SYSTEM_LIBS" |
+    while read -r name path; do
+      [ -f "$deps/lib/$name" ] || cp -L "$path" "$deps/lib/$name"
+    done
+  cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$deps/data/"
+  echo "staged $deps ($(du -sh "$deps" | cut -f1)): $(ls "$deps/lib" | tr '\n' ' ')"
+}
+
+demo() {
+  set -e
+  local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_DEMO:-build/gpu-demo}
+  REPORT=${REPORT:-build/gpu-demo-out}
+  [ -d "$deps/include" ] || { echo "no $deps: run 'scripts/gpu.sh demo-prepare' first" >&2; exit 1; }
+  local torch_prefix
+  torch_prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  "$PY" -c 'import torch; assert torch.cuda.is_available(), "this PyTorch sees no GPU"; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+  export LD_LIBRARY_PATH=$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  mkdir -p "$REPORT"
+  step "configure + build $build"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKETCHSGD_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSKETCHSGD_SERVER=ON -DSKETCHSGD_DEMO=ON \
+    -DSKETCHSGD_TESTS=OFF -DSKETCHSGD_BENCHMARKS=OFF "-DCMAKE_PREFIX_PATH=$deps;$torch_prefix" \
+    -DZeroMQ_DIR="$deps" -DZLIB_ROOT="$deps" > "$REPORT/configure.log"
+  cmake --build "$build" --target sketchsgd-train
+  local train=$build/demo/sketchsgd-train start
+  for device in cuda cpu; do
+    step "train on $device"
+    start=$(date +%s)
+    "$train" --device "$device" --data "$deps/data" --out "$REPORT/$device" "$@" 2>&1 |
+      tee "$REPORT/train-$device.log"
+    echo "$device: $(($(date +%s) - start)) s wall" | tee -a "$REPORT/summary.txt"
+    cat "$REPORT/$device/summary.json" >> "$REPORT/summary.txt"
+    echo >> "$REPORT/summary.txt"
+  done
+  step "summaries"
+  cat "$REPORT/summary.txt"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  prepare) prepare ;;
+  check) check ;;
+  profile) profile ;;
+  demo-prepare) demo_prepare ;;
+  demo) demo "$@" ;;
+  *)
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    [ -z "$cmd" ] || [ "$cmd" = help ] || [ "$cmd" = -h ] || [ "$cmd" = --help ] || exit 2
+    ;;
+esac
