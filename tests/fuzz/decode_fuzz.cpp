@@ -12,11 +12,11 @@
 #include <span>
 #include <vector>
 
-#include "../../compress/registry.hpp"
-#include "../../kernels/error.hpp"
-#include "../../sketch/count_sketch.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/sketch/count_sketch.hpp>
 #if SKETCHSGD_FUZZ_PS
-#include "../../ps/protocol.hpp"
+#include <sketchsgd/ps/protocol.hpp>
 #endif
 
 namespace {

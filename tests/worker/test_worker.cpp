@@ -7,10 +7,10 @@
 #include <fstream>
 #include <thread>
 
-#include "../compress/registry.hpp"
-#include "../ps/flags.hpp"
-#include "../worker/client.hpp"
-#include "ps_synthetic.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/ps/flags.hpp>
+#include <sketchsgd/worker/client.hpp>
+#include "support/ps_synthetic.hpp"
 
 int main(int argc, char** argv) {
   using namespace sketchsgd::ps;

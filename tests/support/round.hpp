@@ -4,8 +4,8 @@
 #include <memory>
 #include <vector>
 
-#include "../compress/compressor.hpp"
-#include "../compress/registry.hpp"
+#include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/compress/registry.hpp>
 
 namespace sketchsgd::test {
 

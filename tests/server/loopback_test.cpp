@@ -7,13 +7,13 @@
 #include <cstring>
 #include <thread>
 
-#include "../compress/registry.hpp"
-#include "../kernels/cpu.hpp"
-#include "../server/server.hpp"
-#include "../ps/transport.hpp"
-#include "../worker/client.hpp"
-#include "ps_synthetic.hpp"
-#include "round.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/server/server.hpp>
+#include <sketchsgd/ps/transport.hpp>
+#include <sketchsgd/worker/client.hpp>
+#include "support/ps_synthetic.hpp"
+#include "support/round.hpp"
 
 namespace sketchsgd::ps {
 namespace {

@@ -5,8 +5,8 @@
 #include <limits>
 #include <numeric>
 
-#include "../kernels/cpu.hpp"
-#include "helpers.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include "support/helpers.hpp"
 
 namespace sketchsgd {
 namespace {

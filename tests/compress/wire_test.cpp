@@ -3,10 +3,10 @@
 #include <cstring>
 #include <random>
 
-#include "../compress/registry.hpp"
-#include "../kernels/error.hpp"
-#include "helpers.hpp"
-#include "round.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/error.hpp>
+#include "support/helpers.hpp"
+#include "support/round.hpp"
 
 namespace sketchsgd {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../kernels/hash.hpp"
+#include <sketchsgd/kernels/hash.hpp>
 
 int main(int argc, char** argv) {
   if (argc == 6 && std::strcmp(argv[1], "--dump-hashes") == 0) {

@@ -6,9 +6,9 @@
 #include <set>
 #include <string>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/elementwise.hpp"
-#include "../kernels/hash.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
+#include <sketchsgd/kernels/hash.hpp>
 
 namespace sketchsgd {
 namespace {

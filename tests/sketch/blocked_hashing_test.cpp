@@ -9,12 +9,12 @@
 #include <cstring>
 #include <set>
 
-#include "../compress/registry.hpp"
-#include "../kernels/cpu.hpp"
-#include "../kernels/elementwise.hpp"
-#include "../kernels/hash.hpp"
-#include "../sketch/count_sketch.hpp"
-#include "helpers.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
+#include <sketchsgd/kernels/hash.hpp>
+#include <sketchsgd/sketch/count_sketch.hpp>
+#include "support/helpers.hpp"
 
 namespace sketchsgd {
 namespace {

@@ -19,14 +19,14 @@
 
 #include <random>
 #include <zmq.hpp>
-#include "../compress/registry.hpp"
-#include "../demo/process.hpp"
-#include "../kernels/cpu.hpp"
-#include "../server/checkpoint.hpp"
-#include "../ps/flags.hpp"
-#include "../ps/protocol.hpp"
-#include "ps_synthetic.hpp"
-#include "round.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include "demo/process.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/server/checkpoint.hpp>
+#include <sketchsgd/ps/flags.hpp>
+#include <sketchsgd/ps/protocol.hpp>
+#include "support/ps_synthetic.hpp"
+#include "support/round.hpp"
 
 namespace sketchsgd::ps {
 namespace {

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <string>
 
-#include "../server/engine.hpp"
+#include <sketchsgd/server/engine.hpp>
 
 namespace sketchsgd::ps::test_job {
 

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <numeric>
 
-#include "../compress/registry.hpp"
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "helpers.hpp"
-#include "round.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/error.hpp>
+#include "support/helpers.hpp"
+#include "support/round.hpp"
 
 namespace sketchsgd {
 namespace {

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <random>
 
-#include "helpers.hpp"
-#include "round.hpp"
+#include "support/helpers.hpp"
+#include "support/round.hpp"
 
 namespace sketchsgd {
 namespace {
@@ -98,7 +98,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"signsgd", 0.002f}, Case{"signsgd:ef=1", 1.0f},
                     Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5", 1.0f},
                     Case{"sketch:rows=5,cols=500,k=100,p2=3,momentum=0.5,hashing=1", 1.0f},
-                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1", 1.0f}),
+                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1", 1.0f},
+                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,hashing=random", 1.0f},
+                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1,hashing=random", 1.0f}),
     [](const testing::TestParamInfo<Case>& info) {
       std::string name;
       for (const char* c = info.param.spec; *c; ++c) name += std::isalnum(*c) ? *c : '_';

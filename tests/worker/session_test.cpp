@@ -9,13 +9,13 @@
 #include <deque>
 #include <map>
 
-#include "../compress/registry.hpp"
-#include "../kernels/cpu.hpp"
-#include "../server/engine.hpp"
-#include "../worker/session.hpp"
-#include "ps_job.hpp"
-#include "ps_synthetic.hpp"
-#include "round.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/server/engine.hpp>
+#include <sketchsgd/worker/session.hpp>
+#include "support/ps_job.hpp"
+#include "support/ps_synthetic.hpp"
+#include "support/round.hpp"
 
 namespace sketchsgd::ps {
 namespace {
@@ -165,6 +165,7 @@ TEST_P(SessionCodecs, TrainBitForBitLikeTheInProcessReference) {
 
 INSTANTIATE_TEST_SUITE_P(Codecs, SessionCodecs,
                          ::testing::Values("sketch:k=30,cols=300,p2=2", "sketch:k=30,cols=300,fetch=1",
+                                           "sketch:k=30,cols=300,p2=2,hashing=random",
                                            "topk:k=30", "signsgd", "terngrad"));
 
 TEST(Session, TransientRefusalRetriesHelloWhenItsTimerIsDue) {

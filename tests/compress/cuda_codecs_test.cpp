@@ -1,0 +1,163 @@
+// Every codec on the GPU against the same codec on the CPU: messages, updates and parameters, and
+// the sketch aggregator on the GPU byte for byte.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/cuda.hpp>
+#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/kernels/hash.hpp>
+#include <sketchsgd/sketch/count_sketch.hpp>
+#include "support/helpers.hpp"
+#include "support/cuda.hpp"
+
+namespace sketchsgd {
+namespace {
+
+/// Encodes the same gradients with one codec on each device and returns both message streams.
+struct Pair {
+  std::unique_ptr<Compressor> cpu, gpu;
+};
+
+Pair both(const std::string& spec, uint64_t dim) {
+  return {make_compressor(spec, dim), make_compressor(spec, dim, Device::cuda())};
+}
+
+/// How closely a GPU codec's messages must match the CPU's: bit for bit; payload floats to
+/// rounding (sketch tables: atomic order); or ≥ 99.9 % of payload bytes (scales from double sums
+/// in another order can move a float by one ulp, and a stochastic rounding near it then differs).
+enum class Match { Exact, Floats, Mostly };
+
+/// Worker rounds on both devices with the server on the CPU: gradients, updates and parameters on
+/// the GPU codec stay device memory; messages agree as `match` says, parameters exactly.
+void expect_codec_agrees(const std::string& spec, Match match) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(spec + " seed " + std::to_string(seed));
+  const uint64_t dim = 300007;
+  auto codecs = both(spec, dim);
+  auto agg = codecs.cpu->make_aggregator(1);
+  std::vector<float> params = test::gaussian(dim, seed + 7);
+  Dev<float> dparams(params);
+  for (uint64_t round = 0; round < 3; ++round) {
+    const auto g = test::gaussian(dim, seed + round, 0.1f);
+    Dev<float> dg(g);
+    const Message mc = codecs.cpu->encode(g, round, 0);
+    const Message mg = codecs.gpu->encode(cspan(dg, dim), round, 0);
+    ASSERT_EQ(mc.size(), mg.size());
+    if (match == Match::Exact) {
+      EXPECT_TRUE(std::equal(mc.bytes().begin(), mc.bytes().end(), mg.bytes().begin())) << round;
+    } else if (match == Match::Mostly) {
+      const auto pc = payload_of(mc.bytes()), pg = payload_of(mg.bytes());
+      size_t differ = 0;
+      for (size_t i = 0; i < pc.size(); ++i) differ += pc[i] != pg[i];
+      EXPECT_LE(differ, pc.size() / 1000) << round;
+    } else {
+      const auto pc = payload_of(mc.bytes()), pg = payload_of(mg.bytes());
+      std::vector<float> fc(pc.size() / 4), fg(pg.size() / 4);
+      std::memcpy(fc.data(), pc.data(), pc.size());
+      std::memcpy(fg.data(), pg.data(), pg.size());
+      for (size_t i = 0; i < fc.size(); ++i) ASSERT_NEAR(fg[i], fc[i], 1e-4) << i;
+    }
+    agg->add(mc.bytes());
+    const Message update = agg->finish();
+    codecs.cpu->apply_step(update.bytes(), params, 0.5f);
+    codecs.gpu->apply_step(update.bytes(), std::span<float>(dparams.get(), dim), 0.5f);
+    EXPECT_BITS_EQ(dparams.host(), params) << round;
+  }
+  // A corrupt update changes nothing on the GPU either.
+  const auto before = dparams.host();
+  std::vector<uint8_t> junk(64, 0xAB);
+  EXPECT_ANY_THROW(codecs.gpu->apply_step(junk, std::span<float>(dparams.get(), dim), 0.5f));
+  EXPECT_BITS_EQ(dparams.host(), before);
+  // Non-finite gradients are refused before any state changes.
+  auto bad = test::gaussian(dim, seed);
+  bad[dim - 1] = INFINITY;
+  Dev<float> dbad(bad);
+  EXPECT_THROW(codecs.gpu->encode(cspan(dbad, dim), 9, 0), NonFiniteError);
+}
+
+TEST(CudaCodec, DenseTopkAndSketchWorkersMatchTheCpu) {
+  REQUIRE_GPU();
+  expect_codec_agrees("dense:momentum=0.9", Match::Exact);
+  expect_codec_agrees("topk:k=3000,momentum=0.9", Match::Exact);
+  expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9", Match::Floats);
+  expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9,hashing=random", Match::Floats);
+  expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1", Match::Floats);
+}
+
+TEST(CudaCodec, QuantisingWorkersMatchTheCpu) {
+  REQUIRE_GPU();
+  expect_codec_agrees("signsgd:momentum=0.9", Match::Exact);
+  expect_codec_agrees("terngrad:chunk=1000", Match::Exact);  // scale = max |x|: exact everywhere
+  expect_codec_agrees("terngrad:ef=1,momentum=0.5", Match::Exact);
+  expect_codec_agrees("signsgd:ef=1,chunk=4096,momentum=0.9", Match::Mostly);
+  expect_codec_agrees("terngrad:chunk=1000,clip=2.5", Match::Mostly);
+}
+
+/// Server side on the GPU: the same messages give the same Update bytes as the CPU aggregator
+/// (sums in the same order, hashes and medians bit-identical), FetchSGD state included.
+TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const uint64_t dim = 500009;
+  for (const char* spec :
+       {"sketch:rows=5,cols=50000,k=5000", "sketch:rows=1,cols=50000,k=5000,fetch=1",
+        "sketch:rows=3,cols=50000,k=2000,p2=2"}) {
+    SCOPED_TRACE(spec);
+    auto workers = both(spec, dim);
+    auto cpu = workers.cpu->make_aggregator(2), gpu = workers.gpu->make_aggregator(2);
+    auto w1 = make_compressor(spec, dim);
+    for (uint64_t round = 0; round < 3; ++round) {
+      const Message a = workers.cpu->encode(test::gaussian(dim, seed + round), round, 0);
+      const Message b = w1->encode(test::gaussian(dim, seed + 100 + round), round, 1);
+      for (auto* agg : {cpu.get(), gpu.get()}) {
+        agg->add(a.bytes());
+        agg->add(b.bytes());
+      }
+      Message uc = cpu->finish(), ug = gpu->finish();
+      ASSERT_EQ(uc.size(), ug.size());
+      if (workers.cpu->two_rounds()) {  // Query → Answers → Update
+        ASSERT_TRUE(std::equal(uc.bytes().begin(), uc.bytes().end(), ug.bytes().begin()));
+        const Message qa = workers.cpu->answer(uc.bytes(), 0), qb = w1->answer(uc.bytes(), 1);
+        for (auto* agg : {cpu.get(), gpu.get()}) {
+          agg->add(qa.bytes());
+          agg->add(qb.bytes());
+        }
+        uc = cpu->finish();
+        ug = gpu->finish();
+        ASSERT_EQ(uc.size(), ug.size());
+      }
+      EXPECT_TRUE(std::equal(uc.bytes().begin(), uc.bytes().end(), ug.bytes().begin())) << round;
+      std::vector<float> step(dim);
+      workers.cpu->apply(uc.bytes(), step);
+      w1->apply(uc.bytes(), step);
+    }
+    EXPECT_EQ(cpu->save_state(), gpu->save_state());
+    auto restored = workers.gpu->make_aggregator(2);
+    restored->load_state(cpu->save_state());
+    EXPECT_EQ(restored->save_state(), cpu->save_state());
+
+    // A well-formed message carrying a NaN cell is refused by the GPU aggregator (validated on
+    // the device) exactly as on the CPU, and the round goes on without it.
+    std::vector<float> cells(workers.cpu->max_payload(MessageKind::Gradient) / 4, 0.5f);
+    cells[cells.size() / 3] = std::nanf("");
+    const Message poisoned =
+        Message::build(workers.cpu->make_header(MessageKind::Gradient, 3, 0), cells.size() * 4,
+                       [&](ByteWriter& w) { w.put_array(std::span<const float>(cells)); });
+    EXPECT_THROW(cpu->add(poisoned.bytes()), WireError);
+    EXPECT_THROW(gpu->add(poisoned.bytes()), WireError);
+    EXPECT_EQ(gpu->count(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace sketchsgd
