@@ -200,6 +200,30 @@ uint32_t slice_bound(uint32_t i, uint32_t slices, uint32_t cols, bool aligned) {
   return aligned ? c & ~3u : c;
 }
 
+/// The accumulate driver both hashings share: `threads` threads walk x in chunks of kBlock;
+/// every thread checks the same chunk for non-finite values (while it is hot in L1), so all stop
+/// at the same place, then body(thread, threads, first, count) adds the chunk's share of that
+/// thread. Returns the first coordinate of the chunk that held a non-finite value, or kNone.
+template <class Body>
+size_t in_chunks(int threads, const float* x, size_t n, Body&& body) {
+  size_t stop = kNone;
+#pragma omp parallel num_threads(threads)
+  {
+    const uint32_t t = uint32_t(omp_get_thread_num()), nt = uint32_t(omp_get_num_threads());
+    size_t my_stop = kNone;
+    for (size_t b = 0; b < n; b += kBlock) {
+      const size_t m = std::min(kBlock, n - b);
+      if (!block_finite(x + b, m)) {
+        my_stop = b;
+        break;
+      }
+      body(t, nt, b, m);
+    }
+    if (t == 0) stop = my_stop;
+  }
+  return stop;
+}
+
 /// Blocked accumulate: every thread owns (row, column slice) units, so no two threads write one
 /// cell and every cell gets its coordinates in block order whatever the thread count: the table
 /// is bit-identical for any number of threads. Each block's piece is added to its window as runs
@@ -212,45 +236,32 @@ size_t accumulate_blocked(const Hasher& h, float* table, const float* x, size_t 
                                            std::max<size_t>(1, n / kBlock)));
   const uint32_t slices = s.rows % uint32_t(threads) == 0 ? 1 : uint32_t(threads);
   const uint32_t units = s.rows * slices;
-  size_t stop = kNone;
-#pragma omp parallel num_threads(threads)
-  {
-    const uint32_t t = uint32_t(omp_get_thread_num()), nt = uint32_t(omp_get_num_threads());
-    size_t my_stop = kNone;
-    for (size_t b0 = 0; b0 < n; b0 += kBlock) {
-      const size_t m = std::min(kBlock, n - b0);
-      // Every thread checks the same chunk, so all stop at the same place.
-      if (!block_finite(x + b0, m)) {
-        my_stop = b0;
-        break;
-      }
-      for (uint32_t u = t; u < units; u += nt) {
-        const uint32_t row = u / slices, slice = u % slices;
-        const uint32_t c0 = slice_bound(slice, slices, cols, h.b.aligned);
-        const uint32_t c1 = slice_bound(slice + 1, slices, cols, h.b.aligned);
-        float* tr = table + size_t(row) * cols;
-        const hash::RowHash sh = h.rows[row];
-        const uint32_t a = uint32_t(sh.a);
-        for_blocks(h, row, offset + b0, m, [&](uint32_t w, uint64_t j, uint32_t plo, uint32_t phi) {
-          const float* src = x + (j - offset);  // position p is src[p − plo], coordinate j + p − plo
-          const uint32_t key = w & h.b.lanes;
-          for_window(
-              h.b, cols, hash::window_start(w, cols, h.b.aligned), key, plo, phi, c0, c1,
-              [&](uint32_t col, uint32_t p, uint32_t len) {
-                const uint32_t jp = uint32_t(j + (p - plo));
-                with_key<AddRun>(key, tr + col, src + (p - plo), len, hash::sign_word(sh, jp), a,
-                                 scale);
-              },
-              [&](uint32_t col, uint32_t p) {
-                tr[col] += hash::apply_sign(hash::sign_bit(sh, uint32_t(j + (p - plo))),
-                                            scale * src[p - plo]);
-              });
-        });
-      }
+  return in_chunks(threads, x, n, [&](uint32_t t, uint32_t nt, size_t b0, size_t m) {
+    const uint64_t j0 = offset + b0;
+    for (uint32_t u = t; u < units; u += nt) {
+      const uint32_t row = u / slices, slice = u % slices;
+      const uint32_t c0 = slice_bound(slice, slices, cols, h.b.aligned);
+      const uint32_t c1 = slice_bound(slice + 1, slices, cols, h.b.aligned);
+      float* tr = table + size_t(row) * cols;
+      const hash::RowHash sh = h.rows[row];
+      const uint32_t a = uint32_t(sh.a);
+      for_blocks(h, row, j0, m, [&](uint32_t w, uint64_t j, uint32_t plo, uint32_t phi) {
+        const float* src = x + (j - offset);  // position p is src[p − plo], coordinate j + p − plo
+        const uint32_t key = w & h.b.lanes;
+        for_window(
+            h.b, cols, hash::window_start(w, cols, h.b.aligned), key, plo, phi, c0, c1,
+            [&](uint32_t col, uint32_t p, uint32_t len) {
+              const uint32_t jp = uint32_t(j + (p - plo));
+              with_key<AddRun>(key, tr + col, src + (p - plo), len, hash::sign_word(sh, jp), a,
+                               scale);
+            },
+            [&](uint32_t col, uint32_t p) {
+              tr[col] += hash::apply_sign(hash::sign_bit(sh, uint32_t(j + (p - plo))),
+                                          scale * src[p - plo]);
+            });
+      });
     }
-    if (t == 0) stop = my_stop;
-  }
-  return stop;
+  });
 }
 
 /// One row's signed values of coordinates lo … lo + m − 1 under blocked hashing, into dst.
@@ -338,25 +349,10 @@ size_t accumulate(const SketchLayout& s, float* table, const float* x, size_t n,
   if (h.blocked()) return accumulate_blocked(h, table, x, n, offset, scale);
   const int threads = int(std::min<size_t>({size_t(s.rows), size_t(omp_get_max_threads()),
                                             std::max<size_t>(1, n / kBlock)}));
-  size_t stop = kNone;
-#pragma omp parallel num_threads(threads)
-  {
-    const uint32_t t = uint32_t(omp_get_thread_num()), nt = uint32_t(omp_get_num_threads());
-    size_t my_stop = kNone;
-    for (size_t b = 0; b < n; b += kBlock) {
-      const size_t m = std::min(kBlock, n - b);
-      // Checked while the block is hot in L1; every thread checks the same block, so all stop
-      // at the same place and the rows stay consistent with each other.
-      if (!block_finite(x + b, m)) {
-        my_stop = b;
-        break;
-      }
-      for (uint32_t row = t; row < s.rows; row += nt)
-        accumulate_row(h, row, table + size_t(row) * s.cols, x + b, m, offset + b, scale);
-    }
-    if (t == 0) stop = my_stop;
-  }
-  return stop;
+  return in_chunks(threads, x, n, [&](uint32_t t, uint32_t nt, size_t b, size_t m) {
+    for (uint32_t row = t; row < s.rows; row += nt)
+      accumulate_row(h, row, table + size_t(row) * s.cols, x + b, m, offset + b, scale);
+  });
 }
 
 void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, size_t n, float* out) {
