@@ -29,9 +29,13 @@ ip -n "$a" link set "va$$" up
 ip -n "$b" link set "vb$$" up
 
 rounds=40
+# Rank 0 may finish the job while rank 1 is still reconnecting (ZeroMQ backs off up to 4 s after
+# the cut): the server lingers after its last round, so rank 1 can still come back and pull the
+# final model.
 common=(--job 9 --world 2 --dim 4000 --codec sketch:k=40,cols=400)
 ip netns exec "$a" "$server_bin" "${common[@]}" --bind tcp://198.18.0.1:5555 --rounds $rounds \
   --policy quorum --min-workers 1 --heartbeat-ms 100 --deadline-ms 5000 --lr 0.2 \
+  --finish-grace-ms 15000 \
   --checkpoint "$tmp/ckpt" --checkpoint-every 1000 --metrics "$tmp/metrics" --quiet > "$tmp/server.out" &
 server=$!
 sleep 0.3

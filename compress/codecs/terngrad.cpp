@@ -4,13 +4,13 @@
 // runs reproduce. The server averages the dequantised vectors (dense downlink).
 #include <algorithm>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "feedback.hpp"
-#include "mean_aggregator.hpp"
-#include "ops.hpp"
-#include "payload.hpp"
-#include "registry.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/compress/feedback.hpp>
+#include <sketchsgd/compress/mean_aggregator.hpp>
+#include <sketchsgd/compress/ops.hpp>
+#include <sketchsgd/compress/payload.hpp>
+#include <sketchsgd/compress/registry.hpp>
 
 namespace sketchsgd {
 namespace {

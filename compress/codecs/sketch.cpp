@@ -15,13 +15,13 @@
 #include <algorithm>
 #include <optional>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "../sketch/count_sketch.hpp"
-#include "feedback.hpp"
-#include "ops.hpp"
-#include "payload.hpp"
-#include "registry.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/sketch/count_sketch.hpp>
+#include <sketchsgd/compress/feedback.hpp>
+#include <sketchsgd/compress/ops.hpp>
+#include <sketchsgd/compress/payload.hpp>
+#include <sketchsgd/compress/registry.hpp>
 
 namespace sketchsgd {
 namespace {

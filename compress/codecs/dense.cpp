@@ -1,11 +1,11 @@
 // dense: the fp32 baseline. Workers send the gradient (or, with momentum, their local momentum,
 // whose mean is the momentum of the mean gradient); the server returns the mean.
-#include "../kernels/cpu.hpp"
-#include "feedback.hpp"
-#include "mean_aggregator.hpp"
-#include "ops.hpp"
-#include "payload.hpp"
-#include "registry.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/compress/feedback.hpp>
+#include <sketchsgd/compress/mean_aggregator.hpp>
+#include <sketchsgd/compress/ops.hpp>
+#include <sketchsgd/compress/payload.hpp>
+#include <sketchsgd/compress/registry.hpp>
 
 namespace sketchsgd {
 namespace {

@@ -5,13 +5,13 @@
 //         e = p − sent. The server averages the scaled signs (dense downlink).
 #include <algorithm>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
-#include "feedback.hpp"
-#include "mean_aggregator.hpp"
-#include "ops.hpp"
-#include "payload.hpp"
-#include "registry.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/compress/feedback.hpp>
+#include <sketchsgd/compress/mean_aggregator.hpp>
+#include <sketchsgd/compress/ops.hpp>
+#include <sketchsgd/compress/payload.hpp>
+#include <sketchsgd/compress/registry.hpp>
 
 namespace sketchsgd {
 namespace {
