@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -32,7 +34,8 @@ class ConfigMismatch : public Error {
   using Error::Error;
 };
 
-/// Bytes that are not a valid encoded message or sketch: truncated, corrupt, oversized, inconsistent.
+/// Bytes that are not a valid encoded message or sketch: truncated, corrupt, oversized,
+/// inconsistent.
 class WireError : public Error {
  public:
   using Error::Error;
@@ -74,12 +77,32 @@ template <class E, class... Args>
   (os << ... << args);
   throw E(os.str());
 }
+
+/// A broken invariant: a bug, not bad input. Says where on stderr and aborts (no exception a
+/// caller could take for a refusal and carry on with corrupt state).
+template <class... Args>
+[[noreturn]] void broken(const char* file, int line, const char* cond, const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  std::fprintf(stderr, "sketchsgd: internal invariant broken at %s:%d: %s %s\n", file, line, cond,
+               os.str().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
 }  // namespace detail
 
 }  // namespace sketchsgd
 
+/// For what cannot happen unless sketchsgd has a bug (faiss's FAISS_ASSERT): aborts with file:line
+/// and the condition when `cond` is false. User errors use SKETCHSGD_REQUIRE instead.
+#define SKETCHSGD_ASSERT(cond, ...)                                                      \
+  do {                                                                                   \
+    if (!(cond))                                                                         \
+      ::sketchsgd::detail::broken(__FILE__, __LINE__, #cond __VA_OPT__(, ) __VA_ARGS__); \
+  } while (0)
+
 /// Throws `Type` with the streamed message when `cond` is false.
-#define SKETCHSGD_REQUIRE(cond, Type, ...)                  \
-  do {                                                      \
+#define SKETCHSGD_REQUIRE(cond, Type, ...)                      \
+  do {                                                          \
     if (!(cond)) ::sketchsgd::detail::raise<Type>(__VA_ARGS__); \
   } while (0)

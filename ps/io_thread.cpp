@@ -2,6 +2,8 @@
 
 #include <cerrno>
 
+#include "../kernels/error.hpp"
+
 namespace sketchsgd::ps {
 
 size_t IoThread::bytes_of(const Received& m) {
@@ -27,7 +29,9 @@ IoThread::IoThread(zmq::context_t& ctx, std::unique_ptr<zmq::socket_t> socket, I
   thread_ = std::thread([this] { run(); });
 }
 
-IoThread::~IoThread() { stop(); }
+IoThread::~IoThread() {
+  stop();
+}
 
 void IoThread::post(Outgoing o) {
   {
@@ -59,7 +63,8 @@ void IoThread::release(const std::deque<Received>& handled) {
   {
     std::lock_guard lock(mu_);
     was_full = opts_.inbox_bytes && inbox_bytes_ >= opts_.inbox_bytes;
-    inbox_bytes_ -= std::min(n, inbox_bytes_);
+    SKETCHSGD_ASSERT(n <= inbox_bytes_, "released ", n, " bytes of ", inbox_bytes_, " queued");
+    inbox_bytes_ -= n;
   }
   if (was_full) wake();  // reading was paused: look at the socket again
 }

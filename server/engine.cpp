@@ -157,6 +157,8 @@ void Engine::start_phase(MessageKind kind) {
 void Engine::absorb_in_order(bool closing) {
   const bool gradient = phase_ == MessageKind::Gradient;
   auto& got = gradient ? pushed_ : answered_;
+  SKETCHSGD_ASSERT(held_.size() == cfg_.world && cursor_ <= cfg_.world, "held ", held_.size(),
+                   ", cursor ", cursor_, ", world ", cfg_.world);
   for (; cursor_ < cfg_.world; ++cursor_) {
     const uint32_t r = cursor_;
     if (held_[r].size() == 0) {

@@ -50,5 +50,14 @@ TEST(Device, AMissingGpuIsATypedError) {
   EXPECT_THROW(make_compressor("sketch:rows=1,cols=100,k=10", 1000, missing), CudaError);
 }
 
+
+TEST(Invariant, ABrokenInvariantAbortsWithWhereAndWhatNotAnException) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const int queued = 3;
+  EXPECT_DEATH(SKETCHSGD_ASSERT(queued == 4, "queued ", queued),
+               "internal invariant broken at .*device_test.cpp:[0-9]+: queued == 4 queued 3");
+  EXPECT_NO_FATAL_FAILURE(SKETCHSGD_ASSERT(queued == 3));
+}
+
 }  // namespace
 }  // namespace sketchsgd
