@@ -2,7 +2,7 @@
 // aggregation of W = 4 messages into an update, for every codec, with d as the axis.
 #include <memory>
 
-#include "../compress/registry.hpp"
+#include <sketchsgd/compress/registry.hpp>
 #include "common.hpp"
 
 namespace sketchsgd::bench {
@@ -39,8 +39,8 @@ void BM_Aggregate(benchmark::State& s, const std::string& name) {
   report(s, size_t(world) * d, world * msgs[0].size());
 }
 
-#define SKETCHSGD_CODEC_BENCH(name)                                         \
-  BENCHMARK_CAPTURE(BM_Encode, name, std::string(#name))->Apply(d_axis);    \
+#define SKETCHSGD_CODEC_BENCH(name)                                      \
+  BENCHMARK_CAPTURE(BM_Encode, name, std::string(#name))->Apply(d_axis); \
   BENCHMARK_CAPTURE(BM_Aggregate, name, std::string(#name))->Apply(d_axis)
 
 SKETCHSGD_CODEC_BENCH(dense);

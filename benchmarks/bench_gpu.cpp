@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "../kernels/cuda.hpp"
+#include <sketchsgd/kernels/cuda.hpp>
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Kernel microbenchmarks: sketch accumulate / unsketch+top-k / merge, selection, bit packing.
 // items/s = coordinates per second; bytes/s = gradient bytes read per second (4·d).
-#include "../kernels/cpu.hpp"
-#include "../sketch/count_sketch.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/sketch/count_sketch.hpp>
 #include "common.hpp"
 
 namespace sketchsgd::bench {

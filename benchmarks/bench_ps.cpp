@@ -17,11 +17,11 @@
 #include <sstream>
 #include <thread>
 
-#include "../compress/registry.hpp"
-#include "../ps/flags.hpp"
-#include "../server/server.hpp"
-#include "../ps/transport.hpp"
-#include "../worker/client.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/ps/flags.hpp>
+#include <sketchsgd/ps/transport.hpp>
+#include <sketchsgd/server/server.hpp>
+#include <sketchsgd/worker/client.hpp>
 
 namespace {
 
@@ -47,7 +47,7 @@ std::vector<uint64_t> list(const std::string& s) {
 
 std::string spec_for(const std::string& codec, uint64_t d) {
   const uint64_t k =
-      std::max<uint64_t>(16, d / 160);  // d = 16M: k = 100k, c = 1M (the target case)
+      std::max<uint64_t>(16, d / 160);                // d = 16M: k = 100k, c = 1M (the target case)
   if (codec == "sketch" || codec == "sketch-random")  // blocked hashing (the default) or random
     return "sketch:rows=5,cols=" + std::to_string(10 * k) + ",k=" + std::to_string(k) +
            (codec == "sketch" ? "" : ",hashing=random");

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../sketch/count_sketch.hpp"
+#include <sketchsgd/sketch/count_sketch.hpp>
 
 namespace {
 
@@ -47,15 +47,22 @@ int main(int argc, char** argv) {
   uint32_t block = 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--input") input = v;
-    else if (a == "--rows") rows = uint32_t(std::stoul(v));
-    else if (a == "--cols") cols = uint32_t(std::stoul(v));
-    else if (a == "--k") k = std::stoull(v);
-    else if (a == "--reps") reps = std::max(1, std::stoi(v));
-    else if (a == "--seed") seed = std::stoull(v);
-    else if (a == "--block") block = uint32_t(std::stoul(v));
+    if (a == "--input")
+      input = v;
+    else if (a == "--rows")
+      rows = uint32_t(std::stoul(v));
+    else if (a == "--cols")
+      cols = uint32_t(std::stoul(v));
+    else if (a == "--k")
+      k = std::stoull(v);
+    else if (a == "--reps")
+      reps = std::max(1, std::stoi(v));
+    else if (a == "--seed")
+      seed = std::stoull(v);
+    else if (a == "--block")
+      block = uint32_t(std::stoul(v));
     else if (a == "--hashing" && (v == "random" || v == "precomputed" || v == "blocked"))
-      hashing = v == "random" ? sketchsgd::Hashing::OnTheFly
+      hashing = v == "random"        ? sketchsgd::Hashing::OnTheFly
                 : v == "precomputed" ? sketchsgd::Hashing::Precomputed
                                      : sketchsgd::Hashing::Blocked;
     else {

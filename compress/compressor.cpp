@@ -1,9 +1,9 @@
-#include "compressor.hpp"
+#include <sketchsgd/compress/compressor.hpp>
 
 #include <cmath>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 #include "ops.hpp"
 
 namespace sketchsgd {

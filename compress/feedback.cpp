@@ -1,4 +1,4 @@
-#include "feedback.hpp"
+#include <sketchsgd/compress/feedback.hpp>
 
 #include "ops.hpp"
 

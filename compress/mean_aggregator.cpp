@@ -1,8 +1,8 @@
-#include "mean_aggregator.hpp"
+#include <sketchsgd/compress/mean_aggregator.hpp>
 
 #include <algorithm>
 
-#include "../kernels/cpu.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
 #include "payload.hpp"
 
 namespace sketchsgd {

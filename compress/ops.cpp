@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/cuda.hpp>
 
 namespace sketchsgd::ops {
 namespace cu = kernels::cuda;
@@ -12,44 +13,22 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-/// Device room for n Ts in a slot of s (grown by half again, so rising sizes seldom reallocate).
-template <class T>
-T* room(const Device& d, Scratch& s, size_t n, int slot) {
-  Buffer<uint8_t>& b = s.slot[slot];
-  const size_t bytes = std::max<size_t>(n * sizeof(T), 1);
-  if (b.size() < bytes || !(b.device() == d))
-    b = Buffer<uint8_t>(std::max(bytes, b.size() + b.size() / 2), d);
-  return reinterpret_cast<T*>(b.data());
-}
-
 /// Host list → device copy in a slot (the host list itself on the CPU). Reuse is safe: every
 /// upload into a slot is ordered on the stream after the kernels that read its last contents.
 template <class T>
 const T* staged(const Device& d, Scratch& s, std::span<const T> host, int slot) {
   if (!d.is_gpu()) return host.data();
-  T* p = room<T>(d, s, host.size(), slot);
+  T* p = s.room<T>(d, host.size(), slot);
   detail::copy_bytes(p, host.data(), host.size_bytes(), d);
   return p;
-}
-
-/// Runs a device check that min-s a position into the flag; kNone when nothing was found.
-template <class Check>
-size_t device_check(const Device& d, Scratch& s, Check&& check) {
-  if (s.flag.empty() || !(s.flag.device() == d)) s.flag = Buffer<unsigned long long>(1, d);
-  cu::reset_flag(s.flag.data(), d.stream);
-  check(s.flag.data());
-  unsigned long long got = 0;
-  s.flag.download(std::span<unsigned long long>(&got, 1));
-  return got == ~0ull ? kernels::kNone : size_t(got);
 }
 
 }  // namespace
 
 size_t find_nonfinite(const Device& d, Scratch& s, std::span<const float> x) {
   if (!d.is_gpu()) return cpu::find_nonfinite(x.data(), x.size());
-  return device_check(d, s, [&](unsigned long long* flag) {
-    cu::find_nonfinite(x.data(), x.size(), flag, d.stream);
-  });
+  return s.first_flagged(
+      d, [&](unsigned long long* flag) { cu::find_nonfinite(x.data(), x.size(), flag, d.stream); });
 }
 
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a) {
@@ -92,7 +71,7 @@ void write_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<con
   const uint32_t* pi = staged(d, s, idx, 0);
   const float* pv = staged(d, s, val, 1);
   if (d.is_gpu()) {
-    cu::zero(y.data(), y.size_bytes(), d.stream);
+    gpu::fill(y.data(), 0, y.size_bytes(), d.stream);
     cu::scatter(y.data(), pi, pv, idx.size(), d.stream);
   } else {
     std::fill(y.begin(), y.end(), 0.0f);
@@ -117,7 +96,7 @@ std::vector<float> gather(const Device& d, Scratch& s, std::span<const float> x,
     cpu::gather(x.data(), idx.data(), idx.size(), out.data());
     return out;
   }
-  float* dv = room<float>(d, s, idx.size(), 1);
+  float* dv = s.room<float>(d, idx.size(), 1);
   cu::gather(x.data(), staged(d, s, idx, 0), idx.size(), dv, d.stream);
   detail::copy_bytes(out.data(), dv, out.size() * sizeof(float), d);
   return out;
@@ -131,10 +110,9 @@ void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
     cpu::topk(x.data(), x.size(), k, idx.data(), val.data());
     return;
   }
-  uint32_t* di = room<uint32_t>(d, s, k, 0);
-  float* dv = room<float>(d, s, k, 1);
-  if (!s.select) s.select = std::make_unique<cu::Workspace>();
-  cu::topk(x.data(), x.size(), k, di, dv, *s.select, d.stream);
+  uint32_t* di = s.room<uint32_t>(d, k, 0);
+  float* dv = s.room<float>(d, k, 1);
+  cu::topk(x.data(), x.size(), k, di, dv, s.workspace(), d.stream);
   detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
   detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
 }
@@ -146,7 +124,7 @@ std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::s
     cpu::chunk_stats(x.data(), x.size(), chunk, out.data());
     return out;
   }
-  auto* dev = room<kernels::ChunkStats>(d, s, out.size(), 0);
+  auto* dev = s.room<kernels::ChunkStats>(d, out.size(), 0);
   cu::chunk_stats(x.data(), x.size(), chunk, dev, d.stream);
   detail::copy_bytes(out.data(), dev, out.size() * sizeof(kernels::ChunkStats), d);
   return out;
@@ -158,7 +136,7 @@ std::vector<uint32_t> pack_signs(const Device& d, Scratch& s, std::span<const fl
     cpu::pack_signs(x.data(), x.size(), words.data());
     return words;
   }
-  uint32_t* dev = room<uint32_t>(d, s, words.size(), 0);
+  uint32_t* dev = s.room<uint32_t>(d, words.size(), 0);
   cu::pack_signs(x.data(), x.size(), dev, d.stream);
   detail::copy_bytes(words.data(), dev, words.size() * sizeof(uint32_t), d);
   return words;
@@ -183,7 +161,7 @@ void ternarize(const Device& d, Scratch& s, std::span<const float> x, size_t chu
     return;
   }
   const size_t nb = (x.size() + 3) / 4;
-  uint8_t* dc = room<uint8_t>(d, s, nb, 0);
+  uint8_t* dc = s.room<uint8_t>(d, nb, 0);
   cu::ternarize(x.data(), x.size(), chunk, staged(d, s, scales, 1), seed, stream, dc, d.stream);
   detail::copy_bytes(codes, dc, nb, d);
 }
@@ -196,7 +174,7 @@ size_t unpack_ternary(const Device& d, Scratch& s, std::span<const uint8_t> code
     return cpu::unpack_ternary(codes.data(), out.size(), chunk, hs, weight, out.data(), accumulate);
   const uint8_t* dc = staged(d, s, codes, 0);
   const float* ds = hs ? staged(d, s, scales, 1) : nullptr;
-  return device_check(d, s, [&](unsigned long long* flag) {
+  return s.first_flagged(d, [&](unsigned long long* flag) {
     cu::unpack_ternary(dc, out.size(), chunk, ds, weight, out.data(), accumulate, flag, d.stream);
   });
 }

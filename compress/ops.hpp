@@ -1,6 +1,7 @@
 // Vector operations on a Device: the CPU kernels or the CUDA kernels, so that codecs are written
-// once. Vectors are in the device's memory; index lists decoded from messages are host vectors
-// and are staged on the device where needed.
+// once. Staging and checks on a GPU go through the caller's Scratch. Vectors are in the device's
+// memory; index lists decoded from messages are host vectors and are staged on the device where
+// needed.
 #pragma once
 
 #include <cstdint>
@@ -8,29 +9,11 @@
 #include <span>
 #include <vector>
 
-#include "../kernels/device.hpp"
+#include <sketchsgd/core/device.hpp>
+#include <sketchsgd/core/scratch.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 
 namespace sketchsgd::ops {
-
-/// Device memory through which the ops stage host lists and results, owned by the object that
-/// calls them (a codec, its feedback, an aggregator): grown on demand and kept, so that after the
-/// object's first round its hot path allocates nothing, and freed with the object. Unused on the
-/// CPU. One object runs its ops one at a time, so one scratch serves all of them; a copy starts
-/// empty (it may run elsewhere).
-struct Scratch {
-  Scratch() = default;
-  Scratch(const Scratch&) {}
-  Scratch& operator=(const Scratch&) {
-    *this = Scratch();
-    return *this;
-  }
-  Scratch(Scratch&&) noexcept = default;
-  Scratch& operator=(Scratch&&) noexcept = default;
-
-  Buffer<uint8_t> slot[2];          ///< staged inputs and results (an op uses distinct slots)
-  Buffer<unsigned long long> flag;  ///< first bad position of a device check
-  std::unique_ptr<kernels::cuda::Workspace> select;  ///< top-k selection
-};
 
 /// Index of the first NaN/±Inf, or kernels::kNone.
 size_t find_nonfinite(const Device& d, Scratch& s, std::span<const float> x);

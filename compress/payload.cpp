@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 #include "ops.hpp"
 
 namespace sketchsgd::payload {
@@ -35,7 +35,7 @@ Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count) {
   return s;
 }
 
-Sparse read_sparse_into(ByteReader& r, ops::Scratch& s, uint64_t max_count, std::span<float> step,
+Sparse read_sparse_into(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> step,
                         const Device& device) {
   Sparse u = read_sparse(r, step.size(), max_count);
   r.expect_end();
@@ -43,7 +43,7 @@ Sparse read_sparse_into(ByteReader& r, ops::Scratch& s, uint64_t max_count, std:
   return u;
 }
 
-Sparse read_sparse_axpy(ByteReader& r, ops::Scratch& s, uint64_t max_count, std::span<float> params,
+Sparse read_sparse_axpy(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> params,
                         float a, const Device& device) {
   Sparse u = read_sparse(r, params.size(), max_count);
   r.expect_end();

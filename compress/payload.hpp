@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "../kernels/bytes.hpp"
-#include "../kernels/device.hpp"
+#include <sketchsgd/core/bytes.hpp>
+#include <sketchsgd/core/device.hpp>
 #include "ops.hpp"
 
 namespace sketchsgd::payload {
@@ -25,11 +25,11 @@ void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const 
 Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count);
 /// Reads a sparse Update (count ≤ max_count) and writes it densely into step: zeros elsewhere.
 /// Validated completely before step is written.
-Sparse read_sparse_into(ByteReader& r, ops::Scratch& s, uint64_t max_count, std::span<float> step,
+Sparse read_sparse_into(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> step,
                         const Device& device);
 /// Reads a sparse Update (count ≤ max_count, then the end) and does params += a · values there.
 /// Validated completely before params is written.
-Sparse read_sparse_axpy(ByteReader& r, ops::Scratch& s, uint64_t max_count, std::span<float> params,
+Sparse read_sparse_axpy(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> params,
                         float a, const Device& device);
 /// Reorders (idx, val) pairs by index (top-k results come ordered by magnitude).
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val);

@@ -1,10 +1,10 @@
-#include "registry.hpp"
+#include <sketchsgd/compress/registry.hpp>
 
 #include <charconv>
 #include <cmath>
 #include <sstream>
 
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd {
 namespace {
@@ -41,8 +41,8 @@ std::string describe_options(const CodecEntry& e) {
     if (!o.names.empty()) {
       for (size_t i = 0; i < o.names.size(); ++i) os << (i ? "|" : "") << o.names[i];
     } else {
-      os << (o.integer ? "<int>" : "<number>") << " in [" << format_number(o.min, o.integer)
-         << ", " << format_number(o.max, o.integer) << "]";
+      os << (o.integer ? "<int>" : "<number>") << " in [" << format_number(o.min, o.integer) << ", "
+         << format_number(o.max, o.integer) << "]";
     }
     os << ", default " << format_value(o, o.fallback) << ": " << o.help << "\n";
   }
@@ -145,8 +145,8 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
       const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
       SKETCHSGD_REQUIRE(ec == std::errc() && end == text.data() + text.size() && std::isfinite(v),
                         InvalidArgument, "spec '", spec, "': option '", key, "' = '", text,
-                        "' is not ", o->names.empty() ? "a number" : "one of its values",
-                        "; ", name, " accepts:\n", describe_options(*e));
+                        "' is not ", o->names.empty() ? "a number" : "one of its values", "; ",
+                        name, " accepts:\n", describe_options(*e));
     }
     SKETCHSGD_REQUIRE(!o->integer || v == std::floor(v), InvalidArgument, "spec '", spec,
                       "': option '", key, "' must be an integer, got ", text);

@@ -1,26 +1,35 @@
-#include "wire.hpp"
+#include <sketchsgd/compress/wire.hpp>
 
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd {
 
 std::string_view to_string(CodecId id) {
   switch (id) {
-    case CodecId::Dense: return "dense";
-    case CodecId::TopK: return "topk";
-    case CodecId::TernGrad: return "terngrad";
-    case CodecId::SignSGD: return "signsgd";
-    case CodecId::Sketch: return "sketch";
+    case CodecId::Dense:
+      return "dense";
+    case CodecId::TopK:
+      return "topk";
+    case CodecId::TernGrad:
+      return "terngrad";
+    case CodecId::SignSGD:
+      return "signsgd";
+    case CodecId::Sketch:
+      return "sketch";
   }
   return "unknown";
 }
 
 std::string_view to_string(MessageKind kind) {
   switch (kind) {
-    case MessageKind::Gradient: return "gradient";
-    case MessageKind::Query: return "query";
-    case MessageKind::Answer: return "answer";
-    case MessageKind::Update: return "update";
+    case MessageKind::Gradient:
+      return "gradient";
+    case MessageKind::Query:
+      return "query";
+    case MessageKind::Answer:
+      return "answer";
+    case MessageKind::Update:
+      return "update";
   }
   return "unknown";
 }

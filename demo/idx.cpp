@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd::demo {
 namespace {

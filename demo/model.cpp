@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd::demo {
 

@@ -20,10 +20,10 @@
 #include <sstream>
 #include <thread>
 
-#include "../compress/registry.hpp"
-#include "../ps/flags.hpp"
-#include "../server/server.hpp"
-#include "../worker/client.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/ps/flags.hpp>
+#include <sketchsgd/server/server.hpp>
+#include <sketchsgd/worker/client.hpp>
 #include "idx.hpp"
 #include "model.hpp"
 #include "process.hpp"
@@ -65,7 +65,7 @@ Plan plan_of(const ps::Flags& f) {
 /// cuda:N puts every process on GPU N.
 torch::Device torch_device(const ps::Flags& f, uint32_t rank = 0) {
   const std::string d = f.str("device");
-  const bool cuda_ok = torch::cuda::is_available() && kernels::cuda::device_count() > 0;
+  const bool cuda_ok = torch::cuda::is_available() && gpu::device_count() > 0;
   if (d == "cpu" || (d == "auto" && !cuda_ok)) return torch::kCPU;
   SKETCHSGD_REQUIRE(d == "auto" || d == "cuda" || d.rfind("cuda:", 0) == 0, InvalidArgument,
                     "--device must be auto, cpu, cuda or cuda:N, got ", d);
@@ -80,8 +80,7 @@ torch::Device torch_device(const ps::Flags& f, uint32_t rank = 0) {
                         ? "sketchsgd was built without CUDA or sees no GPU"
                         : "this libtorch has no CUDA (Debian's is CPU-only; "
                           "build against a CUDA PyTorch, see README)");
-  const int gpus =
-      int(std::min<size_t>(torch::cuda::device_count(), size_t(kernels::cuda::device_count())));
+  const int gpus = int(std::min<size_t>(torch::cuda::device_count(), size_t(gpu::device_count())));
   if (d.find(':') == std::string::npos) return torch::Device(torch::kCUDA, int(rank % gpus));
   SKETCHSGD_REQUIRE(pinned.gpu < gpus, InvalidArgument, "--device ", d, ": this machine has ", gpus,
                     " GPU", gpus == 1 ? "" : "s");

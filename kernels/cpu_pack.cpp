@@ -1,8 +1,8 @@
 // CPU bit packing: 1-bit signs (32 per word) and 2-bit ternary codes (4 per byte).
 #include <algorithm>
 
-#include "cpu.hpp"
-#include "elementwise.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
 
 namespace sketchsgd::kernels::cpu {
 namespace {
@@ -56,9 +56,9 @@ void ternarize(const float* x, size_t n, size_t chunk, const float* scales, uint
   const size_t nb = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (nb > kParallel)
   for (size_t byte = 0; byte < nb; ++byte) {
-    const elem::Philox4 r = elem::philox4x32_10(uint32_t(byte), uint32_t(uint64_t(byte) >> 32),
-                                                uint32_t(stream), uint32_t(stream >> 32),
-                                                uint32_t(seed), uint32_t(seed >> 32));
+    const elem::Philox4 r =
+        elem::philox4x32_10(uint32_t(byte), uint32_t(uint64_t(byte) >> 32), uint32_t(stream),
+                            uint32_t(stream >> 32), uint32_t(seed), uint32_t(seed >> 32));
     const size_t lo = byte * 4, m = std::min<size_t>(4, n - lo);
     uint32_t out = 0;
     for (size_t b = 0; b < m; ++b) {

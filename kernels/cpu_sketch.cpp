@@ -7,10 +7,10 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu.hpp"
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
+#include <sketchsgd/kernels/hash.hpp>
 #include "detail/select.hpp"
-#include "elementwise.hpp"
-#include "hash.hpp"
 
 namespace sketchsgd::kernels::cpu {
 namespace {
@@ -47,7 +47,8 @@ bool block_finite(const float* x, size_t n) {
   return bad == 0;
 }
 
-constexpr size_t kPrefetch = 16;  // table lines touched ahead: the scatter/gather is L2/L3-latency bound
+constexpr size_t kPrefetch =
+    16;  // table lines touched ahead: the scatter/gather is L2/L3-latency bound
 
 /// Packed hashes of coordinates lo … lo + n − 1 in one row: the precomputed table, or computed
 /// into buf (a loop without dependencies that the compiler unrolls).
@@ -86,7 +87,9 @@ inline Float4 load4(const float* p) {
   std::memcpy(&v, p, 16);
   return v;
 }
-inline void store4(float* p, Float4 v) { std::memcpy(p, &v, 16); }
+inline void store4(float* p, Float4 v) {
+  std::memcpy(p, &v, 16);
+}
 /// Lane l of the result is lane l XOR K of v.
 template <int K>
 inline Float4 permute(Float4 v) {
@@ -104,8 +107,7 @@ using Uint4 = uint32_t __attribute__((vector_size(16)));
 /// for the run's first coordinate j: the sign hash of j + i is h0 + i·a, so the signs of a
 /// group are one vector add away from the last group's (hash::sign_bit, incrementally).
 template <int K>
-void add_signed_run(float* dst, const float* x, uint32_t n, uint32_t h0, uint32_t a,
-                    float scale) {
+void add_signed_run(float* dst, const float* x, uint32_t n, uint32_t h0, uint32_t a, float scale) {
   Uint4 h = {h0, h0 + a, h0 + 2 * a, h0 + 3 * a};
   const Uint4 step = {4 * a, 4 * a, 4 * a, 4 * a};
   const Uint4 sign = {hash::kSignBit, hash::kSignBit, hash::kSignBit, hash::kSignBit};
@@ -228,12 +230,12 @@ size_t in_chunks(int threads, const float* x, size_t n, Body&& body) {
 /// cell and every cell gets its coordinates in block order whatever the thread count: the table
 /// is bit-identical for any number of threads. Each block's piece is added to its window as runs
 /// of contiguous columns, signing and scaling on the way (no pass over a buffer in between).
-size_t accumulate_blocked(const Hasher& h, float* table, const float* x, size_t n,
-                          uint64_t offset, float scale) {
+size_t accumulate_blocked(const Hasher& h, float* table, const float* x, size_t n, uint64_t offset,
+                          float scale) {
   const SketchLayout& s = h.s;
   const uint32_t cols = s.cols;
-  const int threads = int(std::min<size_t>(size_t(omp_get_max_threads()),
-                                           std::max<size_t>(1, n / kBlock)));
+  const int threads =
+      int(std::min<size_t>(size_t(omp_get_max_threads()), std::max<size_t>(1, n / kBlock)));
   const uint32_t slices = s.rows % uint32_t(threads) == 0 ? 1 : uint32_t(threads);
   const uint32_t units = s.rows * slices;
   return in_chunks(threads, x, n, [&](uint32_t t, uint32_t nt, size_t b0, size_t m) {
@@ -347,15 +349,16 @@ size_t accumulate(const SketchLayout& s, float* table, const float* x, size_t n,
                   float scale) {
   const Hasher h(s);
   if (h.blocked()) return accumulate_blocked(h, table, x, n, offset, scale);
-  const int threads = int(std::min<size_t>({size_t(s.rows), size_t(omp_get_max_threads()),
-                                            std::max<size_t>(1, n / kBlock)}));
+  const int threads = int(std::min<size_t>(
+      {size_t(s.rows), size_t(omp_get_max_threads()), std::max<size_t>(1, n / kBlock)}));
   return in_chunks(threads, x, n, [&](uint32_t t, uint32_t nt, size_t b, size_t m) {
     for (uint32_t row = t; row < s.rows; row += nt)
       accumulate_row(h, row, table + size_t(row) * s.cols, x + b, m, offset + b, scale);
   });
 }
 
-void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, size_t n, float* out) {
+void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, size_t n,
+              float* out) {
   const Hasher h(s);
 #pragma omp parallel for schedule(static) if (n > 4 * kBlock)
   for (size_t q = 0; q < n; ++q) {

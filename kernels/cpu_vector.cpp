@@ -1,10 +1,11 @@
 // CPU kernels over dense and sparse float vectors: axpy, momentum + error accumulation, chunk
-// statistics, gathers and scatters. Simple loops the compiler vectorises; OpenMP past ~64K elements.
+// statistics, gathers and scatters. Simple loops the compiler vectorises; OpenMP past ~64K
+// elements.
 #include <algorithm>
 #include <cmath>
 
-#include "cpu.hpp"
-#include "hd.hpp"
+#include <sketchsgd/core/hd.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 
 namespace sketchsgd::kernels::cpu {
 namespace {
@@ -70,7 +71,8 @@ void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out) {
     }
     const double m = double(hi - lo);
     const double mean = sum / m;
-    out[c] = ChunkStats{abs_max, float(abs_sum / m), float(std::sqrt(std::max(0.0, sq / m - mean * mean)))};
+    out[c] = ChunkStats{abs_max, float(abs_sum / m),
+                        float(std::sqrt(std::max(0.0, sq / m - mean * mean)))};
   }
 }
 

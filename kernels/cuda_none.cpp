@@ -1,6 +1,6 @@
-// Build without CUDA: no devices, and every device entry point says so with a typed error.
-#include "cuda.hpp"
-#include "error.hpp"
+// Build without CUDA: every kernel entry point says so with a typed error.
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cuda.hpp>
 
 namespace sketchsgd::kernels::cuda {
 namespace {
@@ -9,53 +9,16 @@ namespace {
 }
 }  // namespace
 
-int device_count() {
-  return 0;
-}
-void set_device(int) {
-  absent();
-}
-int current_device() {
-  absent();
-}
-bool context_active(int) {
-  return false;
-}
-void* alloc(size_t) {
-  absent();
-}
-void free(void*, int) noexcept {}
-void copy(void*, const void*, size_t, Stream) {
-  absent();
-}
-void zero(void*, size_t, Stream) {
-  absent();
-}
-void synchronize(Stream) {
-  absent();
-}
-bool device_accessible(const void*, int) {
-  return false;
-}
-void reset_flag(unsigned long long*, Stream) {
-  absent();
-}
 void check_indices(const uint32_t*, size_t, uint64_t, unsigned long long*, Stream) {
-  absent();
-}
-
-Workspace::~Workspace() = default;
-void* Workspace::get(size_t, Stream) {
-  absent();
-}
-void* Workspace::host() {
   absent();
 }
 
 void precompute_hashes(const SketchLayout&, uint32_t*, Stream) {
   absent();
 }
-void precompute_windows(const SketchLayout&, uint32_t*, Stream) { absent(); }
+void precompute_windows(const SketchLayout&, uint32_t*, Stream) {
+  absent();
+}
 void accumulate(const SketchLayout&, float*, const float*, size_t, uint64_t, float,
                 unsigned long long*, Stream) {
   absent();

@@ -1,4 +1,4 @@
-#include "flags.hpp"
+#include <sketchsgd/ps/flags.hpp>
 
 #include <cmath>
 #include <cstdio>

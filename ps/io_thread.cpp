@@ -1,8 +1,8 @@
-#include "io_thread.hpp"
+#include <sketchsgd/ps/io_thread.hpp>
 
 #include <cerrno>
 
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd::ps {
 

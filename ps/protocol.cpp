@@ -1,4 +1,4 @@
-#include "protocol.hpp"
+#include <sketchsgd/ps/protocol.hpp>
 
 #include <cmath>
 

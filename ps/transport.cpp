@@ -1,4 +1,4 @@
-#include "transport.hpp"
+#include <sketchsgd/ps/transport.hpp>
 
 #include <atomic>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include <sstream>
 #include <thread>
 
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd::ps {
 

@@ -1,4 +1,4 @@
-#include "checkpoint.hpp"
+#include <sketchsgd/server/checkpoint.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "../kernels/bytes.hpp"
+#include <sketchsgd/core/bytes.hpp>
 
 namespace sketchsgd::ps {
 namespace {

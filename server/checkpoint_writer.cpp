@@ -1,9 +1,9 @@
-#include "checkpoint_writer.hpp"
+#include <sketchsgd/server/checkpoint_writer.hpp>
 
 #include <cstdio>
 #include <utility>
 
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd::ps {
 

@@ -1,13 +1,13 @@
-#include "engine.hpp"
+#include <sketchsgd/server/engine.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 
-#include "../compress/registry.hpp"
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 
 namespace sketchsgd::ps {
 namespace {

@@ -8,10 +8,10 @@
 #include <fstream>
 #include <string>
 
-#include "../compress/registry.hpp"
-#include "../ps/flags.hpp"
-#include "server.hpp"
-#include "../ps/transport.hpp"
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/ps/flags.hpp>
+#include <sketchsgd/ps/transport.hpp>
+#include <sketchsgd/server/server.hpp>
 
 namespace {
 sketchsgd::ps::Server* g_server = nullptr;
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       server.run();
       g_shutting_down = true;  // from here on a signal ends the process at once
-    }  // within --linger-ms, whatever the peers do
+    }                          // within --linger-ms, whatever the peers do
     return 0;
   } catch (const sketchsgd::Error& e) {
     std::fprintf(stderr, "sketchsgd-server: %s\n", e.what());

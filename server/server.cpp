@@ -1,4 +1,4 @@
-#include "server.hpp"
+#include <sketchsgd/server/server.hpp>
 
 #include <unistd.h>
 
@@ -9,9 +9,9 @@
 #include <memory>
 #include <thread>
 
-#include "../ps/io_thread.hpp"
-#include "../ps/log.hpp"
-#include "../ps/transport.hpp"
+#include <sketchsgd/ps/io_thread.hpp>
+#include <sketchsgd/ps/log.hpp>
+#include <sketchsgd/ps/transport.hpp>
 
 namespace sketchsgd::ps {
 namespace {
@@ -50,7 +50,7 @@ struct Server::Impl {
 
   Log log;
   zmq::context_t ctx{1};
-  std::unique_ptr<ZapHandler> zap;  // before the socket: destroyed after it, before ctx
+  std::unique_ptr<ZapHandler> zap;        // before the socket: destroyed after it, before ctx
   std::unique_ptr<zmq::socket_t> router;  // until run() hands it to the I/O thread
   size_t inbox_cap = 0;  // bytes queued for the round logic before the I/O thread stops reading
 
@@ -153,8 +153,9 @@ uint64_t Server::run() {
       try {
         const Envelope e = decode_envelope(m.frames[0].bytes(), 0);
         if (e.type == Type::Heartbeat && e.job == job)
-          (void)io.send_now(&m.peer, {Frame::own(encode(Envelope{Type::Heartbeat, job, 0, e.rank,
-                                                                 0, e.session}))});
+          (void)io.send_now(
+              &m.peer,
+              {Frame::own(encode(Envelope{Type::Heartbeat, job, 0, e.rank, 0, e.session}))});
       } catch (const Error&) {
       }
     }

@@ -1,4 +1,4 @@
-#include "count_sketch.hpp"
+#include <sketchsgd/sketch/count_sketch.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,10 @@
 #include <mutex>
 #include <tuple>
 
-#include "../kernels/elementwise.hpp"
-#include "../kernels/error.hpp"
-#include "../kernels/hash.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cuda.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
+#include <sketchsgd/kernels/hash.hpp>
 
 namespace sketchsgd {
 namespace {
@@ -39,7 +40,7 @@ std::shared_ptr<const Buffer<uint32_t>> shared_hashes(const SketchConfig& c, con
       kernels::cuda::precompute_windows(layout, table->data(), d.stream);
     else
       kernels::cuda::precompute_hashes(layout, table->data(), d.stream);
-    kernels::cuda::synchronize(d.stream);
+    gpu::synchronize(d.stream);
   } else if (block) {
     kernels::cpu::precompute_windows(layout, table->data());
   } else {
@@ -84,8 +85,8 @@ CountSketch CountSketch::to(const Device& device) const {
   if (device_.is_gpu() || device.is_gpu()) {
     // Ordered after this sketch's queued work on its stream; copy() waits before returning.
     const auto scope = (device_.is_gpu() ? device_ : device).activate();
-    cu::copy(out.table_.data(), table_.data(), table_.size() * sizeof(float),
-             device_.is_gpu() ? device_.stream : device.stream);
+    gpu::copy(out.table_.data(), table_.data(), table_.size() * sizeof(float),
+              device_.is_gpu() ? device_.stream : device.stream);
   } else {
     std::copy(table_.data(), table_.data() + table_.size(), out.table_.data());
   }
@@ -104,30 +105,15 @@ kernels::SketchLayout CountSketch::layout() const {
   return l;
 }
 
-cu::Workspace& CountSketch::workspace() const {
-  if (!scratch_.ws) scratch_.ws = std::make_unique<cu::Workspace>();
-  return *scratch_.ws;
-}
-
-template <class Check>
-size_t CountSketch::device_check(Check&& check) const {
-  if (scratch_.flag.empty()) scratch_.flag = Buffer<unsigned long long>(1, device_);
-  cu::reset_flag(scratch_.flag.data(), device_.stream);
-  check(scratch_.flag.data());
-  unsigned long long got = 0;
-  scratch_.flag.download(std::span<unsigned long long>(&got, 1));
-  return got == ~0ull ? kernels::kNone : size_t(got);
-}
-
 void CountSketch::check_indices(std::span<const uint32_t> indices, const char* what) const {
   if (device_.is_gpu()) {
     device_.require_accessible(indices.data(), indices.size_bytes(), what);
-    const size_t bad = device_check([&](unsigned long long* flag) {
+    const size_t bad = scratch_.first_flagged(device_, [&](unsigned long long* flag) {
       cu::check_indices(indices.data(), indices.size(), config_.dim, flag, device_.stream);
     });
     if (bad != kernels::kNone) {
       uint32_t value = 0;
-      cu::copy(&value, indices.data() + bad, 4, device_.stream);
+      gpu::copy(&value, indices.data() + bad, 4, device_.stream);
       detail::raise<InvalidArgument>(what, ": index ", value, " at position ", bad,
                                      " out of range for dim ", config_.dim);
     }
@@ -157,20 +143,20 @@ void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float sc
     // One pass adds the finite values and reports the first non-finite one; on a report, the
     // same pass with −scale takes the finite values back out (or the table is zeroed when it
     // was empty: exact).
-    const size_t bad = device_check([&](unsigned long long* flag) {
+    const size_t bad = scratch_.first_flagged(device_, [&](unsigned long long* flag) {
       cu::accumulate(l, table_.data(), x.data(), x.size(), offset, scale, flag, device_.stream);
     });
     if (bad != kernels::kNone) {
       if (empty_) {
         zero();
       } else {
-        device_check([&](unsigned long long* flag) {
+        scratch_.first_flagged(device_, [&](unsigned long long* flag) {
           cu::accumulate(l, table_.data(), x.data(), x.size(), offset, -scale, flag,
                          device_.stream);
         });
       }
       float value = 0.0f;
-      cu::copy(&value, x.data() + bad, 4, device_.stream);
+      gpu::copy(&value, x.data() + bad, 4, device_.stream);
       detail::raise<NonFiniteError>("accumulate: non-finite value ", value, " at coordinate ",
                                     offset + bad);
     }
@@ -204,9 +190,9 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
     // other's table may still be written on its own stream of the same GPU, and may be changed
     // there right after this returns: wait on both sides.
     const bool cross = other.device_.stream != device_.stream;
-    if (cross) cu::synchronize(other.device_.stream);
+    if (cross) gpu::synchronize(other.device_.stream);
     cu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f, device_.stream);
-    if (cross) cu::synchronize(device_.stream);
+    if (cross) gpu::synchronize(device_.stream);
   } else {
     cpu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f);
   }
@@ -295,8 +281,8 @@ void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
   device_.require_accessible(idx.data(), idx.size_bytes(), "top_k: indices");
   device_.require_accessible(val.data(), val.size_bytes(), "top_k: values");
   if (device_.is_gpu())
-    cu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data(), workspace(),
-                      device_.stream);
+    cu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data(),
+                      scratch_.workspace(), device_.stream);
   else
     cpu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data());
 }
@@ -309,13 +295,11 @@ TopK CountSketch::top_k(uint64_t k) const {
   out.values.resize(k);
   if (device_.is_gpu()) {
     // Result buffers kept across calls (a server asks every round).
-    if (scratch_.top_idx.size() != k) {
-      scratch_.top_idx = Buffer<uint32_t>(k, device_);
-      scratch_.top_val = Buffer<float>(k, device_);
-    }
-    top_k(scratch_.top_idx.span(), scratch_.top_val.span());
-    scratch_.top_idx.download(out.indices);
-    scratch_.top_val.download(out.values);
+    uint32_t* idx = scratch_.room<uint32_t>(device_, k, 0);
+    float* val = scratch_.room<float>(device_, k, 1);
+    top_k(std::span(idx, k), std::span(val, k));
+    gpu::copy(out.indices.data(), idx, k * sizeof(uint32_t), device_.stream);
+    gpu::copy(out.values.data(), val, k * sizeof(float), device_.stream);
   } else {
     top_k(std::span<uint32_t>(out.indices), std::span<float>(out.values));
   }
@@ -326,7 +310,7 @@ double CountSketch::l2_estimate() const {
   const auto scope = device_.activate();
   if (!device_.is_gpu()) return cpu::l2_estimate(layout(), table_.data());
   Buffer<double> out(1, device_);
-  cu::l2_estimate(layout(), table_.data(), out.data(), workspace(), device_.stream);
+  cu::l2_estimate(layout(), table_.data(), out.data(), scratch_.workspace(), device_.stream);
   return out.to_vector()[0];
 }
 

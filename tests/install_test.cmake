@@ -5,9 +5,26 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/pre
 if(rc)
   message(FATAL_ERROR "install failed")
 endif()
+# Only public headers are installed, and they include nothing else of ours.
+file(GLOB_RECURSE internal ${WORK}/prefix/include/sketchsgd/*.cuh ${WORK}/prefix/include/sketchsgd/*/detail/*)
+if(internal)
+  message(FATAL_ERROR "internal headers were installed: ${internal}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -DINCLUDE=${WORK}/prefix/include -P ${SOURCE}/tests/public_headers.cmake
+                RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "a public header includes an internal one")
+endif()
+# The consumer also compiles every installed header on its own (each is self-contained).
+file(GLOB_RECURSE headers RELATIVE ${WORK}/prefix/include ${WORK}/prefix/include/sketchsgd/*.hpp)
+set(tu "")
+foreach(h IN LISTS headers)
+  string(APPEND tu "#include <${h}>\n")
+endforeach()
+file(WRITE ${WORK}/all_headers.cpp "${tu}")
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE}/tests/consumer -B ${WORK}/build -G Ninja
                         -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_BUILD_TYPE=Release
-                        -DCMAKE_CXX_COMPILER=${CXX}
+                        -DCMAKE_CXX_COMPILER=${CXX} -DALL_HEADERS=${WORK}/all_headers.cpp
                 RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "configuring the consumer against the installed package failed")

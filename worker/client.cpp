@@ -1,13 +1,13 @@
-#include "client.hpp"
+#include <sketchsgd/worker/client.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <deque>
 
-#include "../kernels/error.hpp"
-#include "../ps/io_thread.hpp"
-#include "../ps/log.hpp"
-#include "../ps/transport.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/ps/io_thread.hpp>
+#include <sketchsgd/ps/log.hpp>
+#include <sketchsgd/ps/transport.hpp>
 
 namespace sketchsgd::ps {
 

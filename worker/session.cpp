@@ -1,10 +1,10 @@
-#include "session.hpp"
+#include <sketchsgd/worker/session.hpp>
 
 #include <algorithm>
 #include <cstring>
 
-#include "../kernels/cpu.hpp"
-#include "../kernels/error.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 
 namespace sketchsgd::ps {
 

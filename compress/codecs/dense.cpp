@@ -1,11 +1,11 @@
 // dense: the fp32 baseline. Workers send the gradient (or, with momentum, their local momentum,
 // whose mean is the momentum of the mean gradient); the server returns the mean.
-#include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/compress/mean_aggregator.hpp>
-#include <sketchsgd/compress/ops.hpp>
-#include <sketchsgd/compress/payload.hpp>
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "../ops.hpp"
+#include "../payload.hpp"
 
 namespace sketchsgd {
 namespace {

@@ -5,13 +5,13 @@
 //         e = p − sent. The server averages the scaled signs (dense downlink).
 #include <algorithm>
 
-#include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/kernels/error.hpp>
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/compress/mean_aggregator.hpp>
-#include <sketchsgd/compress/ops.hpp>
-#include <sketchsgd/compress/payload.hpp>
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "../ops.hpp"
+#include "../payload.hpp"
 
 namespace sketchsgd {
 namespace {

@@ -15,13 +15,13 @@
 #include <algorithm>
 #include <optional>
 
-#include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/kernels/error.hpp>
-#include <sketchsgd/sketch/count_sketch.hpp>
 #include <sketchsgd/compress/feedback.hpp>
-#include <sketchsgd/compress/ops.hpp>
-#include <sketchsgd/compress/payload.hpp>
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/sketch/count_sketch.hpp>
+#include "../ops.hpp"
+#include "../payload.hpp"
 
 namespace sketchsgd {
 namespace {
@@ -169,7 +169,7 @@ class SketchAggregator final : public Aggregator {
   Device device_;
   CountSketch sum_;
   Buffer<float> staging_;  // a received table on its way to the GPU
-  ops::Scratch ops_;
+  Scratch ops_;
   Buffer<uint32_t> top_idx_;  // FetchSGD on a GPU: the selection, kept across rounds
   Buffer<float> top_val_;
   std::vector<uint32_t> candidates_;
@@ -256,7 +256,11 @@ SKETCHSGD_REGISTER_CODEC(
       {"hashing",
        "random: a random bucket per (row, coordinate), hashed on the fly; precomputed: the same "
        "from a packed table; blocked: windows of `block` contiguous columns (fast, as accurate)",
-       2, 0, 2, true, {"random", "precomputed", "blocked"}},
+       2,
+       0,
+       2,
+       true,
+       {"random", "precomputed", "blocked"}},
       {"block", "blocked hashing: coordinates per window, a power of two", 1024, 1, 65536},
       {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {

@@ -4,13 +4,13 @@
 // runs reproduce. The server averages the dequantised vectors (dense downlink).
 #include <algorithm>
 
-#include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/kernels/error.hpp>
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/compress/mean_aggregator.hpp>
-#include <sketchsgd/compress/ops.hpp>
-#include <sketchsgd/compress/payload.hpp>
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "../ops.hpp"
+#include "../payload.hpp"
 
 namespace sketchsgd {
 namespace {

@@ -3,12 +3,12 @@
 // returns their mean (≤ W·k entries), or with global=1 re-selects the top-k of that sum.
 #include <algorithm>
 
-#include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/kernels/error.hpp>
 #include <sketchsgd/compress/feedback.hpp>
-#include <sketchsgd/compress/ops.hpp>
-#include <sketchsgd/compress/payload.hpp>
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "../ops.hpp"
+#include "../payload.hpp"
 
 namespace sketchsgd {
 namespace {

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "check.cuh"
+#include <sketchsgd/core/gpu.hpp>
 
 namespace sketchsgd::kernels::cuda {
 

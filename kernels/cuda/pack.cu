@@ -1,9 +1,9 @@
 // CUDA bit packing, formats identical to the CPU's: 32 signs per word (one thread per word, wide
 // loads), four 2-bit ternary codes per byte (one thread per 16 codes, one 32-bit store).
 // TernGrad draws from Philox keyed exactly as on the CPU.
-#include "../cuda.hpp"
-#include "../elementwise.hpp"
-#include "../error.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cuda.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
 #include "launch.cuh"
 
 namespace sketchsgd::kernels::cuda {

@@ -3,10 +3,10 @@
 // agree exactly. Accumulation uses fire-and-forget atomic adds (RED) into the L2-resident table.
 #include <cub/block/block_reduce.cuh>
 
-#include "../cuda.hpp"
-#include "../elementwise.hpp"
-#include "../error.hpp"
-#include "../hash.hpp"
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cuda.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
+#include <sketchsgd/kernels/hash.hpp>
 #include "launch.cuh"
 #include "select/dispatch.cuh"
 
@@ -35,8 +35,8 @@ struct Hashes {
   }
   __device__ __forceinline__ uint32_t at(uint32_t i, uint64_t j) const {
     if (windows)
-      return hash::locate_blocked(__ldg(windows + i * blocks + (j >> b.shift)), row[i],
-                                  uint32_t(j), cols, b);
+      return hash::locate_blocked(__ldg(windows + i * blocks + (j >> b.shift)), row[i], uint32_t(j),
+                                  cols, b);
     return packed ? __ldg(packed + i * dim + j) : hash::locate(row[i], uint32_t(j), cols);
   }
 };
@@ -102,7 +102,8 @@ __global__ void accumulate_kernel(Hashes h, float* table, const float* x, uint64
 }
 
 __global__ void windows_kernel(hash::RowHash h, uint64_t blocks, uint32_t* out) {
-  for (uint64_t b = thread_index(); b < blocks; b += grid_stride()) out[b] = hash::window_word(h, b);
+  for (uint64_t b = thread_index(); b < blocks; b += grid_stride())
+    out[b] = hash::window_word(h, b);
 }
 
 /// The 4-vector whose lane l is v's lane l XOR key: lane l of a window group holds position
@@ -132,7 +133,10 @@ __global__ void accumulate_groups_kernel(Hashes h, float* table, const float* x,
   for (uint64_t g = thread_index(); g < groups; g += grid_stride()) {
     const float4 v = x4[g];
     if (!is_finite(v.x) || !is_finite(v.y) || !is_finite(v.z) || !is_finite(v.w)) {
-      const uint64_t i = 4 * g + (!is_finite(v.x) ? 0 : !is_finite(v.y) ? 1 : !is_finite(v.z) ? 2 : 3);
+      const uint64_t i = 4 * g + (!is_finite(v.x)   ? 0
+                                  : !is_finite(v.y) ? 1
+                                  : !is_finite(v.z) ? 2
+                                                    : 3);
       atomicMin(first_bad, (unsigned long long)i);
       continue;
     }
@@ -144,11 +148,11 @@ __global__ void accumulate_groups_kernel(Hashes h, float* table, const float* x,
       uint32_t col = hash::window_start(w, h.cols, true) + t;  // the group's first column
       if (col >= h.cols) col -= h.cols;
       const hash::RowHash sh = h.row[r];
-      const float4 sv = make_float4(
-          hash::apply_sign(hash::sign_bit(sh, uint32_t(j)), scale * v.x),
-          hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 1)), scale * v.y),
-          hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 2)), scale * v.z),
-          hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 3)), scale * v.w));
+      const float4 sv =
+          make_float4(hash::apply_sign(hash::sign_bit(sh, uint32_t(j)), scale * v.x),
+                      hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 1)), scale * v.y),
+                      hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 2)), scale * v.z),
+                      hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 3)), scale * v.w));
       float* dst = table + uint64_t(r) * h.cols + col;
       const float4 d = permute_lanes(sv, w & 3u);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -325,9 +329,8 @@ void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t
                         idx, val, ws, stream);
     return;
   }
-  with_estimator(s, table, [&](auto est) {
-    select::topk(est, s.dim, k, idx, val, ws, stream, s.block == 0);
-  });
+  with_estimator(
+      s, table, [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, s.block == 0); });
 }
 
 void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n,

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "../cuda.hpp"
-#include "../hd.hpp"
+#include <sketchsgd/core/hd.hpp>
+#include <sketchsgd/kernels/cuda.hpp>
 #include "launch.cuh"
 
 namespace sketchsgd::kernels::cuda {

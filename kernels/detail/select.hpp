@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "../hd.hpp"
+#include <sketchsgd/core/hd.hpp>
 
 namespace sketchsgd::kernels::detail {
 

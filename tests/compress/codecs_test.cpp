@@ -5,8 +5,8 @@
 #include <numeric>
 
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/kernels/error.hpp>
 #include "support/helpers.hpp"
 #include "support/round.hpp"
 
@@ -40,7 +40,8 @@ TEST(Registry, ClearErrors) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message("zip").find("known: dense, signsgd, sketch, terngrad, topk"), std::string::npos);
+  EXPECT_NE(message("zip").find("known: dense, signsgd, sketch, terngrad, topk"),
+            std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("unknown option 'kk'"), std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("global=<int>"), std::string::npos);  // lists accepted
   EXPECT_NE(message("topk:k=").find("no value"), std::string::npos);
@@ -60,7 +61,8 @@ TEST(Dense, MeanOfWorkers) {
   test::Job job("dense", 1000, 3);
   const auto g = grads(3, 1000, 1);
   const auto steps = job.round(g, 0);
-  for (size_t j = 0; j < 1000; ++j) EXPECT_FLOAT_EQ(steps[0][j], ((g[0][j] + g[1][j]) + g[2][j]) / 3);
+  for (size_t j = 0; j < 1000; ++j)
+    EXPECT_FLOAT_EQ(steps[0][j], ((g[0][j] + g[1][j]) + g[2][j]) / 3);
   EXPECT_EQ(steps[0], steps[2]);
   EXPECT_NEAR(job.workers[0]->compression_ratio(), 4000.0 / 4048.0, 1e-9);
 }
@@ -202,7 +204,7 @@ TEST(TernGrad, ClippingSaturates) {
   const double sd = std::sqrt(sq / dim - (sum / dim) * (sum / dim));
   const float smax = *std::max_element(s.begin(), s.end());
   EXPECT_NEAR(smax, 2.5 * sd, 1e-4 * sd);  // the scaler is 2.5σ, far below max|g| = 100
-  EXPECT_EQ(s[10], smax);                   // the saturated outlier is always sent, at +s
+  EXPECT_EQ(s[10], smax);                  // the saturated outlier is always sent, at +s
 }
 
 TEST(Sketch, RecoversPlantedHeavyHittersInOneRound) {
@@ -281,7 +283,7 @@ TEST(Aggregator, ProtocolErrorsChangeNothing) {
   const Message m0 = worker->encode(g, 7, 0);
   EXPECT_THROW(agg->add(worker->encode(g, 7, 2)), ProtocolError);  // sender ≥ W
   agg->add(m0);
-  EXPECT_THROW(agg->add(m0), ProtocolError);                      // duplicate
+  EXPECT_THROW(agg->add(m0), ProtocolError);                       // duplicate
   EXPECT_THROW(agg->add(worker->encode(g, 8, 1)), ProtocolError);  // other round
   auto dense = make_compressor("dense", dim);
   EXPECT_THROW(agg->add(dense->encode(g, 7, 1)), ConfigMismatch);
@@ -302,7 +304,8 @@ TEST(Aggregator, ProtocolErrorsChangeNothing) {
 }
 
 TEST(Codecs, NonFiniteGradientRejectedStateUnchanged) {
-  for (const char* spec : {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "sketch:cols=50,k=10"}) {
+  for (const char* spec :
+       {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "sketch:cols=50,k=10"}) {
     auto a = make_compressor(spec, 1000), b = make_compressor(spec, 1000);
     auto g = test::gaussian(1000, 17);
     auto bad = g;
@@ -310,7 +313,8 @@ TEST(Codecs, NonFiniteGradientRejectedStateUnchanged) {
     EXPECT_THROW(a->encode(bad, 0, 0), NonFiniteError) << spec;
     EXPECT_THROW(a->encode(std::vector<float>(999), 0, 0), InvalidArgument) << spec;
     const auto ma = a->encode(g, 1, 0), mb = b->encode(g, 1, 0);
-    EXPECT_TRUE(std::equal(ma.bytes().begin(), ma.bytes().end(), mb.bytes().begin(), mb.bytes().end()))
+    EXPECT_TRUE(
+        std::equal(ma.bytes().begin(), ma.bytes().end(), mb.bytes().begin(), mb.bytes().end()))
         << spec;
   }
 }
@@ -337,12 +341,14 @@ namespace {
 // apply_step / decode_step (sparse fast path) equal apply() + axpy bit for bit, state included.
 TEST(Codecs, ApplyStepEqualsApplyThenAxpyBitForBit) {
   constexpr uint64_t dim = 4000;
-  for (const char* spec : {"dense", "topk:k=50", "terngrad", "signsgd", "signsgd:ef=1",
-                           "sketch:cols=500,k=50", "sketch:cols=500,k=50,p2=2", "sketch:cols=500,k=50,fetch=1"}) {
+  for (const char* spec :
+       {"dense", "topk:k=50", "terngrad", "signsgd", "signsgd:ef=1", "sketch:cols=500,k=50",
+        "sketch:cols=500,k=50,p2=2", "sketch:cols=500,k=50,fetch=1"}) {
     test::Job a(spec, dim, 2), b(spec, dim, 2);
     std::vector<float> pa = test::gaussian(dim, 3), pb = pa, pc = pa;
     for (uint64_t t = 0; t < 3; ++t) {
-      const std::vector<std::vector<float>> g = {test::gaussian(dim, 10 + t), test::gaussian(dim, 20 + t)};
+      const std::vector<std::vector<float>> g = {test::gaussian(dim, 10 + t),
+                                                 test::gaussian(dim, 20 + t)};
       const auto steps = a.round(g, t);  // apply() on a's workers
       kernels::cpu::axpy(pa.data(), steps[0].data(), dim, -0.3f);
       // b's workers take the same round through apply_step.
@@ -360,13 +366,16 @@ TEST(Codecs, ApplyStepEqualsApplyThenAxpyBitForBit) {
       ASSERT_EQ(std::memcmp(pa.data(), pc.data(), dim * 4), 0) << spec << " round " << t;
     }
     std::vector<float> short_params(dim - 1);
-    EXPECT_THROW(b.server_codec->decode_step(a.last_update, short_params, 0.1f), InvalidArgument) << spec;
-    EXPECT_THROW(b.server_codec->decode_step(a.last_update, pc, std::nanf("")), InvalidArgument) << spec;
+    EXPECT_THROW(b.server_codec->decode_step(a.last_update, short_params, 0.1f), InvalidArgument)
+        << spec;
+    EXPECT_THROW(b.server_codec->decode_step(a.last_update, pc, std::nanf("")), InvalidArgument)
+        << spec;
     Bytes bad(a.last_update.bytes().begin(), a.last_update.bytes().end());
     bad.back() ^= 1;
     const std::vector<float> before = pc;
     EXPECT_THROW(b.server_codec->decode_step(bad, pc, 0.1f), WireError) << spec;
-    EXPECT_EQ(std::memcmp(before.data(), pc.data(), dim * 4), 0) << spec << ": corrupt update wrote";
+    EXPECT_EQ(std::memcmp(before.data(), pc.data(), dim * 4), 0)
+        << spec << ": corrupt update wrote";
   }
 }
 

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
-#include <sketchsgd/kernels/error.hpp>
 #include <sketchsgd/kernels/hash.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
-#include "support/helpers.hpp"
 #include "support/cuda.hpp"
+#include "support/helpers.hpp"
 
 namespace sketchsgd {
 namespace {

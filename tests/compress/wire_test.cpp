@@ -4,7 +4,7 @@
 #include <random>
 
 #include <sketchsgd/compress/registry.hpp>
-#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/core/error.hpp>
 #include "support/helpers.hpp"
 #include "support/round.hpp"
 
@@ -19,7 +19,9 @@ Bytes reseal(Bytes b) {
   return b;
 }
 
-Bytes copy(const Message& m) { return Bytes(m.bytes().begin(), m.bytes().end()); }
+Bytes copy(const Message& m) {
+  return Bytes(m.bytes().begin(), m.bytes().end());
+}
 
 template <class T>
 Bytes poke(Bytes b, size_t at, T value) {
@@ -67,14 +69,14 @@ TEST(Wire, PayloadChecks) {
   auto agg = topk->make_aggregator(1);
   const Bytes m = copy(topk->encode(test::gaussian(dim, 2), 0, 0));
   const size_t p = kHeaderBytes;
-  EXPECT_THROW(agg->add(poke(m, p, uint32_t(5))), WireError);             // count > k
-  EXPECT_THROW(agg->add(poke(m, p + 4, uint32_t(dim))), WireError);       // index out of range
-  EXPECT_THROW(agg->add(poke(m, p + 8, uint32_t(0))), WireError);         // not increasing
-  EXPECT_THROW(agg->add(poke(m, p + 20, std::nanf(""))), WireError);      // NaN value
+  EXPECT_THROW(agg->add(poke(m, p, uint32_t(5))), WireError);         // count > k
+  EXPECT_THROW(agg->add(poke(m, p + 4, uint32_t(dim))), WireError);   // index out of range
+  EXPECT_THROW(agg->add(poke(m, p + 8, uint32_t(0))), WireError);     // not increasing
+  EXPECT_THROW(agg->add(poke(m, p + 20, std::nanf(""))), WireError);  // NaN value
   Bytes shorter = m;
   shorter.resize(m.size() - 4);
   shorter = poke(shorter, 32, uint64_t(shorter.size() - kHeaderBytes));
-  EXPECT_THROW(agg->add(shorter), WireError);                              // truncated payload
+  EXPECT_THROW(agg->add(shorter), WireError);  // truncated payload
   EXPECT_EQ(agg->count(), 0u);
   agg->add(m);
   EXPECT_EQ(agg->count(), 1u);
@@ -82,9 +84,9 @@ TEST(Wire, PayloadChecks) {
   auto tern = make_compressor("terngrad", dim);
   auto tagg = tern->make_aggregator(1);
   const Bytes t = copy(tern->encode(test::gaussian(dim, 3), 0, 0));
-  EXPECT_THROW(tagg->add(poke(t, p, uint32_t(32))), WireError);           // chunk mismatch
-  EXPECT_THROW(tagg->add(poke(t, p + 4, -1.0f)), WireError);              // negative scale
-  EXPECT_THROW(tagg->add(poke(t, p + 8, uint8_t(0xFF))), WireError);      // code 3
+  EXPECT_THROW(tagg->add(poke(t, p, uint32_t(32))), WireError);       // chunk mismatch
+  EXPECT_THROW(tagg->add(poke(t, p + 4, -1.0f)), WireError);          // negative scale
+  EXPECT_THROW(tagg->add(poke(t, p + 8, uint8_t(0xFF))), WireError);  // code 3
   tagg->add(t);
 
   auto sign = make_compressor("signsgd", 40);
@@ -124,10 +126,18 @@ TEST(Wire, MutationReplay) {
       const int edits = 1 + int(rng() % 4);
       for (int e = 0; e < edits; ++e) {
         switch (rng() % 5) {
-          case 0: m[rng() % m.size()] ^= uint8_t(1u << (rng() % 8)); break;
-          case 1: m[rng() % m.size()] = uint8_t(rng()); break;
-          case 2: m.resize(rng() % (m.size() + 1)); break;
-          case 3: m.insert(m.end(), rng() % 16, uint8_t(rng())); break;
+          case 0:
+            m[rng() % m.size()] ^= uint8_t(1u << (rng() % 8));
+            break;
+          case 1:
+            m[rng() % m.size()] = uint8_t(rng());
+            break;
+          case 2:
+            m.resize(rng() % (m.size() + 1));
+            break;
+          case 3:
+            m.insert(m.end(), rng() % 16, uint8_t(rng()));
+            break;
           case 4: {
             const size_t at = kHeaderBytes + rng() % 64;
             if (at + 4 <= m.size()) {

@@ -16,6 +16,6 @@ int main() {
   worker->apply(server->finish(), step);
   const bool ok = step[1234] == 5.0f && step[42] == -3.0f;
   std::printf("consumer: step[1234] = %g, step[42] = %g, cuda devices %d: %s\n", step[1234],
-              step[42], sketchsgd::kernels::cuda::device_count(), ok ? "ok" : "WRONG");
+              step[42], sketchsgd::gpu::device_count(), ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }

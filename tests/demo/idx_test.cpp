@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <sketchsgd/core/error.hpp>
 #include "demo/idx.hpp"
-#include <sketchsgd/kernels/error.hpp>
 
 namespace sketchsgd::demo {
 namespace {

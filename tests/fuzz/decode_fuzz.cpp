@@ -3,9 +3,10 @@
 // second time with its header's payload length and CRC-32C made valid, so the fuzzer reaches the
 // payload decoders instead of stopping at the checksum. Anything but success or a
 // sketchsgd::Error is a finding.
-//   cmake --preset fuzz && cmake --build --preset fuzz && build/fuzz/tests/fuzz/decode_fuzz -max_total_time=60
-#include <cstddef>
+//   cmake --preset fuzz && cmake --build --preset fuzz && build/fuzz/tests/fuzz/decode_fuzz
+//   -max_total_time=60
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -13,7 +14,7 @@
 #include <vector>
 
 #include <sketchsgd/compress/registry.hpp>
-#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
 #if SKETCHSGD_FUZZ_PS
 #include <sketchsgd/ps/protocol.hpp>
@@ -22,8 +23,9 @@
 namespace {
 
 constexpr uint64_t kDim = 300;
-const char* const kSpecs[] = {"dense", "topk:k=20,global=1", "terngrad:chunk=50", "signsgd",
-                              "signsgd:ef=1,chunk=64", "sketch:rows=3,cols=40,k=10,p2=2"};
+const char* const kSpecs[] = {
+    "dense",   "topk:k=20,global=1",    "terngrad:chunk=50",
+    "signsgd", "signsgd:ef=1,chunk=64", "sketch:rows=3,cols=40,k=10,p2=2"};
 
 // The input with a consistent payload length (bytes 32..39) and CRC-32C (bytes 40..43).
 std::vector<uint8_t> sealed(std::span<const uint8_t> in) {
@@ -32,7 +34,8 @@ std::vector<uint8_t> sealed(std::span<const uint8_t> in) {
   const uint64_t len = b.size() - sketchsgd::kHeaderBytes;
   std::memcpy(b.data() + 32, &len, 8);
   const std::span<const uint8_t> all(b);
-  const uint32_t crc = sketchsgd::crc32c(all.subspan(sketchsgd::kHeaderBytes), sketchsgd::crc32c(all.first(40)));
+  const uint32_t crc =
+      sketchsgd::crc32c(all.subspan(sketchsgd::kHeaderBytes), sketchsgd::crc32c(all.first(40)));
   std::memcpy(b.data() + 40, &crc, 4);
   return b;
 }
@@ -48,12 +51,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   decode_everything(fixed);
 #if SKETCHSGD_FUZZ_PS
   using namespace sketchsgd::ps;
-  try { decode_envelope(raw.first(std::min<size_t>(size, kEnvelopeBytes)), size % 3); } catch (const sketchsgd::Error&) {}
-  try { decode_hello(raw); } catch (const sketchsgd::Error&) {}
-  try { decode_welcome(raw); } catch (const sketchsgd::Error&) {}
-  try { decode_refuse(raw); } catch (const sketchsgd::Error&) {}
-  try { decode_update_info(raw); } catch (const sketchsgd::Error&) {}
-  try { decode_text(raw); } catch (const sketchsgd::Error&) {}
+  try {
+    decode_envelope(raw.first(std::min<size_t>(size, kEnvelopeBytes)), size % 3);
+  } catch (const sketchsgd::Error&) {
+  }
+  try {
+    decode_hello(raw);
+  } catch (const sketchsgd::Error&) {
+  }
+  try {
+    decode_welcome(raw);
+  } catch (const sketchsgd::Error&) {
+  }
+  try {
+    decode_refuse(raw);
+  } catch (const sketchsgd::Error&) {
+  }
+  try {
+    decode_update_info(raw);
+  } catch (const sketchsgd::Error&) {
+  }
+  try {
+    decode_text(raw);
+  } catch (const sketchsgd::Error&) {
+  }
 #endif
   return 0;
 }
@@ -68,10 +89,22 @@ void decode_everything(std::span<const uint8_t> bytes) {
   std::vector<float> step(kDim);
   for (auto& c : codecs) {
     auto agg = c->make_aggregator(2);
-    try { agg->add(bytes); } catch (const sketchsgd::Error&) {}
-    try { c->apply(bytes, step); } catch (const sketchsgd::Error&) {}
-    try { c->answer(bytes, 0); } catch (const sketchsgd::Error&) {}
+    try {
+      agg->add(bytes);
+    } catch (const sketchsgd::Error&) {
+    }
+    try {
+      c->apply(bytes, step);
+    } catch (const sketchsgd::Error&) {
+    }
+    try {
+      c->answer(bytes, 0);
+    } catch (const sketchsgd::Error&) {
+    }
   }
-  try { sketchsgd::CountSketch::deserialize(bytes); } catch (const sketchsgd::Error&) {}
+  try {
+    sketchsgd::CountSketch::deserialize(bytes);
+  } catch (const sketchsgd::Error&) {
+  }
 }
 }  // namespace

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
-#include <sketchsgd/kernels/error.hpp>
 #include <sketchsgd/kernels/hash.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
-#include "support/helpers.hpp"
 #include "support/cuda.hpp"
+#include "support/helpers.hpp"
 
 namespace sketchsgd {
 namespace {
@@ -159,10 +159,11 @@ TEST(CudaBlocked, KernelsMatchTheCpu) {
     uint64_t dim;
     uint32_t rows, cols, block;
   };
-  for (const Shape sh : {Shape{1000003, 5, 100000, 1024}, Shape{300007, 5, 20011, 1024},
-                         Shape{200003, 3, 700, 1024}, Shape{100003, 1, 4096, 4096},
-                         Shape{50021, 2, 5000, 2}}) {
-    SCOPED_TRACE(testing::Message() << sh.dim << " " << sh.rows << "x" << sh.cols << " B" << sh.block);
+  for (const Shape sh :
+       {Shape{1000003, 5, 100000, 1024}, Shape{300007, 5, 20011, 1024}, Shape{200003, 3, 700, 1024},
+        Shape{100003, 1, 4096, 4096}, Shape{50021, 2, 5000, 2}}) {
+    SCOPED_TRACE(testing::Message()
+                 << sh.dim << " " << sh.rows << "x" << sh.cols << " B" << sh.block);
     kernels::SketchLayout s{sh.dim, sh.rows, sh.cols, seed, nullptr};
     s.block = sh.block;
     const auto b = hash::blocked_shape(sh.block, sh.cols);

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <limits>
 
-#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/ps/protocol.hpp>
 
 namespace sketchsgd::ps {

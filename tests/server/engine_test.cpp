@@ -546,7 +546,8 @@ TEST(Engine, TheHashingModeIsCheckedAtRegistrationAndOnRestore) {
   const JobConfig cfg = job("sketch:k=20,cols=200", 1, 500);  // blocked hashing, the default
   Net net(cfg);
   FakeWorker w(0, cfg);
-  const HelloInfo random{1, 500, make_compressor("sketch:k=20,cols=200,hashing=random", 500)->spec()};
+  const HelloInfo random{1, 500,
+                         make_compressor("sketch:k=20,cols=200,hashing=random", 500)->spec()};
   net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(random))});
   auto m = net.next(w.peer);
   ASSERT_TRUE(m && m->first.type == Type::Refuse);
@@ -596,7 +597,7 @@ TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
 }
 
 TEST(CudaEngine, SketchServerOnTheGpuMatchesTheCpuAcrossACheckpoint) {
-  if (kernels::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
   // The aggregator (table sums, unsketch, FetchSGD's sketches) on the GPU, workers on the CPU.
   for (const char* spec :
        {"sketch:k=40,cols=500,p2=2,momentum=0.9", "sketch:k=40,cols=500,fetch=1,momentum=0.9"}) {

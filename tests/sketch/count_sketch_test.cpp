@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include <sketchsgd/compress/registry.hpp>
-#include <sketchsgd/kernels/error.hpp>
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
 #include "support/helpers.hpp"
 

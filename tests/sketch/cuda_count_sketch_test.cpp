@@ -11,13 +11,13 @@
 #include <vector>
 
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
-#include <sketchsgd/kernels/error.hpp>
 #include <sketchsgd/kernels/hash.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
-#include "support/helpers.hpp"
 #include "support/cuda.hpp"
+#include "support/helpers.hpp"
 
 namespace sketchsgd {
 namespace {
@@ -95,7 +95,7 @@ TEST(CudaSketch, RejectsBadInputWithoutChangingTheTable) {
   auto codec = make_compressor("topk:k=10", c.dim, Device::cuda());
   EXPECT_THROW(codec->encode(x, 0, 0), InvalidArgument);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the context is still clean
-  EXPECT_THROW(CountSketch(c, Device::cuda(cu::device_count())), CudaError);
+  EXPECT_THROW(CountSketch(c, Device::cuda(gpu::device_count())), CudaError);
 }
 
 TEST(CudaSketch, CopiesAreIndependentAndStreamsAreOrdered) {
@@ -145,7 +145,7 @@ TEST(CudaSketch, CopiesAreIndependentAndStreamsAreOrdered) {
 
 TEST(CudaMultiGpu, CallsLeaveTheCallersDeviceCurrent) {
   REQUIRE_GPU();
-  if (cu::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  if (gpu::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   SketchConfig c{10007, 3, 1009, 7, Hashing::OnTheFly};
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
   CountSketch on0(c, Device::cuda(0));

@@ -19,7 +19,7 @@ namespace sketchsgd::test {
 namespace cu = kernels::cuda;
 
 #define REQUIRE_GPU() \
-  if (cu::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
+  if (gpu::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
 
 /// Device copy of a host vector; poisoned (0xFF bytes: NaN floats) when made from a size alone.
 template <class T>

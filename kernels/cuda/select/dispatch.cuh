@@ -1,5 +1,5 @@
-// Top-k by magnitude on the GPU, host side: a radix select in the style of AIR top-k (SC'23). CCCL 3.0 has no
-// cub::DeviceTopK, and a full sort of d values would read them ~8 times.
+// Top-k by magnitude on the GPU, host side: a radix select in the style of AIR top-k (SC'23).
+// CCCL 3.0 has no cub::DeviceTopK, and a full sort of d values would read them ~8 times.
 //
 // Keys are the bits of |v| (sign cleared: non-negative floats order like unsigned integers),
 // selected 11 + 11 + 9 bits at a time. Level 0 histograms the top digit of every value and picks
@@ -18,7 +18,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
-#include "../../cuda.hpp"
+#include <sketchsgd/kernels/cuda.hpp>
 #include "agent.cuh"
 
 namespace sketchsgd::kernels::cuda::select {

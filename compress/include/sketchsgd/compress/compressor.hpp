@@ -1,0 +1,161 @@
+// One interface for every codec, with the three roles a parameter server needs:
+//   worker:  encode(gradient) → Gradient message; answer(Query) → Answer; apply(Update) → dense
+//   step server:  make_aggregator(W) → add() the W messages of a phase, finish() → Update (or
+//   Query)
+// Steps estimate the mean gradient over the contributing workers; the caller does w −= lr · step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <sketchsgd/compress/wire.hpp>
+#include <sketchsgd/core/device.hpp>
+#include <sketchsgd/core/scratch.hpp>
+
+namespace sketchsgd {
+
+class Aggregator;
+
+/// What a message must match to belong to a codec: identity, dim and size limits. Held by value
+/// (an aggregator outlives the compressor that made it).
+struct CodecInfo {
+  CodecId id;
+  uint64_t dim;
+  uint64_t max_payload[5];  ///< by MessageKind
+
+  /// Decodes a header and checks codec id, dim, kind and the payload limit.
+  Header check(std::span<const uint8_t> message, MessageKind expected) const;
+  Header header(MessageKind kind, uint64_t round, uint32_t sender) const {
+    return Header{id, kind, dim, round, sender, 0};
+  }
+};
+
+class Compressor {
+ public:
+  Compressor(CodecId id, uint64_t dim, std::string spec, const Device& device = Device::cpu());
+  virtual ~Compressor() = default;
+  Compressor(const Compressor&) = delete;
+  Compressor& operator=(const Compressor&) = delete;
+
+  CodecId id() const { return id_; }
+  /// Where gradients, steps and parameters passed to this codec live (device memory on a GPU).
+  /// Messages are always host bytes.
+  const Device& device() const { return device_; }
+  uint64_t dim() const { return dim_; }
+  /// The canonical spec with every option spelled out: make_compressor(spec(), dim()) rebuilds it.
+  const std::string& spec() const { return spec_; }
+
+  // ---- worker role ------------------------------------------------------------------------------
+  /// Encodes one gradient (length dim, finite) and updates the codec's state (momentum, error
+  /// feedback). On any error the state is unchanged.
+  Message encode(std::span<const float> grad, uint64_t round, uint32_t sender);
+  /// Second round: the exact values the server asked for (codecs where two_rounds()).
+  Message answer(std::span<const uint8_t> query, uint32_t sender);
+  /// Writes the dense step of an Update into step (length dim) and updates the codec's state
+  /// (e.g. zero momentum and error at the update's coordinates). Corrupt bytes change nothing.
+  void apply(std::span<const uint8_t> update, std::span<float> step);
+  /// The dense step of an Update without touching any state: what a parameter server that keeps
+  /// the model applies. Same validation as apply().
+  void decode(std::span<const uint8_t> update, std::span<float> step) const;
+  /// params −= lr · step of the update, with apply()'s state change: a worker's whole round end.
+  /// Sparse updates touch only their coordinates (O(k), no dense step); the result is bit for bit
+  /// that of apply() followed by params −= lr · step.
+  void apply_step(std::span<const uint8_t> update, std::span<float> params, float lr);
+  /// The same without any state change: a parameter server's copy of the model.
+  void decode_step(std::span<const uint8_t> update, std::span<float> params, float lr) const;
+
+  // ---- server role ------------------------------------------------------------------------------
+  virtual std::unique_ptr<Aggregator> make_aggregator(uint32_t world_size) const = 0;
+  /// True when finish() of a round first returns a Query that workers must answer().
+  virtual bool two_rounds() const { return false; }
+
+  // ---- accounting -------------------------------------------------------------------------------
+  /// Largest payload a valid message of this kind can have (the decoder's limit).
+  virtual uint64_t max_payload(MessageKind kind) const = 0;
+  /// Bytes of the last encoded gradient message, header included.
+  uint64_t last_message_bytes() const { return last_bytes_; }
+  /// Dense fp32 gradient bytes over the last encoded message's bytes (uplink, per worker).
+  double compression_ratio() const;
+
+  CodecInfo info() const;
+  /// Decodes a message header and checks it belongs to this codec: codec id, dim, expected kind.
+  Header check(std::span<const uint8_t> message, MessageKind expected) const {
+    return info().check(message, expected);
+  }
+  Header make_header(MessageKind kind, uint64_t round, uint32_t sender) const {
+    return info().header(kind, round, sender);
+  }
+
+ protected:
+  virtual Message do_encode(std::span<const float> grad, const Header& h) = 0;
+  virtual Message do_answer(ByteReader& payload, const Header& query, uint32_t sender);
+  /// Validates an Update payload completely, then writes its dense step.
+  virtual void do_decode(ByteReader& payload, const Header& h, std::span<float> step) const = 0;
+  /// decode + the codec's state change (default: none).
+  virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) {
+    do_decode(payload, h, step);
+  }
+  /// Defaults: the dense step in a scratch vector, then axpy. Sparse codecs override both.
+  virtual void do_apply_step(ByteReader& payload, const Header& h, std::span<float> params,
+                             float lr);
+  virtual void do_decode_step(ByteReader& payload, const Header& h, std::span<float> params,
+                              float lr) const;
+
+  mutable Scratch ops_;  // device staging of this codec's vector ops (decode paths are const)
+
+ private:
+  CodecId id_;
+  uint64_t dim_;
+  std::string spec_;
+  Device device_;
+  uint64_t last_bytes_ = 0;
+  mutable Buffer<float> step_;  // dense step of the default *_step paths
+};
+
+/// Server side of one codec for a job of world_size workers. Messages of one phase must share a
+/// round; each sender contributes once per phase. add() validates the whole message before it
+/// touches any state, so a rejected message changes nothing.
+class Aggregator {
+ public:
+  Aggregator(const Compressor& codec, uint32_t world_size);
+  virtual ~Aggregator() = default;
+
+  void add(std::span<const uint8_t> message);
+  /// Messages accepted in the current phase.
+  uint32_t count() const { return count_; }
+  uint32_t world_size() const { return world_; }
+  /// Gradient, or Answer while a second round is open.
+  MessageKind expecting() const { return expecting_; }
+  /// Ends the phase with what has arrived (the W messages, or a quorum): an Update, or for
+  /// two-round codecs after the Gradient phase a Query. ProtocolError when nothing arrived.
+  Message finish();
+  /// Drops the current phase's partial merge (an aborted round); state kept across rounds stays.
+  void abandon();
+
+  /// State the server keeps across rounds (FetchSGD's momentum and error sketches), for
+  /// checkpoints. Empty for codecs without any.
+  virtual Bytes save_state() const { return {}; }
+  /// Restores save_state() bytes; WireError when they do not fit this codec.
+  virtual void load_state(std::span<const uint8_t> state);
+
+ protected:
+  virtual void absorb(ByteReader& payload, const Header& h) = 0;
+  /// Produces the phase's result. A Query result opens the Answer phase of the same round.
+  virtual Message reduce(const Header& phase, uint32_t contributors) = 0;
+  /// Drops partial state (called after finish(), before the next phase).
+  virtual void clear() = 0;
+
+  const CodecInfo info_;
+
+ private:
+  uint32_t world_;
+  uint32_t count_ = 0;
+  uint64_t round_ = 0;
+  MessageKind expecting_ = MessageKind::Gradient;
+  std::vector<bool> seen_;
+};
+
+}  // namespace sketchsgd

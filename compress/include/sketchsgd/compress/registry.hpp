@@ -1,0 +1,84 @@
+// Builds any codec from a spec string, faiss-factory style:
+//   make_compressor("sketch:rows=5,cols=500000,k=50000,p2=4,momentum=0.9", dim)
+// Codecs register themselves (SKETCHSGD_REGISTER_CODEC in their own .cpp) with the options they
+// accept; unknown names or keys and missing or out-of-range values throw InvalidArgument listing
+// what is accepted.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <sketchsgd/compress/compressor.hpp>
+
+namespace sketchsgd {
+
+struct OptionSpec {
+  std::string key;
+  std::string help;
+  double fallback;  ///< default value
+  double min;
+  double max;
+  bool integer = true;
+  /// Names of the values min, min + 1, … (an enumeration): accepted in specs beside the numbers,
+  /// and written in the canonical spec.
+  std::vector<std::string> names = {};
+};
+
+/// Parsed, range-checked option values of one spec (every declared key present).
+class Options {
+ public:
+  double number(const std::string& key) const;
+  uint64_t integer(const std::string& key) const { return uint64_t(number(key)); }
+  bool flag(const std::string& key) const { return number(key) != 0.0; }
+  /// "name:key=value,..." with every option, in declaration order.
+  std::string canonical(const std::string& name, const std::vector<OptionSpec>& specs) const;
+
+ private:
+  friend class Registry;
+  std::map<std::string, double> values_;
+};
+
+struct CodecEntry {
+  std::string name;
+  std::string summary;
+  std::vector<OptionSpec> options;
+  /// dim is validated before; build gets the canonical spec to store. Codecs without a CUDA
+  /// implementation throw InvalidArgument for a GPU device.
+  std::function<std::unique_ptr<Compressor>(const Options&, uint64_t dim, std::string spec,
+                                            const Device& device)>
+      build;
+};
+
+class Registry {
+ public:
+  static Registry& instance();
+  void add(CodecEntry entry);
+  const CodecEntry* find(std::string_view name) const;
+  std::vector<const CodecEntry*> entries() const;
+  std::unique_ptr<Compressor> make(std::string_view spec, uint64_t dim, const Device& device) const;
+  /// Human-readable list of codecs and their options (for errors and --help).
+  std::string describe() const;
+
+ private:
+  std::map<std::string, CodecEntry, std::less<>> entries_;
+};
+
+/// Builds a codec for vectors of length dim from a spec string, on a device (gradients, steps and
+/// parameters then live there).
+std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
+                                            const Device& device = Device::cpu());
+
+struct CodecRegistrar {
+  explicit CodecRegistrar(CodecEntry entry) { Registry::instance().add(std::move(entry)); }
+};
+
+}  // namespace sketchsgd
+
+#define SKETCHSGD_REGISTER_CODEC(var, ...)       \
+  static const ::sketchsgd::CodecRegistrar var { \
+    ::sketchsgd::CodecEntry __VA_ARGS__          \
+  }

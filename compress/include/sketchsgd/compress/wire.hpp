@@ -1,0 +1,81 @@
+// Wire format of encoded messages: a fixed 48-byte little-endian header, then the codec's payload.
+//
+//   off size field          off size field
+//    0   4  magic "SKSG"     24   4  sender (worker rank; server = 0xFFFFFFFF)
+//    4   2  format version   28   4  reserved, zero
+//    6   1  codec id         32   8  payload length in bytes
+//    7   1  message kind     40   4  CRC-32C of header bytes 0..39 and the payload
+//    8   8  dim              44   4  reserved, zero
+//   16   8  round
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <sketchsgd/core/bytes.hpp>
+
+namespace sketchsgd {
+
+enum class CodecId : uint8_t { Dense = 1, TopK = 2, TernGrad = 3, SignSGD = 4, Sketch = 5 };
+enum class MessageKind : uint8_t {
+  Gradient = 1,  ///< worker → server: the encoded gradient of one round
+  Query = 2,     ///< server → workers: coordinates whose exact values the second round needs
+  Answer = 3,    ///< worker → server: those values
+  Update = 4,    ///< server → workers: the round's update
+};
+
+std::string_view to_string(CodecId id);
+std::string_view to_string(MessageKind kind);
+
+inline constexpr uint32_t kWireMagic = 0x47534B53;  // "SKSG"
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kHeaderBytes = 48;
+inline constexpr uint32_t kServerRank = 0xFFFFFFFFu;
+
+struct Header {
+  CodecId codec;
+  MessageKind kind;
+  uint64_t dim;
+  uint64_t round;
+  uint32_t sender;
+  uint64_t payload_bytes;
+};
+
+/// An encoded message: header + payload bytes, owned.
+class Message {
+ public:
+  Message() = default;
+  /// Builds a message; fill(writer) appends the payload.
+  template <class Fill>
+  static Message build(const Header& h, size_t payload_hint, Fill&& fill) {
+    Message m;
+    m.bytes_.reserve(kHeaderBytes + payload_hint);
+    m.bytes_.resize(kHeaderBytes);
+    ByteWriter w(m.bytes_);
+    fill(w);
+    m.seal(h);
+    return m;
+  }
+
+  std::span<const uint8_t> bytes() const { return bytes_; }
+  operator std::span<const uint8_t>() const { return bytes_; }
+  size_t size() const { return bytes_.size(); }
+  Bytes release() && { return std::move(bytes_); }
+
+ private:
+  void seal(Header h);
+  Bytes bytes_;
+};
+
+/// Parses and checks a message's header: magic, version, known codec and kind, zero reserved
+/// fields, payload length equal to the bytes present and at most max_payload, and the checksum.
+/// Throws WireError saying which check failed.
+Header decode_header(std::span<const uint8_t> bytes, uint64_t max_payload);
+
+/// The payload of a message whose header decode_header accepted.
+inline std::span<const uint8_t> payload_of(std::span<const uint8_t> bytes) {
+  return bytes.subspan(kHeaderBytes);
+}
+
+}  // namespace sketchsgd

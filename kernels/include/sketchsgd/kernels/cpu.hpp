@@ -1,0 +1,113 @@
+// CPU kernel entry points: the only place with raw loops over gradients. The CUDA backend declares
+// the same entry points for device memory in cuda.hpp. Callers validate sizes; kernels trust them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sketchsgd::kernels {
+
+/// Where a count sketch's table lives and how coordinates hash into it.
+struct SketchLayout {
+  uint64_t dim = 0;   ///< coordinates hashed (≤ 2^32 − 1)
+  uint32_t rows = 0;  ///< r
+  uint32_t cols = 0;  ///< c
+  uint64_t seed = 0;  ///< shared by every process that must agree on the hashes
+  const uint32_t* packed =
+      nullptr;  ///< optional precomputed packed hashes, rows × dim; null: on the fly
+  /// Blocked hashing (hash.hpp): the configured block size (0: random buckets) and the window
+  /// words, rows × ⌈dim / B⌉ with B = blocked_shape(block, cols).size() (required when blocked).
+  uint32_t block = 0;
+  const uint32_t* windows = nullptr;
+};
+
+/// Summary statistics of one chunk of a vector (scalers for TernGrad and EF-signSGD).
+struct ChunkStats {
+  float abs_max;
+  float abs_mean;
+  float stddev;
+};
+
+inline constexpr size_t kNone = ~size_t(0);
+
+namespace cpu {
+
+// ---- count sketch -------------------------------------------------------------------------------
+/// Fills packed[row · dim + j] with the packed bucket and sign of every (row, coordinate).
+void precompute_hashes(const SketchLayout& s, uint32_t* packed);
+/// Fills words[row · ⌈dim / B⌉ + b] with the window word of every (row, block) (blocked hashing).
+void precompute_windows(const SketchLayout& s, uint32_t* words);
+
+/// table += scale · S(x) for coordinates offset … offset + n − 1. Checks finiteness block by block
+/// in the same pass; on a non-finite value it stops before that block and returns the block's
+/// first coordinate (relative to x), leaving blocks before it accumulated. Returns kNone on
+/// success.
+size_t accumulate(const SketchLayout& s, float* table, const float* x, size_t n, uint64_t offset,
+                  float scale);
+
+/// out[i] = median over rows of sign · table[bucket] for coordinate idx[i].
+void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, size_t n, float* out);
+
+/// out[j] for every coordinate j < dim.
+void estimate_all(const SketchLayout& s, const float* table, float* out);
+
+/// The k coordinates with the largest estimated magnitude, without materialising all estimates.
+/// Order: |value| descending, then index ascending (a total order: ties resolve the same
+/// everywhere).
+void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val);
+
+/// Zeroes, in every row, the bucket each of the n coordinates idx hashes to (FetchSGD's reset).
+void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n);
+
+/// sqrt(median over rows of Σ_col table[row][col]²): the sketch's estimate of ‖x‖₂.
+double l2_estimate(const SketchLayout& s, const float* table);
+
+// ---- selection ----------------------------------------------------------------------------------
+/// The k largest |x[j]|, ordered as estimate_topk's. No full sort of x: a running threshold keeps
+/// at most 2k candidates per thread, then nth_element.
+void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val);
+
+// ---- dense vectors ------------------------------------------------------------------------------
+/// Index of the first NaN/±Inf in x, or kNone.
+size_t find_nonfinite(const float* x, size_t n);
+/// y += a · x
+void axpy(float* y, const float* x, size_t n, float a);
+/// y *= a
+void scale(float* y, size_t n, float a);
+/// Momentum then error accumulation in one pass: u = ρ·u + g; v += u.
+void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho);
+/// Per-chunk |max|, mean |x| and standard deviation.
+void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out);
+
+// ---- sparse vectors -----------------------------------------------------------------------------
+void gather(const float* x, const uint32_t* idx, size_t n, float* out);
+void scatter(float* y, const uint32_t* idx, const float* val, size_t n);
+void zero_at(float* y, const uint32_t* idx, size_t n);
+/// y[idx[i]] += a · val[i]: the same arithmetic as axpy with a sparse x, so results agree bit for
+/// bit.
+void scatter_axpy(float* y, const uint32_t* idx, const float* val, size_t n, float a);
+
+// ---- bit packing --------------------------------------------------------------------------------
+/// 32 signs per word, bit j % 32 of word j / 32 set when x[j] < 0; padding bits zero.
+void pack_signs(const float* x, size_t n, uint32_t* words);
+/// out[j] (+)= scale[j / chunk] · (±1); scales null means 1. accumulate: add instead of store.
+void unpack_signs(const uint32_t* words, size_t n, size_t chunk, const float* scales, float* out,
+                  bool accumulate);
+/// neg[j] += 1 for every set bit (majority-vote counting on the server).
+void count_negative(const uint32_t* words, size_t n, uint32_t* neg);
+/// Padding bits beyond n in the last word are zero (wire validation).
+bool sign_padding_clear(const uint32_t* words, size_t n);
+
+/// TernGrad: stochastic ternary rounding, four 2-bit codes per byte, scale per chunk; the random
+/// stream is Philox4x32-10 keyed by seed, counter (j / 4, stream).
+void ternarize(const float* x, size_t n, size_t chunk, const float* scales, uint64_t seed,
+               uint64_t stream, uint8_t* codes);
+/// Deterministic ternary codes of sign(x) (0 stays 0).
+void pack_ternary(const float* x, size_t n, uint8_t* codes);
+/// out[j] (+)= weight · scale[j / chunk] · value(code j); scales null means 1. Returns the first
+/// position holding the invalid code 3 (or non-zero padding) without writing anything, else kNone.
+size_t unpack_ternary(const uint8_t* codes, size_t n, size_t chunk, const float* scales,
+                      float weight, float* out, bool accumulate);
+
+}  // namespace cpu
+}  // namespace sketchsgd::kernels

@@ -1,0 +1,90 @@
+// Per-element logic shared by the CPU and CUDA kernels: median over rows, Philox random numbers,
+// 1-bit sign and 2-bit ternary codes. Everything here is __host__ __device__ and free of std::.
+#pragma once
+
+#include <cstdint>
+
+#include <sketchsgd/core/hd.hpp>
+
+namespace sketchsgd::elem {
+
+inline constexpr int kMaxRows =
+    32;  // largest r a sketch may have (median buffers live in registers)
+
+/// The median of n sorted values: the middle one, or for even n the mean of the two middle ones.
+SKETCHSGD_HD float median_of_sorted(const float* v, int n) {
+  const int mid = n / 2;
+  return (n & 1) ? v[mid] : 0.5f * v[mid - 1] + 0.5f * v[mid];
+}
+
+/// Compare-exchange without a branch (min/max instructions): the sorting network below has a
+/// fixed shape, so nothing mispredicts and the CPU kernels run it across many coordinates at once.
+SKETCHSGD_HD void compare_exchange(float& a, float& b) {
+  const float lo = a < b ? a : b, hi = a < b ? b : a;
+  a = lo;
+  b = hi;
+}
+
+/// Median of v[0..n), reordering v. For even n it is the mean of the two middle values
+/// (not the lower median the reference code takes). n ≤ kMaxRows: a fixed insertion network.
+SKETCHSGD_HD float median_inplace(float* v, int n) {
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0; --j) compare_exchange(v[j - 1], v[j]);
+  return median_of_sorted(v, n);
+}
+
+/// Philox4x32-10 (Salmon et al., SC'11), the counter-based generator cuRAND also uses: four
+/// independent 32-bit words per (key, counter), so CPU and GPU draw identical streams.
+struct Philox4 {
+  uint32_t v[4];
+};
+
+SKETCHSGD_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                   uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c0;
+    const uint64_t p1 = uint64_t(0xCD9E8D57u) * c2;
+    const uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c0 = n0;
+    c1 = uint32_t(p1);
+    c2 = n2;
+    c3 = uint32_t(p0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+/// Uniform float in [0, 1) from 24 random bits.
+SKETCHSGD_HD float uniform01(uint32_t bits) {
+  return float(bits >> 8) * (1.0f / 16777216.0f);
+}
+
+// ---- 1-bit signs: bit set = negative. sign(0) = +1 (documented in docs/ARCHITECTURE.md). ----
+SKETCHSGD_HD uint32_t sign_bit(float x) {
+  return x < 0.0f ? 1u : 0u;
+}
+SKETCHSGD_HD float sign_value(uint32_t bit) {
+  return bit ? -1.0f : 1.0f;
+}
+
+// ---- 2-bit ternary codes, four per byte: 0 → 0, 1 → +1, 2 → −1, 3 is invalid on the wire. ----
+inline constexpr uint32_t kTernZero = 0, kTernPlus = 1, kTernMinus = 2, kTernInvalid = 3;
+
+SKETCHSGD_HD uint32_t ternary_code(float x) {
+  return x > 0.0f ? kTernPlus : (x < 0.0f ? kTernMinus : kTernZero);
+}
+
+SKETCHSGD_HD float ternary_value(uint32_t code) {
+  return code == kTernPlus ? 1.0f : (code == kTernMinus ? -1.0f : 0.0f);
+}
+
+/// TernGrad's unbiased stochastic rounding of g to {−s, 0, +s}: keeps sign(g) with probability
+/// min(|g| / s, 1), so E[code·s] = g when |g| ≤ s (values beyond ±s saturate: the clipping).
+SKETCHSGD_HD uint32_t ternary_round(float g, float inv_scale, float u01) {
+  const float p = (g < 0.0f ? -g : g) * inv_scale;
+  return u01 < p ? (g < 0.0f ? kTernMinus : kTernPlus) : kTernZero;
+}
+
+}  // namespace sketchsgd::elem

@@ -1,0 +1,104 @@
+// Parameter-server protocol: every ZeroMQ message is a fixed 40-byte envelope frame, then payload
+// frames. Codec messages (gradients, queries, answers, updates) travel as core wire-format bytes
+// (compress/wire.hpp) in a payload frame; the envelope adds what ZeroMQ itself never checks.
+//
+//   off size field                  off size field
+//    0   4  magic "SKPS"             8   8  job id (both sides must agree)
+//    4   2  protocol version        16   8  round
+//    6   1  message type            24   4  rank (worker; the server writes the addressee)
+//    7   1  flags (zero)            28   4  number of payload frames that follow
+//                                   32   8  session: the token the server issued in Welcome
+//
+// The session token is drawn at random for each registration. Every message of a registered
+// worker must carry it, so pushes captured on one connection and replayed from another, into
+// another job or into a restarted server are refused (docs/ARCHITECTURE.md, threat model).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <sketchsgd/core/bytes.hpp>
+
+namespace sketchsgd::ps {
+
+inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
+inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr size_t kEnvelopeBytes = 40;
+/// No message of the protocol has more payload frames; a peer sending more is refused unread.
+inline constexpr uint32_t kMaxPayloadFrames = 2;
+/// Longest codec spec or refusal reason accepted.
+inline constexpr size_t kMaxText = 4096;
+
+enum class Type : uint8_t {
+  Hello = 1,       ///< worker → server: registration (HelloInfo)
+  Welcome = 2,     ///< server → worker: accepted (WelcomeInfo)
+  Refuse = 3,      ///< server → worker: refused (RefuseInfo); the worker prints the reason
+  Init = 4,        ///< rank 0 → server: initial parameters when the server has none
+  Pull = 5,        ///< worker → server: send me the model
+  Model = 6,       ///< server → worker: parameters as of `round` (the next round to run)
+  Push = 7,        ///< worker → server: Gradient message of `round`
+  Query = 8,       ///< server → worker: second-round Query message
+  Answer = 9,      ///< worker → server: Answer message
+  Update = 10,     ///< server → worker: UpdateInfo frame, then the Update message
+  Abort = 11,      ///< server → worker: `round` ended without an update (text frame: why)
+  Heartbeat = 12,  ///< either way: liveness when there is no other traffic
+  Bye = 13,        ///< worker → server: leaving cleanly
+  Finished = 14,   ///< server → worker: the job ended at `round` (text frame: why); go home
+};
+inline constexpr uint8_t kMaxType = 14;
+
+std::string_view to_string(Type t);
+
+struct Envelope {
+  Type type;
+  uint64_t job = 0;
+  uint64_t round = 0;
+  uint32_t rank = 0;
+  uint32_t frames = 0;   ///< payload frames that follow
+  uint64_t session = 0;  ///< the registration's token (0 in a Hello)
+};
+
+Bytes encode(const Envelope& e);
+/// Checks magic, version, type, flags and the declared frame count against what arrived
+/// (frames_present payload frames) and the type's expected count. Throws WireError.
+Envelope decode_envelope(std::span<const uint8_t> frame, size_t frames_present);
+/// Payload frames each type carries.
+uint32_t payload_frames(Type t);
+
+struct HelloInfo {
+  uint32_t world = 0;
+  uint64_t dim = 0;
+  std::string spec;  ///< canonical codec spec (Compressor::spec())
+};
+Bytes encode(const HelloInfo& h);
+HelloInfo decode_hello(std::span<const uint8_t> frame);
+
+struct WelcomeInfo {
+  uint8_t has_model = 0;         ///< 0: rank 0 must send Init
+  uint32_t heartbeat_ms = 1000;  ///< how often the worker should show liveness
+  uint32_t staleness = 0;        ///< rounds a worker may push ahead of its last update
+};
+Bytes encode(const WelcomeInfo& w);
+WelcomeInfo decode_welcome(std::span<const uint8_t> frame);
+
+struct RefuseInfo {
+  bool retry = false;          ///< transient (rank still held, or not registered yet): try again
+  Type refused = Type::Hello;  ///< the type of the refused message
+  std::string reason;
+};
+Bytes encode(const RefuseInfo& r);
+RefuseInfo decode_refuse(std::span<const uint8_t> frame);
+
+struct UpdateInfo {
+  float lr = 0.0f;            ///< every holder of the model does w −= lr · step
+  uint32_t contributors = 0;  ///< workers whose gradients the update holds
+};
+Bytes encode(const UpdateInfo& u);
+UpdateInfo decode_update_info(std::span<const uint8_t> frame);
+
+Bytes encode_text(std::string_view s);
+std::string decode_text(std::span<const uint8_t> frame);
+
+}  // namespace sketchsgd::ps

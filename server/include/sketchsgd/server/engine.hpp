@@ -1,0 +1,201 @@
+// The parameter server's round logic, free of sockets and threads: handle() one incoming message,
+// tick() the clock, collect what to send. The ZeroMQ server (server.hpp) feeds it; tests drive it
+// directly with a fake clock.
+//
+// A round: every registered worker Pushes its Gradient message; the codec's aggregator merges them
+// in compressed form (sketch tables summed, sparse lists merged); for two-round codecs the server
+// Queries the contributors and sums their Answers; then the Update goes to every live worker, the
+// server applies it to its own copy of the model (w −= lr · step), and the round number advances.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/ps/frame.hpp>
+#include <sketchsgd/ps/protocol.hpp>
+#include <sketchsgd/server/checkpoint.hpp>
+#include <sketchsgd/server/checkpoint_writer.hpp>
+
+namespace sketchsgd::ps {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+/// What happens when a round's deadline passes before every worker has pushed.
+enum class Policy : uint8_t {
+  Wait,    ///< keep waiting for all W (logged every deadline)
+  Quorum,  ///< close with the workers that pushed, if at least min_workers did
+  Abort,   ///< end the round without an update; workers move on to the next round
+};
+Policy parse_policy(std::string_view s);
+std::string_view to_string(Policy p);
+
+struct JobConfig {
+  uint64_t job = 1;
+  uint32_t world = 1;
+  uint64_t dim = 0;
+  std::string spec =
+      "sketch";  ///< any spec make_compressor accepts; workers must send its canonical form
+  float lr = 0.1f;
+  Policy policy = Policy::Wait;
+  uint32_t min_workers = 0;  ///< quorum size (0: world)
+  Millis deadline{30000};    ///< per phase, from its first message
+  Millis heartbeat{1000};
+  uint32_t dead_after = 3;  ///< missed heartbeat intervals before a worker counts as dead
+  std::string checkpoint;   ///< path; empty: none
+  uint64_t checkpoint_every = 0;
+  uint64_t max_rounds = 0;  ///< the job ends after this round (0: never)
+  /// Bounded staleness (the parameter-server paper's bounded delay): a worker may push up to this
+  /// many rounds ahead of the last update it received. 0: synchronous. Not with two-round codecs.
+  uint32_t staleness = 0;
+  bool authenticated = false;  ///< CURVE: a Hello's rank must be the one its key is bound to
+  /// Where the aggregator sums and decodes (a GPU: the sketch unsketch runs there). The server's
+  /// model copy stays on the host.
+  Device device = Device::cpu();
+
+  void validate() const;
+};
+
+struct RoundMetrics {
+  uint64_t round = 0;
+  bool aborted = false;
+  std::string reason;                ///< why it closed early or aborted
+  double latency_ms = 0;             ///< first push → update sent
+  double merge_ms = 0;               ///< time spent merging and reducing
+  uint32_t contributors = 0;         ///< gradients in the update
+  std::vector<uint64_t> bytes_up;    ///< per rank, this round (gradient + answer messages)
+  uint64_t bytes_down_each = 0;      ///< update (+ query) bytes sent to each worker
+  uint64_t dense_bytes = 0;          ///< what one dense fp32 gradient would cost
+  std::vector<uint32_t> stragglers;  ///< live workers not in the update
+  std::vector<uint32_t> dead;        ///< registered workers counted as dead
+};
+
+struct Hooks {
+  std::function<void(const std::string&)> log = [](const std::string&) {};
+  std::function<void(const RoundMetrics&)> round = [](const RoundMetrics&) {};
+};
+
+class Engine {
+ public:
+  Engine(JobConfig cfg, Hooks hooks = {});
+
+  /// One incoming message (envelope + payload frames) from a peer. Never throws for bad input:
+  /// malformed or unexpected traffic is logged, counted and dropped (or refused with a reason).
+  /// user: the connection's authenticated identity (the rank its CURVE key is bound to).
+  void handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
+              std::vector<Outgoing>& out, std::string_view user = {});
+  /// Liveness and deadlines.
+  void tick(Clock::time_point now, std::vector<Outgoing>& out);
+
+  /// Resume from a checkpoint (job and spec must match). The next round is c.round.
+  void restore(const Checkpoint& c);
+  Checkpoint checkpoint() const;
+  /// Waits until a checkpoint still queued for writing is on disk (failures are logged).
+  void flush_checkpoints();
+
+  uint64_t round() const { return round_; }
+  bool has_model() const { return !model_.empty(); }
+  std::span<const float> model() const { return model_; }
+  /// max_rounds reached.
+  bool finished() const { return cfg_.max_rounds && round_ >= cfg_.max_rounds; }
+  uint64_t rejected() const { return rejected_; }
+  /// Messages refused for carrying another registration's session token (counted in rejected()).
+  uint64_t replays() const { return replays_; }
+  /// Requests answered with Finished (the job had ended).
+  uint64_t late_requests() const { return late_; }
+  uint32_t live_workers() const;
+  const JobConfig& config() const { return cfg_; }
+  /// Largest frame a valid message of this job can carry (for ZMQ_MAXMSGSIZE).
+  uint64_t max_frame_bytes() const;
+
+ private:
+  struct Worker {
+    PeerId peer;
+    bool registered = false;
+    bool alive = false;
+    uint64_t session = 0;  ///< token issued in its Welcome; its every message must carry it
+    Clock::time_point last_seen{};
+  };
+
+  void on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
+                std::vector<Outgoing>& out, std::string_view user);
+  void refuse_other_version(const PeerId& peer, const Frames& frames, std::vector<Outgoing>& out);
+  void on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out);
+  void on_pull(uint32_t rank, std::vector<Outgoing>& out);
+  void on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
+               std::vector<Outgoing>& out);
+  void on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
+                 std::vector<Outgoing>& out);
+
+  /// Closes phases while the policy allows (several rounds when early pushes were held).
+  void progress(Clock::time_point now, std::vector<Outgoing>& out);
+  /// Closes the current phase when the policy allows; true when it did.
+  bool progress_once(Clock::time_point now, std::vector<Outgoing>& out);
+  /// Starts the next round with the pushes held for it (bounded staleness).
+  void replay_held(Clock::time_point now);
+  void close_phase(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
+  void abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason);
+  /// Sends the round's outcome (Update or Abort + payload frames) to every registered worker,
+  /// keeps it for re-sending, and moves to the next round.
+  void end_round(Type outcome, Frames payload, Clock::time_point now, std::vector<Outgoing>& out);
+  void finish_round(std::vector<Outgoing>& out);
+  /// Merges held messages in rank order, so the float sums (and so the model) do not depend on
+  /// arrival order: up to the first expected rank still missing, or all of them when closing.
+  void absorb_in_order(bool closing);
+  void start_phase(MessageKind kind);
+  void reset_round();
+
+  /// An aggregator on the job's device (the CPU, or a GPU for --device cuda).
+  std::unique_ptr<Aggregator> make_aggregator() const;
+  void send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const;
+  /// An envelope to a registered rank, with its session token.
+  Frame to(uint32_t rank, Type t, uint64_t round) const;
+  /// "The job finished at round N", to a request that came after the last round.
+  void finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out);
+  void refuse(const PeerId& peer, const Envelope& e, bool retry, const std::string& why,
+              std::vector<Outgoing>& out);
+  Frames model_frames() const;
+  void drop(const PeerId& peer, const std::string& why);
+
+  JobConfig cfg_;
+  Hooks hooks_;
+  std::unique_ptr<Compressor> codec_;  // server-side decode of updates; never encodes
+  std::unique_ptr<Aggregator> agg_;
+  std::vector<float> model_;
+  uint64_t round_ = 0;
+
+  std::vector<Worker> workers_;
+  std::map<PeerId, uint32_t> rank_of_;
+  std::vector<bool> pending_pull_;
+
+  // current round
+  std::vector<bool> pushed_;    // gradient phase contributors
+  std::vector<bool> answered_;  // answer phase contributors
+  std::vector<Frame> held_;     // messages of this phase waiting for their turn to merge
+  uint32_t cursor_ = 0;         // ranks below it are merged (or skipped)
+  MessageKind phase_ = MessageKind::Gradient;
+  std::optional<Clock::time_point> round_start_;
+  Clock::time_point phase_start_{};
+  Clock::time_point last_wait_log_{};
+  RoundMetrics metrics_;
+  double merge_ms_ = 0;
+
+  std::map<uint64_t, std::vector<Frame>> early_;  // pushes of rounds ahead, by round then rank
+  Frames last_outcome_;     // Update or Abort of round_ − 1, re-sent to a worker that missed it
+  mutable Frame snapshot_;  // the model's bytes for Pulls, until the model changes
+  uint64_t rejected_ = 0;
+  uint64_t replays_ = 0;
+  uint64_t late_ = 0;
+  std::mt19937_64 rng_;                       // session tokens
+  std::unique_ptr<CheckpointWriter> writer_;  // null without --checkpoint
+};
+
+}  // namespace sketchsgd::ps

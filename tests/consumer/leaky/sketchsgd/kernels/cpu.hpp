@@ -1,0 +1,1 @@
+// stands for an installed public header

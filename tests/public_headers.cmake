@@ -1,0 +1,28 @@
+# cmake -DINCLUDE=<dir> -P public_headers.cmake: fails when a header under INCLUDE (an installed
+# include/ folder) includes a sketchsgd header that is not installed beside it — an internal one
+# (detail/, cuda/*.cuh, a module's private header) — or includes anything by a quoted path,
+# which would only resolve inside the source tree.
+if(NOT IS_DIRECTORY "${INCLUDE}/sketchsgd")
+  message(FATAL_ERROR "no sketchsgd headers under ${INCLUDE}")
+endif()
+file(GLOB_RECURSE headers RELATIVE ${INCLUDE} ${INCLUDE}/sketchsgd/*)
+set(problems "")
+foreach(header IN LISTS headers)
+  file(STRINGS ${INCLUDE}/${header} lines REGEX "^[ \t]*#[ \t]*include")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "#[ \t]*include[ \t]*\"([^\"]+)\"")
+      string(APPEND problems "\n  ${header}: quoted include \"${CMAKE_MATCH_1}\"")
+    elseif(line MATCHES "#[ \t]*include[ \t]*<(sketchsgd/[^>]+)>")
+      if(NOT EXISTS ${INCLUDE}/${CMAKE_MATCH_1})
+        string(APPEND problems "\n  ${header}: includes <${CMAKE_MATCH_1}>, which is not public")
+      endif()
+    elseif(line MATCHES "#[ \t]*include[ \t]*<([^>]+)>" AND CMAKE_MATCH_1 MATCHES "\\.cuh$|^cub/|^thrust/|^cuda_runtime")
+      string(APPEND problems "\n  ${header}: includes the CUDA toolkit header <${CMAKE_MATCH_1}>")
+    endif()
+  endforeach()
+endforeach()
+list(LENGTH headers count)
+if(problems)
+  message(FATAL_ERROR "public headers reach internals:${problems}")
+endif()
+message(STATUS "${count} public headers include only public headers")

@@ -1,0 +1,116 @@
+// The worker's side of the protocol, free of sockets and threads: what to send, what each server
+// message means, and the round state (the model copy, the round, unanswered pushes). The Client
+// (client.hpp) runs it over an I/O thread; tests drive it against the server's Engine with a fake
+// clock, as the Engine itself is tested.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/ps/frame.hpp>
+#include <sketchsgd/ps/protocol.hpp>
+
+namespace sketchsgd::ps {
+
+struct ClientOptions {
+  std::string server = "tcp://127.0.0.1:5555";
+  uint64_t job = 1;
+  uint32_t rank = 0;
+  uint32_t world = 1;
+  std::chrono::milliseconds heartbeat{1000};  ///< replaced by the server's value on registration
+  uint32_t dead_after = 3;                    ///< silent intervals before the server counts as gone
+  std::chrono::milliseconds timeout{120000};  ///< longest wait for registration or one round
+  std::chrono::milliseconds backoff_max{4000};
+  std::function<void(const std::string&)> log;  ///< default: stderr, prefixed with the rank
+  /// CURVE (all three Z85 keys, or none): the server's public key and this worker's key pair.
+  std::string curve_server_key, curve_public, curve_secret;
+};
+
+struct StepResult {
+  enum class Outcome : uint8_t {
+    Updated,   ///< the round's update was applied to params()
+    Aborted,   ///< the server ended the round without an update; params() unchanged
+    Resynced,  ///< the server was elsewhere (restart): params() and round() now follow it
+    Pending,   ///< bounded staleness: pushed, no update arrived yet (params() may lag)
+  };
+  Outcome outcome = Outcome::Pending;  ///< of the last round settled during this call
+  uint64_t round = 0;                  ///< the round this step pushed
+  float lr = 0;
+  uint32_t contributors = 0;
+  uint64_t bytes_up = 0;    ///< gradient (+ answer) bytes sent
+  uint64_t bytes_down = 0;  ///< update (+ query) bytes received
+  std::chrono::steady_clock::time_point
+      pushed_at{};  ///< when the encoded push was handed to the socket
+};
+
+class Session {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Outbox = std::vector<Frames>;
+
+  /// Rank 0 keeps initial_params (length dim, finite) until the server has a model; other ranks
+  /// ignore them. Parameters live where the codec does. Throws InvalidArgument, NonFiniteError.
+  Session(ClientOptions opts, Compressor& codec, std::span<const float> initial_params);
+
+  /// Registers (again): a Hello. Called first, and by the owner after a reconnect.
+  void hello(Outbox& out);
+  /// A message from the server. Returns true when a step must return at once (the server was
+  /// elsewhere and the model was resynchronised). Throws ConfigMismatch when registration is
+  /// refused for good, JobFinished when the job has ended, WireError / NonFiniteError for a bad
+  /// model. Messages of another session or rank are dropped (logged).
+  bool handle(const Frames& frames, Clock::time_point now, Outbox& out, StepResult& res);
+  /// A message before the model arrived: only registration traffic counts, the rest is logged.
+  void handle_registration(const Frames& frames, Clock::time_point now, Outbox& out);
+  /// Timed work (a Hello retried after a transient refusal); next_tick() says when.
+  void tick(Clock::time_point now, Outbox& out);
+  std::optional<Clock::time_point> next_tick() const { return hello_at_; }
+  /// Encodes grad (length dim, finite) and queues the push of round next_push().
+  void push(std::span<const float> grad, Outbox& out, StepResult& res);
+  /// Leaving cleanly (when registered).
+  void bye(Outbox& out) const;
+
+  /// Pushes that must be answered before the next step returns (staleness exceeded).
+  bool must_wait() const { return next_push_ - round_ > staleness_; }
+  bool synced() const { return synced_; }
+  bool registered() const { return registered_; }
+  std::span<const float> params() const { return params_.span(); }
+  uint64_t round() const { return round_; }
+  uint64_t next_push() const { return next_push_; }
+  uint32_t staleness() const { return staleness_; }
+  /// The current registration's token (0 until a Welcome).
+  uint64_t session() const { return session_; }
+  /// The liveness interval the server asked for (the option's value before registration).
+  std::chrono::milliseconds heartbeat() const { return heartbeat_; }
+  const ClientOptions& options() const { return opts_; }
+
+ private:
+  struct Parsed;
+  std::optional<Parsed> parse(const Frames& frames) const;
+  bool control(const Parsed& m, Clock::time_point now, Outbox& out);
+  Frame envelope(Type t, uint64_t round) const;
+
+  ClientOptions opts_;
+  Compressor& codec_;
+  Buffer<float> params_;     // on the codec's device
+  std::vector<float> init_;  // rank 0's initial parameters (host), until the server has a model
+  uint64_t round_ = 0;
+  uint64_t next_push_ = 0;
+  uint32_t staleness_ = 0;
+  uint64_t session_ = 0;  // the token of the current registration
+  std::chrono::milliseconds heartbeat_;
+  std::deque<std::pair<uint64_t, Frame>> pending_;  // pushes without an outcome yet
+  std::optional<Clock::time_point> hello_at_;       // a Hello to send again then
+  bool registered_ = false;
+  bool synced_ = false;  // a Model has arrived since the last registration
+  bool model_changed_round_ = false;
+};
+
+}  // namespace sketchsgd::ps
