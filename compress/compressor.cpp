@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include "ops.hpp"
@@ -20,10 +21,12 @@ double Compressor::compression_ratio() const {
 }
 
 CodecInfo Compressor::info() const {
-  CodecInfo i{id_, dim_, {0, 0, 0, 0, 0}};
+  CodecInfo i{id_, dim_, {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0}};
   for (auto k :
-       {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
+       {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update}) {
     i.max_payload[size_t(k)] = max_payload(k);
+    i.sum_size[size_t(k)] = sum_size(k);
+  }
   return i;
 }
 
@@ -71,6 +74,63 @@ Message Compressor::answer(std::span<const uint8_t> query, uint32_t sender) {
 
 Message Compressor::do_answer(ByteReader&, const Header&, uint32_t) {
   throw ProtocolError("codec " + spec_ + " has no second round");
+}
+
+void Compressor::encode_sum(std::span<const float> grad, std::span<float> out) {
+  const auto scope = device_.activate();
+  const uint64_t n = sum_size(MessageKind::Gradient);
+  SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", spec_,
+                    " has no summable payload: gather its messages instead");
+  SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, "encode_sum: gradient of length ",
+                    grad.size(), " for a codec of dim ", dim_);
+  SKETCHSGD_REQUIRE(out.size() == n, InvalidArgument, "encode_sum: output of length ", out.size(),
+                    ", the codec's summable payload has ", n);
+  device_.require_accessible(grad.data(), grad.size_bytes(), "encode_sum: gradient");
+  device_.require_accessible(out.data(), out.size_bytes(), "encode_sum: output");
+  const size_t bad = ops::find_nonfinite(device_, ops_, grad);
+  if (bad != kernels::kNone) {
+    float value = 0.0f;
+    detail::copy_bytes(&value, grad.data() + bad, sizeof(float), device_);
+    detail::raise<NonFiniteError>("encode_sum: non-finite value ", value, " at coordinate ", bad);
+  }
+  do_encode_sum(grad, out);
+  last_bytes_ = n * sizeof(float);
+}
+
+void Compressor::answer_sum(std::span<const uint8_t> query, std::span<float> out) {
+  const auto scope = device_.activate();
+  SKETCHSGD_REQUIRE(two_rounds(), ProtocolError, "codec ", spec_, " has no second round");
+  const uint64_t n = sum_size(MessageKind::Answer);
+  SKETCHSGD_REQUIRE(out.size() == n, InvalidArgument, "answer_sum: output of length ", out.size(),
+                    ", the codec's answer has ", n);
+  device_.require_accessible(out.data(), out.size_bytes(), "answer_sum: output");
+  check(query, MessageKind::Query);
+  ByteReader r(payload_of(query), "query payload");
+  do_answer_sum(r, out);
+}
+
+void Compressor::do_encode_sum(std::span<const float>, std::span<float>) {
+  throw ProtocolError("codec " + spec_ + " has no summable payload");
+}
+
+void Compressor::do_answer_sum(ByteReader&, std::span<float>) {
+  throw ProtocolError("codec " + spec_ + " has no summable answer");
+}
+
+Bytes Compressor::save_state() const {
+  const Feedback* fb = feedback();
+  return fb && fb->stateful() ? fb->save() : Bytes{};
+}
+
+void Compressor::load_state(std::span<const uint8_t> state) {
+  const auto scope = device_.activate();
+  Feedback* fb = feedback();
+  if (!fb || !fb->stateful()) {
+    SKETCHSGD_REQUIRE(state.empty(), WireError, "codec ", spec_, " keeps no worker state, got ",
+                      state.size(), " bytes");
+    return;
+  }
+  fb->load(state);
 }
 
 void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
@@ -134,7 +194,7 @@ void Compressor::do_decode_step(ByteReader& r, const Header& h, std::span<float>
 }
 
 Aggregator::Aggregator(const Compressor& codec, uint32_t world_size)
-    : info_(codec.info()), world_(world_size), seen_(world_size, false) {
+    : info_(codec.info()), device_(codec.device()), world_(world_size), seen_(world_size, false) {
   SKETCHSGD_REQUIRE(world_size >= 1 && world_size <= 65536, InvalidArgument,
                     "aggregator world size must be in [1, 65536], got ", world_size);
 }
@@ -153,6 +213,32 @@ void Aggregator::add(std::span<const uint8_t> message) {
   if (count_ == 0) round_ = h.round;
   seen_[h.sender] = true;
   ++count_;
+}
+
+void Aggregator::add_sum(std::span<const float> sum, uint32_t contributors, uint64_t round) {
+  const uint64_t n = info_.sum_size[size_t(expecting_)];
+  SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", to_string(info_.id), " cannot take a summed ",
+                    to_string(expecting_), ": add its messages one by one");
+  SKETCHSGD_REQUIRE(sum.size() == n, InvalidArgument, "add_sum: ", sum.size(), " values for a ",
+                    to_string(expecting_), " sum of ", n);
+  SKETCHSGD_REQUIRE(count_ == 0, ProtocolError, "add_sum: the phase already has ", count_,
+                    " contributions");
+  SKETCHSGD_REQUIRE(contributors >= 1 && contributors <= world_, InvalidArgument,
+                    "add_sum: ", contributors, " contributors in a job of ", world_, " workers");
+  const bool opens_round = expecting_ == MessageKind::Gradient;
+  SKETCHSGD_REQUIRE(opens_round || round == round_, ProtocolError, "sum of round ", round,
+                    " while collecting round ", round_);
+  device_.require_accessible(sum.data(), sum.size_bytes(), "add_sum");
+  const auto scope = device_.activate();
+  absorb_sum(sum, expecting_);  // validates fully before changing state
+  round_ = round;
+  seen_.assign(world_, true);
+  count_ = contributors;
+}
+
+void Aggregator::absorb_sum(std::span<const float>, MessageKind kind) {
+  throw ProtocolError("codec " + std::string(to_string(info_.id)) + " cannot take a summed " +
+                      std::string(to_string(kind)));
 }
 
 void Aggregator::abandon() {

@@ -1,5 +1,9 @@
 #include <sketchsgd/compress/feedback.hpp>
 
+#include <cstring>
+
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 #include "ops.hpp"
 
 namespace sketchsgd {
@@ -25,6 +29,48 @@ std::span<const float> Feedback::absorb(std::span<const float> g) {
     return error_.span();
   }
   return g;
+}
+
+namespace {
+constexpr uint32_t kStateMagic = 0x42454653;  // "SFEB"
+}
+
+Bytes Feedback::save() const {
+  Bytes out;
+  ByteWriter w(out);
+  w.put(kStateMagic);
+  w.put(uint64_t(momentum_.size()));
+  w.put(uint64_t(error_.size()));
+  for (const auto* b : {&momentum_, &error_}) {
+    const std::vector<float> v = b->to_vector();
+    w.put_array(std::span<const float>(v));
+  }
+  w.put(crc32c(out));
+  return out;
+}
+
+void Feedback::load(std::span<const uint8_t> bytes) {
+  SKETCHSGD_REQUIRE(bytes.size() >= 4, WireError, "feedback state of ", bytes.size(), " bytes");
+  uint32_t crc = 0;
+  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
+  SKETCHSGD_REQUIRE(crc32c(bytes.first(bytes.size() - 4)) == crc, WireError,
+                    "feedback state: checksum mismatch (corrupt bytes)");
+  ByteReader r(bytes.first(bytes.size() - 4), "feedback state");
+  SKETCHSGD_REQUIRE(r.get<uint32_t>() == kStateMagic, WireError, "not a feedback state");
+  const auto nm = r.get<uint64_t>();
+  const auto ne = r.get<uint64_t>();
+  SKETCHSGD_REQUIRE(nm == momentum_.size() && ne == error_.size(), WireError,
+                    "feedback state of momentum ", nm, " and error ", ne, " values for one of ",
+                    momentum_.size(), " and ", error_.size());
+  std::vector<float> m(nm), e(ne);
+  r.get_array(std::span<float>(m));
+  r.get_array(std::span<float>(e));
+  r.expect_end();
+  for (const auto* v : {&m, &e})
+    SKETCHSGD_REQUIRE(kernels::cpu::find_nonfinite(v->data(), v->size()) == kernels::kNone,
+                      WireError, "feedback state holds a non-finite value");
+  if (nm) momentum_.upload(m);
+  if (ne) error_.upload(e);
 }
 
 void Feedback::mask(std::span<const uint32_t> indices) {

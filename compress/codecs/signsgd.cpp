@@ -130,6 +130,8 @@ class SignSGD final : public Compressor {
 
   bool ef_;
   uint64_t chunk_;
+  Feedback* feedback() override { return &fb_; }
+
   Feedback fb_;
 };
 

@@ -44,7 +44,7 @@ Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> va
 class SketchAggregator final : public Aggregator {
  public:
   SketchAggregator(const Compressor& c, uint32_t world, const SketchOptions& o)
-      : Aggregator(c, world), o_(o), device_(c.device()), sum_(o.sketch, c.device()) {
+      : Aggregator(c, world), o_(o), sum_(o.sketch, c.device()) {
     if (o.fetch) {
       momentum_.emplace(o.sketch, device_);
       error_.emplace(o.sketch, device_);
@@ -83,29 +83,44 @@ class SketchAggregator final : public Aggregator {
 
  private:
   void absorb(ByteReader& r, const Header& h) override {
-    const auto scope = device_.activate();
-    if (h.kind == MessageKind::Gradient) {
-      if (device_.is_gpu()) {
-        // Straight from the message bytes to the device, validated there: no host pass.
-        const auto bytes = r.take<uint8_t>(staging_.size() * sizeof(float));
-        r.expect_end();
-        detail::copy_bytes(staging_.data(), bytes.data(), bytes.size(), device_);
-        const size_t bad = ops::find_nonfinite(device_, ops_, staging_.span());
-        SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "sketch cell ", bad, " is not finite");
-        sum_.add_table(staging_.span());
-      } else {
-        const auto table = payload::read_floats(r, sum_.table().size(), "sketch cell");
-        r.expect_end();
-        sum_.add_table(table);
-      }
-    } else {
-      const uint32_t n = r.get<uint32_t>();
-      SKETCHSGD_REQUIRE(n == candidates_.size(), WireError, "answer of ", n,
-                        " values to a query of ", candidates_.size());
-      const auto v = payload::read_floats(r, n, "answer value");
+    const uint64_t n = info_.sum_size[size_t(h.kind)];
+    if (h.kind == MessageKind::Gradient && device_.is_gpu()) {
+      // Straight from the message bytes to the device, validated there: no host pass.
+      const auto bytes = r.take<uint8_t>(n * sizeof(float));
       r.expect_end();
-      kernels::cpu::axpy(answers_.data(), v.data(), n, 1.0f);
+      detail::copy_bytes(staging_.data(), bytes.data(), bytes.size(), device_);
+      return absorb_sum(staging_.span(), h.kind);
     }
+    if (h.kind == MessageKind::Answer) {
+      const uint32_t count = r.get<uint32_t>();
+      SKETCHSGD_REQUIRE(count == n, WireError, "answer of ", count, " values to a query of ", n);
+    }
+    const auto v =
+        payload::read_floats(r, n, h.kind == MessageKind::Answer ? "answer value" : "sketch cell");
+    r.expect_end();
+    if (h.kind == MessageKind::Answer) return add_answers(v);
+    sum_.add_table(v);
+  }
+
+  /// Messages and all-reduced sums both end here: a table (in the device's memory) or the
+  /// candidates' values.
+  void absorb_sum(std::span<const float> v, MessageKind kind) override {
+    if (kind == MessageKind::Gradient) {
+      const size_t bad = ops::find_nonfinite(device_, ops_, v);
+      SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "sketch cell ", bad, " is not finite");
+      sum_.add_table(v);
+      return;
+    }
+    const auto host = ops::to_host(device_, v, host_);
+    SKETCHSGD_REQUIRE(kernels::cpu::find_nonfinite(host.data(), host.size()) == kernels::kNone,
+                      WireError, "answer value is not finite");
+    add_answers(host);
+  }
+
+  void add_answers(std::span<const float> v) {  // host values, validated
+    SKETCHSGD_REQUIRE(v.size() == candidates_.size(), ProtocolError, "answer of ", v.size(),
+                      " values to a query of ", candidates_.size());
+    kernels::cpu::axpy(answers_.data(), v.data(), v.size(), 1.0f);
   }
 
   Message reduce(const Header& phase, uint32_t contributors) override {
@@ -166,9 +181,9 @@ class SketchAggregator final : public Aggregator {
   }
 
   SketchOptions o_;
-  Device device_;
   CountSketch sum_;
-  Buffer<float> staging_;  // a received table on its way to the GPU
+  Buffer<float> staging_;    // a received table on its way to the GPU
+  std::vector<float> host_;  // summed answers from the GPU
   Scratch ops_;
   Buffer<uint32_t> top_idx_;  // FetchSGD on a GPU: the selection, kept across rounds
   Buffer<float> top_val_;
@@ -189,6 +204,10 @@ class SketchCodec final : public Compressor {
     return std::make_unique<SketchAggregator>(*this, world, o_);
   }
   bool two_rounds() const override { return o_.candidates > 0; }
+  uint64_t sum_size(MessageKind kind) const override {
+    if (kind == MessageKind::Gradient) return sketch_.table().size();
+    return kind == MessageKind::Answer ? o_.candidates : 0;
+  }
   uint64_t max_payload(MessageKind kind) const override {
     switch (kind) {
       case MessageKind::Gradient:
@@ -210,6 +229,22 @@ class SketchCodec final : public Compressor {
     const auto table = ops::to_host(device(), sketch_.table(), staging_);
     return Message::build(h, table.size_bytes(),
                           [&](ByteWriter& w) { w.put_array(std::span<const float>(table)); });
+  }
+
+  void do_encode_sum(std::span<const float> g, std::span<float> out) override {
+    const auto v = fb_.absorb(g);
+    sketch_.zero();
+    sketch_.accumulate(v);
+    detail::copy_bytes(out.data(), sketch_.table().data(), out.size_bytes(), device());
+  }
+
+  void do_answer_sum(ByteReader& r, std::span<float> out) override {
+    const auto idx = payload::read_indices(r, dim(), o_.candidates);
+    r.expect_end();
+    SKETCHSGD_REQUIRE(idx.size() == out.size(), WireError, "query of ", idx.size(),
+                      " candidates, the codec's answer has ", out.size());
+    const std::vector<float> val = ops::gather(device(), ops_, fb_.error(), idx);
+    detail::copy_bytes(out.data(), val.data(), val.size() * sizeof(float), device());
   }
 
   Message do_answer(ByteReader& r, const Header& q, uint32_t sender) override {
@@ -238,6 +273,8 @@ class SketchCodec final : public Compressor {
   }
 
   SketchOptions o_;
+  Feedback* feedback() override { return &fb_; }
+
   Feedback fb_;
   CountSketch sketch_;
   std::vector<float> staging_;  // host copy of a GPU table for the wire

@@ -101,6 +101,8 @@ class TernGrad final : public Compressor {
   uint64_t chunk_;
   float clip_;
   uint64_t seed_;
+  Feedback* feedback() override { return &fb_; }
+
   Feedback fb_;
 };
 

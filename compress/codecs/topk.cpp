@@ -110,6 +110,8 @@ class TopK final : public Compressor {
   }
 
   TopKOptions o_;
+  Feedback* feedback() override { return &fb_; }
+
   Feedback fb_;
 };
 

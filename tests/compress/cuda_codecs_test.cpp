@@ -161,3 +161,58 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
 
 }  // namespace
 }  // namespace sketchsgd
+
+namespace sketchsgd {
+namespace {
+
+/// Collectives on the GPU: encode_sum() writes device memory, add_sum() takes a device sum, and
+/// the result equals the CPU aggregator's on the same sum, byte for byte; no host vector needed.
+TEST(CudaCodec, SummedPayloadsStayOnTheDeviceAndMatchTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const uint64_t dim = 300007;
+  for (const char* spec : {"dense:momentum=0.9", "sketch:rows=5,cols=30000,k=3000",
+                           "sketch:rows=3,cols=30000,k=2000,p2=2"}) {
+    SCOPED_TRACE(spec);
+    auto cpu = make_compressor(spec, dim);
+    auto gpu = make_compressor(spec, dim, Device::cuda(0));
+    auto agg_cpu = cpu->make_aggregator(1), agg_gpu = gpu->make_aggregator(1);
+    const auto g = test::gaussian(dim, seed);
+    Dev<float> dg(g);
+    const uint64_t n = gpu->sum_size(MessageKind::Gradient);
+    Dev<float> dout(n);
+    std::vector<float> hout(n);
+    gpu->encode_sum(cspan(dg, dim), std::span<float>(dout.get(), n));
+    cpu->encode_sum(g, hout);
+    const auto from_gpu = dout.host();
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(from_gpu[i], hout[i], 1e-4f * (1 + std::fabs(hout[i])));
+    EXPECT_THROW(agg_gpu->add_sum(from_gpu, 1, 0), InvalidArgument);  // host memory
+    agg_gpu->add_sum(cspan(dout, n), 1, 0);
+    agg_cpu->add_sum(from_gpu, 1, 0);
+    Message uc = agg_cpu->finish(), ug = agg_gpu->finish();
+    ASSERT_TRUE(
+        std::equal(uc.bytes().begin(), uc.bytes().end(), ug.bytes().begin(), ug.bytes().end()));
+    if (gpu->two_rounds()) {
+      const uint64_t m = gpu->sum_size(MessageKind::Answer);
+      Dev<float> dans(m);
+      std::vector<float> hans(m);
+      gpu->answer_sum(ug.bytes(), std::span<float>(dans.get(), m));
+      cpu->answer_sum(uc.bytes(), hans);
+      agg_gpu->add_sum(cspan(dans, m), 1, 0);
+      agg_cpu->add_sum(hans, 1, 0);
+      uc = agg_cpu->finish();
+      ug = agg_gpu->finish();
+      EXPECT_EQ(uc.size(), ug.size());
+    }
+    Dev<float> dstep(dim);
+    std::vector<float> hstep(dim);
+    gpu->apply(ug.bytes(), std::span<float>(dstep.get(), dim));
+    cpu->apply(uc.bytes(), hstep);
+    if (gpu->id() == CodecId::Dense) EXPECT_BITS_EQ(dstep.host(), hstep);
+  }
+}
+
+}  // namespace
+}  // namespace sketchsgd

@@ -3,6 +3,10 @@
 //   step server:  make_aggregator(W) → add() the W messages of a phase, finish() → Update (or
 //   Query)
 // Steps estimate the mean gradient over the contributing workers; the caller does w −= lr · step.
+// Collectives (a DDP hook) use the same codecs without a server: codecs whose payload sums across
+// workers (dense values, sketch tables, second-round values) write it with encode_sum() /
+// answer_sum(); an all-reduce sums it, and every rank's aggregator takes that sum with add_sum()
+// in place of W messages. Other codecs' messages are all-gathered and add()ed one by one.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,7 @@
 namespace sketchsgd {
 
 class Aggregator;
+class Feedback;
 
 /// What a message must match to belong to a codec: identity, dim and size limits. Held by value
 /// (an aggregator outlives the compressor that made it).
@@ -25,6 +30,7 @@ struct CodecInfo {
   CodecId id;
   uint64_t dim;
   uint64_t max_payload[5];  ///< by MessageKind
+  uint64_t sum_size[5];     ///< floats of a summable payload, by MessageKind (0: not summable)
 
   /// Decodes a header and checks codec id, dim, kind and the payload limit.
   Header check(std::span<const uint8_t> message, MessageKind expected) const;
@@ -67,6 +73,21 @@ class Compressor {
   /// The same without any state change: a parameter server's copy of the model.
   void decode_step(std::span<const uint8_t> update, std::span<float> params, float lr) const;
 
+  /// The worker state (momentum, error feedback) as bytes, for checkpoints; empty for stateless
+  /// codecs. load_state() takes them back (WireError when they do not fit this codec).
+  Bytes save_state() const;
+  void load_state(std::span<const uint8_t> state);
+
+  // ---- collectives ------------------------------------------------------------------------------
+  /// Floats of a phase's payload where it sums across workers (Gradient, Answer); 0 where it does
+  /// not (such messages are gathered instead).
+  virtual uint64_t sum_size(MessageKind) const { return 0; }
+  /// encode() for an all-reduce: the same checks and state change, the summable payload written
+  /// to out (length sum_size(Gradient), in the device's memory) instead of a message.
+  void encode_sum(std::span<const float> grad, std::span<float> out);
+  /// answer() for an all-reduce: the queried values written to out (length sum_size(Answer)).
+  void answer_sum(std::span<const uint8_t> query, std::span<float> out);
+
   // ---- server role ------------------------------------------------------------------------------
   virtual std::unique_ptr<Aggregator> make_aggregator(uint32_t world_size) const = 0;
   /// True when finish() of a round first returns a Query that workers must answer().
@@ -92,6 +113,12 @@ class Compressor {
  protected:
   virtual Message do_encode(std::span<const float> grad, const Header& h) = 0;
   virtual Message do_answer(ByteReader& payload, const Header& query, uint32_t sender);
+  /// The summable payloads (codecs with sum_size() > 0); out is checked by the caller.
+  virtual void do_encode_sum(std::span<const float> grad, std::span<float> out);
+  virtual void do_answer_sum(ByteReader& payload, std::span<float> out);
+  /// The codec's worker state, when it keeps one (save_state()/load_state() serialise it).
+  virtual Feedback* feedback() { return nullptr; }
+  const Feedback* feedback() const { return const_cast<Compressor*>(this)->feedback(); }
   /// Validates an Update payload completely, then writes its dense step.
   virtual void do_decode(ByteReader& payload, const Header& h, std::span<float> step) const = 0;
   /// decode + the codec's state change (default: none).
@@ -124,6 +151,11 @@ class Aggregator {
   virtual ~Aggregator() = default;
 
   void add(std::span<const uint8_t> message);
+  /// Adds the element-wise sum of `contributors` workers' encode_sum() (or, while a second round
+  /// is open, answer_sum()) outputs — an all-reduce's result — in place of their messages, as the
+  /// phase's only input. sum lies in the codec's device memory (length sum_size(expecting())) and
+  /// is validated (finite) before any state changes. ProtocolError for codecs that do not sum.
+  void add_sum(std::span<const float> sum, uint32_t contributors, uint64_t round);
   /// Messages accepted in the current phase.
   uint32_t count() const { return count_; }
   uint32_t world_size() const { return world_; }
@@ -143,12 +175,16 @@ class Aggregator {
 
  protected:
   virtual void absorb(ByteReader& payload, const Header& h) = 0;
+  /// Adds a summed payload of the given kind (validated by the caller for size; the codec checks
+  /// finiteness before touching state). Summable codecs route their messages through it too.
+  virtual void absorb_sum(std::span<const float> sum, MessageKind kind);
   /// Produces the phase's result. A Query result opens the Answer phase of the same round.
   virtual Message reduce(const Header& phase, uint32_t contributors) = 0;
   /// Drops partial state (called after finish(), before the next phase).
   virtual void clear() = 0;
 
   const CodecInfo info_;
+  const Device device_;  ///< the codec's device: where summed payloads lie
 
  private:
   uint32_t world_;

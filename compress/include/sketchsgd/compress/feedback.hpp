@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include <sketchsgd/core/bytes.hpp>
 #include <sketchsgd/core/device.hpp>
 #include <sketchsgd/core/scratch.hpp>
 
@@ -24,9 +25,16 @@ class Feedback {
   /// The error accumulator (empty when error feedback is off).
   std::span<float> error() { return error_.span(); }
   bool has_error() const { return !error_.empty(); }
+  /// Whether there is any state (momentum or error feedback) to save.
+  bool stateful() const { return !momentum_.empty() || !error_.empty(); }
   /// Zeroes momentum and error at these coordinates (host indices): what was sent or applied
   /// leaves the state (momentum factor masking + error reset).
   void mask(std::span<const uint32_t> indices);
+
+  /// Momentum and error as self-checking bytes (shape + values + CRC-32C), and back: load()
+  /// validates everything (WireError: another shape, corrupt, non-finite) before changing state.
+  Bytes save() const;
+  void load(std::span<const uint8_t> bytes);
 
  private:
   Device device_;

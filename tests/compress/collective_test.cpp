@@ -1,0 +1,183 @@
+// Codecs used through collectives (a DDP hook): summed payloads in place of W messages, and the
+// worker state saved and restored.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include "support/helpers.hpp"
+
+namespace sketchsgd {
+namespace {
+
+constexpr uint32_t kWorkers = 3;
+constexpr uint64_t kDim = 5000;
+
+struct Job {
+  std::vector<std::unique_ptr<Compressor>> workers;
+  std::unique_ptr<Aggregator> server;
+  explicit Job(const std::string& spec) {
+    for (uint32_t w = 0; w < kWorkers; ++w) workers.push_back(make_compressor(spec, kDim));
+    server = workers[0]->make_aggregator(kWorkers);
+  }
+};
+
+std::vector<float> grad(uint32_t worker, uint64_t round) {
+  auto g = test::gaussian(kDim, 1000 * round + worker);
+  for (uint32_t j = 0; j < 40; ++j) g[(j * 97 + round) % kDim] += 8.0f * (j % 2 ? -1.0f : 1.0f);
+  return g;
+}
+
+/// One round through messages (what the parameter server sees); returns the update.
+Bytes round_by_messages(Job& job, uint64_t round) {
+  for (uint32_t w = 0; w < kWorkers; ++w)
+    job.server->add(job.workers[w]->encode(grad(w, round), round, w).bytes());
+  Message m = job.server->finish();
+  if (job.server->expecting() == MessageKind::Answer) {
+    for (uint32_t w = 0; w < kWorkers; ++w)
+      job.server->add(job.workers[w]->answer(m.bytes(), w).bytes());
+    m = job.server->finish();
+  }
+  return Bytes(m.bytes().begin(), m.bytes().end());
+}
+
+/// The same round through sums, as an all-reduce delivers them (summed in worker order).
+Bytes round_by_sums(Job& job, uint64_t round) {
+  auto& first = *job.workers[0];
+  std::vector<float> sum(first.sum_size(MessageKind::Gradient)), part(sum.size());
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    job.workers[w]->encode_sum(grad(w, round), part);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  job.server->add_sum(sum, kWorkers, round);
+  Message m = job.server->finish();
+  if (job.server->expecting() == MessageKind::Answer) {
+    std::vector<float> ans(first.sum_size(MessageKind::Answer), 0.0f), mine(ans.size());
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      job.workers[w]->answer_sum(m.bytes(), mine);
+      for (size_t i = 0; i < ans.size(); ++i) ans[i] += mine[i];
+    }
+    job.server->add_sum(ans, kWorkers, round);
+    m = job.server->finish();
+  }
+  return Bytes(m.bytes().begin(), m.bytes().end());
+}
+
+void apply_all(Job& job, const Bytes& update, std::vector<float>& step) {
+  for (auto& w : job.workers) w->apply(update, step);
+}
+
+class Summable : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Summable, SumsGiveTheUpdatesOfMessagesBitForBit) {
+  Job by_msg(GetParam()), by_sum(GetParam());
+  ASSERT_GT(by_sum.workers[0]->sum_size(MessageKind::Gradient), 0u);
+  std::vector<float> a(kDim), b(kDim);
+  for (uint64_t round = 0; round < 4; ++round) {
+    const Bytes ua = round_by_messages(by_msg, round);
+    const Bytes ub = round_by_sums(by_sum, round);
+    ASSERT_EQ(ua, ub) << "round " << round;
+    apply_all(by_msg, ua, a);
+    apply_all(by_sum, ub, b);
+    ASSERT_EQ(a, b);
+  }
+  // Worker and server state evolved identically.
+  for (uint32_t w = 0; w < kWorkers; ++w)
+    EXPECT_EQ(by_msg.workers[w]->save_state(), by_sum.workers[w]->save_state());
+  EXPECT_EQ(by_msg.server->save_state(), by_sum.server->save_state());
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, Summable,
+                         ::testing::Values("dense", "dense:momentum=0.9",
+                                           "sketch:rows=3,cols=400,k=40",
+                                           "sketch:rows=3,cols=400,k=40,p2=3",
+                                           "sketch:rows=1,cols=600,k=40,fetch=1",
+                                           "sketch:rows=3,cols=400,k=40,hashing=random"));
+
+TEST(Summable, BadSumsAreRefusedAndChangeNothing) {
+  Job job("sketch:rows=3,cols=400,k=40");
+  const uint64_t n = job.workers[0]->sum_size(MessageKind::Gradient);
+  std::vector<float> sum(n, 0.5f);
+  EXPECT_THROW(job.server->add_sum(std::vector<float>(n - 1), kWorkers, 0), InvalidArgument);
+  EXPECT_THROW(job.server->add_sum(sum, 0, 0), InvalidArgument);
+  EXPECT_THROW(job.server->add_sum(sum, kWorkers + 1, 0), InvalidArgument);
+  sum[17] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(job.server->add_sum(sum, kWorkers, 0), WireError);
+  EXPECT_EQ(job.server->count(), 0u);
+  sum[17] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(job.server->add_sum(sum, kWorkers, 0), WireError);
+  // Nothing was taken: a whole round still works, and a second sum in the phase is refused.
+  const Bytes u = round_by_sums(job, 0);
+  EXPECT_GT(u.size(), kHeaderBytes);
+  job.server->add(job.workers[0]->encode(grad(0, 1), 1, 0).bytes());
+  sum[17] = 0.0f;
+  EXPECT_THROW(job.server->add_sum(sum, 1, 1), ProtocolError);
+}
+
+TEST(Summable, CodecsWhoseMessagesDoNotSumSaySo) {
+  for (const char* spec : {"topk:k=50", "signsgd", "signsgd:ef=1", "terngrad"}) {
+    auto c = make_compressor(spec, kDim);
+    EXPECT_EQ(c->sum_size(MessageKind::Gradient), 0u) << spec;
+    std::vector<float> out(10);
+    EXPECT_THROW(c->encode_sum(grad(0, 0), out), ProtocolError) << spec;
+    auto agg = c->make_aggregator(2);
+    EXPECT_THROW(agg->add_sum(out, 2, 0), ProtocolError) << spec;
+  }
+}
+
+TEST(Summable, EncodeSumValidatesLikeEncodeAndKeepsStateOnError) {
+  auto c = make_compressor("sketch:rows=3,cols=400,k=40", kDim);
+  const uint64_t n = c->sum_size(MessageKind::Gradient);
+  std::vector<float> out(n), g = grad(0, 0);
+  EXPECT_THROW(c->encode_sum(std::vector<float>(kDim - 1), out), InvalidArgument);
+  std::vector<float> short_out(n - 1);
+  EXPECT_THROW(c->encode_sum(g, short_out), InvalidArgument);
+  const Bytes before = c->save_state();
+  g[123] = -std::numeric_limits<float>::infinity();
+  EXPECT_THROW(c->encode_sum(g, out), NonFiniteError);
+  EXPECT_EQ(c->save_state(), before);
+  // answer_sum needs a second round and a query of this codec.
+  EXPECT_THROW(c->answer_sum(Bytes(kHeaderBytes, 0), out), ProtocolError);
+}
+
+TEST(WorkerState, SavedStateResumesBitForBit) {
+  for (const char* spec : {"topk:k=50,momentum=0.9", "signsgd:ef=1", "terngrad:ef=1",
+                           "sketch:rows=3,cols=400,k=40,p2=2", "dense:momentum=0.5"}) {
+    Job a(spec);
+    std::vector<float> step(kDim);
+    for (uint64_t round = 0; round < 3; ++round) apply_all(a, round_by_messages(a, round), step);
+    Job b(spec);
+    for (uint32_t w = 0; w < kWorkers; ++w) b.workers[w]->load_state(a.workers[w]->save_state());
+    b.server->load_state(a.server->save_state());
+    EXPECT_EQ(round_by_messages(a, 3), round_by_messages(b, 3)) << spec;
+  }
+}
+
+TEST(WorkerState, CorruptOrForeignStateIsRefusedAndChangesNothing) {
+  auto c = make_compressor("topk:k=50,momentum=0.9", kDim);
+  std::vector<float> step(kDim);
+  (void)c->encode(grad(0, 0), 0, 0);
+  const Bytes good = c->save_state();
+  ASSERT_GT(good.size(), 8 * kDim);
+  Bytes bad = good;
+  bad[bad.size() / 2] ^= 0x10;
+  EXPECT_THROW(c->load_state(bad), WireError);
+  EXPECT_THROW(c->load_state(Bytes(good.begin(), good.begin() + 20)), WireError);
+  EXPECT_THROW(c->load_state({}), WireError);
+  auto other = make_compressor("topk:k=50,momentum=0.9", kDim + 1);
+  EXPECT_THROW(other->load_state(good), WireError);
+  EXPECT_EQ(c->save_state(), good);
+  // A stateless codec keeps no state and takes none.
+  auto plain = make_compressor("signsgd", kDim);
+  EXPECT_TRUE(plain->save_state().empty());
+  EXPECT_THROW(plain->load_state(good), WireError);
+  EXPECT_NO_THROW(plain->load_state({}));
+}
+
+}  // namespace
+}  // namespace sketchsgd
