@@ -37,3 +37,13 @@ execute_process(COMMAND ${WORK}/build/consumer RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "the consumer ran but failed")
 endif()
+# The Python package installed beside the library imports from there (its RPATH finds lib/).
+if(PYTHON)
+  file(GLOB site ${WORK}/prefix/lib*/python*/site-packages)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${site} ${PYTHON} -c
+                          "import sketchsgd, sys; assert sketchsgd.__file__.startswith('${WORK}'), sketchsgd.__file__; print(len(sketchsgd.codecs()), 'codecs')"
+                  RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "the installed Python package does not import")
+  endif()
+endif()

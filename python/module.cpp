@@ -1,0 +1,265 @@
+// sketchsgd._core: the C++ codecs and aggregators for Python. It never links libtorch (PyTorch
+// builds differ in C++ ABI): tensors cross as (address, length) in the codec's device memory, and
+// the Python layer (sketchsgd/_tensors.py) checks dtype, contiguity, device and size first.
+// Messages cross as any contiguous buffer (bytes, memoryview, a NumPy array). Long calls release
+// the GIL, so DDP's threads and other ranks' work go on meanwhile.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/config.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/core/gpu.hpp>
+
+namespace py = pybind11;
+using namespace sketchsgd;
+
+namespace {
+
+/// A float vector of the codec's device, from the address and length the Python layer checked.
+std::span<float> floats(uintptr_t address, uint64_t n) {
+  SKETCHSGD_REQUIRE(address != 0 || n == 0, InvalidArgument, "null tensor address");
+  return {reinterpret_cast<float*>(address), size_t(n)};
+}
+
+/// The bytes of a contiguous buffer; the object stays alive (and the GIL held) while they are read.
+struct View {
+  py::buffer_info info;
+  explicit View(const py::buffer& b) : info(b.request()) {
+    SKETCHSGD_REQUIRE(info.ndim <= 1 && (info.ndim == 0 || info.strides[0] == info.itemsize),
+                      InvalidArgument, "message buffer must be contiguous and one-dimensional");
+  }
+  std::span<const uint8_t> bytes() const {
+    return {static_cast<const uint8_t*>(info.ptr), size_t(info.size * info.itemsize)};
+  }
+};
+
+py::bytes to_py(std::span<const uint8_t> b) {
+  return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+MessageKind kind_of(const std::string& name) {
+  for (auto k : {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer,
+                 MessageKind::Update})
+    if (to_string(k) == name) return k;
+  throw InvalidArgument("message kind '" + name + "': expected gradient, query, answer or update");
+}
+
+Device device_of(int gpu, uintptr_t stream) {
+  return gpu < 0 ? Device::cpu() : Device::cuda(gpu, reinterpret_cast<gpu::Stream>(stream));
+}
+
+/// Python exception classes that are also ValueError or RuntimeError, so plain except clauses
+/// catch them: sketchsgd.Error is the common base.
+struct Exceptions {
+  py::object error, invalid, nonfinite, mismatch, wire, protocol, timeout, finished, cuda;
+};
+
+py::object new_exception(py::module_& m, const char* name, py::tuple bases, const char* doc) {
+  const std::string qualified = std::string("sketchsgd._core.") + name;
+  py::object type = py::reinterpret_steal<py::object>(
+      PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr));
+  if (!type) throw py::error_already_set();
+  m.attr(name) = type;
+  return type;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "sketchsgd's C++ codecs and aggregators (tensors cross as address and length)";
+  static Exceptions ex;
+  const py::object value_error = py::reinterpret_borrow<py::object>(PyExc_ValueError);
+  const py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
+  ex.error = new_exception(m, "Error", py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)),
+                           "Base of every sketchsgd error.");
+  ex.invalid = new_exception(m, "InvalidArgument", py::make_tuple(ex.error, value_error),
+                             "A size, count, index or option value outside what is accepted.");
+  ex.nonfinite = new_exception(m, "NonFiniteError", py::make_tuple(ex.invalid),
+                               "NaN or infinity in an input vector.");
+  ex.mismatch = new_exception(m, "ConfigMismatch", py::make_tuple(ex.error, value_error),
+                              "Objects that must share a configuration do not.");
+  ex.wire = new_exception(m, "WireError", py::make_tuple(ex.error, value_error),
+                          "Bytes that are not a valid message or state: truncated, corrupt.");
+  ex.protocol = new_exception(m, "ProtocolError", py::make_tuple(ex.error, runtime_error),
+                              "A valid message at the wrong time.");
+  ex.timeout = new_exception(m, "TimeoutError", py::make_tuple(ex.error, runtime_error),
+                             "A peer did not answer in time.");
+  ex.finished = new_exception(m, "JobFinished", py::make_tuple(ex.error, runtime_error),
+                              "The parameter server's job ended.");
+  ex.cuda = new_exception(m, "CudaError", py::make_tuple(ex.error, runtime_error),
+                          "A CUDA runtime failure.");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const NonFiniteError& e) {
+      PyErr_SetString(ex.nonfinite.ptr(), e.what());
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(ex.invalid.ptr(), e.what());
+    } catch (const ConfigMismatch& e) {
+      PyErr_SetString(ex.mismatch.ptr(), e.what());
+    } catch (const WireError& e) {
+      PyErr_SetString(ex.wire.ptr(), e.what());
+    } catch (const ProtocolError& e) {
+      PyErr_SetString(ex.protocol.ptr(), e.what());
+    } catch (const TimeoutError& e) {
+      PyErr_SetString(ex.timeout.ptr(), e.what());
+    } catch (const JobFinished& e) {
+      PyErr_SetString(ex.finished.ptr(), e.what());
+    } catch (const CudaError& e) {
+      PyErr_SetString(ex.cuda.ptr(), e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(ex.error.ptr(), e.what());
+    }
+  });
+
+  m.attr("cuda_build") = bool(SKETCHSGD_HAS_CUDA);
+  m.def("gpu_count", &gpu::device_count, "Usable CUDA devices (0 without a CUDA build).");
+  m.def("describe", [] { return Registry::instance().describe(); },
+        "Every codec and its options, as text.");
+  m.def(
+      "codecs",
+      [] {
+        py::list out;
+        for (const CodecEntry* e : Registry::instance().entries()) {
+          py::list options;
+          for (const auto& o : e->options)
+            options.append(py::dict(py::arg("key") = o.key, py::arg("help") = o.help,
+                                    py::arg("default") = o.fallback, py::arg("min") = o.min,
+                                    py::arg("max") = o.max, py::arg("integer") = o.integer,
+                                    py::arg("names") = o.names));
+          out.append(py::dict(py::arg("name") = e->name, py::arg("summary") = e->summary,
+                              py::arg("options") = options));
+        }
+        return out;
+      },
+      "The registry: a dict per codec with its name, summary and options.");
+  m.def(
+      "message_info",
+      [](const py::buffer& b) {
+        const View v(b);
+        const Header h = decode_header(v.bytes(), ~uint64_t(0));
+        return py::dict(py::arg("codec") = std::string(to_string(h.codec)),
+                        py::arg("kind") = std::string(to_string(h.kind)), py::arg("dim") = h.dim,
+                        py::arg("round") = h.round, py::arg("sender") = h.sender,
+                        py::arg("payload_bytes") = h.payload_bytes);
+      },
+      "The header of a message (WireError when it is not one).");
+  m.attr("header_bytes") = kHeaderBytes;
+
+  py::class_<Aggregator>(m, "Aggregator")
+      .def("add",
+           [](Aggregator& a, const py::buffer& b) {
+             const View v(b);
+             a.add(v.bytes());
+           })
+      .def(
+          "add_sum",
+          [](Aggregator& a, uintptr_t address, uint64_t n, uint32_t contributors, uint64_t round) {
+            a.add_sum(floats(address, n), contributors, round);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def("finish",
+           [](Aggregator& a) {
+             Message msg;
+             {
+               py::gil_scoped_release release;
+               msg = a.finish();
+             }
+             return to_py(msg.bytes());
+           })
+      .def("abandon", &Aggregator::abandon)
+      .def_property_readonly("count", &Aggregator::count)
+      .def_property_readonly("world_size", &Aggregator::world_size)
+      .def_property_readonly("expecting",
+                             [](const Aggregator& a) { return std::string(to_string(a.expecting())); })
+      .def("save_state", [](const Aggregator& a) { return to_py(a.save_state()); })
+      .def("load_state", [](Aggregator& a, const py::buffer& b) {
+        const View v(b);
+        a.load_state(v.bytes());
+      });
+
+  py::class_<Compressor>(m, "Compressor")
+      .def(py::init([](const std::string& spec, uint64_t dim, int gpu, uintptr_t stream) {
+             return make_compressor(spec, dim, device_of(gpu, stream));
+           }),
+           py::arg("spec"), py::arg("dim"), py::arg("gpu") = -1, py::arg("stream") = 0)
+      .def_property_readonly("spec", &Compressor::spec)
+      .def_property_readonly("dim", &Compressor::dim)
+      .def_property_readonly("device", [](const Compressor& c) { return c.device().name(); })
+      .def_property_readonly("two_rounds", &Compressor::two_rounds)
+      .def_property_readonly("last_message_bytes", &Compressor::last_message_bytes)
+      .def_property_readonly("compression_ratio", &Compressor::compression_ratio)
+      .def("sum_size", [](const Compressor& c, const std::string& k) { return c.sum_size(kind_of(k)); })
+      .def("max_message_bytes",
+           [](const Compressor& c, const std::string& k) {
+             return kHeaderBytes + c.max_payload(kind_of(k));
+           })
+      .def("encode",
+           [](Compressor& c, uintptr_t address, uint64_t n, uint64_t round, uint32_t sender) {
+             Message msg;
+             {
+               py::gil_scoped_release release;
+               msg = c.encode(floats(address, n), round, sender);
+             }
+             return to_py(msg.bytes());
+           })
+      .def(
+          "encode_sum",
+          [](Compressor& c, uintptr_t grad, uint64_t n, uintptr_t out, uint64_t m) {
+            c.encode_sum(floats(grad, n), floats(out, m));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def("answer",
+           [](Compressor& c, const py::buffer& query, uint32_t sender) {
+             const View v(query);
+             Message msg;
+             {
+               py::gil_scoped_release release;
+               msg = c.answer(v.bytes(), sender);
+             }
+             return to_py(msg.bytes());
+           })
+      .def("answer_sum",
+           [](Compressor& c, const py::buffer& query, uintptr_t out, uint64_t m) {
+             const View v(query);
+             py::gil_scoped_release release;
+             c.answer_sum(v.bytes(), floats(out, m));
+           })
+      .def("apply",
+           [](Compressor& c, const py::buffer& update, uintptr_t step, uint64_t n) {
+             const View v(update);
+             py::gil_scoped_release release;
+             c.apply(v.bytes(), floats(step, n));
+           })
+      .def("decode",
+           [](const Compressor& c, const py::buffer& update, uintptr_t step, uint64_t n) {
+             const View v(update);
+             py::gil_scoped_release release;
+             c.decode(v.bytes(), floats(step, n));
+           })
+      .def("apply_step",
+           [](Compressor& c, const py::buffer& update, uintptr_t params, uint64_t n, float lr) {
+             const View v(update);
+             py::gil_scoped_release release;
+             c.apply_step(v.bytes(), floats(params, n), lr);
+           })
+      .def("decode_step",
+           [](const Compressor& c, const py::buffer& update, uintptr_t params, uint64_t n,
+              float lr) {
+             const View v(update);
+             py::gil_scoped_release release;
+             c.decode_step(v.bytes(), floats(params, n), lr);
+           })
+      .def("make_aggregator", &Compressor::make_aggregator, py::arg("world_size"))
+      .def("save_state", [](const Compressor& c) { return to_py(c.save_state()); })
+      .def("load_state", [](Compressor& c, const py::buffer& b) {
+        const View v(b);
+        c.load_state(v.bytes());
+      });
+}

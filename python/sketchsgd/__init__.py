@@ -1,0 +1,35 @@
+"""sketchsgd: gradient compression for distributed SGD (count sketches, top-k, TernGrad,
+signSGD), from C++/CUDA.
+
+    import sketchsgd
+    c = sketchsgd.Compressor("sketch:rows=1,cols=100000,k=20000", dim=model_size)
+    print(sketchsgd.describe())          # every codec and option
+
+For DDP, see sketchsgd.torch (CompressionState, compression_hook).
+"""
+
+from . import _core
+from ._core import (
+    ConfigMismatch,
+    CudaError,
+    Error,
+    InvalidArgument,
+    JobFinished,
+    NonFiniteError,
+    ProtocolError,
+    TimeoutError,
+    WireError,
+    codecs,
+    describe,
+    gpu_count,
+    message_info,
+)
+from ._compressor import Aggregator, Compressor
+
+cuda_build = _core.cuda_build
+
+__all__ = [
+    "Aggregator", "Compressor", "ConfigMismatch", "CudaError", "Error", "InvalidArgument",
+    "JobFinished", "NonFiniteError", "ProtocolError", "TimeoutError", "WireError", "codecs",
+    "cuda_build", "describe", "gpu_count", "message_info",
+]

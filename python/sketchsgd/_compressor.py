@@ -1,0 +1,186 @@
+"""sketchsgd.Compressor and sketchsgd.Aggregator: the C++ codecs on torch tensors."""
+
+import torch
+
+from . import _core
+from ._tensors import Streams, address, device_of, message
+
+
+def _kind(kind: str) -> str:
+    if kind not in ("gradient", "query", "answer", "update"):
+        raise ValueError(f"message kind {kind!r}: expected gradient, query, answer or update")
+    return kind
+
+
+class Aggregator:
+    """The server side of a codec for world_size workers: add() their messages (or add_sum() an
+    all-reduced sum of their encode_sum() outputs), finish() → the Update (or a Query)."""
+
+    def __init__(self, core, compressor: "Compressor"):
+        self._a = core
+        self._device = compressor.device
+        self._streams = compressor._streams
+
+    @property
+    def count(self) -> int:
+        return self._a.count
+
+    @property
+    def world_size(self) -> int:
+        return self._a.world_size
+
+    @property
+    def expecting(self) -> str:
+        """"gradient", or "answer" while a second round is open."""
+        return self._a.expecting
+
+    def add(self, msg) -> None:
+        self._a.add(message(msg))
+
+    def add_sum(self, total: torch.Tensor, contributors: int, round: int) -> None:
+        """The element-wise sum of `contributors` workers' summable payloads, in place of their
+        messages (float32, on the codec's device)."""
+        ptr, n = address(total, "sum", self._device)
+        with self._streams.ordered():
+            self._a.add_sum(ptr, n, int(contributors), int(round))
+
+    def finish(self) -> bytes:
+        with self._streams.ordered():
+            return self._a.finish()
+
+    def abandon(self) -> None:
+        self._a.abandon()
+
+    def state_dict(self) -> dict:
+        return {"state": self._a.save_state()}
+
+    def load_state_dict(self, d: dict) -> None:
+        self._a.load_state(message(d["state"], "aggregator state"))
+
+
+class Compressor:
+    """One codec, built from a spec string (see sketchsgd.codecs()), for vectors of length dim on
+    a device ("cpu" or "cuda:N"). Tensors are float32, contiguous, on that device; messages are
+    bytes. On CUDA the work is ordered on the caller's current stream, with no host copy of the
+    vectors."""
+
+    def __init__(self, spec: str, dim: int, device="cpu"):
+        if not isinstance(spec, str):
+            raise TypeError(f"spec: expected a string, got {type(spec).__name__}")
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
+        self.device = device_of(device)
+        if self.device.type == "cuda" and not _core.cuda_build:
+            raise ValueError("device cuda: this sketchsgd build has no CUDA (configure with -DSKETCHSGD_CUDA=ON)")
+        self._streams = Streams(self.device)
+        gpu = self.device.index if self.device.type == "cuda" else -1
+        self._c = _core.Compressor(spec, dim, gpu, self._streams.handle)
+
+    # ---- description ------------------------------------------------------------------------
+    @property
+    def spec(self) -> str:
+        """The canonical spec: every option spelled out."""
+        return self._c.spec
+
+    @property
+    def dim(self) -> int:
+        return self._c.dim
+
+    @property
+    def two_rounds(self) -> bool:
+        return self._c.two_rounds
+
+    @property
+    def last_message_bytes(self) -> int:
+        return self._c.last_message_bytes
+
+    @property
+    def compression_ratio(self) -> float:
+        """Dense fp32 bytes over the last encoded message's bytes."""
+        return self._c.compression_ratio
+
+    def sum_size(self, kind: str = "gradient") -> int:
+        """Floats of the summable payload of a phase (0: the codec's messages do not sum)."""
+        return self._c.sum_size(_kind(kind))
+
+    def max_message_bytes(self, kind: str = "gradient") -> int:
+        return self._c.max_message_bytes(_kind(kind))
+
+    # ---- worker role ------------------------------------------------------------------------
+    def _vec(self, t, name, writable=False):
+        return address(t, name, self.device, self.dim, writable)
+
+    def _out(self, out, n, name):
+        if out is None:
+            out = torch.empty(n, dtype=torch.float32, device=self.device)
+        ptr, _ = address(out, name, self.device, n, writable=True)
+        return out, ptr
+
+    def encode(self, grad: torch.Tensor, round: int = 0, rank: int = 0) -> bytes:
+        ptr, n = self._vec(grad, "gradient")
+        with self._streams.ordered():
+            return self._c.encode(ptr, n, int(round), int(rank))
+
+    def encode_sum(self, grad: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor:
+        """The summable payload of a gradient (for an all-reduce), with encode()'s state change."""
+        ptr, n = self._vec(grad, "gradient")
+        size = self.sum_size("gradient")
+        if size == 0:
+            raise _core.ProtocolError(f"codec {self.spec} has no summable payload: gather its messages")
+        out, optr = self._out(out, size, "out")
+        with self._streams.ordered():
+            self._c.encode_sum(ptr, n, optr, size)
+        return out
+
+    def answer(self, query, rank: int = 0) -> bytes:
+        with self._streams.ordered():
+            return self._c.answer(message(query, "query"), int(rank))
+
+    def answer_sum(self, query, out: torch.Tensor = None) -> torch.Tensor:
+        size = self.sum_size("answer")
+        if size == 0:
+            raise _core.ProtocolError(f"codec {self.spec} has no summable answer")
+        out, optr = self._out(out, size, "out")
+        with self._streams.ordered():
+            self._c.answer_sum(message(query, "query"), optr, size)
+        return out
+
+    def apply(self, update, step: torch.Tensor = None) -> torch.Tensor:
+        """The dense step of an Update (the mean gradient estimate), with the codec's state
+        change (error feedback keeps what was not applied)."""
+        step, ptr = self._out(step, self.dim, "step")
+        with self._streams.ordered():
+            self._c.apply(message(update, "update"), ptr, self.dim)
+        return step
+
+    def decode(self, update, step: torch.Tensor = None) -> torch.Tensor:
+        step, ptr = self._out(step, self.dim, "step")
+        with self._streams.ordered():
+            self._c.decode(message(update, "update"), ptr, self.dim)
+        return step
+
+    def apply_step(self, update, params: torch.Tensor, lr: float) -> None:
+        """params −= lr · step, touching only the update's coordinates when it is sparse."""
+        ptr, n = self._vec(params, "params", writable=True)
+        with self._streams.ordered():
+            self._c.apply_step(message(update, "update"), ptr, n, float(lr))
+
+    def decode_step(self, update, params: torch.Tensor, lr: float) -> None:
+        ptr, n = self._vec(params, "params", writable=True)
+        with self._streams.ordered():
+            self._c.decode_step(message(update, "update"), ptr, n, float(lr))
+
+    # ---- server role ------------------------------------------------------------------------
+    def make_aggregator(self, world_size: int) -> Aggregator:
+        return Aggregator(self._c.make_aggregator(int(world_size)), self)
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The worker state (momentum, error feedback) and what it belongs to."""
+        return {"spec": self.spec, "dim": self.dim, "state": self._c.save_state()}
+
+    def load_state_dict(self, d: dict) -> None:
+        if d.get("spec") != self.spec or d.get("dim") != self.dim:
+            raise _core.ConfigMismatch(
+                f"state of codec {d.get('spec')!r} (dim {d.get('dim')}) given to {self.spec!r} (dim {self.dim})")
+        self._c.load_state(message(d["state"], "codec state"))

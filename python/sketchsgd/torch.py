@@ -1,0 +1,408 @@
+"""A DDP communication hook for every sketchsgd codec, on torch.distributed (gloo or NCCL; CPU or
+CUDA tensors):
+
+    from sketchsgd.torch import CompressionState, compression_hook
+    state = CompressionState(spec="sketch:rows=1,cols=200000,k=40000", process_group=None)
+    ddp_model.register_comm_hook(state, compression_hook)
+
+Per bucket, the gradients of tensors with two or more dimensions are compressed; 1-D tensors
+(biases) and tensors below `dense_below` elements travel uncompressed in the same collective.
+Codecs whose payload sums (dense, sketch) all-reduce it and every rank's copy of the C++
+aggregator takes the sum in place of W messages; the others (topk, signsgd, terngrad)
+all-gather their messages and every rank aggregates all W. Every rank therefore ends with the
+same averaged bucket, bit for bit.
+
+Budget rule: options `k` and `cols` in the spec are budgets for the whole model. Bucket b, holding
+n_b of the model's N compressed coordinates, gets round(value · n_b / N) (at least 1); 0
+(automatic) stays automatic per bucket. Other options apply to every bucket as written.
+
+Warm-up: the first `start_iter` (≥ 2) synchronised steps are plain fp32 all-reduces, past DDP's
+bucket rebuild after the first step; they also fix each bucket's layout and N.
+"""
+
+import hashlib
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import _core
+from ._compressor import Compressor
+
+__all__ = ["CompressionState", "compression_hook"]
+
+_BUDGET_KEYS = ("k", "cols")
+
+
+def _parse_spec(spec: str):
+    """(name, [(key, value text)]) of "name:key=value,...", checked against the registry."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise TypeError(f"spec: expected a codec spec string such as 'sketch:k=1000', got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    entries = {c["name"]: c for c in _core.codecs()}
+    if name not in entries:
+        raise _core.InvalidArgument(f"unknown codec {name!r}; known: {', '.join(sorted(entries))}")
+    keys = {o["key"] for o in entries[name]["options"]}
+    options = []
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key.strip() not in keys:
+            raise _core.InvalidArgument(
+                f"codec {name}: option {item!r} is not key=value with a key among {sorted(keys)}")
+        options.append((key.strip(), value.strip()))
+    return name, options
+
+
+def _bucket_spec(name, options, share: float) -> str:
+    out = []
+    for key, value in options:
+        if key in _BUDGET_KEYS:
+            try:
+                v = float(value)
+            except ValueError:
+                raise _core.InvalidArgument(f"codec {name}: {key}={value!r} is not a number") from None
+            if v > 0:
+                value = str(max(1, int(round(v * share))))
+        out.append(f"{key}={value}")
+    return name + (":" + ",".join(out) if out else "")
+
+
+class _Unit:
+    """The unit of compression: the parameters of one DDP bucket as it stood at the end of the
+    warm-up, as (key, numel, compressed) in bucket order; keys number parameters in the order DDP
+    first showed them (its initial bucket: the model's order), so they are the same in a resumed
+    job. It owns the codec (worker state) and this rank's replica of the aggregator. A later
+    bucket holds one or more whole units: the same bucket after the warm-up, or DDP's initial
+    single bucket right after a resume."""
+
+    def __init__(self, index: int, entries):
+        self.index = index
+        self.entries = [tuple(e) for e in entries]
+        self.n_compressed = sum(n for _, n, c in self.entries if c)
+        self.n_dense = sum(n for _, n, c in self.entries if not c)
+        self.codec = self.aggregator = None
+        self.summable = self.dense = False
+
+    def build(self, spec: str, device, world: int, pending=None):
+        if self.n_compressed and self.codec is None:
+            self.dense = spec.partition(":")[0] == "dense"
+            self.codec = Compressor(spec, self.n_compressed, device)
+            self.aggregator = self.codec.make_aggregator(world)
+            self.summable = self.codec.sum_size("gradient") > 0
+            if pending is not None:
+                self.codec.load_state_dict(pending["codec"])
+                self.aggregator.load_state_dict(pending["aggregator"])
+
+    def segments(self, where, compressed: bool):
+        """(offset, numel) in the bucket's buffer of this unit's compressed or dense parameters."""
+        return [(where[k], n) for k, n, c in self.entries if c == compressed]
+
+
+def _gather(buf, segments):
+    if len(segments) == 1:
+        o, n = segments[0]
+        return buf[o:o + n]
+    return torch.cat([buf[o:o + n] for o, n in segments])
+
+
+def _scatter(buf, segments, values):
+    at = 0
+    for o, n in segments:
+        buf[o:o + n].copy_(values[at:at + n])
+        at += n
+
+
+class CompressionState:
+    """State of compression_hook for one DDP model: the spec, per-bucket codecs keyed by bucket
+    index, the warm-up and the traffic statistics. Build it on every rank with the same
+    arguments (checked: a collective over the process group at construction).
+
+    spec:         any sketchsgd codec spec (sketchsgd.describe() lists them).
+    start_iter:   plain all-reduce steps first (≥ 2: DDP rebuilds its buckets after step 1).
+    compress_1d:  also compress 1-D tensors (biases); default: they go uncompressed.
+    dense_below:  tensors with fewer elements go uncompressed too.
+    """
+
+    def __init__(self, spec: str, process_group=None, start_iter: int = 2, compress_1d: bool = False,
+                 dense_below: int = 0):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("CompressionState needs torch.distributed initialised (dist.init_process_group)")
+        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 2:
+            raise ValueError(f"start_iter={start_iter!r}: must be an int ≥ 2 (DDP rebuilds buckets after the first step)")
+        if isinstance(dense_below, bool) or not isinstance(dense_below, int) or dense_below < 0:
+            raise ValueError(f"dense_below={dense_below!r}: must be an int ≥ 0")
+        self.process_group = process_group
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        self.backend = dist.get_backend(process_group)
+        self.spec = spec.strip() if isinstance(spec, str) else spec
+        self.start_iter = start_iter
+        self.compress_1d = bool(compress_1d)
+        self.dense_below = dense_below
+        # Every rank must run the same configuration: compare digests before anything can fail
+        # on one rank alone, then raise on every rank alike.
+        self._check_same_on_every_rank(repr((self.spec, start_iter, self.compress_1d, dense_below)))
+        self._name, self._options = _parse_spec(self.spec)
+        self.iteration = 0
+        self._keys = {}          # id(parameter) -> key, in the order DDP first showed them
+        self._warm = {}          # bucket index -> unit entries, from the latest warm-up step
+        self._units = None       # unit index -> _Unit, fixed when the warm-up ends
+        self._pending = {}       # unit index -> states from load_state_dict()
+        self._checked = False
+        self._step_bytes = 0     # this step's payload so far
+        self._dense_step_bytes = 0
+        self._stats = {"steps": 0, "compressed_steps": 0, "payload_bytes": 0, "dense_bytes": 0,
+                       "last_payload_bytes": 0, "last_dense_bytes": 0}
+
+    # ---- checks -------------------------------------------------------------------------------
+    def _check_same_on_every_rank(self, text: str):
+        digest = torch.tensor(list(hashlib.sha256(text.encode()).digest()), dtype=torch.uint8)
+        if self.backend == "nccl":
+            digest = digest.cuda()
+        everyone = [torch.empty_like(digest) for _ in range(self.world_size)]
+        dist.all_gather(everyone, digest, group=self.process_group)
+        differ = [r for r, d in enumerate(everyone) if not torch.equal(d, digest)]
+        if differ:
+            raise ValueError(f"rank {self.rank}: CompressionState(spec={self.spec!r}, ...) differs from ranks "
+                             f"{differ}: every rank must use the same spec and options")
+
+    def _check_bucket(self, buf):
+        if buf.dtype != torch.float32:
+            raise TypeError(f"sketchsgd hook: bucket of dtype {buf.dtype}; the codecs take float32 gradients "
+                            "(for AMP, keep parameters in float32: autocast does)")
+        if self._checked:
+            return
+        if buf.device.type == "cuda" and not _core.cuda_build:
+            raise ValueError("sketchsgd hook: CUDA gradients, but this sketchsgd build has no CUDA")
+        if self.backend == "nccl" and buf.device.type != "cuda":
+            raise ValueError("sketchsgd hook: NCCL needs CUDA tensors; use gloo for a model on the CPU")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"sketchsgd hook: backend {self.backend!r} is not supported (gloo or nccl)")
+        self._checked = True
+
+    # ---- buckets and units ----------------------------------------------------------------------
+    def _entries(self, bucket):
+        """(key, numel, compressed) per gradient of the bucket, and key -> offset in its buffer."""
+        grads, params = bucket.gradients(), bucket.parameters()
+        if len(params) != len(grads):
+            raise RuntimeError(f"bucket {bucket.index()}: {len(grads)} gradients for {len(params)} parameters")
+        entries, where, offset = [], {}, 0
+        for p, g in zip(params, grads):
+            key = self._keys.setdefault(id(p), len(self._keys))
+            n = g.numel()
+            dense = (g.dim() <= 1 and not self.compress_1d) or n < self.dense_below
+            entries.append((key, n, not dense))
+            where[key] = offset
+            offset += n
+        if offset != bucket.buffer().numel():
+            raise RuntimeError(f"bucket {bucket.index()}: gradients hold {offset} values, its buffer {bucket.buffer().numel()}")
+        return entries, where
+
+    def _fix_units(self):
+        self._units = {i: _Unit(i, e) for i, e in sorted(self._warm.items())}
+        self._warm = {}
+
+    def _units_of(self, bucket, buf):
+        """The units this bucket holds (whole), built on first use, and its key -> offset map."""
+        entries, where = self._entries(bucket)
+        keys = {k for k, _, _ in entries}
+        held = [u for u in self._units.values() if u.entries and u.entries[0][0] in keys]
+        if sorted(k for u in held for k, _, _ in u.entries) != sorted(keys) or any(
+                (k, n, c) not in entries for u in held for k, n, c in u.entries):
+            raise RuntimeError(f"sketchsgd hook: bucket {bucket.index()} does not hold whole buckets of the "
+                               "warm-up (DDP changed its buckets later: raise start_iter, or a resumed model differs)")
+        total = sum(u.n_compressed for u in self._units.values())
+        for u in held:
+            if u.codec is None and u.n_compressed:
+                spec = _bucket_spec(self._name, self._options, u.n_compressed / total)
+                u.build(spec, buf.device, self.world_size, self._pending.pop(u.index, None))
+        return held, where
+
+    # ---- statistics ---------------------------------------------------------------------------
+    def _count(self, payload: int, dense: int):
+        self._step_bytes += payload
+        self._dense_step_bytes += dense
+
+    def _end_step(self, compressed: bool):
+        s = self._stats
+        s["steps"] += 1
+        s["compressed_steps"] += int(compressed)
+        s["payload_bytes"] += self._step_bytes
+        s["dense_bytes"] += self._dense_step_bytes
+        s["last_payload_bytes"] = self._step_bytes
+        s["last_dense_bytes"] = self._dense_step_bytes
+        self._step_bytes = self._dense_step_bytes = 0
+        self.iteration += 1
+
+    def stats(self) -> dict:
+        """Payload bytes this rank contributed to the collectives (an all-reduce of n floats
+        counts 4n bytes, an all-gather the rank's own padded message), against dense fp32."""
+        s = dict(self._stats)
+        s["ratio"] = s["dense_bytes"] / s["payload_bytes"] if s["payload_bytes"] else 0.0
+        s["last_ratio"] = s["last_dense_bytes"] / s["last_payload_bytes"] if s["last_payload_bytes"] else 0.0
+        return s
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def _config(self):
+        return repr((self.spec, self.start_iter, self.compress_1d, self.dense_below))
+
+    def state_dict(self) -> dict:
+        """Everything but the process group: the iteration, the units and every unit's worker
+        and aggregator state, the statistics."""
+        units = {}
+        for i, u in (self._units or {}).items():
+            units[i] = {"entries": [list(e) for e in u.entries],
+                        "codec": u.codec.state_dict() if u.codec else None,
+                        "aggregator": u.aggregator.state_dict() if u.codec else None}
+            if u.codec is None and i in self._pending:
+                units[i].update(self._pending[i])
+        return {"version": 1, "config": self._config(), "iteration": self.iteration,
+                "warm": {i: [list(e) for e in es] for i, es in self._warm.items()},
+                "units": units if self._units is not None else None, "stats": dict(self._stats)}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restores state_dict(); the hook then continues as the saved job would have, also
+        through DDP's initial bucket of a new DDP model."""
+        if not isinstance(d, dict) or d.get("version") != 1:
+            raise ValueError("not a sketchsgd CompressionState state_dict")
+        if d["config"] != self._config():
+            raise _core.ConfigMismatch(f"state_dict of {d['config']} loaded into {self._config()}")
+        self.iteration = int(d["iteration"])
+        self._warm = {int(i): [tuple(e) for e in es] for i, es in d["warm"].items()}
+        self._units, self._pending = None, {}
+        if d["units"] is not None:
+            self._units = {int(i): _Unit(int(i), u["entries"]) for i, u in d["units"].items()}
+            self._pending = {int(i): {"codec": u["codec"], "aggregator": u["aggregator"]}
+                             for i, u in d["units"].items() if u["codec"] is not None}
+        self._stats = dict(d["stats"])
+
+    def __getstate__(self):
+        raise TypeError("CompressionState holds a process group: save state_dict() instead")
+
+
+def _averaged(state: CompressionState):
+    """Multiplies by float32(1/W) (what the C++ aggregators do), so every path averages alike."""
+    inv = torch.tensor(1.0, dtype=torch.float32) / state.world_size
+    return inv.item()
+
+
+def _warm_up(state: CompressionState, bucket, buf):
+    state._warm[bucket.index()] = state._entries(bucket)[0]
+    return _all_reduce_mean(state, buf)
+
+
+def _all_reduce_mean(state, buf):
+    state._count(buf.numel() * 4, buf.numel() * 4)
+    inv = _averaged(state)
+    fut = dist.all_reduce(buf, group=state.process_group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].mul_(inv))
+
+
+def _summable(state, u: _Unit, buf, where, round: int):
+    """Sketch and dense: one all-reduce of the table (or values) and the unit's uncompressed
+    parameters; a second one of the candidates' values for p2 > 0."""
+    codec = u.codec
+    comp, dense = u.segments(where, True), u.segments(where, False)
+    size = codec.sum_size("gradient")
+    payload = torch.empty(size + u.n_dense, dtype=torch.float32, device=buf.device)
+    codec.encode_sum(_gather(buf, comp).contiguous(), out=payload[:size])
+    if dense:
+        payload[size:].copy_(_gather(buf, dense))
+    state._count(payload.numel() * 4, (u.n_compressed + u.n_dense) * 4)
+    W, inv, group = state.world_size, _averaged(state), state.process_group
+    work = dist.all_reduce(payload, group=group, async_op=True)
+    answers = None
+    if codec.two_rounds:
+        # The query depends on the sum, and every collective must be issued from this thread
+        # in the same order on every rank: wait here, then issue the second all-reduce.
+        work.wait()
+        u.aggregator.add_sum(payload[:size], W, round)
+        answers = codec.answer_sum(u.aggregator.finish())
+        state._count(answers.numel() * 4, 0)
+        work = dist.all_reduce(answers, group=group, async_op=True)
+
+    def finish(_):
+        if u.dense:
+            # The dense aggregator's update is the sum times float32(1/W) and applying it changes
+            # no state: the same here, without the host round trip of a dense Update message.
+            step = payload[:size].mul_(inv)
+        else:
+            u.aggregator.add_sum(answers if answers is not None else payload[:size], W, round)
+            step = codec.apply(u.aggregator.finish())
+        _scatter(buf, comp, step)
+        if dense:
+            _scatter(buf, dense, payload[size:].mul_(inv))
+
+    return work.get_future().then(finish)
+
+
+def _gathered(state, u: _Unit, buf, where, round: int):
+    """topk, signsgd, terngrad: an all-gather of the messages (length-prefixed, padded to the
+    codec's largest) and an all-reduce of the uncompressed parameters; every rank aggregates all
+    W messages."""
+    codec = u.codec
+    comp, dense = u.segments(where, True), u.segments(where, False)
+    W, inv, group = state.world_size, _averaged(state), state.process_group
+    msg = codec.encode(_gather(buf, comp).contiguous(), round, state.rank)
+    room = codec.max_message_bytes("gradient")
+    mine = torch.zeros(8 + room, dtype=torch.uint8)
+    mine[:8] = torch.tensor([len(msg)], dtype=torch.int64).view(torch.uint8)
+    mine[8:8 + len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8)
+    if state.backend == "nccl":
+        mine = mine.to(buf.device)
+    everyone = [torch.empty_like(mine) for _ in range(W)]
+    futures = [dist.all_gather(everyone, mine, group=group, async_op=True).get_future()]
+    values = None
+    if dense:
+        values = _gather(buf, dense).contiguous().clone()
+        futures.append(dist.all_reduce(values, group=group, async_op=True).get_future())
+    state._count(mine.numel() + u.n_dense * 4, (u.n_compressed + u.n_dense) * 4)
+
+    def finish(_):
+        for r, t in enumerate(everyone):
+            t = t.cpu()
+            n = int(t[:8].view(torch.int64).item())
+            if not 0 < n <= room:
+                raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {room})")
+            u.aggregator.add(t[8:8 + n].numpy())
+        _scatter(buf, comp, codec.apply(u.aggregator.finish()))
+        if dense:
+            _scatter(buf, dense, values.mul_(inv))
+
+    return torch.futures.collect_all(futures).then(finish)
+
+
+def _compressed(state, bucket, buf):
+    if state._units is None:
+        state._fix_units()
+    units, where = state._units_of(bucket, buf)
+    futures = []
+    for u in units:
+        if u.codec is None:  # nothing to compress: the unit's parameters all-reduced as they are
+            segs = u.segments(where, False)
+            values = _gather(buf, segs).contiguous().clone()
+            state._count(values.numel() * 4, values.numel() * 4)
+            inv = _averaged(state)
+            fut = dist.all_reduce(values, group=state.process_group, async_op=True).get_future()
+            futures.append(fut.then(lambda _, v=values, s=segs: _scatter(buf, s, v.mul_(inv))))
+        else:
+            path = _summable if u.summable else _gathered
+            futures.append(path(state, u, buf, where, state.iteration))
+    def result(done):
+        for f in done.value():
+            f.value()  # raises a unit's error
+        return buf
+
+    return torch.futures.collect_all(futures).then(result)
+
+
+def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket's averaged gradient through the state's codec."""
+    buf = bucket.buffer()
+    state._check_bucket(buf)
+    warm = state.iteration < state.start_iter
+    try:
+        return (_warm_up if warm else _compressed)(state, bucket, buf)
+    finally:
+        if bucket.is_last():
+            state._end_step(not warm)

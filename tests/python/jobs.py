@@ -1,0 +1,192 @@
+"""Rank functions of the DDP tests (module level, so spawned processes can import them)."""
+
+import io
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from sketchsgd.torch import CompressionState, compression_hook
+
+
+def model(seed=0, bias=True):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 96, bias=bias), nn.ReLU(), nn.Linear(96, 10, bias=bias))
+
+
+def batch(rank, step, n=32):
+    """A separable 10-class problem; every rank draws its own examples."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(n, 64, generator=g)
+    w = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
+    return x, (x @ w).argmax(1)
+
+
+def flat(m):
+    return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+
+def train(ddp_model, opt, rank, steps, first=0, device="cpu"):
+    losses = []
+    for step in range(first, first + steps):
+        x, y = batch(rank, step)
+        loss = nn.functional.cross_entropy(ddp_model(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def every_codec(rank, world, specs, steps, device="cpu", bucket_cap_mb=0.002):
+    """Trains one model per spec; returns (first loss, mean of the last 5, params bytes, stats)."""
+    out = {}
+    # DDP caps its first bucket separately (1 MiB): lower it too, so the model spans buckets.
+    dist._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_cap_mb * 1024 * 1024)
+    for spec in specs:
+        m = model().to(device)
+        ddp = DDP(m, bucket_cap_mb=bucket_cap_mb, device_ids=[torch.device(device).index] if device != "cpu" else None)
+        state = CompressionState(spec)
+        ddp.register_comm_hook(state, compression_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        losses = train(ddp, opt, rank, steps, device=device)
+        out[spec] = (losses[0], sum(losses[-5:]) / 5, flat(m).cpu().numpy().tobytes(), state.stats(),
+                     len(state._units))
+    return out
+
+
+class FakeBucket:
+    """What compression_hook reads of a dist.GradBucket: gradients given for stand-in parameters
+    (the same objects every step, as DDP's)."""
+
+    def __init__(self, index, params, tensors, last=True):
+        self._index, self._last, self._params = index, last, params
+        self._buf = torch.cat([t.reshape(-1) for t in tensors])
+        self._grads, at = [], 0
+        for t in tensors:
+            self._grads.append(self._buf[at:at + t.numel()].view_as(t))
+            at += t.numel()
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buf
+
+    def gradients(self):
+        return self._grads
+
+    def is_last(self):
+        return self._last
+
+    def parameters(self):
+        return self._params
+
+
+def quarter_integers(shape, seed):
+    """Values k/4 with small k: sums in any order are exact, so an all-reduce's sum equals the
+    aggregator's sum of messages bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-40, 41, shape, generator=g).float() / 4
+
+
+def hook_rounds(rank, world, specs, rounds, start_iter=2):
+    """Per spec, calls the hook on fake buckets (a weight matrix and a bias) for start_iter +
+    rounds steps; returns each compressed step's (weight, bias, output) of this rank."""
+    out = {}
+    for spec in specs:
+        state = CompressionState(spec, start_iter=start_iter)
+        params = [torch.zeros(48, 40), torch.zeros(40)]
+        seen = []
+        for step in range(start_iter + rounds):
+            w = quarter_integers((48, 40), 10 * step + rank)
+            b = quarter_integers((40,), 10 * step + rank + 5)
+            result = compression_hook(state, FakeBucket(0, params, [w, b])).wait()
+            if step >= start_iter:
+                seen.append((w.numpy(), b.numpy(), result.numpy().copy()))
+        out[spec] = seen
+    return out
+
+
+def resume(rank, world, spec, before, after):
+    """Runs before + after steps in one go, and again stopped after `before` and resumed from
+    state_dicts in a new DDP model; returns both final parameter vectors."""
+    def fresh():
+        m = model()
+        ddp = DDP(m)
+        state = CompressionState(spec)
+        ddp.register_comm_hook(state, compression_hook)
+        return m, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+
+    m, ddp, state, opt = fresh()
+    train(ddp, opt, rank, before)
+    saved = io.BytesIO()
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}, saved)
+    train(ddp, opt, rank, after, first=before)
+    straight = flat(m)
+
+    m2, ddp2, state2, opt2 = fresh()
+    saved.seek(0)
+    ckpt = torch.load(saved)
+    m2.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["opt"])
+    state2.load_state_dict(ckpt["hook"])
+    train(ddp2, opt2, rank, after, first=before)
+    return straight.numpy().tobytes(), flat(m2).numpy().tobytes(), state2.iteration
+
+
+def no_sync(rank, world, spec, steps):
+    """Two micro-batches per step, the first under no_sync(); returns params and the hook's
+    iteration count."""
+    m = model()
+    ddp = DDP(m)
+    state = CompressionState(spec)
+    ddp.register_comm_hook(state, compression_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(steps):
+        opt.zero_grad()
+        with ddp.no_sync():
+            x, y = batch(rank, 2 * step)
+            nn.functional.cross_entropy(ddp(x), y).backward()
+        x, y = batch(rank, 2 * step + 1)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return flat(m).numpy().tobytes(), state.iteration
+
+
+def big_batch(rank, world, steps):
+    """The same job as no_sync() with plain DDP and both micro-batches in one backward."""
+    m = model()
+    ddp = DDP(m)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(steps):
+        opt.zero_grad()
+        x1, y1 = batch(rank, 2 * step)
+        x2, y2 = batch(rank, 2 * step + 1)
+        (nn.functional.cross_entropy(ddp(x1), y1) + nn.functional.cross_entropy(ddp(x2), y2)).backward()
+        opt.step()
+    return flat(m).numpy().tobytes()
+
+
+def low_precision(rank, world, spec, dtype):
+    """A model in another precision: the hook must refuse its buckets on every rank. fp16 goes
+    through a stand-in bucket (torch 1.13 has no fp16 matrix product on the CPU)."""
+    if dtype == "float16":
+        w = torch.zeros(8, 8, dtype=torch.float16)
+        compression_hook(CompressionState(spec), FakeBucket(0, [w], [w])).wait()
+    m = model().to(getattr(torch, dtype))
+    ddp = DDP(m)
+    ddp.register_comm_hook(CompressionState(spec), compression_hook)
+    x, y = batch(rank, 0)
+    ddp(x.to(m[0].weight.dtype)).float().sum().backward()
+
+
+def spec_per_rank(rank, world, specs):
+    """Each rank builds the state with its own spec: all must refuse."""
+    CompressionState(specs[rank])
+
+
+def every_codec_on_own_gpu(rank, world, specs, steps):
+    torch.cuda.set_device(rank)
+    return every_codec(rank, world, specs, steps, device=f"cuda:{rank}")

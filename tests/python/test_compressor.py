@@ -1,0 +1,208 @@
+"""sketchsgd.Compressor / Aggregator on tensors: the C++ codecs, their checks and errors."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import sketchsgd
+
+DIM = 4000
+
+
+def grad(seed, dim=DIM):
+    g = torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+    g[:3] += 30.0  # heavy in every worker: every codec must keep their sign
+    return g
+
+
+def test_registry_describes_every_codec_and_option():
+    codecs = {c["name"]: c for c in sketchsgd.codecs()}
+    assert set(codecs) == {"dense", "topk", "terngrad", "signsgd", "sketch"}
+    keys = {o["key"] for o in codecs["sketch"]["options"]}
+    assert {"rows", "cols", "k", "p2", "momentum", "hashing", "fetch"} <= keys
+    hashing = next(o for o in codecs["sketch"]["options"] if o["key"] == "hashing")
+    assert hashing["names"] == ["random", "precomputed", "blocked"]
+    assert "sketch" in sketchsgd.describe() and "topk" in sketchsgd.describe()
+
+
+def test_errors_are_typed_and_catchable_as_builtin_exceptions():
+    for cls in (sketchsgd.InvalidArgument, sketchsgd.NonFiniteError, sketchsgd.ConfigMismatch, sketchsgd.WireError):
+        assert issubclass(cls, ValueError) and issubclass(cls, sketchsgd.Error)
+    for cls in (sketchsgd.ProtocolError, sketchsgd.CudaError, sketchsgd.JobFinished, sketchsgd.TimeoutError):
+        assert issubclass(cls, RuntimeError) and issubclass(cls, sketchsgd.Error)
+    with pytest.raises(ValueError, match="unknown codec"):
+        sketchsgd.Compressor("nosuch", DIM)
+    with pytest.raises(sketchsgd.InvalidArgument, match="k"):
+        sketchsgd.Compressor("topk:k=5000", 100)
+
+
+@pytest.mark.parametrize("spec", ["dense", "topk:k=100,momentum=0.9", "terngrad:ef=1", "signsgd",
+                                  "signsgd:ef=1", "sketch:rows=3,cols=600,k=100",
+                                  "sketch:rows=3,cols=600,k=100,p2=2", "sketch:rows=1,cols=800,k=100,fetch=1"])
+def test_a_round_through_messages_gives_the_mean_step(spec):
+    W = 3
+    workers = [sketchsgd.Compressor(spec, DIM) for _ in range(W)]
+    agg = workers[0].make_aggregator(W)
+    assert agg.world_size == W and agg.expecting == "gradient"
+    grads = [grad(r) for r in range(W)]
+    for r, (w, g) in enumerate(zip(workers, grads)):
+        msg = w.encode(g, round=7, rank=r)
+        info = sketchsgd.message_info(msg)
+        assert info["kind"] == "gradient" and info["round"] == 7 and info["sender"] == r and info["dim"] == DIM
+        agg.add(msg)
+    update = agg.finish()
+    if agg.expecting == "answer":
+        for r, w in enumerate(workers):
+            agg.add(w.answer(update, r))
+        update = agg.finish()
+    steps = [w.apply(update) for w in workers]
+    assert all(torch.equal(s, steps[0]) for s in steps)
+    mean = sum(grads) / W
+    # Every codec keeps the planted heavy coordinates' sign; dense gives the mean itself.
+    for r in range(W):
+        assert torch.sign(steps[0][r]) == torch.sign(mean[r]), spec
+    if spec == "dense":
+        torch.testing.assert_close(steps[0], mean)
+    params = torch.zeros(DIM)
+    workers[0].decode_step(update, params, 0.5)
+    torch.testing.assert_close(params, -0.5 * steps[0])
+
+
+def test_summed_payloads_give_the_same_update_as_messages():
+    spec, W = "sketch:rows=3,cols=600,k=100,p2=2,momentum=0", 3
+    grads = [torch.randint(-20, 21, (DIM,), generator=torch.Generator().manual_seed(r)).float() / 4 for r in range(W)]
+    by_msg = [sketchsgd.Compressor(spec, DIM) for _ in range(W)]
+    by_sum = [sketchsgd.Compressor(spec, DIM) for _ in range(W)]
+    a, b = by_msg[0].make_aggregator(W), by_sum[0].make_aggregator(W)
+    for r in range(W):
+        a.add(by_msg[r].encode(grads[r], 0, r))
+    query = a.finish()
+    for r in range(W):
+        a.add(by_msg[r].answer(query, r))
+    want = a.finish()
+    total = sum(c.encode_sum(g) for c, g in zip(by_sum, grads))
+    assert total.numel() == by_sum[0].sum_size("gradient") == 3 * 600
+    b.add_sum(total, W, 0)
+    assert b.finish() == query
+    b.add_sum(sum(c.answer_sum(query) for c in by_sum), W, 0)
+    assert b.finish() == want
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (torch.zeros(DIM, dtype=torch.float64), TypeError, "float64"),
+    (torch.zeros(DIM, dtype=torch.float16), TypeError, "float16"),
+    (torch.zeros(2 * DIM)[::2], ValueError, "contiguous"),
+    (torch.zeros(DIM - 1), ValueError, "3999 elements"),
+    (np.zeros(DIM, np.float32), TypeError, "torch.Tensor"),
+    ("gradient", TypeError, "torch.Tensor"),
+])
+def test_bad_tensors_are_refused_with_the_problem_named(bad, error, match):
+    c = sketchsgd.Compressor("topk:k=10", DIM)
+    with pytest.raises(error, match=match):
+        c.encode(bad)
+
+
+def test_non_finite_gradients_change_nothing():
+    c = sketchsgd.Compressor("topk:k=50,momentum=0.9", DIM)
+    c.encode(grad(1))
+    before = c.state_dict()
+    g = grad(2)
+    g[17] = math.nan
+    with pytest.raises(sketchsgd.NonFiniteError, match="coordinate 17"):
+        c.encode(g)
+    g[17] = math.inf
+    with pytest.raises(ValueError):
+        c.encode(g)
+    assert c.state_dict() == before
+
+
+def test_corrupt_truncated_or_foreign_messages_are_refused():
+    c = sketchsgd.Compressor("topk:k=50", DIM)
+    agg = c.make_aggregator(2)
+    msg = c.encode(grad(1), 0, 0)
+    with pytest.raises(sketchsgd.WireError):
+        agg.add(msg[:-3])
+    with pytest.raises(sketchsgd.WireError):
+        agg.add(b"\\x00" * 10)
+    with pytest.raises(sketchsgd.ConfigMismatch):
+        agg.add(sketchsgd.Compressor("topk:k=50", DIM + 1).encode(grad(1, DIM + 1), 0, 0))
+    with pytest.raises(TypeError):
+        agg.add(12345)
+    agg.add(msg)
+    with pytest.raises(sketchsgd.ProtocolError, match="duplicate"):
+        agg.add(msg)
+    assert agg.count == 1
+    update = agg.finish()
+    corrupt = bytearray(update)
+    corrupt[-2] ^= 0xFF
+    step = torch.zeros(DIM)
+    with pytest.raises(sketchsgd.Error):
+        c.apply(bytes(corrupt), step)
+    with pytest.raises(ValueError, match="requires grad"):
+        c.apply_step(update, torch.zeros(DIM, requires_grad=True), 0.1)
+    c.apply_step(update, torch.zeros(DIM, requires_grad=True).detach(), 0.1)
+
+
+def test_codecs_whose_messages_do_not_sum_say_so():
+    c = sketchsgd.Compressor("signsgd", DIM)
+    assert c.sum_size() == 0
+    with pytest.raises(RuntimeError, match="gather"):
+        c.encode_sum(grad(0))
+    with pytest.raises(ValueError, match="message kind"):
+        c.sum_size("nonsense")
+
+
+def test_state_dict_resumes_a_codec_bit_for_bit():
+    spec = "sketch:rows=3,cols=600,k=100,momentum=0.9"
+    a = sketchsgd.Compressor(spec, DIM)
+    for r in range(3):
+        a.encode(grad(r))
+    b = sketchsgd.Compressor(spec, DIM)
+    b.load_state_dict(a.state_dict())
+    assert a.encode(grad(9)) == b.encode(grad(9))
+    with pytest.raises(sketchsgd.ConfigMismatch):
+        sketchsgd.Compressor("sketch:rows=3,cols=600,k=100,momentum=0.5", DIM).load_state_dict(a.state_dict())
+    broken = dict(a.state_dict())
+    broken["state"] = broken["state"][:-1] + bytes([broken["state"][-1] ^ 1])
+    with pytest.raises(sketchsgd.WireError):
+        b.load_state_dict(broken)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(TypeError):
+        sketchsgd.Compressor(5, DIM)
+    with pytest.raises(TypeError):
+        sketchsgd.Compressor("dense", 10.5)
+    with pytest.raises(sketchsgd.InvalidArgument):
+        sketchsgd.Compressor("dense", 0)
+    with pytest.raises(ValueError, match="device"):
+        sketchsgd.Compressor("dense", DIM, device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(Exception):
+            sketchsgd.Compressor("dense", DIM, device="cuda:0")
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cuda_build,
+                               reason="no CUDA device (or a build without CUDA)")
+
+
+@needs_gpu
+def test_cuda_tensors_go_straight_to_the_cuda_codec():
+    spec = "sketch:rows=3,cols=600,k=100"
+    cpu, gpu = sketchsgd.Compressor(spec, DIM), sketchsgd.Compressor(spec, DIM, device="cuda")
+    g = grad(3)
+    with pytest.raises(ValueError, match="cuda"):
+        gpu.encode(g)
+    with pytest.raises(ValueError, match="cpu"):
+        cpu.encode(g.cuda())
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # the caller's current stream is another one: still ordered
+        table = gpu.encode_sum(g.cuda())
+    torch.cuda.synchronize()
+    torch.testing.assert_close(table.cpu(), cpu.encode_sum(g), rtol=1e-5, atol=1e-4)
+    agg = gpu.make_aggregator(1)
+    agg.add_sum(table, 1, 0)
+    step = gpu.apply(agg.finish())
+    assert step.device.type == "cuda" and step.abs().sum() > 0

@@ -1,0 +1,138 @@
+"""compression_hook under DDP: 4 gloo ranks on 127.0.0.1 (CPU), GPU variants where CUDA is."""
+
+import numpy as np
+import pytest
+import torch
+
+import ddp
+import jobs
+import sketchsgd
+
+SPECS = [
+    "dense",
+    "dense:momentum=0.9",
+    "sketch:rows=1,cols=2000,k=400",
+    "sketch:rows=3,cols=1500,k=300,p2=2",
+    "sketch:rows=1,cols=3000,k=400,fetch=1",
+    "sketch:rows=3,cols=1500,k=300,hashing=random",
+    "topk:k=400,momentum=0.9",
+    "signsgd",
+    "signsgd:ef=1",
+    "terngrad",
+    "terngrad:ef=1",
+]
+
+
+def test_every_codec_trains_and_every_rank_ends_identical():
+    """Two buckets per model (bucket_cap_mb=0.002): the loss falls and all ranks hold the
+    same parameters, bit for bit, for every codec."""
+    results = ddp.run(jobs.every_codec, SPECS, 40)
+    for spec in SPECS:
+        first, last, params, stats, buckets = results[0][spec]
+        assert buckets >= 2, spec
+        assert last < first - 0.05, f"{spec}: loss {first:.3f} -> {last:.3f}"
+        for r in range(1, 4):
+            assert results[r][spec][2] == params, f"{spec}: rank {r} differs from rank 0"
+        assert stats["compressed_steps"] == 38 and stats["steps"] == 40
+        if not spec.startswith("dense"):
+            assert stats["last_ratio"] > 1.3, f"{spec}: {stats}"
+
+
+def _expected(spec, per_rank, start_iter=2):
+    """The same rounds through the C++ codecs and aggregator, message by message."""
+    W = len(per_rank)
+    per_rank = [[tuple(torch.from_numpy(a) for a in step) for step in rank] for rank in per_rank]
+    dim = per_rank[0][0][0].numel()
+    codecs = [sketchsgd.Compressor(spec, dim) for _ in range(W)]
+    agg = codecs[0].make_aggregator(W)
+    inv = (torch.tensor(1.0) / W).item()
+    out = []
+    for i in range(len(per_rank[0])):
+        rnd = start_iter + i
+        for r in range(W):
+            agg.add(codecs[r].encode(per_rank[r][i][0].reshape(-1).contiguous(), rnd, r))
+        update = agg.finish()
+        if agg.expecting == "answer":
+            for r in range(W):
+                agg.add(codecs[r].answer(update, r))
+            update = agg.finish()
+        steps = [c.apply(update) for c in codecs]
+        bias = sum(per_rank[r][i][1] for r in range(W)) * inv
+        out.append([torch.cat([s, bias]) for s in steps])
+    return out
+
+
+def test_hook_equals_the_cpp_aggregator_on_the_same_inputs():
+    specs = ["dense", "sketch:rows=3,cols=300,k=60,momentum=0", "sketch:rows=3,cols=300,k=60,p2=2,momentum=0",
+             "sketch:rows=1,cols=500,k=60,fetch=1", "topk:k=60,momentum=0.9", "signsgd", "signsgd:ef=1",
+             "terngrad:ef=1"]
+    results = ddp.run(jobs.hook_rounds, specs, 3)
+    for spec in specs:
+        per_rank = [results[r][spec] for r in range(4)]
+        expected = _expected(spec, per_rank)
+        for i, want in enumerate(expected):
+            for r in range(4):
+                got = torch.from_numpy(per_rank[r][i][2])
+                assert torch.equal(got, want[r]), f"{spec}: round {i}, rank {r}"
+
+
+def test_state_dict_round_trip_resumes_identically():
+    for spec in ["sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=3000,k=400,fetch=1"]:
+        for straight, resumed, iteration in ddp.run(jobs.resume, spec, 5, 4):
+            assert straight == resumed, spec
+            assert iteration == 9
+
+
+def test_no_sync_accumulates_like_one_big_batch():
+    with_hook = ddp.run(jobs.no_sync, "dense", 5)
+    plain = ddp.run(jobs.big_batch, 5)
+    for (params, iteration), reference in zip(with_hook, plain):
+        assert iteration == 5  # the hook fires once per synchronised step
+        assert params == with_hook[0][0]
+        np.testing.assert_allclose(np.frombuffer(params, np.float32), np.frombuffer(reference, np.float32),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])  # gloo in 1.13 cannot broadcast bfloat16
+def test_a_bucket_of_another_precision_is_refused_on_every_rank(dtype):
+    with pytest.raises(ddp.RankErrors) as e:
+        ddp.run(jobs.low_precision, "sketch:k=100", dtype, timeout=120)
+    assert sorted(e.value.errors) == [0, 1, 2, 3]
+    for name, message, _ in e.value.errors.values():
+        assert dtype in message and "float32" in message, message
+
+
+def test_a_spec_that_differs_between_ranks_is_refused_on_every_rank():
+    specs = ["topk:k=10", "topk:k=10", "topk:k=11", "topk:k=10"]
+    with pytest.raises(ddp.RankErrors) as e:
+        ddp.run(jobs.spec_per_rank, specs, timeout=120)
+    assert sorted(e.value.errors) == [0, 1, 2, 3]
+    for name, message, _ in e.value.errors.values():
+        assert name == "ValueError" and "same spec" in message
+
+
+def test_bad_states_are_refused_before_training():
+    with pytest.raises(ddp.RankErrors) as e:
+        ddp.run(jobs.spec_per_rank, ["nosuchcodec"] * 4, timeout=120)
+    assert all(name == "InvalidArgument" for name, _, _ in e.value.errors.values())
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cuda_build,
+                               reason="no CUDA device (or a build without CUDA)")
+
+
+@needs_gpu
+def test_gloo_with_cuda_tensors_on_one_gpu():
+    specs = ["dense", "sketch:rows=1,cols=2000,k=400", "sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400", "signsgd:ef=1"]
+    results = ddp.run(jobs.every_codec, specs, 30, "cuda:0", world=2)
+    for spec in specs:
+        first, last, params, _, _ = results[0][spec]
+        assert last < first and results[1][spec][2] == params, spec
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2 or not sketchsgd.cuda_build, reason="NCCL needs two GPUs")
+def test_nccl_on_two_gpus():
+    specs = ["sketch:rows=1,cols=2000,k=400", "topk:k=400"]
+    results = ddp.run(jobs.every_codec_on_own_gpu, specs, 30, world=2, backend="nccl")
+    for spec in specs:
+        assert results[1][spec][2] == results[0][spec][2], spec
