@@ -46,19 +46,23 @@ Header CodecInfo::check(std::span<const uint8_t> message, MessageKind expected) 
   return h;
 }
 
-Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t sender) {
-  const auto scope = device_.activate();
-  SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, "encode: gradient of length ",
+void Compressor::check_gradient(std::span<const float> grad, const char* what) {
+  SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, what, ": gradient of length ",
                     grad.size(), " for a codec of dim ", dim_);
-  SKETCHSGD_REQUIRE(sender != kServerRank, InvalidArgument, "encode: sender id ", sender,
-                    " is reserved for the server");
-  device_.require_accessible(grad.data(), grad.size_bytes(), "encode: gradient");
+  device_.require_accessible(grad.data(), grad.size_bytes(), what);
   const size_t bad = ops::find_nonfinite(device_, ops_, grad);
   if (bad != kernels::kNone) {
     float value = 0.0f;
     detail::copy_bytes(&value, grad.data() + bad, sizeof(float), device_);
-    detail::raise<NonFiniteError>("encode: non-finite value ", value, " at coordinate ", bad);
+    detail::raise<NonFiniteError>(what, ": non-finite value ", value, " at coordinate ", bad);
   }
+}
+
+Message Compressor::encode(std::span<const float> grad, uint64_t round, uint32_t sender) {
+  const auto scope = device_.activate();
+  SKETCHSGD_REQUIRE(sender != kServerRank, InvalidArgument, "encode: sender id ", sender,
+                    " is reserved for the server");
+  check_gradient(grad, "encode");
   Message m = do_encode(grad, make_header(MessageKind::Gradient, round, sender));
   last_bytes_ = m.size();
   return m;
@@ -81,18 +85,10 @@ void Compressor::encode_sum(std::span<const float> grad, std::span<float> out) {
   const uint64_t n = sum_size(MessageKind::Gradient);
   SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", spec_,
                     " has no summable payload: gather its messages instead");
-  SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, "encode_sum: gradient of length ",
-                    grad.size(), " for a codec of dim ", dim_);
   SKETCHSGD_REQUIRE(out.size() == n, InvalidArgument, "encode_sum: output of length ", out.size(),
                     ", the codec's summable payload has ", n);
-  device_.require_accessible(grad.data(), grad.size_bytes(), "encode_sum: gradient");
   device_.require_accessible(out.data(), out.size_bytes(), "encode_sum: output");
-  const size_t bad = ops::find_nonfinite(device_, ops_, grad);
-  if (bad != kernels::kNone) {
-    float value = 0.0f;
-    detail::copy_bytes(&value, grad.data() + bad, sizeof(float), device_);
-    detail::raise<NonFiniteError>("encode_sum: non-finite value ", value, " at coordinate ", bad);
-  }
+  check_gradient(grad, "encode_sum");
   do_encode_sum(grad, out);
   last_bytes_ = n * sizeof(float);
 }

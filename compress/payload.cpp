@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include "ops.hpp"
 
@@ -52,17 +53,15 @@ Sparse read_sparse_axpy(ByteReader& r, Scratch& s, uint64_t max_count, std::span
 }
 
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val) {
-  std::vector<uint32_t> order(idx.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return idx[a] < idx[b]; });
-  std::vector<uint32_t> i2(idx.size());
-  std::vector<float> v2(val.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    i2[i] = idx[order[i]];
-    v2[i] = val[order[i]];
+  // One integer per pair (index high, value bits low): a plain integer sort, no indirection.
+  std::vector<uint64_t> pairs(idx.size());
+  for (size_t i = 0; i < pairs.size(); ++i)
+    pairs[i] = (uint64_t(idx[i]) << 32) | float_bits(val[i]);
+  std::sort(pairs.begin(), pairs.end());
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    idx[i] = uint32_t(pairs[i] >> 32);
+    val[i] = bits_float(uint32_t(pairs[i]));
   }
-  idx.swap(i2);
-  val.swap(v2);
 }
 
 std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what) {

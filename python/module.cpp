@@ -44,8 +44,8 @@ py::bytes to_py(std::span<const uint8_t> b) {
 }
 
 MessageKind kind_of(const std::string& name) {
-  for (auto k : {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer,
-                 MessageKind::Update})
+  for (auto k :
+       {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
     if (to_string(k) == name) return k;
   throw InvalidArgument("message kind '" + name + "': expected gradient, query, answer or update");
 }
@@ -76,8 +76,9 @@ PYBIND11_MODULE(_core, m) {
   static Exceptions ex;
   const py::object value_error = py::reinterpret_borrow<py::object>(PyExc_ValueError);
   const py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
-  ex.error = new_exception(m, "Error", py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)),
-                           "Base of every sketchsgd error.");
+  ex.error =
+      new_exception(m, "Error", py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)),
+                    "Base of every sketchsgd error.");
   ex.invalid = new_exception(m, "InvalidArgument", py::make_tuple(ex.error, value_error),
                              "A size, count, index or option value outside what is accepted.");
   ex.nonfinite = new_exception(m, "NonFiniteError", py::make_tuple(ex.invalid),
@@ -120,8 +121,9 @@ PYBIND11_MODULE(_core, m) {
 
   m.attr("cuda_build") = bool(SKETCHSGD_HAS_CUDA);
   m.def("gpu_count", &gpu::device_count, "Usable CUDA devices (0 without a CUDA build).");
-  m.def("describe", [] { return Registry::instance().describe(); },
-        "Every codec and its options, as text.");
+  m.def(
+      "describe", [] { return Registry::instance().describe(); },
+      "Every codec and its options, as text.");
   m.def(
       "codecs",
       [] {
@@ -176,8 +178,8 @@ PYBIND11_MODULE(_core, m) {
       .def("abandon", &Aggregator::abandon)
       .def_property_readonly("count", &Aggregator::count)
       .def_property_readonly("world_size", &Aggregator::world_size)
-      .def_property_readonly("expecting",
-                             [](const Aggregator& a) { return std::string(to_string(a.expecting())); })
+      .def_property_readonly(
+          "expecting", [](const Aggregator& a) { return std::string(to_string(a.expecting())); })
       .def("save_state", [](const Aggregator& a) { return to_py(a.save_state()); })
       .def("load_state", [](Aggregator& a, const py::buffer& b) {
         const View v(b);
@@ -195,7 +197,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("two_rounds", &Compressor::two_rounds)
       .def_property_readonly("last_message_bytes", &Compressor::last_message_bytes)
       .def_property_readonly("compression_ratio", &Compressor::compression_ratio)
-      .def("sum_size", [](const Compressor& c, const std::string& k) { return c.sum_size(kind_of(k)); })
+      .def("sum_size",
+           [](const Compressor& c, const std::string& k) { return c.sum_size(kind_of(k)); })
       .def("max_message_bytes",
            [](const Compressor& c, const std::string& k) {
              return kHeaderBytes + c.max_payload(kind_of(k));

@@ -164,20 +164,20 @@ NOTES = """Reading the table:
 
 
 def write_docs(table, args):
-    os.makedirs("docs", exist_ok=True)
-    with open("docs/RESULTS.md", "w") as f:
-        f.write("# Results: compressed training of Fashion-MNIST\n\n")
-        f.write(f"`{args.model}` model, {args.workers} workers + server on one 2-core machine over ZeroMQ "
-                f"(loopback), {args.epochs} epochs, batch 32 per worker, same seeds for every codec.\n"
-                "Traffic counts every message a worker sent or received (pushes, answers, queries, updates), "
-                "the codecs' 48-byte headers included (not the 32-byte protocol envelopes); 'less than dense' divides what dense fp32 (a push and an update per "
-                "worker and round) would have moved by it.\n\n")
-        f.write("Reproduce: `/usr/bin/python3 scripts/compare_codecs.py --write-docs` "
-                "(after `bash scripts/demo.sh` has built the demo).\n\n")
-        f.write(table + "\n\n")
-        f.write(NOTES)
-        f.write("![accuracy vs epoch](images/accuracy_vs_epoch.png)\n\n")
-        f.write("![accuracy vs traffic](images/accuracy_vs_bytes.png)\n")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from results_doc import write_section
+    text = ("## Over the parameter server (ZeroMQ)\n\n"
+            f"`{args.model}` model, {args.workers} workers + server on one 2-core machine over ZeroMQ "
+            f"(loopback), {args.epochs} epochs, batch 32 per worker, same seeds for every codec.\n"
+            "Traffic counts every message a worker sent or received (pushes, answers, queries, updates), "
+            "the codecs' 48-byte headers included (not the 32-byte protocol envelopes); 'less than dense' divides what dense fp32 (a push and an update per "
+            "worker and round) would have moved by it.\n\n"
+            "Reproduce: `/usr/bin/python3 scripts/compare_codecs.py --write-docs` "
+            "(after `bash scripts/demo.sh` has built the demo).\n\n"
+            + table + "\n\n" + NOTES
+            + "![accuracy vs epoch](images/accuracy_vs_epoch.png)\n\n"
+            "![accuracy vs traffic](images/accuracy_vs_bytes.png)\n")
+    write_section("ps", text)
     os.makedirs("docs/images", exist_ok=True)
     for png in ("accuracy_vs_epoch.png", "accuracy_vs_bytes.png"):
         src = os.path.join(args.out, png)

@@ -17,6 +17,10 @@
 #   bash scripts/gpu.sh demo [ARGS]    there: build the demo against the machine's PyTorch, train
 #                                      the default job on the GPU and on the CPU, print both
 #                                      summaries (ARGS go to both runs, e.g. --epochs 1)
+#   bash scripts/gpu.sh python         there: build the Python package for the machine's Python
+#                                      and PyTorch (pybind11 staged by demo-prepare), run the
+#                                      Python tests (GPU variants included: gloo with CUDA tensors;
+#                                      NCCL with two GPUs) and the DDP example on CUDA
 #
 # Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
 set -uo pipefail
@@ -166,6 +170,16 @@ demo_prepare() {
       [ -f "$deps/lib/$name" ] || cp -L "$path" "$deps/lib/$name"
     done
   cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$deps/data/"
+  # pybind11 (headers + CMake package) and pytest (pure Python) for `gpu.sh python`.
+  ensure_packages pybind11-dev python3-pytest
+  mkdir -p "$deps/pybind11/include" "$deps/python"
+  cp -r /usr/include/pybind11 "$deps/pybind11/include/"
+  cp -r /usr/lib/cmake/pybind11 "$deps/pybind11/cmake"
+  sed -i 's|^set(PACKAGE_PREFIX_DIR .*|set(PACKAGE_PREFIX_DIR "${CMAKE_CURRENT_LIST_DIR}/..")|' \
+    "$deps/pybind11/cmake/pybind11Config.cmake"
+  for pkg in pytest _pytest pluggy iniconfig py.py; do
+    [ -e "/usr/lib/python3/dist-packages/$pkg" ] && cp -r "/usr/lib/python3/dist-packages/$pkg" "$deps/python/"
+  done
   echo "staged $deps ($(du -sh "$deps" | cut -f1)): $(ls "$deps/lib" | tr '\n' ' ')"
 }
 
@@ -199,6 +213,29 @@ demo() {
   cat "$REPORT/summary.txt"
 }
 
+python_check() {
+  set -e
+  local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_PY:-build/gpu-python}
+  REPORT=${REPORT:-build/gpu-python-out}
+  [ -d "$deps/pybind11" ] || { echo "no $deps/pybind11: run 'scripts/gpu.sh demo-prepare' first" >&2; exit 1; }
+  mkdir -p "$REPORT"
+  "$PY" -c 'import torch; assert torch.cuda.is_available(), "this PyTorch sees no GPU"; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+  step "configure + build $build"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKETCHSGD_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSKETCHSGD_SERVER=OFF -DSKETCHSGD_DEMO=OFF \
+    -DSKETCHSGD_TESTS=OFF -DSKETCHSGD_BENCHMARKS=OFF -DSKETCHSGD_PYTHON=ON \
+    -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$deps/pybind11/cmake" > "$REPORT/configure.log"
+  cmake --build "$build" --target sketchsgd_python
+  export PYTHONPATH=$PWD/$build/python:$deps/python${PYTHONPATH:+:$PYTHONPATH}
+  step "Python tests (GPU variants must run)"
+  "$PY" -m pytest -v -p no:cacheprovider -rs tests/python 2>&1 | tee "$REPORT/pytest.log" || fail "Python tests"
+  grep -q "SKIPPED.*no CUDA device" "$REPORT/pytest.log" && fail "GPU Python tests skipped"
+  step "DDP example on CUDA (gloo, 4 ranks on one GPU, 1 epoch)"
+  "$PY" examples/ddp_fashion_mnist.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
+    --json "$REPORT/ddp-cuda.json" 2>&1 | tee "$REPORT/ddp-cuda.log" || fail "DDP example on CUDA"
+  finish python
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -207,8 +244,9 @@ case "$cmd" in
   profile) profile ;;
   demo-prepare) demo_prepare ;;
   demo) demo "$@" ;;
+  python) python_check ;;
   *)
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$cmd" ] || [ "$cmd" = help ] || [ "$cmd" = -h ] || [ "$cmd" = --help ] || exit 2
     ;;
 esac

@@ -6,7 +6,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -14,22 +16,53 @@
 
 namespace sketchsgd::kernels::detail {
 
+/// A value and its coordinate, ordered by one integer: |value| descending, then index ascending.
 struct Candidate {
-  uint32_t key;  // bits of |value|: for non-negative floats the integer order is the float order
-  uint32_t idx;
+  uint64_t rank;  // (0x7FFFFFFF − bits of |value|) << 32 | index: smaller is better
   float val;
+
+  static Candidate of(uint32_t key, uint32_t idx, float val) {
+    return {(uint64_t(0x7FFFFFFFu - key) << 32) | idx, val};
+  }
+  uint32_t key() const { return 0x7FFFFFFFu - uint32_t(rank >> 32); }
+  uint32_t idx() const { return uint32_t(rank); }
 };
 
 inline bool better(const Candidate& a, const Candidate& b) {
-  return a.key != b.key ? a.key > b.key : a.idx < b.idx;
+  return a.rank < b.rank;
 }
 
 inline constexpr size_t kSelectBlock = 2048;
 
+/// A key that at least k of the n values are likely to reach, from evenly spread sample blocks
+/// (0 when n is too small to sample): the stream then starts with it, so few values enter the
+/// buffer and it is rarely pruned; for large k (1 % of n) pruning otherwise dominates.
+template <class Fill>
+uint32_t sampled_threshold(size_t n, size_t k, const Fill& fill) {
+  constexpr size_t kBlocks = 32;
+  if (n < 8 * kBlocks * kSelectBlock) return 0;
+  std::vector<uint32_t> keys(kBlocks * kSelectBlock);
+  float block[kSelectBlock];
+  for (size_t b = 0; b < kBlocks; ++b) {
+    const size_t lo = (n - kSelectBlock) * b / (kBlocks - 1);
+    fill(lo, lo + kSelectBlock, block);
+    for (size_t i = 0; i < kSelectBlock; ++i)
+      keys[b * kSelectBlock + i] = float_bits(block[i]) & 0x7FFFFFFFu;
+  }
+  // The sample rank of the k-th largest, plus a margin of four standard deviations.
+  const double expect = double(k) * double(keys.size()) / double(n);
+  const size_t rank = size_t(expect + 4.0 * std::sqrt(expect) + 16.0);
+  if (rank >= keys.size()) return 0;
+  std::nth_element(keys.begin(), keys.begin() + rank, keys.end(), std::greater<uint32_t>());
+  return keys[rank];
+}
+
 /// fill(lo, hi, out) writes the values of coordinates lo … hi − 1 into out.
 template <class Fill>
-void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float* out_val) {
+void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float* out_val,
+                 uint32_t start = ~0u) {
   if (k == 0 || n == 0) return;
+  if (start == ~0u) start = sampled_threshold(n, k, fill);
   const int threads =
       int(std::clamp<size_t>(n / (16 * kSelectBlock), 1, size_t(omp_get_max_threads())));
   std::vector<std::vector<Candidate>> kept(threads);
@@ -46,8 +79,8 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
     size_t used = 0;
     float block[kSelectBlock];
     uint32_t keys[kSelectBlock];
-    Candidate worst{0, 0, 0.0f};
-    uint32_t threshold = 0;  // keys below it cannot enter the top k
+    Candidate worst = Candidate::of(0, 0, 0.0f);
+    uint32_t threshold = start;  // keys below it cannot enter the top k
     bool pruned = false;
     for (size_t b = lo; b < hi; b += kSelectBlock) {
       const size_t m = std::min(kSelectBlock, hi - b);
@@ -55,7 +88,7 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
 #pragma omp simd
       for (size_t i = 0; i < m; ++i) keys[i] = float_bits(block[i]) & 0x7FFFFFFFu;
       for (size_t i = 0; i < m; ++i) {
-        buf[used] = Candidate{keys[i], uint32_t(b + i), block[i]};
+        buf[used] = Candidate::of(keys[i], uint32_t(b + i), block[i]);
         used += keys[i] >= threshold;
       }
       if (used >= cap) {
@@ -69,7 +102,7 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
           std::nth_element(buf.get(), buf.get() + (k - 1), buf.get() + used, better);
           used = k;
           worst = buf[k - 1];
-          threshold = worst.key;
+          threshold = worst.key();
           pruned = true;
         }
       }
@@ -80,6 +113,8 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
   std::vector<Candidate> all;
   size_t total = 0;
   for (auto& v : kept) total += v.size();
+  // Fewer than k reached the sampled start: the sample misled it; select again from 0.
+  if (start > 0 && total < std::min(k, n)) return select_topk(n, k, fill, out_idx, out_val, 0);
   all.reserve(total);
   for (auto& v : kept) all.insert(all.end(), v.begin(), v.end());
   const size_t take = std::min(k, all.size());
@@ -87,7 +122,7 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
   all.resize(take);
   std::sort(all.begin(), all.end(), better);
   for (size_t i = 0; i < take; ++i) {
-    out_idx[i] = all[i].idx;
+    out_idx[i] = all[i].idx();
     out_val[i] = all[i].val;
   }
 }

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from . import _core
 from ._compressor import Compressor
 
-__all__ = ["CompressionState", "compression_hook"]
+__all__ = ["CompressionState", "FlatBucket", "compression_hook"]
 
 _BUDGET_KEYS = ("k", "cols")
 
@@ -278,6 +278,41 @@ class CompressionState:
 
     def __getstate__(self):
         raise TypeError("CompressionState holds a process group: save state_dict() instead")
+
+
+class FlatBucket:
+    """What a DDP hook reads of a dist.GradBucket, over given parameters: one flat buffer with a
+    gradient view per parameter. For calling a hook outside DDP (benchmarks, tests, a training
+    loop of one's own); pass the same parameter objects every step, as DDP does."""
+
+    def __init__(self, index: int, params, grads=None, last: bool = True):
+        self._index, self._last, self._params = index, last, list(params)
+        sources = list(grads) if grads is not None else None
+        n = sum(p.numel() for p in self._params)
+        like = sources[0] if sources else self._params[0]
+        self._buf = torch.zeros(n, dtype=like.dtype, device=like.device)
+        self._grads, at = [], 0
+        for i, p in enumerate(self._params):
+            view = self._buf[at:at + p.numel()].view(p.shape)
+            if sources is not None:
+                view.copy_(sources[i])
+            self._grads.append(view)
+            at += p.numel()
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buf
+
+    def gradients(self):
+        return self._grads
+
+    def parameters(self):
+        return self._params
+
+    def is_last(self):
+        return self._last
 
 
 def _averaged(state: CompressionState):

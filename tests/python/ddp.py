@@ -25,10 +25,17 @@ def _rank_main(rank, world, port, backend, fn, args, queue):
                                 timeout=datetime.timedelta(seconds=60))
         result = fn(rank, world, *args)
         dist.barrier()  # gloo's shutdown can hang unless every rank got here
-        dist.destroy_process_group()
         queue.put((rank, True, result))
+        code = 0
     except BaseException as e:  # reported to the parent, which decides
         queue.put((rank, False, (type(e).__name__, str(e), traceback.format_exc())))
+        code = 1
+    # Report, then leave without Python's teardown: in torch 1.13 a gloo process group freed at
+    # exit can deadlock (its destructor joins a worker thread, holding the GIL, while that thread
+    # frees a tensor that needs the GIL).
+    queue.close()
+    queue.join_thread()
+    os._exit(code)
 
 
 def run(fn, *args, world=4, backend="gloo", timeout=240):

@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from sketchsgd.torch import CompressionState, compression_hook
+from sketchsgd.torch import CompressionState, FlatBucket, compression_hook
 
 
 def model(seed=0, bias=True):
@@ -56,34 +56,6 @@ def every_codec(rank, world, specs, steps, device="cpu", bucket_cap_mb=0.002):
     return out
 
 
-class FakeBucket:
-    """What compression_hook reads of a dist.GradBucket: gradients given for stand-in parameters
-    (the same objects every step, as DDP's)."""
-
-    def __init__(self, index, params, tensors, last=True):
-        self._index, self._last, self._params = index, last, params
-        self._buf = torch.cat([t.reshape(-1) for t in tensors])
-        self._grads, at = [], 0
-        for t in tensors:
-            self._grads.append(self._buf[at:at + t.numel()].view_as(t))
-            at += t.numel()
-
-    def index(self):
-        return self._index
-
-    def buffer(self):
-        return self._buf
-
-    def gradients(self):
-        return self._grads
-
-    def is_last(self):
-        return self._last
-
-    def parameters(self):
-        return self._params
-
-
 def quarter_integers(shape, seed):
     """Values k/4 with small k: sums in any order are exact, so an all-reduce's sum equals the
     aggregator's sum of messages bit for bit."""
@@ -102,7 +74,7 @@ def hook_rounds(rank, world, specs, rounds, start_iter=2):
         for step in range(start_iter + rounds):
             w = quarter_integers((48, 40), 10 * step + rank)
             b = quarter_integers((40,), 10 * step + rank + 5)
-            result = compression_hook(state, FakeBucket(0, params, [w, b])).wait()
+            result = compression_hook(state, FlatBucket(0, params, [w, b])).wait()
             if step >= start_iter:
                 seen.append((w.numpy(), b.numpy(), result.numpy().copy()))
         out[spec] = seen
@@ -174,7 +146,7 @@ def low_precision(rank, world, spec, dtype):
     through a stand-in bucket (torch 1.13 has no fp16 matrix product on the CPU)."""
     if dtype == "float16":
         w = torch.zeros(8, 8, dtype=torch.float16)
-        compression_hook(CompressionState(spec), FakeBucket(0, [w], [w])).wait()
+        compression_hook(CompressionState(spec), FlatBucket(0, [w], [w])).wait()
     m = model().to(getattr(torch, dtype))
     ddp = DDP(m)
     ddp.register_comm_hook(CompressionState(spec), compression_hook)

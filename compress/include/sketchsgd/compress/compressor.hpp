@@ -134,6 +134,9 @@ class Compressor {
   mutable Scratch ops_;  // device staging of this codec's vector ops (decode paths are const)
 
  private:
+  /// Length, memory and finiteness of a gradient to encode (what: the caller, for messages).
+  void check_gradient(std::span<const float> grad, const char* what);
+
   CodecId id_;
   uint64_t dim_;
   std::string spec_;

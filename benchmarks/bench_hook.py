@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""The DDP hooks' own work per step on the CPU — compression, aggregation and decompression,
+without communication (one process, a gloo group of one) — for sketchsgd's hook and PyTorch's
+PowerSGD and fp16 hooks, on the gradient of the demo's MLP (784-1024-1024-10), one bucket.
+
+    /usr/bin/python3 benchmarks/bench_hook.py [--threads 1] [--steps 30] [--json out.json]
+
+Every hook sees the same fresh gradients. Reports the median milliseconds per call and the
+payload of one step. Set --threads for both torch and the library's OpenMP (same for all hooks).
+"""
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+HOOKS = [
+    ("allreduce (no hook)", "none"),
+    ("fp16_compress_hook", "fp16"),
+    ("powerSGD rank 4", "powersgd:rank=4"),
+    ("powerSGD rank 16", "powersgd:rank=16"),
+    ("sketchsgd FetchSGD", "sketch:rows=1,cols=90000,k=18000,fetch=1"),
+    ("sketchsgd sketch p2", "sketch:rows=1,cols=60000,k=12000,p2=2"),
+    ("sketchsgd topk", "topk:k=20000,momentum=0.9"),
+    ("sketchsgd EF-signSGD", "signsgd:ef=1,momentum=0.9"),
+    ("sketchsgd dense", "dense"),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    sys.path.insert(0, os.path.abspath(args.python))
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from sketchsgd.torch import CompressionState, FlatBucket, compression_hook
+
+    torch.set_num_threads(args.threads)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    params = list(model.parameters())
+    grads = [torch.randn(sum(p.numel() for p in params), generator=torch.Generator().manual_seed(s)) * 0.01
+             for s in range(4)]
+    results = []
+    for label, hook in HOOKS:
+        counted = {"bytes": 0}
+        reduce = dist.all_reduce
+
+        def counting(t, *a, **k):
+            counted["bytes"] += t.numel() * t.element_size()
+            return reduce(t, *a, **k)
+
+        dist.all_reduce = counting
+        warm = 12
+        if hook == "none":
+            state, fn = None, default_hooks.allreduce_hook
+        elif hook == "fp16":
+            state, fn = None, default_hooks.fp16_compress_hook
+        elif hook.startswith("powersgd"):
+            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(hook.split("=")[1]),
+                                       start_powerSGD_iter=2, min_compression_rate=2, use_error_feedback=True,
+                                       warm_start=True)
+            fn = psgd.powerSGD_hook
+        else:
+            state, fn = CompressionState(hook, start_iter=2), compression_hook
+        bucket = FlatBucket(0, params)
+        times = []
+        for step in range(warm + args.steps):
+            bucket.buffer().copy_(grads[step % len(grads)])
+            counted["bytes"] = 0
+            t = time.perf_counter()
+            fn(state, bucket).wait()
+            if step >= warm:
+                times.append(1e3 * (time.perf_counter() - t))
+        dist.all_reduce = reduce
+        r = {"hook": label, "spec": hook, "ms_median": statistics.median(times), "ms_min": min(times),
+             "payload_bytes": counted["bytes"] if not hook.startswith(("sketch", "topk", "signsgd", "dense"))
+             else state.stats()["last_payload_bytes"]}
+        results.append(r)
+        print(f"{label:24s} {r['ms_median']:8.2f} ms/step (min {r['ms_min']:.2f})  payload {r['payload_bytes']:>10,} B",
+              flush=True)
+    dist.destroy_process_group()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

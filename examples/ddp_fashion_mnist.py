@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Fashion-MNIST under PyTorch DDP with a gradient-compression hook: sketchsgd's codecs next to
+PyTorch's own (fp16, PowerSGD) on the same job.
+
+    /usr/bin/python3 examples/ddp_fashion_mnist.py --hook "sketch:rows=1,cols=90000,k=18000,fetch=1"
+    /usr/bin/python3 examples/ddp_fashion_mnist.py --hook powersgd:rank=4
+    /usr/bin/python3 examples/ddp_fashion_mnist.py --hook none --epochs 1
+
+W worker processes on 127.0.0.1 (gloo; on CUDA, NCCL when every worker has its own GPU), the
+demo's MLP 784-1024-1024-10 (or --model cnn), batch 32 per worker, SGD. Worker r trains on
+examples r, r+W, … reshuffled every epoch. Payload = bytes one worker contributes to a round's
+collectives (an all-reduce of n floats counts 4n bytes whatever the algorithm, an all-gather the
+worker's own part), the same accounting for every hook.
+
+Momentum: PyTorch's hooks average the gradient and SGD applies momentum after; sketchsgd codecs
+with momentum of their own (momentum=…, or fetch=1) apply it before compressing (where the error
+feedback needs it), so SGD's momentum is then 0.
+"""
+
+import argparse
+import csv
+import datetime
+import gzip
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def read_idx(path):
+    """A gzipped IDX file as a NumPy array, its header checked."""
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 8:
+        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
+    dims = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
+    body = np.frombuffer(raw, np.uint8, offset=4 + 4 * dims)
+    if body.size != int(np.prod(shape)):
+        raise ValueError(f"{path}: {body.size} values for shape {shape}")
+    return body.reshape(shape)
+
+
+def load(data, split):
+    prefix = "train" if split == "train" else "t10k"
+    x = read_idx(os.path.join(data, f"{prefix}-images-idx3-ubyte.gz")).astype(np.float32)
+    y = read_idx(os.path.join(data, f"{prefix}-labels-idx1-ubyte.gz")).astype(np.int64)
+    x = (x.reshape(len(x), 784) / 255.0 - 0.2860) / 0.3530  # the C++ demo's normalisation
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def make_model(kind, seed):
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    if kind == "cnn":
+        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+    raise ValueError(f"--model {kind}: mlp or cnn")
+
+
+class Payload:
+    """Counts what this worker hands to dist.all_reduce / all_gather (PyTorch's hooks call them)."""
+
+    def __init__(self):
+        self.bytes = 0
+        self._reduce, self._gather = dist.all_reduce, dist.all_gather
+        dist.all_reduce = self.all_reduce
+        dist.all_gather = self.all_gather
+
+    def all_reduce(self, t, *a, **k):
+        self.bytes += t.numel() * t.element_size()
+        return self._reduce(t, *a, **k)
+
+    def all_gather(self, out, t, *a, **k):
+        self.bytes += t.numel() * t.element_size()
+        return self._gather(out, t, *a, **k)
+
+
+def register(hook, ddp, args, dim):
+    """Registers the hook; returns (a function giving the payload bytes so far, SGD momentum)."""
+    if hook == "none":
+        steps = {"n": 0}
+        return (lambda: steps["n"] * dim * 4), args.momentum, steps
+    if hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        counter = Payload()
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return (lambda: counter.bytes), args.momentum, None
+    if hook.startswith("powersgd"):
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        opts = dict(kv.split("=") for kv in hook.partition(":")[2].split(",") if kv)
+        counter = Payload()
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(opts.get("rank", 1)),
+                                   start_powerSGD_iter=int(opts.get("start", args.start_iter)),
+                                   min_compression_rate=float(opts.get("min_rate", 2)), use_error_feedback=True,
+                                   warm_start=True, random_seed=args.seed)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        return (lambda: counter.bytes), args.momentum, None
+    import sketchsgd
+    from sketchsgd.torch import CompressionState, compression_hook
+    state = CompressionState(hook, start_iter=args.start_iter)
+    ddp.register_comm_hook(state, compression_hook)
+    canonical = sketchsgd.Compressor(hook, dim).spec if _fits(hook, dim) else hook
+    opts = dict(kv.split("=") for kv in canonical.partition(":")[2].split(",") if "=" in kv)
+    own_momentum = float(opts.get("momentum", 0)) > 0 or opts.get("fetch") == "1"
+    return (lambda: state.stats()["payload_bytes"]), (0.0 if own_momentum else args.momentum), state
+
+
+def _fits(spec, dim):
+    try:
+        import sketchsgd
+        sketchsgd.Compressor(spec, dim)
+        return True
+    except (ValueError, RuntimeError):
+        return False
+
+
+def accuracy(model, x, y, device):
+    model.eval()
+    right = 0
+    with torch.no_grad():
+        for i in range(0, len(x), 1000):
+            right += (model(x[i:i + 1000].to(device)).argmax(1).cpu() == y[i:i + 1000]).sum().item()
+    model.train()
+    return right / len(x)
+
+
+def worker(rank, args, port, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(args.threads)
+    W = args.workers
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = args.backend or ("nccl" if cuda and torch.cuda.device_count() >= W else "gloo")
+    dist.init_process_group(backend, rank=rank, world_size=W, timeout=datetime.timedelta(minutes=10))
+    try:
+        xtr, ytr = load(args.data, "train")
+        xte, yte = load(args.data, "test")
+        model = make_model(args.model, args.seed).to(device)
+        dim = sum(p.numel() for p in model.parameters())
+        # DDP caps its first bucket at 1 MiB apart from the others; by default here that cap is
+        # the others' too, so the MLP is one bucket: PyTorch's PowerSGD hook on gloo aborts when
+        # two buckets' collectives interleave (sketchsgd's hook works with any number).
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int((args.first_bucket_mb or args.bucket_cap_mb) * 1024 * 1024)
+        ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_cap_mb)
+        payload, momentum, extra = register(args.hook, ddp, args, dim)
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum)
+        mine = torch.arange(rank, len(xtr), W)
+        per_epoch = len(mine) // args.batch
+        if args.max_steps:
+            per_epoch = min(per_epoch, args.max_steps)
+        rows, step, t0, hook_bytes_before = [], 0, time.time(), 0
+        steady = []
+        for epoch in range(args.epochs):
+            order = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch * 10 + rank))]
+            loss_sum = 0.0
+            for i in range(per_epoch):
+                idx = order[i * args.batch:(i + 1) * args.batch]
+                x, y = xtr[idx].to(device), ytr[idx].to(device)
+                loss = nn.functional.cross_entropy(ddp(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if isinstance(extra, dict):
+                    extra["n"] += 1
+                step += 1
+                now = payload()
+                if step > args.start_iter + 1:
+                    steady.append(now - hook_bytes_before)
+                hook_bytes_before = now
+                loss_sum += loss.item()
+                if rank == 0 and (i + 1) % args.progress == 0:
+                    rate = step / (time.time() - t0)
+                    print(f"  epoch {epoch + 1}/{args.epochs} step {i + 1}/{per_epoch} loss {loss_sum / (i + 1):.4f} "
+                          f"({rate:.1f} steps/s, payload {now / step / 1e3:.1f} kB/round)", flush=True)
+            acc = accuracy(model, xte, yte, device) if rank == 0 else None
+            rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, "test_accuracy": acc,
+                         "payload_bytes_per_round": payload() / step, "seconds": time.time() - t0})
+            if rank == 0:
+                print(f"epoch {epoch + 1}: loss {loss_sum / per_epoch:.4f}, test accuracy {100 * acc:.2f} %", flush=True)
+        flat = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+        digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum())])
+        gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(W)]
+        dist.all_gather(gathered, digest.double().to(device) if backend == "nccl" else digest.double())
+        same = all(torch.equal(g.cpu(), gathered[0].cpu()) for g in gathered)
+        dist.barrier()  # gloo's shutdown can hang unless every rank got here
+        if rank == 0:
+            dense = dim * 4
+            mean = payload() / step
+            steady_mean = float(np.mean(steady)) if steady else mean
+            queue.put({"hook": args.hook, "model": args.model, "workers": W, "epochs": args.epochs, "dim": dim,
+                       "test_accuracy": rows[-1]["test_accuracy"], "payload_bytes_per_round": mean,
+                       "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
+                       "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step,
+                       "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
+                       "backend": backend, "device": str(device), "torch": torch.__version__})
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        os._exit(1)
+    # Results out, then leave without Python's teardown: in torch 1.13 a gloo process group freed
+    # at exit can deadlock (its destructor joins a worker thread, holding the GIL, while that
+    # thread frees a tensor that needs the GIL).
+    queue.close()
+    queue.join_thread()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hook", default="sketch:rows=1,cols=90000,k=18000,fetch=1",
+                   help="none | fp16 | powersgd:rank=R[,start=N] | any sketchsgd spec (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--start-iter", type=int, default=10, help="plain all-reduce steps first (hooks that warm up)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--first-bucket-mb", type=float, default=0, help="DDP's first bucket cap (0: --bucket-cap-mb)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA with a GPU per worker, else gloo")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--data", default=DATA)
+    p.add_argument("--max-steps", type=int, default=0, help="steps per epoch at most (quick runs)")
+    p.add_argument("--progress", type=int, default=100, help="a progress line every N steps")
+    p.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds")
+    p.add_argument("--json", help="write the summary here")
+    p.add_argument("--csv", help="write one row per epoch here")
+    args = p.parse_args()
+    if not os.path.exists(os.path.join(args.data, "train-images-idx3-ubyte.gz")):
+        sys.exit(f"no Fashion-MNIST in {args.data} (apt-get install dataset-fashion-mnist)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    print(f"ddp_fashion_mnist: {args.workers} workers, {args.model}, hook {args.hook}, {args.epochs} epochs", flush=True)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, args, port, queue)) for r in range(args.workers)]
+    for proc in procs:
+        proc.start()
+    summary, deadline = None, time.time() + args.timeout
+    while summary is None and time.time() < deadline:
+        try:
+            summary = queue.get(timeout=5)
+        except Exception:  # queue.Empty: is everyone still alive?
+            if any(proc.exitcode not in (None, 0) for proc in procs):
+                break
+    for proc in procs:  # the job is over (or failed): nobody may linger
+        proc.join(timeout=30)
+        if proc.is_alive():
+            print(f"worker pid {proc.pid} did not exit; killed", file=sys.stderr)
+            proc.kill()
+            proc.join()
+    if summary is None:
+        sys.exit("a worker failed" if time.time() < deadline else f"no result within --timeout {args.timeout} s")
+    print(f"summary: {args.hook}: test accuracy {100 * summary['test_accuracy']:.2f} %, payload "
+          f"{summary['payload_bytes_per_round'] / 1e3:.1f} kB/round ({summary['ratio']:.1f}x less than dense; steady "
+          f"{summary['steady_ratio']:.1f}x), {summary['seconds']:.0f} s, replicas identical: {summary['replicas_identical']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(summary["epochs_log"][0]))
+            w.writeheader()
+            w.writerows(summary["epochs_log"])
+
+
+if __name__ == "__main__":
+    main()
