@@ -6,8 +6,10 @@ python=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 src=$(cd "$(dirname "$0")/../.." && pwd)
-# A copy, so the in-tree build leaves nothing in the checkout.
-cp -r "$src" "$work/src" && rm -rf "$work/src/build" "$work/src/python/build"
+# A copy without build trees, so the in-tree build leaves nothing in the checkout.
+mkdir "$work/src"
+tar -C "$src" --exclude=./build --exclude=./python/build --exclude='*.egg-info' --exclude=.git -cf - . |
+  tar -C "$work/src" -xf -
 SKETCHSGD_CUDA=OFF "$python" -m pip install --quiet --no-build-isolation --no-deps --no-index \
   --target "$work/site" "$work/src/python"
 cd "$work"
