@@ -82,6 +82,15 @@ class _Unit:
         self.n_dense = sum(n for _, n, c in self.entries if not c)
         self.codec = self.aggregator = None
         self.summable = self.dense = False
+        self._room = {}  # name -> tensor reused every step (large fresh buffers cost page faults)
+
+    def room(self, name: str, n: int, like):
+        """A float32 tensor of n values on like's device, the same one every step: a unit's
+        futures complete before DDP calls the hook for it again, so nothing still reads it."""
+        t = self._room.get(name)
+        if t is None or t.numel() != n or t.device != like.device:
+            t = self._room[name] = torch.empty(n, dtype=torch.float32, device=like.device)
+        return t
 
     def build(self, spec: str, device, world: int, pending=None):
         if self.n_compressed and self.codec is None:
@@ -98,11 +107,11 @@ class _Unit:
         return [(where[k], n) for k, n, c in self.entries if c == compressed]
 
 
-def _gather(buf, segments):
+def _gather(buf, segments, out=None):
     if len(segments) == 1:
         o, n = segments[0]
         return buf[o:o + n]
-    return torch.cat([buf[o:o + n] for o, n in segments])
+    return torch.cat([buf[o:o + n] for o, n in segments], out=out)
 
 
 def _scatter(buf, segments, values):
@@ -339,8 +348,8 @@ def _summable(state, u: _Unit, buf, where, round: int):
     codec = u.codec
     comp, dense = u.segments(where, True), u.segments(where, False)
     size = codec.sum_size("gradient")
-    payload = torch.empty(size + u.n_dense, dtype=torch.float32, device=buf.device)
-    codec.encode_sum(_gather(buf, comp).contiguous(), out=payload[:size])
+    payload = u.room("payload", size + u.n_dense, buf)
+    codec.encode_sum(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), out=payload[:size])
     if dense:
         payload[size:].copy_(_gather(buf, dense))
     state._count(payload.numel() * 4, (u.n_compressed + u.n_dense) * 4)
@@ -363,7 +372,7 @@ def _summable(state, u: _Unit, buf, where, round: int):
             step = payload[:size].mul_(inv)
         else:
             u.aggregator.add_sum(answers if answers is not None else payload[:size], W, round)
-            step = codec.apply(u.aggregator.finish())
+            step = codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf))
         _scatter(buf, comp, step)
         if dense:
             _scatter(buf, dense, payload[size:].mul_(inv))
@@ -378,7 +387,7 @@ def _gathered(state, u: _Unit, buf, where, round: int):
     codec = u.codec
     comp, dense = u.segments(where, True), u.segments(where, False)
     W, inv, group = state.world_size, _averaged(state), state.process_group
-    msg = codec.encode(_gather(buf, comp).contiguous(), round, state.rank)
+    msg = codec.encode(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round, state.rank)
     room = codec.max_message_bytes("gradient")
     mine = torch.zeros(8 + room, dtype=torch.uint8)
     mine[:8] = torch.tensor([len(msg)], dtype=torch.int64).view(torch.uint8)
@@ -400,7 +409,7 @@ def _gathered(state, u: _Unit, buf, where, round: int):
             if not 0 < n <= room:
                 raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {room})")
             u.aggregator.add(t[8:8 + n].numpy())
-        _scatter(buf, comp, codec.apply(u.aggregator.finish()))
+        _scatter(buf, comp, codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf)))
         if dense:
             _scatter(buf, dense, values.mul_(inv))
 
