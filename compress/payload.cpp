@@ -53,15 +53,7 @@ Sparse read_sparse_axpy(ByteReader& r, Scratch& s, uint64_t max_count, std::span
 }
 
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val) {
-  // One integer per pair (index high, value bits low): a plain integer sort, no indirection.
-  std::vector<uint64_t> pairs(idx.size());
-  for (size_t i = 0; i < pairs.size(); ++i)
-    pairs[i] = (uint64_t(idx[i]) << 32) | float_bits(val[i]);
-  std::sort(pairs.begin(), pairs.end());
-  for (size_t i = 0; i < pairs.size(); ++i) {
-    idx[i] = uint32_t(pairs[i] >> 32);
-    val[i] = bits_float(uint32_t(pairs[i]));
-  }
+  kernels::cpu::sort_pairs(idx.data(), val.data(), idx.size());
 }
 
 std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what) {

@@ -387,12 +387,142 @@ void estimate_all(const SketchLayout& s, const float* table, float* out) {
   }
 }
 
-void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val) {
+namespace {
+
+/// Coordinates per column of a one-row blocked sketch: a full block covers a window of B
+/// consecutive columns (mod cols), so the counts come from a difference array over the windows
+/// (O(blocks + cols)), and only the last, partial block is walked coordinate by coordinate.
+std::vector<uint32_t> column_counts(const Hasher& h) {
+  const uint32_t cols = h.s.cols, B = h.b.size();
+  const uint64_t full = h.s.dim >> h.b.shift;
+  std::vector<uint32_t> n(cols + 1, 0);  // differences; unsigned wrap-around cancels out
+  for (uint64_t b = 0; b < full; ++b) {
+    const uint32_t start = hash::window_start(h.word(0, b), cols, h.b.aligned);
+    const uint64_t end = uint64_t(start) + B;
+    ++n[start];
+    if (end <= cols) {
+      --n[end];
+    } else {
+      --n[cols];
+      ++n[0];
+      --n[end - cols];
+    }
+  }
+  for (uint32_t c = 1; c < cols; ++c) n[c] += n[c - 1];
+  n.pop_back();
+  if (const uint64_t tail = h.s.dim - (full << h.b.shift)) {
+    const uint32_t w = h.word(0, full);
+    for (uint32_t p = 0; p < tail; ++p) ++n[hash::window_column(w, p, cols, h.b)];
+  }
+  return n;
+}
+
+/// The largest key T with Σ count[c] over keys[c] ≥ T at least k (k ≤ Σ count), by a weighted
+/// radix select over the columns (three passes of 10-11 bits); `above` gets Σ count over
+/// keys > T.
+uint32_t weighted_threshold(const std::vector<uint32_t>& keys, const std::vector<uint32_t>& count,
+                            uint64_t k, uint64_t& above) {
+  uint32_t prefix = 0, mask = 0;
+  above = 0;
+  for (const auto [shift, bits] : {std::pair{21, 10}, {10, 11}, {0, 10}}) {
+    const uint32_t digits = 1u << bits;
+    std::vector<uint64_t> hist(digits, 0);
+    for (size_t c = 0; c < keys.size(); ++c)
+      if ((keys[c] & mask) == prefix) hist[(keys[c] >> shift) & (digits - 1)] += count[c];
+    uint32_t d = digits - 1;
+    while (above + hist[d] < k) above += hist[d--];  // stops: the totals reach k
+    prefix |= d << shift;
+    mask |= (digits - 1) << shift;
+  }
+  return prefix;
+}
+
+/// One row under blocked hashing: |estimate of j| is |table[column of j]|, so the k-th largest
+/// magnitude is found over the columns, each weighted by its coordinates, and one pass in index
+/// order collects those above it and the ties with the lowest indices. The same k as
+/// select_topk, without estimating every coordinate; only groups of four whose columns hold a
+/// key at or above the threshold are looked at closer.
+void one_row_topk(const Hasher& h, const float* t, size_t k, uint32_t* idx, float* val,
+                  Order order) {
+  const uint32_t cols = h.s.cols, B = h.b.size();
+  const uint64_t dim = h.s.dim, blocks = h.blocks;
+  std::vector<uint32_t> keys(cols);
+  for (uint32_t c = 0; c < cols; ++c) keys[c] = float_bits(t[c]) & 0x7FFFFFFFu;
+  uint64_t above = 0;
+  const uint32_t T = weighted_threshold(keys, column_counts(h), k, above);
+  const uint64_t ties = k - above;  // ≥ 1 coordinates of key T, lowest indices first
+  const hash::RowHash sh = h.rows[0];
+  const bool groups = h.b.aligned && h.b.lanes == 3;
+
+  const int threads = int(std::clamp<uint64_t>(dim / (16 * detail::kSelectBlock), 1,
+                                               uint64_t(omp_get_max_threads())));
+  // Per thread, in index order: every coordinate above T and at most `ties` of key T.
+  std::vector<std::vector<detail::Candidate>> kept(threads);
+#pragma omp parallel num_threads(threads)
+  {
+    const int th = omp_get_thread_num();
+    auto& out = kept[th];
+    uint64_t tied = 0;
+    auto take = [&](uint64_t j, uint32_t col) {
+      const uint32_t key = keys[col];
+      if (key < T || (key == T && tied++ >= ties)) return;
+      out.push_back(detail::Candidate::of(
+          key, uint32_t(j), hash::apply_sign(hash::sign_bit(sh, uint32_t(j)), t[col])));
+    };
+    for (uint64_t b = blocks * th / threads, be = blocks * (th + 1) / threads; b < be; ++b) {
+      const uint32_t w = h.word(0, b);
+      const uint64_t j0 = b << h.b.shift;
+      const uint32_t m = uint32_t(std::min<uint64_t>(B, dim - j0));
+      const uint32_t start = hash::window_start(w, cols, h.b.aligned);
+      if (!groups || m < B) {
+        for (uint32_t p = 0; p < m; ++p) take(j0 + p, hash::window_column(w, p, cols, h.b));
+        continue;
+      }
+      // Positions 4g … 4g + 3 sit on the four columns from start + 4g (mod cols, which 4
+      // divides: a group never straddles the wrap), permuted by the lane key.
+      const uint32_t key = w & 3;
+#if defined(__SSE2__)
+      const __m128i below = _mm_set1_epi32(int(T) - 1);  // keys ≤ 2^31 − 1: signed compare
+#endif
+      for (uint32_t g = 0; g < B; g += 4) {
+        uint32_t c4 = start + g;
+        if (c4 >= cols) c4 -= cols;
+#if defined(__SSE2__)
+        const __m128i k4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(keys.data() + c4));
+        if (T > 0 && _mm_movemask_epi8(_mm_cmpgt_epi32(k4, below)) == 0) continue;
+#endif
+        for (uint32_t q = 0; q < 4; ++q) take(j0 + g + q, c4 + (q ^ key));
+      }
+    }
+  }
+  // Threads hold consecutive index ranges: concatenate, giving the ties to the lowest indices.
+  std::vector<detail::Candidate> all;
+  all.reserve(k);
+  uint64_t tied = 0;
+  for (const auto& part : kept)
+    for (const auto& c : part)
+      if (c.key() > T || tied++ < ties) all.push_back(c);
+  if (order == Order::Index) {
+    for (size_t i = 0; i < all.size(); ++i) {
+      idx[i] = all[i].idx();
+      val[i] = all[i].val;
+    }
+  } else {
+    detail::write_out(all, false, idx, val);
+  }
+}
+
+}  // namespace
+
+void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val,
+                   Order order) {
+  if (k == 0) return;
   const Hasher h(s);
+  if (s.rows == 1 && h.blocked()) return one_row_topk(h, table, k, idx, val, order);
   static_assert(detail::kSelectBlock <= kBlock);
   detail::select_topk(
       s.dim, k, [&](size_t lo, size_t hi, float* out) { estimate_range(h, table, lo, hi, out); },
-      idx, val);
+      idx, val, order == Order::Index);
 }
 
 double l2_estimate(const SketchLayout& s, const float* table) {
@@ -407,9 +537,14 @@ double l2_estimate(const SketchLayout& s, const float* table) {
   return std::sqrt(double(elem::median_inplace(sums.data(), int(s.rows))));
 }
 
-void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val) {
+void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Order order) {
   detail::select_topk(
-      n, k, [&](size_t lo, size_t hi, float* out) { std::copy(x + lo, x + hi, out); }, idx, val);
+      n, k, [&](size_t lo, size_t hi, float* out) { std::copy(x + lo, x + hi, out); }, idx, val,
+      order == Order::Index);
+}
+
+void sort_pairs(uint32_t* idx, float* val, size_t n) {
+  detail::sort_pairs(idx, val, n);
 }
 
 }  // namespace sketchsgd::kernels::cpu

@@ -287,7 +287,7 @@ void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
     cpu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data());
 }
 
-TopK CountSketch::top_k(uint64_t k) const {
+TopK CountSketch::top_k(uint64_t k, TopKOrder order) const {
   SKETCHSGD_REQUIRE(k <= config_.dim, InvalidArgument, "top_k: k = ", k, " exceeds dim ",
                     config_.dim);
   TopK out;
@@ -300,8 +300,9 @@ TopK CountSketch::top_k(uint64_t k) const {
     top_k(std::span(idx, k), std::span(val, k));
     gpu::copy(out.indices.data(), idx, k * sizeof(uint32_t), device_.stream);
     gpu::copy(out.values.data(), val, k * sizeof(float), device_.stream);
+    if (order == TopKOrder::Index) cpu::sort_pairs(out.indices.data(), out.values.data(), k);
   } else {
-    top_k(std::span<uint32_t>(out.indices), std::span<float>(out.values));
+    cpu::estimate_topk(layout(), table_.data(), k, out.indices.data(), out.values.data(), order);
   }
   return out;
 }

@@ -151,20 +151,18 @@ class SketchAggregator final : public Aggregator {
         top.indices = top_idx_.to_vector();
         top.values = top_val_.to_vector();
       } else {
-        top = error_->top_k(o_.k);
+        top = error_->top_k(o_.k, TopKOrder::Index);  // what the message needs
         momentum_->zero_buckets(top.indices);
         error_->zero_buckets(top.indices);
       }
       return sparse_update(phase, std::move(top.indices), std::move(top.values));
     }
     if (o_.candidates == 0) {
-      TopK top = sum_.top_k(o_.k);
+      TopK top = sum_.top_k(o_.k, TopKOrder::Index);
       kernels::cpu::scale(top.values.data(), top.values.size(), inv);
       return sparse_update(phase, std::move(top.indices), std::move(top.values));
     }
-    TopK top = sum_.top_k(o_.candidates);
-    candidates_ = std::move(top.indices);
-    std::sort(candidates_.begin(), candidates_.end());
+    candidates_ = sum_.top_k(o_.candidates, TopKOrder::Index).indices;
     answers_.assign(candidates_.size(), 0.0f);
     Header h = phase;
     h.kind = MessageKind::Query;

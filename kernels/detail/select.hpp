@@ -37,19 +37,51 @@ inline bool better(const Candidate& a, const Candidate& b) {
 
 inline constexpr size_t kSelectBlock = 2048;
 
-/// Sorts candidates by rank (best first): LSD radix sort, 8 bits a pass, skipping passes where
-/// every candidate has the same digit; for the k results (often 10^4 or more) it is several times
-/// faster than a comparison sort.
-inline void sort_by_rank(std::vector<Candidate>& v) {
-  if (v.size() < 256) return std::sort(v.begin(), v.end(), better);
-  std::vector<Candidate> tmp(v.size());
+/// Sorts v by key(element), a 64-bit integer, ascending: LSD radix sort, 8 bits a pass, skipping
+/// passes where every element has the same digit (stable). For 10^4 or more elements (the k
+/// results) it is several times faster than a comparison sort.
+template <class T, class Key>
+void radix_sort(std::vector<T>& v, Key key) {
+  if (v.size() < 256)
+    return std::sort(v.begin(), v.end(), [&](const T& a, const T& b) { return key(a) < key(b); });
+  std::vector<T> tmp(v.size());
   for (int shift = 0; shift < 64; shift += 8) {
     size_t count[257] = {};
-    for (const Candidate& c : v) ++count[((c.rank >> shift) & 0xFF) + 1];
+    for (const T& c : v) ++count[((key(c) >> shift) & 0xFF) + 1];
     if (std::any_of(count + 1, count + 257, [&](size_t n) { return n == v.size(); })) continue;
     for (int d = 0; d < 256; ++d) count[d + 1] += count[d];
-    for (const Candidate& c : v) tmp[count[(c.rank >> shift) & 0xFF]++] = c;
+    for (const T& c : v) tmp[count[(key(c) >> shift) & 0xFF]++] = c;
     v.swap(tmp);
+  }
+}
+
+/// Sorts candidates by rank (best first).
+inline void sort_by_rank(std::vector<Candidate>& v) {
+  radix_sort(v, [](const Candidate& c) { return c.rank; });
+}
+
+/// Sorts n (index, value) pairs by index, equal indices by the value's bits, so the order never
+/// depends on the input's; returns at once when the indices already increase.
+inline void sort_pairs(uint32_t* idx, float* val, size_t n) {
+  if (std::is_sorted(idx, idx + n, std::less_equal<uint32_t>())) return;
+  std::vector<uint64_t> pairs(n);
+  for (size_t i = 0; i < n; ++i) pairs[i] = (uint64_t(idx[i]) << 32) | float_bits(val[i]);
+  radix_sort(pairs, [](uint64_t p) { return p; });
+  for (size_t i = 0; i < n; ++i) {
+    idx[i] = uint32_t(pairs[i] >> 32);
+    val[i] = bits_float(uint32_t(pairs[i]));
+  }
+}
+
+/// Candidates (best first) into idx/val, ordered by rank or by index.
+inline void write_out(std::vector<Candidate>& all, bool by_index, uint32_t* idx, float* val) {
+  if (by_index)
+    radix_sort(all, [](const Candidate& c) { return uint64_t(c.idx()); });
+  else
+    sort_by_rank(all);
+  for (size_t i = 0; i < all.size(); ++i) {
+    idx[i] = all[i].idx();
+    val[i] = all[i].val;
   }
 }
 
@@ -79,7 +111,7 @@ uint32_t sampled_threshold(size_t n, size_t k, const Fill& fill) {
 /// fill(lo, hi, out) writes the values of coordinates lo … hi − 1 into out.
 template <class Fill>
 void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float* out_val,
-                 uint32_t start = ~0u) {
+                 bool by_index = false, uint32_t start = ~0u) {
   if (k == 0 || n == 0) return;
   if (start == ~0u) start = sampled_threshold(n, k, fill);
   const int threads =
@@ -150,17 +182,13 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
   size_t total = 0;
   for (auto& v : kept) total += v.size();
   // Fewer than k reached the sampled start: the sample misled it; select again from 0.
-  if (start > 0 && total < std::min(k, n)) return select_topk(n, k, fill, out_idx, out_val, 0);
+  if (start > 0 && total < std::min(k, n)) return select_topk(n, k, fill, out_idx, out_val, by_index, 0);
   all.reserve(total);
   for (auto& v : kept) all.insert(all.end(), v.begin(), v.end());
   const size_t take = std::min(k, all.size());
   std::nth_element(all.begin(), all.begin() + (take - 1), all.end(), better);
   all.resize(take);
-  sort_by_rank(all);
-  for (size_t i = 0; i < take; ++i) {
-    out_idx[i] = all[i].idx();
-    out_val[i] = all[i].val;
-  }
+  write_out(all, by_index, out_idx, out_val);
 }
 
 }  // namespace sketchsgd::kernels::detail

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include "support/helpers.hpp"
 
@@ -37,6 +38,32 @@ TEST_P(TopK, MatchesFullSortIncludingTies) {
   k::topk(x.data(), n, kk, idx.data(), val.data());
   EXPECT_EQ(idx, want);
   for (size_t i = 0; i < kk; ++i) EXPECT_EQ(val[i], x[idx[i]]);
+  // The same k by index.
+  std::sort(want.begin(), want.end());
+  k::topk(x.data(), n, kk, idx.data(), val.data(), kernels::Order::Index);
+  EXPECT_EQ(idx, want);
+  for (size_t i = 0; i < kk; ++i) EXPECT_EQ(val[i], x[idx[i]]);
+}
+
+TEST(SortPairs, ByIndexThenValueBitsWhateverTheInputOrder) {
+  // Duplicate indices (a top-k aggregator's concatenated messages): the order of equal indices
+  // must not depend on the order the pairs came in, or sums would round differently.
+  const size_t n = 5000;
+  auto v = test::gaussian(n, 11);
+  std::vector<uint32_t> idx(n);
+  for (size_t i = 0; i < n; ++i) idx[i] = uint32_t((i * 7919) % 1777);
+  auto ri = idx;
+  auto rv = v;
+  std::reverse(ri.begin(), ri.end());
+  std::reverse(rv.begin(), rv.end());
+  k::sort_pairs(idx.data(), v.data(), n);
+  k::sort_pairs(ri.data(), rv.data(), n);
+  EXPECT_EQ(idx, ri);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(float_bits(v[i]), float_bits(rv[i]));
+  for (size_t i = 1; i < n; ++i) {
+    ASSERT_LE(idx[i - 1], idx[i]);
+    if (idx[i - 1] == idx[i]) ASSERT_LT(float_bits(v[i - 1]), float_bits(v[i]));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, TopK,

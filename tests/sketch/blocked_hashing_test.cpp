@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -191,6 +192,61 @@ TEST(BlockedSketch, IsLinearAndItsTopKNearDEqualsTheEstimates) {
   wider.block = 512;
   EXPECT_THROW(a += CountSketch(wider), ConfigMismatch);
 }
+
+/// One-row blocked sketches select over columns weighted by their coordinates, not over every
+/// estimate: the result must still be the reference order of all estimates (|value| descending,
+/// index ascending) or its index-sorted form, with heavy ties (a table of few distinct
+/// magnitudes, zero columns), partial last blocks, unaligned and tiny windows, any thread count.
+struct OneRow {
+  uint64_t dim;
+  uint32_t cols, block;
+};
+class OneRowTopK : public testing::TestWithParam<OneRow> {};
+
+TEST_P(OneRowTopK, EqualsSortingEveryEstimateWithTiesAndAnyThreadCount) {
+  const auto [dim, cols, block] = GetParam();
+  SketchConfig c{dim, 1, cols, 5};
+  c.block = block;
+  for (bool quantised : {false, true}) {
+    CountSketch s(c);
+    auto t = test::gaussian(cols, cols + block);
+    if (quantised)  // magnitudes 0, 0.5, 1, …: every selection ends in a tie
+      for (auto& v : t) v = std::round(v * 2) / 2;
+    s.add_table(t);
+    const auto est = s.estimate_all();
+    std::vector<uint32_t> order(dim);
+    for (uint32_t j = 0; j < dim; ++j) order[j] = j;
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      const float fa = std::fabs(est[a]), fb = std::fabs(est[b]);
+      return fa != fb ? fa > fb : a < b;
+    });
+    for (uint64_t k : {uint64_t(1), dim / 100 + 1, dim / 7, dim}) {
+      std::vector<uint32_t> want(order.begin(), order.begin() + k);
+      std::vector<uint32_t> sorted = want;
+      std::sort(sorted.begin(), sorted.end());
+      for (int threads : {1, 3}) {
+        omp_set_num_threads(threads);
+        const TopK by_value = s.top_k(k), by_index = s.top_k(k, TopKOrder::Index);
+        ASSERT_EQ(by_value.indices, want) << "k=" << k << " threads=" << threads;
+        ASSERT_EQ(by_index.indices, sorted) << "k=" << k << " threads=" << threads;
+        for (size_t i = 0; i < k; ++i) {
+          ASSERT_EQ(by_value.values[i], est[by_value.indices[i]]);
+          ASSERT_EQ(by_index.values[i], est[by_index.indices[i]]);
+        }
+      }
+    }
+  }
+  omp_set_num_threads(omp_get_num_procs());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, OneRowTopK,
+                         testing::Values(OneRow{200000, 9000, 1024},  // aligned, partial tail
+                                         OneRow{131072, 4096, 1024},  // whole blocks only
+                                         OneRow{50001, 9001, 1024},   // unaligned windows
+                                         OneRow{20000, 700, 1024},    // the block shrinks
+                                         OneRow{9001, 3, 1024},       // blocks of 2
+                                         OneRow{12000, 1000, 1},      // one coordinate a block
+                                         OneRow{70000, 1024, 1024})); // B = c: windows wrap
 
 TEST(BlockedSketch, SerialisesItsModeAndReadsTheOlderFormat) {
   SketchConfig c{5000, 3, 400, 4};

@@ -30,6 +30,11 @@ struct ChunkStats {
 
 inline constexpr size_t kNone = ~size_t(0);
 
+/// How selections order their k results: |value| descending then index ascending (a total
+/// order: ties resolve the same everywhere), or by index ascending (what sparse messages need).
+/// Either way the same k are chosen.
+enum class Order : uint8_t { Magnitude, Index };
+
 namespace cpu {
 
 // ---- count sketch -------------------------------------------------------------------------------
@@ -52,9 +57,11 @@ void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, si
 void estimate_all(const SketchLayout& s, const float* table, float* out);
 
 /// The k coordinates with the largest estimated magnitude, without materialising all estimates.
-/// Order: |value| descending, then index ascending (a total order: ties resolve the same
-/// everywhere).
-void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val);
+/// With one row under blocked hashing the k-th magnitude is found over the columns (each weighted
+/// by the coordinates it holds) and one pass in index order collects the k, so Order::Index is
+/// the cheaper order there.
+void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val,
+                   Order order = Order::Magnitude);
 
 /// Zeroes, in every row, the bucket each of the n coordinates idx hashes to (FetchSGD's reset).
 void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n);
@@ -65,7 +72,11 @@ double l2_estimate(const SketchLayout& s, const float* table);
 // ---- selection ----------------------------------------------------------------------------------
 /// The k largest |x[j]|, ordered as estimate_topk's. No full sort of x: a running threshold keeps
 /// at most 2k candidates per thread, then nth_element.
-void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val);
+void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val,
+          Order order = Order::Magnitude);
+/// Sorts n (index, value) pairs by index, equal indices by the value's bits (so the order never
+/// depends on the input order); O(n) when the indices already increase.
+void sort_pairs(uint32_t* idx, float* val, size_t n);
 
 // ---- dense vectors ------------------------------------------------------------------------------
 /// Index of the first NaN/±Inf in x, or kNone.

@@ -43,11 +43,13 @@ struct SketchConfig {
   }
 };
 
-/// Indices and values of heavy hitters, |value| descending, ties by index ascending.
+/// Indices and values of heavy hitters: |value| descending, ties by index ascending, or by index
+/// when asked for TopKOrder::Index.
 struct TopK {
   std::vector<uint32_t> indices;
   std::vector<float> values;
 };
+using TopKOrder = kernels::Order;
 
 /// A count sketch on a Device. On a GPU the table lives in device memory and every span argument
 /// or result (vectors to accumulate, indices, outputs, table()) is device memory; functions that
@@ -85,9 +87,11 @@ class CountSketch {
   void estimate(std::span<const uint32_t> indices, std::span<float> out) const;
   std::vector<float> estimate_all() const;
   void estimate_all(std::span<float> out) const;
-  /// The k coordinates of largest estimated magnitude (k ≤ dim), on the host.
-  TopK top_k(uint64_t k) const;
-  /// The same into idx and val (k = idx.size() = val.size(), in the sketch's memory).
+  /// The k coordinates of largest estimated magnitude (k ≤ dim), on the host. Index order is
+  /// the cheaper one for one-row sketches on the CPU (see kernels::cpu::estimate_topk).
+  TopK top_k(uint64_t k, TopKOrder order = TopKOrder::Magnitude) const;
+  /// The same into idx and val (k = idx.size() = val.size(), in the sketch's memory), by
+  /// magnitude.
   void top_k(std::span<uint32_t> idx, std::span<float> val) const;
   /// Estimate of ‖x‖₂: sqrt of the median over rows of the row's sum of squares.
   double l2_estimate() const;
