@@ -114,12 +114,21 @@ void Compressor::do_answer_sum(ByteReader&, std::span<float>) {
 }
 
 Bytes Compressor::save_state() const {
-  const Feedback* fb = feedback();
-  return fb && fb->stateful() ? fb->save() : Bytes{};
+  const auto scope = device_.activate();
+  return do_save_state();
 }
 
 void Compressor::load_state(std::span<const uint8_t> state) {
   const auto scope = device_.activate();
+  do_load_state(state);
+}
+
+Bytes Compressor::do_save_state() const {
+  const Feedback* fb = feedback();
+  return fb && fb->stateful() ? fb->save() : Bytes{};
+}
+
+void Compressor::do_load_state(std::span<const uint8_t> state) {
   Feedback* fb = feedback();
   if (!fb || !fb->stateful()) {
     SKETCHSGD_REQUIRE(state.empty(), WireError, "codec ", spec_, " keeps no worker state, got ",

@@ -38,6 +38,15 @@ void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a
     cpu::axpy(y.data(), x.data(), y.size(), a);
 }
 
+void gemm(const Device& d, bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
+          const float* a, size_t lda, const float* b, size_t ldb, float beta, float* c,
+          size_t ldc) {
+  if (d.is_gpu())
+    cu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, d.stream);
+  else
+    cpu::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 void scale(const Device& d, std::span<float> y, float a) {
   if (d.is_gpu())
     cu::scale(y.data(), y.size(), a, d.stream);

@@ -19,6 +19,10 @@ namespace sketchsgd::ops {
 size_t find_nonfinite(const Device& d, Scratch& s, std::span<const float> x);
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a);
 void scale(const Device& d, std::span<float> y, float a);
+/// Row-major c = alpha · op(a) · op(b) + beta · c (kernels::cpu::gemm), matrices in d's memory.
+void gemm(const Device& d, bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
+          const float* a, size_t lda, const float* b, size_t ldb, float beta, float* c,
+          size_t ldc);
 /// u = ρ·u + g; v += u.
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
                          std::span<const float> g, float rho);

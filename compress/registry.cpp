@@ -66,6 +66,7 @@ std::string Options::canonical(const std::string& name,
     out += o.key + "=" + format_value(o, number(o.key));
     sep = ',';
   }
+  if (!layout_.empty()) out += std::string(1, sep) + "layout=" + layout_.text();
   return out;
 }
 
@@ -93,8 +94,11 @@ std::vector<const CodecEntry*> Registry::entries() const {
 
 std::string Registry::describe() const {
   std::ostringstream os;
-  for (const auto& [name, e] : entries_)
+  for (const auto& [name, e] : entries_) {
     os << name << ": " << e.summary << "\n" << describe_options(e);
+    if (e.uses_layout)
+      os << "  layout=<shapes>: the vector's tensors, e.g. 1024x784+1024\n";
+  }
   return os.str();
 }
 
@@ -125,6 +129,17 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
                       "' is not key=value; ", name, " accepts:\n", describe_options(*e));
     const std::string key(trim(item.substr(0, eq)));
     const std::string_view text = trim(item.substr(eq + 1));
+    if (key == "layout") {
+      SKETCHSGD_REQUIRE(e->uses_layout, InvalidArgument, "spec '", spec, "': codec ", name,
+                        " does not use a layout");
+      SKETCHSGD_REQUIRE(!given.count(key), InvalidArgument, "spec '", spec,
+                        "': option 'layout' given twice");
+      opts.layout_ = Layout::parse(text);
+      given[key] = true;
+      if (comma == std::string_view::npos) break;
+      rest = rest.substr(comma + 1);
+      continue;
+    }
     const OptionSpec* o = nullptr;
     for (const auto& cand : e->options)
       if (cand.key == key) o = &cand;
@@ -158,12 +173,26 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }
+  SKETCHSGD_REQUIRE(opts.layout_.empty() || opts.layout_.size() == dim, InvalidArgument, "spec '",
+                    spec, "': the layout holds ", opts.layout_.size(), " values, the vector ", dim);
   return e->build(opts, dim, opts.canonical(e->name, e->options), device);
 }
 
 std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
                                             const Device& device) {
   return Registry::instance().make(spec, dim, device);
+}
+
+std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout& layout,
+                                            const Device& device) {
+  SKETCHSGD_REQUIRE(!layout.empty(), InvalidArgument, "make_compressor: empty layout");
+  spec = trim(spec);
+  SKETCHSGD_REQUIRE(spec.find("layout=") == std::string_view::npos, InvalidArgument, "spec '",
+                    spec, "' has a layout already");
+  const std::string full = std::string(spec) +
+                           (spec.find(':') == std::string_view::npos ? ":" : ",") + "layout=" +
+                           layout.text();
+  return Registry::instance().make(full, layout.size(), device);
 }
 
 }  // namespace sketchsgd

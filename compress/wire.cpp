@@ -16,6 +16,8 @@ std::string_view to_string(CodecId id) {
       return "signsgd";
     case CodecId::Sketch:
       return "sketch";
+    case CodecId::PowerSGD:
+      return "powersgd";
   }
   return "unknown";
 }
@@ -63,7 +65,7 @@ Header decode_header(std::span<const uint8_t> bytes, uint64_t max_payload) {
                     ", this build speaks ", kWireVersion);
   Header h;
   const auto codec = r.get<uint8_t>();
-  SKETCHSGD_REQUIRE(codec >= 1 && codec <= 5, WireError, "message: unknown codec id ", int(codec));
+  SKETCHSGD_REQUIRE(codec >= 1 && codec <= kLastCodecId, WireError, "message: unknown codec id ", int(codec));
   h.codec = CodecId(codec);
   const auto kind = r.get<uint8_t>();
   SKETCHSGD_REQUIRE(kind >= 1 && kind <= 4, WireError, "message: unknown kind ", int(kind));

@@ -89,4 +89,9 @@ void unpack_ternary(const uint8_t*, size_t, size_t, const float*, float, float*,
   absent();
 }
 
+void gemm(bool, bool, size_t, size_t, size_t, float, const float*, size_t, const float*, size_t,
+          float, float*, size_t, Stream) {
+  absent();
+}
+
 }  // namespace sketchsgd::kernels::cuda

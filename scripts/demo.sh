@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 source scripts/packages.sh
 ensure_packages cmake ninja-build g++ libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libzmq3-dev cppzmq-dev zlib1g-dev libtorch-dev libopenblas0-pthread dataset-fashion-mnist
+  libzmq3-dev cppzmq-dev zlib1g-dev libtorch-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist
 
 echo "== build (preset default, target sketchsgd-train)"
 cmake --preset default >/dev/null

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/compress/layout.hpp>
 #include <sketchsgd/compress/mean_aggregator.hpp>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/compress/wire.hpp>

@@ -118,6 +118,10 @@ class Compressor {
   virtual void do_answer_sum(ByteReader& payload, std::span<float> out);
   /// The codec's worker state, when it keeps one (save_state()/load_state() serialise it).
   virtual Feedback* feedback() { return nullptr; }
+  /// save_state()/load_state() (the device active); default: feedback()'s state. Codecs with
+  /// more worker state override both; load validates everything before changing anything.
+  virtual Bytes do_save_state() const;
+  virtual void do_load_state(std::span<const uint8_t> state);
   const Feedback* feedback() const { return const_cast<Compressor*>(this)->feedback(); }
   /// Validates an Update payload completely, then writes its dense step.
   virtual void do_decode(ByteReader& payload, const Header& h, std::span<float> step) const = 0;

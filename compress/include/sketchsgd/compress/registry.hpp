@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/compress/layout.hpp>
 
 namespace sketchsgd {
 
@@ -34,12 +35,15 @@ class Options {
   double number(const std::string& key) const;
   uint64_t integer(const std::string& key) const { return uint64_t(number(key)); }
   bool flag(const std::string& key) const { return number(key) != 0.0; }
-  /// "name:key=value,..." with every option, in declaration order.
+  /// The spec's `layout=` (empty when none was given; only codecs that use one accept it).
+  const Layout& layout() const { return layout_; }
+  /// "name:key=value,..." with every option, in declaration order, then the layout if any.
   std::string canonical(const std::string& name, const std::vector<OptionSpec>& specs) const;
 
  private:
   friend class Registry;
   std::map<std::string, double> values_;
+  Layout layout_;
 };
 
 struct CodecEntry {
@@ -51,6 +55,9 @@ struct CodecEntry {
   std::function<std::unique_ptr<Compressor>(const Options&, uint64_t dim, std::string spec,
                                             const Device& device)>
       build;
+  /// Whether the codec takes `layout=` (the tensors of the vector; layout.hpp). Required by
+  /// codecs that cannot work without one (they say so when it is missing).
+  bool uses_layout = false;
 };
 
 class Registry {
@@ -70,6 +77,10 @@ class Registry {
 /// Builds a codec for vectors of length dim from a spec string, on a device (gradients, steps and
 /// parameters then live there).
 std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
+                                            const Device& device = Device::cpu());
+/// The same for the vector made of a layout's tensors (dim = layout.size()): the layout becomes
+/// the spec's `layout=` (InvalidArgument when the spec has one already or the codec uses none).
+std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout& layout,
                                             const Device& device = Device::cpu());
 
 struct CodecRegistrar {

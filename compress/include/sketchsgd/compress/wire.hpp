@@ -17,7 +17,15 @@
 
 namespace sketchsgd {
 
-enum class CodecId : uint8_t { Dense = 1, TopK = 2, TernGrad = 3, SignSGD = 4, Sketch = 5 };
+enum class CodecId : uint8_t {
+  Dense = 1,
+  TopK = 2,
+  TernGrad = 3,
+  SignSGD = 4,
+  Sketch = 5,
+  PowerSGD = 6,
+};
+inline constexpr uint8_t kLastCodecId = 6;
 enum class MessageKind : uint8_t {
   Gradient = 1,  ///< worker → server: the encoded gradient of one round
   Query = 2,     ///< server → workers: coordinates whose exact values the second round needs

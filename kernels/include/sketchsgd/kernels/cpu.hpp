@@ -78,6 +78,15 @@ void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val,
 /// depends on the input order); O(n) when the indices already increase.
 void sort_pairs(uint32_t* idx, float* val, size_t n);
 
+// ---- dense matrices (row-major; OpenBLAS) ----------------------------------------------------
+/// c = alpha · op(a) · op(b) + beta · c with op(a) m × k and op(b) k × n (op = transpose when
+/// asked); lda, ldb, ldc are the row strides of a, b, c as stored.
+void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha, const float* a,
+          size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc);
+/// Orthonormalises the r columns of the n × r matrix a in place (Gram-Schmidt); a column
+/// dependent on the earlier ones, or zero, becomes zero.
+void orthonormalize(float* a, size_t n, size_t r);
+
 // ---- dense vectors ------------------------------------------------------------------------------
 /// Index of the first NaN/±Inf in x, or kNone.
 size_t find_nonfinite(const float* x, size_t n);

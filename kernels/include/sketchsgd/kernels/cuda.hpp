@@ -57,6 +57,11 @@ void l2_estimate(const SketchLayout& s, const float* table, double* out, Workspa
 void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspace& ws,
           Stream stream = nullptr);
 
+// ---- dense matrices (row-major, as cpu::gemm; cuBLAS) -----------------------------------------
+void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha, const float* a,
+          size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc,
+          Stream stream = nullptr);
+
 // ---- dense vectors ------------------------------------------------------------------------------
 /// *first = min(*first, index of the first NaN/±Inf in x); the caller sets *first to UINT64_MAX.
 void find_nonfinite(const float* x, size_t n, unsigned long long* first, Stream stream = nullptr);

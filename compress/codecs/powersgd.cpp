@@ -1,0 +1,332 @@
+// powersgd: PowerSGD (Vogels et al. 2019), rank-r approximations with error feedback, computed as
+// torch.distributed's powerSGD_hook does. It needs the layout: every tensor whose matrix view
+// (rows × cols) is worth it — (rows + cols)·r·min_rate < rows·cols — is approximated by rank-r
+// factors; the others (biases, small tensors) travel uncompressed. Two summable phases a round:
+//   Gradient: worker i sends P_i = M_i·Q per matrix, M_i = its gradient + error, Q the last
+//             round's mean Q orthonormalised (warm start; random at first), and its
+//             uncompressed tensors;
+//   Query:    the server orthonormalises ΣP_i into P̂ (the same column space as the mean);
+//   Answer:   worker i sends Q_i = M_iᵀ·P̂;
+//   Update:   P̂, Q̄ = ΣQ_i / W and the uncompressed tensors' mean. The step is P̂·Q̄ᵀ (the mean
+//             gradient projected on P̂'s columns); workers keep M_i − P̂·Q̄ᵀ as their error and
+//             Q̄ for the next round.
+// Matrix products through OpenBLAS or cuBLAS (ops::gemm); the factors are small, so the
+// orthonormalisation and the server's sums run on the host.
+#include <algorithm>
+#include <cstring>
+
+#include <sketchsgd/compress/feedback.hpp>
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "../ops.hpp"
+#include "../payload.hpp"
+
+namespace sketchsgd {
+namespace {
+
+/// Where every tensor of the layout goes: matrices factored at their rank (P and Q at offsets in
+/// the concatenated factors), the rest copied into the uncompressed part.
+struct Plan {
+  struct Matrix {
+    uint64_t offset, rows, cols, rank, p_at, q_at;
+  };
+  struct Dense {
+    uint64_t offset, numel, at;
+  };
+  std::vector<Matrix> matrices;
+  std::vector<Dense> dense;
+  uint64_t p_size = 0, q_size = 0, dense_size = 0;
+
+  Plan(const Layout& layout, uint64_t rank, double min_rate) {
+    for (const auto& t : layout.tensors()) {
+      const uint64_t r = std::min({t.rows, t.cols, rank});
+      if (t.dims >= 2 && double(t.rows + t.cols) * double(r) * min_rate < double(t.numel)) {
+        matrices.push_back({t.offset, t.rows, t.cols, r, p_size, q_size});
+        p_size += t.rows * r;
+        q_size += t.cols * r;
+      } else {
+        dense.push_back({t.offset, t.numel, dense_size});
+        dense_size += t.numel;
+      }
+    }
+  }
+};
+
+struct PowerOptions {
+  uint64_t rank;
+  bool ef, warm;
+  uint64_t seed;
+};
+
+/// Uniform values in [−1, 1) from integer arithmetic only, so every worker and server builds the
+/// same first Q whatever its libm (SplitMix64 of seed and position).
+void random_q(std::span<float> q, uint64_t seed) {
+  for (size_t i = 0; i < q.size(); ++i) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    q[i] = float(int32_t(uint32_t(z >> 32))) * 0x1p-31f;
+  }
+}
+
+void orthonormalize(const Plan& plan, std::span<float> factors, bool q_side) {
+  for (const auto& m : plan.matrices)
+    kernels::cpu::orthonormalize(factors.data() + (q_side ? m.q_at : m.p_at),
+                                 q_side ? m.cols : m.rows, m.rank);
+}
+
+class PowerAggregator final : public Aggregator {
+ public:
+  PowerAggregator(const Compressor& c, uint32_t world, const Plan& plan)
+      : Aggregator(c, world),
+        plan_(plan),
+        p_sum_(plan.p_size + plan.dense_size, 0.0f),
+        q_sum_(plan.q_size, 0.0f) {}
+
+ private:
+  void absorb(ByteReader& r, const Header& h) override {
+    const auto v = payload::read_floats(r, info_.sum_size[size_t(h.kind)],
+                                        h.kind == MessageKind::Answer ? "Q factor" : "P factor");
+    r.expect_end();
+    add(v, h.kind);
+  }
+  void absorb_sum(std::span<const float> sum, MessageKind kind) override {
+    const auto host = ops::to_host(device_, sum, staging_);
+    SKETCHSGD_REQUIRE(kernels::cpu::find_nonfinite(host.data(), host.size()) == kernels::kNone,
+                      WireError, "powersgd: summed ",
+                      kind == MessageKind::Answer ? "Q factors" : "P factors", " not finite");
+    add(host, kind);
+  }
+  void add(std::span<const float> v, MessageKind kind) {  // host values, validated
+    auto& sum = kind == MessageKind::Answer ? q_sum_ : p_sum_;
+    kernels::cpu::axpy(sum.data(), v.data(), v.size(), 1.0f);
+  }
+
+  Message reduce(const Header& phase, uint32_t contributors) override {
+    const float inv = 1.0f / float(contributors);
+    if (phase.kind == MessageKind::Gradient) {
+      // Orthonormalising the sum spans the mean's column space; the uncompressed part waits for
+      // the update.
+      p_hat_.assign(p_sum_.begin(), p_sum_.begin() + plan_.p_size);
+      orthonormalize(plan_, p_hat_, false);
+      dense_mean_.assign(p_sum_.begin() + plan_.p_size, p_sum_.end());
+      kernels::cpu::scale(dense_mean_.data(), dense_mean_.size(), inv);
+      Header h = phase;
+      h.kind = MessageKind::Query;
+      return Message::build(h, 4 * p_hat_.size(),
+                            [&](ByteWriter& w) { w.put_array(std::span<const float>(p_hat_)); });
+    }
+    kernels::cpu::scale(q_sum_.data(), q_sum_.size(), inv);
+    Header h = phase;
+    h.kind = MessageKind::Update;
+    return Message::build(h, 4 * (p_hat_.size() + q_sum_.size() + dense_mean_.size()),
+                          [&](ByteWriter& w) {
+                            w.put_array(std::span<const float>(p_hat_));
+                            w.put_array(std::span<const float>(q_sum_));
+                            w.put_array(std::span<const float>(dense_mean_));
+                          });
+  }
+
+  void clear() override {
+    std::fill(p_sum_.begin(), p_sum_.end(), 0.0f);
+    std::fill(q_sum_.begin(), q_sum_.end(), 0.0f);
+  }
+
+  const Plan plan_;
+  std::vector<float> p_sum_, q_sum_;     // this phase's sums: P and the uncompressed part; Q
+  std::vector<float> p_hat_, dense_mean_;  // from the Gradient phase, for the update
+  std::vector<float> staging_;
+};
+
+class PowerSGD final : public Compressor {
+ public:
+  PowerSGD(uint64_t dim, std::string spec, const Plan& plan, const PowerOptions& o,
+           const Device& device)
+      : Compressor(CodecId::PowerSGD, dim, std::move(spec), device),
+        plan_(plan),
+        o_(o),
+        fb_(dim, 0.0f, true, device),  // holds M from encode to apply
+        q_(plan.q_size),
+        q_dev_(plan.q_size, device),
+        p_dev_(plan.p_size, device),
+        pq_dev_(plan.p_size + plan.q_size, device) {
+    random_q(q_, o.seed);
+  }
+
+  std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
+    return std::make_unique<PowerAggregator>(*this, world, plan_);
+  }
+  bool two_rounds() const override { return true; }
+  uint64_t sum_size(MessageKind kind) const override {
+    if (kind == MessageKind::Gradient) return plan_.p_size + plan_.dense_size;
+    return kind == MessageKind::Answer ? plan_.q_size : 0;
+  }
+  uint64_t max_payload(MessageKind kind) const override {
+    switch (kind) {
+      case MessageKind::Gradient:
+        return 4 * (plan_.p_size + plan_.dense_size);
+      case MessageKind::Query:
+        return 4 * plan_.p_size;
+      case MessageKind::Answer:
+        return 4 * plan_.q_size;
+      case MessageKind::Update:
+        return 4 * (plan_.p_size + plan_.q_size + plan_.dense_size);
+    }
+    return 0;
+  }
+
+ private:
+  /// M = g + error; P_i = M·Q per matrix (Q: the warm-started mean, orthonormalised) into p, the
+  /// uncompressed tensors after it (p and dense in the device's memory).
+  void compute_p(std::span<const float> g, uint64_t round, float* p, float* dense) {
+    if (!o_.warm && round != last_round_) random_q(q_, o_.seed ^ (round * 0xD1B54A32D192ED03ull));
+    last_round_ = round;
+    std::vector<float> q = q_;
+    orthonormalize(plan_, q, true);
+    q_dev_.upload(q);
+    const auto m = fb_.absorb(g);
+    for (const auto& x : plan_.matrices)
+      ops::gemm(device(), false, false, x.rows, x.rank, x.cols, 1.0f, m.data() + x.offset, x.cols,
+                q_dev_.data() + x.q_at, x.rank, 0.0f, p + x.p_at, x.rank);
+    for (const auto& d : plan_.dense)
+      detail::copy_bytes(dense + d.at, m.data() + d.offset, d.numel * sizeof(float), device());
+  }
+
+  Message do_encode(std::span<const float> g, const Header& h) override {
+    Buffer<float> out(plan_.p_size + plan_.dense_size, device());
+    compute_p(g, h.round, out.data(), out.data() + plan_.p_size);
+    const auto host = ops::to_host(device(), out.span(), staging_);
+    return Message::build(h, host.size_bytes(), [&](ByteWriter& w) { w.put_array(host); });
+  }
+  void do_encode_sum(std::span<const float> g, std::span<float> out) override {
+    compute_p(g, round_hint_++, out.data(), out.data() + plan_.p_size);
+  }
+
+  /// Q_i = Mᵀ·P̂ per matrix into q (device memory).
+  void compute_q(ByteReader& r, float* q) {
+    const auto p = payload::read_floats(r, plan_.p_size, "query P factor");
+    r.expect_end();
+    p_dev_.upload(p);
+    const auto m = fb_.error();
+    for (const auto& x : plan_.matrices)
+      ops::gemm(device(), true, false, x.cols, x.rank, x.rows, 1.0f, m.data() + x.offset, x.cols,
+                p_dev_.data() + x.p_at, x.rank, 0.0f, q + x.q_at, x.rank);
+  }
+  Message do_answer(ByteReader& r, const Header& query, uint32_t sender) override {
+    Buffer<float> out(plan_.q_size, device());
+    compute_q(r, out.data());
+    const auto host = ops::to_host(device(), out.span(), staging_);
+    return Message::build(make_header(MessageKind::Answer, query.round, sender),
+                          host.size_bytes(), [&](ByteWriter& w) { w.put_array(host); });
+  }
+  void do_answer_sum(ByteReader& r, std::span<float> out) override { compute_q(r, out.data()); }
+
+  /// The update's factors (validated, on the device) and its uncompressed values (host).
+  std::vector<float> read_update(ByteReader& r) const {
+    auto pq = payload::read_floats(r, plan_.p_size + plan_.q_size, "update factor");
+    auto dense = payload::read_floats(r, plan_.dense_size, "update value");
+    r.expect_end();
+    pq_dev_.upload(pq);
+    pq.swap(dense);
+    return pq;
+  }
+  void write_step(const std::vector<float>& dense, std::span<float> step) const {
+    const float* p = pq_dev_.data();
+    const float* q = p + plan_.p_size;
+    for (const auto& x : plan_.matrices)
+      ops::gemm(device(), false, true, x.rows, x.cols, x.rank, 1.0f, p + x.p_at, x.rank,
+                q + x.q_at, x.rank, 0.0f, step.data() + x.offset, x.cols);
+    for (const auto& d : plan_.dense)
+      detail::copy_bytes(step.data() + d.offset, dense.data() + d.at, d.numel * sizeof(float),
+                         device());
+  }
+  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
+    write_step(read_update(r), step);
+  }
+  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+    write_step(read_update(r), step);
+    // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
+    // next round's warm start.
+    const auto e = fb_.error();
+    for (const auto& x : plan_.matrices) {
+      const auto part = e.subspan(x.offset, x.rows * x.cols);
+      if (o_.ef)
+        ops::axpy(device(), part, step.subspan(x.offset, part.size()), -1.0f);
+      else
+        ops::scale(device(), part, 0.0f);
+    }
+    for (const auto& d : plan_.dense) ops::scale(device(), e.subspan(d.offset, d.numel), 0.0f);
+    if (o_.warm)
+      detail::copy_bytes(q_.data(), pq_dev_.data() + plan_.p_size, q_.size() * sizeof(float),
+                         device());
+  }
+
+  // Worker state: the error (between rounds) and the warm-start Q.
+  Bytes do_save_state() const override {
+    Bytes out;
+    ByteWriter w(out);
+    const Bytes fb = fb_.save();
+    w.put(uint64_t(fb.size()));
+    w.put_array(std::span<const uint8_t>(fb));
+    w.put(uint64_t(q_.size()));
+    w.put_array(std::span<const float>(q_));
+    w.put(crc32c(out));
+    return out;
+  }
+  void do_load_state(std::span<const uint8_t> state) override {
+    SKETCHSGD_REQUIRE(state.size() >= 4, WireError, "powersgd state of ", state.size(), " bytes");
+    uint32_t crc = 0;
+    std::memcpy(&crc, state.data() + state.size() - 4, 4);
+    SKETCHSGD_REQUIRE(crc32c(state.first(state.size() - 4)) == crc, WireError,
+                      "powersgd state: checksum mismatch (corrupt bytes)");
+    ByteReader r(state.first(state.size() - 4), "powersgd state");
+    const auto fb = r.take<uint8_t>(r.get<uint64_t>());
+    const auto nq = r.get<uint64_t>();
+    SKETCHSGD_REQUIRE(nq == q_.size(), WireError, "powersgd state with ", nq,
+                      " Q values for a codec of ", q_.size());
+    const auto q = payload::read_floats(r, nq, "powersgd state Q");
+    r.expect_end();
+    fb_.load(fb);  // validates everything before it changes anything
+    q_ = q;
+  }
+
+  const Plan plan_;
+  const PowerOptions o_;
+  Feedback fb_;
+  std::vector<float> q_;  // host: the next round's Q before orthonormalisation
+  Buffer<float> q_dev_, p_dev_;
+  mutable Buffer<float> pq_dev_;  // an update's factors on the device
+  std::vector<float> staging_;
+  uint64_t last_round_ = ~uint64_t(0);
+  uint64_t round_hint_ = 0;  // encode_sum has no round: counts calls (warm=0 only)
+};
+
+SKETCHSGD_REGISTER_CODEC(
+    kPowerSGD,
+    {"powersgd",
+     "PowerSGD: rank-r factors of each matrix of the layout (required) with error feedback and "
+     "warm start; two summable phases (P, then Q)",
+     {{"rank", "approximation rank r of each matrix", 4, 1, 1024},
+      {"min_rate", "compress a matrix only when (rows + cols) * r * min_rate < rows * cols", 2, 0,
+       1e6, false},
+      {"ef", "1: error feedback (keep what the approximation missed)", 1, 0, 1},
+      {"warm", "1: start each round's power iteration from the last round's Q", 1, 0, 1},
+      {"seed", "seed of the first Q, shared by workers and server", 1, 0, 4294967295.0}},
+     [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
+       SKETCHSGD_REQUIRE(!o.layout().empty(), InvalidArgument,
+                         "powersgd needs the tensors' shapes: add layout=<shapes> to the spec "
+                         "(e.g. layout=1024x784+1024), or build it with make_compressor(spec, "
+                         "layout)");
+       PowerOptions p{o.integer("rank"), o.flag("ef"), o.flag("warm"), o.integer("seed")};
+       const Plan plan(o.layout(), p.rank, o.number("min_rate"));
+       SKETCHSGD_REQUIRE(!plan.matrices.empty(), InvalidArgument, "powersgd: no tensor of layout ",
+                         o.layout().text(), " is worth compressing at rank ", p.rank,
+                         " (min_rate): use dense");
+       return std::make_unique<PowerSGD>(dim, std::move(spec), plan, p, device);
+     },
+     true});
+
+}  // namespace
+}  // namespace sketchsgd

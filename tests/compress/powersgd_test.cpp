@@ -1,0 +1,215 @@
+// Tensor layouts in specs, and the powersgd codec's contract: exact for a matrix of rank ≤ r,
+// error feedback keeps what was not sent, the server's query is the orthonormalised sum of the
+// workers' P factors, summed payloads give the messages' updates, state round trips, and corrupt
+// bytes change nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <sketchsgd/compress/layout.hpp>
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "support/helpers.hpp"
+
+namespace sketchsgd {
+namespace {
+
+TEST(Layout, ParsesPrintsAndRefusesBadText) {
+  const Layout l = Layout::parse("1024x784+1024+10x2x5+3");
+  ASSERT_EQ(l.tensors().size(), 4u);
+  EXPECT_EQ(l.size(), 1024u * 784 + 1024 + 100 + 3);
+  EXPECT_EQ(l.tensors()[2].offset, 1024u * 784 + 1024);
+  EXPECT_EQ(l.tensors()[2].rows, 10u);  // matrix view: first dimension × the rest
+  EXPECT_EQ(l.tensors()[2].cols, 10u);
+  EXPECT_EQ(l.tensors()[1].cols, 1u);
+  EXPECT_EQ(l.text(), "1024x784+1024+10x2x5+3");
+  EXPECT_EQ(Layout::parse(l.text()), l);
+  for (const char* bad : {"", "+", "3+", "3x", "x3", "3++4", "3x0", "3,4", "3 x 4", "-3",
+                          "99999999999", "70000x70000"})
+    EXPECT_THROW(Layout::parse(bad), InvalidArgument) << bad;
+}
+
+TEST(Layout, IsPartOfTheCanonicalSpecAndMustFitTheVector) {
+  const auto c = make_compressor("powersgd:rank=2,layout=40x50+10", 2010);
+  EXPECT_NE(c->spec().find(",layout=40x50+10"), std::string::npos) << c->spec();
+  // Rebuilt from its canonical spec: the same codec.
+  EXPECT_EQ(make_compressor(c->spec(), 2010)->spec(), c->spec());
+  EXPECT_EQ(make_compressor("powersgd:rank=2", Layout({{40, 50}, {10}}))->spec(), c->spec());
+  EXPECT_THROW(make_compressor("powersgd:rank=2,layout=40x50+10", 2000), InvalidArgument);
+  EXPECT_THROW(make_compressor("powersgd:rank=2", 2010), InvalidArgument);  // needs one
+  EXPECT_THROW(make_compressor("powersgd:layout=4x5,layout=4x5", 20), InvalidArgument);
+  EXPECT_THROW(make_compressor("powersgd:rank=2,layout=4x5", Layout({{4, 5}})), InvalidArgument);
+  EXPECT_THROW(make_compressor("topk:k=3,layout=4x5", 20), InvalidArgument);  // uses none
+  // Nothing worth compressing at this rank: refused with a reason.
+  EXPECT_THROW(make_compressor("powersgd:rank=4,layout=8x8+8", 72), InvalidArgument);
+}
+
+struct Round {
+  std::vector<std::unique_ptr<Compressor>> workers;
+  std::unique_ptr<Aggregator> server;
+  Round(const std::string& spec, uint64_t dim, uint32_t w) {
+    for (uint32_t i = 0; i < w; ++i) workers.push_back(make_compressor(spec, dim));
+    server = workers[0]->make_aggregator(w);
+  }
+  /// One two-phase round through messages; every worker applies; returns worker 0's step.
+  std::vector<float> run(const std::vector<std::vector<float>>& grads, uint64_t round,
+                         Bytes* query = nullptr) {
+    for (uint32_t i = 0; i < workers.size(); ++i)
+      server->add(workers[i]->encode(grads[i], round, i).bytes());
+    const Message q = server->finish();
+    EXPECT_EQ(server->expecting(), MessageKind::Answer);
+    if (query) query->assign(q.bytes().begin(), q.bytes().end());
+    for (uint32_t i = 0; i < workers.size(); ++i)
+      server->add(workers[i]->answer(q.bytes(), i).bytes());
+    const Message u = server->finish();
+    std::vector<float> step(grads[0].size()), other(step.size());
+    workers[0]->apply(u.bytes(), step);
+    for (uint32_t i = 1; i < workers.size(); ++i) workers[i]->apply(u.bytes(), other);
+    return step;
+  }
+};
+
+/// A rows × cols matrix of rank r (sum of r outer products), then a tail of `tail` values.
+std::vector<float> low_rank(uint64_t rows, uint64_t cols, uint64_t r, uint64_t tail,
+                            uint64_t seed) {
+  const auto a = test::gaussian(rows * r, seed), b = test::gaussian(cols * r, seed + 1);
+  std::vector<float> m(rows * cols + tail, 0.0f);
+  for (uint64_t i = 0; i < rows; ++i)
+    for (uint64_t j = 0; j < cols; ++j)
+      for (uint64_t l = 0; l < r; ++l) m[i * cols + j] += a[i * r + l] * b[j * r + l];
+  const auto t = test::gaussian(tail, seed + 2);
+  std::copy(t.begin(), t.end(), m.begin() + rows * cols);
+  return m;
+}
+
+TEST(PowerSGD, RecoversARankRMatrixAndTheUncompressedTensorsExactly) {
+  // Two workers with g1 = −0.5·g0, g0 of rank 3 on the matrix: the mean has rank 3, so a rank-3
+  // round reproduces it (to float rounding) and the uncompressed tail exactly.
+  const uint64_t rows = 60, cols = 45, tail = 7;
+  auto g0 = low_rank(rows, cols, 3, tail, 1), g1 = g0;
+  for (auto& v : g1) v *= -0.5f;
+  Round job("powersgd:rank=3,layout=60x45+7", rows * cols + tail, 2);
+  const auto step = job.run({g0, g1}, 0);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < step.size(); ++i) {
+    const double want = 0.5 * (double(g0[i]) + double(g1[i]));
+    err += (step[i] - want) * (step[i] - want);
+    norm += want * want;
+  }
+  EXPECT_LT(std::sqrt(err / norm), 1e-5);
+  for (uint64_t i = rows * cols; i < step.size(); ++i)  // biases: the exact mean
+    EXPECT_EQ(step[i], (g0[i] + g1[i]) * 0.5f);
+  // A lower rank cannot be exact.
+  Round low("powersgd:rank=1,layout=60x45+7", rows * cols + tail, 2);
+  const auto s1 = low.run({g0, g1}, 0);
+  double err1 = 0;
+  for (size_t i = 0; i < rows * cols; ++i) {
+    const double want = 0.5 * (double(g0[i]) + double(g1[i]));
+    err1 += (s1[i] - want) * (s1[i] - want);
+  }
+  EXPECT_GT(std::sqrt(err1 / norm), 1e-2);
+}
+
+TEST(PowerSGD, QueryIsTheOrthonormalisedSumOfTheWorkersP) {
+  const uint64_t dim = 30 * 20 + 5;
+  Round job("powersgd:rank=2,layout=30x20+5", dim, 3);
+  std::vector<std::vector<float>> g;
+  for (uint32_t i = 0; i < 3; ++i) g.push_back(test::gaussian(dim, 10 + i));
+  // The P factors the workers send, summed by hand (a second, identical set of workers).
+  Round twin("powersgd:rank=2,layout=30x20+5", dim, 3);
+  std::vector<float> sum(30 * 2 + 5, 0.0f);
+  for (uint32_t i = 0; i < 3; ++i) {
+    const Message m = twin.workers[i]->encode(g[i], 0, i);
+    const auto payload = m.bytes().subspan(kHeaderBytes);
+    ASSERT_EQ(payload.size(), sum.size() * 4);
+    for (size_t j = 0; j < sum.size(); ++j) {
+      float v;
+      std::memcpy(&v, payload.data() + 4 * j, 4);
+      sum[j] += v;
+    }
+  }
+  kernels::cpu::orthonormalize(sum.data(), 30, 2);
+  Bytes query;
+  job.run(g, 0, &query);
+  ASSERT_EQ(query.size(), kHeaderBytes + 30 * 2 * 4);
+  for (size_t j = 0; j < 60; ++j) {
+    float v;
+    std::memcpy(&v, query.data() + kHeaderBytes + 4 * j, 4);
+    EXPECT_FLOAT_EQ(v, sum[j]) << j;
+  }
+  // Orthonormal columns.
+  double dot = 0, n0 = 0;
+  for (size_t i = 0; i < 30; ++i) {
+    dot += double(sum[2 * i]) * sum[2 * i + 1];
+    n0 += double(sum[2 * i]) * sum[2 * i];
+  }
+  EXPECT_NEAR(dot, 0.0, 1e-5);
+  EXPECT_NEAR(n0, 1.0, 1e-5);
+}
+
+TEST(PowerSGD, ErrorFeedbackKeepsWhatWasNotSent) {
+  const uint64_t dim = 40 * 30;
+  const auto g = test::gaussian(dim, 5);
+  const std::vector<float> zero(dim, 0.0f);
+  auto residual = [&](const char* spec) {
+    Round job(spec, dim, 1);
+    const auto s1 = job.run({g}, 0);
+    const auto s2 = job.run({zero}, 1);  // with ef=1: an approximation of what s1 missed
+    double before = 0, after = 0, second = 0;
+    for (size_t i = 0; i < dim; ++i) {
+      before += (g[i] - s1[i]) * (g[i] - s1[i]);
+      after += (g[i] - s1[i] - s2[i]) * (g[i] - s1[i] - s2[i]);
+      second += s2[i] * s2[i];
+    }
+    return std::make_tuple(before, after, second);
+  };
+  const auto [b1, a1, s1] = residual("powersgd:rank=2,layout=40x30");
+  EXPECT_GT(s1, 0.0);
+  EXPECT_LT(a1, 0.95 * b1);  // the second round sent part of the first one's residual
+  const auto [b0, a0, s0] = residual("powersgd:rank=2,ef=0,layout=40x30");
+  EXPECT_EQ(s0, 0.0);  // nothing kept
+  EXPECT_EQ(a0, b0);
+}
+
+TEST(PowerSGD, StateRoundTripsAndCorruptBytesChangeNothing) {
+  const uint64_t dim = 30 * 20 + 5;
+  const std::string spec = "powersgd:rank=2,layout=30x20+5";
+  Round a(spec, dim, 2);
+  std::vector<std::vector<float>> g{test::gaussian(dim, 1), test::gaussian(dim, 2)};
+  a.run(g, 0);
+  // Resume worker state into fresh workers: the next round is bit-identical.
+  Round b(spec, dim, 2);
+  for (int i = 0; i < 2; ++i) b.workers[i]->load_state(a.workers[i]->save_state());
+  g = {test::gaussian(dim, 3), test::gaussian(dim, 4)};
+  EXPECT_EQ(a.run(g, 1), b.run(g, 1));
+  auto state = a.workers[0]->save_state();
+  state[state.size() / 2] ^= 1;
+  EXPECT_THROW(b.workers[0]->load_state(state), WireError);
+  EXPECT_THROW(b.workers[0]->load_state({}), WireError);
+  EXPECT_EQ(a.workers[0]->save_state(), b.workers[0]->save_state());
+
+  // Corrupt or truncated query, answer and update: typed errors, then the round goes on as if
+  // they never came.
+  for (int i = 0; i < 2; ++i) a.server->add(a.workers[i]->encode(g[i], 2, i).bytes());
+  const Message q = a.server->finish();
+  Bytes bad(q.bytes().begin(), q.bytes().end());
+  bad.pop_back();
+  EXPECT_THROW(a.workers[0]->answer(bad, 0), WireError);
+  Bytes nan(q.bytes().begin(), q.bytes().end());
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(nan.data() + kHeaderBytes + 8, &inf, 4);
+  EXPECT_THROW(a.workers[0]->answer(nan, 0), WireError);  // CRC or finiteness: refused
+  Message ans = a.workers[1]->answer(q.bytes(), 1);
+  Bytes short_ans(ans.bytes().begin(), ans.bytes().end() - 4);
+  EXPECT_THROW(a.server->add(short_ans), WireError);
+  EXPECT_EQ(a.server->count(), 0u);
+}
+
+}  // namespace
+}  // namespace sketchsgd
