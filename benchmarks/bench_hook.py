@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The DDP hooks' own work per step on the CPU — compression, aggregation and decompression,
 without communication (one process, a gloo group of one) — for sketchsgd's hook and PyTorch's
-PowerSGD and fp16 hooks, on the gradient of the demo's MLP (784-1024-1024-10), one bucket.
+PowerSGD and fp16 hooks (specs torch:powersgd:rank=R, fp16), on the gradient of the demo's MLP (784-1024-1024-10), one bucket.
 
     /usr/bin/python3 benchmarks/bench_hook.py [--threads 1] [--steps 30] [--json out.json]
 
@@ -20,8 +20,10 @@ import time
 HOOKS = [
     ("allreduce (no hook)", "none"),
     ("fp16_compress_hook", "fp16"),
-    ("powerSGD rank 4", "powersgd:rank=4"),
-    ("powerSGD rank 16", "powersgd:rank=16"),
+    ("powerSGD rank 4", "torch:powersgd:rank=4"),
+    ("powerSGD rank 16", "torch:powersgd:rank=16"),
+    ("sketchsgd PowerSGD rank 4", "powersgd:rank=4"),
+    ("sketchsgd PowerSGD rank 16", "powersgd:rank=16"),
     ("sketchsgd FetchSGD", "sketch:rows=1,cols=90000,k=18000,fetch=1"),
     ("sketchsgd sketch p2", "sketch:rows=1,cols=60000,k=12000,p2=2"),
     ("sketchsgd topk", "topk:k=20000,momentum=0.9"),
@@ -72,7 +74,7 @@ def main():
             state, fn = None, default_hooks.allreduce_hook
         elif hook == "fp16":
             state, fn = None, default_hooks.fp16_compress_hook
-        elif hook.startswith("powersgd"):
+        elif hook.startswith("torch:powersgd"):
             state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(hook.split("=")[1]),
                                        start_powerSGD_iter=2, min_compression_rate=2, use_error_feedback=True,
                                        warm_start=True)
@@ -90,7 +92,7 @@ def main():
                 times.append(1e3 * (time.perf_counter() - t))
         dist.all_reduce = reduce
         r = {"hook": label, "spec": hook, "ms_median": statistics.median(times), "ms_min": min(times),
-             "payload_bytes": counted["bytes"] if not hook.startswith(("sketch", "topk", "signsgd", "dense"))
+             "payload_bytes": counted["bytes"] if not hook.startswith(("sketch", "topk", "signsgd", "dense", "powersgd"))
              else state.stats()["last_payload_bytes"]}
         results.append(r)
         print(f"{label:24s} {r['ms_median']:8.2f} ms/step (min {r['ms_min']:.2f})  payload {r['payload_bytes']:>10,} B",

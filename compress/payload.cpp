@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/core/half.hpp>
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include "ops.hpp"
@@ -62,6 +63,31 @@ std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what) {
   if (n) std::memcpy(out.data(), bytes.data(), bytes.size());
   const size_t bad = kernels::cpu::find_nonfinite(out.data(), out.size());
   SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, what, " ", bad, " is not finite");
+  return out;
+}
+
+void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const char* what) {
+  if (f == WireFloat::F32) return w.put_array(v);
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = f == WireFloat::F16 ? half_bits(v[i]) : bf16_bits(v[i]);
+    SKETCHSGD_REQUIRE((out[i] & 0x7FFFu) < (f == WireFloat::F16 ? 0x7C00u : 0x7F80u),
+                      NonFiniteError, what, " ", i, " = ", v[i], " does not fit ",
+                      f == WireFloat::F16 ? "fp16 (|x| < 65520)" : "bf16",
+                      ": use a wider wire format");
+  }
+  w.put_array(std::span<const uint16_t>(out));
+}
+
+std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what) {
+  if (f == WireFloat::F32) return read_floats(r, n, what);
+  std::vector<uint16_t> in(n);
+  r.get_array(std::span<uint16_t>(in));
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = f == WireFloat::F16 ? half_float(in[i]) : bf16_float(in[i]);
+    SKETCHSGD_REQUIRE(is_finite(out[i]), WireError, what, " ", i, " is not finite");
+  }
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include <sketchsgd/compress/wire.hpp>
 #include <sketchsgd/core/bytes.hpp>
 #include <sketchsgd/core/device.hpp>
 #include "ops.hpp"
@@ -36,6 +37,11 @@ void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val);
 
 /// Reads n floats and checks they are finite.
 std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what);
+/// Writes values in a wire format; NonFiniteError (naming `what`) when one does not fit it
+/// (beyond fp16's range), before anything is written.
+void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const char* what);
+/// Reads n values of a wire format as floats and checks they are finite.
+std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what);
 /// Reads n floats that must be finite and ≥ 0 (scales).
 std::vector<float> read_scales(ByteReader& r, uint64_t n);
 

@@ -136,7 +136,8 @@ PYBIND11_MODULE(_core, m) {
                                     py::arg("max") = o.max, py::arg("integer") = o.integer,
                                     py::arg("names") = o.names));
           out.append(py::dict(py::arg("name") = e->name, py::arg("summary") = e->summary,
-                              py::arg("options") = options));
+                              py::arg("options") = options,
+                              py::arg("uses_layout") = e->uses_layout));
         }
         return out;
       },
@@ -191,6 +192,13 @@ PYBIND11_MODULE(_core, m) {
              return make_compressor(spec, dim, device_of(gpu, stream));
            }),
            py::arg("spec"), py::arg("dim"), py::arg("gpu") = -1, py::arg("stream") = 0)
+      .def_static(
+          "with_layout",
+          [](const std::string& spec, const std::string& layout, int gpu, uintptr_t stream) {
+            return make_compressor(spec, Layout::parse(layout), device_of(gpu, stream));
+          },
+          py::arg("spec"), py::arg("layout"), py::arg("gpu") = -1, py::arg("stream") = 0,
+          "A codec for the vector made of the layout's tensors (text form: 1024x784+1024).")
       .def_property_readonly("spec", &Compressor::spec)
       .def_property_readonly("dim", &Compressor::dim)
       .def_property_readonly("device", [](const Compressor& c) { return c.device().name(); })

@@ -57,6 +57,7 @@ struct PowerOptions {
   uint64_t rank;
   bool ef, warm;
   uint64_t seed;
+  WireFloat wire;
 };
 
 /// Uniform values in [−1, 1) from integer arithmetic only, so every worker and server builds the
@@ -79,15 +80,16 @@ void orthonormalize(const Plan& plan, std::span<float> factors, bool q_side) {
 
 class PowerAggregator final : public Aggregator {
  public:
-  PowerAggregator(const Compressor& c, uint32_t world, const Plan& plan)
+  PowerAggregator(const Compressor& c, uint32_t world, const Plan& plan, WireFloat wire)
       : Aggregator(c, world),
         plan_(plan),
+        wire_(wire),
         p_sum_(plan.p_size + plan.dense_size, 0.0f),
         q_sum_(plan.q_size, 0.0f) {}
 
  private:
   void absorb(ByteReader& r, const Header& h) override {
-    const auto v = payload::read_floats(r, info_.sum_size[size_t(h.kind)],
+    const auto v = payload::read_values(r, info_.sum_size[size_t(h.kind)], wire_,
                                         h.kind == MessageKind::Answer ? "Q factor" : "P factor");
     r.expect_end();
     add(v, h.kind);
@@ -115,18 +117,20 @@ class PowerAggregator final : public Aggregator {
       kernels::cpu::scale(dense_mean_.data(), dense_mean_.size(), inv);
       Header h = phase;
       h.kind = MessageKind::Query;
-      return Message::build(h, 4 * p_hat_.size(),
-                            [&](ByteWriter& w) { w.put_array(std::span<const float>(p_hat_)); });
+      return Message::build(h, wire_bytes(wire_) * p_hat_.size(), [&](ByteWriter& w) {
+        payload::write_values(w, p_hat_, wire_, "P factor");
+      });
     }
     kernels::cpu::scale(q_sum_.data(), q_sum_.size(), inv);
     Header h = phase;
     h.kind = MessageKind::Update;
-    return Message::build(h, 4 * (p_hat_.size() + q_sum_.size() + dense_mean_.size()),
-                          [&](ByteWriter& w) {
-                            w.put_array(std::span<const float>(p_hat_));
-                            w.put_array(std::span<const float>(q_sum_));
-                            w.put_array(std::span<const float>(dense_mean_));
-                          });
+    return Message::build(
+        h, wire_bytes(wire_) * (p_hat_.size() + q_sum_.size() + dense_mean_.size()),
+        [&](ByteWriter& w) {
+          payload::write_values(w, p_hat_, wire_, "P factor");
+          payload::write_values(w, q_sum_, wire_, "Q factor");
+          payload::write_values(w, dense_mean_, wire_, "mean value");
+        });
   }
 
   void clear() override {
@@ -135,6 +139,7 @@ class PowerAggregator final : public Aggregator {
   }
 
   const Plan plan_;
+  const WireFloat wire_;
   std::vector<float> p_sum_, q_sum_;     // this phase's sums: P and the uncompressed part; Q
   std::vector<float> p_hat_, dense_mean_;  // from the Gradient phase, for the update
   std::vector<float> staging_;
@@ -156,23 +161,25 @@ class PowerSGD final : public Compressor {
   }
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
-    return std::make_unique<PowerAggregator>(*this, world, plan_);
+    return std::make_unique<PowerAggregator>(*this, world, plan_, o_.wire);
   }
   bool two_rounds() const override { return true; }
   uint64_t sum_size(MessageKind kind) const override {
     if (kind == MessageKind::Gradient) return plan_.p_size + plan_.dense_size;
     return kind == MessageKind::Answer ? plan_.q_size : 0;
   }
+  WireFloat sum_format() const override { return o_.wire; }
   uint64_t max_payload(MessageKind kind) const override {
+    const uint64_t b = wire_bytes(o_.wire);
     switch (kind) {
       case MessageKind::Gradient:
-        return 4 * (plan_.p_size + plan_.dense_size);
+        return b * (plan_.p_size + plan_.dense_size);
       case MessageKind::Query:
-        return 4 * plan_.p_size;
+        return b * plan_.p_size;
       case MessageKind::Answer:
-        return 4 * plan_.q_size;
+        return b * plan_.q_size;
       case MessageKind::Update:
-        return 4 * (plan_.p_size + plan_.q_size + plan_.dense_size);
+        return b * (plan_.p_size + plan_.q_size + plan_.dense_size);
     }
     return 0;
   }
@@ -198,7 +205,14 @@ class PowerSGD final : public Compressor {
     Buffer<float> out(plan_.p_size + plan_.dense_size, device());
     compute_p(g, h.round, out.data(), out.data() + plan_.p_size);
     const auto host = ops::to_host(device(), out.span(), staging_);
-    return Message::build(h, host.size_bytes(), [&](ByteWriter& w) { w.put_array(host); });
+    try {
+      return Message::build(h, wire_bytes(o_.wire) * host.size(), [&](ByteWriter& w) {
+        payload::write_values(w, host, o_.wire, "P factor or value");
+      });
+    } catch (const NonFiniteError&) {
+      ops::axpy(device(), fb_.error(), g, -1.0f);  // undo the absorb (up to float rounding)
+      throw;
+    }
   }
   void do_encode_sum(std::span<const float> g, std::span<float> out) override {
     compute_p(g, round_hint_++, out.data(), out.data() + plan_.p_size);
@@ -206,7 +220,7 @@ class PowerSGD final : public Compressor {
 
   /// Q_i = Mᵀ·P̂ per matrix into q (device memory).
   void compute_q(ByteReader& r, float* q) {
-    const auto p = payload::read_floats(r, plan_.p_size, "query P factor");
+    const auto p = payload::read_values(r, plan_.p_size, o_.wire, "query P factor");
     r.expect_end();
     p_dev_.upload(p);
     const auto m = fb_.error();
@@ -219,14 +233,16 @@ class PowerSGD final : public Compressor {
     compute_q(r, out.data());
     const auto host = ops::to_host(device(), out.span(), staging_);
     return Message::build(make_header(MessageKind::Answer, query.round, sender),
-                          host.size_bytes(), [&](ByteWriter& w) { w.put_array(host); });
+                          wire_bytes(o_.wire) * host.size(), [&](ByteWriter& w) {
+                            payload::write_values(w, host, o_.wire, "Q factor");
+                          });
   }
   void do_answer_sum(ByteReader& r, std::span<float> out) override { compute_q(r, out.data()); }
 
   /// The update's factors (validated, on the device) and its uncompressed values (host).
   std::vector<float> read_update(ByteReader& r) const {
-    auto pq = payload::read_floats(r, plan_.p_size + plan_.q_size, "update factor");
-    auto dense = payload::read_floats(r, plan_.dense_size, "update value");
+    auto pq = payload::read_values(r, plan_.p_size + plan_.q_size, o_.wire, "update factor");
+    auto dense = payload::read_values(r, plan_.dense_size, o_.wire, "update value");
     r.expect_end();
     pq_dev_.upload(pq);
     pq.swap(dense);
@@ -313,13 +329,16 @@ SKETCHSGD_REGISTER_CODEC(
        1e6, false},
       {"ef", "1: error feedback (keep what the approximation missed)", 1, 0, 1},
       {"warm", "1: start each round's power iteration from the last round's Q", 1, 0, 1},
-      {"seed", "seed of the first Q, shared by workers and server", 1, 0, 4294967295.0}},
+      {"seed", "seed of the first Q, shared by workers and server", 1, 0, 4294967295.0},
+      {"wire", "float format of P, Q and the uncompressed values on the wire", 0, 0, 2, true,
+       {"fp32", "fp16", "bf16"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SKETCHSGD_REQUIRE(!o.layout().empty(), InvalidArgument,
                          "powersgd needs the tensors' shapes: add layout=<shapes> to the spec "
                          "(e.g. layout=1024x784+1024), or build it with make_compressor(spec, "
                          "layout)");
-       PowerOptions p{o.integer("rank"), o.flag("ef"), o.flag("warm"), o.integer("seed")};
+       PowerOptions p{o.integer("rank"), o.flag("ef"), o.flag("warm"), o.integer("seed"),
+                      WireFloat(o.integer("wire"))};
        const Plan plan(o.layout(), p.rank, o.number("min_rate"));
        SKETCHSGD_REQUIRE(!plan.matrices.empty(), InvalidArgument, "powersgd: no tensor of layout ",
                          o.layout().text(), " is worth compressing at rank ", p.rank,

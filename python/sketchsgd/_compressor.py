@@ -12,6 +12,25 @@ def _kind(kind: str) -> str:
     return kind
 
 
+def layout_text(shapes) -> str:
+    """The spec form of tensor shapes: [(1024, 784), (1024,)] -> "1024x784+1024" (a 0-d tensor
+    counts as one value)."""
+    if isinstance(shapes, str):
+        return shapes
+    try:
+        parts = []
+        for s in shapes:
+            dims = [int(d) for d in s] or [1]
+            if any(isinstance(d, bool) or d < 1 for d in s):
+                raise ValueError
+            parts.append("x".join(map(str, dims)))
+    except (TypeError, ValueError):
+        raise ValueError(f"layout: expected a list of tensor shapes with dimensions ≥ 1, got {shapes!r}") from None
+    if not parts:
+        raise ValueError("layout: no tensors")
+    return "+".join(parts)
+
+
 class Aggregator:
     """The server side of a codec for world_size workers: add() their messages (or add_sum() an
     all-reduced sum of their encode_sum() outputs), finish() → the Update (or a Query)."""
@@ -64,17 +83,28 @@ class Compressor:
     bytes. On CUDA the work is ordered on the caller's current stream, with no host copy of the
     vectors."""
 
-    def __init__(self, spec: str, dim: int, device="cpu"):
+    def __init__(self, spec: str, dim: int = None, device="cpu", layout=None):
+        """layout: the shapes of the tensors the vector is made of, in order (e.g. the
+        parameters' .shape), for codecs that work per tensor (powersgd); dim is then their total
+        (may be omitted)."""
         if not isinstance(spec, str):
             raise TypeError(f"spec: expected a string, got {type(spec).__name__}")
-        if isinstance(dim, bool) or not isinstance(dim, int):
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
             raise TypeError(f"dim: expected an int, got {type(dim).__name__}")
+        text = layout_text(layout) if layout is not None else None
+        if text is None and dim is None:
+            raise TypeError("Compressor needs dim (or a layout)")
         self.device = device_of(device)
         if self.device.type == "cuda" and not _core.cuda_build:
             raise ValueError("device cuda: this sketchsgd build has no CUDA (configure with -DSKETCHSGD_CUDA=ON)")
         self._streams = Streams(self.device)
         gpu = self.device.index if self.device.type == "cuda" else -1
-        self._c = _core.Compressor(spec, dim, gpu, self._streams.handle)
+        if text is None:
+            self._c = _core.Compressor(spec, dim, gpu, self._streams.handle)
+        else:
+            self._c = _core.Compressor.with_layout(spec, text, gpu, self._streams.handle)
+            if dim is not None and dim != self._c.dim:
+                raise ValueError(f"dim={dim} but the layout holds {self._c.dim} values")
 
     # ---- description ------------------------------------------------------------------------
     @property

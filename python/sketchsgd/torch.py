@@ -7,7 +7,9 @@ CUDA tensors):
 
 Per bucket, the gradients of tensors with two or more dimensions are compressed; 1-D tensors
 (biases) and tensors below `dense_below` elements travel uncompressed in the same collective.
-Codecs whose payload sums (dense, sketch) all-reduce it and every rank's copy of the C++
+Codecs that work per tensor (powersgd) get the whole bucket with its tensors' shapes (a layout)
+and choose themselves which tensors to factor; their result is written straight into the bucket.
+Codecs whose payload sums (dense, sketch, powersgd) all-reduce it and every rank's copy of the C++
 aggregator takes the sum in place of W messages; the others (topk, signsgd, terngrad)
 all-gather their messages and every rank aggregates all W. Every rank therefore ends with the
 same averaged bucket, bit for bit.
@@ -92,10 +94,11 @@ class _Unit:
             t = self._room[name] = torch.empty(n, dtype=torch.float32, device=like.device)
         return t
 
-    def build(self, spec: str, device, world: int, pending=None):
+    def build(self, spec: str, device, world: int, pending=None, shapes=None):
         if self.n_compressed and self.codec is None:
             self.dense = spec.partition(":")[0] == "dense"
-            self.codec = Compressor(spec, self.n_compressed, device)
+            layout = [shapes[k] for k, _, c in self.entries if c] if shapes is not None else None
+            self.codec = Compressor(spec, self.n_compressed, device, layout=layout)
             self.aggregator = self.codec.make_aggregator(world)
             self.summable = self.codec.sum_size("gradient") > 0
             if pending is not None:
@@ -103,8 +106,17 @@ class _Unit:
                 self.aggregator.load_state_dict(pending["aggregator"])
 
     def segments(self, where, compressed: bool):
-        """(offset, numel) in the bucket's buffer of this unit's compressed or dense parameters."""
-        return [(where[k], n) for k, n, c in self.entries if c == compressed]
+        """(offset, numel) in the bucket's buffer of this unit's compressed or dense parameters,
+        adjacent ones merged (a unit that is the whole bucket is one view: no copies)."""
+        out = []
+        for k, n, c in self.entries:
+            if c != compressed:
+                continue
+            if out and out[-1][0] + out[-1][1] == where[k]:
+                out[-1] = (out[-1][0], out[-1][1] + n)
+            else:
+                out.append((where[k], n))
+        return out
 
 
 def _gather(buf, segments, out=None):
@@ -152,6 +164,10 @@ class CompressionState:
         # on one rank alone, then raise on every rank alike.
         self._check_same_on_every_rank(repr((self.spec, start_iter, self.compress_1d, dense_below)))
         self._name, self._options = _parse_spec(self.spec)
+        # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
+        # decide themselves what stays uncompressed.
+        self._uses_layout = next(c["uses_layout"] for c in _core.codecs() if c["name"] == self._name)
+        self._shapes = {}        # key -> shape of the parameter's gradient
         self.iteration = 0
         self._keys = {}          # id(parameter) -> key, in the order DDP first showed them
         self._warm = {}          # bucket index -> unit entries, from the latest warm-up step
@@ -198,8 +214,9 @@ class CompressionState:
         entries, where, offset = [], {}, 0
         for p, g in zip(params, grads):
             key = self._keys.setdefault(id(p), len(self._keys))
+            self._shapes[key] = tuple(g.shape)
             n = g.numel()
-            dense = (g.dim() <= 1 and not self.compress_1d) or n < self.dense_below
+            dense = not self._uses_layout and ((g.dim() <= 1 and not self.compress_1d) or n < self.dense_below)
             entries.append((key, n, not dense))
             where[key] = offset
             offset += n
@@ -224,7 +241,8 @@ class CompressionState:
         for u in held:
             if u.codec is None and u.n_compressed:
                 spec = _bucket_spec(self._name, self._options, u.n_compressed / total)
-                u.build(spec, buf.device, self.world_size, self._pending.pop(u.index, None))
+                u.build(spec, buf.device, self.world_size, self._pending.pop(u.index, None),
+                        self._shapes if self._uses_layout else None)
         return held, where
 
     # ---- statistics ---------------------------------------------------------------------------
@@ -372,8 +390,15 @@ def _summable(state, u: _Unit, buf, where, round: int):
             step = payload[:size].mul_(inv)
         else:
             u.aggregator.add_sum(answers if answers is not None else payload[:size], W, round)
-            step = codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf))
-        _scatter(buf, comp, step)
+            update = u.aggregator.finish()
+            if len(comp) == 1:  # straight into the bucket
+                o, n = comp[0]
+                codec.apply(update, buf[o:o + n])
+                step = None
+            else:
+                step = codec.apply(update, u.room("step", u.n_compressed, buf))
+        if step is not None:
+            _scatter(buf, comp, step)
         if dense:
             _scatter(buf, dense, payload[size:].mul_(inv))
 

@@ -211,5 +211,31 @@ TEST(PowerSGD, StateRoundTripsAndCorruptBytesChangeNothing) {
   EXPECT_EQ(a.server->count(), 0u);
 }
 
+TEST(PowerSGD, SixteenBitWireHalvesTheBytesAndStaysClose) {
+  const uint64_t dim = 60 * 45 + 7;
+  std::vector<std::vector<float>> g{test::gaussian(dim, 1), test::gaussian(dim, 2)};
+  Round f32("powersgd:rank=2,layout=60x45+7", dim, 2);
+  for (const char* wire : {"fp16", "bf16"}) {
+    Round w16(std::string("powersgd:rank=2,wire=") + wire + ",layout=60x45+7", dim, 2);
+    EXPECT_EQ(2 * w16.workers[0]->max_payload(MessageKind::Gradient),
+              f32.workers[0]->max_payload(MessageKind::Gradient));
+    EXPECT_EQ(w16.workers[0]->sum_format(), std::string(wire) == "fp16" ? WireFloat::F16
+                                                                       : WireFloat::BF16);
+    Round ref("powersgd:rank=2,layout=60x45+7", dim, 2);
+    const auto a = ref.run(g, 0), b = w16.run(g, 0);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < dim; ++i) {
+      err += (a[i] - b[i]) * (a[i] - b[i]);
+      norm += a[i] * a[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), std::string(wire) == "fp16" ? 1e-2 : 5e-2) << wire;
+    EXPECT_GT(err, 0.0) << wire;  // really rounded
+  }
+  // A value beyond fp16's range is refused before anything is sent.
+  Round big("powersgd:rank=2,wire=fp16,layout=60x45+7", dim, 1);
+  std::vector<float> huge(dim, 1e5f);
+  EXPECT_THROW(big.workers[0]->encode(huge, 0, 0), NonFiniteError);
+}
+
 }  // namespace
 }  // namespace sketchsgd

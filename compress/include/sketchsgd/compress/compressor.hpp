@@ -82,6 +82,9 @@ class Compressor {
   /// Floats of a phase's payload where it sums across workers (Gradient, Answer); 0 where it does
   /// not (such messages are gathered instead).
   virtual uint64_t sum_size(MessageKind) const { return 0; }
+  /// The float format a collective should sum the payloads in (the codec's `wire=`): the
+  /// payloads themselves are float32 spans; a collective casts them, and casts the sum back.
+  virtual WireFloat sum_format() const { return WireFloat::F32; }
   /// encode() for an all-reduce: the same checks and state change, the summable payload written
   /// to out (length sum_size(Gradient), in the device's memory) instead of a message.
   void encode_sum(std::span<const float> grad, std::span<float> out);

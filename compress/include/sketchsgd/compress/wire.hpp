@@ -33,6 +33,14 @@ enum class MessageKind : uint8_t {
   Update = 4,    ///< server → workers: the round's update
 };
 
+/// How a codec writes float values on the wire (its `wire=` option): fp32, or 16-bit floats
+/// rounded to nearest even (half the bytes; summed in fp32 by a server, in the collective's type
+/// by an all-reduce).
+enum class WireFloat : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+inline constexpr uint64_t wire_bytes(WireFloat f) {
+  return f == WireFloat::F32 ? 4 : 2;
+}
+
 std::string_view to_string(CodecId id);
 std::string_view to_string(MessageKind kind);
 
