@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)  # torch's and our matrix products alike
     sys.path.insert(0, os.path.abspath(args.python))
     import torch
     import torch.distributed as dist

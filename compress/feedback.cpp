@@ -31,6 +31,14 @@ std::span<const float> Feedback::absorb(std::span<const float> g) {
   return g;
 }
 
+void Feedback::undo(std::span<const float> g) {
+  if (!error_.empty()) ops::axpy(device_, error_.span(), momentum_.empty() ? g : momentum_.span(), -1.0f);
+  if (!momentum_.empty()) {
+    ops::axpy(device_, momentum_.span(), g, -1.0f);
+    ops::scale(device_, momentum_.span(), 1.0f / rho_);
+  }
+}
+
 namespace {
 constexpr uint32_t kStateMagic = 0x42454653;  // "SFEB"
 }

@@ -93,6 +93,10 @@ def register(hook, ddp, args, dim):
     if hook == "none":
         steps = {"n": 0}
         return (lambda: steps["n"] * dim * 4), args.momentum, steps
+    if hook.startswith("torch:"):  # PyTorch's own hooks, by an explicit name
+        hook = hook[len("torch:"):]
+    elif hook.startswith("sketchsgd:"):  # a sketchsgd spec whose name PyTorch's hooks share
+        return _ours(hook[len("sketchsgd:"):], ddp, args, dim)
     if hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         counter = Payload()
@@ -108,6 +112,10 @@ def register(hook, ddp, args, dim):
                                    warm_start=True, random_seed=args.seed)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
         return (lambda: counter.bytes), args.momentum, None
+    return _ours(hook, ddp, args, dim)
+
+
+def _ours(hook, ddp, args, dim):
     import sketchsgd
     from sketchsgd.torch import CompressionState, compression_hook
     state = CompressionState(hook, start_iter=args.start_iter)
@@ -224,7 +232,9 @@ def worker(rank, args, port, queue):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hook", default="sketch:rows=1,cols=90000,k=18000,fetch=1",
-                   help="none | fp16 | powersgd:rank=R[,start=N] | any sketchsgd spec (default: %(default)s)")
+                   help="none | fp16 | powersgd:rank=R[,start=N] (PyTorch's; also as torch:fp16, torch:powersgd:...) | "
+                        "any sketchsgd spec, prefixed sketchsgd: where the name is PyTorch's too "
+                        "(sketchsgd:powersgd:rank=4) (default: %(default)s)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)

@@ -203,6 +203,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("dim", &Compressor::dim)
       .def_property_readonly("device", [](const Compressor& c) { return c.device().name(); })
       .def_property_readonly("two_rounds", &Compressor::two_rounds)
+      .def_property_readonly("sum_format",
+                             [](const Compressor& c) {
+                               const WireFloat f = c.sum_format();
+                               return f == WireFloat::F16    ? "fp16"
+                                      : f == WireFloat::BF16 ? "bf16"
+                                                             : "fp32";
+                             })
       .def_property_readonly("last_message_bytes", &Compressor::last_message_bytes)
       .def_property_readonly("compression_ratio", &Compressor::compression_ratio)
       .def("sum_size",

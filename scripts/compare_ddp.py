@@ -32,6 +32,12 @@ HOOKS = [
     ("ef-signsgd", "signsgd:ef=1,momentum=0.9"),
     ("signsgd", "signsgd:momentum=0.9"),
     ("terngrad", "terngrad:momentum=0.9"),
+    ("ours-psgd-r1", "sketchsgd:powersgd:rank=1"),
+    ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
+    ("ours-psgd-r4", "sketchsgd:powersgd:rank=4"),
+    ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
+    ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
+    ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
 ]
 
 
@@ -132,7 +138,7 @@ def plot(rows, args):
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for name, hook, r in rows:
-        ours = not (hook in ("none", "fp16") or hook.startswith("powersgd"))
+        ours = not (hook in ("none", "fp16") or hook.startswith(("powersgd", "torch:")))
         ax.scatter(r["steady_payload_bytes_per_round"], 100 * r["test_accuracy"], marker="o" if ours else "s",
                    color="tab:blue" if ours else "tab:orange")
         ax.annotate(name, (r["steady_payload_bytes_per_round"], 100 * r["test_accuracy"]), fontsize=8,

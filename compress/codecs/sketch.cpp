@@ -31,7 +31,8 @@ struct SketchOptions {
   uint64_t k;
   uint64_t candidates;  // p2·k capped at dim; 0 without a second round
   float momentum;
-  bool fetch;  // FetchSGD: momentum and error live on the server, as sketches
+  bool fetch;      // FetchSGD: momentum and error live on the server, as sketches
+  WireFloat wire;  // the table's float format on the wire
 };
 
 Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> val) {
@@ -84,6 +85,13 @@ class SketchAggregator final : public Aggregator {
  private:
   void absorb(ByteReader& r, const Header& h) override {
     const uint64_t n = info_.sum_size[size_t(h.kind)];
+    if (h.kind == MessageKind::Gradient && o_.wire != WireFloat::F32) {
+      const auto v = payload::read_values(r, n, o_.wire, "sketch cell");  // finite-checked
+      r.expect_end();
+      if (!device_.is_gpu()) return sum_.add_table(v);
+      staging_.upload(v);
+      return absorb_sum(staging_.span(), h.kind);
+    }
     if (h.kind == MessageKind::Gradient && device_.is_gpu()) {
       // Straight from the message bytes to the device, validated there: no host pass.
       const auto bytes = r.take<uint8_t>(n * sizeof(float));
@@ -202,6 +210,7 @@ class SketchCodec final : public Compressor {
     return std::make_unique<SketchAggregator>(*this, world, o_);
   }
   bool two_rounds() const override { return o_.candidates > 0; }
+  WireFloat sum_format() const override { return o_.wire; }
   uint64_t sum_size(MessageKind kind) const override {
     if (kind == MessageKind::Gradient) return sketch_.table().size();
     return kind == MessageKind::Answer ? o_.candidates : 0;
@@ -209,7 +218,7 @@ class SketchCodec final : public Compressor {
   uint64_t max_payload(MessageKind kind) const override {
     switch (kind) {
       case MessageKind::Gradient:
-        return 4 * sketch_.table().size();
+        return wire_bytes(o_.wire) * sketch_.table().size();
       case MessageKind::Query:
       case MessageKind::Answer:
         return 4 + 4 * o_.candidates;
@@ -225,8 +234,14 @@ class SketchCodec final : public Compressor {
     sketch_.zero();
     sketch_.accumulate(v);
     const auto table = ops::to_host(device(), sketch_.table(), staging_);
-    return Message::build(h, table.size_bytes(),
-                          [&](ByteWriter& w) { w.put_array(std::span<const float>(table)); });
+    try {
+      return Message::build(h, wire_bytes(o_.wire) * table.size(), [&](ByteWriter& w) {
+        payload::write_values(w, table, o_.wire, "sketch cell");
+      });
+    } catch (const NonFiniteError&) {
+      fb_.undo(g);  // the table did not fit the wire format: as if this gradient never came
+      throw;
+    }
   }
 
   void do_encode_sum(std::span<const float> g, std::span<float> out) override {
@@ -297,7 +312,9 @@ SKETCHSGD_REGISTER_CODEC(
        true,
        {"random", "precomputed", "blocked"}},
       {"block", "blocked hashing: coordinates per window, a power of two", 1024, 1, 65536},
-      {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1}},
+      {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1},
+      {"wire", "float format of the sketch table on the wire (second-round values stay fp32)", 0,
+       0, 2, true, {"fp32", "fp16", "bf16"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SketchOptions s;
        s.k = o.integer("k");
@@ -315,6 +332,7 @@ SKETCHSGD_REGISTER_CODEC(
        s.candidates = std::min<uint64_t>(o.integer("p2") * s.k, dim);
        s.momentum = float(o.number("momentum"));
        s.fetch = o.flag("fetch");
+       s.wire = WireFloat(o.integer("wire"));
        SKETCHSGD_REQUIRE(
            !(s.fetch && s.candidates), InvalidArgument,
            "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");

@@ -121,6 +121,12 @@ class Compressor:
         return self._c.two_rounds
 
     @property
+    def sum_dtype(self) -> torch.dtype:
+        """The dtype a collective should sum this codec's payloads in (its wire= option); the
+        payloads themselves are float32."""
+        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self._c.sum_format]
+
+    @property
     def last_message_bytes(self) -> int:
         return self._c.last_message_bytes
 

@@ -44,7 +44,7 @@ def _parse_spec(spec: str):
     entries = {c["name"]: c for c in _core.codecs()}
     if name not in entries:
         raise _core.InvalidArgument(f"unknown codec {name!r}; known: {', '.join(sorted(entries))}")
-    keys = {o["key"] for o in entries[name]["options"]}
+    keys = {o["key"] for o in entries[name]["options"]} | ({"layout"} if entries[name]["uses_layout"] else set())
     options = []
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
@@ -104,6 +104,14 @@ class _Unit:
             if pending is not None:
                 self.codec.load_state_dict(pending["codec"])
                 self.aggregator.load_state_dict(pending["aggregator"])
+
+    def room16(self, name: str, n: int, dtype, like):
+        """As room(), in another dtype (a payload cast for a 16-bit all-reduce)."""
+        key = (name, dtype)
+        t = self._room.get(key)
+        if t is None or t.numel() != n or t.device != like.device:
+            t = self._room[key] = torch.empty(n, dtype=dtype, device=like.device)
+        return t
 
     def segments(self, where, compressed: bool):
         """(offset, numel) in the bucket's buffer of this unit's compressed or dense parameters,
@@ -167,6 +175,11 @@ class CompressionState:
         # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
         # decide themselves what stays uncompressed.
         self._uses_layout = next(c["uses_layout"] for c in _core.codecs() if c["name"] == self._name)
+        if ("wire", "bf16") in self._options and self.backend == "gloo":
+            raise ValueError("sketchsgd hook: wire=bf16 needs NCCL (gloo cannot sum bfloat16); use wire=fp16")
+        if any(k == "layout" for k, _ in self._options):
+            raise ValueError("sketchsgd hook: the hook gives the codec its layout (the bucket's tensors): "
+                             "leave layout= out of the spec")
         self._shapes = {}        # key -> shape of the parameter's gradient
         self.iteration = 0
         self._keys = {}          # id(parameter) -> key, in the order DDP first showed them
@@ -370,20 +383,34 @@ def _summable(state, u: _Unit, buf, where, round: int):
     codec.encode_sum(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), out=payload[:size])
     if dense:
         payload[size:].copy_(_gather(buf, dense))
-    state._count(payload.numel() * 4, (u.n_compressed + u.n_dense) * 4)
     W, inv, group = state.world_size, _averaged(state), state.process_group
-    work = dist.all_reduce(payload, group=group, async_op=True)
+    wire = codec.sum_dtype
+
+    def all_reduce(t, name):
+        """Sums t over the ranks in the codec's wire dtype (a cast copy when not float32);
+        returns the work and what makes t the sum once it is done."""
+        if wire == torch.float32:
+            state._count(t.numel() * 4, 0)
+            return dist.all_reduce(t, group=group, async_op=True), lambda: None
+        w = u.room16(name, t.numel(), wire, t)
+        w.copy_(t)
+        state._count(t.numel() * w.element_size(), 0)
+        return dist.all_reduce(w, group=group, async_op=True), lambda: t.copy_(w)
+
+    state._count(0, (u.n_compressed + u.n_dense) * 4)
+    work, done = all_reduce(payload, "payload")
     answers = None
     if codec.two_rounds:
         # The query depends on the sum, and every collective must be issued from this thread
         # in the same order on every rank: wait here, then issue the second all-reduce.
         work.wait()
+        done()
         u.aggregator.add_sum(payload[:size], W, round)
         answers = codec.answer_sum(u.aggregator.finish())
-        state._count(answers.numel() * 4, 0)
-        work = dist.all_reduce(answers, group=group, async_op=True)
+        work, done = all_reduce(answers, "answers")
 
     def finish(_):
+        done()
         if u.dense:
             # The dense aggregator's update is the sum times float32(1/W) and applying it changes
             # no state: the same here, without the host round trip of a dense Update message.

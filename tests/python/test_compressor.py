@@ -19,7 +19,7 @@ def grad(seed, dim=DIM):
 
 def test_registry_describes_every_codec_and_option():
     codecs = {c["name"]: c for c in sketchsgd.codecs()}
-    assert set(codecs) == {"dense", "topk", "terngrad", "signsgd", "sketch"}
+    assert set(codecs) == {"dense", "topk", "terngrad", "signsgd", "sketch", "powersgd"}
     keys = {o["key"] for o in codecs["sketch"]["options"]}
     assert {"rows", "cols", "k", "p2", "momentum", "hashing", "fetch"} <= keys
     hashing = next(o for o in codecs["sketch"]["options"] if o["key"] == "hashing")
@@ -206,3 +206,22 @@ def test_cuda_tensors_go_straight_to_the_cuda_codec():
     agg.add_sum(table, 1, 0)
     step = gpu.apply(agg.finish())
     assert step.device.type == "cuda" and step.abs().sum() > 0
+
+
+def test_layout_codecs_take_tensor_shapes():
+    c = sketchsgd.Compressor("powersgd:rank=2", layout=[(30, 20), (5,)])
+    assert c.dim == 605 and c.spec.endswith(",layout=30x20+5") and c.two_rounds
+    assert c.sum_dtype == torch.float32
+    half = sketchsgd.Compressor("powersgd:rank=2,wire=fp16", layout=[torch.Size([30, 20]), torch.Size([])])
+    assert half.sum_dtype == torch.float16 and half.dim == 601
+    assert {e["name"]: e["uses_layout"] for e in sketchsgd.codecs()} == {
+        e["name"]: e["name"] == "powersgd" for e in sketchsgd.codecs()}
+    for bad in ([(30, 0)], [], [("a", 2)], 7):
+        with pytest.raises(ValueError, match="layout"):
+            sketchsgd.Compressor("powersgd:rank=2", layout=bad)
+    with pytest.raises(ValueError, match="layout holds 605"):
+        sketchsgd.Compressor("powersgd:rank=2", 600, layout=[(30, 20), (5,)])
+    with pytest.raises(sketchsgd.InvalidArgument, match="needs the tensors' shapes"):
+        sketchsgd.Compressor("powersgd:rank=2", 605)
+    with pytest.raises(sketchsgd.InvalidArgument, match="does not use a layout"):
+        sketchsgd.Compressor("topk:k=3", layout=[(4, 5)])

@@ -20,6 +20,9 @@ SPECS = [
     "signsgd:ef=1",
     "terngrad",
     "terngrad:ef=1",
+    "powersgd:rank=2",
+    "powersgd:rank=1,wire=fp16",
+    "sketch:rows=1,cols=3000,k=400,fetch=1,wire=fp16",
 ]
 
 
@@ -76,8 +79,34 @@ def test_hook_equals_the_cpp_aggregator_on_the_same_inputs():
                 assert torch.equal(got, want[r]), f"{spec}: round {i}, rank {r}"
 
 
+def test_powersgd_hook_equals_the_cpp_codec_given_the_bucket_as_layout():
+    """A layout codec gets the whole bucket (weight and bias) with its shapes. All-reduces sum in
+    another order than the aggregator, so the match is to rounding (fp16 on the wire: to fp16's)."""
+    specs = ["powersgd:rank=2", "powersgd:rank=3,wire=fp16"]
+    results = ddp.run(jobs.hook_rounds, specs, 3)
+    for spec in specs:
+        per_rank = [[tuple(torch.from_numpy(a) for a in step) for step in results[r][spec]] for r in range(4)]
+        codecs = [sketchsgd.Compressor(spec, layout=[(48, 40), (40,)]) for _ in range(4)]
+        assert codecs[0].two_rounds
+        agg = codecs[0].make_aggregator(4)
+        for i in range(3):
+            for r in range(4):
+                agg.add(codecs[r].encode(torch.cat([per_rank[r][i][0].reshape(-1), per_rank[r][i][1]]), 2 + i, r))
+            query = agg.finish()
+            for r in range(4):
+                agg.add(codecs[r].answer(query, r))
+            update = agg.finish()
+            for r in range(4):
+                want = codecs[r].apply(update)
+                got = per_rank[r][i][2]
+                assert torch.equal(got, per_rank[0][i][2]), f"{spec}: ranks differ"
+                rel = ((got - want).norm() / want.norm()).item()
+                assert rel < (2e-2 if "fp16" in spec else 1e-4), f"{spec}: round {i}, rank {r}: {rel}"
+
+
 def test_state_dict_round_trip_resumes_identically():
-    for spec in ["sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=3000,k=400,fetch=1"]:
+    for spec in ["sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=3000,k=400,fetch=1",
+                 "powersgd:rank=2"]:
         for straight, resumed, iteration in ddp.run(jobs.resume, spec, 5, 4):
             assert straight == resumed, spec
             assert iteration == 9

@@ -22,6 +22,8 @@ class Feedback {
 
   /// Folds g into the state and returns the vector to compress (g itself when stateless).
   std::span<const float> absorb(std::span<const float> g);
+  /// Takes back the last absorb(g) (an encode that failed after it), up to float rounding.
+  void undo(std::span<const float> g);
   /// The error accumulator (empty when error feedback is off).
   std::span<float> error() { return error_.span(); }
   bool has_error() const { return !error_.empty(); }
