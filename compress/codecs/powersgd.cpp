@@ -193,29 +193,10 @@ class PowerSGD final : public Compressor {
     std::vector<float> q = q_;
     orthonormalize(plan_, q, true);
     q_dev_.upload(q);
-    const auto m = fb_.error();
-    if (!device().is_gpu() && o_.ef) {
-      // One pass per matrix: the last round's error correction (deferred by apply), the new
-      // gradient and P = M·Q; the uncompressed tensors' error is zero after an apply.
-      for (const auto& x : plan_.matrices)
-        kernels::cpu::lowrank_feedback(
-            m.data() + x.offset, g.data() + x.offset, x.rows, x.cols, x.rank,
-            pending_ ? sent_.data() + x.p_at : nullptr,
-            pending_ ? sent_.data() + plan_.p_size + x.q_at : nullptr, q.data() + x.q_at,
-            p + x.p_at);
-      for (const auto& d : plan_.dense)
-        if (pending_)
-          std::copy_n(g.data() + d.offset, d.numel, m.data() + d.offset);
-        else
-          kernels::cpu::axpy(m.data() + d.offset, g.data() + d.offset, d.numel, 1.0f);
-      pending_ = false;
-    } else {
-      if (!o_.ef) ops::scale(device(), m, 0.0f);
-      fb_.absorb(g);
-      for (const auto& x : plan_.matrices)
-        ops::gemm(device(), false, false, x.rows, x.rank, x.cols, 1.0f, m.data() + x.offset,
-                  x.cols, q_dev_.data() + x.q_at, x.rank, 0.0f, p + x.p_at, x.rank);
-    }
+    const auto m = fb_.absorb(g);
+    for (const auto& x : plan_.matrices)
+      ops::gemm(device(), false, false, x.rows, x.rank, x.cols, 1.0f, m.data() + x.offset, x.cols,
+                q_dev_.data() + x.q_at, x.rank, 0.0f, p + x.p_at, x.rank);
     for (const auto& d : plan_.dense)
       detail::copy_bytes(dense + d.at, m.data() + d.offset, d.numel * sizeof(float), device());
   }
@@ -283,44 +264,23 @@ class PowerSGD final : public Compressor {
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     write_step(read_update(r), step);
     // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
-    // next round's warm start. On the CPU the subtraction waits for the next encode, which
-    // makes it in the same pass as the gradient's addition (materialize() if anything reads e
-    // before that).
+    // next round's warm start.
     const auto e = fb_.error();
-    if (!device().is_gpu() && o_.ef) {
-      sent_.resize(plan_.p_size + plan_.q_size);
-      detail::copy_bytes(sent_.data(), pq_dev_.data(), sent_.size() * sizeof(float), device());
-      pending_ = true;
-    } else {
-      for (const auto& x : plan_.matrices) {
-        const auto part = e.subspan(x.offset, x.rows * x.cols);
-        if (o_.ef)
-          ops::axpy(device(), part, step.subspan(x.offset, part.size()), -1.0f);
-        else
-          ops::scale(device(), part, 0.0f);
-      }
-      for (const auto& d : plan_.dense) ops::scale(device(), e.subspan(d.offset, d.numel), 0.0f);
+    for (const auto& x : plan_.matrices) {
+      const auto part = e.subspan(x.offset, x.rows * x.cols);
+      if (o_.ef)
+        ops::axpy(device(), part, step.subspan(x.offset, part.size()), -1.0f);
+      else
+        ops::scale(device(), part, 0.0f);
     }
+    for (const auto& d : plan_.dense) ops::scale(device(), e.subspan(d.offset, d.numel), 0.0f);
     if (o_.warm)
       detail::copy_bytes(q_.data(), pq_dev_.data() + plan_.p_size, q_.size() * sizeof(float),
                          device());
   }
 
-  /// Makes the error explicit: a deferred correction is subtracted now (the same logical state).
-  void materialize() const {
-    if (!pending_) return;
-    const auto e = fb_.error();
-    for (const auto& x : plan_.matrices)
-      kernels::cpu::gemm(false, true, x.rows, x.cols, x.rank, -1.0f, sent_.data() + x.p_at,
-                         x.rank, sent_.data() + plan_.p_size + x.q_at, x.rank, 1.0f,
-                         e.data() + x.offset, x.cols);
-    for (const auto& d : plan_.dense) std::fill_n(e.data() + d.offset, d.numel, 0.0f);
-    pending_ = false;
-  }
-
   // Worker state: the error (between rounds) and the warm-start Q.
   Bytes do_save_state() const override {
-    materialize();
     Bytes out;
     ByteWriter w(out);
     const Bytes fb = fb_.save();
@@ -346,18 +306,15 @@ class PowerSGD final : public Compressor {
     r.expect_end();
     fb_.load(fb);  // validates everything before it changes anything
     q_ = q;
-    pending_ = false;
   }
 
   const Plan plan_;
   const PowerOptions o_;
-  mutable Feedback fb_;  // its error vector holds M from encode to apply
+  Feedback fb_;
   std::vector<float> q_;  // host: the next round's Q before orthonormalisation
   Buffer<float> q_dev_, p_dev_;
   mutable Buffer<float> pq_dev_;  // an update's factors on the device
   std::vector<float> staging_;
-  mutable std::vector<float> sent_;  // CPU: the last update's P̂ and Q̄, not yet out of the error
-  mutable bool pending_ = false;
   uint64_t last_round_ = ~uint64_t(0);
   uint64_t round_hint_ = 0;  // encode_sum has no round: counts calls (warm=0 only)
 };

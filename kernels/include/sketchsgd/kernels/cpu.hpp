@@ -86,12 +86,6 @@ void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
 /// Orthonormalises the r columns of the n × r matrix a in place (Gram-Schmidt); a column
 /// dependent on the earlier ones, or zero, becomes zero.
 void orthonormalize(float* a, size_t n, size_t r);
-/// Error feedback and the first product of a low-rank round in one pass over a rows × cols
-/// matrix: e = e + g − pp·qqᵀ (the last round's approximation; skipped when pp is null), then
-/// p = e·q. pp and p are rows × r, qq and q cols × r (r ≤ 1024). Rows split over OpenMP threads:
-/// the same results for any thread count.
-void lowrank_feedback(float* e, const float* g, size_t rows, size_t cols, size_t r,
-                      const float* pp, const float* qq, const float* q, float* p);
 
 // ---- dense vectors ------------------------------------------------------------------------------
 /// Index of the first NaN/±Inf in x, or kNone.
