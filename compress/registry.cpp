@@ -49,6 +49,11 @@ std::string describe_options(const CodecEntry& e) {
   return os.str();
 }
 
+std::string with_layout(std::string_view spec, const Layout& layout) {
+  return std::string(spec) + (spec.find(':') == std::string_view::npos ? ":" : ",") + "layout=" +
+         layout.text();
+}
+
 }  // namespace
 
 double Options::number(const std::string& key) const {
@@ -189,10 +194,16 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout&
   spec = trim(spec);
   SKETCHSGD_REQUIRE(spec.find("layout=") == std::string_view::npos, InvalidArgument, "spec '",
                     spec, "' has a layout already");
-  const std::string full = std::string(spec) +
-                           (spec.find(':') == std::string_view::npos ? ":" : ",") + "layout=" +
-                           layout.text();
-  return Registry::instance().make(full, layout.size(), device);
+  return Registry::instance().make(with_layout(spec, layout), layout.size(), device);
+}
+
+std::string complete_spec(std::string_view spec, const Layout& layout) {
+  spec = trim(spec);
+  const CodecEntry* e = Registry::instance().find(trim(spec.substr(0, spec.find(':'))));
+  if (!e || !e->uses_layout || layout.empty() ||
+      spec.find("layout=") != std::string_view::npos)
+    return std::string(spec);
+  return with_layout(spec, layout);
 }
 
 }  // namespace sketchsgd

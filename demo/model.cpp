@@ -46,6 +46,15 @@ torch::Tensor FlatModel::view(std::span<float> v) const {
                           torch::TensorOptions().dtype(torch::kFloat32).device(flat_.device()));
 }
 
+Layout FlatModel::layout() const {
+  std::vector<std::vector<uint64_t>> shapes;
+  for (const auto& p : net_->parameters()) {
+    std::vector<uint64_t> s(p.sizes().begin(), p.sizes().end());
+    shapes.push_back(s.empty() ? std::vector<uint64_t>{1} : s);
+  }
+  return Layout(std::move(shapes));
+}
+
 void FlatModel::load(std::span<const float> p) {
   SKETCHSGD_REQUIRE(int64_t(p.size()) == dim(), InvalidArgument, "load: ", p.size(), " values for ",
                     dim(), " parameters");

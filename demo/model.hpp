@@ -9,6 +9,8 @@
 #include <span>
 #include <string>
 
+#include <sketchsgd/compress/layout.hpp>
+
 namespace sketchsgd::demo {
 
 class FlatModel {
@@ -18,6 +20,8 @@ class FlatModel {
   FlatModel(const std::string& kind, uint64_t seed, torch::Device device = torch::kCPU);
 
   int64_t dim() const { return flat_.numel(); }
+  /// The parameters' shapes in the flat vector's order (for codecs that work per tensor).
+  Layout layout() const;
   torch::Device device() const { return flat_.device(); }
   /// The parameters, one contiguous vector (the model's tensors are views into it).
   std::span<float> params() { return {flat_.data_ptr<float>(), size_t(flat_.numel())}; }

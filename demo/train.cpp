@@ -101,7 +101,7 @@ int run_server(const ps::Flags& f) {
   o.job.job = f.u64("job");
   o.job.world = plan.workers;
   o.job.dim = uint64_t(model.dim());
-  o.job.spec = f.str("codec");
+  o.job.spec = complete_spec(f.str("codec"), model.layout());
   o.job.lr = float(f.num("lr"));
   o.job.max_rounds = plan.rounds();
   o.job.policy = ps::Policy::Quorum;
@@ -170,7 +170,9 @@ int run_worker(const ps::Flags& f) {
   o.timeout = 300s;
   // On a GPU the codec takes the device gradient straight from libtorch (no host copy) and the
   // client keeps the model in device memory.
-  ps::Client client(o, make_compressor(f.str("codec"), uint64_t(model.dim()), codec_device(device)),
+  ps::Client client(o,
+                    make_compressor(complete_spec(f.str("codec"), model.layout()),
+                                    uint64_t(model.dim()), codec_device(device)),
                     model.params());
   auto sync_model = [&] { model.load(client.params()); };
   sync_model();
@@ -292,8 +294,9 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
   };
   // Validates device, model and spec before anything starts.
   const torch::Device device = torch_device(f);
+  const demo::FlatModel shape(f.str("model"), 1);
   const auto codec =
-      make_compressor(f.str("codec"), uint64_t(demo::FlatModel(f.str("model"), 1).dim()));
+      make_compressor(complete_spec(f.str("codec"), shape.layout()), uint64_t(shape.dim()));
   std::fprintf(stderr,
                "sketchsgd-train: %s model on %s, %u workers, codec %s, %u epochs of %llu rounds\n",
                f.str("model").c_str(), device.str().c_str(), plan.workers, f.str("codec").c_str(),

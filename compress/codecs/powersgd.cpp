@@ -10,8 +10,10 @@
 //   Update:   P̂, Q̄ = ΣQ_i / W and the uncompressed tensors' mean. The step is P̂·Q̄ᵀ (the mean
 //             gradient projected on P̂'s columns); workers keep M_i − P̂·Q̄ᵀ as their error and
 //             Q̄ for the next round.
-// Matrix products through OpenBLAS or cuBLAS (ops::gemm); the factors are small, so the
-// orthonormalisation and the server's sums run on the host.
+// momentum > 0: workers compress their local momentum (ρ·u + g) instead of the gradient, for a
+// server that applies the update as is (the parameter server). Matrix products through OpenBLAS
+// or cuBLAS (ops::gemm); the factors are small, so the orthonormalisation and the server's sums
+// run on the host.
 #include <algorithm>
 #include <cstring>
 
@@ -55,6 +57,7 @@ struct Plan {
 
 struct PowerOptions {
   uint64_t rank;
+  float momentum;
   bool ef, warm;
   uint64_t seed;
   WireFloat wire;
@@ -152,7 +155,7 @@ class PowerSGD final : public Compressor {
       : Compressor(CodecId::PowerSGD, dim, std::move(spec), device),
         plan_(plan),
         o_(o),
-        fb_(dim, 0.0f, true, device),  // holds M from encode to apply
+        fb_(dim, o.momentum, true, device),  // its error vector holds M from encode to apply
         q_(plan.q_size),
         q_dev_(plan.q_size, device),
         p_dev_(plan.p_size, device),
@@ -325,6 +328,8 @@ SKETCHSGD_REGISTER_CODEC(
      "PowerSGD: rank-r factors of each matrix of the layout (required) with error feedback and "
      "warm start; two summable phases (P, then Q)",
      {{"rank", "approximation rank r of each matrix", 4, 1, 1024},
+      {"momentum", "worker momentum rho before compression (0: the optimiser's instead)", 0, 0,
+       0.999, false},
       {"min_rate", "compress a matrix only when (rows + cols) * r * min_rate < rows * cols", 2, 0,
        1e6, false},
       {"ef", "1: error feedback (keep what the approximation missed)", 1, 0, 1},
@@ -337,7 +342,7 @@ SKETCHSGD_REGISTER_CODEC(
                          "powersgd needs the tensors' shapes: add layout=<shapes> to the spec "
                          "(e.g. layout=1024x784+1024), or build it with make_compressor(spec, "
                          "layout)");
-       PowerOptions p{o.integer("rank"), o.flag("ef"), o.flag("warm"), o.integer("seed"),
+       PowerOptions p{o.integer("rank"), float(o.number("momentum")), o.flag("ef"), o.flag("warm"), o.integer("seed"),
                       WireFloat(o.integer("wire"))};
        const Plan plan(o.layout(), p.rank, o.number("min_rate"));
        SKETCHSGD_REQUIRE(!plan.matrices.empty(), InvalidArgument, "powersgd: no tensor of layout ",

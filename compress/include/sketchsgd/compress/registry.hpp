@@ -82,6 +82,9 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
 /// the spec's `layout=` (InvalidArgument when the spec has one already or the codec uses none).
 std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout& layout,
                                             const Device& device = Device::cpu());
+/// The spec with `layout=` added when its codec works per tensor and it has none yet (what a
+/// program that knows its model's shapes passes to server and workers alike); otherwise as is.
+std::string complete_spec(std::string_view spec, const Layout& layout);
 
 struct CodecRegistrar {
   explicit CodecRegistrar(CodecEntry entry) { Registry::instance().add(std::move(entry)); }

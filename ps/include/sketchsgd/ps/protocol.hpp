@@ -28,8 +28,9 @@ inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
-/// Longest codec spec or refusal reason accepted.
-inline constexpr size_t kMaxText = 4096;
+/// Longest codec spec or refusal reason accepted (a spec carries the model's layout for codecs
+/// that work per tensor: a few hundred tensors' shapes).
+inline constexpr size_t kMaxText = 65536;
 
 enum class Type : uint8_t {
   Hello = 1,       ///< worker → server: registration (HelloInfo)
