@@ -32,6 +32,15 @@ CONFIGS = [
     ("fetchsgd-random", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1,hashing=random", 0.01),
     ("sketch-p2-random", "sketch:rows=1,cols=100000,k=20000,p2=1,momentum=0.9,hashing=random", 0.01),
     ("sketch-p2-r5-random", "sketch:rows=5,cols=20000,k=10000,p2=2,momentum=0.9,hashing=random", 0.01),
+    # The traffic frontier: PowerSGD of our own (the demo hands it the model's layout) at three
+    # ranks, with 16-bit wire values, and FetchSGD's tables in fp16 at two budgets.
+    ("psgd-r1", "powersgd:rank=1,momentum=0.9", 0.01),
+    ("psgd-r2", "powersgd:rank=2,momentum=0.9", 0.01),
+    ("psgd-r4", "powersgd:rank=4,momentum=0.9", 0.01),
+    ("psgd-r4-fp16", "powersgd:rank=4,momentum=0.9,wire=fp16", 0.01),
+    ("psgd-r2-fp16", "powersgd:rank=2,momentum=0.9,wire=fp16", 0.01),
+    ("fetchsgd-fp16", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1,wire=fp16", 0.01),
+    ("fetchsgd-2x-fp16", "sketch:rows=1,cols=200000,k=40000,momentum=0.9,fetch=1,wire=fp16", 0.01),
 ]
 
 

@@ -38,6 +38,10 @@ HOOKS = [
     ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
     ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
     ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
+    # FetchSGD with compact tables: the sketch-space momentum's tables summed in fp16, at the same
+    # sketch (half the bytes) and at twice the sketch for the same bytes.
+    ("fetchsgd-fp16", "sketch:rows=1,cols=90000,k=18000,fetch=1,wire=fp16"),
+    ("fetchsgd-2x-fp16", "sketch:rows=1,cols=180000,k=36000,fetch=1,wire=fp16"),
 ]
 
 

@@ -7,7 +7,7 @@ PATH = "docs/RESULTS.md"
 TITLE = "# Results: compressed training of Fashion-MNIST\n"
 
 
-def write_section(name: str, text: str, path: str = PATH, order=("ps", "ddp")) -> None:
+def write_section(name: str, text: str, path: str = PATH, order=("frontier", "ps", "ddp")) -> None:
     """Replaces the section `name` (or adds it, sections kept in `order`)."""
     sections = {}
     if os.path.exists(path):

@@ -216,3 +216,57 @@ TEST(CudaCodec, SummedPayloadsStayOnTheDeviceAndMatchTheCpu) {
 
 }  // namespace
 }  // namespace sketchsgd
+
+namespace sketchsgd {
+namespace {
+
+/// PowerSGD with cuBLAS against OpenBLAS: the same two-phase rounds (server on the CPU), factors
+/// and parameters equal to float rounding (the two libraries sum products in other orders), and
+/// the summable payloads written to device memory.
+TEST(CudaCodec, PowerSGDOnTheGpuMatchesTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const std::string spec = "powersgd:rank=4,momentum=0.9,layout=300x500+300+10x300+10";
+  const uint64_t dim = 300 * 500 + 300 + 3000 + 10;
+  auto cpu = make_compressor(spec, dim);
+  auto gpu = make_compressor(spec, dim, Device::cuda());
+  auto agg = cpu->make_aggregator(1);
+  std::vector<float> params = test::gaussian(dim, seed + 7);
+  Dev<float> dparams(params);
+  auto near = [](std::span<const uint8_t> a, std::span<const uint8_t> b) {
+    ASSERT_EQ(a.size(), b.size());
+    std::vector<float> fa(a.size() / 4), fb(b.size() / 4);
+    std::memcpy(fa.data(), a.data(), a.size());
+    std::memcpy(fb.data(), b.data(), b.size());
+    for (size_t i = 0; i < fa.size(); ++i)
+      ASSERT_NEAR(fb[i], fa[i], 1e-3f * (1.0f + std::fabs(fa[i]))) << i;
+  };
+  for (uint64_t round = 0; round < 3; ++round) {
+    const auto g = test::gaussian(dim, seed + round, 0.1f);
+    Dev<float> dg(g);
+    const Message pc = cpu->encode(g, round, 0), pg = gpu->encode(cspan(dg, dim), round, 0);
+    near(payload_of(pc.bytes()), payload_of(pg.bytes()));
+    agg->add(pc.bytes());
+    const Message q = agg->finish();
+    const Message ac = cpu->answer(q.bytes(), 0), ag = gpu->answer(q.bytes(), 0);
+    near(payload_of(ac.bytes()), payload_of(ag.bytes()));
+    agg->add(ac.bytes());
+    const Message u = agg->finish();
+    cpu->apply_step(u.bytes(), params, 0.5f);
+    gpu->apply_step(u.bytes(), std::span<float>(dparams.get(), dim), 0.5f);
+    const auto got = dparams.host();
+    for (size_t i = 0; i < dim; ++i) ASSERT_NEAR(got[i], params[i], 1e-4f) << i;
+  }
+  // The collective path: P into device memory.
+  const auto g = test::gaussian(dim, seed + 9, 0.1f);
+  Dev<float> dg(g), dout(std::vector<float>(gpu->sum_size(MessageKind::Gradient)));
+  std::vector<float> hout(cpu->sum_size(MessageKind::Gradient));
+  cpu->encode_sum(g, hout);
+  gpu->encode_sum(cspan(dg, dim), std::span<float>(dout.get(), hout.size()));
+  const auto back = dout.host();
+  for (size_t i = 0; i < hout.size(); ++i) ASSERT_NEAR(back[i], hout[i], 1e-3f * (1 + std::fabs(hout[i])));
+}
+
+}  // namespace
+}  // namespace sketchsgd
