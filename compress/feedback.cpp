@@ -53,17 +53,12 @@ Bytes Feedback::save() const {
     const std::vector<float> v = b->to_vector();
     w.put_array(std::span<const float>(v));
   }
-  w.put(crc32c(out));
+  seal(out);
   return out;
 }
 
 void Feedback::load(std::span<const uint8_t> bytes) {
-  SKETCHSGD_REQUIRE(bytes.size() >= 4, WireError, "feedback state of ", bytes.size(), " bytes");
-  uint32_t crc = 0;
-  std::memcpy(&crc, bytes.data() + bytes.size() - 4, 4);
-  SKETCHSGD_REQUIRE(crc32c(bytes.first(bytes.size() - 4)) == crc, WireError,
-                    "feedback state: checksum mismatch (corrupt bytes)");
-  ByteReader r(bytes.first(bytes.size() - 4), "feedback state");
+  ByteReader r(unseal(bytes, "feedback state"), "feedback state");
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kStateMagic, WireError, "not a feedback state");
   const auto nm = r.get<uint64_t>();
   const auto ne = r.get<uint64_t>();

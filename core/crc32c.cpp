@@ -1,5 +1,6 @@
 // CRC-32C: SSE4.2 crc32 instruction when present (≈ 8 bytes a cycle), a table otherwise.
 #include <sketchsgd/core/bytes.hpp>
+#include <sketchsgd/core/error.hpp>
 
 #include <array>
 
@@ -49,6 +50,20 @@ uint32_t crc32c(std::span<const uint8_t> data, uint32_t crc) {
   if (kHasSse42) return ~crc_sse42(data.data(), data.size(), crc);
 #endif
   return ~crc_table(data.data(), data.size(), crc);
+}
+
+void seal(Bytes& out) {
+  const uint32_t crc = crc32c(out);
+  ByteWriter(out).put(crc);
+}
+
+std::span<const uint8_t> unseal(std::span<const uint8_t> bytes, const char* what) {
+  SKETCHSGD_REQUIRE(bytes.size() >= 4, WireError, what, ": truncated (", bytes.size(), " bytes)");
+  const auto body = bytes.first(bytes.size() - 4);
+  ByteReader tail(bytes.last(4), what);
+  SKETCHSGD_REQUIRE(tail.get<uint32_t>() == crc32c(body), WireError, what,
+                    ": checksum mismatch (corrupt or truncated)");
+  return body;
 }
 
 }  // namespace sketchsgd

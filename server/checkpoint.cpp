@@ -60,7 +60,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   w.put_array(std::span<const float>(c.params));
   w.put(uint64_t(c.codec_state.size()));
   w.put_array(std::span<const uint8_t>(c.codec_state));
-  w.put(crc32c(b));
+  seal(b);
 
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -85,12 +85,8 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
     fail("open", path);
   }
   const Bytes b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  SKETCHSGD_REQUIRE(b.size() >= 4, WireError, "checkpoint ", path, " truncated");
-  const auto body = std::span<const uint8_t>(b).first(b.size() - 4);
-  ByteReader tail(std::span<const uint8_t>(b).last(4), "checkpoint");
-  SKETCHSGD_REQUIRE(tail.get<uint32_t>() == crc32c(body), WireError, "checkpoint ", path,
-                    ": checksum mismatch (corrupt or truncated)");
-  ByteReader r(body, "checkpoint");
+  const std::string what = "checkpoint " + path;
+  ByteReader r(unseal(b, what.c_str()), "checkpoint");
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kCheckpointMagic, WireError, "checkpoint ", path,
                     ": bad magic");
   const auto version = r.get<uint16_t>();

@@ -335,7 +335,7 @@ Bytes CountSketch::serialize() const {
   } else {
     w.put_array(table_.span());
   }
-  w.put(crc32c(out));
+  seal(out);
   return out;
 }
 

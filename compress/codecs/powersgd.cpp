@@ -291,16 +291,11 @@ class PowerSGD final : public Compressor {
     w.put_array(std::span<const uint8_t>(fb));
     w.put(uint64_t(q_.size()));
     w.put_array(std::span<const float>(q_));
-    w.put(crc32c(out));
+    seal(out);
     return out;
   }
   void do_load_state(std::span<const uint8_t> state) override {
-    SKETCHSGD_REQUIRE(state.size() >= 4, WireError, "powersgd state of ", state.size(), " bytes");
-    uint32_t crc = 0;
-    std::memcpy(&crc, state.data() + state.size() - 4, 4);
-    SKETCHSGD_REQUIRE(crc32c(state.first(state.size() - 4)) == crc, WireError,
-                      "powersgd state: checksum mismatch (corrupt bytes)");
-    ByteReader r(state.first(state.size() - 4), "powersgd state");
+    ByteReader r(unseal(state, "powersgd state"), "powersgd state");
     const auto fb = r.take<uint8_t>(r.get<uint64_t>());
     const auto nq = r.get<uint64_t>();
     SKETCHSGD_REQUIRE(nq == q_.size(), WireError, "powersgd state with ", nq,

@@ -21,14 +21,15 @@ std::vector<std::vector<float>> grads(uint32_t world, size_t dim, uint64_t seed)
 
 TEST(Registry, BuildsEveryCodecAndCanonicalSpecRoundTrips) {
   for (const char* spec : {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "signsgd",
-                           "sketch:rows=3,cols=100,k=10,p2=2,momentum=0.5"}) {
+                           "sketch:rows=3,cols=100,k=10,p2=2,momentum=0.5",
+                           "powersgd:rank=2,wire=fp16,layout=20x40+200"}) {
     auto c = make_compressor(spec, 1000);
     auto again = make_compressor(c->spec(), 1000);
     EXPECT_EQ(again->spec(), c->spec()) << spec;
     EXPECT_EQ(again->id(), c->id());
   }
   EXPECT_EQ(make_compressor("topk:k=10", 1000)->spec(), "topk:k=10,global=0,ef=1,momentum=0");
-  EXPECT_EQ(Registry::instance().entries().size(), 5u);
+  EXPECT_EQ(Registry::instance().entries().size(), 6u);
 }
 
 TEST(Registry, ClearErrors) {
@@ -40,7 +41,7 @@ TEST(Registry, ClearErrors) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message("zip").find("known: dense, signsgd, sketch, terngrad, topk"),
+  EXPECT_NE(message("zip").find("known: dense, powersgd, signsgd, sketch, terngrad, topk"),
             std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("unknown option 'kk'"), std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("global=<int>"), std::string::npos);  // lists accepted

@@ -101,5 +101,10 @@ class ByteReader {
 
 /// CRC-32C (Castagnoli), hardware-accelerated with SSE4.2 where the CPU has it.
 uint32_t crc32c(std::span<const uint8_t> data, uint32_t crc = 0);
+/// Appends the CRC-32C of out's bytes: a sealed state or file.
+void seal(Bytes& out);
+/// The bytes before the seal; WireError ("<what>: truncated" or "<what>: checksum mismatch")
+/// when they are too short or do not match it.
+std::span<const uint8_t> unseal(std::span<const uint8_t> bytes, const char* what);
 
 }  // namespace sketchsgd
