@@ -11,11 +11,50 @@
 
 namespace sketchsgd::payload {
 
-void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val) {
+void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val,
+                  SparseFormat f) {
+  Bytes values;  // first, so a value that does not fit stops before anything is written
+  ByteWriter vw(values);
+  write_values(vw, val, f.values, "sparse value");
   w.put(uint32_t(idx.size()));
-  w.put_array(idx);
-  w.put_array(val);
+  if (!f.delta) {
+    w.put_array(idx);
+  } else {
+    uint32_t next = 0;  // the smallest index the next one may be
+    for (uint32_t i : idx) {
+      for (uint32_t v = i - next;; v >>= 7) {
+        if (v < 0x80) {
+          w.put(uint8_t(v));
+          break;
+        }
+        w.put(uint8_t(0x80 | (v & 0x7F)));
+      }
+      next = i + 1;
+    }
+  }
+  w.put_array(std::span<const uint8_t>(values));
 }
+
+namespace {
+std::vector<uint32_t> read_delta_indices(ByteReader& r, uint64_t dim, uint32_t n) {
+  std::vector<uint32_t> idx(n);
+  uint64_t next = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t v = 0;
+    for (int shift = 0;; shift += 7) {
+      SKETCHSGD_REQUIRE(shift < 35, WireError, "sparse index ", i, ": varint longer than 5 bytes");
+      const uint8_t b = r.get<uint8_t>();
+      v |= uint64_t(b & 0x7F) << shift;
+      if (!(b & 0x80)) break;
+    }
+    const uint64_t j = next + v;
+    SKETCHSGD_REQUIRE(j < dim, WireError, "index ", j, " out of range for dim ", dim);
+    idx[i] = uint32_t(j);
+    next = j + 1;
+  }
+  return idx;
+}
+}  // namespace
 
 std::vector<uint32_t> read_indices(ByteReader& r, uint64_t dim, uint64_t max_count) {
   const uint32_t n = r.get<uint32_t>();
@@ -30,24 +69,33 @@ std::vector<uint32_t> read_indices(ByteReader& r, uint64_t dim, uint64_t max_cou
   return idx;
 }
 
-Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count) {
+Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count, SparseFormat f) {
   Sparse s;
-  s.indices = read_indices(r, dim, max_count);
-  s.values = read_floats(r, s.indices.size(), "sparse value");
+  if (f.delta) {
+    const uint32_t n = r.get<uint32_t>();
+    SKETCHSGD_REQUIRE(n <= max_count, WireError, "index list of ", n, " entries exceeds ",
+                      max_count);
+    SKETCHSGD_REQUIRE(n <= r.left(), WireError, "index list of ", n, " entries in ", r.left(),
+                      " bytes");
+    s.indices = read_delta_indices(r, dim, n);
+  } else {
+    s.indices = read_indices(r, dim, max_count);
+  }
+  s.values = read_values(r, s.indices.size(), f.values, "sparse value");
   return s;
 }
 
 Sparse read_sparse_into(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> step,
-                        const Device& device) {
-  Sparse u = read_sparse(r, step.size(), max_count);
+                        const Device& device, SparseFormat f) {
+  Sparse u = read_sparse(r, step.size(), max_count, f);
   r.expect_end();
   ops::write_sparse(device, s, step, u.indices, u.values);
   return u;
 }
 
 Sparse read_sparse_axpy(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> params,
-                        float a, const Device& device) {
-  Sparse u = read_sparse(r, params.size(), max_count);
+                        float a, const Device& device, SparseFormat f) {
+  Sparse u = read_sparse(r, params.size(), max_count, f);
   r.expect_end();
   ops::add_sparse(device, s, params, u.indices, u.values, a);
   return u;
@@ -77,6 +125,13 @@ void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const ch
                       ": use a wider wire format");
   }
   w.put_array(std::span<const uint16_t>(out));
+}
+
+void round_values(std::span<float> v, WireFloat f) {
+  if (f == WireFloat::F16)
+    for (auto& x : v) x = half_float(half_bits(x));
+  else if (f == WireFloat::BF16)
+    for (auto& x : v) x = bf16_float(bf16_bits(x));
 }
 
 std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what) {

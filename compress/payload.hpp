@@ -19,19 +19,28 @@ struct Sparse {
   std::vector<float> values;
 };
 
-/// Writes count, indices, values. Indices must be strictly increasing.
-void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val);
-/// Reads a sparse list with count ≤ max_count, indices strictly increasing and < dim, values
-/// finite.
-Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count);
+/// How a sparse list travels: indices as u32 or delta-coded (the first index, then each gap − 1,
+/// as LEB128 varints: about one byte per index when k is 1 % of d), values in a WireFloat.
+struct SparseFormat {
+  bool delta = false;
+  WireFloat values = WireFloat::F32;
+};
+
+/// Writes count, indices, values. Indices must be strictly increasing. NonFiniteError (before
+/// anything is written) when a value does not fit a 16-bit format.
+void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val,
+                  SparseFormat f = {});
+/// Reads a sparse list with count ≤ max_count, indices strictly increasing and < dim (a varint
+/// longer than 5 bytes or past 2^32 is refused), values finite.
+Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count, SparseFormat f = {});
 /// Reads a sparse Update (count ≤ max_count) and writes it densely into step: zeros elsewhere.
 /// Validated completely before step is written.
 Sparse read_sparse_into(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> step,
-                        const Device& device);
+                        const Device& device, SparseFormat f = {});
 /// Reads a sparse Update (count ≤ max_count, then the end) and does params += a · values there.
 /// Validated completely before params is written.
 Sparse read_sparse_axpy(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> params,
-                        float a, const Device& device);
+                        float a, const Device& device, SparseFormat f = {});
 /// Reorders (idx, val) pairs by index (top-k results come ordered by magnitude).
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val);
 
@@ -40,13 +49,16 @@ std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what);
 /// Writes values in a wire format; NonFiniteError (naming `what`) when one does not fit it
 /// (beyond fp16's range), before anything is written.
 void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const char* what);
+/// Rounds values in place to what a wire format carries (identity for fp32).
+void round_values(std::span<float> v, WireFloat f);
 /// Reads n values of a wire format as floats and checks they are finite.
 std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what);
 /// Reads n floats that must be finite and ≥ 0 (scales).
 std::vector<float> read_scales(ByteReader& r, uint64_t n);
 
-inline uint64_t sparse_bytes(uint64_t count) {
-  return 4 + count * 8;
+/// The largest payload of a sparse list of count entries.
+inline uint64_t sparse_bytes(uint64_t count, SparseFormat f = {}) {
+  return 4 + count * ((f.delta ? 5 : 4) + wire_bytes(f.values));
 }
 
 }  // namespace sketchsgd::payload

@@ -18,16 +18,18 @@ struct TopKOptions {
   bool global;
   bool ef;
   float momentum;
+  payload::SparseFormat format;  // delta-coded indices, 16-bit values
 };
 
 class TopKAggregator final : public Aggregator {
  public:
-  TopKAggregator(const Compressor& c, uint32_t world, uint64_t k, bool global)
-      : Aggregator(c, world), k_(k), global_(global) {}
+  TopKAggregator(const Compressor& c, uint32_t world, uint64_t k, bool global,
+                 payload::SparseFormat f)
+      : Aggregator(c, world), k_(k), global_(global), format_(f) {}
 
  private:
   void absorb(ByteReader& r, const Header&) override {
-    auto s = payload::read_sparse(r, info_.dim, k_);
+    auto s = payload::read_sparse(r, info_.dim, k_, format_);
     r.expect_end();
     idx_.insert(idx_.end(), s.indices.begin(), s.indices.end());
     val_.insert(val_.end(), s.values.begin(), s.values.end());
@@ -56,8 +58,8 @@ class TopKAggregator final : public Aggregator {
     }
     Header h = phase;
     h.kind = MessageKind::Update;
-    return Message::build(h, payload::sparse_bytes(idx.size()),
-                          [&](ByteWriter& w) { payload::write_sparse(w, idx, val); });
+    return Message::build(h, payload::sparse_bytes(idx.size(), format_),
+                          [&](ByteWriter& w) { payload::write_sparse(w, idx, val, format_); });
   }
 
   void clear() override {
@@ -67,6 +69,7 @@ class TopKAggregator final : public Aggregator {
 
   uint64_t k_;
   bool global_;
+  payload::SparseFormat format_;
   std::vector<uint32_t> idx_;
   std::vector<float> val_;
 };
@@ -79,11 +82,11 @@ class TopK final : public Compressor {
         fb_(dim, o.momentum, o.ef, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
-    return std::make_unique<TopKAggregator>(*this, world, o_.k, o_.global);
+    return std::make_unique<TopKAggregator>(*this, world, o_.k, o_.global, o_.format);
   }
   uint64_t max_payload(MessageKind kind) const override {
-    if (kind == MessageKind::Gradient) return payload::sparse_bytes(o_.k);
-    return kind == MessageKind::Update ? payload::sparse_bytes(dim()) : 0;
+    if (kind == MessageKind::Gradient) return payload::sparse_bytes(o_.k, o_.format);
+    return kind == MessageKind::Update ? payload::sparse_bytes(dim(), o_.format) : 0;
   }
 
  private:
@@ -93,17 +96,31 @@ class TopK final : public Compressor {
     std::vector<float> val;
     ops::topk(device(), ops_, v, o_.k, idx, val);
     payload::sort_by_index(idx, val);
-    fb_.mask(idx);  // residual = input − sent, exactly
-    return Message::build(h, payload::sparse_bytes(o_.k),
-                          [&](ByteWriter& w) { payload::write_sparse(w, idx, val); });
+    Message m;
+    try {
+      m = Message::build(h, payload::sparse_bytes(o_.k, o_.format), [&](ByteWriter& w) {
+        payload::write_sparse(w, idx, val, o_.format);
+      });
+    } catch (const NonFiniteError&) {
+      fb_.undo(g);  // a value beyond fp16's range: as if this gradient never came
+      throw;
+    }
+    fb_.mask(idx);  // residual = input − sent, exactly: with 16-bit values, what rounding lost
+    if (o_.ef && o_.format.values != WireFloat::F32) {
+      auto lost = val;
+      payload::round_values(lost, o_.format.values);
+      for (size_t i = 0; i < lost.size(); ++i) lost[i] = val[i] - lost[i];
+      ops::add_sparse(device(), ops_, fb_.error(), idx, lost, 1.0f);
+    }
+    return m;
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, ops_, dim(), step, device());
+    payload::read_sparse_into(r, ops_, dim(), step, device(), o_.format);
   }
   void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
                       float lr) const override {
-    payload::read_sparse_axpy(r, ops_, dim(), params, -lr, device());
+    payload::read_sparse_axpy(r, ops_, dim(), params, -lr, device(), o_.format);
   }
   void do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) override {
     do_decode_step(r, h, params, lr);
@@ -122,9 +139,13 @@ SKETCHSGD_REGISTER_CODEC(
      {{"k", "coordinates sent per worker (0: dim / 100)", 0, 0, 4294967295.0},
       {"global", "1: downlink re-selects the global top-k of the sum", 0, 0, 1},
       {"ef", "1: error feedback (keep what was not sent)", 1, 0, 1},
-      {"momentum", "local momentum before selection", 0, 0, 0.999, false}},
+      {"momentum", "local momentum before selection", 0, 0, 0.999, false},
+      {"index", "indices on the wire: u32, or delta (gaps as varints, ~1 byte each)", 0, 0, 1,
+       true, {"u32", "delta"}},
+      {"wire", "values on the wire", 0, 0, 2, true, {"fp32", "fp16", "bf16"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
-       TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"), float(o.number("momentum"))};
+       TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"), float(o.number("momentum")),
+                     {o.flag("index"), WireFloat(o.integer("wire"))}};
        if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
        SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ", dim);
        return std::make_unique<TopK>(dim, std::move(spec), t, device);

@@ -5,6 +5,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
+#include "compress/payload.hpp"
 #include "support/helpers.hpp"
 #include "support/round.hpp"
 
@@ -213,6 +214,72 @@ TEST(Wire, SixteenBitSketchTables) {
   std::vector<float> huge(dim, 1e5f);
   EXPECT_THROW(c->encode(huge, 0, 0), NonFiniteError);
   EXPECT_EQ(copy(c->encode(g, 1, 0)), copy(fresh->encode(g, 1, 0)));
+}
+
+}  // namespace
+}  // namespace sketchsgd
+
+namespace sketchsgd {
+namespace {
+
+/// Sparse lists with delta-coded indices and 16-bit values: round trips at every gap size, under
+/// four bytes a pair for top-k of 1 % (fp16) instead of eight, every malformed varint refused, and
+/// error feedback keeping what the rounding lost.
+TEST(Wire, DeltaIndicesAndSixteenBitValues) {
+  const uint64_t dim = 20000;
+  auto g = test::gaussian(dim, 3);
+  auto c32 = make_compressor("topk:k=200", dim);
+  auto cd = make_compressor("topk:k=200,index=delta,wire=fp16", dim);
+  const Message m32 = c32->encode(g, 0, 0), md = cd->encode(g, 0, 0);
+  EXPECT_LT(md.bytes().size() - kHeaderBytes, 4 + 200 * 4);  // 1-2 byte gaps + 2-byte values
+  EXPECT_EQ(m32.bytes().size() - kHeaderBytes, 4u + 200 * 8);
+  std::vector<float> s32(dim), sd(dim);
+  auto a32 = c32->make_aggregator(1), ad = cd->make_aggregator(1);
+  a32->add(m32.bytes());
+  ad->add(md.bytes());
+  c32->decode(a32->finish().bytes(), s32);
+  cd->decode(ad->finish().bytes(), sd);
+  for (size_t j = 0; j < dim; ++j) {
+    ASSERT_EQ(s32[j] != 0.0f, sd[j] != 0.0f) << j;
+    ASSERT_NEAR(sd[j], s32[j], 2e-3f * std::fabs(s32[j])) << j;
+  }
+  // Gaps of every size, the first and last index, through a one-entry and a full list.
+  for (const std::vector<uint32_t>& idx :
+       {std::vector<uint32_t>{0}, std::vector<uint32_t>{19999}, std::vector<uint32_t>{0, 1, 127, 128, 16511, 16512, 19999}}) {
+    Bytes b;
+    ByteWriter w(b);
+    std::vector<float> val(idx.size(), 1.5f);
+    payload::write_sparse(w, idx, val, {true, WireFloat::F16});
+    ByteReader r(b);
+    const auto back = payload::read_sparse(r, dim, 200, {true, WireFloat::F16});
+    EXPECT_EQ(back.indices, idx);
+    EXPECT_EQ(back.values, val);
+  }
+  // Malformed: a varint of six bytes, a gap past dim, a count beyond the bytes, truncation.
+  auto refuse = [&](Bytes b) {
+    ByteReader r(b);
+    EXPECT_THROW(payload::read_sparse(r, dim, 200, {true, WireFloat::F16}), WireError);
+  };
+  refuse({1, 0, 0, 0, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0, 0x3C});
+  refuse({1, 0, 0, 0, 0xA0, 0x9C, 0x01, 0, 0x3C});  // index 20000 = dim
+  refuse({200, 0, 0, 0, 1, 2});
+  refuse({2, 0, 0, 0, 1, 2, 0, 0x3C});               // values truncated
+  // Error feedback keeps what fp16 rounding lost: a second round with no gradient sends it.
+  auto ef = make_compressor("topk:k=20000,wire=fp16", dim);
+  auto agg = ef->make_aggregator(1);
+  std::vector<float> step(dim), zero(dim, 0.0f);
+  agg->add(ef->encode(g, 0, 0).bytes());
+  ef->apply(agg->finish().bytes(), step);
+  agg->add(ef->encode(zero, 1, 0).bytes());
+  std::vector<float> step2(dim);
+  ef->apply(agg->finish().bytes(), step2);
+  double before = 0, after = 0;
+  for (size_t j = 0; j < dim; ++j) {
+    before += (g[j] - step[j]) * (g[j] - step[j]);
+    after += (g[j] - step[j] - step2[j]) * (g[j] - step[j] - step2[j]);
+  }
+  EXPECT_GT(before, 0.0);
+  EXPECT_LT(after, 1e-3 * before);
 }
 
 }  // namespace
