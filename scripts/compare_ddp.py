@@ -83,7 +83,7 @@ def report(names, args):
 NOTES = """Reading the table:
 - Payload is what one worker hands to the step's collectives, counted the same way for every hook
   (an all-reduce of n floats: 4n bytes, whatever ring or tree gloo runs; an all-gather: the
-  worker's own part, padded to the codec's largest message). "Steady" leaves out the warm-up (the
+  worker's own part, padded to the step's longest message, plus 8 bytes for its length). "Steady" leaves out the warm-up (the
   first 10 steps are plain all-reduces for PowerSGD and sketchsgd alike).
 - What grows with W: all-reduced payloads (dense, fp16, PowerSGD, the sketch tables) stay the
   same per worker; all-gathered ones (topk, signSGD, TernGrad) are received W times by every

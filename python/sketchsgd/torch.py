@@ -433,34 +433,38 @@ def _summable(state, u: _Unit, buf, where, round: int):
 
 
 def _gathered(state, u: _Unit, buf, where, round: int):
-    """topk, signsgd, terngrad: an all-gather of the messages (length-prefixed, padded to the
-    codec's largest) and an all-reduce of the uncompressed parameters; every rank aggregates all
+    """topk, signsgd, terngrad: an all-gather of the message lengths, then of the messages padded
+    to the longest, and an all-reduce of the uncompressed parameters; every rank aggregates all
     W messages."""
     codec = u.codec
     comp, dense = u.segments(where, True), u.segments(where, False)
     W, inv, group = state.world_size, _averaged(state), state.process_group
     msg = codec.encode(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round, state.rank)
-    room = codec.max_message_bytes("gradient")
-    mine = torch.zeros(8 + room, dtype=torch.uint8)
-    mine[:8] = torch.tensor([len(msg)], dtype=torch.int64).view(torch.uint8)
-    mine[8:8 + len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8)
-    if state.backend == "nccl":
-        mine = mine.to(buf.device)
+    limit = codec.max_message_bytes("gradient")
+    on = buf.device if state.backend == "nccl" else torch.device("cpu")
+    # Lengths first (messages vary: sparse lists with delta-coded indices), then every message
+    # padded to the longest one of this step, not to the codec's worst case.
+    mine_len = torch.tensor([len(msg)], dtype=torch.int64, device=on)
+    lens = [torch.empty_like(mine_len) for _ in range(W)]
+    dist.all_gather(lens, mine_len, group=group)
+    lens = [int(n.item()) for n in lens]
+    for r, n in enumerate(lens):
+        if not 0 < n <= limit:
+            raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {limit})")
+    mine = torch.zeros(max(lens), dtype=torch.uint8)
+    mine[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8)
+    mine = mine.to(on)
     everyone = [torch.empty_like(mine) for _ in range(W)]
     futures = [dist.all_gather(everyone, mine, group=group, async_op=True).get_future()]
     values = None
     if dense:
         values = _gather(buf, dense).contiguous().clone()
         futures.append(dist.all_reduce(values, group=group, async_op=True).get_future())
-    state._count(mine.numel() + u.n_dense * 4, (u.n_compressed + u.n_dense) * 4)
+    state._count(8 + mine.numel() + u.n_dense * 4, (u.n_compressed + u.n_dense) * 4)
 
     def finish(_):
         for r, t in enumerate(everyone):
-            t = t.cpu()
-            n = int(t[:8].view(torch.int64).item())
-            if not 0 < n <= room:
-                raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {room})")
-            u.aggregator.add(t[8:8 + n].numpy())
+            u.aggregator.add(t.cpu()[:lens[r]].numpy())
         _scatter(buf, comp, codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf)))
         if dense:
             _scatter(buf, dense, values.mul_(inv))

@@ -16,6 +16,7 @@ SPECS = [
     "sketch:rows=1,cols=3000,k=400,fetch=1",
     "sketch:rows=3,cols=1500,k=300,hashing=random",
     "topk:k=400,momentum=0.9",
+    "topk:k=400,index=delta,wire=fp16",
     "signsgd",
     "signsgd:ef=1",
     "terngrad",
