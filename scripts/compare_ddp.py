@@ -123,8 +123,9 @@ EXTRA_NOTES = """- The run of 2026-11-23 (PyTorch 1.13.1, 2-core machine): the F
   all-reduces) and ends 0.79 points below both dense hooks (86.28 % vs 87.07 % without a hook and
   87.05 % with sketchsgd's dense): the issue's target (>= 20x within 1.0 point) holds in steady
   state. EF-signSGD reaches 86.72 % at 30.9x and TernGrad 87.09 % at 15.7x.
-- PyTorch's PowerSGD is ahead on this job at every budget it covers: rank 4 reaches 87.03 % at
-  86x, rank 1 86.51 % at 268x. Beating it is the traffic-frontier issue's work.
+- Our own PowerSGD (`sketchsgd:powersgd:rank=R`: the codec `powersgd`, two all-reduces a step
+  like PyTorch's) matches PyTorch's payload and accuracy at every rank; with `wire=fp16` it halves
+  the payload at the same accuracy. The frontier across seeds is the section above.
 - `sketch-p2` (workers keep momentum and error, two all-reduces a step) trails at this budget
   (83.16 %): its k = 12,000 leaves more mass behind than FetchSGD's 18,000 at the same bytes.
 - Wall times compare hooks only roughly (one shared 2-core machine, 4 processes); the hooks' own

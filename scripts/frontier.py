@@ -162,7 +162,27 @@ def main():
                       + text + FRONTIER_NOTES + "\n![frontier](images/frontier.png)\n")
 
 
-FRONTIER_NOTES = ""
+FRONTIER_NOTES = """
+What the runs of 2026-11-23 say (PyTorch 1.13.1, gloo, the 2-core machine):
+- **Our PowerSGD is PyTorch's**: the same payload at every rank (the same rule for which tensors
+  to factor) and the same accuracy (rank 4: 86.86 % vs 86.83 %, rank 2: 86.69 % vs 86.70 % at
+  seed 1), with one implementation serving the parameter server and the hook.
+- **fp16 on the wire halves the traffic at no measurable cost**: rank 4 with `wire=fp16` reaches
+  86.84 % (3 seeds) at 43 kB, PyTorch's rank 4 86.83 % at 86 kB: equal accuracy at 2.0x less
+  traffic (the issue's target: 1.5x); rank 2 with fp16, 86.55 % at 24 kB, matches PyTorch's
+  rank 2 (86.60 %) at 2.0x less. Not strictly ahead by 0.3 points at equal traffic anywhere: the
+  best margin is +0.24 (ours rank 4 fp16 against PyTorch's rank 2, at 1.1x less traffic), below
+  the run-to-run noise (sd up to 0.74 points between seeds), so we claim level, not ahead.
+- **The new idea for the sketch family, compact tables for sketch-space momentum** (FetchSGD with
+  fp16 tables, summed in fp16 by the all-reduce): 86.50 % at 184 kB against fp32 tables' 86.28 %
+  at 368 kB, the same accuracy at half the traffic (over the parameter server: 86.75 % at 41x vs
+  86.58 % at 26.6x). Twice the sketch in fp16 (the fp32 bytes) did not help (85.92 %). It keeps
+  FetchSGD's properties (stateless workers, one round) but it stays off the frontier: the sketch
+  family needs 4-8x PowerSGD's traffic for ~0.4 points less here, where low-rank structure suits
+  an MLP's weight gradients. Kept as the `wire=` option; reported either way.
+- Single-seed points (no ± column) carry the same noise; the verdict for rank 1 (one seed each)
+  is level within it.
+"""
 
 if __name__ == "__main__":
     main()
