@@ -12,7 +12,7 @@
 #                                      memcheck, the GPU benchmarks against PyTorch, one table and
 #                                      a PNG. Every step runs; failures are listed at the end.
 #   bash scripts/gpu.sh profile        there: the Nsight Compute figures quoted in BENCHMARKS.md
-#   bash scripts/gpu.sh demo-prepare   here: ZeroMQ, cppzmq and zlib headers and libraries and the
+#   bash scripts/gpu.sh demo-prepare   here: ZeroMQ, cppzmq, zlib and OpenBLAS headers and libraries, the
 #                                      Fashion-MNIST files into build/gpu-demo-deps (carry it)
 #   bash scripts/gpu.sh demo [ARGS]    there: build the demo against the machine's PyTorch, train
 #                                      the default job on the GPU and on the CPU, print both
@@ -47,6 +47,9 @@ finish() {
 use_build() {
   local b
   b=$(cd "$BUILD" 2>/dev/null && pwd || echo "$PWD/$BUILD")
+  for z in "$b"/extra/*.gz; do  # large libraries travel gzipped
+    if [ -f "$z" ] && [ ! -f "${z%.gz}" ]; then gunzip -k "$z"; fi
+  done
   export LD_LIBRARY_PATH="$b:$b/ps:$b/server:$b/worker:$b/extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export SKETCHSGD_SERVER_BIN="$b/server/sketchsgd-server"
   export SKETCHSGD_WORKER_BIN="$b/tests/sketchsgd_test_worker"
@@ -61,10 +64,14 @@ prepare() {
     "$BUILD/benchmarks/sketchsgd_bench_ps" "$BUILD/server/sketchsgd-server" \
     "$BUILD/tests/sketchsgd_test_worker"; do
     [ -x "$bin" ] || continue  # no server without ZeroMQ
-    ldd "$bin" | awk '/=>/ {print $1, $3}' | grep -vE "$SYSTEM_LIBS|libcudart|libsketchsgd" |
+    ldd "$bin" | awk '/=>/ {print $1, $3}' | grep -vE "$SYSTEM_LIBS|libcudart|libcublas|libsketchsgd" |
       while read -r name path; do
         [ -f "$path" ] && cp -L "$path" "$BUILD/extra/$name"
       done
+  done
+  # OpenBLAS is 36 MB: gzipped to fit what a device call may carry (use_build unpacks it).
+  for big in "$BUILD"/extra/libopenblas.so*; do
+    if [ -f "$big" ] && [ "${big%.gz}" = "$big" ]; then gzip -9 -f "$big"; fi
   done
   echo "self-contained GPU build in $BUILD ($(du -sh "$BUILD" | cut -f1)); extra libraries: $(ls "$BUILD/extra" | tr '\n' ' ')"
 }
@@ -170,6 +177,16 @@ demo_prepare() {
       [ -f "$deps/lib/$name" ] || cp -L "$path" "$deps/lib/$name"
     done
   cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$deps/data/"
+  # OpenBLAS (the CPU matrix products of powersgd): CBLAS headers, the library and what it needs.
+  ensure_packages libopenblas-dev
+  cp /usr/include/$(gcc -dumpmachine)/openblas-pthread/*.h "$deps/include/"
+  # 36 MB (with LAPACK): gzipped to fit what a device call may carry; unpacked there by use_deps.
+  gzip -9 -c "$lib/libopenblas.so.0" > "$deps/lib/libopenblas.so.0.gz"
+  ln -sf libopenblas.so.0 "$deps/lib/libopenblas.so"
+  ldd "$lib/libopenblas.so.0" | awk '/=>/ {print $1, $3}' | grep -vE "$SYSTEM_LIBS" |
+    while read -r name path; do
+      [ -f "$deps/lib/$name" ] || cp -L "$path" "$deps/lib/$name"
+    done
   # pybind11 (headers + CMake package) and pytest (pure Python) for `gpu.sh python`.
   ensure_packages pybind11-dev python3-pytest
   mkdir -p "$deps/pybind11/include" "$deps/python"
@@ -183,6 +200,13 @@ demo_prepare() {
   echo "staged $deps ($(du -sh "$deps" | cut -f1)): $(ls "$deps/lib" | tr '\n' ' ')"
 }
 
+# The staged libraries ready to link and load (OpenBLAS travels gzipped).
+use_deps() {
+  local deps=$1
+  [ -f "$deps/lib/libopenblas.so.0" ] || gunzip -k "$deps/lib/libopenblas.so.0.gz"
+  export LD_LIBRARY_PATH=$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
 demo() {
   set -e
   local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_DEMO:-build/gpu-demo}
@@ -191,7 +215,7 @@ demo() {
   local torch_prefix
   torch_prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
   "$PY" -c 'import torch; assert torch.cuda.is_available(), "this PyTorch sees no GPU"; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
-  export LD_LIBRARY_PATH=$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  use_deps "$deps"
   mkdir -p "$REPORT"
   step "configure + build $build"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKETCHSGD_CUDA=ON \
@@ -219,11 +243,12 @@ python_check() {
   REPORT=${REPORT:-build/gpu-python-out}
   [ -d "$deps/pybind11" ] || { echo "no $deps/pybind11: run 'scripts/gpu.sh demo-prepare' first" >&2; exit 1; }
   mkdir -p "$REPORT"
+  use_deps "$deps"
   "$PY" -c 'import torch; assert torch.cuda.is_available(), "this PyTorch sees no GPU"; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
   step "configure + build $build"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKETCHSGD_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSKETCHSGD_SERVER=OFF -DSKETCHSGD_DEMO=OFF \
-    -DSKETCHSGD_TESTS=OFF -DSKETCHSGD_BENCHMARKS=OFF -DSKETCHSGD_PYTHON=ON \
+    -DSKETCHSGD_TESTS=OFF -DSKETCHSGD_BENCHMARKS=OFF -DSKETCHSGD_PYTHON=ON "-DCMAKE_PREFIX_PATH=$deps" \
     -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$deps/pybind11/cmake" > "$REPORT/configure.log"
   cmake --build "$build" --target sketchsgd_python
   export PYTHONPATH=$PWD/$build/python:$deps/python${PYTHONPATH:+:$PYTHONPATH}
