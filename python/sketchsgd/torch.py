@@ -150,6 +150,8 @@ class CompressionState:
     start_iter:   plain all-reduce steps first (≥ 2: DDP rebuilds its buckets after step 1).
     compress_1d:  also compress 1-D tensors (biases); default: they go uncompressed.
     dense_below:  tensors with fewer elements go uncompressed too.
+    (Codecs that work per tensor, powersgd, get every tensor with its shape and apply their own
+    rule instead: 1-D tensors and matrices not worth factoring travel uncompressed.)
     """
 
     def __init__(self, spec: str, process_group=None, start_iter: int = 2, compress_1d: bool = False,
