@@ -101,8 +101,9 @@ std::string Registry::describe() const {
   std::ostringstream os;
   for (const auto& [name, e] : entries_) {
     os << name << ": " << e.summary << "\n" << describe_options(e);
-    if (e.uses_layout)
-      os << "  layout=<shapes>: the vector's tensors, e.g. 1024x784+1024\n";
+    if (e.layout != LayoutUse::None)
+      os << "  layout=<shapes>: the vector's tensors, e.g. 1024x784+1024 ("
+         << (e.layout == LayoutUse::Required ? "required" : "optional") << ")\n";
   }
   return os.str();
 }
@@ -135,7 +136,7 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
     const std::string key(trim(item.substr(0, eq)));
     const std::string_view text = trim(item.substr(eq + 1));
     if (key == "layout") {
-      SKETCHSGD_REQUIRE(e->uses_layout, InvalidArgument, "spec '", spec, "': codec ", name,
+      SKETCHSGD_REQUIRE(e->layout != LayoutUse::None, InvalidArgument, "spec '", spec, "': codec ", name,
                         " does not use a layout");
       SKETCHSGD_REQUIRE(!given.count(key), InvalidArgument, "spec '", spec,
                         "': option 'layout' given twice");
@@ -200,7 +201,7 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout&
 std::string complete_spec(std::string_view spec, const Layout& layout) {
   spec = trim(spec);
   const CodecEntry* e = Registry::instance().find(trim(spec.substr(0, spec.find(':'))));
-  if (!e || !e->uses_layout || layout.empty() ||
+  if (!e || e->layout != LayoutUse::Required || layout.empty() ||
       spec.find("layout=") != std::string_view::npos)
     return std::string(spec);
   return with_layout(spec, layout);

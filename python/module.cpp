@@ -137,7 +137,9 @@ PYBIND11_MODULE(_core, m) {
                                     py::arg("names") = o.names));
           out.append(py::dict(py::arg("name") = e->name, py::arg("summary") = e->summary,
                               py::arg("options") = options,
-                              py::arg("uses_layout") = e->uses_layout));
+                              py::arg("layout") = e->layout == LayoutUse::Required   ? "required"
+                                                  : e->layout == LayoutUse::Optional ? "optional"
+                                                                                     : "none"));
         }
         return out;
       },

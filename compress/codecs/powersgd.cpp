@@ -345,7 +345,7 @@ SKETCHSGD_REGISTER_CODEC(
                          " (min_rate): use dense");
        return std::make_unique<PowerSGD>(dim, std::move(spec), plan, p, device);
      },
-     true});
+     LayoutUse::Required});
 
 }  // namespace
 }  // namespace sketchsgd

@@ -1,7 +1,12 @@
 // topk: local top-k sparsification with error feedback (Stich et al.; DGC). Workers send the k
 // largest |e| of their error accumulator and keep the rest; the server sums the sparse vectors and
 // returns their mean (≤ W·k entries), or with global=1 re-selects the top-k of that sum.
+// With a layout (optional): 1-D tensors and tensors of fewer than dense_below values are sent
+// whole, and k is spent over the other tensors globally (budget=global: the k largest of them) or
+// per tensor (budget=layer: k split in proportion to their sizes, largest remainders rounding up,
+// so the shares add up to k).
 #include <algorithm>
+#include <optional>
 
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/compress/registry.hpp>
@@ -19,6 +24,47 @@ struct TopKOptions {
   bool ef;
   float momentum;
   payload::SparseFormat format;  // delta-coded indices, 16-bit values
+  bool per_layer;                // with a layout: k split over the tensors
+  uint64_t dense_below;
+};
+
+/// Where a layout sends what: (offset, size, k share) of the selected tensors, the whole ones.
+struct Selection {
+  struct Part {
+    uint64_t offset, numel, k;
+  };
+  std::vector<Part> selected, whole;
+  uint64_t whole_count = 0;
+
+  Selection(const Layout& layout, uint64_t k, bool per_layer, uint64_t dense_below) {
+    uint64_t big = 0;
+    for (const auto& t : layout.tensors()) {
+      if (t.dims < 2 || t.numel < dense_below) {
+        whole.push_back({t.offset, t.numel, t.numel});
+        whole_count += t.numel;
+      } else {
+        selected.push_back({t.offset, t.numel, 0});
+        big += t.numel;
+      }
+    }
+    k = std::min(k, big);
+    if (!per_layer || selected.empty()) return;
+    // Largest remainder: floor shares, then one more to the largest fractional parts.
+    std::vector<std::pair<double, size_t>> rest;
+    uint64_t given = 0;
+    for (size_t i = 0; i < selected.size(); ++i) {
+      const double exact = double(k) * double(selected[i].numel) / double(big);
+      selected[i].k = std::min<uint64_t>(uint64_t(exact), selected[i].numel);
+      given += selected[i].k;
+      rest.push_back({exact - double(selected[i].k), i});
+    }
+    std::sort(rest.begin(), rest.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    for (size_t i = 0; given < k && i < rest.size(); ++i)
+      if (selected[rest[i].second].k < selected[rest[i].second].numel) {
+        ++selected[rest[i].second].k;
+        ++given;
+      }
+  }
 };
 
 class TopKAggregator final : public Aggregator {
@@ -76,29 +122,75 @@ class TopKAggregator final : public Aggregator {
 
 class TopK final : public Compressor {
  public:
-  TopK(uint64_t dim, std::string spec, const TopKOptions& o, const Device& device)
+  TopK(uint64_t dim, std::string spec, const TopKOptions& o, const Layout& layout,
+       const Device& device)
       : Compressor(CodecId::TopK, dim, std::move(spec), device),
         o_(o),
-        fb_(dim, o.momentum, o.ef, device) {}
+        fb_(dim, o.momentum, o.ef, device) {
+    if (!layout.empty()) sel_.emplace(layout, o.k, o.per_layer, o.dense_below);
+  }
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
-    return std::make_unique<TopKAggregator>(*this, world, o_.k, o_.global, o_.format);
+    return std::make_unique<TopKAggregator>(*this, world, sent(), o_.global, o_.format);
   }
   uint64_t max_payload(MessageKind kind) const override {
-    if (kind == MessageKind::Gradient) return payload::sparse_bytes(o_.k, o_.format);
+    if (kind == MessageKind::Gradient) return payload::sparse_bytes(sent(), o_.format);
     return kind == MessageKind::Update ? payload::sparse_bytes(dim(), o_.format) : 0;
   }
 
  private:
+  /// Most entries a worker sends: k, and with a layout every value of the whole tensors.
+  uint64_t sent() const { return sel_ ? std::min<uint64_t>(o_.k + sel_->whole_count, dim()) : o_.k; }
+
+  void select(std::span<const float> v, std::vector<uint32_t>& idx, std::vector<float>& val) {
+    if (!sel_) return ops::topk(device(), ops_, v, o_.k, idx, val);
+    auto add = [&](const std::vector<uint32_t>& i, uint64_t offset) {
+      for (uint32_t j : i) idx.push_back(uint32_t(j + offset));
+    };
+    std::vector<uint32_t> ti;
+    std::vector<float> tv;
+    if (o_.per_layer) {
+      for (const auto& p : sel_->selected) {
+        if (p.k == 0) continue;
+        ops::topk(device(), ops_, v.subspan(p.offset, p.numel), p.k, ti, tv);
+        add(ti, p.offset);
+      }
+    } else {
+      // The k largest of the selected tensors: of the whole vector, whole tensors' picks dropped
+      // (they are sent anyway), topped up until k of the others are in.
+      uint64_t want = std::min<uint64_t>(o_.k, dim() - sel_->whole_count), ask = want;
+      auto in_whole = [&](uint32_t j) {
+        for (const auto& p : sel_->whole)
+          if (j >= p.offset && j < p.offset + p.numel) return true;
+        return false;
+      };
+      while (want > 0) {
+        ops::topk(device(), ops_, v, std::min<uint64_t>(ask, dim()), ti, tv);
+        std::vector<uint32_t> keep;
+        for (uint32_t j : ti)
+          if (!in_whole(j) && keep.size() < want) keep.push_back(j);
+        if (keep.size() == want || ask >= dim()) {
+          add(keep, 0);
+          break;
+        }
+        ask += want - keep.size();
+      }
+    }
+    for (const auto& p : sel_->whole)
+      for (uint64_t j = 0; j < p.numel; ++j) idx.push_back(uint32_t(p.offset + j));
+    std::sort(idx.begin(), idx.end());
+    val = ops::gather(device(), ops_, v, idx);
+  }
+
   Message do_encode(std::span<const float> g, const Header& h) override {
     const auto v = fb_.absorb(g);
     std::vector<uint32_t> idx;
     std::vector<float> val;
-    ops::topk(device(), ops_, v, o_.k, idx, val);
+    select(v, idx, val);
     payload::sort_by_index(idx, val);
     Message m;
     try {
-      m = Message::build(h, payload::sparse_bytes(o_.k, o_.format), [&](ByteWriter& w) {
+      m = Message::build(h, payload::sparse_bytes(idx.size(), o_.format), [&](ByteWriter& w) {
         payload::write_sparse(w, idx, val, o_.format);
       });
     } catch (const NonFiniteError&) {
@@ -130,6 +222,7 @@ class TopK final : public Compressor {
   Feedback* feedback() override { return &fb_; }
 
   Feedback fb_;
+  std::optional<Selection> sel_;
 };
 
 SKETCHSGD_REGISTER_CODEC(
@@ -142,14 +235,20 @@ SKETCHSGD_REGISTER_CODEC(
       {"momentum", "local momentum before selection", 0, 0, 0.999, false},
       {"index", "indices on the wire: u32, or delta (gaps as varints, ~1 byte each)", 0, 0, 1,
        true, {"u32", "delta"}},
-      {"wire", "values on the wire", 0, 0, 2, true, {"fp32", "fp16", "bf16"}}},
+      {"wire", "values on the wire", 0, 0, 2, true, {"fp32", "fp16", "bf16"}},
+      {"budget", "with a layout: k over all selected tensors (global) or split per tensor (layer)",
+       0, 0, 1, true, {"global", "layer"}},
+      {"dense_below", "with a layout: tensors with fewer values (and 1-D ones) are sent whole", 0,
+       0, 4294967295.0}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"), float(o.number("momentum")),
-                     {o.flag("index"), WireFloat(o.integer("wire"))}};
+                     {o.flag("index"), WireFloat(o.integer("wire"))}, o.flag("budget"),
+                     o.integer("dense_below")};
        if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
        SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ", dim);
-       return std::make_unique<TopK>(dim, std::move(spec), t, device);
-     }});
+       return std::make_unique<TopK>(dim, std::move(spec), t, o.layout(), device);
+     },
+     LayoutUse::Optional});
 
 }  // namespace
 }  // namespace sketchsgd

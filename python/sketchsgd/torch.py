@@ -44,7 +44,7 @@ def _parse_spec(spec: str):
     entries = {c["name"]: c for c in _core.codecs()}
     if name not in entries:
         raise _core.InvalidArgument(f"unknown codec {name!r}; known: {', '.join(sorted(entries))}")
-    keys = {o["key"] for o in entries[name]["options"]} | ({"layout"} if entries[name]["uses_layout"] else set())
+    keys = {o["key"] for o in entries[name]["options"]} | ({"layout"} if entries[name]["layout"] != "none" else set())
     options = []
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
@@ -176,7 +176,7 @@ class CompressionState:
         self._name, self._options = _parse_spec(self.spec)
         # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
         # decide themselves what stays uncompressed.
-        self._uses_layout = next(c["uses_layout"] for c in _core.codecs() if c["name"] == self._name)
+        self._uses_layout = next(c["layout"] for c in _core.codecs() if c["name"] == self._name) == "required"
         if ("wire", "bf16") in self._options and self.backend == "gloo":
             raise ValueError("sketchsgd hook: wire=bf16 needs NCCL (gloo cannot sum bfloat16); use wire=fp16")
         if any(k == "layout" for k, _ in self._options):

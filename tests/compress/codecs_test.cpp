@@ -29,7 +29,7 @@ TEST(Registry, BuildsEveryCodecAndCanonicalSpecRoundTrips) {
     EXPECT_EQ(again->id(), c->id());
   }
   EXPECT_EQ(make_compressor("topk:k=10", 1000)->spec(),
-            "topk:k=10,global=0,ef=1,momentum=0,index=u32,wire=fp32");
+            "topk:k=10,global=0,ef=1,momentum=0,index=u32,wire=fp32,budget=global,dense_below=0");
   EXPECT_EQ(Registry::instance().entries().size(), 6u);
 }
 

@@ -214,8 +214,9 @@ def test_layout_codecs_take_tensor_shapes():
     assert c.sum_dtype == torch.float32
     half = sketchsgd.Compressor("powersgd:rank=2,wire=fp16", layout=[torch.Size([30, 20]), torch.Size([])])
     assert half.sum_dtype == torch.float16 and half.dim == 601
-    assert {e["name"]: e["uses_layout"] for e in sketchsgd.codecs()} == {
-        e["name"]: e["name"] == "powersgd" for e in sketchsgd.codecs()}
+    assert {e["name"]: e["layout"] for e in sketchsgd.codecs()} == {
+        "dense": "none", "topk": "optional", "terngrad": "none", "signsgd": "none", "sketch": "none",
+        "powersgd": "required"}
     for bad in ([(30, 0)], [], [("a", 2)], 7):
         with pytest.raises(ValueError, match="layout"):
             sketchsgd.Compressor("powersgd:rank=2", layout=bad)
@@ -224,4 +225,4 @@ def test_layout_codecs_take_tensor_shapes():
     with pytest.raises(sketchsgd.InvalidArgument, match="needs the tensors' shapes"):
         sketchsgd.Compressor("powersgd:rank=2", 605)
     with pytest.raises(sketchsgd.InvalidArgument, match="does not use a layout"):
-        sketchsgd.Compressor("topk:k=3", layout=[(4, 5)])
+        sketchsgd.Compressor("sketch:k=3", layout=[(4, 5)])

@@ -46,6 +46,8 @@ class Options {
   Layout layout_;
 };
 
+enum class LayoutUse : uint8_t { None, Optional, Required };
+
 struct CodecEntry {
   std::string name;
   std::string summary;
@@ -55,9 +57,9 @@ struct CodecEntry {
   std::function<std::unique_ptr<Compressor>(const Options&, uint64_t dim, std::string spec,
                                             const Device& device)>
       build;
-  /// Whether the codec takes `layout=` (the tensors of the vector; layout.hpp). Required by
-  /// codecs that cannot work without one (they say so when it is missing).
-  bool uses_layout = false;
+  /// Whether the codec takes `layout=` (the tensors of the vector; layout.hpp): not at all, as
+  /// an option (topk: per-layer budgets, small tensors whole), or as a requirement (powersgd).
+  LayoutUse layout = LayoutUse::None;
 };
 
 class Registry {
@@ -82,8 +84,8 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
 /// the spec's `layout=` (InvalidArgument when the spec has one already or the codec uses none).
 std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout& layout,
                                             const Device& device = Device::cpu());
-/// The spec with `layout=` added when its codec works per tensor and it has none yet (what a
-/// program that knows its model's shapes passes to server and workers alike); otherwise as is.
+/// The spec with `layout=` added when its codec requires one and it has none yet (what a program
+/// that knows its model's shapes passes to server and workers alike); otherwise as is.
 std::string complete_spec(std::string_view spec, const Layout& layout);
 
 struct CodecRegistrar {
