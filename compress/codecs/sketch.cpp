@@ -33,13 +33,15 @@ struct SketchOptions {
   float momentum;
   bool fetch;      // FetchSGD: momentum and error live on the server, as sketches
   WireFloat wire;  // the table's float format on the wire
+  payload::SparseFormat update;  // the update's indices: u32 or delta-coded (values fp32)
 };
 
-Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> val) {
+Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> val,
+                      payload::SparseFormat f) {
   payload::sort_by_index(idx, val);
   h.kind = MessageKind::Update;
-  return Message::build(h, payload::sparse_bytes(idx.size()),
-                        [&](ByteWriter& w) { payload::write_sparse(w, idx, val); });
+  return Message::build(h, payload::sparse_bytes(idx.size(), f),
+                        [&](ByteWriter& w) { payload::write_sparse(w, idx, val, f); });
 }
 
 class SketchAggregator final : public Aggregator {
@@ -140,7 +142,7 @@ class SketchAggregator final : public Aggregator {
       kernels::cpu::topk(answers_.data(), answers_.size(), pos.size(), pos.data(), val.data());
       for (auto& p : pos) p = candidates_[p];
       kernels::cpu::scale(val.data(), val.size(), inv);
-      return sparse_update(phase, std::move(pos), std::move(val));
+      return sparse_update(phase, std::move(pos), std::move(val), o_.update);
     }
     if (o_.fetch) {
       sum_.scale(inv);  // the mean sketch
@@ -163,12 +165,12 @@ class SketchAggregator final : public Aggregator {
         momentum_->zero_buckets(top.indices);
         error_->zero_buckets(top.indices);
       }
-      return sparse_update(phase, std::move(top.indices), std::move(top.values));
+      return sparse_update(phase, std::move(top.indices), std::move(top.values), o_.update);
     }
     if (o_.candidates == 0) {
       TopK top = sum_.top_k(o_.k, TopKOrder::Index);
       kernels::cpu::scale(top.values.data(), top.values.size(), inv);
-      return sparse_update(phase, std::move(top.indices), std::move(top.values));
+      return sparse_update(phase, std::move(top.indices), std::move(top.values), o_.update);
     }
     candidates_ = sum_.top_k(o_.candidates, TopKOrder::Index).indices;
     answers_.assign(candidates_.size(), 0.0f);
@@ -223,7 +225,7 @@ class SketchCodec final : public Compressor {
       case MessageKind::Answer:
         return 4 + 4 * o_.candidates;
       case MessageKind::Update:
-        return payload::sparse_bytes(o_.k);
+        return payload::sparse_bytes(o_.k, o_.update);
     }
     return 0;
   }
@@ -272,17 +274,17 @@ class SketchCodec final : public Compressor {
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, ops_, o_.k, step, device());
+    payload::read_sparse_into(r, ops_, o_.k, step, device(), o_.update);
   }
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    fb_.mask(payload::read_sparse_into(r, ops_, o_.k, step, device()).indices);
+    fb_.mask(payload::read_sparse_into(r, ops_, o_.k, step, device(), o_.update).indices);
   }
   void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
                       float lr) const override {
-    payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device());
+    payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device(), o_.update);
   }
   void do_apply_step(ByteReader& r, const Header&, std::span<float> params, float lr) override {
-    fb_.mask(payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device()).indices);
+    fb_.mask(payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device(), o_.update).indices);
   }
 
   SketchOptions o_;
@@ -314,7 +316,9 @@ SKETCHSGD_REGISTER_CODEC(
       {"block", "blocked hashing: coordinates per window, a power of two", 1024, 1, 65536},
       {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1},
       {"wire", "float format of the sketch table on the wire (second-round values stay fp32)", 0,
-       0, 2, true, {"fp32", "fp16", "bf16"}}},
+       0, 2, true, {"fp32", "fp16", "bf16"}},
+      {"index", "the update's indices: u32, or delta (gaps as varints, ~1-2 bytes each)", 0, 0, 1,
+       true, {"u32", "delta"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SketchOptions s;
        s.k = o.integer("k");
@@ -333,6 +337,7 @@ SKETCHSGD_REGISTER_CODEC(
        s.momentum = float(o.number("momentum"));
        s.fetch = o.flag("fetch");
        s.wire = WireFloat(o.integer("wire"));
+       s.update = {o.flag("index"), WireFloat::F32};
        SKETCHSGD_REQUIRE(
            !(s.fetch && s.candidates), InvalidArgument,
            "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");

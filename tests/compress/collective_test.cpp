@@ -97,6 +97,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Summable,
                                            "sketch:rows=3,cols=400,k=40",
                                            "sketch:rows=3,cols=400,k=40,p2=3",
                                            "sketch:rows=1,cols=600,k=40,fetch=1",
+                                           "sketch:rows=1,cols=600,k=40,fetch=1,index=delta",
                                            "sketch:rows=3,cols=400,k=40,hashing=random",
                                            "powersgd:rank=3,layout=50x80+1000",
                                            "powersgd:rank=2,ef=0,warm=0,layout=50x80+1000"));

@@ -208,6 +208,21 @@ TEST(Wire, SixteenBitSketchTables) {
     EXPECT_THROW(a->add(reseal(bad)), WireError) << wire;
     EXPECT_EQ(a->count(), 0u);
   }
+  // The update's indices delta-coded: fewer bytes, the same step.
+  {
+    auto u32 = make_compressor("sketch:rows=3,cols=2000,k=200,momentum=0", dim);
+    auto delta = make_compressor("sketch:rows=3,cols=2000,k=200,momentum=0,index=delta", dim);
+    auto au = u32->make_aggregator(1), ad = delta->make_aggregator(1);
+    au->add(u32->encode(g, 0, 0).bytes());
+    ad->add(delta->encode(g, 0, 0).bytes());
+    const Message mu = au->finish(), md = ad->finish();
+    EXPECT_LT(md.bytes().size() - kHeaderBytes, (mu.bytes().size() - kHeaderBytes) * 3 / 4);
+    std::vector<float> su(dim), sd(dim);
+    u32->decode(mu.bytes(), su);
+    delta->decode(md.bytes(), sd);
+    EXPECT_EQ(su, sd);
+    EXPECT_THROW(u32->decode(md.bytes(), su), WireError);  // another format: refused
+  }
   // Beyond fp16's range: NonFiniteError, and the worker state is as before (up to rounding).
   auto c = make_compressor("sketch:rows=3,cols=2000,k=20,wire=fp16", dim);
   auto fresh = make_compressor("sketch:rows=3,cols=2000,k=20,wire=fp16", dim);
