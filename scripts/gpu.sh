@@ -10,7 +10,8 @@
 #   bash scripts/gpu.sh check          there: the GoogleTest suite (fails if a GPU test skipped;
 #                                      the two-GPU one may skip on one GPU), compute-sanitizer
 #                                      memcheck, the GPU benchmarks against PyTorch, one table and
-#                                      a PNG. Every step runs; failures are listed at the end.
+#                                      a PNG (GPU_BENCH=0: tests only). Every step runs;
+#                                      failures are listed at the end.
 #   bash scripts/gpu.sh profile        there: the Nsight Compute figures quoted in BENCHMARKS.md
 #   bash scripts/gpu.sh demo-prepare   here: ZeroMQ, cppzmq, zlib and OpenBLAS headers and libraries, the
 #                                      Fashion-MNIST files into build/gpu-demo-deps (carry it)
@@ -20,7 +21,8 @@
 #   bash scripts/gpu.sh python         there: build the Python package for the machine's Python
 #                                      and PyTorch (pybind11 staged by demo-prepare), run the
 #                                      Python tests (GPU variants included: gloo with CUDA tensors;
-#                                      NCCL with two GPUs) and the DDP example on CUDA
+#                                      NCCL with two GPUs), the DDP example on CUDA and the
+#                                      hooks' own work per step on the GPU (bench_hook.py)
 #
 # Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
 set -uo pipefail
@@ -113,6 +115,7 @@ PY
     > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see $REPORT/memcheck.log)"
   tail -n 5 "$REPORT/memcheck.log"
 
+  if [ "${GPU_BENCH:-1}" = 0 ]; then finish check; fi  # tests only (GPU_BENCH=0)
   step "benchmarks"
   "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_out="$REPORT/gpu.json" \
     --benchmark_out_format=json --benchmark_repetitions=3 --benchmark_report_aggregates_only=true ||
@@ -189,11 +192,11 @@ demo_prepare() {
     done
   # pybind11 (headers + CMake package) and pytest (pure Python) for `gpu.sh python`.
   ensure_packages pybind11-dev python3-pytest
-  mkdir -p "$deps/pybind11/include" "$deps/python"
+  # Debian's layout under a prefix of its own: the package files find their headers three
+  # folders up (pybind11/lib/cmake/pybind11 -> pybind11/include).
+  mkdir -p "$deps/pybind11/include" "$deps/pybind11/lib/cmake" "$deps/python"
   cp -r /usr/include/pybind11 "$deps/pybind11/include/"
-  cp -r /usr/lib/cmake/pybind11 "$deps/pybind11/cmake"
-  sed -i 's|^set(PACKAGE_PREFIX_DIR .*|set(PACKAGE_PREFIX_DIR "${CMAKE_CURRENT_LIST_DIR}/..")|' \
-    "$deps/pybind11/cmake/pybind11Config.cmake"
+  cp -r /usr/lib/cmake/pybind11 "$deps/pybind11/lib/cmake/"
   for pkg in pytest _pytest pluggy iniconfig py.py; do
     [ -e "/usr/lib/python3/dist-packages/$pkg" ] && cp -r "/usr/lib/python3/dist-packages/$pkg" "$deps/python/"
   done
@@ -246,18 +249,41 @@ python_check() {
   use_deps "$deps"
   "$PY" -c 'import torch; assert torch.cuda.is_available(), "this PyTorch sees no GPU"; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
   step "configure + build $build"
+  # The machine's compiler (/opt/gcc) links its own libstdc++ statically, and a second copy of
+  # the C++ runtime beside the interpreter's (torch's) crashed in locale code: link the
+  # libstdc++ that the Python process loads, found -L first.
+  local stdcxx
+  stdcxx=$("$PY" -c 'import torch; print(next(l.split()[-1] for l in open("/proc/self/maps") if "libstdc++.so" in l))')
+  mkdir -p "$build/stdcxx"
+  ln -sf "$stdcxx" "$build/stdcxx/libstdc++.so"
+  echo "libstdc++ of $PY: $stdcxx"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKETCHSGD_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSKETCHSGD_SERVER=OFF -DSKETCHSGD_DEMO=OFF \
     -DSKETCHSGD_TESTS=OFF -DSKETCHSGD_BENCHMARKS=OFF -DSKETCHSGD_PYTHON=ON "-DCMAKE_PREFIX_PATH=$deps" \
-    -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$deps/pybind11/cmake" > "$REPORT/configure.log"
+    "-DCMAKE_SHARED_LINKER_FLAGS=-L$PWD/$build/stdcxx" "-DCMAKE_MODULE_LINKER_FLAGS=-L$PWD/$build/stdcxx" \
+    -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$deps/pybind11/lib/cmake/pybind11" > "$REPORT/configure.log"
   cmake --build "$build" --target sketchsgd_python
-  export PYTHONPATH=$PWD/$build/python:$deps/python${PYTHONPATH:+:$PYTHONPATH}
+  if ! ldd "$build/libsketchsgd.so" | grep -q 'libstdc++'; then
+    fail "libsketchsgd.so carries a static libstdc++ (see configure.log)"
+    finish python
+  fi
+  # The machine's pytest if it has one (the staged Debian one clashes with its plugins).
+  "$PY" -c 'import pytest' 2>/dev/null || export PYTHONPATH=$deps/python${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}
   step "Python tests (GPU variants must run)"
   "$PY" -m pytest -v -p no:cacheprovider -rs tests/python 2>&1 | tee "$REPORT/pytest.log" || fail "Python tests"
   grep -q "SKIPPED.*no CUDA device" "$REPORT/pytest.log" && fail "GPU Python tests skipped"
   step "DDP example on CUDA (gloo, 4 ranks on one GPU, 1 epoch)"
   "$PY" examples/ddp_fashion_mnist.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
     --json "$REPORT/ddp-cuda.json" 2>&1 | tee "$REPORT/ddp-cuda.log" || fail "DDP example on CUDA"
+  "$PY" examples/ddp_fashion_mnist.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
+    --hook powersgd:rank=4,momentum=0.9,wire=fp16 --json "$REPORT/ddp-cuda-powersgd.json" 2>&1 |
+    tee "$REPORT/ddp-cuda-powersgd.log" || fail "DDP example on CUDA (powersgd)"
+  step "the hooks' own work per step on the GPU (NCCL group of one; demo MLP, then 4x wider)"
+  for width in 1024 4096; do
+    "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 100 --threads 8 \
+      --python "$build/python" --json "$REPORT/hook-cuda-w$width.json" || fail "hook timing (width $width)"
+  done
   finish python
 }
 

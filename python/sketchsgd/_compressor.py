@@ -71,10 +71,16 @@ class Aggregator:
         self._a.abandon()
 
     def state_dict(self) -> dict:
-        return {"state": self._a.save_state()}
+        return {"state": _state_tensor(self._a.save_state())}
 
     def load_state_dict(self, d: dict) -> None:
         self._a.load_state(message(d["state"], "aggregator state"))
+
+
+def _state_tensor(b: bytes) -> torch.Tensor:
+    """Saved state as a uint8 tensor: what torch.load(weights_only=True), the default since
+    PyTorch 2.6, reads back (it refuses pickled bytes objects in some versions)."""
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8) if b else torch.empty(0, dtype=torch.uint8)
 
 
 class Compressor:
@@ -213,7 +219,7 @@ class Compressor:
     # ---- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The worker state (momentum, error feedback) and what it belongs to."""
-        return {"spec": self.spec, "dim": self.dim, "state": self._c.save_state()}
+        return {"spec": self.spec, "dim": self.dim, "state": _state_tensor(self._c.save_state())}
 
     def load_state_dict(self, d: dict) -> None:
         if d.get("spec") != self.spec or d.get("dim") != self.dim:

@@ -375,6 +375,14 @@ def _all_reduce_mean(state, buf):
     return fut.then(lambda f: f.value()[0].mul_(inv))
 
 
+def _settled(buf):
+    """Ends a callback that wrote buf on a GPU: waits for its stream. DDP gets the bucket through
+    futures combined by collect_all, which carry no CUDA events, so nothing else would order
+    DDP's reads of the bucket after this work (replicas drifted apart on a GPU without it)."""
+    if buf.is_cuda:
+        torch.cuda.current_stream(buf.device).synchronize()
+
+
 def _summable(state, u: _Unit, buf, where, round: int):
     """Sketch and dense: one all-reduce of the table (or values) and the unit's uncompressed
     parameters; a second one of the candidates' values for p2 > 0."""
@@ -430,6 +438,7 @@ def _summable(state, u: _Unit, buf, where, round: int):
             _scatter(buf, comp, step)
         if dense:
             _scatter(buf, dense, payload[size:].mul_(inv))
+        _settled(buf)
 
     return work.get_future().then(finish)
 
@@ -465,11 +474,14 @@ def _gathered(state, u: _Unit, buf, where, round: int):
     state._count(8 + mine.numel() + u.n_dense * 4, (u.n_compressed + u.n_dense) * 4)
 
     def finish(_):
+        for f in futures:  # collect_all drops the collectives' CUDA events: order after them here
+            f.wait()
         for r, t in enumerate(everyone):
             u.aggregator.add(t.cpu()[:lens[r]].numpy())
         _scatter(buf, comp, codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf)))
         if dense:
             _scatter(buf, dense, values.mul_(inv))
+        _settled(buf)
 
     return torch.futures.collect_all(futures).then(finish)
 
@@ -486,7 +498,11 @@ def _compressed(state, bucket, buf):
             state._count(values.numel() * 4, values.numel() * 4)
             inv = _averaged(state)
             fut = dist.all_reduce(values, group=state.process_group, async_op=True).get_future()
-            futures.append(fut.then(lambda _, v=values, s=segs: _scatter(buf, s, v.mul_(inv))))
+            def averaged(_, v=values, s=segs):
+                _scatter(buf, s, v.mul_(inv))
+                _settled(buf)
+
+            futures.append(fut.then(averaged))
         else:
             path = _summable if u.summable else _gathered
             futures.append(path(state, u, buf, where, state.iteration))

@@ -91,6 +91,10 @@ TEST(CudaCodec, DenseTopkAndSketchWorkersMatchTheCpu) {
   expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9", Match::Floats);
   expect_codec_agrees("sketch:rows=5,cols=30000,k=3000,momentum=0.9,hashing=random", Match::Floats);
   expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1", Match::Floats);
+  // Compact wire and layouts: 16-bit values rounded on the host from the device's selection.
+  expect_codec_agrees("topk:k=3000,momentum=0.9,wire=fp16,index=delta", Match::Exact);
+  expect_codec_agrees("topk:k=3000,budget=layer,dense_below=100,layout=300x1000+7", Match::Exact);
+  expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1,wire=fp16", Match::Mostly);
 }
 
 TEST(CudaCodec, QuantisingWorkersMatchTheCpu) {

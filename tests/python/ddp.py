@@ -2,6 +2,7 @@
 process, bounded in time; returns every rank's result or raises with every rank's error."""
 
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import socket
@@ -14,8 +15,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, backend, fn, args, queue):
+def _rank_main(rank, world, port, backend, fn, args, queue, timeout):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False)  # a hung rank shows where
     import torch
     import torch.distributed as dist
 
@@ -47,7 +49,7 @@ def run(fn, *args, world=4, backend="gloo", timeout=240):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, backend, fn, args, queue))
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, backend, fn, args, queue, timeout))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -100,7 +100,9 @@ def resume(rank, world, spec, before, after):
 
     m2, ddp2, state2, opt2 = fresh()
     saved.seek(0)
-    ckpt = torch.load(saved)
+    # PyTorch ≥ 2.6 loads with weights_only=True by default (1.13's restricted loader refuses
+    # even floats, so the check runs only on PyTorch 2).
+    ckpt = torch.load(saved, **({"weights_only": True} if int(torch.__version__.split(".")[0]) >= 2 else {}))
     m2.load_state_dict(ckpt["model"])
     opt2.load_state_dict(ckpt["opt"])
     state2.load_state_dict(ckpt["hook"])

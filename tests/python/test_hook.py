@@ -153,7 +153,9 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cu
 
 @needs_gpu
 def test_gloo_with_cuda_tensors_on_one_gpu():
-    specs = ["dense", "sketch:rows=1,cols=2000,k=400", "sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400", "signsgd:ef=1"]
+    specs = ["dense", "sketch:rows=1,cols=2000,k=400", "sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400", "signsgd:ef=1",
+             "powersgd:rank=2", "powersgd:rank=2,wire=fp16", "topk:k=400,wire=fp16,index=delta",
+             "sketch:rows=1,cols=2000,k=400,fetch=1,wire=fp16"]
     results = ddp.run(jobs.every_codec, specs, 30, "cuda:0", world=2)
     for spec in specs:
         first, last, params, _, _ = results[0][spec]
