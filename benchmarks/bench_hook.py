@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""The DDP hooks' own work per step on the CPU — compression, aggregation and decompression,
-without communication (one process, a gloo group of one) — for sketchsgd's hook and PyTorch's
+"""The DDP hooks' own work per step — compression, aggregation and decompression, without
+communication (one process, a group of one: gloo on the CPU, NCCL on a GPU) — for sketchsgd's hook and PyTorch's
 PowerSGD and fp16 hooks (specs torch:powersgd:rank=R, fp16), on the gradient of the demo's MLP (784-1024-1024-10), one bucket.
 
     /usr/bin/python3 benchmarks/bench_hook.py [--threads 1] [--steps 30] [--json out.json]
+    python3 benchmarks/bench_hook.py --device cuda      (a CUDA build of the package; times
+                                                        with the device synchronised)
 
 Every hook sees the same fresh gradients. Reports the median milliseconds per call and the
 payload of one step. Set --threads for both torch and the library's OpenMP (same for all hooks).
@@ -37,6 +39,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP (the demo's: 1024)")
+    ap.add_argument("--only", help="comma-separated substrings: time just the hooks whose spec has one")
     ap.add_argument("--json")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -50,18 +55,25 @@ def main():
     from sketchsgd.torch import CompressionState, FlatBucket, compression_hook
 
     torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("bench_hook.py: --device cuda but this PyTorch sees no GPU")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    w = args.width
+    model = nn.Sequential(nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(dev)
     params = list(model.parameters())
-    grads = [torch.randn(sum(p.numel() for p in params), generator=torch.Generator().manual_seed(s)) * 0.01
+    grads = [(torch.randn(sum(p.numel() for p in params), generator=torch.Generator().manual_seed(s)) * 0.01).to(dev)
              for s in range(4)]
     results = []
-    for label, hook in HOOKS:
+    hooks = [(l, h) for l, h in HOOKS if not args.only or any(o in h for o in args.only.split(","))]
+    for label, hook in hooks:
         counted = {"bytes": 0}
         reduce = dist.all_reduce
 
@@ -87,8 +99,11 @@ def main():
         for step in range(warm + args.steps):
             bucket.buffer().copy_(grads[step % len(grads)])
             counted["bytes"] = 0
+            sync()
             t = time.perf_counter()
-            fn(state, bucket).wait()
+            fut = fn(state, bucket)
+            fut.wait()
+            sync()
             if step >= warm:
                 times.append(1e3 * (time.perf_counter() - t))
         dist.all_reduce = reduce
@@ -101,7 +116,8 @@ def main():
     dist.destroy_process_group()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "results": results}, f, indent=1)
+            json.dump({"threads": args.threads, "device": str(dev), "width": w,
+                       "gpu": torch.cuda.get_device_name(0) if cuda else None, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
