@@ -12,6 +12,13 @@
 // top-k of S_e's estimates, and the cells of S_u and S_e that the update's coordinates hash to are
 // zeroed (the reference code's reset: subtracting S(Δ) instead diverges unless sketches are very
 // large).
+//
+// With a layout (optional): 1-D tensors and tensors of fewer than dense_below values (biases) are
+// not sketched but sent whole after the table; the server sums them and the update carries their
+// mean at every one of their coordinates besides the k heavy hitters of the other tensors (the
+// selection passes over whole coordinates: an estimate there is only collisions). Whole ones are
+// selected every round, so, like every selected coordinate, their momentum is reset: workers
+// zero u and v there (Sketched-SGD), the FetchSGD server sends their mean gradient.
 #include <algorithm>
 #include <optional>
 
@@ -34,6 +41,24 @@ struct SketchOptions {
   bool fetch;      // FetchSGD: momentum and error live on the server, as sketches
   WireFloat wire;  // the table's float format on the wire
   payload::SparseFormat update;  // the update's indices: u32 or delta-coded (values fp32)
+  // With a layout: the tensors sent whole and the sketched rest, as (offset, size) runs.
+  struct Run {
+    uint64_t offset, numel;
+  };
+  std::vector<Run> whole, sketched;
+  uint64_t whole_size = 0;
+
+  void split(const Layout& layout, uint64_t dense_below) {
+    for (const auto& t : layout.tensors()) {
+      auto& runs = Layout::sent_whole(t, dense_below) ? whole : sketched;
+      if (!runs.empty() && runs.back().offset + runs.back().numel == t.offset)
+        runs.back().numel += t.numel;
+      else
+        runs.push_back({t.offset, t.numel});
+      if (&runs == &whole) whole_size += t.numel;
+    }
+  }
+  uint64_t update_entries() const { return k + whole_size; }
 };
 
 Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> val,
@@ -52,7 +77,7 @@ class SketchAggregator final : public Aggregator {
       momentum_.emplace(o.sketch, device_);
       error_.emplace(o.sketch, device_);
     }
-    if (device_.is_gpu()) staging_ = Buffer<float>(sum_.table().size(), device_);
+    if (device_.is_gpu()) staging_ = Buffer<float>(sum_.table().size() + o.whole_size, device_);
   }
 
   Bytes save_state() const override {
@@ -90,7 +115,7 @@ class SketchAggregator final : public Aggregator {
     if (h.kind == MessageKind::Gradient && o_.wire != WireFloat::F32) {
       const auto v = payload::read_values(r, n, o_.wire, "sketch cell");  // finite-checked
       r.expect_end();
-      if (!device_.is_gpu()) return sum_.add_table(v);
+      if (!device_.is_gpu()) return absorb_gradient(v);
       staging_.upload(v);
       return absorb_sum(staging_.span(), h.kind);
     }
@@ -109,7 +134,14 @@ class SketchAggregator final : public Aggregator {
         payload::read_floats(r, n, h.kind == MessageKind::Answer ? "answer value" : "sketch cell");
     r.expect_end();
     if (h.kind == MessageKind::Answer) return add_answers(v);
-    sum_.add_table(v);
+    absorb_gradient(v);
+  }
+
+  /// A validated host payload: the table, then the whole tensors' values.
+  void absorb_gradient(std::span<const float> v) {
+    const size_t cells = sum_.table().size();
+    sum_.add_table(v.first(cells));
+    kernels::cpu::axpy(whole_sum_.data(), v.data() + cells, whole_sum_.size(), 1.0f);
   }
 
   /// Messages and all-reduced sums both end here: a table (in the device's memory) or the
@@ -117,8 +149,15 @@ class SketchAggregator final : public Aggregator {
   void absorb_sum(std::span<const float> v, MessageKind kind) override {
     if (kind == MessageKind::Gradient) {
       const size_t bad = ops::find_nonfinite(device_, ops_, v);
-      SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "sketch cell ", bad, " is not finite");
-      sum_.add_table(v);
+      SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError,
+                        bad < sum_.table().size() ? "sketch cell " : "whole-tensor value ", bad,
+                        " is not finite");
+      const size_t cells = sum_.table().size();
+      sum_.add_table(v.first(cells));
+      if (!whole_sum_.empty()) {
+        const auto host = ops::to_host(device_, v.subspan(cells), host_);
+        kernels::cpu::axpy(whole_sum_.data(), host.data(), host.size(), 1.0f);
+      }
       return;
     }
     const auto host = ops::to_host(device_, v, host_);
@@ -142,15 +181,30 @@ class SketchAggregator final : public Aggregator {
       kernels::cpu::topk(answers_.data(), answers_.size(), pos.size(), pos.data(), val.data());
       for (auto& p : pos) p = candidates_[p];
       kernels::cpu::scale(val.data(), val.size(), inv);
-      return sparse_update(phase, std::move(pos), std::move(val), o_.update);
+      return update(phase, std::move(pos), std::move(val));
     }
+    // The whole tensors' mean, for this round's update (after a query too: kept across clear()).
+    whole_mean_ = whole_sum_;
+    kernels::cpu::scale(whole_mean_.data(), whole_mean_.size(), inv);
     if (o_.fetch) {
       sum_.scale(inv);  // the mean sketch
       momentum_->scale(o_.momentum);
       *momentum_ += sum_;
       *error_ += *momentum_;
       TopK top;
-      if (device_.is_gpu()) {  // select and reset on the device; only the k results come back
+      if (!o_.whole.empty()) {  // select on the host, past the whole tensors, and reset
+        top = select(*error_, o_.k);
+        if (device_.is_gpu()) {
+          if (top_idx_.size() < o_.k) top_idx_ = Buffer<uint32_t>(o_.k, device_);
+          top_idx_.upload(top.indices);
+          const std::span<const uint32_t> kept(top_idx_.data(), top.indices.size());
+          momentum_->zero_buckets(kept);
+          error_->zero_buckets(kept);
+        } else {
+          momentum_->zero_buckets(top.indices);
+          error_->zero_buckets(top.indices);
+        }
+      } else if (device_.is_gpu()) {  // select and reset on the device; only k come back
         if (top_idx_.size() != o_.k) {
           top_idx_ = Buffer<uint32_t>(o_.k, device_);
           top_val_ = Buffer<float>(o_.k, device_);
@@ -165,14 +219,14 @@ class SketchAggregator final : public Aggregator {
         momentum_->zero_buckets(top.indices);
         error_->zero_buckets(top.indices);
       }
-      return sparse_update(phase, std::move(top.indices), std::move(top.values), o_.update);
+      return update(phase, std::move(top.indices), std::move(top.values));
     }
     if (o_.candidates == 0) {
-      TopK top = sum_.top_k(o_.k, TopKOrder::Index);
+      TopK top = select(sum_, o_.k);
       kernels::cpu::scale(top.values.data(), top.values.size(), inv);
-      return sparse_update(phase, std::move(top.indices), std::move(top.values), o_.update);
+      return update(phase, std::move(top.indices), std::move(top.values));
     }
-    candidates_ = sum_.top_k(o_.candidates, TopKOrder::Index).indices;
+    candidates_ = select(sum_, o_.candidates).indices;
     answers_.assign(candidates_.size(), 0.0f);
     Header h = phase;
     h.kind = MessageKind::Query;
@@ -182,14 +236,67 @@ class SketchAggregator final : public Aggregator {
     });
   }
 
+  bool in_whole(uint64_t j) const {
+    const auto it = std::upper_bound(o_.whole.begin(), o_.whole.end(), j,
+                                     [](uint64_t x, const auto& r) { return x < r.offset; });
+    return it != o_.whole.begin() && j < std::prev(it)->offset + std::prev(it)->numel;
+  }
+
+  /// The n largest estimates of s in index order, past the whole tensors: their coordinates
+  /// are not sketched, so an estimate there is another coordinate's collision, not news.
+  TopK select(const CountSketch& s, uint64_t n) const {
+    if (o_.whole.empty()) return s.top_k(n, TopKOrder::Index);
+    TopK t = s.top_k(std::min<uint64_t>(info_.dim, n + o_.whole_size), TopKOrder::Magnitude);
+    TopK out;
+    for (size_t i = 0; i < t.indices.size() && out.indices.size() < n; ++i)
+      if (!in_whole(t.indices[i])) {
+        out.indices.push_back(t.indices[i]);
+        out.values.push_back(t.values[i]);
+      }
+    payload::sort_by_index(out.indices, out.values);
+    return out;
+  }
+
+  /// The update: the heavy hitters outside the whole tensors, and the whole tensors' mean.
+  Message update(const Header& phase, std::vector<uint32_t> idx, std::vector<float> val) const {
+    if (o_.whole.empty()) return sparse_update(phase, std::move(idx), std::move(val), o_.update);
+    payload::sort_by_index(idx, val);
+    std::vector<uint32_t> out_idx;
+    std::vector<float> out_val;
+    out_idx.reserve(idx.size() + o_.whole_size);
+    out_val.reserve(idx.size() + o_.whole_size);
+    size_t i = 0, at = 0;
+    for (const auto& w : o_.whole) {
+      for (; i < idx.size() && idx[i] < w.offset; ++i) {
+        out_idx.push_back(idx[i]);
+        out_val.push_back(val[i]);
+      }
+      for (; i < idx.size() && idx[i] < w.offset + w.numel; ++i) {  // (p2's answers) sent exactly
+      }
+      for (uint64_t j = 0; j < w.numel; ++j) {
+        out_idx.push_back(uint32_t(w.offset + j));
+        out_val.push_back(whole_mean_[at + j]);
+      }
+      at += w.numel;
+    }
+    for (; i < idx.size(); ++i) {
+      out_idx.push_back(idx[i]);
+      out_val.push_back(val[i]);
+    }
+    return sparse_update(phase, std::move(out_idx), std::move(out_val), o_.update);
+  }
+
   void clear() override {
     const auto scope = device_.activate();
     sum_.zero();
     std::fill(answers_.begin(), answers_.end(), 0.0f);
+    std::fill(whole_sum_.begin(), whole_sum_.end(), 0.0f);
   }
 
   SketchOptions o_;
   CountSketch sum_;
+  std::vector<float> whole_sum_ = std::vector<float>(o_.whole_size);  // the whole tensors' sum
+  std::vector<float> whole_mean_;
   Buffer<float> staging_;    // a received table on its way to the GPU
   std::vector<float> host_;  // summed answers from the GPU
   Scratch ops_;
@@ -214,32 +321,50 @@ class SketchCodec final : public Compressor {
   bool two_rounds() const override { return o_.candidates > 0; }
   WireFloat sum_format() const override { return o_.wire; }
   uint64_t sum_size(MessageKind kind) const override {
-    if (kind == MessageKind::Gradient) return sketch_.table().size();
+    if (kind == MessageKind::Gradient) return sketch_.table().size() + o_.whole_size;
     return kind == MessageKind::Answer ? o_.candidates : 0;
   }
   uint64_t max_payload(MessageKind kind) const override {
     switch (kind) {
       case MessageKind::Gradient:
-        return wire_bytes(o_.wire) * sketch_.table().size();
+        return wire_bytes(o_.wire) * sum_size(kind);
       case MessageKind::Query:
       case MessageKind::Answer:
         return 4 + 4 * o_.candidates;
       case MessageKind::Update:
-        return payload::sparse_bytes(o_.k, o_.update);
+        return payload::sparse_bytes(o_.update_entries(), o_.update);
     }
     return 0;
   }
 
  private:
+  /// The sketch of v, the whole tensors left out.
+  void sketch(std::span<const float> v) {
+    sketch_.zero();
+    if (o_.whole.empty()) return sketch_.accumulate(v);
+    for (const auto& run : o_.sketched)
+      sketch_.accumulate(v.subspan(run.offset, run.numel), run.offset, 1.0f);
+  }
+  /// The whole tensors' values of v, in order, into out (memory of the device, or the host).
+  void copy_whole(std::span<const float> v, float* out) const {
+    for (const auto& run : o_.whole) {
+      detail::copy_bytes(out, v.data() + run.offset, run.numel * sizeof(float), device());
+      out += run.numel;
+    }
+  }
+
   Message do_encode(std::span<const float> g, const Header& h) override {
     const auto v = fb_.absorb(g);
-    sketch_.zero();
-    sketch_.accumulate(v);
+    sketch(v);
     const auto table = ops::to_host(device(), sketch_.table(), staging_);
+    whole_.resize(o_.whole_size);
+    copy_whole(v, whole_.data());
     try {
-      return Message::build(h, wire_bytes(o_.wire) * table.size(), [&](ByteWriter& w) {
-        payload::write_values(w, table, o_.wire, "sketch cell");
-      });
+      return Message::build(h, wire_bytes(o_.wire) * sum_size(MessageKind::Gradient),
+                            [&](ByteWriter& w) {
+                              payload::write_values(w, table, o_.wire, "sketch cell");
+                              payload::write_values(w, whole_, o_.wire, "whole-tensor value");
+                            });
     } catch (const NonFiniteError&) {
       fb_.undo(g);  // the table did not fit the wire format: as if this gradient never came
       throw;
@@ -248,9 +373,10 @@ class SketchCodec final : public Compressor {
 
   void do_encode_sum(std::span<const float> g, std::span<float> out) override {
     const auto v = fb_.absorb(g);
-    sketch_.zero();
-    sketch_.accumulate(v);
-    detail::copy_bytes(out.data(), sketch_.table().data(), out.size_bytes(), device());
+    sketch(v);
+    const size_t cells = sketch_.table().size();
+    detail::copy_bytes(out.data(), sketch_.table().data(), cells * sizeof(float), device());
+    copy_whole(v, out.data() + cells);
   }
 
   void do_answer_sum(ByteReader& r, std::span<float> out) override {
@@ -274,17 +400,20 @@ class SketchCodec final : public Compressor {
   }
 
   void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, ops_, o_.k, step, device(), o_.update);
+    payload::read_sparse_into(r, ops_, o_.update_entries(), step, device(), o_.update);
   }
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    fb_.mask(payload::read_sparse_into(r, ops_, o_.k, step, device(), o_.update).indices);
+    fb_.mask(payload::read_sparse_into(r, ops_, o_.update_entries(), step, device(), o_.update)
+                 .indices);
   }
   void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
                       float lr) const override {
-    payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device(), o_.update);
+    payload::read_sparse_axpy(r, ops_, o_.update_entries(), params, -lr, device(), o_.update);
   }
   void do_apply_step(ByteReader& r, const Header&, std::span<float> params, float lr) override {
-    fb_.mask(payload::read_sparse_axpy(r, ops_, o_.k, params, -lr, device(), o_.update).indices);
+    fb_.mask(payload::read_sparse_axpy(r, ops_, o_.update_entries(), params, -lr, device(),
+                                       o_.update)
+                 .indices);
   }
 
   SketchOptions o_;
@@ -293,6 +422,7 @@ class SketchCodec final : public Compressor {
   Feedback fb_;
   CountSketch sketch_;
   std::vector<float> staging_;  // host copy of a GPU table for the wire
+  std::vector<float> whole_;    // the whole tensors' values for the wire
 };
 
 SKETCHSGD_REGISTER_CODEC(
@@ -318,7 +448,9 @@ SKETCHSGD_REGISTER_CODEC(
       {"wire", "float format of the sketch table on the wire (second-round values stay fp32)", 0,
        0, 2, true, {"fp32", "fp16", "bf16"}},
       {"index", "the update's indices: u32, or delta (gaps as varints, ~1-2 bytes each)", 0, 0, 1,
-       true, {"u32", "delta"}}},
+       true, {"u32", "delta"}},
+      {"dense_below", "with a layout: tensors with fewer values (and 1-D ones) are sent whole", 0,
+       0, 4294967295.0}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SketchOptions s;
        s.k = o.integer("k");
@@ -338,11 +470,16 @@ SKETCHSGD_REGISTER_CODEC(
        s.fetch = o.flag("fetch");
        s.wire = WireFloat(o.integer("wire"));
        s.update = {o.flag("index"), WireFloat::F32};
+       if (!o.layout().empty()) {
+         s.split(o.layout(), o.integer("dense_below"));
+         s.candidates = std::min(s.candidates, dim - s.whole_size);  // chosen past whole tensors
+       }
        SKETCHSGD_REQUIRE(
            !(s.fetch && s.candidates), InvalidArgument,
            "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");
        return std::make_unique<SketchCodec>(dim, std::move(spec), s, device);
-     }});
+     },
+     LayoutUse::Optional});
 
 }  // namespace
 }  // namespace sketchsgd

@@ -39,7 +39,7 @@ struct Selection {
   Selection(const Layout& layout, uint64_t k, bool per_layer, uint64_t dense_below) {
     uint64_t big = 0;
     for (const auto& t : layout.tensors()) {
-      if (t.dims < 2 || t.numel < dense_below) {
+      if (Layout::sent_whole(t, dense_below)) {
         whole.push_back({t.offset, t.numel, t.numel});
         whole_count += t.numel;
       } else {

@@ -95,6 +95,8 @@ TEST(CudaCodec, DenseTopkAndSketchWorkersMatchTheCpu) {
   expect_codec_agrees("topk:k=3000,momentum=0.9,wire=fp16,index=delta", Match::Exact);
   expect_codec_agrees("topk:k=3000,budget=layer,dense_below=100,layout=300x1000+7", Match::Exact);
   expect_codec_agrees("sketch:rows=1,cols=30000,k=3000,fetch=1,wire=fp16", Match::Mostly);
+  expect_codec_agrees("sketch:rows=3,cols=30000,k=3000,momentum=0.9,layout=300x1000+7",
+                      Match::Floats);
 }
 
 TEST(CudaCodec, QuantisingWorkersMatchTheCpu) {
@@ -115,7 +117,9 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
   const uint64_t dim = 500009;
   for (const char* spec :
        {"sketch:rows=5,cols=50000,k=5000", "sketch:rows=1,cols=50000,k=5000,fetch=1",
-        "sketch:rows=3,cols=50000,k=2000,p2=2"}) {
+        "sketch:rows=3,cols=50000,k=2000,p2=2",
+        // A layout (500 x 1000 + 9): the bias whole, the selection past it, resets uploaded.
+        "sketch:rows=1,cols=50000,k=5000,fetch=1,layout=500x1000+9"}) {
     SCOPED_TRACE(spec);
     auto workers = both(spec, dim);
     auto cpu = workers.cpu->make_aggregator(2), gpu = workers.gpu->make_aggregator(2);

@@ -30,6 +30,12 @@ class Layout {
   /// The text form above; InvalidArgument naming what is wrong.
   static Layout parse(std::string_view text);
 
+  /// The rule of codecs that send small tensors uncompressed (topk, sketch): 1-D tensors and
+  /// tensors of fewer than dense_below values go whole.
+  static bool sent_whole(const Tensor& t, uint64_t dense_below) {
+    return t.dims < 2 || t.numel < dense_below;
+  }
+
   bool empty() const { return tensors_.empty(); }
   uint64_t size() const { return size_; }
   const std::vector<Tensor>& tensors() const { return tensors_; }

@@ -1,0 +1,170 @@
+// The sketch codec with a layout: small tensors sent whole beside the table, the heavy hitters of
+// the rest, and the update's contract on both (messages and summed payloads, all three modes).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <sketchsgd/compress/layout.hpp>
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/core/error.hpp>
+#include "support/helpers.hpp"
+
+namespace sketchsgd {
+namespace {
+
+// 2000 + 40 + 1500 + 30: biases at [2000, 2040) and [3540, 3570).
+const Layout kLayout({{40, 50}, {40}, {30, 50}, {30}});
+constexpr uint64_t kDim = 3570;
+
+struct Sparse {
+  std::vector<uint32_t> idx;
+  std::vector<float> val;
+};
+
+/// The update's entries, read through decode (every written coordinate is non-zero here).
+Sparse entries(const Compressor& c, const Message& update) {
+  std::vector<float> step(kDim, 0.0f);
+  c.decode(update.bytes(), step);
+  Sparse s;
+  for (uint32_t j = 0; j < kDim; ++j)
+    if (step[j] != 0.0f) {
+      s.idx.push_back(j);
+      s.val.push_back(step[j]);
+    }
+  return s;
+}
+
+/// W workers, one round through messages (and answers for p2); every worker applies.
+Message round(std::vector<std::unique_ptr<Compressor>>& workers, Aggregator& server,
+              const std::vector<std::vector<float>>& grads, uint64_t r) {
+  for (uint32_t i = 0; i < workers.size(); ++i) server.add(workers[i]->encode(grads[i], r, i).bytes());
+  Message m = server.finish();
+  if (server.expecting() == MessageKind::Answer) {
+    for (uint32_t i = 0; i < workers.size(); ++i)
+      server.add(workers[i]->answer(m.bytes(), i).bytes());
+    m = server.finish();
+  }
+  std::vector<float> step(kDim);
+  for (auto& w : workers) w->apply(m.bytes(), step);
+  return m;
+}
+
+std::vector<float> mean_of(const std::vector<std::vector<float>>& grads) {
+  std::vector<float> m(kDim, 0.0f);
+  for (const auto& g : grads)
+    for (uint64_t j = 0; j < kDim; ++j) m[j] += g[j];
+  for (auto& x : m) x /= float(grads.size());
+  return m;
+}
+
+/// The whole tensors (those in [lo, hi) and the last bias) at their exact mean; k heavy hitters,
+/// none inside them; the payload is the table plus the whole values; and whole
+/// coordinates keep no momentum or error from round to round.
+void expect_whole(const std::string& spec, uint32_t lo = 2000, uint32_t hi = 2040) {
+  SCOPED_TRACE(spec);
+  auto whole = [&](uint32_t j) { return (j >= lo && j < hi) || j >= 3540; };
+  const uint64_t n_whole = (hi - lo) + 30, cells = 3 * 400;  // rows=3, cols=400 below
+  const uint32_t W = 3;
+  std::vector<std::unique_ptr<Compressor>> workers;
+  for (uint32_t i = 0; i < W; ++i) workers.push_back(make_compressor(spec, kLayout));
+  auto server = workers[0]->make_aggregator(W);
+  EXPECT_EQ(workers[0]->sum_size(MessageKind::Gradient), cells + n_whole);
+  const auto probe = make_compressor(spec, kLayout)->encode(test::gaussian(kDim, 5), 0, 0);
+  EXPECT_EQ(payload_of(probe.bytes()).size(), 4 * (cells + n_whole));
+  for (uint64_t r = 0; r < 3; ++r) {
+    std::vector<std::vector<float>> grads;
+    for (uint32_t i = 0; i < W; ++i) grads.push_back(test::gaussian(kDim, 100 * r + i + 1));
+    const std::vector<uint32_t> planted = {5, 777, 1999, 3000, 3539};  // in the matrices
+    for (auto& g : grads)
+      for (uint32_t j : planted)
+        if (!whole(j)) g[j] = 40.0f;
+    const Message u = round(workers, *server, grads, r);
+    const Sparse s = entries(*workers[0], u);
+    const auto mean = mean_of(grads);
+    uint64_t heavy = 0, n = 0;
+    for (size_t e = 0; e < s.idx.size(); ++e) {
+      if (whole(s.idx[e])) {
+        // Momentum and error are reset at whole coordinates: the update is this round's mean.
+        EXPECT_NEAR(s.val[e], mean[s.idx[e]], 1e-5f) << s.idx[e] << " round " << r;
+        ++n;
+      } else {
+        ++heavy;
+      }
+    }
+    EXPECT_EQ(n, n_whole) << r;
+    EXPECT_EQ(heavy, 60u) << r;  // k, chosen past the whole tensors
+    for (uint32_t j : planted)
+      EXPECT_TRUE(whole(j) || std::binary_search(s.idx.begin(), s.idx.end(), j)) << j;
+  }
+}
+
+TEST(SketchLayout, SmallTensorsGoWholeAndHeavyHittersComeFromTheRest) {
+  expect_whole("sketch:rows=3,cols=400,k=60,momentum=0.9");
+  expect_whole("sketch:rows=3,cols=400,k=60,momentum=0.9,p2=2,index=delta");
+  expect_whole("sketch:rows=3,cols=400,k=60,fetch=1");
+  expect_whole("sketch:rows=3,cols=400,k=60,hashing=random");
+  // dense_below=1600 sends the 30 x 50 matrix whole too.
+  expect_whole("sketch:rows=3,cols=400,k=60,dense_below=1600", 2000, 3540);
+}
+
+/// Summed payloads (an all-reduce) give the update the messages give, byte for byte where the
+/// sums are exact (values k/4), for a plain and a FetchSGD sketch.
+TEST(SketchLayout, SummedPayloadsGiveTheSameUpdate) {
+  for (const std::string spec :
+       {"sketch:rows=3,cols=400,k=60,momentum=0.9", "sketch:rows=1,cols=400,k=60,fetch=1"}) {
+    SCOPED_TRACE(spec);
+    const uint32_t W = 2;
+    auto a = make_compressor(spec, kLayout), b = make_compressor(spec, kLayout);
+    auto c = make_compressor(spec, kLayout), d = make_compressor(spec, kLayout);
+    auto s1 = a->make_aggregator(W), s2 = a->make_aggregator(W);
+    for (uint64_t r = 0; r < 3; ++r) {
+      std::vector<std::vector<float>> g;
+      for (uint32_t i = 0; i < W; ++i) {
+        g.push_back(test::gaussian(kDim, 7 * r + i));
+        for (auto& x : g.back()) x = std::round(x * 4.0f) / 4.0f;
+      }
+      s1->add(a->encode(g[0], r, 0).bytes());
+      s1->add(b->encode(g[1], r, 1).bytes());
+      const Message u1 = s1->finish();
+      std::vector<float> t1(c->sum_size(MessageKind::Gradient)), t2(t1.size());
+      c->encode_sum(g[0], t1);
+      d->encode_sum(g[1], t2);
+      for (size_t j = 0; j < t1.size(); ++j) t1[j] += t2[j];
+      s2->add_sum(t1, W, r);
+      const Message u2 = s2->finish();
+      ASSERT_EQ(payload_of(u1.bytes()).size(), payload_of(u2.bytes()).size());
+      EXPECT_TRUE(std::ranges::equal(payload_of(u1.bytes()), payload_of(u2.bytes()))) << r;
+      std::vector<float> step(kDim);
+      for (auto* w : {a.get(), b.get(), c.get(), d.get()}) w->apply(u1.bytes(), step);
+    }
+  }
+}
+
+/// Layout or not, the same spec text rules: the layout joins the canonical spec, must fit dim,
+/// and a corrupt whole-tensor value (non-finite) is refused like a corrupt cell.
+TEST(SketchLayout, LayoutIsPartOfTheSpecAndValuesAreValidated) {
+  const auto c = make_compressor("sketch:rows=3,cols=400,k=60", kLayout);
+  EXPECT_NE(c->spec().find(",layout=40x50+40+30x50+30"), std::string::npos) << c->spec();
+  EXPECT_EQ(make_compressor(c->spec(), kDim)->spec(), c->spec());
+  EXPECT_THROW(make_compressor("sketch:rows=3,cols=400,k=60,layout=40x50+40", kDim),
+               InvalidArgument);
+  auto server = c->make_aggregator(1);
+  const Message m = c->encode(test::gaussian(kDim, 3), 0, 0);
+  Bytes bad(m.bytes().begin(), m.bytes().end());
+  const size_t last = bad.size() - 4;  // the last bias value
+  const float inf = INFINITY;
+  std::memcpy(bad.data() + last, &inf, 4);
+  EXPECT_THROW(server->add(bad), WireError);
+  std::vector<float> sum(c->sum_size(MessageKind::Gradient), 0.0f);
+  sum.back() = NAN;
+  EXPECT_THROW(server->add_sum(sum, 1, 0), WireError);
+  server->add(m.bytes());  // nothing was taken from the refused ones
+  EXPECT_NO_THROW(server->finish());
+}
+
+}  // namespace
+}  // namespace sketchsgd
