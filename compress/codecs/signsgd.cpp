@@ -3,6 +3,7 @@
 //         states and uses the 2-bit ternary codes. momentum>0 gives Signum.
 //   ef=1: EF-signSGD (Karimireddy et al. 2019): p = e + g, send (‖p‖₁/n per chunk)·sign(p),
 //         e = p − sent. The server averages the scaled signs (dense downlink).
+// With a layout (optional) the scales are per tensor (chunks never straddle two; scale_runs.hpp).
 #include <algorithm>
 
 #include <sketchsgd/compress/feedback.hpp>
@@ -12,42 +13,40 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include "../ops.hpp"
 #include "../payload.hpp"
+#include "../scale_runs.hpp"
 
 namespace sketchsgd {
 namespace {
-
-uint64_t words_of(uint64_t dim) {
-  return (dim + 31) / 32;
-}
-uint64_t chunks_of(uint64_t dim, uint64_t chunk) {
-  return (dim + chunk - 1) / chunk;
-}
 
 struct Signs {
   std::vector<float> scales;  // ef only
   std::vector<uint32_t> words;
 };
 
-Signs read_signs(ByteReader& r, uint64_t dim, uint64_t chunks) {
+Signs read_signs(ByteReader& r, const ScaleRuns& runs, bool scaled) {
   Signs s;
-  if (chunks) s.scales = payload::read_scales(r, chunks);
-  s.words.resize(words_of(dim));
+  if (scaled) s.scales = payload::read_scales(r, runs.scales());
+  s.words.resize(runs.words());
   r.get_array(std::span<uint32_t>(s.words));
   r.expect_end();
-  SKETCHSGD_REQUIRE(kernels::cpu::sign_padding_clear(s.words.data(), dim), WireError,
-                    "signsgd: padding bits set in the last word");
+  for (const auto& run : runs.runs())
+    SKETCHSGD_REQUIRE(kernels::cpu::sign_padding_clear(s.words.data() + run.word_at, run.numel),
+                      WireError, "signsgd: padding bits set in the last word of a run");
   return s;
 }
 
 class VoteAggregator final : public Aggregator {
  public:
-  using Aggregator::Aggregator;
+  VoteAggregator(const Compressor& c, uint32_t world, const ScaleRuns& runs)
+      : Aggregator(c, world), runs_(runs) {}
 
  private:
   void absorb(ByteReader& r, const Header&) override {
-    const auto s = read_signs(r, info_.dim, 0);
+    const auto s = read_signs(r, runs_, false);
     if (neg_.size() != info_.dim) neg_.assign(info_.dim, 0);
-    kernels::cpu::count_negative(s.words.data(), info_.dim, neg_.data());
+    for (const auto& run : runs_.runs())
+      kernels::cpu::count_negative(s.words.data() + run.word_at, run.numel,
+                                   neg_.data() + run.offset);
   }
   Message reduce(const Header& phase, uint32_t contributors) override {
     std::vector<float> vote(info_.dim);
@@ -61,58 +60,67 @@ class VoteAggregator final : public Aggregator {
   }
   void clear() override { std::fill(neg_.begin(), neg_.end(), 0u); }
 
+  ScaleRuns runs_;
   std::vector<uint32_t> neg_;
 };
 
 class ScaledSignAggregator final : public MeanAggregator {
  public:
-  ScaledSignAggregator(const Compressor& c, uint32_t world, uint64_t chunk)
-      : MeanAggregator(c, world), chunk_(chunk) {}
+  ScaledSignAggregator(const Compressor& c, uint32_t world, const ScaleRuns& runs)
+      : MeanAggregator(c, world), runs_(runs) {}
 
  private:
   void absorb(ByteReader& r, const Header&) override {
-    const auto s = read_signs(r, info_.dim, chunks_of(info_.dim, chunk_));
+    const auto s = read_signs(r, runs_, true);
     auto& sum = this->sum();
-    kernels::cpu::unpack_signs(s.words.data(), info_.dim, chunk_, s.scales.data(), sum.data(),
-                               true);
+    for (const auto& run : runs_.runs())
+      kernels::cpu::unpack_signs(s.words.data() + run.word_at, run.numel, run.chunk,
+                                 s.scales.data() + run.scale_at, sum.data() + run.offset, true);
   }
-  uint64_t chunk_;
+  ScaleRuns runs_;
 };
 
 class SignSGD final : public Compressor {
  public:
-  SignSGD(uint64_t dim, std::string spec, bool ef, uint64_t chunk, float momentum,
+  SignSGD(uint64_t dim, std::string spec, bool ef, const ScaleRuns& runs, float momentum,
           const Device& device)
       : Compressor(CodecId::SignSGD, dim, std::move(spec), device),
         ef_(ef),
-        chunk_(chunk),
+        runs_(runs),
         fb_(dim, momentum, ef, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
-    if (ef_) return std::make_unique<ScaledSignAggregator>(*this, world, chunk_);
-    return std::make_unique<VoteAggregator>(*this, world);
+    if (ef_) return std::make_unique<ScaledSignAggregator>(*this, world, runs_);
+    return std::make_unique<VoteAggregator>(*this, world, runs_);
   }
   uint64_t max_payload(MessageKind kind) const override {
-    if (kind == MessageKind::Gradient) return 4 * words_of(dim()) + 4 * scale_count();
+    if (kind == MessageKind::Gradient) return 4 * runs_.words() + 4 * scale_count();
     if (kind == MessageKind::Update) return ef_ ? dense_bytes(dim()) : (dim() + 3) / 4;
     return 0;
   }
 
  private:
-  uint64_t scale_count() const { return ef_ ? chunks_of(dim(), chunk_) : 0; }
+  uint64_t scale_count() const { return ef_ ? runs_.scales() : 0; }
 
   Message do_encode(std::span<const float> g, const Header& h) override {
     const auto p = fb_.absorb(g);
     std::vector<float> scales(scale_count());
-    if (ef_) {
-      const auto stats = ops::chunk_stats(device(), ops_, p, chunk_);
-      for (size_t c = 0; c < stats.size(); ++c) scales[c] = stats[c].abs_mean;
-    }
-    const std::vector<uint32_t> words = ops::pack_signs(device(), ops_, p);
-    if (ef_) {  // e = p − scale·sign(p)
-      std::vector<float> neg(scales.size());
-      for (size_t c = 0; c < scales.size(); ++c) neg[c] = -scales[c];
-      ops::unpack_signs(device(), ops_, words, chunk_, neg, fb_.error(), true);
+    std::vector<uint32_t> words;
+    words.reserve(runs_.words());
+    for (const auto& run : runs_.runs()) {
+      const auto part = p.subspan(run.offset, run.numel);
+      if (ef_) {
+        const auto stats = ops::chunk_stats(device(), ops_, part, run.chunk);
+        for (size_t c = 0; c < stats.size(); ++c) scales[run.scale_at + c] = stats[c].abs_mean;
+      }
+      const std::vector<uint32_t> w = ops::pack_signs(device(), ops_, part);
+      if (ef_) {  // e = p − scale·sign(p)
+        std::vector<float> neg(run.scales());
+        for (size_t c = 0; c < neg.size(); ++c) neg[c] = -scales[run.scale_at + c];
+        ops::unpack_signs(device(), ops_, w, run.chunk, neg,
+                          fb_.error().subspan(run.offset, run.numel), true);
+      }
+      words.insert(words.end(), w.begin(), w.end());
     }
     return Message::build(h, max_payload(MessageKind::Gradient), [&](ByteWriter& w) {
       w.put_array(std::span<const float>(scales));
@@ -129,7 +137,7 @@ class SignSGD final : public Compressor {
   }
 
   bool ef_;
-  uint64_t chunk_;
+  ScaleRuns runs_;
   Feedback* feedback() override { return &fb_; }
 
   Feedback fb_;
@@ -140,14 +148,16 @@ SKETCHSGD_REGISTER_CODEC(
     {"signsgd",
      "1-bit signs; majority vote (ef=0) or EF-signSGD scaled signs (ef=1)",
      {{"ef", "1: EF-signSGD (error feedback, scaled signs, averaged)", 0, 0, 1},
-      {"chunk", "ef=1: elements per scale (0: one scale for the whole vector)", 0, 0, 4294967295.0},
+      {"chunk",
+       "ef=1: elements per scale (0: one scale for the whole vector, or per tensor with a layout)",
+       0, 0, 4294967295.0},
       {"momentum", "local momentum before the sign (Signum)", 0, 0, 0.999, false}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
-       uint64_t chunk = o.integer("chunk");
-       if (chunk == 0 || chunk > dim) chunk = dim;
-       return std::make_unique<SignSGD>(dim, std::move(spec), o.flag("ef"), chunk,
+       return std::make_unique<SignSGD>(dim, std::move(spec), o.flag("ef"),
+                                        ScaleRuns(dim, o.integer("chunk"), o.layout()),
                                         float(o.number("momentum")), device);
-     }});
+     },
+     LayoutUse::Optional});
 
 }  // namespace
 }  // namespace sketchsgd

@@ -106,6 +106,10 @@ TEST(CudaCodec, QuantisingWorkersMatchTheCpu) {
   expect_codec_agrees("terngrad:ef=1,momentum=0.5", Match::Exact);
   expect_codec_agrees("signsgd:ef=1,chunk=4096,momentum=0.9", Match::Mostly);
   expect_codec_agrees("terngrad:chunk=1000,clip=2.5", Match::Mostly);
+  // Scales per tensor (a layout): each tensor packed alone, from a subspan of device memory.
+  expect_codec_agrees("terngrad:layout=300x1000+7", Match::Exact);
+  expect_codec_agrees("signsgd:ef=1,chunk=4096,layout=300x1000+7", Match::Mostly);
+  expect_codec_agrees("signsgd:momentum=0.9,layout=300x1000+7", Match::Exact);
 }
 
 /// Server side on the GPU: the same messages give the same Update bytes as the CPU aggregator

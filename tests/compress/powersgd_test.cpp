@@ -46,7 +46,7 @@ TEST(Layout, IsPartOfTheCanonicalSpecAndMustFitTheVector) {
   EXPECT_THROW(make_compressor("powersgd:rank=2", 2010), InvalidArgument);  // needs one
   EXPECT_THROW(make_compressor("powersgd:layout=4x5,layout=4x5", 20), InvalidArgument);
   EXPECT_THROW(make_compressor("powersgd:rank=2,layout=4x5", Layout({{4, 5}})), InvalidArgument);
-  EXPECT_THROW(make_compressor("signsgd:layout=4x5", 20), InvalidArgument);  // uses none
+  EXPECT_THROW(make_compressor("dense:layout=4x5", 20), InvalidArgument);  // uses none
   // Nothing worth compressing at this rank: refused with a reason.
   EXPECT_THROW(make_compressor("powersgd:rank=4,layout=8x8+8", 72), InvalidArgument);
 }

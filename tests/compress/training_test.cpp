@@ -103,7 +103,12 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1,hashing=random", 1.0f},
                     Case{"powersgd:rank=2,layout=40x45+200", 2.0f},
                     Case{"topk:k=100,index=delta,wire=fp16", 2.0f},
-                    Case{"powersgd:rank=1,ef=0,warm=0,layout=40x45+200", 2.0f}),
+                    Case{"powersgd:rank=1,ef=0,warm=0,layout=40x45+200", 2.0f},
+                    // Optional layouts: biases whole beside the sketch, scales per tensor.
+                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,layout=40x45+200", 1.0f},
+                    Case{"sketch:rows=5,cols=1000,k=100,fetch=1,layout=40x45+200", 1.0f},
+                    Case{"signsgd:ef=1,layout=40x45+200", 1.0f},
+                    Case{"terngrad:layout=40x45+200", 1.0f}),
     [](const testing::TestParamInfo<Case>& info) {
       std::string name;
       for (const char* c = info.param.spec; *c; ++c) name += std::isalnum(*c) ? *c : '_';
