@@ -88,6 +88,17 @@ class Payload:
         return self._gather(out, t, *a, **k)
 
 
+def torch_powersgd_options(hook):
+    """rank, start and min_rate of PyTorch's PowerSGD hook ("powersgd:rank=4"); anything else is
+    refused (sketchsgd's options given to PyTorch's hook by the name both share)."""
+    opts = dict(kv.split("=", 1) for kv in hook.partition(":")[2].split(",") if kv)
+    unknown = set(opts) - {"rank", "start", "min_rate"}
+    if unknown:
+        raise ValueError(f"PyTorch's PowerSGD takes rank, start and min_rate, not {', '.join(sorted(unknown))}; "
+                         f"sketchsgd's PowerSGD is sketchsgd:{hook}")
+    return opts
+
+
 def register(hook, ddp, args, dim):
     """Registers the hook; returns (a function giving the payload bytes so far, SGD momentum)."""
     if hook == "none":
@@ -104,7 +115,7 @@ def register(hook, ddp, args, dim):
         return (lambda: counter.bytes), args.momentum, None
     if hook.startswith("powersgd"):
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-        opts = dict(kv.split("=") for kv in hook.partition(":")[2].split(",") if kv)
+        opts = torch_powersgd_options(hook)
         counter = Payload()
         state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(opts.get("rank", 1)),
                                    start_powerSGD_iter=int(opts.get("start", args.start_iter)),
@@ -259,6 +270,12 @@ def main():
         sys.exit(f"no Fashion-MNIST in {args.data} (apt-get install dataset-fashion-mnist)")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device")
+    plain = args.hook[len("torch:"):] if args.hook.startswith("torch:") else args.hook
+    if plain.startswith("powersgd"):
+        try:
+            torch_powersgd_options(plain)
+        except ValueError as e:
+            sys.exit(f"--hook {args.hook}: {e}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

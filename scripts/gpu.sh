@@ -277,7 +277,7 @@ python_check() {
   "$PY" examples/ddp_fashion_mnist.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
     --json "$REPORT/ddp-cuda.json" 2>&1 | tee "$REPORT/ddp-cuda.log" || fail "DDP example on CUDA"
   "$PY" examples/ddp_fashion_mnist.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
-    --hook powersgd:rank=4,momentum=0.9,wire=fp16 --json "$REPORT/ddp-cuda-powersgd.json" 2>&1 |
+    --hook sketchsgd:powersgd:rank=4,momentum=0.9,wire=fp16 --json "$REPORT/ddp-cuda-powersgd.json" 2>&1 |
     tee "$REPORT/ddp-cuda-powersgd.log" || fail "DDP example on CUDA (powersgd)"
   step "the hooks' own work per step on the GPU (NCCL group of one; demo MLP, then 4x wider)"
   for width in 1024 4096; do
