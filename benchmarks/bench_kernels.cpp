@@ -1,5 +1,7 @@
 // Kernel microbenchmarks: sketch accumulate / unsketch+top-k / merge, selection, bit packing.
 // items/s = coordinates per second; bytes/s = gradient bytes read per second (4·d).
+#include <algorithm>
+
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
 #include "common.hpp"
@@ -112,6 +114,23 @@ void BM_UnpackTernary(benchmark::State& s) {
   report(s, d, 4 * d);
 }
 BENCHMARK(BM_UnpackTernary)->Apply(d_axis);
+
+/// PowerSGD's host Gram-Schmidt on an n × r factor (rows of a layer by the rank): every
+/// iteration orthonormalises a fresh copy, so the copy (n·r floats) is timed too.
+void BM_Orthonormalize(benchmark::State& s) {
+  const size_t n = size_t(s.range(0)), r = size_t(s.range(1));
+  const auto a = gradient(n * r);
+  std::vector<float> b(a.size());
+  for (auto _ : s) {
+    std::copy(a.begin(), a.end(), b.begin());
+    kernels::cpu::orthonormalize(b.data(), n, r);
+    benchmark::DoNotOptimize(b.data());
+  }
+  report(s, n * r, 4 * n * r);
+}
+BENCHMARK(BM_Orthonormalize)
+    ->ArgsProduct({{2048, 8192}, {2, 4, 8, 16, 24, 32}})
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_SketchConstruct(benchmark::State& s) {
   const size_t d = 6500000;

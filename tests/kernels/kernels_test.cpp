@@ -176,6 +176,39 @@ TEST(Ternary, StochasticRoundingIsUnbiased) {
   }
 }
 
+/// Gram-Schmidt's contract at every rank (strided below 16, row by row from 16, a heap-sized
+/// rank past 64): orthonormal columns, column i orthogonal to the original columns before it and
+/// positive against its own (which pins Q), and a zero column left zero, not NaN.
+TEST(Orthonormalize, GramSchmidtAtEveryRank) {
+  for (size_t r : {1, 3, 8, 15, 16, 24, 32, 70}) {
+    SCOPED_TRACE(r);
+    const size_t n = 300;
+    auto a = test::gaussian(n * r, 40 + r);
+    for (size_t j = 0; j < n; ++j) a[j * r] *= 1e3f;  // columns of very different sizes
+    if (r > 5)
+      for (size_t j = 0; j < n; ++j) a[j * r + 5] = 0.0f;
+    auto q = a;
+    k::orthonormalize(q.data(), n, r);
+    auto col_dot = [&](const std::vector<float>& x, size_t i, const std::vector<float>& y,
+                       size_t l) {
+      double d = 0;
+      for (size_t j = 0; j < n; ++j) d += double(x[j * r + i]) * y[j * r + l];
+      return d;
+    };
+    for (size_t i = 0; i < r; ++i) {
+      const bool zero = r > 5 && i == 5;
+      for (size_t j = 0; j < n; ++j) ASSERT_TRUE(std::isfinite(q[j * r + i]));
+      EXPECT_NEAR(col_dot(q, i, q, i), zero ? 0.0 : 1.0, 1e-5) << i;
+      if (zero) continue;
+      for (size_t l = 0; l < i; ++l) {
+        EXPECT_NEAR(col_dot(q, i, q, l), 0.0, 1e-5) << i << " " << l;
+        EXPECT_NEAR(col_dot(q, i, a, l), 0.0, 1e-4 * std::sqrt(col_dot(a, l, a, l))) << i << " " << l;
+      }
+      EXPECT_GT(col_dot(q, i, a, i), 0.0) << i;
+    }
+  }
+}
+
 TEST(Vector, FindNonFinite) {
   std::vector<float> x(100000, 1.0f);
   EXPECT_EQ(k::find_nonfinite(x.data(), x.size()), kernels::kNone);
