@@ -8,7 +8,8 @@ PowerSGD and fp16 hooks (specs torch:powersgd:rank=R, fp16), on the gradient of 
                                                         with the device synchronised)
 
 Every hook sees the same fresh gradients. Reports the median milliseconds per call and the
-payload of one step. Set --threads for both torch and the library's OpenMP (same for all hooks).
+payload of one step. --rounds R times the hooks in turn R times (steps each, one state per
+hook throughout), so a slow spell of a shared machine falls on all of them. Set --threads for both torch and the library's OpenMP (same for all hooks).
 """
 import argparse
 import datetime
@@ -41,6 +42,7 @@ def main():
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP (the demo's: 1024)")
+    ap.add_argument("--rounds", type=int, default=1, help="time all hooks in turn this many times")
     ap.add_argument("--only", help="comma-separated substrings: time just the hooks whose spec has one")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -73,51 +75,61 @@ def main():
              for s in range(4)]
     results = []
     hooks = [(l, h) for l, h in HOOKS if not args.only or any(o in h for o in args.only.split(","))]
-    for label, hook in hooks:
-        counted = {"bytes": 0}
-        reduce = dist.all_reduce
+    setups = {h: make(h, params, psgd, default_hooks, CompressionState, compression_hook, FlatBucket)
+              for _, h in hooks}
+    times = {h: [] for _, h in hooks}
+    counted = {"bytes": 0}
+    reduce = dist.all_reduce
 
-        def counting(t, *a, **k):
-            counted["bytes"] += t.numel() * t.element_size()
-            return reduce(t, *a, **k)
+    def counting(t, *a, **k):
+        counted["bytes"] += t.numel() * t.element_size()
+        return reduce(t, *a, **k)
 
-        dist.all_reduce = counting
-        warm = 12
-        if hook == "none":
-            state, fn = None, default_hooks.allreduce_hook
-        elif hook == "fp16":
-            state, fn = None, default_hooks.fp16_compress_hook
-        elif hook.startswith("torch:powersgd"):
-            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(hook.split("=")[1]),
-                                       start_powerSGD_iter=2, min_compression_rate=2, use_error_feedback=True,
-                                       warm_start=True)
-            fn = psgd.powerSGD_hook
-        else:
-            state, fn = CompressionState(hook, start_iter=2), compression_hook
-        bucket = FlatBucket(0, params)
-        times = []
-        for step in range(warm + args.steps):
-            bucket.buffer().copy_(grads[step % len(grads)])
-            counted["bytes"] = 0
-            sync()
-            t = time.perf_counter()
-            fut = fn(state, bucket)
-            fut.wait()
-            sync()
-            if step >= warm:
-                times.append(1e3 * (time.perf_counter() - t))
-        dist.all_reduce = reduce
-        r = {"hook": label, "spec": hook, "ms_median": statistics.median(times), "ms_min": min(times),
-             "payload_bytes": counted["bytes"] if not hook.startswith(("sketch", "topk", "signsgd", "dense", "powersgd"))
-             else state.stats()["last_payload_bytes"]}
-        results.append(r)
-        print(f"{label:24s} {r['ms_median']:8.2f} ms/step (min {r['ms_min']:.2f})  payload {r['payload_bytes']:>10,} B",
-              flush=True)
+    dist.all_reduce = counting
+    for rnd in range(args.rounds):
+        for label, hook in hooks:
+            state, fn, bucket = setups[hook]
+            warm = 12 if rnd == 0 else 2
+            for step in range(warm + args.steps):
+                bucket.buffer().copy_(grads[step % len(grads)])
+                counted["bytes"] = 0
+                sync()
+                t = time.perf_counter()
+                fut = fn(state, bucket)
+                fut.wait()
+                sync()
+                if step >= warm:
+                    times[hook].append(1e3 * (time.perf_counter() - t))
+            if rnd == args.rounds - 1:
+                t = times[hook]
+                r = {"hook": label, "spec": hook, "ms_median": statistics.median(t), "ms_min": min(t),
+                     "payload_bytes": counted["bytes"] if state is None or not hasattr(state, "stats")
+                     else state.stats()["last_payload_bytes"]}
+                results.append(r)
+                print(f"{label:24s} {r['ms_median']:8.2f} ms/step (min {r['ms_min']:.2f})  "
+                      f"payload {r['payload_bytes']:>10,} B", flush=True)
+    dist.all_reduce = reduce
     dist.destroy_process_group()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "device": str(dev), "width": w,
+            json.dump({"threads": args.threads, "device": str(dev), "width": w, "rounds": args.rounds,
                        "gpu": torch.cuda.get_device_name(0) if cuda else None, "results": results}, f, indent=1)
+
+
+def make(hook, params, psgd, default_hooks, CompressionState, compression_hook, FlatBucket):
+    """(state, hook function, bucket) of one spec; every hook has its own bucket and state."""
+    if hook == "none":
+        state, fn = None, default_hooks.allreduce_hook
+    elif hook == "fp16":
+        state, fn = None, default_hooks.fp16_compress_hook
+    elif hook.startswith("torch:powersgd"):
+        state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=int(hook.split("=")[1]),
+                                   start_powerSGD_iter=2, min_compression_rate=2, use_error_feedback=True,
+                                   warm_start=True)
+        fn = psgd.powerSGD_hook
+    else:
+        state, fn = CompressionState(hook, start_iter=2), compression_hook
+    return state, fn, FlatBucket(0, params)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,20 @@
 
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include "detail/wide.hpp"
 
 namespace sketchsgd::kernels::cpu {
 namespace {
 constexpr size_t kParallel = 1 << 16;
+
+/// Whether x[0, n) holds a NaN or ±Inf: the exponent bits of every value at vector width.
+SKETCHSGD_WIDE bool any_nonfinite(const float* __restrict x, size_t n) {
+  uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (size_t i = 0; i < n; ++i) bad |= uint32_t(!is_finite(x[i]));
+  return bad != 0;
 }
+}  // namespace
 
 size_t find_nonfinite(const float* x, size_t n) {
   constexpr size_t kChunk = 4096;
@@ -19,9 +28,7 @@ size_t find_nonfinite(const float* x, size_t n) {
 #pragma omp parallel for schedule(static) reduction(min : first) if (n > kParallel)
   for (size_t c = 0; c < chunks; ++c) {
     const size_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
-    uint32_t bad = 0;
-    for (size_t i = lo; i < hi; ++i) bad |= uint32_t(!is_finite(x[i]));
-    if (bad) {
+    if (any_nonfinite(x + lo, hi - lo)) {
       for (size_t i = lo; i < hi; ++i)
         if (!is_finite(x[i])) {
           first = std::min(first, i);

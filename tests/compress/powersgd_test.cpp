@@ -217,6 +217,41 @@ TEST(PowerSGD, ErrorFeedbackKeepsWhatWasNotSent) {
   EXPECT_EQ(a0, b0);
 }
 
+TEST(PowerSGD, EveryRankRecoversAMatrixOfThatRankAndCompressesMomentum) {
+  // Ranks on both sides of the CPU's switch from the one-pass kernels to OpenBLAS (rank 4).
+  const uint64_t rows = 40, cols = 33, tail = 3;
+  for (uint64_t r : {1, 2, 4, 5, 8}) {
+    SCOPED_TRACE(r);
+    const auto g = low_rank(rows, cols, r, tail, 7 + r);
+    const std::string layout = ",layout=40x33+3";
+    Round job("powersgd:rank=" + std::to_string(r) + layout, rows * cols + tail, 1);
+    const auto step = job.run({g}, 0);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < step.size(); ++i) {
+      err += (step[i] - g[i]) * (step[i] - g[i]);
+      norm += double(g[i]) * g[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 1e-5);
+    // momentum=0.9 without error feedback, gradients in one rank-r space: each step is the
+    // momentum u = 0.9·u + g itself.
+    Round mom("powersgd:rank=" + std::to_string(r) + ",momentum=0.9,ef=0" + layout,
+              rows * cols + tail, 1);
+    std::vector<double> u(g.size(), 0.0);
+    for (uint64_t round = 0; round < 3; ++round) {
+      auto gr = g;
+      for (auto& v : gr) v *= 1.0f - 0.7f * float(round);
+      for (size_t i = 0; i < u.size(); ++i) u[i] = 0.9 * u[i] + gr[i];
+      const auto s = mom.run({gr}, round);
+      double e = 0, n = 0;
+      for (size_t i = 0; i < u.size(); ++i) {
+        e += (s[i] - u[i]) * (s[i] - u[i]);
+        n += u[i] * u[i];
+      }
+      EXPECT_LT(std::sqrt(e / n), 1e-4) << round;
+    }
+  }
+}
+
 TEST(PowerSGD, StateRoundTripsAndCorruptBytesChangeNothing) {
   const uint64_t dim = 30 * 20 + 5;
   const std::string spec = "powersgd:rank=2,layout=30x20+5";

@@ -209,6 +209,67 @@ TEST(Orthonormalize, GramSchmidtAtEveryRank) {
   }
 }
 
+/// The low-rank passes against loops in double: every rank up to 9 (the one-loop kernel to 4,
+/// four-wide sweeps and their remainders past it), row counts that are not a multiple of four,
+/// a size past the threading threshold, with and without momentum and the error subtraction.
+TEST(LowRank, PassesMatchPlainLoops) {
+  for (auto [rows, cols] : {std::pair<size_t, size_t>{7, 5}, {33, 70}, {300, 260}}) {
+    for (size_t r : {1, 2, 3, 4, 5, 8, 9}) {
+      SCOPED_TRACE(testing::Message() << rows << "x" << cols << " rank " << r);
+      const size_t n = rows * cols;
+      const auto g = test::gaussian(n, 1), m0 = test::gaussian(n, 2), u0 = test::gaussian(n, 3);
+      const auto a = test::gaussian(rows * r, 4), b = test::gaussian(cols * r, 5);
+      auto ab = [&](size_t i, size_t j) {
+        double s = 0;
+        for (size_t l = 0; l < r; ++l) s += double(a[i * r + l]) * b[j * r + l];
+        return s;
+      };
+      for (bool mom : {false, true}) {
+        auto m = m0, u = u0;
+        std::vector<float> p(rows * r, -1.0f);
+        k::lowrank_absorb(m.data(), g.data(), mom ? u.data() : nullptr, 0.9f, b.data(), p.data(),
+                          rows, cols, r);
+        for (size_t i = 0; i < rows; ++i)
+          for (size_t l = 0; l < r; ++l) {
+            double want = 0;
+            for (size_t j = 0; j < cols; ++j) {
+              const size_t e = i * cols + j;
+              const double x = mom ? 0.9 * double(u0[e]) + g[e] : g[e];
+              if (l == 0) {
+                ASSERT_NEAR(m[e], x + m0[e], 1e-5 * (1 + std::fabs(x + m0[e]))) << mom << e;
+                if (mom) ASSERT_NEAR(u[e], x, 1e-6 * (1 + std::fabs(x)));
+              }
+              want += (x + m0[e]) * b[j * r + l];
+            }
+            ASSERT_NEAR(p[i * r + l], want, 1e-4 * std::sqrt(double(cols))) << mom << i << " " << l;
+          }
+      }
+      std::vector<float> qt(cols * r, -1.0f), c(n, -1.0f), c2(n, -1.0f);
+      k::lowrank_answer(m0.data(), a.data(), qt.data(), rows, cols, r);
+      k::lowrank_expand(a.data(), b.data(), c.data(), rows, cols, r);
+      auto m = m0;
+      k::lowrank_expand(a.data(), b.data(), c2.data(), rows, cols, r, m.data());
+      for (size_t j = 0; j < cols; ++j)
+        for (size_t l = 0; l < r; ++l) {
+          double want = 0;
+          for (size_t i = 0; i < rows; ++i) want += double(m0[i * cols + j]) * a[i * r + l];
+          ASSERT_NEAR(qt[j * r + l], want, 1e-4 * std::sqrt(double(rows + 1))) << j << " " << l;
+        }
+      for (size_t e = 0; e < n; ++e) {
+        ASSERT_NEAR(c[e], ab(e / cols, e % cols), 1e-5 * r) << e;
+        ASSERT_EQ(c2[e], c[e]) << e;
+        ASSERT_EQ(m[e], m0[e] - c[e]) << e;  // the error written in the same pass
+      }
+    }
+  }
+  // Rank 0 expands to zero; absorb without a product is elementwise.
+  std::vector<float> c(12, 5.0f), m(100000, 1.0f), g(100000, 2.0f);
+  k::lowrank_expand(nullptr, nullptr, c.data(), 3, 4, 0);
+  EXPECT_EQ(c, std::vector<float>(12, 0.0f));
+  k::lowrank_absorb(m.data(), g.data(), nullptr, 0.0f, nullptr, nullptr, 1, m.size(), 0);
+  EXPECT_EQ(m, std::vector<float>(m.size(), 3.0f));
+}
+
 TEST(Vector, FindNonFinite) {
   std::vector<float> x(100000, 1.0f);
   EXPECT_EQ(k::find_nonfinite(x.data(), x.size()), kernels::kNone);

@@ -26,6 +26,10 @@ class Feedback {
   void undo(std::span<const float> g);
   /// The error accumulator (empty when error feedback is off).
   std::span<float> error() { return error_.span(); }
+  /// The momentum accumulator (empty without momentum) and its factor ρ, for codecs that fuse
+  /// absorb() into a pass of their own.
+  std::span<float> momentum() { return momentum_.span(); }
+  float rho() const { return rho_; }
   bool has_error() const { return !error_.empty(); }
   /// Whether there is any state (momentum or error feedback) to save.
   bool stateful() const { return !momentum_.empty() || !error_.empty(); }

@@ -87,6 +87,18 @@ void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
 /// dependent on the earlier ones, or zero, becomes zero.
 void orthonormalize(float* a, size_t n, size_t r);
 
+// ---- low-rank passes (PowerSGD), one streaming pass over a rows × cols matrix each ----------
+/// Error feedback fused with the first product: x = g, or u = ρ·u + g and x = u when u is
+/// given; m += x; p = m·q (q: cols × r, p: rows × r; r = 0: no product). Factors row-major.
+void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
+                    size_t rows, size_t cols, size_t r);
+/// q = mᵀ·p (m: rows × cols, p: rows × r, q: cols × r).
+void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r);
+/// c = a·bᵀ (a: rows × r, b: cols × r, c: rows × cols); m −= c as well when m is given (the
+/// error feedback written out in the same pass).
+void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_t cols, size_t r,
+                    float* m = nullptr);
+
 // ---- dense vectors ------------------------------------------------------------------------------
 /// Index of the first NaN/±Inf in x, or kNone.
 size_t find_nonfinite(const float* x, size_t n);
