@@ -23,9 +23,13 @@ import time
 HOOKS = [
     ("allreduce (no hook)", "none"),
     ("fp16_compress_hook", "fp16"),
+    ("powerSGD rank 2", "torch:powersgd:rank=2"),
     ("powerSGD rank 4", "torch:powersgd:rank=4"),
+    ("powerSGD rank 8", "torch:powersgd:rank=8"),
     ("powerSGD rank 16", "torch:powersgd:rank=16"),
+    ("sketchsgd PowerSGD rank 2", "powersgd:rank=2"),
     ("sketchsgd PowerSGD rank 4", "powersgd:rank=4"),
+    ("sketchsgd PowerSGD rank 8", "powersgd:rank=8"),
     ("sketchsgd PowerSGD rank 16", "powersgd:rank=16"),
     ("sketchsgd FetchSGD", "sketch:rows=1,cols=90000,k=18000,fetch=1"),
     ("sketchsgd sketch p2", "sketch:rows=1,cols=60000,k=12000,p2=2"),
@@ -106,7 +110,7 @@ def main():
                      "payload_bytes": counted["bytes"] if state is None or not hasattr(state, "stats")
                      else state.stats()["last_payload_bytes"]}
                 results.append(r)
-                print(f"{label:24s} {r['ms_median']:8.2f} ms/step (min {r['ms_min']:.2f})  "
+                print(f"{label:27s} {r['ms_median']:8.2f} ms/step (min {r['ms_min']:.2f})  "
                       f"payload {r['payload_bytes']:>10,} B", flush=True)
     dist.all_reduce = reduce
     dist.destroy_process_group()

@@ -191,10 +191,12 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
     }
     return;
   }
-  const bool small = r <= 4;  // one loop (strip_absorb4), the factor padded to four
-  const std::vector<float> qt = transposed(q, cols, r, small ? 4 : 0);
-  std::vector<float> p4(small ? rows * 4 : 0, 0.0f);
-  const size_t w0 = strip_width(cols, small ? 4 : r);
+  // The first four dot products ride on the pass over g and m (strip_absorb4, q padded to four
+  // rows); the others run over the strip of m while it is in L1.
+  const size_t r4 = std::max<size_t>(r, 4);
+  const std::vector<float> qt = transposed(q, cols, r, 4);
+  std::vector<float> p4(rows * r4, 0.0f);
+  const size_t w0 = strip_width(cols, r4);
 #pragma omp parallel num_threads(threads_for(rows * cols))
   {
     const auto [lo, hi] = my_rows(rows);
@@ -202,17 +204,13 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
       const size_t w = std::min(w0, cols - j);
       for (size_t i = lo; i < hi; ++i) {
         const size_t e = i * cols + j;
-        float* ui = u != nullptr ? u + e : nullptr;
-        if (small) {
-          strip_absorb4(m + e, g + e, ui, rho, qt.data() + j, cols, w, &p4[i * 4]);
-        } else {
-          strip_absorb(m + e, g + e, ui, rho, w);
-          strip_dots(m + e, qt.data() + j, cols, r, w, p + i * r);
-        }
+        strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, cols, w,
+                      &p4[i * r4]);
+        if (r > 4) strip_dots(m + e, qt.data() + 4 * cols + j, cols, r - 4, w, &p4[i * r4 + 4]);
       }
     }
   }
-  for (size_t i = 0; small && i < rows; ++i) std::copy_n(&p4[i * 4], r, p + i * r);
+  for (size_t i = 0; i < rows; ++i) std::copy_n(&p4[i * r4], r, p + i * r);
 }
 
 void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r) {
