@@ -23,10 +23,12 @@ import time
 HOOKS = [
     ("allreduce (no hook)", "none"),
     ("fp16_compress_hook", "fp16"),
+    ("powerSGD rank 1", "torch:powersgd:rank=1"),
     ("powerSGD rank 2", "torch:powersgd:rank=2"),
     ("powerSGD rank 4", "torch:powersgd:rank=4"),
     ("powerSGD rank 8", "torch:powersgd:rank=8"),
     ("powerSGD rank 16", "torch:powersgd:rank=16"),
+    ("sketchsgd PowerSGD rank 1", "powersgd:rank=1"),
     ("sketchsgd PowerSGD rank 2", "powersgd:rank=2"),
     ("sketchsgd PowerSGD rank 4", "powersgd:rank=4"),
     ("sketchsgd PowerSGD rank 8", "powersgd:rank=8"),

@@ -20,12 +20,17 @@ namespace {
 
 constexpr size_t kParallel = 1 << 16;
 
-/// The cols × r row-major matrix b as r rows of cols (each factor column contiguous), then zero
-/// rows up to `padded`.
+/// Row stride of a transposed factor: past cols by a cache line, so that its rows, the matrix's
+/// rows and the output's (all 4 KB apart when cols is 1024) do not fall into one L1 set.
+size_t stride(size_t cols) { return (cols + 15) / 16 * 16 + 16; }
+
+/// The cols × r row-major matrix b as r rows of cols, stride(cols) apart (each factor column
+/// contiguous), then zero rows up to `padded`.
 std::vector<float> transposed(const float* b, size_t cols, size_t r, size_t padded = 0) {
-  std::vector<float> t(cols * std::max(r, padded), 0.0f);
+  const size_t ld = stride(cols);
+  std::vector<float> t(ld * std::max(r, padded), 0.0f);
   for (size_t j = 0; j < cols; ++j)
-    for (size_t k = 0; k < r; ++k) t[k * cols + j] = b[j * r + k];
+    for (size_t k = 0; k < r; ++k) t[k * ld + j] = b[j * r + k];
   return t;
 }
 
@@ -195,6 +200,7 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
   // rows); the others run over the strip of m while it is in L1.
   const size_t r4 = std::max<size_t>(r, 4);
   const std::vector<float> qt = transposed(q, cols, r, 4);
+  const size_t ld = stride(cols);
   std::vector<float> p4(rows * r4, 0.0f);
   const size_t w0 = strip_width(cols, r4);
 #pragma omp parallel num_threads(threads_for(rows * cols))
@@ -204,9 +210,9 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
       const size_t w = std::min(w0, cols - j);
       for (size_t i = lo; i < hi; ++i) {
         const size_t e = i * cols + j;
-        strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, cols, w,
+        strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, ld, w,
                       &p4[i * r4]);
-        if (r > 4) strip_dots(m + e, qt.data() + 4 * cols + j, cols, r - 4, w, &p4[i * r4 + 4]);
+        if (r > 4) strip_dots(m + e, qt.data() + 4 * ld + j, ld, r - 4, w, &p4[i * r4 + 4]);
       }
     }
   }
@@ -219,20 +225,21 @@ void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_
   // order, so a given thread count always gives the same bits.
   const int nt =
       int(std::min<size_t>(size_t(threads_for(rows * cols)), std::max<size_t>(1, rows / 4)));
-  std::vector<float> part(size_t(nt) * r * cols, 0.0f);
+  const size_t ld = stride(cols);
+  std::vector<float> part(size_t(nt) * r * ld, 0.0f);
   const size_t w0 = strip_width(cols, r);
 #pragma omp parallel num_threads(nt)
   {
     const auto [lo, hi] = my_rows(rows);
-    float* mine = part.data() + size_t(omp_get_thread_num()) * r * cols;
+    float* mine = part.data() + size_t(omp_get_thread_num()) * r * ld;
     for (size_t j = 0; j < cols; j += w0)
-      strip_answer(m + lo * cols + j, cols, hi - lo, p + lo * r, r, mine + j, cols,
+      strip_answer(m + lo * cols + j, cols, hi - lo, p + lo * r, r, mine + j, ld,
                    std::min(w0, cols - j));
   }
   for (int t = 1; t < nt; ++t)
-    axpy(part.data(), part.data() + size_t(t) * r * cols, r * cols, 1.0f);
+    axpy(part.data(), part.data() + size_t(t) * r * ld, r * ld, 1.0f);
   for (size_t j = 0; j < cols; ++j)
-    for (size_t k = 0; k < r; ++k) q[j * r + k] = part[k * cols + j];
+    for (size_t k = 0; k < r; ++k) q[j * r + k] = part[k * ld + j];
 }
 
 void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_t cols, size_t r,
@@ -250,7 +257,7 @@ void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_
     for (size_t j = 0; j < cols; j += w0) {
       const size_t w = std::min(w0, cols - j);
       for (size_t i = lo; i < hi; ++i) {
-        strip_expand(a + i * r, bt.data() + j, cols, r, w, c + i * cols + j,
+        strip_expand(a + i * r, bt.data() + j, stride(cols), r, w, c + i * cols + j,
                      m != nullptr ? m + i * cols + j : nullptr);
       }
     }
