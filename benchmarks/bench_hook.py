@@ -3,7 +3,8 @@
 communication (one process, a group of one: gloo on the CPU, NCCL on a GPU) — for sketchsgd's hook and PyTorch's
 PowerSGD and fp16 hooks (specs torch:powersgd:rank=R, fp16), on the gradient of the demo's MLP (784-1024-1024-10), one bucket.
 
-    /usr/bin/python3 benchmarks/bench_hook.py [--threads 1] [--steps 30] [--json out.json]
+    /usr/bin/python3 benchmarks/bench_hook.py [--threads 1] [--steps 30] [--rounds 4]
+                                              [--json out.json] [--png out.png]
     python3 benchmarks/bench_hook.py --device cuda      (a CUDA build of the package; times
                                                         with the device synchronised)
 
@@ -51,6 +52,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="time all hooks in turn this many times")
     ap.add_argument("--only", help="comma-separated substrings: time just the hooks whose spec has one")
     ap.add_argument("--json")
+    ap.add_argument("--png", help="also draw the medians as bars here (needs matplotlib)")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)  # torch's and our matrix products alike
@@ -120,6 +122,29 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "device": str(dev), "width": w, "rounds": args.rounds,
                        "gpu": torch.cuda.get_device_name(0) if cuda else None, "results": results}, f, indent=1)
+    if args.png:
+        draw(results, args.png, f"DDP hooks' own work per step: MLP 784-{w}-{w}-10 (d = {sum(p.numel() for p in params):,})\n"
+             f"{dev.type}, {args.threads} thread(s), {args.rounds} round(s) of {args.steps} steps")
+
+
+def draw(results, path, title):
+    """Horizontal bars: median ms per step of every hook, its minimum as a tick."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [r["hook"] for r in results][::-1]
+    med = [r["ms_median"] for r in results][::-1]
+    low = [r["ms_min"] for r in results][::-1]
+    colors = ["tab:orange" if l.startswith("sketchsgd") else "tab:blue" for l in labels]
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(labels) + 1.2))
+    ax.barh(range(len(labels)), med, color=colors)
+    ax.plot(low, range(len(labels)), "k|", markersize=10, label="min")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_xlabel("ms per step (median; tick: min)  —  blue: PyTorch, orange: sketchsgd")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"chart: {path}")
 
 
 def make(hook, params, psgd, default_hooks, CompressionState, compression_hook, FlatBucket):
