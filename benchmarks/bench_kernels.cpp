@@ -146,24 +146,24 @@ void BM_LowRank(benchmark::State& s, Product what, bool blas) {
       case Product::Absorb:  // m += g; p = m·b
         if (blas) {
           kernels::cpu::axpy(m.data(), g.data(), n * n, 1.0f);
-          kernels::cpu::gemm(false, false, n, r, n, 1.0f, m.data(), n, b.data(), r, 0.0f,
-                             p.data(), r);
+          kernels::cpu::gemm(false, false, n, r, n, 1.0f, m.data(), n, b.data(), r, 0.0f, p.data(),
+                             r);
         } else {
-          kernels::cpu::lowrank_absorb(m.data(), g.data(), nullptr, 0.0f, b.data(), p.data(), n,
-                                       n, r);
+          kernels::cpu::lowrank_absorb(m.data(), g.data(), nullptr, 0.0f, b.data(), p.data(), n, n,
+                                       r);
         }
         break;
       case Product::Answer:
         if (blas)
-          kernels::cpu::gemm(true, false, n, r, n, 1.0f, m.data(), n, a.data(), r, 0.0f,
-                             p.data(), r);
+          kernels::cpu::gemm(true, false, n, r, n, 1.0f, m.data(), n, a.data(), r, 0.0f, p.data(),
+                             r);
         else
           kernels::cpu::lowrank_answer(m.data(), a.data(), p.data(), n, n, r);
         break;
       case Product::Expand:  // c = a·bᵀ; m −= c
         if (blas) {
-          kernels::cpu::gemm(false, true, n, n, r, 1.0f, a.data(), r, b.data(), r, 0.0f,
-                             c.data(), n);
+          kernels::cpu::gemm(false, true, n, n, r, 1.0f, a.data(), r, b.data(), r, 0.0f, c.data(),
+                             n);
           kernels::cpu::axpy(m.data(), c.data(), n * n, -1.0f);
         } else {
           kernels::cpu::lowrank_expand(a.data(), b.data(), c.data(), n, n, r, m.data());
@@ -175,12 +175,42 @@ void BM_LowRank(benchmark::State& s, Product what, bool blas) {
   }
   report(s, n * n, 4 * n * n);
 }
-BENCHMARK_CAPTURE(BM_LowRank, absorb_fused, Product::Absorb, false)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_LowRank, absorb_blas, Product::Absorb, true)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_LowRank, answer_fused, Product::Answer, false)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_LowRank, answer_blas, Product::Answer, true)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_LowRank, expand_fused, Product::Expand, false)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_LowRank, expand_blas, Product::Expand, true)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_LowRank, absorb_fused, Product::Absorb, false)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_LowRank, absorb_blas, Product::Absorb, true)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_LowRank, answer_fused, Product::Answer, false)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_LowRank, answer_blas, Product::Answer, true)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_LowRank, expand_fused, Product::Expand, false)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_LowRank, expand_blas, Product::Expand, true)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_SketchConstruct(benchmark::State& s) {
   const size_t d = 6500000;

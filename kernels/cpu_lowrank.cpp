@@ -14,7 +14,6 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include "detail/wide.hpp"
 
-
 namespace sketchsgd::kernels::cpu {
 namespace {
 
@@ -22,7 +21,9 @@ constexpr size_t kParallel = 1 << 16;
 
 /// Row stride of a transposed factor: past cols by a cache line, so that its rows, the matrix's
 /// rows and the output's (all 4 KB apart when cols is 1024) do not fall into one L1 set.
-size_t stride(size_t cols) { return (cols + 15) / 16 * 16 + 16; }
+size_t stride(size_t cols) {
+  return (cols + 15) / 16 * 16 + 16;
+}
 
 /// The cols × r row-major matrix b as r rows of cols, stride(cols) apart (each factor column
 /// contiguous), then zero rows up to `padded`.
@@ -185,6 +186,18 @@ std::pair<size_t, size_t> my_rows(size_t n) {
   return {n * t / nt, n * (t + 1) / nt};
 }
 
+/// f(i, j, w) for every row i and strip [j, j + w) of a rows × cols matrix: strip by strip, each
+/// thread over its own rows.
+template <class F>
+void each_strip(size_t rows, size_t cols, size_t w0, F&& f) {
+#pragma omp parallel num_threads(threads_for(rows* cols))
+  {
+    const auto [lo, hi] = my_rows(rows);
+    for (size_t j = 0; j < cols; j += w0)
+      for (size_t i = lo; i < hi; ++i) f(i, j, std::min(w0, cols - j));
+  }
+}
+
 }  // namespace
 
 void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
@@ -206,20 +219,12 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
   const std::vector<float> qt = transposed(q, cols, r, 4);
   const size_t ld = stride(cols);
   std::vector<float> p4(rows * r4, 0.0f);
-  const size_t w0 = strip_width(cols, r4);
-#pragma omp parallel num_threads(threads_for(rows * cols))
-  {
-    const auto [lo, hi] = my_rows(rows);
-    for (size_t j = 0; j < cols; j += w0) {
-      const size_t w = std::min(w0, cols - j);
-      for (size_t i = lo; i < hi; ++i) {
-        const size_t e = i * cols + j;
-        strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, ld, w,
-                      &p4[i * r4]);
-        if (r > 4) strip_dots(m + e, qt.data() + 4 * ld + j, ld, r - 4, w, &p4[i * r4 + 4]);
-      }
-    }
-  }
+  each_strip(rows, cols, strip_width(cols, r4), [&](size_t i, size_t j, size_t w) {
+    const size_t e = i * cols + j;
+    strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, ld, w,
+                  &p4[i * r4]);
+    if (r > 4) strip_dots(m + e, qt.data() + 4 * ld + j, ld, r - 4, w, &p4[i * r4 + 4]);
+  });
   for (size_t i = 0; i < rows; ++i) std::copy_n(&p4[i * r4], r, p + i * r);
 }
 
@@ -240,8 +245,7 @@ void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_
       strip_answer(m + lo * cols + j, cols, hi - lo, p + lo * r, r, mine + j, ld,
                    std::min(w0, cols - j));
   }
-  for (int t = 1; t < nt; ++t)
-    axpy(part.data(), part.data() + size_t(t) * r * ld, r * ld, 1.0f);
+  for (int t = 1; t < nt; ++t) axpy(part.data(), part.data() + size_t(t) * r * ld, r * ld, 1.0f);
   for (size_t j = 0; j < cols; ++j)
     for (size_t k = 0; k < r; ++k) q[j * r + k] = part[k * ld + j];
 }
@@ -254,18 +258,11 @@ void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_
     return;
   }
   const std::vector<float> bt = transposed(b, cols, r);
-  const size_t w0 = strip_width(cols, r);
-#pragma omp parallel num_threads(threads_for(rows * cols))
-  {
-    const auto [lo, hi] = my_rows(rows);
-    for (size_t j = 0; j < cols; j += w0) {
-      const size_t w = std::min(w0, cols - j);
-      for (size_t i = lo; i < hi; ++i) {
-        strip_expand(a + i * r, bt.data() + j, stride(cols), r, w, c + i * cols + j,
-                     m != nullptr ? m + i * cols + j : nullptr);
-      }
-    }
-  }
+  const size_t ld = stride(cols);
+  each_strip(rows, cols, strip_width(cols, r), [&](size_t i, size_t j, size_t w) {
+    strip_expand(a + i * r, bt.data() + j, ld, r, w, c + i * cols + j,
+                 m != nullptr ? m + i * cols + j : nullptr);
+  });
 }
 
 }  // namespace sketchsgd::kernels::cpu

@@ -134,13 +134,13 @@ class PowerAggregator final : public Aggregator {
     kernels::cpu::scale(q_sum_.data(), q_sum_.size(), inv);
     Header h = phase;
     h.kind = MessageKind::Update;
-    return Message::build(
-        h, wire_bytes(wire_) * (p_hat_.size() + q_sum_.size() + dense_mean_.size()),
-        [&](ByteWriter& w) {
-          payload::write_values(w, p_hat_, wire_, "P factor");
-          payload::write_values(w, q_sum_, wire_, "Q factor");
-          payload::write_values(w, dense_mean_, wire_, "mean value");
-        });
+    return Message::build(h,
+                          wire_bytes(wire_) * (p_hat_.size() + q_sum_.size() + dense_mean_.size()),
+                          [&](ByteWriter& w) {
+                            payload::write_values(w, p_hat_, wire_, "P factor");
+                            payload::write_values(w, q_sum_, wire_, "Q factor");
+                            payload::write_values(w, dense_mean_, wire_, "mean value");
+                          });
   }
 
   void clear() override {
@@ -150,7 +150,7 @@ class PowerAggregator final : public Aggregator {
 
   const Plan plan_;
   const WireFloat wire_;
-  std::vector<float> p_sum_, q_sum_;     // this phase's sums: P and the uncompressed part; Q
+  std::vector<float> p_sum_, q_sum_;       // this phase's sums: P and the uncompressed part; Q
   std::vector<float> p_hat_, dense_mean_;  // from the Gradient phase, for the update
   std::vector<float> staging_;
 };
@@ -266,10 +266,9 @@ class PowerSGD final : public Compressor {
     Buffer<float> out(plan_.q_size, device());
     compute_q(r, out.data());
     const auto host = ops::to_host(device(), out.span(), staging_);
-    return Message::build(make_header(MessageKind::Answer, query.round, sender),
-                          wire_bytes(o_.wire) * host.size(), [&](ByteWriter& w) {
-                            payload::write_values(w, host, o_.wire, "Q factor");
-                          });
+    return Message::build(
+        make_header(MessageKind::Answer, query.round, sender), wire_bytes(o_.wire) * host.size(),
+        [&](ByteWriter& w) { payload::write_values(w, host, o_.wire, "Q factor"); });
   }
   void do_answer_sum(ByteReader& r, std::span<float> out) override { compute_q(r, out.data()); }
 
@@ -290,11 +289,11 @@ class PowerSGD final : public Compressor {
     const float* q = p + plan_.p_size;
     for (const auto& x : plan_.matrices)
       if (fused_)
-        kernels::cpu::lowrank_expand(p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows,
-                                     x.cols, x.rank, error ? error + x.offset : nullptr);
+        kernels::cpu::lowrank_expand(p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows, x.cols,
+                                     x.rank, error ? error + x.offset : nullptr);
       else
         ops::gemm(device(), false, true, x.rows, x.cols, x.rank, 1.0f, p + x.p_at, x.rank,
-                q + x.q_at, x.rank, 0.0f, step.data() + x.offset, x.cols);
+                  q + x.q_at, x.rank, 0.0f, step.data() + x.offset, x.cols);
     for (const auto& d : plan_.dense)
       detail::copy_bytes(step.data() + d.offset, dense.data() + d.at, d.numel * sizeof(float),
                          device());
@@ -370,15 +369,20 @@ SKETCHSGD_REGISTER_CODEC(
       {"ef", "1: error feedback (keep what the approximation missed)", 1, 0, 1},
       {"warm", "1: start each round's power iteration from the last round's Q", 1, 0, 1},
       {"seed", "seed of the first Q, shared by workers and server", 1, 0, 4294967295.0},
-      {"wire", "float format of P, Q and the uncompressed values on the wire", 0, 0, 2, true,
+      {"wire",
+       "float format of P, Q and the uncompressed values on the wire",
+       0,
+       0,
+       2,
+       true,
        {"fp32", "fp16", "bf16"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SKETCHSGD_REQUIRE(!o.layout().empty(), InvalidArgument,
                          "powersgd needs the tensors' shapes: add layout=<shapes> to the spec "
                          "(e.g. layout=1024x784+1024), or build it with make_compressor(spec, "
                          "layout)");
-       PowerOptions p{o.integer("rank"), float(o.number("momentum")), o.flag("ef"), o.flag("warm"), o.integer("seed"),
-                      WireFloat(o.integer("wire"))};
+       PowerOptions p{o.integer("rank"), float(o.number("momentum")), o.flag("ef"),
+                      o.flag("warm"),    o.integer("seed"),           WireFloat(o.integer("wire"))};
        const Plan plan(o.layout(), p.rank, o.number("min_rate"));
        SKETCHSGD_REQUIRE(!plan.matrices.empty(), InvalidArgument, "powersgd: no tensor of layout ",
                          o.layout().text(), " is worth compressing at rank ", p.rank,

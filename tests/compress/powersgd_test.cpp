@@ -73,14 +73,14 @@ TEST(Layout, TopKSendsSmallTensorsWholeAndSplitsKPerLayer) {
     return std::count_if(idx.begin(), idx.end(), [&](uint32_t j) { return j >= lo && j < hi; });
   };
   const auto layer = sent("topk:k=120,budget=layer");
-  EXPECT_EQ(layer.size(), 120u + 40 + 10);    // the shares add up to k, biases whole
-  EXPECT_EQ(count(layer, 2000, 2040), 40);    // bias 1 whole
-  EXPECT_EQ(count(layer, 2440, 2450), 10);    // bias 2 whole
-  EXPECT_EQ(count(layer, 0, 2000), 100);      // 120 · 2000 / 2400 = 100
-  EXPECT_EQ(count(layer, 2040, 2440), 20);    // the quiet layer keeps its share
+  EXPECT_EQ(layer.size(), 120u + 40 + 10);  // the shares add up to k, biases whole
+  EXPECT_EQ(count(layer, 2000, 2040), 40);  // bias 1 whole
+  EXPECT_EQ(count(layer, 2440, 2450), 10);  // bias 2 whole
+  EXPECT_EQ(count(layer, 0, 2000), 100);    // 120 · 2000 / 2400 = 100
+  EXPECT_EQ(count(layer, 2040, 2440), 20);  // the quiet layer keeps its share
   const auto global = sent("topk:k=120");
   EXPECT_EQ(global.size(), 120u + 50);
-  EXPECT_EQ(count(global, 2040, 2440), 0);    // globally, the quiet layer loses out
+  EXPECT_EQ(count(global, 2040, 2440), 0);  // globally, the quiet layer loses out
   EXPECT_EQ(count(global, 0, 2000), 120);
   // dense_below sends the small matrix whole too; without a layout, plain top-k.
   EXPECT_EQ(sent("topk:k=120,budget=layer,dense_below=500").size(), 120u + 40 + 400 + 10);
@@ -294,8 +294,8 @@ TEST(PowerSGD, SixteenBitWireHalvesTheBytesAndStaysClose) {
     Round w16(std::string("powersgd:rank=2,wire=") + wire + ",layout=60x45+7", dim, 2);
     EXPECT_EQ(2 * w16.workers[0]->max_payload(MessageKind::Gradient),
               f32.workers[0]->max_payload(MessageKind::Gradient));
-    EXPECT_EQ(w16.workers[0]->sum_format(), std::string(wire) == "fp16" ? WireFloat::F16
-                                                                       : WireFloat::BF16);
+    EXPECT_EQ(w16.workers[0]->sum_format(),
+              std::string(wire) == "fp16" ? WireFloat::F16 : WireFloat::BF16);
     Round ref("powersgd:rank=2,layout=60x45+7", dim, 2);
     const auto a = ref.run(g, 0), b = w16.run(g, 0);
     double err = 0, norm = 0;

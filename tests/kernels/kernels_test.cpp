@@ -202,7 +202,8 @@ TEST(Orthonormalize, GramSchmidtAtEveryRank) {
       if (zero) continue;
       for (size_t l = 0; l < i; ++l) {
         EXPECT_NEAR(col_dot(q, i, q, l), 0.0, 1e-5) << i << " " << l;
-        EXPECT_NEAR(col_dot(q, i, a, l), 0.0, 1e-4 * std::sqrt(col_dot(a, l, a, l))) << i << " " << l;
+        EXPECT_NEAR(col_dot(q, i, a, l), 0.0, 1e-4 * std::sqrt(col_dot(a, l, a, l)))
+            << i << " " << l;
       }
       EXPECT_GT(col_dot(q, i, a, i), 0.0) << i;
     }
