@@ -58,8 +58,8 @@ struct Plan {
 };
 
 /// Up to this rank the CPU's one-pass kernels beat OpenBLAS with its error-feedback passes
-/// (BM_LowRank, the three products together: 1.9x faster at rank 4, 1.3x at 8, 1.7x slower at
-/// 16, where OpenBLAS's register blocking pays).
+/// (BM_LowRank, the three products together: 2.8x faster at rank 4, 1.5x at 8, 1.25x slower at
+/// 16, where OpenBLAS's register blocking pays; BENCHMARKS).
 constexpr uint64_t kFusedRank = 8;
 
 struct PowerOptions {
