@@ -11,10 +11,11 @@
 //             gradient projected on P̂'s columns); workers keep M_i − P̂·Q̄ᵀ as their error and
 //             Q̄ for the next round.
 // momentum > 0: workers compress their local momentum (ρ·u + g) instead of the gradient, for a
-// server that applies the update as is (the parameter server). Matrix products: on the CPU up
-// to rank 8, kernels::cpu::lowrank_* with the error feedback fused into the first and last
-// products (a round streams the matrix seven times; OpenBLAS's packing and separate error passes
-// made it about twelve); otherwise OpenBLAS or cuBLAS (ops::gemm). The factors are small, so
+// server that applies the update as is (the parameter server). Matrix products: on the CPU,
+// kernels::cpu::lowrank_* with the error feedback fused into the first and last products (a
+// round streams the matrix seven times; OpenBLAS's packing and separate error passes made it
+// about twelve, and its blocking reaches half the FMA rate of the register tiles there, at
+// every rank: BM_LowRank); on a GPU cuBLAS (ops::gemm). The factors are small, so
 // the orthonormalisation and the server's sums run on the host.
 #include <algorithm>
 #include <cstring>
@@ -56,11 +57,6 @@ struct Plan {
     }
   }
 };
-
-/// Up to this rank the CPU's one-pass kernels beat OpenBLAS with its error-feedback passes
-/// (BM_LowRank, the three products together: 2.8x faster at rank 4, 1.5x at 8, 1.25x slower at
-/// 16, where OpenBLAS's register blocking pays; BENCHMARKS).
-constexpr uint64_t kFusedRank = 8;
 
 struct PowerOptions {
   uint64_t rank;
@@ -163,7 +159,7 @@ class PowerSGD final : public Compressor {
         plan_(plan),
         o_(o),
         fb_(dim, o.momentum, true, device),  // its error vector holds M from encode to apply
-        fused_(!device.is_gpu() && o.rank <= kFusedRank),
+        fused_(!device.is_gpu()),
         q_(plan.q_size),
         q_dev_(plan.q_size, device),
         p_dev_(plan.p_size, device),
@@ -347,7 +343,7 @@ class PowerSGD final : public Compressor {
   const Plan plan_;
   const PowerOptions o_;
   Feedback fb_;
-  const bool fused_;      // CPU, rank ≤ kFusedRank: kernels::cpu::lowrank_*, else ops::gemm
+  const bool fused_;      // CPU: kernels::cpu::lowrank_*; GPU: ops::gemm
   std::vector<float> q_;  // host: the next round's Q before orthonormalisation
   Buffer<float> q_dev_, p_dev_;
   mutable Buffer<float> pq_dev_;  // an update's factors on the device

@@ -218,12 +218,13 @@ TEST(PowerSGD, ErrorFeedbackKeepsWhatWasNotSent) {
 }
 
 TEST(PowerSGD, EveryRankRecoversAMatrixOfThatRankAndCompressesMomentum) {
-  // Ranks on both sides of the CPU's switch from the one-pass kernels to OpenBLAS (rank 4).
-  const uint64_t rows = 40, cols = 33, tail = 3;
-  for (uint64_t r : {1, 2, 4, 5, 8}) {
+  // Ranks on both sides of the kernels' switch from transposed factors to register tiles (rank 4),
+  // and past one vector of factors (8).
+  const uint64_t rows = 80, cols = 66, tail = 3;  // rank 16 still compresses 2x (min_rate)
+  for (uint64_t r : {1, 2, 4, 5, 8, 16}) {
     SCOPED_TRACE(r);
     const auto g = low_rank(rows, cols, r, tail, 7 + r);
-    const std::string layout = ",layout=40x33+3";
+    const std::string layout = ",layout=80x66+3";
     Round job("powersgd:rank=" + std::to_string(r) + layout, rows * cols + tail, 1);
     const auto step = job.run({g}, 0);
     double err = 0, norm = 0;

@@ -215,7 +215,7 @@ TEST(Orthonormalize, GramSchmidtAtEveryRank) {
 /// a size past the threading threshold, with and without momentum and the error subtraction.
 TEST(LowRank, PassesMatchPlainLoops) {
   for (auto [rows, cols] : {std::pair<size_t, size_t>{7, 5}, {33, 70}, {300, 260}}) {
-    for (size_t r : {1, 2, 3, 4, 5, 8, 9}) {
+    for (size_t r : {1, 2, 3, 4, 5, 8, 9, 16, 23, 33}) {
       SCOPED_TRACE(testing::Message() << rows << "x" << cols << " rank " << r);
       const size_t n = rows * cols;
       const auto g = test::gaussian(n, 1), m0 = test::gaussian(n, 2), u0 = test::gaussian(n, 3);
