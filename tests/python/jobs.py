@@ -164,3 +164,45 @@ def spec_per_rank(rank, world, specs):
 def every_codec_on_own_gpu(rank, world, specs, steps):
     torch.cuda.set_device(rank)
     return every_codec(rank, world, specs, steps, device=f"cuda:{rank}")
+
+
+def finish_errors(rank, world, specs):
+    """Per spec, steps of two buckets (the first not the last of the step, then the last): two
+    steps as they are, then one with the codec's apply failing. Returns (spec, last, raised by
+    the call, message from wait, apply ran on this thread) for both buckets of that step."""
+    import threading
+
+    from sketchsgd import _compressor
+
+    out, real = [], _compressor.Compressor.apply
+    threads = []
+
+    def failing(self, *a, **k):
+        threads.append(threading.get_ident())
+        raise RuntimeError("apply failed on purpose")
+
+    for spec in specs:
+        state = CompressionState(spec, start_iter=2)
+        params = [torch.zeros(48, 40), torch.zeros(40, 40)]
+        for step in range(3):
+            grads = [quarter_integers(p.shape, 10 * step + rank + i) for i, p in enumerate(params)]
+            if step == 2:
+                _compressor.Compressor.apply = failing
+            try:
+                for i, last in ((0, False), (1, True)):
+                    threads.clear()
+                    try:
+                        fut, raised = compression_hook(state, FlatBucket(i, [params[i]], [grads[i]], last=last)), None
+                    except Exception as e:  # noqa: BLE001 - recorded for the test
+                        fut, raised = None, str(e)
+                    message = None
+                    if fut is not None:
+                        try:
+                            fut.wait()
+                        except Exception as e:  # noqa: BLE001 - recorded for the test
+                            message = str(e)
+                    if step == 2:
+                        out.append((spec, last, raised, message, threads == [threading.get_ident()]))
+            finally:
+                _compressor.Compressor.apply = real
+    return out

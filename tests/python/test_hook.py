@@ -80,6 +80,19 @@ def test_hook_equals_the_cpp_aggregator_on_the_same_inputs():
                 assert torch.equal(got, want[r]), f"{spec}: round {i}, rank {r}"
 
 
+def test_an_error_while_finishing_arrives_through_the_future():
+    """The last bucket of a step finishes on the calling thread (no callback), any other in
+    gloo's callback: either way the hook returns a future and the error comes out of wait()."""
+    specs = ["powersgd:rank=2", "sketch:rows=1,cols=500,k=60,fetch=1", "topk:k=60"]
+    for rank, outcomes in enumerate(ddp.run(jobs.finish_errors, specs, world=2)):
+        assert len(outcomes) == 2 * len(specs)
+        for spec, last, raised, message, here in outcomes:
+            assert raised is None, (rank, spec, last, raised)
+            assert message is not None and "apply failed on purpose" in message, (rank, spec, last, message)
+            if last:
+                assert here, (rank, spec)  # the last bucket: applied on the hook's own thread
+
+
 def test_powersgd_hook_equals_the_cpp_codec_given_the_bucket_as_layout():
     """A layout codec gets the whole bucket (weight and bias) with its shapes. All-reduces sum in
     another order than the aggregator, so the match is to rounding (fp16 on the wire: to fp16's)."""
