@@ -26,7 +26,7 @@ namespace {
 /// overflow or underflow of the squares. R: the rank fixed at compile time (0: r at run time),
 /// which unrolls the per-row loops.
 template <size_t R>
-void gram_schmidt_rows(float* a, size_t n, size_t r) {
+void gram_schmidt_rows(float* a, size_t n, size_t r, float* rr) {
   if constexpr (R != 0) r = R;
   constexpr size_t kMax = R != 0 ? R : 64;
   // Four partial sums per dot product (rows j mod 4): four independent chains of additions
@@ -71,6 +71,8 @@ void gram_schmidt_rows(float* a, size_t n, size_t r) {
       for (size_t j = 0; j < n; ++j) a[j * r + i] = 0.0f;
       continue;
     }
+    if (rr != nullptr)  // a_l = a_l' + ⟨a_i,a_l⟩/|a_i| · q_i
+      for (size_t l = i; l < r; ++l) rr[i * r + l] = float(dot[l] / norm);
     for (size_t l = i + 1; l < r; ++l) coef[l] = float(dot[l] / dot[i]);  // ⟨a_i,a_l⟩ / |a_i|²
     for (size_t j = 0; j < n; ++j) {
       float* row = a + j * r;
@@ -83,16 +85,17 @@ void gram_schmidt_rows(float* a, size_t n, size_t r) {
 
 }  // namespace
 
-void orthonormalize(float* a, size_t n, size_t r) {
+void orthonormalize(float* a, size_t n, size_t r, float* rr) {
   // Modified Gram-Schmidt over the r columns: for the small r of low-rank codecs it is as
   // accurate as Householder QR and spans the same space, which is all the codecs use. A column
   // that vanishes (a zero gradient block) becomes zero instead of NaN. Two ways, one result to
   // rounding: column by column through strided BLAS-1 calls, which read a cache line per element
   // once a row fills a line (r ≥ 16: 2.1x slower there), and row by row, which is slower below
   // (1.4x at r = 4: short rows, much loop control per value). BM_Orthonormalize measures both.
-  if (r == 16) return gram_schmidt_rows<16>(a, n, r);
-  if (r == 32) return gram_schmidt_rows<32>(a, n, r);
-  if (r > 16) return gram_schmidt_rows<0>(a, n, r);
+  if (rr != nullptr) std::fill(rr, rr + r * r, 0.0f);
+  if (r == 16) return gram_schmidt_rows<16>(a, n, r, rr);
+  if (r == 32) return gram_schmidt_rows<32>(a, n, r, rr);
+  if (r > 16) return gram_schmidt_rows<0>(a, n, r, rr);
   for (size_t i = 0; i < r; ++i) {
     float* col = a + i;
     const float norm = cblas_snrm2(int(n), col, int(r));
@@ -101,9 +104,11 @@ void orthonormalize(float* a, size_t n, size_t r) {
       continue;
     }
     cblas_sscal(int(n), 1.0f / norm, col, int(r));
+    if (rr != nullptr) rr[i * r + i] = norm;
     for (size_t l = i + 1; l < r; ++l) {
       const float d = cblas_sdot(int(n), col, int(r), a + l, int(r));
       cblas_saxpy(int(n), -d, col, int(r), a + l, int(r));
+      if (rr != nullptr) rr[i * r + l] = d;
     }
   }
 }

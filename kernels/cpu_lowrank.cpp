@@ -3,7 +3,8 @@
 // as much as the product itself, and the error feedback around it (M = g + e before,
 // e = M − P·Qᵀ after) took two more passes. Here the error feedback rides on the first and last
 // products: a round reads g and M and writes M (absorb), reads M (answer), reads M and writes M
-// and the step (expand).
+// and the step (expand); or, with the subtraction deferred to the next absorb (which reads M
+// anyway), only writes the step.
 //
 // Two kinds of loops. Ranks up to 4 (narrow): the factors transposed, a row of M against all of
 // them in one vector loop; the pass is bound by memory. Past 4 (wide): register tiles like a
@@ -153,7 +154,7 @@ SKETCHSGD_INLINE void column_tile(const float* __restrict m, size_t ldm, size_t 
 }
 
 /// c[i·ldc + j] = Σ_k a[i·r + k]·bt[k·ld + j] for R rows and 8·J columns, the tile held in
-/// registers over all r factors; m −= c as well when m is given.
+/// registers over all r factors; m −= c as well when m is given (then c may be null).
 template <int R, int J>
 SKETCHSGD_INLINE void tile(const float* __restrict a, size_t r, const float* __restrict bt,
                            size_t ld, float* __restrict c, size_t ldc, float* __restrict m) {
@@ -173,7 +174,7 @@ SKETCHSGD_INLINE void tile(const float* __restrict a, size_t r, const float* __r
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int t = 0; t < J; ++t) {
-      store(c + i * ldc + 8 * t, acc[i][t]);
+      if (c != nullptr) store(c + i * ldc + 8 * t, acc[i][t]);
       if (m != nullptr) store(m + i * ldc + 8 * t, load(m + i * ldc + 8 * t) - acc[i][t]);
     }
 }
@@ -233,11 +234,14 @@ SKETCHSGD_WIDE void absorb_flat(float* m, const float* g, float* u, float rho, s
   add_in(m, g, u, rho, n);
 }
 
-/// strip_absorb and strip_dots in one loop for ranks up to 4 (q padded with zero rows): a strip
-/// of g, u and m is read once and m written once.
+/// One strip of a row for ranks up to 4 (q padded with zero rows): x = g (or u = ρ·u + g, x = u),
+/// m += x, p[k] += m·q_k, reading g, u and m once and writing m once. With pa (this row of a,
+/// padded to 4): m −= pa·btᵀ first (bt: b transposed and padded, or null when b is q: then the
+/// subtraction reads nothing more), the subtraction an expand left to this pass.
 SKETCHSGD_WIDE void strip_absorb4(float* __restrict m, const float* __restrict g,
                                   float* __restrict u, float rho, const float* __restrict qt,
-                                  size_t ld, size_t w, float* __restrict p) {
+                                  size_t ld, size_t w, float* __restrict p,
+                                  const float* __restrict pa, const float* __restrict bt) {
   const float *q0 = qt, *q1 = qt + ld, *q2 = qt + 2 * ld, *q3 = qt + 3 * ld;
   float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
   if (u != nullptr) {
@@ -245,14 +249,41 @@ SKETCHSGD_WIDE void strip_absorb4(float* __restrict m, const float* __restrict g
     for (size_t j = 0; j < w; ++j) u[j] = rho * u[j] + g[j];
     g = u;
   }
+  if (pa != nullptr && bt == nullptr) {
+    const float a0 = pa[0], a1 = pa[1], a2 = pa[2], a3 = pa[3];
 #pragma omp simd reduction(+ : s0, s1, s2, s3)
-  for (size_t j = 0; j < w; ++j) {
-    const float x = g[j] + m[j];
-    m[j] = x;
-    s0 += x * q0[j];
-    s1 += x * q1[j];
-    s2 += x * q2[j];
-    s3 += x * q3[j];
+    for (size_t j = 0; j < w; ++j) {
+      const float e = m[j] - (a0 * q0[j] + a1 * q1[j] + a2 * q2[j] + a3 * q3[j]);
+      const float x = g[j] + e;
+      m[j] = x;
+      s0 += x * q0[j];
+      s1 += x * q1[j];
+      s2 += x * q2[j];
+      s3 += x * q3[j];
+    }
+  } else if (pa != nullptr) {  // two sets of factors: L1 no longer holds both with the streams
+    const float a0 = pa[0], a1 = pa[1], a2 = pa[2], a3 = pa[3];
+    const float *b0 = bt, *b1 = bt + ld, *b2 = bt + 2 * ld, *b3 = bt + 3 * ld;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (size_t j = 0; j < w; ++j) {
+      const float e = m[j] - (a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]);
+      const float x = g[j] + e;
+      m[j] = x;
+      s0 += x * q0[j];
+      s1 += x * q1[j];
+      s2 += x * q2[j];
+      s3 += x * q3[j];
+    }
+  } else {
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+    for (size_t j = 0; j < w; ++j) {
+      const float x = g[j] + m[j];
+      m[j] = x;
+      s0 += x * q0[j];
+      s1 += x * q1[j];
+      s2 += x * q2[j];
+      s3 += x * q3[j];
+    }
   }
   p[0] += s0;
   p[1] += s1;
@@ -288,12 +319,17 @@ SKETCHSGD_WIDE void answer_narrow(const float* __restrict m, size_t ldm, size_t 
 }
 
 /// out[j] = Σ_k a[k]·bt[k·ld + j] for j < w and ranks up to 4 (bt padded with zero rows): a
-/// strip of one row of a·bᵀ; m[j] −= out[j] too when m is given.
+/// strip of one row of a·bᵀ; m[j] −= out[j] too when m is given (then out may be null).
 SKETCHSGD_WIDE void expand_narrow(const float* __restrict a, const float* __restrict bt, size_t ld,
                                   size_t r, size_t w, float* __restrict out, float* __restrict m) {
   const float a0 = a[0], a1 = r > 1 ? a[1] : 0.0f, a2 = r > 2 ? a[2] : 0.0f,
               a3 = r > 3 ? a[3] : 0.0f;
   const float *b0 = bt, *b1 = b0 + ld, *b2 = b1 + ld, *b3 = b2 + ld;
+  if (out == nullptr) {
+#pragma omp simd
+    for (size_t j = 0; j < w; ++j) m[j] -= a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
+    return;
+  }
   if (m != nullptr) {
 #pragma omp simd
     for (size_t j = 0; j < w; ++j) {
@@ -359,20 +395,21 @@ SKETCHSGD_WIDE void expand_wide(const float* a, size_t r, const float* bt, size_
   for (size_t i0 = 0; i0 < rows; i0 += 4) {
     const size_t n = std::min<size_t>(4, rows - i0);
     const float* ai = a + i0 * r;
-    float* ci = c + i0 * ldc;
+    float* ci = c != nullptr ? c + i0 * ldc : nullptr;
     float* mi = m != nullptr ? m + i0 * ldc : nullptr;
     size_t j = 0;
     for (; j + 8 <= w; j += 24)
       blocked<4, 3>(
           n, std::min<size_t>(3, (w - j) / 8), [&]<int R, int J>() __attribute__((always_inline)) {
-            tile<R, J>(ai, r, bt + j, ld, ci + j, ldc, mi != nullptr ? mi + j : nullptr);
+            tile<R, J>(ai, r, bt + j, ld, ci != nullptr ? ci + j : nullptr, ldc,
+                       mi != nullptr ? mi + j : nullptr);
           });
     j = w / 8 * 8;
     for (size_t i = 0; i < n; ++i)
       for (size_t t = j; t < w; ++t) {
         float s = 0.0f;
         for (size_t k = 0; k < r; ++k) s += ai[i * r + k] * bt[k * ld + t];
-        ci[i * ldc + t] = s;
+        if (ci != nullptr) ci[i * ldc + t] = s;
         if (mi != nullptr) mi[i * ldc + t] -= s;
       }
   }
@@ -381,8 +418,12 @@ SKETCHSGD_WIDE void expand_wide(const float* a, size_t r, const float* bt, size_
 }  // namespace
 
 void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
-                    size_t rows, size_t cols, size_t r) {
+                    size_t rows, size_t cols, size_t r, const float* a, const float* b) {
   if (rows == 0 || cols == 0) return;
+  if (a != nullptr && r > 4) {  // bound by the FMA units past 4: a pass of its own costs nothing
+    lowrank_expand(a, b, nullptr, rows, cols, r, m);
+    a = nullptr;
+  }
   if (r == 0) {  // elementwise: any split of the vector will do
     const size_t n = rows * cols, chunk = 4096, chunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) num_threads(threads_for(n))
@@ -405,15 +446,23 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
     for (size_t i = 0; i < rows; ++i) std::copy_n(&p8[i * r8], r, p + i * r);
     return;
   }
-  // r ≤ 4: the dot products ride on the pass over g and m (q padded to four rows).
+  // r ≤ 4: the dot products (and a deferred subtraction) ride on the pass over g and m (factors
+  // padded to four).
   const std::vector<float> qt = transposed(q, cols, r, 4);
+  std::vector<float> bt, a4;
+  if (a != nullptr) {
+    if (b != q) bt = transposed(b, cols, r, 4);
+    a4.assign(rows * 4, 0.0f);
+    for (size_t i = 0; i < rows; ++i) std::copy_n(a + i * r, r, &a4[i * 4]);
+  }
   const size_t ld = stride(cols);
   std::vector<float> p4(rows * 4, 0.0f);
   each_strip(rows, cols, strip_width(cols, 4), [&](size_t lo, size_t n, size_t j, size_t w) {
     for (size_t i = lo; i < lo + n; ++i) {
       const size_t e = i * cols + j;
       strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, ld, w,
-                    &p4[i * 4]);
+                    &p4[i * 4], a != nullptr ? &a4[i * 4] : nullptr,
+                    bt.empty() ? nullptr : bt.data() + j);
     }
   });
   for (size_t i = 0; i < rows; ++i) std::copy_n(&p4[i * 4], r, p + i * r);
@@ -461,7 +510,7 @@ void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_
                     float* m) {
   if (rows == 0 || cols == 0) return;
   if (r == 0) {
-    std::fill(c, c + rows * cols, 0.0f);
+    if (c != nullptr) std::fill(c, c + rows * cols, 0.0f);
     return;
   }
   const size_t ld = stride(cols);
@@ -469,15 +518,15 @@ void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_
     const std::vector<float> bt = transposed(b, cols, r, 4);
     each_strip(rows, cols, strip_width(cols, 4), [&](size_t lo, size_t n, size_t j, size_t w) {
       for (size_t i = lo; i < lo + n; ++i)
-        expand_narrow(a + i * r, bt.data() + j, ld, r, w, c + i * cols + j,
+        expand_narrow(a + i * r, bt.data() + j, ld, r, w, c != nullptr ? c + i * cols + j : nullptr,
                       m != nullptr ? m + i * cols + j : nullptr);
     });
     return;
   }
   const std::vector<float> bt = transposed(b, cols, r);
   each_strip(rows, cols, strip_width(cols, r), [&](size_t lo, size_t n, size_t j, size_t w) {
-    expand_wide(a + lo * r, r, bt.data() + j, ld, n, c + lo * cols + j, cols,
-                m != nullptr ? m + lo * cols + j : nullptr, w);
+    expand_wide(a + lo * r, r, bt.data() + j, ld, n, c != nullptr ? c + lo * cols + j : nullptr,
+                cols, m != nullptr ? m + lo * cols + j : nullptr, w);
   });
 }
 

@@ -15,8 +15,9 @@
 // kernels::cpu::lowrank_* with the error feedback fused into the first and last products (a
 // round streams the matrix seven times; OpenBLAS's packing and separate error passes made it
 // about twelve, and its blocking reaches half the FMA rate of the register tiles there, at
-// every rank: BM_LowRank); on a GPU cuBLAS (ops::gemm). The factors are small, so
-// the orthonormalisation and the server's sums run on the host.
+// every rank: BM_LowRank); at ranks up to 4 five times, the error's subtraction deferred from
+// the step's pass to the next absorb (defers()). On a GPU cuBLAS (ops::gemm). The factors are
+// small, so the orthonormalisation and the server's sums run on the host.
 #include <algorithm>
 #include <cstring>
 
@@ -34,22 +35,23 @@ namespace {
 /// the concatenated factors), the rest copied into the uncompressed part.
 struct Plan {
   struct Matrix {
-    uint64_t offset, rows, cols, rank, p_at, q_at;
+    uint64_t offset, rows, cols, rank, p_at, q_at, r_at;  // r_at: its rank × rank block
   };
   struct Dense {
     uint64_t offset, numel, at;
   };
   std::vector<Matrix> matrices;
   std::vector<Dense> dense;
-  uint64_t p_size = 0, q_size = 0, dense_size = 0;
+  uint64_t p_size = 0, q_size = 0, dense_size = 0, r_size = 0;
 
   Plan(const Layout& layout, uint64_t rank, double min_rate) {
     for (const auto& t : layout.tensors()) {
       const uint64_t r = std::min({t.rows, t.cols, rank});
       if (t.dims >= 2 && double(t.rows + t.cols) * double(r) * min_rate < double(t.numel)) {
-        matrices.push_back({t.offset, t.rows, t.cols, r, p_size, q_size});
+        matrices.push_back({t.offset, t.rows, t.cols, r, p_size, q_size, r_size});
         p_size += t.rows * r;
         q_size += t.cols * r;
+        r_size += r * r;
       } else {
         dense.push_back({t.offset, t.numel, dense_size});
         dense_size += t.numel;
@@ -78,10 +80,12 @@ void random_q(std::span<float> q, uint64_t seed) {
   }
 }
 
-void orthonormalize(const Plan& plan, std::span<float> factors, bool q_side) {
+/// Orthonormalises every matrix's P or Q factor; rr, when given, receives each one's R (at r_at).
+void orthonormalize(const Plan& plan, std::span<float> factors, bool q_side, float* rr = nullptr) {
   for (const auto& m : plan.matrices)
     kernels::cpu::orthonormalize(factors.data() + (q_side ? m.q_at : m.p_at),
-                                 q_side ? m.cols : m.rows, m.rank);
+                                 q_side ? m.cols : m.rows, m.rank,
+                                 rr != nullptr ? rr + m.r_at : nullptr);
 }
 
 class PowerAggregator final : public Aggregator {
@@ -198,7 +202,9 @@ class PowerSGD final : public Compressor {
     if (!o_.warm && round != last_round_) random_q(q_, o_.seed ^ (round * 0xD1B54A32D192ED03ull));
     last_round_ = round;
     std::vector<float> q = q_;
-    orthonormalize(plan_, q, true);
+    // Q̄ = q·R: a deferred subtraction P̂·Q̄ᵀ is (P̂·Rᵀ)·qᵀ, on the columns absorb reads anyway.
+    rr_.resize(plan_.r_size);
+    orthonormalize(plan_, q, true, deferred_ ? rr_.data() : nullptr);
     if (fused_) return fused_p(g, q, p, dense);
     q_dev_.upload(q);
     const auto m = fb_.absorb(g);
@@ -214,10 +220,23 @@ class PowerSGD final : public Compressor {
     const auto m = fb_.error();
     const auto u = fb_.momentum();
     auto at = [](std::span<float> v, uint64_t o) { return v.empty() ? nullptr : v.data() + o; };
-    for (const auto& x : plan_.matrices)
+    for (const auto& x : plan_.matrices) {
+      const bool owed = deferred_ && defers(x);
+      if (owed) {  // a = P̂·Rᵀ (R upper triangular)
+        shifted_.assign(x.rows * x.rank, 0.0f);
+        const float* ph = deferred_p_.data() + x.p_at;
+        const float* rr = rr_.data() + x.r_at;
+        for (uint64_t i = 0; i < x.rows; ++i)
+          for (uint64_t l = 0; l < x.rank; ++l)
+            for (uint64_t k = l; k < x.rank; ++k)
+              shifted_[i * x.rank + l] += ph[i * x.rank + k] * rr[l * x.rank + k];
+      }
+      const float* qx = q.data() + x.q_at;
       kernels::cpu::lowrank_absorb(m.data() + x.offset, g.data() + x.offset, at(u, x.offset),
-                                   fb_.rho(), q.data() + x.q_at, p + x.p_at, x.rows, x.cols,
-                                   x.rank);
+                                   fb_.rho(), qx, p + x.p_at, x.rows, x.cols, x.rank,
+                                   owed ? shifted_.data() : nullptr, owed ? qx : nullptr);
+    }
+    deferred_ = false;
     for (const auto& d : plan_.dense) {
       kernels::cpu::lowrank_absorb(m.data() + d.offset, g.data() + d.offset, at(u, d.offset),
                                    fb_.rho(), nullptr, nullptr, 1, d.numel, 0);
@@ -277,8 +296,27 @@ class PowerSGD final : public Compressor {
     pq.swap(dense);
     return pq;
   }
+  /// Whether matrix x's error subtraction waits for the next absorb: on the CPU at ranks up to
+  /// 4, where both passes are bound by memory, the step's pass then only writes the step (two
+  /// streams over M fewer a round) and absorb subtracts P̂·Q̄ᵀ as it reads M anyway, on the
+  /// columns of the warm-started q (so warm=1). Past 4 the products are bound by the FMA units
+  /// and the subtraction stays in the step's pass.
+  bool defers(const Plan::Matrix& x) const { return fused_ && o_.ef && o_.warm && x.rank <= 4; }
+
+  /// Writes out a deferred subtraction (the error as it would be without the deferral; Q̄ is
+  /// the warm start).
+  void settle() const {
+    if (!deferred_) return;
+    const auto e = fb_.error();
+    for (const auto& x : plan_.matrices)
+      if (defers(x))
+        kernels::cpu::lowrank_expand(deferred_p_.data() + x.p_at, q_.data() + x.q_at, nullptr,
+                                     x.rows, x.cols, x.rank, e.data() + x.offset);
+    deferred_ = false;
+  }
+
   /// The step P̂·Q̄ᵀ per matrix and the uncompressed values; fused, also error −= step when
-  /// `error` is given (the error feedback in the same pass).
+  /// `error` is given (the error feedback in the same pass), but for the matrices that defer it.
   void write_step(const std::vector<float>& dense, std::span<float> step,
                   float* error = nullptr) const {
     const float* p = pq_dev_.data();
@@ -286,7 +324,7 @@ class PowerSGD final : public Compressor {
     for (const auto& x : plan_.matrices)
       if (fused_)
         kernels::cpu::lowrank_expand(p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows, x.cols,
-                                     x.rank, error ? error + x.offset : nullptr);
+                                     x.rank, error && !defers(x) ? error + x.offset : nullptr);
       else
         ops::gemm(device(), false, true, x.rows, x.cols, x.rank, 1.0f, p + x.p_at, x.rank,
                   q + x.q_at, x.rank, 0.0f, step.data() + x.offset, x.cols);
@@ -300,9 +338,15 @@ class PowerSGD final : public Compressor {
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
     // next round's warm start.
+    settle();  // an apply with no encode since the last one
     const auto e = fb_.error();
-    const bool fold = fused_ && o_.ef;  // the subtraction rides on the step's pass
+    const bool fold = fused_ && o_.ef;  // the subtraction rides on the step's pass (or the next)
     write_step(read_update(r), step, fold ? e.data() : nullptr);
+    if (fold && std::any_of(plan_.matrices.begin(), plan_.matrices.end(),
+                            [&](const Plan::Matrix& x) { return defers(x); })) {
+      deferred_p_.assign(pq_dev_.data(), pq_dev_.data() + plan_.p_size);
+      deferred_ = true;
+    }
     for (const auto& x : plan_.matrices) {
       const auto part = e.subspan(x.offset, x.rows * x.cols);
       if (!o_.ef)
@@ -318,6 +362,7 @@ class PowerSGD final : public Compressor {
 
   // Worker state: the error (between rounds) and the warm-start Q.
   Bytes do_save_state() const override {
+    settle();  // the error itself, whatever was deferred
     Bytes out;
     ByteWriter w(out);
     const Bytes fb = fb_.save();
@@ -338,16 +383,21 @@ class PowerSGD final : public Compressor {
     r.expect_end();
     fb_.load(fb);  // validates everything before it changes anything
     q_ = q;
+    deferred_ = false;
   }
 
   const Plan plan_;
   const PowerOptions o_;
-  Feedback fb_;
+  mutable Feedback fb_;   // mutable: save_state() settles a deferred subtraction first
   const bool fused_;      // CPU: kernels::cpu::lowrank_*; GPU: ops::gemm
   std::vector<float> q_;  // host: the next round's Q before orthonormalisation
   Buffer<float> q_dev_, p_dev_;
   mutable Buffer<float> pq_dev_;  // an update's factors on the device
   std::vector<float> staging_;
+  // The last update's P̂ while its error subtraction is owed (defers(); Q̄ is q_), host.
+  mutable std::vector<float> deferred_p_;
+  mutable bool deferred_ = false;
+  std::vector<float> rr_, shifted_;  // compute_p's R blocks and P̂·Rᵀ
   uint64_t last_round_ = ~uint64_t(0);
   uint64_t round_hint_ = 0;  // encode_sum has no round: counts calls (warm=0 only)
 };

@@ -178,7 +178,7 @@ TEST(Ternary, StochasticRoundingIsUnbiased) {
 
 /// Gram-Schmidt's contract at every rank (strided below 16, row by row from 16, a heap-sized
 /// rank past 64): orthonormal columns, column i orthogonal to the original columns before it and
-/// positive against its own (which pins Q), and a zero column left zero, not NaN.
+/// positive against its own (which pins Q), a zero column left zero, not NaN, and the R of a = QR.
 TEST(Orthonormalize, GramSchmidtAtEveryRank) {
   for (size_t r : {1, 3, 8, 15, 16, 24, 32, 70}) {
     SCOPED_TRACE(r);
@@ -207,12 +207,26 @@ TEST(Orthonormalize, GramSchmidtAtEveryRank) {
       }
       EXPECT_GT(col_dot(q, i, a, i), 0.0) << i;
     }
+    // With R: the same Q, and a = Q·R (upper triangular) to rounding, the zero column included.
+    auto q2 = a;
+    std::vector<float> rr(r * r, -1.0f);
+    k::orthonormalize(q2.data(), n, r, rr.data());
+    EXPECT_EQ(q2, q);
+    for (size_t i = 0; i < r; ++i)
+      for (size_t l = 0; l < i; ++l) ASSERT_EQ(rr[i * r + l], 0.0f) << i << " " << l;
+    for (size_t j = 0; j < n; ++j)
+      for (size_t l = 0; l < r; ++l) {
+        double s = 0;
+        for (size_t i = 0; i < r; ++i) s += double(q[j * r + i]) * rr[i * r + l];
+        ASSERT_NEAR(s, a[j * r + l], 1e-5 * std::sqrt(col_dot(a, l, a, l))) << j << " " << l;
+      }
   }
 }
 
 /// The low-rank passes against loops in double: every rank up to 9 (the one-loop kernel to 4,
 /// four-wide sweeps and their remainders past it), row counts that are not a multiple of four,
-/// a size past the threading threshold, with and without momentum and the error subtraction.
+/// a size past the threading threshold, with and without momentum and the error subtraction
+/// (in expand, or deferred to the next absorb).
 TEST(LowRank, PassesMatchPlainLoops) {
   for (auto [rows, cols] : {std::pair<size_t, size_t>{7, 5}, {33, 70}, {300, 260}}) {
     for (size_t r : {1, 2, 3, 4, 5, 8, 9, 16, 23, 33}) {
@@ -244,6 +258,39 @@ TEST(LowRank, PassesMatchPlainLoops) {
             }
             ASSERT_NEAR(p[i * r + l], want, 1e-4 * std::sqrt(double(cols))) << mom << i << " " << l;
           }
+      }
+      // A subtraction deferred to absorb leaves m, u and p as an expand before it would.
+      for (bool mom : {false, true}) {
+        const auto b2 = test::gaussian(cols * r, 6);
+        auto m = m0, u = u0, m2 = m0, u2 = u0;
+        std::vector<float> c(n), p(rows * r), p2(rows * r);
+        k::lowrank_expand(a.data(), b2.data(), c.data(), rows, cols, r, m.data());
+        k::lowrank_absorb(m.data(), g.data(), mom ? u.data() : nullptr, 0.9f, b.data(), p.data(),
+                          rows, cols, r);
+        k::lowrank_absorb(m2.data(), g.data(), mom ? u2.data() : nullptr, 0.9f, b.data(), p2.data(),
+                          rows, cols, r, a.data(), b2.data());
+        ASSERT_EQ(m2, m) << mom;
+        ASSERT_EQ(u2, u) << mom;
+        ASSERT_EQ(p2, p) << mom;
+        // The subtraction on q's own columns (b is q): the same, to rounding.
+        auto m4 = m0, u4 = u0, m5 = m0;
+        std::vector<float> p4(rows * r), c5(n);
+        k::lowrank_expand(a.data(), b.data(), c5.data(), rows, cols, r, m5.data());
+        k::lowrank_absorb(m5.data(), mom ? u.data() : g.data(), nullptr, 0.0f, nullptr, nullptr, 1,
+                          n, 0);  // u already holds x: m5 = (m0 − a·bᵀ) + x
+        k::lowrank_absorb(m4.data(), g.data(), mom ? u4.data() : nullptr, 0.9f, b.data(), p4.data(),
+                          rows, cols, r, a.data(), b.data());
+        for (size_t e = 0; e < n; ++e)
+          ASSERT_NEAR(m4[e], m5[e], 1e-5 * (1 + std::fabs(m5[e]))) << e;
+        for (size_t i = 0; i < rows; ++i)
+          for (size_t l = 0; l < r; ++l) {
+            double want = 0;
+            for (size_t j = 0; j < cols; ++j) want += double(m5[i * cols + j]) * b[j * r + l];
+            ASSERT_NEAR(p4[i * r + l], want, 1e-4 * std::sqrt(double(cols))) << i << " " << l;
+          }
+        auto m3 = m0;  // and without a step to write
+        k::lowrank_expand(a.data(), b2.data(), nullptr, rows, cols, r, m3.data());
+        for (size_t e = 0; e < n; ++e) ASSERT_EQ(m3[e], m0[e] - c[e]) << e;
       }
       std::vector<float> qt(cols * r, -1.0f), c(n, -1.0f), c2(n, -1.0f);
       k::lowrank_answer(m0.data(), a.data(), qt.data(), rows, cols, r);

@@ -84,18 +84,24 @@ void sort_pairs(uint32_t* idx, float* val, size_t n);
 void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha, const float* a,
           size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc);
 /// Orthonormalises the r columns of the n × r matrix a in place (Gram-Schmidt); a column
-/// dependent on the earlier ones, or zero, becomes zero.
-void orthonormalize(float* a, size_t n, size_t r);
+/// dependent on the earlier ones, or zero, becomes zero. rr, when given, receives the r × r
+/// upper-triangular R (row-major) with a as it was = a as it is · R, to rounding.
+void orthonormalize(float* a, size_t n, size_t r, float* rr = nullptr);
 
 // ---- low-rank passes (PowerSGD), one streaming pass over a rows × cols matrix each ----------
 /// Error feedback fused with the first product: x = g, or u = ρ·u + g and x = u when u is
 /// given; m += x; p = m·q (q: cols × r, p: rows × r; r = 0: no product). Factors row-major.
+/// With a (rows × r) and b (cols × r): m −= a·bᵀ before m += x, the error subtraction of the
+/// last lowrank_expand deferred to this pass; m ends as it would after lowrank_expand(a, b, c,
+/// ..., m) and this call without a and b. At ranks up to 4 it costs no pass over m of its own,
+/// and no more reads at all when b is q (a subtraction rewritten on q's columns).
 void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
-                    size_t rows, size_t cols, size_t r);
+                    size_t rows, size_t cols, size_t r, const float* a = nullptr,
+                    const float* b = nullptr);
 /// q = mᵀ·p (m: rows × cols, p: rows × r, q: cols × r).
 void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r);
 /// c = a·bᵀ (a: rows × r, b: cols × r, c: rows × cols); m −= c as well when m is given (the
-/// error feedback written out in the same pass).
+/// error feedback written out in the same pass). c may be null when m is given: only m −= a·bᵀ.
 void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_t cols, size_t r,
                     float* m = nullptr);
 
