@@ -366,10 +366,14 @@ SKETCHSGD_WIDE void absorb_wide(float* m, const float* g, float* u, float rho, s
 }
 
 /// q (cols × r8, row-major) += mᵀ·p for `rows` rows of m (cols wide, ldm apart) and p (r8 wide,
-/// zero past the rank): 32 rows a block, 32 factors a block, q's C × 8J tiles across the row.
+/// zero past the rank): 16 rows a block, 32 factors a block, q's C × 8J tiles across the row.
 SKETCHSGD_WIDE void answer_wide(const float* m, size_t ldm, size_t rows, size_t cols,
                                 const float* p, size_t r8, float* q) {
-  constexpr size_t kRows = 64;
+  // Sixteen rows a block: a C-column tile reads the same columns of every row of the block, and
+  // at 1024 columns (4 KB rows) those lines share one L1 set. On the demo's MLP with M from
+  // memory, rank 8 / 16 (ms): 64 rows 0.85-0.98 / 1.06-1.31, 16 rows 0.58-0.60 / 0.84-0.86, 8
+  // rows no better; one 1024² matrix in L3 (BM_LowRank) prefers 64 by 1.2x.
+  constexpr size_t kRows = 16;
   for (size_t i0 = 0; i0 < rows; i0 += kRows) {
     const size_t n = std::min(kRows, rows - i0);
     for (size_t f = 0; f < r8; f += 32) {
