@@ -50,6 +50,10 @@ void Compressor::check_gradient(std::span<const float> grad, const char* what) {
   SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, what, ": gradient of length ",
                     grad.size(), " for a codec of dim ", dim_);
   device_.require_accessible(grad.data(), grad.size_bytes(), what);
+  if (!checks_finite()) require_finite(grad, what);
+}
+
+void Compressor::require_finite(std::span<const float> grad, const char* what) const {
   const size_t bad = ops::find_nonfinite(device_, ops_, grad);
   if (bad != kernels::kNone) {
     float value = 0.0f;

@@ -15,10 +15,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
 
+#include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include "detail/wide.hpp"
 
@@ -61,16 +63,42 @@ SKETCHSGD_INLINE void blocked(size_t r, size_t k, F&& f) {
   f.template operator()<MaxR, MaxK>();
 }
 
-/// x = g, or u = ρ·u + g and x = u when u is given; m += x (n floats).
-SKETCHSGD_INLINE void add_in(float* __restrict m, const float* __restrict g, float* __restrict u,
+/// a where ok, else b, without a branch (a blend in a vector loop; a conditional store is not
+/// vectorised).
+SKETCHSGD_INLINE float pick(bool ok, float a, float b) {
+  const uint32_t k = 0u - uint32_t(ok);
+  return bits_float((float_bits(a) & k) | (float_bits(b) & ~k));
+}
+
+/// x = g, or u = ρ·u + g and x = u when u is given; m += x (n floats), except where g is NaN or
+/// ±Inf: there m and u stay as they were. Whether any was (the finiteness check of the gradient
+/// rides on this pass instead of one of its own).
+SKETCHSGD_INLINE bool add_in(float* __restrict m, const float* __restrict g, float* __restrict u,
                              float rho, size_t n) {
+  uint32_t bad = 0;
   if (u != nullptr) {
+#pragma omp simd reduction(| : bad)
+    for (size_t j = 0; j < n; ++j) {
+      const bool ok = is_finite(g[j]);
+      bad |= uint32_t(!ok);
+      const float v = rho * u[j] + g[j];
+      u[j] = pick(ok, v, u[j]);
+    }
 #pragma omp simd
-    for (size_t j = 0; j < n; ++j) u[j] = rho * u[j] + g[j];
-    g = u;
+    for (size_t j = 0; j < n; ++j) {
+      const bool ok = is_finite(g[j]);
+      const float v = u[j] + m[j];
+      m[j] = pick(ok, v, m[j]);
+    }
+    return bad != 0;
   }
-#pragma omp simd
-  for (size_t j = 0; j < n; ++j) m[j] = g[j] + m[j];
+#pragma omp simd reduction(| : bad)
+  for (size_t j = 0; j < n; ++j) {
+    const bool ok = is_finite(g[j]);
+    bad |= uint32_t(!ok);
+    m[j] = pick(ok, g[j] + m[j], m[j]);
+  }
+  return bad != 0;
 }
 
 /// p[i·ldp + f] = Σ_{j<cols} m[i·ldm + j]·q[j·ldq + f] for R rows i and 8·J factors f: the R × 8J
@@ -230,65 +258,84 @@ void each_strip(size_t rows, size_t cols, size_t w0, F&& f) {
 // ---- ranks up to 4 ----------------------------------------------------------------------
 
 /// m += x for n floats (add_in), for rank 0, where the vector has no matrix shape.
-SKETCHSGD_WIDE void absorb_flat(float* m, const float* g, float* u, float rho, size_t n) {
-  add_in(m, g, u, rho, n);
+SKETCHSGD_WIDE bool absorb_flat(float* m, const float* g, float* u, float rho, size_t n) {
+  return add_in(m, g, u, rho, n);
+}
+
+/// Takes back absorb_flat where g is finite (m −= x, u = (u − g)/ρ), to rounding.
+SKETCHSGD_WIDE void unabsorb_flat(float* __restrict m, const float* __restrict g,
+                                  float* __restrict u, float rho, size_t n) {
+  if (u != nullptr) {
+    const float inv = 1.0f / rho;
+#pragma omp simd
+    for (size_t j = 0; j < n; ++j) {
+      const bool ok = is_finite(g[j]);
+      const float v = m[j] - u[j], w = (u[j] - g[j]) * inv;
+      m[j] = pick(ok, v, m[j]);
+      u[j] = pick(ok, w, u[j]);
+    }
+    return;
+  }
+#pragma omp simd
+  for (size_t j = 0; j < n; ++j) {
+    const bool ok = is_finite(g[j]);
+    const float v = m[j] - g[j];
+    m[j] = pick(ok, v, m[j]);
+  }
 }
 
 /// One strip of a row for ranks up to 4 (q padded with zero rows): x = g (or u = ρ·u + g, x = u),
-/// m += x, p[k] += m·q_k, reading g, u and m once and writing m once. With pa (this row of a,
-/// padded to 4): m −= pa·btᵀ first (bt: b transposed and padded, or null when b is q: then the
-/// subtraction reads nothing more), the subtraction an expand left to this pass.
-SKETCHSGD_WIDE void strip_absorb4(float* __restrict m, const float* __restrict g,
+/// m += x, p[k] += m·q_k, reading g, u and m once and writing m once; where g is NaN or ±Inf, m
+/// and u stay (returns whether any was). With pa (this row of a, padded to 4): m −= pa·btᵀ
+/// first (bt: b transposed and padded, or null when b is q: then the subtraction reads nothing
+/// more), the subtraction an expand left to this pass.
+SKETCHSGD_WIDE bool strip_absorb4(float* __restrict m, const float* __restrict g,
                                   float* __restrict u, float rho, const float* __restrict qt,
                                   size_t ld, size_t w, float* __restrict p,
                                   const float* __restrict pa, const float* __restrict bt) {
   const float *q0 = qt, *q1 = qt + ld, *q2 = qt + 2 * ld, *q3 = qt + 3 * ld;
   float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+  uint32_t bad = 0;
+  const float* x = g;  // what m takes in: g, or the momentum
   if (u != nullptr) {
 #pragma omp simd
-    for (size_t j = 0; j < w; ++j) u[j] = rho * u[j] + g[j];
-    g = u;
+    for (size_t j = 0; j < w; ++j) {
+      const bool ok = is_finite(g[j]);
+      const float v = rho * u[j] + g[j];
+      u[j] = pick(ok, v, u[j]);
+    }
+    x = u;
   }
-  if (pa != nullptr && bt == nullptr) {
-    const float a0 = pa[0], a1 = pa[1], a2 = pa[2], a3 = pa[3];
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  // y: m after the subtraction; m = y + x where g is finite.
+  auto pass = [&](auto&& y) __attribute__((always_inline)) {
+#pragma omp simd reduction(+ : s0, s1, s2, s3) reduction(| : bad)
     for (size_t j = 0; j < w; ++j) {
-      const float e = m[j] - (a0 * q0[j] + a1 * q1[j] + a2 * q2[j] + a3 * q3[j]);
-      const float x = g[j] + e;
-      m[j] = x;
-      s0 += x * q0[j];
-      s1 += x * q1[j];
-      s2 += x * q2[j];
-      s3 += x * q3[j];
+      const bool ok = is_finite(g[j]);
+      bad |= uint32_t(!ok);
+      const float e = y(j);
+      const float v = pick(ok, x[j] + e, e);
+      m[j] = v;
+      s0 += v * q0[j];
+      s1 += v * q1[j];
+      s2 += v * q2[j];
+      s3 += v * q3[j];
     }
-  } else if (pa != nullptr) {  // two sets of factors: L1 no longer holds both with the streams
-    const float a0 = pa[0], a1 = pa[1], a2 = pa[2], a3 = pa[3];
-    const float *b0 = bt, *b1 = bt + ld, *b2 = bt + 2 * ld, *b3 = bt + 3 * ld;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (size_t j = 0; j < w; ++j) {
-      const float e = m[j] - (a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]);
-      const float x = g[j] + e;
-      m[j] = x;
-      s0 += x * q0[j];
-      s1 += x * q1[j];
-      s2 += x * q2[j];
-      s3 += x * q3[j];
-    }
+  };
+  if (pa == nullptr) {
+    pass([&](size_t j) __attribute__((always_inline)) { return m[j]; });
   } else {
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-    for (size_t j = 0; j < w; ++j) {
-      const float x = g[j] + m[j];
-      m[j] = x;
-      s0 += x * q0[j];
-      s1 += x * q1[j];
-      s2 += x * q2[j];
-      s3 += x * q3[j];
-    }
+    const float a0 = pa[0], a1 = pa[1], a2 = pa[2], a3 = pa[3];
+    const float *b0 = bt != nullptr ? bt : q0, *b1 = bt != nullptr ? bt + ld : q1,
+                *b2 = bt != nullptr ? bt + 2 * ld : q2, *b3 = bt != nullptr ? bt + 3 * ld : q3;
+    pass([&](size_t j) __attribute__((always_inline)) {
+      return m[j] - (a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]);
+    });
   }
   p[0] += s0;
   p[1] += s1;
   p[2] += s2;
   p[3] += s3;
+  return bad != 0;
 }
 
 /// qt[k·ld + j] += Σ_i m[i·ldm + j]·p[i·r + k] over `rows` rows and j < w, four rows a sweep:
@@ -348,13 +395,14 @@ SKETCHSGD_WIDE void expand_narrow(const float* __restrict a, const float* __rest
 /// absorb for ranks past 4: `rows` rows of m (cols wide), a group of rows at a time (as many
 /// as leave twelve accumulators for the first 32 factors): their error feedback, then p's rows
 /// (r8 wide, q cols × r8) as register tiles, 32 factors a block.
-SKETCHSGD_WIDE void absorb_wide(float* m, const float* g, float* u, float rho, size_t rows,
+SKETCHSGD_WIDE bool absorb_wide(float* m, const float* g, float* u, float rho, size_t rows,
                                 size_t cols, const float* q, size_t r8, float* p) {
   const size_t group = std::min<size_t>(8, 12 / std::min<size_t>(4, r8 / 8));
+  bool bad = false;
   for (size_t i0 = 0; i0 < rows; i0 += group) {
     const size_t n = std::min(group, rows - i0);
     for (size_t i = i0; i < i0 + n; ++i)
-      add_in(m + i * cols, g + i * cols, u != nullptr ? u + i * cols : nullptr, rho, cols);
+      bad |= add_in(m + i * cols, g + i * cols, u != nullptr ? u + i * cols : nullptr, rho, cols);
     for (size_t f = 0; f < r8; f += 32)
       with_vectors((r8 - f) / 8, [&]<int J>() __attribute__((always_inline)) {
         with_rows<J>(
@@ -363,6 +411,7 @@ SKETCHSGD_WIDE void absorb_wide(float* m, const float* g, float* u, float rho, s
             });
       });
   }
+  return bad;
 }
 
 /// q (cols × r8, row-major) += mᵀ·p for `rows` rows of m (cols wide, ldm apart) and p (r8 wide,
@@ -421,10 +470,11 @@ SKETCHSGD_WIDE void expand_wide(const float* a, size_t r, const float* bt, size_
 
 }  // namespace
 
-void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
+bool lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
                     size_t rows, size_t cols, size_t r, const float* a, const float* b) {
-  if (rows == 0 || cols == 0) return;
-  if (a != nullptr && r > 4) {  // bound by the FMA units past 4: a pass of its own costs nothing
+  if (rows == 0 || cols == 0) return true;
+  std::atomic<bool> bad{false};  // a NaN or ±Inf in g, seen by any thread
+  if (a != nullptr && r > 4) {   // bound by the FMA units past 4: a pass of its own costs nothing
     lowrank_expand(a, b, nullptr, rows, cols, r, m);
     a = nullptr;
   }
@@ -433,9 +483,10 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
 #pragma omp parallel for schedule(static) num_threads(threads_for(n))
     for (size_t c = 0; c < chunks; ++c) {
       const size_t lo = c * chunk, len = std::min(chunk, n - lo);
-      absorb_flat(m + lo, g + lo, u != nullptr ? u + lo : nullptr, rho, len);
+      if (absorb_flat(m + lo, g + lo, u != nullptr ? u + lo : nullptr, rho, len))
+        bad.store(true, std::memory_order_relaxed);
     }
-    return;
+    return !bad.load();
   }
   if (r > 4) {  // rows of q and p padded to whole vectors (r8), p's tiles held in registers
     const size_t r8 = (r + 7) / 8 * 8;
@@ -444,11 +495,12 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
 #pragma omp parallel num_threads(threads_for(rows* cols))
     {
       const auto [lo, hi] = my_rows(rows);
-      absorb_wide(m + lo * cols, g + lo * cols, u != nullptr ? u + lo * cols : nullptr, rho,
-                  hi - lo, cols, q8.data(), r8, p8.data() + lo * r8);
+      if (absorb_wide(m + lo * cols, g + lo * cols, u != nullptr ? u + lo * cols : nullptr, rho,
+                      hi - lo, cols, q8.data(), r8, p8.data() + lo * r8))
+        bad.store(true, std::memory_order_relaxed);
     }
     for (size_t i = 0; i < rows; ++i) std::copy_n(&p8[i * r8], r, p + i * r);
-    return;
+    return !bad.load();
   }
   // r ≤ 4: the dot products (and a deferred subtraction) ride on the pass over g and m (factors
   // padded to four).
@@ -464,12 +516,23 @@ void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
   each_strip(rows, cols, strip_width(cols, 4), [&](size_t lo, size_t n, size_t j, size_t w) {
     for (size_t i = lo; i < lo + n; ++i) {
       const size_t e = i * cols + j;
-      strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, ld, w,
-                    &p4[i * 4], a != nullptr ? &a4[i * 4] : nullptr,
-                    bt.empty() ? nullptr : bt.data() + j);
+      if (strip_absorb4(m + e, g + e, u != nullptr ? u + e : nullptr, rho, qt.data() + j, ld, w,
+                        &p4[i * 4], a != nullptr ? &a4[i * 4] : nullptr,
+                        bt.empty() ? nullptr : bt.data() + j))
+        bad.store(true, std::memory_order_relaxed);
     }
   });
   for (size_t i = 0; i < rows; ++i) std::copy_n(&p4[i * 4], r, p + i * r);
+  return !bad.load();
+}
+
+void lowrank_unabsorb(float* m, const float* g, float* u, float rho, size_t n) {
+  const size_t chunk = 4096, chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) num_threads(threads_for(n))
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t lo = c * chunk, len = std::min(chunk, n - lo);
+    unabsorb_flat(m + lo, g + lo, u != nullptr ? u + lo : nullptr, rho, len);
+  }
 }
 
 void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r) {

@@ -198,14 +198,15 @@ class PowerSGD final : public Compressor {
  private:
   /// M = g + error; P_i = M·Q per matrix (Q: the warm-started mean, orthonormalised) into p, the
   /// uncompressed tensors after it (p and dense in the device's memory).
-  void compute_p(std::span<const float> g, uint64_t round, float* p, float* dense) {
+  void compute_p(std::span<const float> g, uint64_t round, float* p, float* dense,
+                 const char* what) {
     if (!o_.warm && round != last_round_) random_q(q_, o_.seed ^ (round * 0xD1B54A32D192ED03ull));
     last_round_ = round;
     std::vector<float> q = q_;
     // Q̄ = q·R: a deferred subtraction P̂·Q̄ᵀ is (P̂·Rᵀ)·qᵀ, on the columns absorb reads anyway.
     rr_.resize(plan_.r_size);
     orthonormalize(plan_, q, true, deferred_ ? rr_.data() : nullptr);
-    if (fused_) return fused_p(g, q, p, dense);
+    if (fused_) return fused_p(g, q, p, dense, what);
     q_dev_.upload(q);
     const auto m = fb_.absorb(g);
     for (const auto& x : plan_.matrices)
@@ -215,8 +216,12 @@ class PowerSGD final : public Compressor {
       detail::copy_bytes(dense + d.at, m.data() + d.offset, d.numel * sizeof(float), device());
   }
 
-  /// compute_p on the CPU at low rank: M = g (or the momentum) + error and P = M·Q in one pass.
-  void fused_p(std::span<const float> g, const std::vector<float>& q, float* p, float* dense) {
+  /// compute_p on the CPU: M = g (or the momentum) + error and P = M·Q in one pass, which also
+  /// checks that g is finite (checks_finite()): where it is not, absorb changes nothing, and the
+  /// rest is taken back before the error is raised.
+  void fused_p(std::span<const float> g, const std::vector<float>& q, float* p, float* dense,
+               const char* what) {
+    bool finite = true;
     const auto m = fb_.error();
     const auto u = fb_.momentum();
     auto at = [](std::span<float> v, uint64_t o) { return v.empty() ? nullptr : v.data() + o; };
@@ -232,21 +237,29 @@ class PowerSGD final : public Compressor {
               shifted_[i * x.rank + l] += ph[i * x.rank + k] * rr[l * x.rank + k];
       }
       const float* qx = q.data() + x.q_at;
-      kernels::cpu::lowrank_absorb(m.data() + x.offset, g.data() + x.offset, at(u, x.offset),
-                                   fb_.rho(), qx, p + x.p_at, x.rows, x.cols, x.rank,
-                                   owed ? shifted_.data() : nullptr, owed ? qx : nullptr);
+      finite &= kernels::cpu::lowrank_absorb(
+          m.data() + x.offset, g.data() + x.offset, at(u, x.offset), fb_.rho(), qx, p + x.p_at,
+          x.rows, x.cols, x.rank, owed ? shifted_.data() : nullptr, owed ? qx : nullptr);
     }
     deferred_ = false;
     for (const auto& d : plan_.dense) {
-      kernels::cpu::lowrank_absorb(m.data() + d.offset, g.data() + d.offset, at(u, d.offset),
-                                   fb_.rho(), nullptr, nullptr, 1, d.numel, 0);
+      finite &=
+          kernels::cpu::lowrank_absorb(m.data() + d.offset, g.data() + d.offset, at(u, d.offset),
+                                       fb_.rho(), nullptr, nullptr, 1, d.numel, 0);
       std::memcpy(dense + d.at, m.data() + d.offset, d.numel * sizeof(float));
     }
+    if (!finite) {  // the layout covers the vector: one pass takes every tensor back
+      kernels::cpu::lowrank_unabsorb(m.data(), g.data(), u.empty() ? nullptr : u.data(), fb_.rho(),
+                                     m.size());
+      require_finite(g, what);
+      throw NonFiniteError(std::string(what) + ": non-finite gradient");  // not reached
+    }
   }
+  bool checks_finite() const override { return fused_; }
 
   Message do_encode(std::span<const float> g, const Header& h) override {
     Buffer<float> out(plan_.p_size + plan_.dense_size, device());
-    compute_p(g, h.round, out.data(), out.data() + plan_.p_size);
+    compute_p(g, h.round, out.data(), out.data() + plan_.p_size, "encode");
     const auto host = ops::to_host(device(), out.span(), staging_);
     try {
       return Message::build(h, wire_bytes(o_.wire) * host.size(), [&](ByteWriter& w) {
@@ -258,7 +271,7 @@ class PowerSGD final : public Compressor {
     }
   }
   void do_encode_sum(std::span<const float> g, std::span<float> out) override {
-    compute_p(g, round_hint_++, out.data(), out.data() + plan_.p_size);
+    compute_p(g, round_hint_++, out.data(), out.data() + plan_.p_size, "encode_sum");
   }
 
   /// Q_i = Mᵀ·P̂ per matrix into q (device memory).

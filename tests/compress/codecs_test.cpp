@@ -307,7 +307,8 @@ TEST(Aggregator, ProtocolErrorsChangeNothing) {
 
 TEST(Codecs, NonFiniteGradientRejectedStateUnchanged) {
   for (const char* spec :
-       {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "sketch:cols=50,k=10"}) {
+       {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "sketch:cols=50,k=10",
+        "powersgd:rank=2,layout=25x40", "powersgd:rank=2,momentum=0.9,layout=25x40"}) {
     auto a = make_compressor(spec, 1000), b = make_compressor(spec, 1000);
     auto g = test::gaussian(1000, 17);
     auto bad = g;

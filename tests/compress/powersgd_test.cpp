@@ -339,6 +339,44 @@ TEST(PowerSGD, DeferredErrorSubtractionIsInvisible) {
   }
 }
 
+/// On the CPU the gradient's finiteness check rides on absorb: a NaN or ±Inf (in a factored
+/// matrix or an uncompressed tensor) is refused with its coordinate, through encode and
+/// encode_sum, and the worker goes on as if it never came — with an error subtraction owed
+/// (ranks up to 4), past 4, and with momentum.
+TEST(PowerSGD, NonFiniteGradientIsRefusedInTheAbsorbPass) {
+  for (const auto& [spec, dim] :
+       {std::pair<std::string, uint64_t>{"powersgd:rank=2,layout=30x20+5", 605},
+        {"powersgd:rank=2,momentum=0.9,layout=30x20+5", 605},
+        {"powersgd:rank=5,min_rate=0.5,layout=40x30+30x3+4", 1294}}) {
+    SCOPED_TRACE(spec);
+    auto grads = [&](uint64_t seed) {
+      return std::vector<std::vector<float>>{test::gaussian(dim, seed),
+                                             test::gaussian(dim, seed + 1)};
+    };
+    Round a(spec, dim, 2), b(spec, dim, 2);
+    a.run(grads(1), 0);
+    b.run(grads(1), 0);
+    for (const uint64_t at : {uint64_t(7), uint64_t(dim - 2)}) {  // a matrix; the dense tail
+      auto bad = grads(3)[0];
+      bad[at] = at == 7 ? std::nanf("") : -std::numeric_limits<float>::infinity();
+      bad[at + 1] = std::numeric_limits<float>::infinity();
+      try {
+        a.workers[0]->encode(bad, 1, 0);
+        ADD_FAILURE() << "encode took a non-finite gradient";
+      } catch (const NonFiniteError& e) {
+        EXPECT_NE(std::string(e.what()).find("encode: non-finite value"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("coordinate " + std::to_string(at)), std::string::npos)
+            << e.what();
+      }
+      std::vector<float> out(a.workers[1]->sum_size(MessageKind::Gradient));
+      EXPECT_THROW(a.workers[1]->encode_sum(bad, out), NonFiniteError);
+    }
+    expect_near(a.run(grads(3), 1), b.run(grads(3), 1));
+    const std::vector<std::vector<float>> zero(2, std::vector<float>(dim, 0.0f));
+    expect_near(a.run(zero, 2), b.run(zero, 2));
+  }
+}
+
 TEST(PowerSGD, SixteenBitWireHalvesTheBytesAndStaysClose) {
   const uint64_t dim = 60 * 45 + 7;
   std::vector<std::vector<float>> g{test::gaussian(dim, 1), test::gaussian(dim, 2)};

@@ -318,6 +318,43 @@ TEST(LowRank, PassesMatchPlainLoops) {
   EXPECT_EQ(m, std::vector<float>(m.size(), 3.0f));
 }
 
+/// The finiteness check in absorb's pass: at every rank path (elementwise, up to 4, past 4), with
+/// and without momentum and a deferred subtraction, a NaN or ±Inf in g is reported and leaves m
+/// (past the subtraction) and u as they were there; unabsorb takes the rest back.
+TEST(LowRank, AbsorbReportsNonFiniteGradientsAndUnabsorbTakesItBack) {
+  const size_t rows = 33, cols = 70, n = rows * cols;
+  for (size_t r : {0, 2, 8}) {
+    for (bool mom : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "rank " << r << " momentum " << mom);
+      auto g = test::gaussian(n, 1);
+      const auto m0 = test::gaussian(n, 2), u0 = test::gaussian(n, 3);
+      const auto a = test::gaussian(rows * std::max<size_t>(r, 1), 4);
+      const auto q = test::gaussian(cols * std::max<size_t>(r, 1), 5);
+      const size_t rr = r == 0 ? 1 : rows, cc = r == 0 ? n : cols;
+      std::vector<float> p(rows * std::max<size_t>(r, 1));
+      auto m = m0, u = u0;
+      EXPECT_TRUE(k::lowrank_absorb(m.data(), g.data(), mom ? u.data() : nullptr, 0.9f,
+                                    r ? q.data() : nullptr, p.data(), rr, cc, r));
+      g[5] = std::nanf("");
+      g[n - 1] = std::numeric_limits<float>::infinity();
+      auto m2 = m0, u2 = u0, settled = m0;
+      if (r > 0) k::lowrank_expand(a.data(), q.data(), nullptr, rows, cols, r, settled.data());
+      EXPECT_FALSE(k::lowrank_absorb(m2.data(), g.data(), mom ? u2.data() : nullptr, 0.9f,
+                                     r ? q.data() : nullptr, p.data(), rr, cc, r,
+                                     r ? a.data() : nullptr, r ? q.data() : nullptr));
+      for (size_t e : {size_t(5), n - 1}) {
+        EXPECT_FLOAT_EQ(m2[e], settled[e]) << e;
+        EXPECT_EQ(u2[e], u0[e]) << e;
+      }
+      k::lowrank_unabsorb(m2.data(), g.data(), mom ? u2.data() : nullptr, 0.9f, n);
+      for (size_t e = 0; e < n; ++e) {
+        ASSERT_NEAR(m2[e], settled[e], 1e-5 * (1 + std::fabs(settled[e]))) << e;
+        ASSERT_NEAR(u2[e], u0[e], 1e-5 * (1 + std::fabs(u0[e]))) << e;
+      }
+    }
+  }
+}
+
 TEST(Vector, FindNonFinite) {
   std::vector<float> x(100000, 1.0f);
   EXPECT_EQ(k::find_nonfinite(x.data(), x.size()), kernels::kNone);

@@ -119,6 +119,12 @@ class Compressor {
   /// The summable payloads (codecs with sum_size() > 0); out is checked by the caller.
   virtual void do_encode_sum(std::span<const float> grad, std::span<float> out);
   virtual void do_answer_sum(ByteReader& payload, std::span<float> out);
+  /// Whether do_encode/do_encode_sum check the gradient's finiteness in a pass of their own
+  /// (encode and encode_sum then skip their separate read of it); such a codec leaves its state
+  /// as it was and raises through require_finite() when the gradient has a NaN or ±Inf.
+  virtual bool checks_finite() const { return false; }
+  /// Raises NonFiniteError naming grad's first NaN or ±Inf (what: the caller), if it has one.
+  void require_finite(std::span<const float> grad, const char* what) const;
   /// The codec's worker state, when it keeps one (save_state()/load_state() serialise it).
   virtual Feedback* feedback() { return nullptr; }
   /// save_state()/load_state() (the device active); default: feedback()'s state. Codecs with

@@ -95,9 +95,15 @@ void orthonormalize(float* a, size_t n, size_t r, float* rr = nullptr);
 /// last lowrank_expand deferred to this pass; m ends as it would after lowrank_expand(a, b, c,
 /// ..., m) and this call without a and b. At ranks up to 4 it costs no pass over m of its own,
 /// and no more reads at all when b is q (a subtraction rewritten on q's columns).
-void lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
+/// The gradient's finiteness check rides on the pass: where g is NaN or ±Inf, m (past the
+/// subtraction) and u stay as they were; false when g held any such value (p is then
+/// meaningless, and lowrank_unabsorb takes the rest back).
+bool lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
                     size_t rows, size_t cols, size_t r, const float* a = nullptr,
                     const float* b = nullptr);
+/// Takes back lowrank_absorb's m += x and u = ρ·u + g over n values where g is finite, to
+/// rounding (a deferred subtraction stays done).
+void lowrank_unabsorb(float* m, const float* g, float* u, float rho, size_t n);
 /// q = mᵀ·p (m: rows × cols, p: rows × r, q: cols × r).
 void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r);
 /// c = a·bᵀ (a: rows × r, b: cols × r, c: rows × cols); m −= c as well when m is given (the
