@@ -20,6 +20,11 @@ n_b of the model's N compressed coordinates, gets round(value · n_b / N) (at le
 
 Warm-up: the first `start_iter` (≥ 2) synchronised steps are plain fp32 all-reduces, past DDP's
 bucket rebuild after the first step; they also fix each bucket's layout and N.
+
+A NaN or ±Inf in a rank's compressed gradients: that rank's hook raises NonFiniteError (naming
+the coordinate; its codec state as before), and it still joins the step's first collective, so
+that every other rank's hook raises NonFiniteError too instead of waiting for it; the step has
+no update anywhere, and the next one goes on alike on every rank.
 """
 
 import hashlib
@@ -408,7 +413,14 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
     comp, dense = u.segments(where, True), u.segments(where, False)
     size = codec.sum_size("gradient")
     payload = u.room("payload", size + u.n_dense, buf)
-    codec.encode_sum(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), out=payload[:size])
+    failed = None
+    try:
+        codec.encode_sum(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), out=payload[:size])
+    except _core.NonFiniteError as e:
+        # The other ranks are about to all-reduce: join them rather than leave them waiting, and
+        # tell them through the sum (NaN from here; nothing finite sums to NaN).
+        failed = e
+        payload[:size].fill_(math.nan)
     if dense:
         payload[size:].copy_(_gather(buf, dense))
     W, inv, group = state.world_size, _averaged(state), state.process_group
@@ -425,6 +437,15 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
         state._count(t.numel() * w.element_size(), 0)
         return dist.all_reduce(w, group=group, async_op=True), lambda: t.copy_(w)
 
+    def check():
+        """After the first all-reduce, on every rank alike: a rank whose gradient was not finite
+        stops the step everywhere (no second round, no update)."""
+        if failed is not None:
+            raise failed
+        if size and math.isnan(payload[0].item()):
+            raise _core.NonFiniteError("sketchsgd hook: another rank's gradient was not finite (that rank raised "
+                                       "NonFiniteError with the coordinate); this step has no update")
+
     state._count(0, (u.n_compressed + u.n_dense) * 4)
     work, done = all_reduce(payload, "payload")
     answers = None
@@ -433,12 +454,15 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
         # in the same order on every rank: wait here, then issue the second all-reduce.
         work.wait()
         done()
+        check()
         u.aggregator.add_sum(payload[:size], W, round)
         answers = codec.answer_sum(u.aggregator.finish())
         work, done = all_reduce(answers, "answers")
 
     def finish(_):
         done()
+        if answers is None:
+            check()
         if u.dense:
             # The dense aggregator's update is the sum times float32(1/W) and applying it changes
             # no state: the same here, without the host round trip of a dense Update message.
@@ -468,7 +492,11 @@ def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
     codec = u.codec
     comp, dense = u.segments(where, True), u.segments(where, False)
     W, inv, group = state.world_size, _averaged(state), state.process_group
-    msg = codec.encode(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round, state.rank)
+    failed = None
+    try:
+        msg = codec.encode(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round, state.rank)
+    except _core.NonFiniteError as e:  # join the lengths' all-gather with none: every rank stops
+        failed, msg = e, b""
     limit = codec.max_message_bytes("gradient")
     on = buf.device if state.backend == "nccl" else torch.device("cpu")
     # Lengths first (messages vary: sparse lists with delta-coded indices), then every message
@@ -477,7 +505,12 @@ def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
     lens = [torch.empty_like(mine_len) for _ in range(W)]
     dist.all_gather(lens, mine_len, group=group)
     lens = [int(n.item()) for n in lens]
+    if failed is not None:
+        raise failed
     for r, n in enumerate(lens):
+        if n == 0:
+            raise _core.NonFiniteError(f"sketchsgd hook: rank {r}'s gradient was not finite (that rank raised "
+                                       "NonFiniteError with the coordinate); this step has no update")
         if not 0 < n <= limit:
             raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {limit})")
     mine = torch.zeros(max(lens), dtype=torch.uint8)

@@ -206,3 +206,33 @@ def finish_errors(rank, world, specs):
             finally:
                 _compressor.Compressor.apply = real
     return out
+
+
+def non_finite_on_one_rank(rank, world, specs):
+    """Per spec: two warm-up steps, then one where rank 1's gradient holds a NaN, then one where
+    every gradient is finite. Returns (spec, raised by the call, message from wait, error type)
+    for the NaN step and whether the step after it matched on every rank."""
+    out = []
+    for spec in specs:
+        state = CompressionState(spec, start_iter=2)
+        params = [torch.zeros(48, 40), torch.zeros(40)]
+        outcome = None
+        for step in range(4):
+            w = quarter_integers((48, 40), 10 * step + rank)
+            b = quarter_integers((40,), 10 * step + rank + 5)
+            if step == 2 and rank == 1:
+                w[3, 7] = float("nan")
+            raised = message = kind = None
+            try:
+                fut = compression_hook(state, FlatBucket(0, params, [w, b]))
+                result = fut.wait()
+            except Exception as e:  # noqa: BLE001 - recorded for the test
+                message, kind = str(e), type(e).__name__
+            if step == 2:
+                outcome = (spec, raised, message, kind)
+            if step == 3:
+                everyone = [torch.empty_like(result) for _ in range(world)]
+                dist.all_gather(everyone, result)
+                same = all(torch.equal(everyone[0], t) for t in everyone)
+        out.append(outcome + (same,))
+    return out

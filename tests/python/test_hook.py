@@ -93,6 +93,27 @@ def test_an_error_while_finishing_arrives_through_the_future():
                 assert here, (rank, spec)  # the last bucket: applied on the hook's own thread
 
 
+def test_a_non_finite_gradient_on_one_rank_raises_on_every_rank_and_hangs_none():
+    """A NaN in one rank's gradient: that rank's hook raises NonFiniteError, every other rank's
+    raises too (told through the collective it issues anyway: none waits for a rank that
+    stopped), and the next step goes on alike on every rank."""
+    specs = ["powersgd:rank=2", "sketch:rows=1,cols=500,k=60,fetch=1", "topk:k=60", "dense"]
+    for rank, outcomes in enumerate(ddp.run(jobs.non_finite_on_one_rank, specs, world=3, timeout=90)):
+        assert len(outcomes) == len(specs)
+        for spec, raised, message, kind, same in outcomes:
+            assert raised is None, (rank, spec, raised)
+            assert message is not None, (rank, spec)
+            # Raised by the call, or through the future (torch re-raises a callback's error as a
+            # RuntimeError that names it).
+            assert kind == "NonFiniteError" or (kind == "RuntimeError" and "NonFiniteError" in message), \
+                (rank, spec, kind, message)
+            if rank == 1:
+                assert "coordinate 127" in message, (rank, spec, message)
+            else:  # gathered codecs know which rank; summed ones that one did
+                assert "rank 1" in message or "another rank" in message, (rank, spec, message)
+            assert same, (rank, spec)
+
+
 def test_powersgd_hook_equals_the_cpp_codec_given_the_bucket_as_layout():
     """A layout codec gets the whole bucket (weight and bias) with its shapes. All-reduces sum in
     another order than the aggregator, so the match is to rounding (fp16 on the wire: to fp16's)."""
