@@ -29,7 +29,6 @@ namespace {
 
 constexpr size_t kParallel = 1 << 16;
 
-#pragma GCC diagnostic ignored "-Wpsabi"  // v8 in the baseline clone: inlined, no ABI crossed
 
 // ---- eight floats: GCC vector extensions, so that the baseline clone of a SKETCHSGD_WIDE
 // function compiles the same code to SSE pairs and the AVX2 clone to ymm registers.

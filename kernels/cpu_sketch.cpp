@@ -424,7 +424,7 @@ uint32_t weighted_threshold(const std::vector<uint32_t>& keys, const std::vector
                             uint64_t k, uint64_t& above) {
   uint32_t prefix = 0, mask = 0;
   above = 0;
-  for (const auto [shift, bits] : {std::pair{21, 10}, {10, 11}, {0, 10}}) {
+  for (const auto& [shift, bits] : {std::pair{21, 10}, {10, 11}, {0, 10}}) {
     const uint32_t digits = 1u << bits;
     std::vector<uint64_t> hist(digits, 0);
     for (size_t c = 0; c < keys.size(); ++c)

@@ -468,7 +468,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
   absorb_in_order(false);
 }
 
-void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
+void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point,
                        std::vector<Outgoing>&) {
   if (e.round < round_) return;  // answer of a round that already closed: nothing to do
   SKETCHSGD_REQUIRE(e.round == round_ && phase_ == MessageKind::Answer, ProtocolError,
