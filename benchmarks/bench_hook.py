@@ -54,6 +54,11 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--png", help="also draw the medians as bars here (needs matplotlib)")
     args = ap.parse_args()
+    if args.png:  # before minutes of timing, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit("bench_hook.py: --png needs matplotlib (apt-get install python3-matplotlib)")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)  # torch's and our matrix products alike
     sys.path.insert(0, os.path.abspath(args.python))
