@@ -132,10 +132,11 @@ SKETCHSGD_INLINE void with_rows(size_t n, F&& f) {
   f.template operator()<R, J>();
 }
 
-/// g(J) for the J = vectors (1 to 4) known at run time, as a template argument.
+/// g.template operator()<N>() for the N = n (1 to 4; past 4: 4) known at run time: vectors of
+/// factors in a tile, or a rank up to 4.
 template <class G>
-SKETCHSGD_INLINE void with_vectors(size_t vectors, G&& g) {
-  switch (vectors) {
+SKETCHSGD_INLINE void with_vectors(size_t n, G&& g) {
+  switch (n) {
     case 1:
       g.template operator()<1>();
       break;
@@ -336,25 +337,6 @@ SKETCHSGD_WIDE bool strip_absorb4(float* __restrict m, const float* __restrict g
   return bad != 0;
 }
 
-/// f.template operator()<R>() for the rank r (1 to 4) known at run time.
-template <class F>
-SKETCHSGD_INLINE void with_rank(size_t r, F&& f) {
-  switch (r) {
-    case 1:
-      f.template operator()<1>();
-      break;
-    case 2:
-      f.template operator()<2>();
-      break;
-    case 3:
-      f.template operator()<3>();
-      break;
-    default:
-      f.template operator()<4>();
-      break;
-  }
-}
-
 /// Eight rows of answer_narrow at rank R: a sweep loads each value of the eight rows once and
 /// adds it into all R factor rows of qt (R accumulators a column), so qt is read and written
 /// once per eight rows.
@@ -389,7 +371,7 @@ SKETCHSGD_WIDE void answer_narrow(const float* __restrict m, size_t ldm, size_t 
                                   size_t ld, size_t w) {
   size_t i = 0;
   for (; i + 8 <= rows; i += 8)
-    with_rank(
+    with_vectors(
         r, [&]<int R>() __attribute__((always_inline)) {
           answer_rows8<R>(m + i * ldm, ldm, p + i * r, qt, ld, w);
         });
