@@ -21,11 +21,12 @@ double Compressor::compression_ratio() const {
 }
 
 CodecInfo Compressor::info() const {
-  CodecInfo i{id_, dim_, {0, 0, 0, 0, 0}, {0, 0, 0, 0, 0}};
+  CodecInfo i{id_, dim_, {}, {}, {}};
   for (auto k :
        {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update}) {
     i.max_payload[size_t(k)] = max_payload(k);
     i.sum_size[size_t(k)] = sum_size(k);
+    i.sum_format[size_t(k)] = sum_format(k);
   }
   return i;
 }
@@ -50,7 +51,7 @@ void Compressor::check_gradient(std::span<const float> grad, const char* what) {
   SKETCHSGD_REQUIRE(grad.size() == dim_, InvalidArgument, what, ": gradient of length ",
                     grad.size(), " for a codec of dim ", dim_);
   device_.require_accessible(grad.data(), grad.size_bytes(), what);
-  if (!checks_finite()) require_finite(grad, what);
+  if (!checks_finite_) require_finite(grad, what);
 }
 
 void Compressor::require_finite(std::span<const float> grad, const char* what) const {
@@ -84,7 +85,7 @@ Message Compressor::do_answer(ByteReader&, const Header&, uint32_t) {
   throw ProtocolError("codec " + spec_ + " has no second round");
 }
 
-void Compressor::encode_sum(std::span<const float> grad, std::span<float> out) {
+void Compressor::encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out) {
   const auto scope = device_.activate();
   const uint64_t n = sum_size(MessageKind::Gradient);
   SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", spec_,
@@ -93,7 +94,7 @@ void Compressor::encode_sum(std::span<const float> grad, std::span<float> out) {
                     ", the codec's summable payload has ", n);
   device_.require_accessible(out.data(), out.size_bytes(), "encode_sum: output");
   check_gradient(grad, "encode_sum");
-  do_encode_sum(grad, out);
+  do_encode_sum(grad, round, out);
   last_bytes_ = n * sizeof(float);
 }
 
@@ -109,7 +110,7 @@ void Compressor::answer_sum(std::span<const uint8_t> query, std::span<float> out
   do_answer_sum(r, out);
 }
 
-void Compressor::do_encode_sum(std::span<const float>, std::span<float>) {
+void Compressor::do_encode_sum(std::span<const float>, uint64_t, std::span<float>) {
   throw ProtocolError("codec " + spec_ + " has no summable payload");
 }
 
@@ -152,16 +153,6 @@ void Compressor::apply(std::span<const uint8_t> update, std::span<float> step) {
   do_apply(r, h, step);
 }
 
-void Compressor::decode(std::span<const uint8_t> update, std::span<float> step) const {
-  const auto scope = device_.activate();
-  SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "decode: step of length ", step.size(),
-                    " for a codec of dim ", dim_);
-  device_.require_accessible(step.data(), step.size_bytes(), "decode: step");
-  const Header h = check(update, MessageKind::Update);
-  ByteReader r(payload_of(update), "update payload");
-  do_decode(r, h, step);
-}
-
 namespace {
 void check_step_args(std::span<float> params, uint64_t dim, float lr, const Device& device) {
   SKETCHSGD_REQUIRE(params.size() == dim, InvalidArgument, "step: parameters of length ",
@@ -180,25 +171,9 @@ void Compressor::apply_step(std::span<const uint8_t> update, std::span<float> pa
   do_apply_step(r, h, params, lr);
 }
 
-void Compressor::decode_step(std::span<const uint8_t> update, std::span<float> params,
-                             float lr) const {
-  const auto scope = device_.activate();
-  check_step_args(params, dim_, lr, device_);
-  const Header h = check(update, MessageKind::Update);
-  ByteReader r(payload_of(update), "update payload");
-  do_decode_step(r, h, params, lr);
-}
-
 void Compressor::do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) {
   if (step_.size() != dim_) step_ = Buffer<float>(dim_, device_);
   do_apply(r, h, step_.span());
-  ops::axpy(device_, params, step_.span(), -lr);
-}
-
-void Compressor::do_decode_step(ByteReader& r, const Header& h, std::span<float> params,
-                                float lr) const {
-  if (step_.size() != dim_) step_ = Buffer<float>(dim_, device_);
-  do_decode(r, h, step_.span());
   ops::axpy(device_, params, step_.span(), -lr);
 }
 
@@ -270,9 +245,8 @@ Message Aggregator::finish() {
   clear();
   count_ = 0;
   seen_.assign(world_, false);
-  // Byte 7 of the header is the kind (wire.hpp); a Query opens the Answer phase of this round.
-  expecting_ = MessageKind(out.bytes()[7]) == MessageKind::Query ? MessageKind::Answer
-                                                                 : MessageKind::Gradient;
+  // A Query opens the Answer phase of this round.
+  expecting_ = out.kind() == MessageKind::Query ? MessageKind::Answer : MessageKind::Gradient;
   return out;
 }
 

@@ -1,4 +1,4 @@
-#include <sketchsgd/compress/mean_aggregator.hpp>
+#include "mean_aggregator.hpp"
 
 #include <algorithm>
 
@@ -14,12 +14,15 @@ std::vector<float>& MeanAggregator::sum() {
 }
 
 Message MeanAggregator::reduce(const Header& phase, uint32_t contributors) {
-  Header h = phase;
-  h.kind = MessageKind::Update;
   auto& s = sum();
   kernels::cpu::scale(s.data(), s.size(), 1.0f / float(contributors));
-  return Message::build(h, dense_bytes(s.size()),
-                        [&](ByteWriter& w) { w.put_array(std::span<const float>(s)); });
+  return dense_update(phase, s);
+}
+
+Message dense_update(const Header& phase, std::span<const float> values) {
+  Header h = phase;
+  h.kind = MessageKind::Update;
+  return Message::build(h, dense_bytes(values.size()), [&](ByteWriter& w) { w.put_array(values); });
 }
 
 void MeanAggregator::clear() {

@@ -37,6 +37,7 @@ std::string_view to_string(MessageKind kind) {
 }
 
 void Message::seal(Header h) {
+  kind_ = h.kind;
   h.payload_bytes = bytes_.size() - kHeaderBytes;
   Bytes head;
   ByteWriter w(head);

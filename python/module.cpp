@@ -205,13 +205,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("dim", &Compressor::dim)
       .def_property_readonly("device", [](const Compressor& c) { return c.device().name(); })
       .def_property_readonly("two_rounds", &Compressor::two_rounds)
-      .def_property_readonly("sum_format",
-                             [](const Compressor& c) {
-                               const WireFloat f = c.sum_format();
-                               return f == WireFloat::F16    ? "fp16"
-                                      : f == WireFloat::BF16 ? "bf16"
-                                                             : "fp32";
-                             })
+      .def("sum_format",
+           [](const Compressor& c, const std::string& k) {
+             const WireFloat f = c.sum_format(kind_of(k));
+             return f == WireFloat::F16 ? "fp16" : f == WireFloat::BF16 ? "bf16" : "fp32";
+           })
       .def_property_readonly("last_message_bytes", &Compressor::last_message_bytes)
       .def_property_readonly("compression_ratio", &Compressor::compression_ratio)
       .def("sum_size",
@@ -231,8 +229,8 @@ PYBIND11_MODULE(_core, m) {
            })
       .def(
           "encode_sum",
-          [](Compressor& c, uintptr_t grad, uint64_t n, uintptr_t out, uint64_t m) {
-            c.encode_sum(floats(grad, n), floats(out, m));
+          [](Compressor& c, uintptr_t grad, uint64_t n, uint64_t round, uintptr_t out, uint64_t m) {
+            c.encode_sum(floats(grad, n), round, floats(out, m));
           },
           py::call_guard<py::gil_scoped_release>())
       .def("answer",
@@ -257,24 +255,11 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              c.apply(v.bytes(), floats(step, n));
            })
-      .def("decode",
-           [](const Compressor& c, const py::buffer& update, uintptr_t step, uint64_t n) {
-             const View v(update);
-             py::gil_scoped_release release;
-             c.decode(v.bytes(), floats(step, n));
-           })
       .def("apply_step",
            [](Compressor& c, const py::buffer& update, uintptr_t params, uint64_t n, float lr) {
              const View v(update);
              py::gil_scoped_release release;
              c.apply_step(v.bytes(), floats(params, n), lr);
-           })
-      .def("decode_step",
-           [](const Compressor& c, const py::buffer& update, uintptr_t params, uint64_t n,
-              float lr) {
-             const View v(update);
-             py::gil_scoped_release release;
-             c.decode_step(v.bytes(), floats(params, n), lr);
            })
       .def("make_aggregator", &Compressor::make_aggregator, py::arg("world_size"))
       .def("save_state", [](const Compressor& c) { return to_py(c.save_state()); })

@@ -94,7 +94,7 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
 
 std::unique_ptr<Aggregator> Engine::make_aggregator() const {
   // The aggregator keeps only the codec's identity and limits: one made by a codec on the chosen
-  // device runs there, while codec_ (host) keeps decoding into the host model.
+  // device runs there, while codec_ (host) applies updates to the host model.
   return cfg_.device.is_gpu()
              ? make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world)
              : codec_->make_aggregator(cfg_.world);
@@ -602,7 +602,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
 
   const UpdateInfo info{cfg_.lr, metrics_.contributors};
   try {
-    codec_->decode_step(payload.bytes(), model_, cfg_.lr);  // validates before it writes
+    codec_->apply_step(payload.bytes(), model_, cfg_.lr);  // validates before it writes
   } catch (const Error& e) {
     return abort_round(now, out, std::string("update rejected: ") + e.what());
   }

@@ -27,6 +27,7 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include "../ops.hpp"
 #include "../payload.hpp"
+#include "../summable.hpp"
 
 namespace sketchsgd {
 namespace {
@@ -88,42 +89,23 @@ void orthonormalize(const Plan& plan, std::span<float> factors, bool q_side, flo
                                  rr != nullptr ? rr + m.r_at : nullptr);
 }
 
-class PowerAggregator final : public Aggregator {
+class PowerAggregator final : public SummableAggregator {
  public:
   PowerAggregator(const Compressor& c, uint32_t world, const Plan& plan, WireFloat wire)
-      : Aggregator(c, world),
-        plan_(plan),
-        wire_(wire),
-        p_sum_(plan.p_size + plan.dense_size, 0.0f),
-        q_sum_(plan.q_size, 0.0f) {}
+      : SummableAggregator(c, world), plan_(plan), wire_(wire) {}
 
  private:
-  void absorb(ByteReader& r, const Header& h) override {
-    const auto v = payload::read_values(r, info_.sum_size[size_t(h.kind)], wire_,
-                                        h.kind == MessageKind::Answer ? "Q factor" : "P factor");
-    r.expect_end();
-    add(v, h.kind);
-  }
-  void absorb_sum(std::span<const float> sum, MessageKind kind) override {
-    const auto host = ops::to_host(device_, sum, staging_);
-    SKETCHSGD_REQUIRE(kernels::cpu::find_nonfinite(host.data(), host.size()) == kernels::kNone,
-                      WireError, "powersgd: summed ",
-                      kind == MessageKind::Answer ? "Q factors" : "P factors", " not finite");
-    add(host, kind);
-  }
-  void add(std::span<const float> v, MessageKind kind) {  // host values, validated
-    auto& sum = kind == MessageKind::Answer ? q_sum_ : p_sum_;
-    kernels::cpu::axpy(sum.data(), v.data(), v.size(), 1.0f);
-  }
-
-  Message reduce(const Header& phase, uint32_t contributors) override {
+  /// Gradient: ΣP_i and the uncompressed tensors' sum; Answer: ΣQ_i. The factors are small, so
+  /// the orthonormalisation runs on the host.
+  Message reduce_sum(std::span<float> sum, const Header& phase, uint32_t contributors) override {
     const float inv = 1.0f / float(contributors);
     if (phase.kind == MessageKind::Gradient) {
       // Orthonormalising the sum spans the mean's column space; the uncompressed part waits for
       // the update.
-      p_hat_.assign(p_sum_.begin(), p_sum_.begin() + plan_.p_size);
+      const auto host = ops::to_host(device_, sum, staging_);
+      p_hat_.assign(host.begin(), host.begin() + plan_.p_size);
       orthonormalize(plan_, p_hat_, false);
-      dense_mean_.assign(p_sum_.begin() + plan_.p_size, p_sum_.end());
+      dense_mean_.assign(host.begin() + plan_.p_size, host.end());
       kernels::cpu::scale(dense_mean_.data(), dense_mean_.size(), inv);
       Header h = phase;
       h.kind = MessageKind::Query;
@@ -131,35 +113,30 @@ class PowerAggregator final : public Aggregator {
         payload::write_values(w, p_hat_, wire_, "P factor");
       });
     }
-    kernels::cpu::scale(q_sum_.data(), q_sum_.size(), inv);
+    ops::scale(device_, sum, inv);
+    const auto q_mean = ops::to_host(device_, sum, staging_);
     Header h = phase;
     h.kind = MessageKind::Update;
     return Message::build(h,
-                          wire_bytes(wire_) * (p_hat_.size() + q_sum_.size() + dense_mean_.size()),
+                          wire_bytes(wire_) * (p_hat_.size() + q_mean.size() + dense_mean_.size()),
                           [&](ByteWriter& w) {
                             payload::write_values(w, p_hat_, wire_, "P factor");
-                            payload::write_values(w, q_sum_, wire_, "Q factor");
+                            payload::write_values(w, q_mean, wire_, "Q factor");
                             payload::write_values(w, dense_mean_, wire_, "mean value");
                           });
   }
 
-  void clear() override {
-    std::fill(p_sum_.begin(), p_sum_.end(), 0.0f);
-    std::fill(q_sum_.begin(), q_sum_.end(), 0.0f);
-  }
-
   const Plan plan_;
   const WireFloat wire_;
-  std::vector<float> p_sum_, q_sum_;       // this phase's sums: P and the uncompressed part; Q
   std::vector<float> p_hat_, dense_mean_;  // from the Gradient phase, for the update
-  std::vector<float> staging_;
+  std::vector<float> staging_;             // a sum on its way from a GPU
 };
 
-class PowerSGD final : public Compressor {
+class PowerSGD final : public SummableCodec {
  public:
   PowerSGD(uint64_t dim, std::string spec, const Plan& plan, const PowerOptions& o,
            const Device& device)
-      : Compressor(CodecId::PowerSGD, dim, std::move(spec), device),
+      : SummableCodec(CodecId::PowerSGD, dim, std::move(spec), device, o.wire, o.wire),
         plan_(plan),
         o_(o),
         fb_(dim, o.momentum, true, device),  // its error vector holds M from encode to apply
@@ -169,33 +146,23 @@ class PowerSGD final : public Compressor {
         p_dev_(plan.p_size, device),
         pq_dev_(plan.p_size + plan.q_size, device) {
     random_q(q_, o.seed);
+    checks_finite_itself(fused_);
   }
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<PowerAggregator>(*this, world, plan_, o_.wire);
   }
-  bool two_rounds() const override { return true; }
   uint64_t sum_size(MessageKind kind) const override {
     if (kind == MessageKind::Gradient) return plan_.p_size + plan_.dense_size;
     return kind == MessageKind::Answer ? plan_.q_size : 0;
   }
-  WireFloat sum_format() const override { return o_.wire; }
-  uint64_t max_payload(MessageKind kind) const override {
-    const uint64_t b = wire_bytes(o_.wire);
-    switch (kind) {
-      case MessageKind::Gradient:
-        return b * (plan_.p_size + plan_.dense_size);
-      case MessageKind::Query:
-        return b * plan_.p_size;
-      case MessageKind::Answer:
-        return b * plan_.q_size;
-      case MessageKind::Update:
-        return b * (plan_.p_size + plan_.q_size + plan_.dense_size);
-    }
-    return 0;
-  }
 
  private:
+  uint64_t reply_bytes(MessageKind kind) const override {
+    const uint64_t b = wire_bytes(o_.wire);
+    if (kind == MessageKind::Query) return b * plan_.p_size;
+    return kind == MessageKind::Update ? b * (plan_.p_size + plan_.q_size + plan_.dense_size) : 0;
+  }
   /// M = g + error; P_i = M·Q per matrix (Q: the warm-started mean, orthonormalised) into p, the
   /// uncompressed tensors after it (p and dense in the device's memory).
   void compute_p(std::span<const float> g, uint64_t round, float* p, float* dense,
@@ -217,8 +184,8 @@ class PowerSGD final : public Compressor {
   }
 
   /// compute_p on the CPU: M = g (or the momentum) + error and P = M·Q in one pass, which also
-  /// checks that g is finite (checks_finite()): where it is not, absorb changes nothing, and the
-  /// rest is taken back before the error is raised.
+  /// checks that g is finite (checks_finite_itself()): where it is not, absorb changes nothing, and
+  /// the rest is taken back before the error is raised.
   void fused_p(std::span<const float> g, const std::vector<float>& q, float* p, float* dense,
                const char* what) {
     bool finite = true;
@@ -255,23 +222,9 @@ class PowerSGD final : public Compressor {
       throw NonFiniteError(std::string(what) + ": non-finite gradient");  // not reached
     }
   }
-  bool checks_finite() const override { return fused_; }
 
-  Message do_encode(std::span<const float> g, const Header& h) override {
-    Buffer<float> out(plan_.p_size + plan_.dense_size, device());
-    compute_p(g, h.round, out.data(), out.data() + plan_.p_size, "encode");
-    const auto host = ops::to_host(device(), out.span(), staging_);
-    try {
-      return Message::build(h, wire_bytes(o_.wire) * host.size(), [&](ByteWriter& w) {
-        payload::write_values(w, host, o_.wire, "P factor or value");
-      });
-    } catch (const NonFiniteError&) {
-      fb_.undo(g);  // back to the state before (up to float rounding), momentum included
-      throw;
-    }
-  }
-  void do_encode_sum(std::span<const float> g, std::span<float> out) override {
-    compute_p(g, round_hint_++, out.data(), out.data() + plan_.p_size, "encode_sum");
+  void do_encode_sum(std::span<const float> g, uint64_t round, std::span<float> out) override {
+    compute_p(g, round, out.data(), out.data() + plan_.p_size, "encode");
   }
 
   /// Q_i = Mᵀ·P̂ per matrix into q (device memory).
@@ -290,18 +243,10 @@ class PowerSGD final : public Compressor {
       ops::gemm(device(), true, false, x.cols, x.rank, x.rows, 1.0f, m.data() + x.offset, x.cols,
                 p_dev_.data() + x.p_at, x.rank, 0.0f, q + x.q_at, x.rank);
   }
-  Message do_answer(ByteReader& r, const Header& query, uint32_t sender) override {
-    Buffer<float> out(plan_.q_size, device());
-    compute_q(r, out.data());
-    const auto host = ops::to_host(device(), out.span(), staging_);
-    return Message::build(
-        make_header(MessageKind::Answer, query.round, sender), wire_bytes(o_.wire) * host.size(),
-        [&](ByteWriter& w) { payload::write_values(w, host, o_.wire, "Q factor"); });
-  }
   void do_answer_sum(ByteReader& r, std::span<float> out) override { compute_q(r, out.data()); }
 
   /// The update's factors (validated, on the device) and its uncompressed values (host).
-  std::vector<float> read_update(ByteReader& r) const {
+  std::vector<float> read_update(ByteReader& r) {
     auto pq = payload::read_values(r, plan_.p_size + plan_.q_size, o_.wire, "update factor");
     auto dense = payload::read_values(r, plan_.dense_size, o_.wire, "update value");
     r.expect_end();
@@ -330,8 +275,7 @@ class PowerSGD final : public Compressor {
 
   /// The step P̂·Q̄ᵀ per matrix and the uncompressed values; fused, also error −= step when
   /// `error` is given (the error feedback in the same pass), but for the matrices that defer it.
-  void write_step(const std::vector<float>& dense, std::span<float> step,
-                  float* error = nullptr) const {
+  void write_step(const std::vector<float>& dense, std::span<float> step, float* error) {
     const float* p = pq_dev_.data();
     const float* q = p + plan_.p_size;
     for (const auto& x : plan_.matrices)
@@ -344,9 +288,6 @@ class PowerSGD final : public Compressor {
     for (const auto& d : plan_.dense)
       detail::copy_bytes(step.data() + d.offset, dense.data() + d.at, d.numel * sizeof(float),
                          device());
-  }
-  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    write_step(read_update(r), step);
   }
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
@@ -405,14 +346,12 @@ class PowerSGD final : public Compressor {
   const bool fused_;      // CPU: kernels::cpu::lowrank_*; GPU: ops::gemm
   std::vector<float> q_;  // host: the next round's Q before orthonormalisation
   Buffer<float> q_dev_, p_dev_;
-  mutable Buffer<float> pq_dev_;  // an update's factors on the device
-  std::vector<float> staging_;
+  Buffer<float> pq_dev_;  // an update's factors on the device
   // The last update's P̂ while its error subtraction is owed (defers(); Q̄ is q_), host.
   mutable std::vector<float> deferred_p_;
   mutable bool deferred_ = false;
   std::vector<float> rr_, shifted_;  // compute_p's R blocks and P̂·Rᵀ
   uint64_t last_round_ = ~uint64_t(0);
-  uint64_t round_hint_ = 0;  // encode_sum has no round: counts calls (warm=0 only)
 };
 
 SKETCHSGD_REGISTER_CODEC(

@@ -7,10 +7,10 @@
 #include <algorithm>
 
 #include <sketchsgd/compress/feedback.hpp>
-#include <sketchsgd/compress/mean_aggregator.hpp>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include "../mean_aggregator.hpp"
 #include "../ops.hpp"
 #include "../payload.hpp"
 #include "../scale_runs.hpp"
@@ -128,7 +128,7 @@ class SignSGD final : public Compressor {
     });
   }
 
-  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
+  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     if (ef_) return read_dense_update(r, step, device());
     const auto codes = r.take<uint8_t>((dim() + 3) / 4);
     r.expect_end();

@@ -29,6 +29,7 @@
 #include <sketchsgd/sketch/count_sketch.hpp>
 #include "../ops.hpp"
 #include "../payload.hpp"
+#include "../summable.hpp"
 
 namespace sketchsgd {
 namespace {
@@ -38,8 +39,8 @@ struct SketchOptions {
   uint64_t k;
   uint64_t candidates;  // p2·k capped at dim; 0 without a second round
   float momentum;
-  bool fetch;      // FetchSGD: momentum and error live on the server, as sketches
-  WireFloat wire;  // the table's float format on the wire
+  bool fetch;                    // FetchSGD: momentum and error live on the server, as sketches
+  WireFloat wire;                // the table's float format on the wire
   payload::SparseFormat update;  // the update's indices: u32 or delta-coded (values fp32)
   // With a layout: the tensors sent whole and the sketched rest, as (offset, size) runs.
   struct Run {
@@ -69,15 +70,14 @@ Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> va
                         [&](ByteWriter& w) { payload::write_sparse(w, idx, val, f); });
 }
 
-class SketchAggregator final : public Aggregator {
+class SketchAggregator final : public SummableAggregator {
  public:
   SketchAggregator(const Compressor& c, uint32_t world, const SketchOptions& o)
-      : Aggregator(c, world), o_(o), sum_(o.sketch, c.device()) {
+      : SummableAggregator(c, world), o_(o), sum_(o.sketch, c.device()) {
     if (o.fetch) {
       momentum_.emplace(o.sketch, device_);
       error_.emplace(o.sketch, device_);
     }
-    if (device_.is_gpu()) staging_ = Buffer<float>(sum_.table().size() + o.whole_size, device_);
   }
 
   Bytes save_state() const override {
@@ -110,81 +110,25 @@ class SketchAggregator final : public Aggregator {
   }
 
  private:
-  void absorb(ByteReader& r, const Header& h) override {
-    const uint64_t n = info_.sum_size[size_t(h.kind)];
-    if (h.kind == MessageKind::Gradient && o_.wire != WireFloat::F32) {
-      const auto v = payload::read_values(r, n, o_.wire, "sketch cell");  // finite-checked
-      r.expect_end();
-      if (!device_.is_gpu()) return absorb_gradient(v);
-      staging_.upload(v);
-      return absorb_sum(staging_.span(), h.kind);
-    }
-    if (h.kind == MessageKind::Gradient && device_.is_gpu()) {
-      // Straight from the message bytes to the device, validated there: no host pass.
-      const auto bytes = r.take<uint8_t>(n * sizeof(float));
-      r.expect_end();
-      detail::copy_bytes(staging_.data(), bytes.data(), bytes.size(), device_);
-      return absorb_sum(staging_.span(), h.kind);
-    }
-    if (h.kind == MessageKind::Answer) {
-      const uint32_t count = r.get<uint32_t>();
-      SKETCHSGD_REQUIRE(count == n, WireError, "answer of ", count, " values to a query of ", n);
-    }
-    const auto v =
-        payload::read_floats(r, n, h.kind == MessageKind::Answer ? "answer value" : "sketch cell");
-    r.expect_end();
-    if (h.kind == MessageKind::Answer) return add_answers(v);
-    absorb_gradient(v);
-  }
-
-  /// A validated host payload: the table, then the whole tensors' values.
-  void absorb_gradient(std::span<const float> v) {
-    const size_t cells = sum_.table().size();
-    sum_.add_table(v.first(cells));
-    kernels::cpu::axpy(whole_sum_.data(), v.data() + cells, whole_sum_.size(), 1.0f);
-  }
-
-  /// Messages and all-reduced sums both end here: a table (in the device's memory) or the
-  /// candidates' values.
-  void absorb_sum(std::span<const float> v, MessageKind kind) override {
-    if (kind == MessageKind::Gradient) {
-      const size_t bad = ops::find_nonfinite(device_, ops_, v);
-      SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError,
-                        bad < sum_.table().size() ? "sketch cell " : "whole-tensor value ", bad,
-                        " is not finite");
-      const size_t cells = sum_.table().size();
-      sum_.add_table(v.first(cells));
-      if (!whole_sum_.empty()) {
-        const auto host = ops::to_host(device_, v.subspan(cells), host_);
-        kernels::cpu::axpy(whole_sum_.data(), host.data(), host.size(), 1.0f);
-      }
-      return;
-    }
-    const auto host = ops::to_host(device_, v, host_);
-    SKETCHSGD_REQUIRE(kernels::cpu::find_nonfinite(host.data(), host.size()) == kernels::kNone,
-                      WireError, "answer value is not finite");
-    add_answers(host);
-  }
-
-  void add_answers(std::span<const float> v) {  // host values, validated
-    SKETCHSGD_REQUIRE(v.size() == candidates_.size(), ProtocolError, "answer of ", v.size(),
-                      " values to a query of ", candidates_.size());
-    kernels::cpu::axpy(answers_.data(), v.data(), v.size(), 1.0f);
-  }
-
-  Message reduce(const Header& phase, uint32_t contributors) override {
-    const auto scope = device_.activate();
+  /// sum: the table (in the device's memory) and the whole tensors' values; or the candidates'
+  /// values.
+  Message reduce_sum(std::span<float> sum, const Header& phase, uint32_t contributors) override {
     const float inv = 1.0f / float(contributors);
     if (phase.kind == MessageKind::Answer) {
-      std::vector<uint32_t> pos(std::min<uint64_t>(o_.k, answers_.size()));
+      const auto answers = ops::to_host(device_, sum, host_);
+      std::vector<uint32_t> pos(std::min<uint64_t>(o_.k, answers.size()));
       std::vector<float> val(pos.size());
-      kernels::cpu::topk(answers_.data(), answers_.size(), pos.size(), pos.data(), val.data());
+      kernels::cpu::topk(answers.data(), answers.size(), pos.size(), pos.data(), val.data());
       for (auto& p : pos) p = candidates_[p];
       kernels::cpu::scale(val.data(), val.size(), inv);
       return update(phase, std::move(pos), std::move(val));
     }
-    // The whole tensors' mean, for this round's update (after a query too: kept across clear()).
-    whole_mean_ = whole_sum_;
+    const size_t cells = sum_.table().size();
+    sum_.zero();
+    sum_.add_table(sum.first(cells));
+    // The whole tensors' mean, for this round's update (after a query too).
+    const auto whole = ops::to_host(device_, sum.subspan(cells), host_);
+    whole_mean_.assign(whole.begin(), whole.end());
     kernels::cpu::scale(whole_mean_.data(), whole_mean_.size(), inv);
     if (o_.fetch) {
       sum_.scale(inv);  // the mean sketch
@@ -227,7 +171,6 @@ class SketchAggregator final : public Aggregator {
       return update(phase, std::move(top.indices), std::move(top.values));
     }
     candidates_ = select(sum_, o_.candidates).indices;
-    answers_.assign(candidates_.size(), 0.0f);
     Header h = phase;
     h.kind = MessageKind::Query;
     return Message::build(h, 4 + 4 * candidates_.size(), [&](ByteWriter& w) {
@@ -286,31 +229,20 @@ class SketchAggregator final : public Aggregator {
     return sparse_update(phase, std::move(out_idx), std::move(out_val), o_.update);
   }
 
-  void clear() override {
-    const auto scope = device_.activate();
-    sum_.zero();
-    std::fill(answers_.begin(), answers_.end(), 0.0f);
-    std::fill(whole_sum_.begin(), whole_sum_.end(), 0.0f);
-  }
-
   SketchOptions o_;
-  CountSketch sum_;
-  std::vector<float> whole_sum_ = std::vector<float>(o_.whole_size);  // the whole tensors' sum
+  CountSketch sum_;  // the phase's summed table, as a sketch
   std::vector<float> whole_mean_;
-  Buffer<float> staging_;    // a received table on its way to the GPU
-  std::vector<float> host_;  // summed answers from the GPU
-  Scratch ops_;
+  std::vector<float> host_;   // summed values from the GPU
   Buffer<uint32_t> top_idx_;  // FetchSGD on a GPU: the selection, kept across rounds
   Buffer<float> top_val_;
   std::vector<uint32_t> candidates_;
-  std::vector<float> answers_;
   std::optional<CountSketch> momentum_, error_;  // FetchSGD only
 };
 
-class SketchCodec final : public Compressor {
+class SketchCodec final : public SummableCodec {
  public:
   SketchCodec(uint64_t dim, std::string spec, const SketchOptions& o, const Device& device)
-      : Compressor(CodecId::Sketch, dim, std::move(spec), device),
+      : SummableCodec(CodecId::Sketch, dim, std::move(spec), device, o.wire, WireFloat::F32),
         o_(o),
         fb_(dim, o.fetch ? 0.0f : o.momentum, !o.fetch, device),
         sketch_(o.sketch, device) {}
@@ -318,26 +250,16 @@ class SketchCodec final : public Compressor {
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<SketchAggregator>(*this, world, o_);
   }
-  bool two_rounds() const override { return o_.candidates > 0; }
-  WireFloat sum_format() const override { return o_.wire; }
   uint64_t sum_size(MessageKind kind) const override {
     if (kind == MessageKind::Gradient) return sketch_.table().size() + o_.whole_size;
     return kind == MessageKind::Answer ? o_.candidates : 0;
   }
-  uint64_t max_payload(MessageKind kind) const override {
-    switch (kind) {
-      case MessageKind::Gradient:
-        return wire_bytes(o_.wire) * sum_size(kind);
-      case MessageKind::Query:
-      case MessageKind::Answer:
-        return 4 + 4 * o_.candidates;
-      case MessageKind::Update:
-        return payload::sparse_bytes(o_.update_entries(), o_.update);
-    }
-    return 0;
-  }
 
  private:
+  uint64_t reply_bytes(MessageKind kind) const override {
+    if (kind == MessageKind::Query) return o_.candidates ? 4 + 4 * o_.candidates : 0;
+    return kind == MessageKind::Update ? payload::sparse_bytes(o_.update_entries(), o_.update) : 0;
+  }
   /// The sketch of v, the whole tensors left out.
   void sketch(std::span<const float> v) {
     sketch_.zero();
@@ -353,25 +275,7 @@ class SketchCodec final : public Compressor {
     }
   }
 
-  Message do_encode(std::span<const float> g, const Header& h) override {
-    const auto v = fb_.absorb(g);
-    sketch(v);
-    const auto table = ops::to_host(device(), sketch_.table(), staging_);
-    whole_.resize(o_.whole_size);
-    copy_whole(v, whole_.data());
-    try {
-      return Message::build(h, wire_bytes(o_.wire) * sum_size(MessageKind::Gradient),
-                            [&](ByteWriter& w) {
-                              payload::write_values(w, table, o_.wire, "sketch cell");
-                              payload::write_values(w, whole_, o_.wire, "whole-tensor value");
-                            });
-    } catch (const NonFiniteError&) {
-      fb_.undo(g);  // the table did not fit the wire format: as if this gradient never came
-      throw;
-    }
-  }
-
-  void do_encode_sum(std::span<const float> g, std::span<float> out) override {
+  void do_encode_sum(std::span<const float> g, uint64_t, std::span<float> out) override {
     const auto v = fb_.absorb(g);
     sketch(v);
     const size_t cells = sketch_.table().size();
@@ -388,32 +292,14 @@ class SketchCodec final : public Compressor {
     detail::copy_bytes(out.data(), val.data(), val.size() * sizeof(float), device());
   }
 
-  Message do_answer(ByteReader& r, const Header& q, uint32_t sender) override {
-    const auto idx = payload::read_indices(r, dim(), o_.candidates);
-    r.expect_end();
-    const std::vector<float> val = ops::gather(device(), ops_, fb_.error(), idx);
-    Header h = make_header(MessageKind::Answer, q.round, sender);
-    return Message::build(h, 4 + 4 * val.size(), [&](ByteWriter& w) {
-      w.put(uint32_t(val.size()));
-      w.put_array(std::span<const float>(val));
-    });
-  }
-
-  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
-    payload::read_sparse_into(r, ops_, o_.update_entries(), step, device(), o_.update);
-  }
   void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    fb_.mask(payload::read_sparse_into(r, ops_, o_.update_entries(), step, device(), o_.update)
-                 .indices);
-  }
-  void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
-                      float lr) const override {
-    payload::read_sparse_axpy(r, ops_, o_.update_entries(), params, -lr, device(), o_.update);
+    fb_.mask(
+        payload::read_sparse_into(r, ops_, o_.update_entries(), step, device(), o_.update).indices);
   }
   void do_apply_step(ByteReader& r, const Header&, std::span<float> params, float lr) override {
-    fb_.mask(payload::read_sparse_axpy(r, ops_, o_.update_entries(), params, -lr, device(),
-                                       o_.update)
-                 .indices);
+    fb_.mask(
+        payload::read_sparse_axpy(r, ops_, o_.update_entries(), params, -lr, device(), o_.update)
+            .indices);
   }
 
   SketchOptions o_;
@@ -421,8 +307,6 @@ class SketchCodec final : public Compressor {
 
   Feedback fb_;
   CountSketch sketch_;
-  std::vector<float> staging_;  // host copy of a GPU table for the wire
-  std::vector<float> whole_;    // the whole tensors' values for the wire
 };
 
 SKETCHSGD_REGISTER_CODEC(
@@ -445,10 +329,20 @@ SKETCHSGD_REGISTER_CODEC(
        {"random", "precomputed", "blocked"}},
       {"block", "blocked hashing: coordinates per window, a power of two", 1024, 1, 65536},
       {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1},
-      {"wire", "float format of the sketch table on the wire (second-round values stay fp32)", 0,
-       0, 2, true, {"fp32", "fp16", "bf16"}},
-      {"index", "the update's indices: u32, or delta (gaps as varints, ~1-2 bytes each)", 0, 0, 1,
-       true, {"u32", "delta"}},
+      {"wire",
+       "float format of the sketch table on the wire (second-round values stay fp32)",
+       0,
+       0,
+       2,
+       true,
+       {"fp32", "fp16", "bf16"}},
+      {"index",
+       "the update's indices: u32, or delta (gaps as varints, ~1-2 bytes each)",
+       0,
+       0,
+       1,
+       true,
+       {"u32", "delta"}},
       {"dense_below", "with a layout: tensors with fewer values (and 1-D ones) are sent whole", 0,
        0, 4294967295.0}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {

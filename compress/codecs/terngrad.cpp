@@ -6,10 +6,10 @@
 #include <algorithm>
 
 #include <sketchsgd/compress/feedback.hpp>
-#include <sketchsgd/compress/mean_aggregator.hpp>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include "../mean_aggregator.hpp"
 #include "../ops.hpp"
 #include "../payload.hpp"
 #include "../scale_runs.hpp"
@@ -49,8 +49,8 @@ class TernAggregator final : public MeanAggregator {
     if (!one) decoded_.resize(info_.dim);
     for (const auto& run : runs_.runs()) {
       const size_t bad = kernels::cpu::unpack_ternary(
-          t.codes.data() + run.code_at, run.numel, run.chunk, t.scales.data() + run.scale_at,
-          1.0f, (one ? s.data() : decoded_.data()) + run.offset, one);
+          t.codes.data() + run.code_at, run.numel, run.chunk, t.scales.data() + run.scale_at, 1.0f,
+          (one ? s.data() : decoded_.data()) + run.offset, one);
       SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "terngrad: invalid code at element ",
                         run.offset + bad);
     }
@@ -85,7 +85,8 @@ class TernGrad final : public Compressor {
     const auto v = fb_.absorb(g);
     std::vector<float> scales(runs_.scales());
     for (const auto& run : runs_.runs()) {
-      const auto stats = ops::chunk_stats(device(), ops_, v.subspan(run.offset, run.numel), run.chunk);
+      const auto stats =
+          ops::chunk_stats(device(), ops_, v.subspan(run.offset, run.numel), run.chunk);
       for (uint64_t c = 0; c < stats.size(); ++c)
         scales[run.scale_at + c] =
             clip_ > 0 ? std::min(stats[c].abs_max, clip_ * stats[c].stddev) : stats[c].abs_max;
@@ -115,7 +116,7 @@ class TernGrad final : public Compressor {
     return m;
   }
 
-  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
+  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     read_dense_update(r, step, device());
   }
 

@@ -140,7 +140,9 @@ class TopK final : public Compressor {
 
  private:
   /// Most entries a worker sends: k, and with a layout every value of the whole tensors.
-  uint64_t sent() const { return sel_ ? std::min<uint64_t>(o_.k + sel_->whole_count, dim()) : o_.k; }
+  uint64_t sent() const {
+    return sel_ ? std::min<uint64_t>(o_.k + sel_->whole_count, dim()) : o_.k;
+  }
 
   void select(std::span<const float> v, std::vector<uint32_t>& idx, std::vector<float>& val) {
     if (!sel_) return ops::topk(device(), ops_, v, o_.k, idx, val);
@@ -190,9 +192,8 @@ class TopK final : public Compressor {
     payload::sort_by_index(idx, val);
     Message m;
     try {
-      m = Message::build(h, payload::sparse_bytes(idx.size(), o_.format), [&](ByteWriter& w) {
-        payload::write_sparse(w, idx, val, o_.format);
-      });
+      m = Message::build(h, payload::sparse_bytes(idx.size(), o_.format),
+                         [&](ByteWriter& w) { payload::write_sparse(w, idx, val, o_.format); });
     } catch (const NonFiniteError&) {
       fb_.undo(g);  // a value beyond fp16's range: as if this gradient never came
       throw;
@@ -207,15 +208,11 @@ class TopK final : public Compressor {
     return m;
   }
 
-  void do_decode(ByteReader& r, const Header&, std::span<float> step) const override {
+  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
     payload::read_sparse_into(r, ops_, dim(), step, device(), o_.format);
   }
-  void do_decode_step(ByteReader& r, const Header&, std::span<float> params,
-                      float lr) const override {
+  void do_apply_step(ByteReader& r, const Header&, std::span<float> params, float lr) override {
     payload::read_sparse_axpy(r, ops_, dim(), params, -lr, device(), o_.format);
-  }
-  void do_apply_step(ByteReader& r, const Header& h, std::span<float> params, float lr) override {
-    do_decode_step(r, h, params, lr);
   }
 
   TopKOptions o_;
@@ -233,16 +230,30 @@ SKETCHSGD_REGISTER_CODEC(
       {"global", "1: downlink re-selects the global top-k of the sum", 0, 0, 1},
       {"ef", "1: error feedback (keep what was not sent)", 1, 0, 1},
       {"momentum", "local momentum before selection", 0, 0, 0.999, false},
-      {"index", "indices on the wire: u32, or delta (gaps as varints, ~1 byte each)", 0, 0, 1,
-       true, {"u32", "delta"}},
+      {"index",
+       "indices on the wire: u32, or delta (gaps as varints, ~1 byte each)",
+       0,
+       0,
+       1,
+       true,
+       {"u32", "delta"}},
       {"wire", "values on the wire", 0, 0, 2, true, {"fp32", "fp16", "bf16"}},
-      {"budget", "with a layout: k over all selected tensors (global) or split per tensor (layer)",
-       0, 0, 1, true, {"global", "layer"}},
+      {"budget",
+       "with a layout: k over all selected tensors (global) or split per tensor (layer)",
+       0,
+       0,
+       1,
+       true,
+       {"global", "layer"}},
       {"dense_below", "with a layout: tensors with fewer values (and 1-D ones) are sent whole", 0,
        0, 4294967295.0}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
-       TopKOptions t{o.integer("k"), o.flag("global"), o.flag("ef"), float(o.number("momentum")),
-                     {o.flag("index"), WireFloat(o.integer("wire"))}, o.flag("budget"),
+       TopKOptions t{o.integer("k"),
+                     o.flag("global"),
+                     o.flag("ef"),
+                     float(o.number("momentum")),
+                     {o.flag("index"), WireFloat(o.integer("wire"))},
+                     o.flag("budget"),
                      o.integer("dense_below")};
        if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
        SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ", dim);

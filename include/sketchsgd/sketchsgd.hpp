@@ -5,7 +5,6 @@
 
 #include <sketchsgd/compress/compressor.hpp>
 #include <sketchsgd/compress/layout.hpp>
-#include <sketchsgd/compress/mean_aggregator.hpp>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/compress/wire.hpp>
 #include <sketchsgd/config.hpp>

@@ -126,11 +126,10 @@ class Compressor:
     def two_rounds(self) -> bool:
         return self._c.two_rounds
 
-    @property
-    def sum_dtype(self) -> torch.dtype:
-        """The dtype a collective should sum this codec's payloads in (its wire= option); the
-        payloads themselves are float32."""
-        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self._c.sum_format]
+    def sum_dtype(self, kind: str = "gradient") -> torch.dtype:
+        """The dtype a collective should sum a phase's payloads in (the codec's wire format for
+        it); the payloads themselves are float32."""
+        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self._c.sum_format(_kind(kind))]
 
     @property
     def last_message_bytes(self) -> int:
@@ -163,7 +162,7 @@ class Compressor:
         with self._streams.ordered():
             return self._c.encode(ptr, n, int(round), int(rank))
 
-    def encode_sum(self, grad: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor:
+    def encode_sum(self, grad: torch.Tensor, round: int = 0, out: torch.Tensor = None) -> torch.Tensor:
         """The summable payload of a gradient (for an all-reduce), with encode()'s state change."""
         ptr, n = self._vec(grad, "gradient")
         size = self.sum_size("gradient")
@@ -171,7 +170,7 @@ class Compressor:
             raise _core.ProtocolError(f"codec {self.spec} has no summable payload: gather its messages")
         out, optr = self._out(out, size, "out")
         with self._streams.ordered():
-            self._c.encode_sum(ptr, n, optr, size)
+            self._c.encode_sum(ptr, n, int(round), optr, size)
         return out
 
     def answer(self, query, rank: int = 0) -> bytes:
@@ -195,22 +194,11 @@ class Compressor:
             self._c.apply(message(update, "update"), ptr, self.dim)
         return step
 
-    def decode(self, update, step: torch.Tensor = None) -> torch.Tensor:
-        step, ptr = self._out(step, self.dim, "step")
-        with self._streams.ordered():
-            self._c.decode(message(update, "update"), ptr, self.dim)
-        return step
-
     def apply_step(self, update, params: torch.Tensor, lr: float) -> None:
         """params −= lr · step, touching only the update's coordinates when it is sparse."""
         ptr, n = self._vec(params, "params", writable=True)
         with self._streams.ordered():
             self._c.apply_step(message(update, "update"), ptr, n, float(lr))
-
-    def decode_step(self, update, params: torch.Tensor, lr: float) -> None:
-        ptr, n = self._vec(params, "params", writable=True)
-        with self._streams.ordered():
-            self._c.decode_step(message(update, "update"), ptr, n, float(lr))
 
     # ---- server role ------------------------------------------------------------------------
     def make_aggregator(self, world_size: int) -> Aggregator:

@@ -415,7 +415,8 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
     payload = u.room("payload", size + u.n_dense, buf)
     failed = None
     try:
-        codec.encode_sum(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), out=payload[:size])
+        codec.encode_sum(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round,
+                         out=payload[:size])
     except _core.NonFiniteError as e:
         # The other ranks are about to all-reduce: join them rather than leave them waiting, and
         # tell them through the sum (NaN from here; nothing finite sums to NaN).
@@ -424,11 +425,11 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
     if dense:
         payload[size:].copy_(_gather(buf, dense))
     W, inv, group = state.world_size, _averaged(state), state.process_group
-    wire = codec.sum_dtype
 
-    def all_reduce(t, name):
-        """Sums t over the ranks in the codec's wire dtype (a cast copy when not float32);
-        returns the work and what makes t the sum once it is done."""
+    def all_reduce(t, name, kind):
+        """Sums t over the ranks in the codec's wire dtype for the phase (a cast copy when not
+        float32); returns the work and what makes t the sum once it is done."""
+        wire = codec.sum_dtype(kind)
         if wire == torch.float32:
             state._count(t.numel() * 4, 0)
             return dist.all_reduce(t, group=group, async_op=True), lambda: None
@@ -447,7 +448,7 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
                                        "NonFiniteError with the coordinate); this step has no update")
 
     state._count(0, (u.n_compressed + u.n_dense) * 4)
-    work, done = all_reduce(payload, "payload")
+    work, done = all_reduce(payload, "payload", "gradient")
     answers = None
     if codec.two_rounds:
         # The query depends on the sum, and every collective must be issued from this thread
@@ -457,7 +458,7 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
         check()
         u.aggregator.add_sum(payload[:size], W, round)
         answers = codec.answer_sum(u.aggregator.finish())
-        work, done = all_reduce(answers, "answers")
+        work, done = all_reduce(answers, "answers", "answer")
 
     def finish(_):
         done()

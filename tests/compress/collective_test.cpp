@@ -51,7 +51,7 @@ Bytes round_by_sums(Job& job, uint64_t round) {
   auto& first = *job.workers[0];
   std::vector<float> sum(first.sum_size(MessageKind::Gradient)), part(sum.size());
   for (uint32_t w = 0; w < kWorkers; ++w) {
-    job.workers[w]->encode_sum(grad(w, round), part);
+    job.workers[w]->encode_sum(grad(w, round), round, part);
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   }
   job.server->add_sum(sum, kWorkers, round);
@@ -127,7 +127,7 @@ TEST(Summable, CodecsWhoseMessagesDoNotSumSaySo) {
     auto c = make_compressor(spec, kDim);
     EXPECT_EQ(c->sum_size(MessageKind::Gradient), 0u) << spec;
     std::vector<float> out(10);
-    EXPECT_THROW(c->encode_sum(grad(0, 0), out), ProtocolError) << spec;
+    EXPECT_THROW(c->encode_sum(grad(0, 0), 0, out), ProtocolError) << spec;
     auto agg = c->make_aggregator(2);
     EXPECT_THROW(agg->add_sum(out, 2, 0), ProtocolError) << spec;
   }
@@ -137,12 +137,12 @@ TEST(Summable, EncodeSumValidatesLikeEncodeAndKeepsStateOnError) {
   auto c = make_compressor("sketch:rows=3,cols=400,k=40", kDim);
   const uint64_t n = c->sum_size(MessageKind::Gradient);
   std::vector<float> out(n), g = grad(0, 0);
-  EXPECT_THROW(c->encode_sum(std::vector<float>(kDim - 1), out), InvalidArgument);
+  EXPECT_THROW(c->encode_sum(std::vector<float>(kDim - 1), 0, out), InvalidArgument);
   std::vector<float> short_out(n - 1);
-  EXPECT_THROW(c->encode_sum(g, short_out), InvalidArgument);
+  EXPECT_THROW(c->encode_sum(g, 0, short_out), InvalidArgument);
   const Bytes before = c->save_state();
   g[123] = -std::numeric_limits<float>::infinity();
-  EXPECT_THROW(c->encode_sum(g, out), NonFiniteError);
+  EXPECT_THROW(c->encode_sum(g, 0, out), NonFiniteError);
   EXPECT_EQ(c->save_state(), before);
   // answer_sum needs a second round and a query of this codec.
   EXPECT_THROW(c->answer_sum(Bytes(kHeaderBytes, 0), out), ProtocolError);

@@ -163,7 +163,7 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
     std::vector<float> cells(workers.cpu->max_payload(MessageKind::Gradient) / 4, 0.5f);
     cells[cells.size() / 3] = std::nanf("");
     const Message poisoned =
-        Message::build(workers.cpu->make_header(MessageKind::Gradient, 3, 0), cells.size() * 4,
+        Message::build(workers.cpu->info().header(MessageKind::Gradient, 3, 0), cells.size() * 4,
                        [&](ByteWriter& w) { w.put_array(std::span<const float>(cells)); });
     EXPECT_THROW(cpu->add(poisoned.bytes()), WireError);
     EXPECT_THROW(gpu->add(poisoned.bytes()), WireError);
@@ -195,8 +195,8 @@ TEST(CudaCodec, SummedPayloadsStayOnTheDeviceAndMatchTheCpu) {
     const uint64_t n = gpu->sum_size(MessageKind::Gradient);
     Dev<float> dout(n);
     std::vector<float> hout(n);
-    gpu->encode_sum(cspan(dg, dim), std::span<float>(dout.get(), n));
-    cpu->encode_sum(g, hout);
+    gpu->encode_sum(cspan(dg, dim), 0, std::span<float>(dout.get(), n));
+    cpu->encode_sum(g, 0, hout);
     const auto from_gpu = dout.host();
     for (size_t i = 0; i < n; ++i)
       ASSERT_NEAR(from_gpu[i], hout[i], 1e-4f * (1 + std::fabs(hout[i])));
@@ -274,8 +274,8 @@ TEST(CudaCodec, PowerSGDOnTheGpuMatchesTheCpu) {
   const auto g = test::gaussian(dim, seed + 9, 0.1f);
   Dev<float> dg(g), dout(std::vector<float>(gpu->sum_size(MessageKind::Gradient)));
   std::vector<float> hout(cpu->sum_size(MessageKind::Gradient));
-  cpu->encode_sum(g, hout);
-  gpu->encode_sum(cspan(dg, dim), std::span<float>(dout.get(), hout.size()));
+  cpu->encode_sum(g, 0, hout);
+  gpu->encode_sum(cspan(dg, dim), 0, std::span<float>(dout.get(), hout.size()));
   const auto back = dout.host();
   for (size_t i = 0; i < hout.size(); ++i) ASSERT_NEAR(back[i], hout[i], 1e-3f * (1 + std::fabs(hout[i])));
 }

@@ -63,7 +63,7 @@ TEST(Layout, TopKSendsSmallTensorsWholeAndSplitsKPerLayer) {
     auto a = c->make_aggregator(1);
     a->add(c->encode(g, 0, 0).bytes());
     std::vector<float> step(dim);
-    c->decode(a->finish().bytes(), step);
+    c->apply(a->finish().bytes(), step);
     std::vector<uint32_t> idx;
     for (uint32_t j = 0; j < dim; ++j)
       if (step[j] != 0.0f) idx.push_back(j);
@@ -369,7 +369,7 @@ TEST(PowerSGD, NonFiniteGradientIsRefusedInTheAbsorbPass) {
             << e.what();
       }
       std::vector<float> out(a.workers[1]->sum_size(MessageKind::Gradient));
-      EXPECT_THROW(a.workers[1]->encode_sum(bad, out), NonFiniteError);
+      EXPECT_THROW(a.workers[1]->encode_sum(bad, 1, out), NonFiniteError);
     }
     expect_near(a.run(grads(3), 1), b.run(grads(3), 1));
     const std::vector<std::vector<float>> zero(2, std::vector<float>(dim, 0.0f));
@@ -385,7 +385,7 @@ TEST(PowerSGD, SixteenBitWireHalvesTheBytesAndStaysClose) {
     Round w16(std::string("powersgd:rank=2,wire=") + wire + ",layout=60x45+7", dim, 2);
     EXPECT_EQ(2 * w16.workers[0]->max_payload(MessageKind::Gradient),
               f32.workers[0]->max_payload(MessageKind::Gradient));
-    EXPECT_EQ(w16.workers[0]->sum_format(),
+    EXPECT_EQ(w16.workers[0]->sum_format(MessageKind::Gradient),
               std::string(wire) == "fp16" ? WireFloat::F16 : WireFloat::BF16);
     Round ref("powersgd:rank=2,layout=60x45+7", dim, 2);
     const auto a = ref.run(g, 0), b = w16.run(g, 0);

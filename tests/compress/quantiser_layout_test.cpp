@@ -29,7 +29,7 @@ std::vector<float> step_of(const std::string& spec, const std::vector<float>& g)
   auto a = c->make_aggregator(1);
   a->add(c->encode(g, 0, 0).bytes());
   std::vector<float> step(kDim);
-  c->decode(a->finish().bytes(), step);
+  c->apply(a->finish().bytes(), step);
   return step;
 }
 
@@ -122,8 +122,8 @@ TEST(QuantiserLayout, ACorruptLaterRunIsRefusedWhole) {
     auto one = d->make_aggregator(1);
     one->add(d->encode(g, 0, 0).bytes());
     std::vector<float> want(kDim), got(kDim);
-    d->decode(one->finish().bytes(), want);
-    c->decode(a->finish().bytes(), got);  // the mean of the one message that was taken
+    d->apply(one->finish().bytes(), want);
+    c->apply(a->finish().bytes(), got);  // the mean of the one message that was taken
     EXPECT_EQ(got, want);  // same codes, same sums: equal floats
   }
   {

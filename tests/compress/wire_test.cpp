@@ -194,8 +194,8 @@ TEST(Wire, SixteenBitSketchTables) {
     a32->add(m32.bytes());
     a16->add(m16.bytes());
     std::vector<float> s32(dim), s16(dim);
-    c32->decode(a32->finish().bytes(), s32);
-    c16->decode(a16->finish().bytes(), s16);
+    c32->apply(a32->finish().bytes(), s32);
+    c16->apply(a16->finish().bytes(), s16);
     for (uint32_t j : heavy) {
       EXPECT_EQ(s16[j] != 0.0f, s32[j] != 0.0f) << wire << ": heavy hitter " << j;
       EXPECT_NEAR(s16[j], s32[j], 0.01f * std::fabs(s32[j]) + 1e-3f) << wire;
@@ -218,10 +218,10 @@ TEST(Wire, SixteenBitSketchTables) {
     const Message mu = au->finish(), md = ad->finish();
     EXPECT_LT(md.bytes().size() - kHeaderBytes, (mu.bytes().size() - kHeaderBytes) * 3 / 4);
     std::vector<float> su(dim), sd(dim);
-    u32->decode(mu.bytes(), su);
-    delta->decode(md.bytes(), sd);
+    u32->apply(mu.bytes(), su);
+    delta->apply(md.bytes(), sd);
     EXPECT_EQ(su, sd);
-    EXPECT_THROW(u32->decode(md.bytes(), su), WireError);  // another format: refused
+    EXPECT_THROW(u32->apply(md.bytes(), su), WireError);  // another format: refused
   }
   // Beyond fp16's range: NonFiniteError, and the worker state is as before (up to rounding).
   auto c = make_compressor("sketch:rows=3,cols=2000,k=20,wire=fp16", dim);
@@ -252,8 +252,8 @@ TEST(Wire, DeltaIndicesAndSixteenBitValues) {
   auto a32 = c32->make_aggregator(1), ad = cd->make_aggregator(1);
   a32->add(m32.bytes());
   ad->add(md.bytes());
-  c32->decode(a32->finish().bytes(), s32);
-  cd->decode(ad->finish().bytes(), sd);
+  c32->apply(a32->finish().bytes(), s32);
+  cd->apply(ad->finish().bytes(), sd);
   for (size_t j = 0; j < dim; ++j) {
     ASSERT_EQ(s32[j] != 0.0f, sd[j] != 0.0f) << j;
     ASSERT_NEAR(sd[j], s32[j], 2e-3f * std::fabs(s32[j])) << j;

@@ -1,12 +1,15 @@
 // One interface for every codec, with the three roles a parameter server needs:
-//   worker:  encode(gradient) → Gradient message; answer(Query) → Answer; apply(Update) → dense
-//   step server:  make_aggregator(W) → add() the W messages of a phase, finish() → Update (or
-//   Query)
+//   worker:  encode(gradient) → Gradient message; answer(Query) → Answer; apply(Update) → step
+//   server:  make_aggregator(W) → add() the W messages of a phase, finish() → Update (or Query)
 // Steps estimate the mean gradient over the contributing workers; the caller does w −= lr · step.
 // Collectives (a DDP hook) use the same codecs without a server: codecs whose payload sums across
-// workers (dense values, sketch tables, second-round values) write it with encode_sum() /
+// workers (dense values, sketch tables, PowerSGD factors) write it with encode_sum() /
 // answer_sum(); an all-reduce sums it, and every rank's aggregator takes that sum with add_sum()
 // in place of W messages. Other codecs' messages are all-gathered and add()ed one by one.
+//
+// Codecs come in two families (docs/CODECS.md): summable ones derive from SummableCodec
+// (compress/summable.hpp), which writes their message path once; gathered ones implement encode,
+// apply and an aggregator's absorb and reduce directly.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +27,14 @@ namespace sketchsgd {
 class Aggregator;
 class Feedback;
 
-/// What a message must match to belong to a codec: identity, dim and size limits. Held by value
-/// (an aggregator outlives the compressor that made it).
+/// What a message must match to belong to a codec: identity, dim, size limits and the formats of
+/// summable payloads. Held by value (an aggregator outlives the compressor that made it).
 struct CodecInfo {
   CodecId id;
   uint64_t dim;
   uint64_t max_payload[5];  ///< by MessageKind
   uint64_t sum_size[5];     ///< floats of a summable payload, by MessageKind (0: not summable)
+  WireFloat sum_format[5];  ///< their float format on the wire
 
   /// Decodes a header and checks codec id, dim, kind and the payload limit.
   Header check(std::span<const uint8_t> message, MessageKind expected) const;
@@ -58,20 +62,16 @@ class Compressor {
   /// Encodes one gradient (length dim, finite) and updates the codec's state (momentum, error
   /// feedback). On any error the state is unchanged.
   Message encode(std::span<const float> grad, uint64_t round, uint32_t sender);
-  /// Second round: the exact values the server asked for (codecs where two_rounds()).
+  /// Second phase: the values the server asked for (codecs where two_rounds()).
   Message answer(std::span<const uint8_t> query, uint32_t sender);
   /// Writes the dense step of an Update into step (length dim) and updates the codec's state
   /// (e.g. zero momentum and error at the update's coordinates). Corrupt bytes change nothing.
   void apply(std::span<const uint8_t> update, std::span<float> step);
-  /// The dense step of an Update without touching any state: what a parameter server that keeps
-  /// the model applies. Same validation as apply().
-  void decode(std::span<const uint8_t> update, std::span<float> step) const;
-  /// params −= lr · step of the update, with apply()'s state change: a worker's whole round end.
-  /// Sparse updates touch only their coordinates (O(k), no dense step); the result is bit for bit
-  /// that of apply() followed by params −= lr · step.
+  /// params −= lr · step of the update, with apply()'s state change. Sparse updates touch only
+  /// their coordinates (O(k), no dense step); the result is bit for bit that of apply() followed
+  /// by params −= lr · step. A parameter server that keeps the model holds a codec of its own
+  /// for this (whose worker state nothing reads).
   void apply_step(std::span<const uint8_t> update, std::span<float> params, float lr);
-  /// The same without any state change: a parameter server's copy of the model.
-  void decode_step(std::span<const uint8_t> update, std::span<float> params, float lr) const;
 
   /// The worker state (momentum, error feedback) as bytes, for checkpoints; empty for stateless
   /// codecs. load_state() takes them back (WireError when they do not fit this codec).
@@ -82,22 +82,24 @@ class Compressor {
   /// Floats of a phase's payload where it sums across workers (Gradient, Answer); 0 where it does
   /// not (such messages are gathered instead).
   virtual uint64_t sum_size(MessageKind) const { return 0; }
-  /// The float format a collective should sum the payloads in (the codec's `wire=`): the
-  /// payloads themselves are float32 spans; a collective casts them, and casts the sum back.
-  virtual WireFloat sum_format() const { return WireFloat::F32; }
+  /// The float format of a summable phase's payload on the wire (the codec's `wire=`): a
+  /// collective casts the float32 payload to it, sums, and casts the sum back.
+  virtual WireFloat sum_format(MessageKind) const { return WireFloat::F32; }
   /// encode() for an all-reduce: the same checks and state change, the summable payload written
   /// to out (length sum_size(Gradient), in the device's memory) instead of a message.
-  void encode_sum(std::span<const float> grad, std::span<float> out);
+  void encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out);
   /// answer() for an all-reduce: the queried values written to out (length sum_size(Answer)).
   void answer_sum(std::span<const uint8_t> query, std::span<float> out);
 
   // ---- server role ------------------------------------------------------------------------------
   virtual std::unique_ptr<Aggregator> make_aggregator(uint32_t world_size) const = 0;
-  /// True when finish() of a round first returns a Query that workers must answer().
-  virtual bool two_rounds() const { return false; }
+  /// True when finish() of a round first returns a Query that workers must answer(): the codec
+  /// has a Query message at all.
+  bool two_rounds() const { return max_payload(MessageKind::Query) > 0; }
 
   // ---- accounting -------------------------------------------------------------------------------
-  /// Largest payload a valid message of this kind can have (the decoder's limit).
+  /// Largest payload a valid message of this kind can have (the decoder's limit; 0: no such
+  /// message).
   virtual uint64_t max_payload(MessageKind kind) const = 0;
   /// Bytes of the last encoded gradient message, header included.
   uint64_t last_message_bytes() const { return last_bytes_; }
@@ -109,42 +111,43 @@ class Compressor {
   Header check(std::span<const uint8_t> message, MessageKind expected) const {
     return info().check(message, expected);
   }
+
+ protected:
   Header make_header(MessageKind kind, uint64_t round, uint32_t sender) const {
     return info().header(kind, round, sender);
   }
 
- protected:
+  // ---- what a codec implements (SummableCodec implements the message path itself) --------------
+  /// The Gradient message of a validated gradient; on error the state is as before.
   virtual Message do_encode(std::span<const float> grad, const Header& h) = 0;
+  /// The Answer to a validated Query header (payload unread).
   virtual Message do_answer(ByteReader& payload, const Header& query, uint32_t sender);
   /// The summable payloads (codecs with sum_size() > 0); out is checked by the caller.
-  virtual void do_encode_sum(std::span<const float> grad, std::span<float> out);
+  virtual void do_encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out);
   virtual void do_answer_sum(ByteReader& payload, std::span<float> out);
-  /// Whether do_encode/do_encode_sum check the gradient's finiteness in a pass of their own
-  /// (encode and encode_sum then skip their separate read of it); such a codec leaves its state
-  /// as it was and raises through require_finite() when the gradient has a NaN or ±Inf.
-  virtual bool checks_finite() const { return false; }
-  /// Raises NonFiniteError naming grad's first NaN or ±Inf (what: the caller), if it has one.
-  void require_finite(std::span<const float> grad, const char* what) const;
-  /// The codec's worker state, when it keeps one (save_state()/load_state() serialise it).
+  /// Validates an Update payload completely, then writes its dense step and changes the
+  /// codec's state.
+  virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) = 0;
+  /// Default: the dense step in a scratch vector, then axpy. Sparse codecs override it.
+  virtual void do_apply_step(ByteReader& payload, const Header& h, std::span<float> params,
+                             float lr);
+  /// The codec's worker state, when it keeps one: save_state()/load_state() serialise it, and
+  /// SummableCodec takes a failed encode back through it.
   virtual Feedback* feedback() { return nullptr; }
+  const Feedback* feedback() const { return const_cast<Compressor*>(this)->feedback(); }
   /// save_state()/load_state() (the device active); default: feedback()'s state. Codecs with
   /// more worker state override both; load validates everything before changing anything.
   virtual Bytes do_save_state() const;
   virtual void do_load_state(std::span<const uint8_t> state);
-  const Feedback* feedback() const { return const_cast<Compressor*>(this)->feedback(); }
-  /// Validates an Update payload completely, then writes its dense step.
-  virtual void do_decode(ByteReader& payload, const Header& h, std::span<float> step) const = 0;
-  /// decode + the codec's state change (default: none).
-  virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) {
-    do_decode(payload, h, step);
-  }
-  /// Defaults: the dense step in a scratch vector, then axpy. Sparse codecs override both.
-  virtual void do_apply_step(ByteReader& payload, const Header& h, std::span<float> params,
-                             float lr);
-  virtual void do_decode_step(ByteReader& payload, const Header& h, std::span<float> params,
-                              float lr) const;
 
-  mutable Scratch ops_;  // device staging of this codec's vector ops (decode paths are const)
+  /// A codec whose encode checks the gradient's finiteness in a pass of its own sets this (in
+  /// its constructor): encode and encode_sum then skip their separate read of the gradient; such
+  /// a codec leaves its state as it was and raises through require_finite().
+  void checks_finite_itself(bool yes) { checks_finite_ = yes; }
+  /// Raises NonFiniteError naming grad's first NaN or ±Inf (what: the caller), if it has one.
+  void require_finite(std::span<const float> grad, const char* what) const;
+
+  mutable Scratch ops_;  // device staging of this codec's vector ops
 
  private:
   /// Length, memory and finiteness of a gradient to encode (what: the caller, for messages).
@@ -154,8 +157,9 @@ class Compressor {
   uint64_t dim_;
   std::string spec_;
   Device device_;
+  bool checks_finite_ = false;
   uint64_t last_bytes_ = 0;
-  mutable Buffer<float> step_;  // dense step of the default *_step paths
+  Buffer<float> step_;  // dense step of the default apply_step
 };
 
 /// Server side of one codec for a job of world_size workers. Messages of one phase must share a
@@ -190,9 +194,11 @@ class Aggregator {
   virtual void load_state(std::span<const uint8_t> state);
 
  protected:
+  /// Adds one message's payload (header checked by the caller); validates it fully before it
+  /// changes any state.
   virtual void absorb(ByteReader& payload, const Header& h) = 0;
-  /// Adds a summed payload of the given kind (validated by the caller for size; the codec checks
-  /// finiteness before touching state). Summable codecs route their messages through it too.
+  /// Adds a summed payload of the given kind (size checked by the caller; finiteness is the
+  /// codec's to check, before it touches state). SummableAggregator implements it.
   virtual void absorb_sum(std::span<const float> sum, MessageKind kind);
   /// Produces the phase's result. A Query result opens the Answer phase of the same round.
   virtual Message reduce(const Header& phase, uint32_t contributors) = 0;

@@ -77,11 +77,14 @@ class Message {
   std::span<const uint8_t> bytes() const { return bytes_; }
   operator std::span<const uint8_t>() const { return bytes_; }
   size_t size() const { return bytes_.size(); }
+  /// The kind its header carries.
+  MessageKind kind() const { return kind_; }
   Bytes release() && { return std::move(bytes_); }
 
  private:
   void seal(Header h);
   Bytes bytes_;
+  MessageKind kind_ = MessageKind::Gradient;
 };
 
 /// Parses and checks a message's header: magic, version, known codec and kind, zero reserved

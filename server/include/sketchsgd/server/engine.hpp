@@ -167,7 +167,7 @@ class Engine {
 
   JobConfig cfg_;
   Hooks hooks_;
-  std::unique_ptr<Compressor> codec_;  // server-side decode of updates; never encodes
+  std::unique_ptr<Compressor> codec_;  // the server's own: applies updates to model_, never encodes
   std::unique_ptr<Aggregator> agg_;
   std::vector<float> model_;
   uint64_t round_ = 0;

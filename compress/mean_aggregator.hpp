@@ -1,5 +1,6 @@
-// Server side shared by codecs whose server averages the workers' dequantised vectors (dense,
-// TernGrad, EF-signSGD): subclasses decode one message into sum(); the Update is sum / W, dense.
+// Dense updates, and the server side shared by gathered codecs whose server averages the workers'
+// dequantised vectors (TernGrad, EF-signSGD): subclasses decode one message into sum(); the
+// Update is sum / W, dense.
 #pragma once
 
 #include <vector>
@@ -27,6 +28,8 @@ class MeanAggregator : public Aggregator {
 inline uint64_t dense_bytes(uint64_t dim) {
   return dim * sizeof(float);
 }
+/// A dense Update message of the phase's round holding these (host) values.
+Message dense_update(const Header& phase, std::span<const float> values);
 /// Reads a dense Update into step, in the device's memory (validated before step is written).
 void read_dense_update(ByteReader& r, std::span<float> step, const Device& device = Device::cpu());
 

@@ -1,0 +1,102 @@
+#include "summable.hpp"
+
+#include <sketchsgd/compress/feedback.hpp>
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "ops.hpp"
+#include "payload.hpp"
+
+namespace sketchsgd {
+namespace {
+const char* payload_name(MessageKind kind) {
+  return kind == MessageKind::Answer ? "answer value" : "gradient payload value";
+}
+}  // namespace
+
+SummableCodec::SummableCodec(CodecId id, uint64_t dim, std::string spec, const Device& device,
+                             WireFloat gradient_format, WireFloat answer_format)
+    : Compressor(id, dim, std::move(spec), device),
+      gradient_format_(gradient_format),
+      answer_format_(answer_format) {}
+
+uint64_t SummableCodec::max_payload(MessageKind kind) const {
+  if (kind == MessageKind::Gradient || kind == MessageKind::Answer)
+    return wire_bytes(sum_format(kind)) * sum_size(kind);
+  return reply_bytes(kind);
+}
+
+Message SummableCodec::message(const Header& h, const char* what) {
+  const auto host = ops::to_host(device(), payload_.span().first(sum_size(h.kind)), staging_);
+  return Message::build(h, max_payload(h.kind), [&](ByteWriter& w) {
+    payload::write_values(w, host, sum_format(h.kind), what);
+  });
+}
+
+Message SummableCodec::do_encode(std::span<const float> grad, const Header& h) {
+  const uint64_t n = sum_size(MessageKind::Gradient);
+  if (payload_.size() < n) payload_ = Buffer<float>(n, device());
+  do_encode_sum(grad, h.round, payload_.span().first(n));
+  try {
+    return message(h, payload_name(h.kind));
+  } catch (const NonFiniteError&) {
+    // A value beyond the wire format's range (fp16): as if this gradient never came.
+    if (Feedback* fb = feedback()) fb->undo(grad);
+    throw;
+  }
+}
+
+Message SummableCodec::do_answer(ByteReader& r, const Header& query, uint32_t sender) {
+  const uint64_t n = sum_size(MessageKind::Answer);
+  if (payload_.size() < n) payload_ = Buffer<float>(n, device());
+  do_answer_sum(r, payload_.span().first(n));
+  return message(make_header(MessageKind::Answer, query.round, sender),
+                 payload_name(MessageKind::Answer));
+}
+
+SummableAggregator::SummableAggregator(const Compressor& codec, uint32_t world_size)
+    : Aggregator(codec, world_size) {}
+
+Buffer<float>& SummableAggregator::sum_of(MessageKind kind) {
+  const size_t at = kind == MessageKind::Answer ? 1 : 0;
+  Buffer<float>& s = sum_[at];
+  const uint64_t n = info_.sum_size[size_t(kind)];
+  if (s.size() != n) s = Buffer<float>(n, device_);  // zeroed
+  dirty_[at] = true;
+  return s;
+}
+
+void SummableAggregator::absorb(ByteReader& r, const Header& h) {
+  const uint64_t n = info_.sum_size[size_t(h.kind)];
+  const auto v = payload::read_values(r, n, info_.sum_format[size_t(h.kind)],
+                                      payload_name(h.kind));  // finite-checked
+  r.expect_end();
+  const auto scope = device_.activate();
+  Buffer<float>& sum = sum_of(h.kind);
+  if (!device_.is_gpu()) return kernels::cpu::axpy(sum.data(), v.data(), n, 1.0f);
+  if (staging_.size() < n) staging_ = Buffer<float>(n, device_);
+  staging_.upload(v);
+  ops::axpy(device_, sum.span(), staging_.span().first(n), 1.0f);
+}
+
+void SummableAggregator::absorb_sum(std::span<const float> v, MessageKind kind) {
+  const size_t bad = ops::find_nonfinite(device_, ops_, v);
+  SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "summed ", payload_name(kind), " ", bad,
+                    " is not finite");
+  // Added to the zeroed sum rather than copied, as messages are: 0 + x turns −0 into +0, so
+  // both roads give the same bytes.
+  ops::axpy(device_, sum_of(kind).span(), v, 1.0f);
+}
+
+Message SummableAggregator::reduce(const Header& phase, uint32_t contributors) {
+  const auto scope = device_.activate();
+  return reduce_sum(sum_of(phase.kind).span(), phase, contributors);
+}
+
+void SummableAggregator::clear() {
+  const auto scope = device_.activate();
+  for (int i = 0; i < 2; ++i)
+    if (dirty_[i]) sum_[i].zero();
+  dirty_[0] = dirty_[1] = false;
+}
+
+}  // namespace sketchsgd
