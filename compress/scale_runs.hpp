@@ -1,5 +1,5 @@
-// Where the quantisers (signsgd, terngrad) put their scales. Without a layout the vector is one
-// run; with one, every tensor is a run of its own, so no scale straddles two tensors (the
+// Where the quantisers (signsgd, terngrad, qsgd) put their scales. Without a layout the vector is
+// one run; with one, every tensor is a run of its own, so no scale straddles two tensors (the
 // per-layer scaling of the TernGrad and EF-signSGD papers). Each run is cut into chunks of
 // `chunk` values (0, or more than the run: the run is one chunk), and its packed signs or codes
 // start on a word or byte of their own, so each run is packed and unpacked alone.
@@ -18,11 +18,13 @@ class ScaleRuns {
     uint64_t offset, numel, chunk;
     uint64_t scale_at;  // its first scale among all
     uint64_t word_at;   // its first 32-sign word among all
-    uint64_t code_at;   // its first byte of 2-bit codes among all
+    uint64_t code_at;   // its first byte of codes among all
     uint64_t scales() const { return (numel + chunk - 1) / chunk; }
   };
 
-  ScaleRuns(uint64_t dim, uint64_t chunk, const Layout& layout) {
+  /// code_bits: bits of a value's code (2: TernGrad).
+  ScaleRuns(uint64_t dim, uint64_t chunk, const Layout& layout, uint32_t code_bits = 2)
+      : code_bits_(code_bits) {
     if (layout.empty()) {
       add(0, dim, chunk);
       return;
@@ -41,9 +43,10 @@ class ScaleRuns {
     runs_.push_back({offset, numel, chunk, scales_, words_, code_bytes_});
     scales_ += runs_.back().scales();
     words_ += (numel + 31) / 32;
-    code_bytes_ += (numel + 3) / 4;
+    code_bytes_ += (numel * code_bits_ + 7) / 8;
   }
 
+  uint32_t code_bits_;
   std::vector<Run> runs_;
   uint64_t scales_ = 0, words_ = 0, code_bytes_ = 0;
 };

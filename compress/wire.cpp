@@ -18,6 +18,8 @@ std::string_view to_string(CodecId id) {
       return "sketch";
     case CodecId::PowerSGD:
       return "powersgd";
+    case CodecId::QSGD:
+      return "qsgd";
   }
   return "unknown";
 }
@@ -56,6 +58,13 @@ void Message::seal(Header h) {
   std::copy(head.begin(), head.end(), bytes_.begin());
 }
 
+Origin peek_origin(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kHeaderBytes) return {~uint64_t(0), kServerRank};
+  ByteReader r(bytes.subspan(16, 12), "message header");
+  const auto round = r.get<uint64_t>();
+  return {round, r.get<uint32_t>()};
+}
+
 Header decode_header(std::span<const uint8_t> bytes, uint64_t max_payload) {
   SKETCHSGD_REQUIRE(bytes.size() >= kHeaderBytes, WireError, "message of ", bytes.size(),
                     " bytes is shorter than the ", kHeaderBytes, "-byte header");
@@ -66,7 +75,8 @@ Header decode_header(std::span<const uint8_t> bytes, uint64_t max_payload) {
                     ", this build speaks ", kWireVersion);
   Header h;
   const auto codec = r.get<uint8_t>();
-  SKETCHSGD_REQUIRE(codec >= 1 && codec <= kLastCodecId, WireError, "message: unknown codec id ", int(codec));
+  SKETCHSGD_REQUIRE(codec >= 1 && codec <= kLastCodecId, WireError, "message: unknown codec id ",
+                    int(codec));
   h.codec = CodecId(codec);
   const auto kind = r.get<uint8_t>();
   SKETCHSGD_REQUIRE(kind >= 1 && kind <= 4, WireError, "message: unknown kind ", int(kind));

@@ -1,5 +1,6 @@
 // CPU bit packing: 1-bit signs (32 per word) and 2-bit ternary codes (4 per byte).
 #include <algorithm>
+#include <cmath>
 
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/elementwise.hpp>
@@ -104,6 +105,81 @@ size_t unpack_ternary(const uint8_t* codes, size_t n, size_t chunk, const float*
       const size_t j = lo + b;
       const float s = scales ? scales[j / chunk] : 1.0f;
       const float v = weight * s * elem::ternary_value((c >> (2 * b)) & 3u);
+      out[j] = accumulate ? out[j] + v : v;
+    }
+  }
+  return kNone;
+}
+
+void chunk_norms(const float* x, size_t n, size_t chunk, bool l2, float* norms) {
+  const size_t nc = (n + chunk - 1) / chunk;
+#pragma omp parallel for schedule(static) if (n > kParallel)
+  for (size_t c = 0; c < nc; ++c) {
+    const size_t lo = c * chunk, hi = std::min(n, lo + chunk);
+    double acc = 0.0;
+    for (size_t j = lo; j < hi; ++j) {
+      const double a = x[j] < 0.0f ? -double(x[j]) : double(x[j]);
+      acc = l2 ? acc + a * a : std::max(acc, a);
+    }
+    norms[c] = float(l2 ? std::sqrt(acc) : acc);
+  }
+}
+
+// Four values a Philox draw and 4·bits bits a group: with bits 2, 4 or 8 a group fills whole
+// bytes, so groups are packed and checked independently.
+void qsgd_pack(const float* x, size_t n, size_t chunk, const float* norms, uint32_t bits,
+               uint64_t seed, uint64_t stream, uint8_t* codes) {
+  const uint32_t sign = 1u << (bits - 1), levels = sign - 1u;
+  const size_t ng = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (ng > kParallel)
+  for (size_t g = 0; g < ng; ++g) {
+    const elem::Philox4 r =
+        elem::philox4x32_10(uint32_t(g), uint32_t(uint64_t(g) >> 32), uint32_t(stream),
+                            uint32_t(stream >> 32), uint32_t(seed), uint32_t(seed >> 32));
+    const size_t lo = g * 4, m = std::min<size_t>(4, n - lo);
+    uint32_t out = 0;
+    for (size_t b = 0; b < m; ++b) {
+      const size_t j = lo + b;
+      const float norm = norms[j / chunk];
+      const float inv = norm > 0.0f ? 1.0f / norm : 0.0f;
+      out |= elem::qsgd_code(x[j], inv, levels, sign, elem::uniform01(r.v[b])) << (bits * b);
+    }
+    const size_t nbytes = (m * bits + 7) / 8;
+    for (size_t k = 0; k < nbytes; ++k) codes[g * bits / 2 + k] = uint8_t(out >> (8 * k));
+  }
+}
+
+size_t qsgd_unpack(const uint8_t* codes, size_t n, size_t chunk, const float* norms, uint32_t bits,
+                   float weight, float* out, bool accumulate) {
+  const uint32_t sign = 1u << (bits - 1), levels = sign - 1u, mask = (1u << bits) - 1u;
+  const size_t ng = (n + 3) / 4;
+  auto group = [&](size_t g, size_t m) {  // the group's codes and its padding bits
+    uint32_t word = 0;
+    const size_t nbytes = (m * bits + 7) / 8;
+    for (size_t k = 0; k < nbytes; ++k) word |= uint32_t(codes[g * bits / 2 + k]) << (8 * k);
+    return word;
+  };
+  // Validate first so that a corrupt message changes nothing.
+  size_t bad = kNone;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (ng > kParallel)
+  for (size_t g = 0; g < ng; ++g) {
+    const size_t m = std::min<size_t>(4, n - g * 4);
+    const uint32_t word = group(g, m);
+    const uint64_t used = uint64_t(m) * bits;
+    if (used < 32 && (uint64_t(word) >> used) != 0) bad = std::min(bad, g * 4);
+    for (size_t b = 0; b < m; ++b)
+      if (!elem::qsgd_valid((word >> (bits * b)) & mask, levels, sign))
+        bad = std::min(bad, g * 4 + b);
+  }
+  if (bad != kNone) return bad;
+#pragma omp parallel for schedule(static) if (ng > kParallel)
+  for (size_t g = 0; g < ng; ++g) {
+    const size_t lo = g * 4, m = std::min<size_t>(4, n - lo);
+    const uint32_t word = group(g, m);
+    for (size_t b = 0; b < m; ++b) {
+      const size_t j = lo + b;
+      const float v = weight * elem::qsgd_value((word >> (bits * b)) & mask,
+                                                norms[j / chunk] / float(levels), sign);
       out[j] = accumulate ? out[j] + v : v;
     }
   }

@@ -10,7 +10,7 @@ Per bucket, the gradients of tensors with two or more dimensions are compressed;
 Codecs that work per tensor (powersgd) get the whole bucket with its tensors' shapes (a layout)
 and choose themselves which tensors to factor; their result is written straight into the bucket.
 Codecs whose payload sums (dense, sketch, powersgd) all-reduce it and every rank's copy of the C++
-aggregator takes the sum in place of W messages; the others (topk, signsgd, terngrad)
+aggregator takes the sum in place of W messages; the others (topk, signsgd, terngrad, qsgd)
 all-gather their messages and every rank aggregates all W. Every rank therefore ends with the
 same averaged bucket, bit for bit.
 
@@ -487,7 +487,7 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
 
 
 def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
-    """topk, signsgd, terngrad: an all-gather of the message lengths, then of the messages padded
+    """topk, signsgd, terngrad, qsgd: an all-gather of the message lengths, then of the messages padded
     to the longest, and an all-reduce of the uncompressed parameters; every rank aggregates all
     W messages."""
     codec = u.codec

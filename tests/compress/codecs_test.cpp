@@ -22,7 +22,7 @@ std::vector<std::vector<float>> grads(uint32_t world, size_t dim, uint64_t seed)
 TEST(Registry, BuildsEveryCodecAndCanonicalSpecRoundTrips) {
   for (const char* spec : {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "signsgd",
                            "sketch:rows=3,cols=100,k=10,p2=2,momentum=0.5",
-                           "powersgd:rank=2,wire=fp16,layout=20x40+200"}) {
+                           "powersgd:rank=2,wire=fp16,layout=20x40+200", "qsgd:bits=2,norm=max"}) {
     auto c = make_compressor(spec, 1000);
     auto again = make_compressor(c->spec(), 1000);
     EXPECT_EQ(again->spec(), c->spec()) << spec;
@@ -30,7 +30,7 @@ TEST(Registry, BuildsEveryCodecAndCanonicalSpecRoundTrips) {
   }
   EXPECT_EQ(make_compressor("topk:k=10", 1000)->spec(),
             "topk:k=10,global=0,ef=1,momentum=0,index=u32,wire=fp32,budget=global,dense_below=0");
-  EXPECT_EQ(Registry::instance().entries().size(), 6u);
+  EXPECT_EQ(Registry::instance().entries().size(), 7u);
 }
 
 TEST(Registry, ClearErrors) {
@@ -42,7 +42,7 @@ TEST(Registry, ClearErrors) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message("zip").find("known: dense, powersgd, signsgd, sketch, terngrad, topk"),
+  EXPECT_NE(message("zip").find("known: dense, powersgd, qsgd, signsgd, sketch, terngrad, topk"),
             std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("unknown option 'kk'"), std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("global=<int>"), std::string::npos);  // lists accepted
@@ -307,7 +307,7 @@ TEST(Aggregator, ProtocolErrorsChangeNothing) {
 
 TEST(Codecs, NonFiniteGradientRejectedStateUnchanged) {
   for (const char* spec :
-       {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "sketch:cols=50,k=10",
+       {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "sketch:cols=50,k=10", "qsgd:ef=1",
         "powersgd:rank=2,layout=25x40", "powersgd:rank=2,momentum=0.9,layout=25x40"}) {
     auto a = make_compressor(spec, 1000), b = make_compressor(spec, 1000);
     auto g = test::gaussian(1000, 17);
@@ -346,7 +346,7 @@ namespace {
 TEST(Codecs, ApplyStepEqualsApplyThenAxpyBitForBit) {
   constexpr uint64_t dim = 4000;
   for (const char* spec :
-       {"dense", "topk:k=50", "terngrad", "signsgd", "signsgd:ef=1", "sketch:cols=500,k=50",
+       {"dense", "topk:k=50", "terngrad", "signsgd", "signsgd:ef=1", "qsgd", "sketch:cols=500,k=50",
         "sketch:cols=500,k=50,p2=2", "sketch:cols=500,k=50,fetch=1"}) {
     test::Job a(spec, dim, 2), b(spec, dim, 2);
     std::vector<float> pa = test::gaussian(dim, 3), pb = pa, pc = pa;

@@ -123,7 +123,7 @@ TEST(Summable, BadSumsAreRefusedAndChangeNothing) {
 }
 
 TEST(Summable, CodecsWhoseMessagesDoNotSumSaySo) {
-  for (const char* spec : {"topk:k=50", "signsgd", "signsgd:ef=1", "terngrad"}) {
+  for (const char* spec : {"topk:k=50", "signsgd", "signsgd:ef=1", "terngrad", "qsgd"}) {
     auto c = make_compressor(spec, kDim);
     EXPECT_EQ(c->sum_size(MessageKind::Gradient), 0u) << spec;
     std::vector<float> out(10);
@@ -150,6 +150,7 @@ TEST(Summable, EncodeSumValidatesLikeEncodeAndKeepsStateOnError) {
 
 TEST(WorkerState, SavedStateResumesBitForBit) {
   for (const char* spec : {"topk:k=50,momentum=0.9", "signsgd:ef=1", "terngrad:ef=1",
+                           "qsgd:ef=1,momentum=0.5",
                            "sketch:rows=3,cols=400,k=40,p2=2", "dense:momentum=0.5"}) {
     Job a(spec);
     std::vector<float> step(kDim);

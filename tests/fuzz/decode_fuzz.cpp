@@ -29,7 +29,8 @@ const char* const kSpecs[] = {
     "powersgd:rank=2,layout=10x25+50", "powersgd:rank=1,wire=fp16,layout=10x25+50",
     "topk:k=20,index=delta,wire=bf16", "sketch:rows=2,cols=40,k=10,wire=fp16,index=delta",
     "sketch:rows=2,cols=40,k=10,p2=2,layout=10x25+50", "sketch:rows=1,cols=40,k=10,fetch=1,layout=10x25+50",
-    "signsgd:ef=1,layout=10x25+50", "terngrad:chunk=20,layout=10x25+50"};
+    "signsgd:ef=1,layout=10x25+50", "terngrad:chunk=20,layout=10x25+50",
+    "qsgd:bits=2,bucket=64", "qsgd:bits=8,norm=max,layout=10x25+50"};
 
 // The input with a consistent payload length (bytes 32..39) and CRC-32C (bytes 40..43).
 std::vector<uint8_t> sealed(std::span<const uint8_t> in) {

@@ -19,7 +19,7 @@ def grad(seed, dim=DIM):
 
 def test_registry_describes_every_codec_and_option():
     codecs = {c["name"]: c for c in sketchsgd.codecs()}
-    assert set(codecs) == {"dense", "topk", "terngrad", "signsgd", "sketch", "powersgd"}
+    assert set(codecs) == {"dense", "topk", "terngrad", "signsgd", "sketch", "powersgd", "qsgd"}
     keys = {o["key"] for o in codecs["sketch"]["options"]}
     assert {"rows", "cols", "k", "p2", "momentum", "hashing", "fetch"} <= keys
     hashing = next(o for o in codecs["sketch"]["options"] if o["key"] == "hashing")
@@ -38,7 +38,7 @@ def test_errors_are_typed_and_catchable_as_builtin_exceptions():
         sketchsgd.Compressor("topk:k=5000", 100)
 
 
-@pytest.mark.parametrize("spec", ["dense", "topk:k=100,momentum=0.9", "terngrad:ef=1", "signsgd",
+@pytest.mark.parametrize("spec", ["dense", "topk:k=100,momentum=0.9", "terngrad:ef=1", "signsgd", "qsgd:ef=1",
                                   "signsgd:ef=1", "sketch:rows=3,cols=600,k=100",
                                   "sketch:rows=3,cols=600,k=100,p2=2", "sketch:rows=1,cols=800,k=100,fetch=1"])
 def test_a_round_through_messages_gives_the_mean_step(spec):
@@ -245,7 +245,7 @@ def test_layout_codecs_take_tensor_shapes():
     assert half.sum_dtype() == half.sum_dtype("answer") == torch.float16 and half.dim == 601
     assert {e["name"]: e["layout"] for e in sketchsgd.codecs()} == {
         "dense": "none", "topk": "optional", "terngrad": "optional", "signsgd": "optional", "sketch": "optional",
-        "powersgd": "required"}
+        "powersgd": "required", "qsgd": "optional"}
     for bad in ([(30, 0)], [], [("a", 2)], 7):
         with pytest.raises(ValueError, match="layout"):
             sketchsgd.Compressor("powersgd:rank=2", layout=bad)

@@ -21,6 +21,7 @@ SPECS = [
     "signsgd:ef=1",
     "terngrad",
     "terngrad:ef=1",
+    "qsgd:bits=4,ef=1",
     "powersgd:rank=2",
     "powersgd:rank=1,wire=fp16",
     "sketch:rows=1,cols=3000,k=400,fetch=1,wire=fp16",
@@ -69,7 +70,7 @@ def _expected(spec, per_rank, start_iter=2):
 def test_hook_equals_the_cpp_aggregator_on_the_same_inputs():
     specs = ["dense", "sketch:rows=3,cols=300,k=60,momentum=0", "sketch:rows=3,cols=300,k=60,p2=2,momentum=0",
              "sketch:rows=1,cols=500,k=60,fetch=1", "topk:k=60,momentum=0.9", "signsgd", "signsgd:ef=1",
-             "terngrad:ef=1"]
+             "terngrad:ef=1", "qsgd:bits=2,ef=1"]
     results = ddp.run(jobs.hook_rounds, specs, 3)
     for spec in specs:
         per_rank = [results[r][spec] for r in range(4)]

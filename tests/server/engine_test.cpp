@@ -208,7 +208,7 @@ TEST_P(EngineCodecs, RoundsMatchTheInProcessReferenceBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, EngineCodecs,
-                         ::testing::Values("dense", "topk:k=60", "topk:k=60,global=1", "terngrad",
+                         ::testing::Values("dense", "topk:k=60", "topk:k=60,global=1", "terngrad", "qsgd",
                                            "signsgd", "signsgd:ef=1", "sketch:k=60,cols=600",
                                            "sketch:k=60,cols=600,p2=3",
                                            "sketch:k=60,cols=600,fetch=1",

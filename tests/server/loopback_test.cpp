@@ -110,7 +110,8 @@ TEST_P(Loopback, WorkersAndServerEndBitIdenticalToTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Codecs, Loopback,
                          ::testing::Values("dense", "topk:k=50", "sketch:k=50,cols=500",
-                                           "sketch:k=50,cols=500,p2=2", "signsgd", "terngrad"));
+                                           "sketch:k=50,cols=500,p2=2", "signsgd", "terngrad",
+                                           "qsgd:ef=1"));
 
 TEST(LoopbackStaleness, FastWorkerRunsAheadBoundedAndAllEndEqual) {
   constexpr uint64_t kDim = 2000, kRounds = 10;

@@ -24,8 +24,9 @@ enum class CodecId : uint8_t {
   SignSGD = 4,
   Sketch = 5,
   PowerSGD = 6,
+  QSGD = 7,
 };
-inline constexpr uint8_t kLastCodecId = 6;
+inline constexpr uint8_t kLastCodecId = 7;
 enum class MessageKind : uint8_t {
   Gradient = 1,  ///< worker → server: the encoded gradient of one round
   Query = 2,     ///< server → workers: coordinates whose exact values the second round needs
@@ -91,6 +92,15 @@ class Message {
 /// fields, payload length equal to the bytes present and at most max_payload, and the checksum.
 /// Throws WireError saying which check failed.
 Header decode_header(std::span<const uint8_t> bytes, uint64_t max_payload);
+
+/// The round and sender a message's header names, read without any check: for routing a message
+/// before an aggregator validates the whole of it. Both all ones when the bytes are shorter than
+/// a header.
+struct Origin {
+  uint64_t round;
+  uint32_t sender;
+};
+Origin peek_origin(std::span<const uint8_t> bytes);
 
 /// The payload of a message whose header decode_header accepted.
 inline std::span<const uint8_t> payload_of(std::span<const uint8_t> bytes) {

@@ -153,5 +153,17 @@ void pack_ternary(const float* x, size_t n, uint8_t* codes);
 size_t unpack_ternary(const uint8_t* codes, size_t n, size_t chunk, const float* scales,
                       float weight, float* out, bool accumulate);
 
+/// QSGD: one norm per chunk of x (the L2 norm, or max |x| when !l2), accumulated in double.
+void chunk_norms(const float* x, size_t n, size_t chunk, bool l2, float* norms);
+/// QSGD codes of `bits` (2, 4 or 8) per value, 8 / bits a byte from the lowest bits up, padding
+/// zero; norm per chunk; the random stream is Philox4x32-10 keyed by seed, counter (j / 4,
+/// stream), as ternarize's.
+void qsgd_pack(const float* x, size_t n, size_t chunk, const float* norms, uint32_t bits,
+               uint64_t seed, uint64_t stream, uint8_t* codes);
+/// out[j] (+)= weight · value(code j). Returns the first position holding a code qsgd_pack cannot
+/// write (or non-zero padding) without writing anything, else kNone.
+size_t qsgd_unpack(const uint8_t* codes, size_t n, size_t chunk, const float* norms, uint32_t bits,
+                   float weight, float* out, bool accumulate);
+
 }  // namespace cpu
 }  // namespace sketchsgd::kernels

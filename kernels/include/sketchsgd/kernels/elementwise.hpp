@@ -1,5 +1,6 @@
 // Per-element logic shared by the CPU and CUDA kernels: median over rows, Philox random numbers,
-// 1-bit sign and 2-bit ternary codes. Everything here is __host__ __device__ and free of std::.
+// 1-bit sign, 2-bit ternary and QSGD codes. Everything here is __host__ __device__ and free of
+// std::.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +86,31 @@ SKETCHSGD_HD float ternary_value(uint32_t code) {
 SKETCHSGD_HD uint32_t ternary_round(float g, float inv_scale, float u01) {
   const float p = (g < 0.0f ? -g : g) * inv_scale;
   return u01 < p ? (g < 0.0f ? kTernMinus : kTernPlus) : kTernZero;
+}
+
+// ---- QSGD (Alistarh et al. 2017): a b-bit code per value, the top bit its sign, the rest its
+// level l of s = 2^(b−1) − 1; the value is sign · norm · l / s. ----
+
+/// The code of x given 1/norm: |x|·s/norm rounded down or up to a level with the probability
+/// that makes it unbiased (u01 uniform in [0, 1)). Level 0 carries no sign, so each value has one
+/// code.
+SKETCHSGD_HD uint32_t qsgd_code(float x, float inv_norm, uint32_t levels, uint32_t sign_bit,
+                                float u01) {
+  const float a = (x < 0.0f ? -x : x) * inv_norm * float(levels);
+  const float floor_a = float(uint32_t(a));  // a ≥ 0: truncation is the floor
+  uint32_t l = uint32_t(floor_a) + (u01 < a - floor_a ? 1u : 0u);
+  l = l > levels ? levels : l;  // |x|·(1/norm) may round a hair above 1
+  return l == 0 ? 0u : (x < 0.0f ? (l | sign_bit) : l);
+}
+/// Whether a code is one qsgd_code can write (level ≤ s, no signed zero).
+SKETCHSGD_HD bool qsgd_valid(uint32_t code, uint32_t levels, uint32_t sign_bit) {
+  const uint32_t l = code & (sign_bit - 1u);
+  return l <= levels && (l != 0 || code == 0);
+}
+/// The value of a valid code: ± norm_over_levels · level.
+SKETCHSGD_HD float qsgd_value(uint32_t code, float norm_over_levels, uint32_t sign_bit) {
+  const float v = norm_over_levels * float(code & (sign_bit - 1u));
+  return (code & sign_bit) ? -v : v;
 }
 
 }  // namespace sketchsgd::elem
