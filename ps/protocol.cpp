@@ -67,6 +67,19 @@ Bytes encode(const Envelope& e) {
   return out;
 }
 
+std::optional<ForeignHello> peek_foreign_hello(std::span<const uint8_t> frame) {
+  if (frame.size() < 8) return std::nullopt;
+  ByteReader r(frame.first(8), "envelope");
+  const auto magic = r.get<uint32_t>();
+  const auto version = r.get<uint16_t>();
+  const auto type = r.get<uint8_t>();
+  if (magic != kMagic || version == kProtocolVersion || type != uint8_t(Type::Hello))
+    return std::nullopt;
+  ForeignHello h{version, 0};
+  if (frame.size() >= 28) h.rank = ByteReader(frame.subspan(24, 4), "envelope").get<uint32_t>();
+  return h;
+}
+
 Envelope decode_envelope(std::span<const uint8_t> frame, size_t frames_present) {
   SKETCHSGD_REQUIRE(frame.size() == kEnvelopeBytes, WireError, "envelope of ", frame.size(),
                     " bytes, expected ", kEnvelopeBytes);

@@ -24,17 +24,11 @@ std::string ranks_text(const std::vector<uint32_t>& r) {
   return os.str();
 }
 
-// Raw header fields of a core wire message (wire.hpp offsets); the aggregator validates the
-// whole message, checksum included, right after.
-uint64_t wire_u64(std::span<const uint8_t> m, size_t off) {
-  uint64_t v = 0;
-  if (m.size() >= kHeaderBytes) std::memcpy(&v, m.data() + off, 8);
-  return v;
-}
-uint32_t wire_sender(std::span<const uint8_t> m) {
-  uint32_t v = kServerRank;
-  if (m.size() >= kHeaderBytes) std::memcpy(&v, m.data() + 24, 4);
-  return v;
+/// Whether a pushed message names this rank and round (the aggregator validates the whole
+/// message, checksum included, right after).
+bool from(std::span<const uint8_t> m, uint32_t rank, uint64_t round) {
+  const Origin o = peek_origin(m);
+  return o.sender == rank && o.round == round;
 }
 
 }  // namespace
@@ -322,17 +316,11 @@ void Engine::refuse_other_version(const PeerId& peer, const Frames& frames,
                                   std::vector<Outgoing>& out) {
   // A Hello of another protocol version gets a reason (in this version's format, which keeps the
   // magic and the version field where they are) instead of silence.
-  const auto b = frames[0].bytes();
-  if (b.size() < 8) return;
-  uint32_t magic;
-  uint16_t version;
-  std::memcpy(&magic, b.data(), 4);
-  std::memcpy(&version, b.data() + 4, 2);
-  if (magic != kMagic || version == kProtocolVersion || b[6] != uint8_t(Type::Hello)) return;
-  Envelope e{Type::Hello, cfg_.job, 0, 0, 0};
-  if (b.size() >= 28) std::memcpy(&e.rank, b.data() + 24, 4);  // where every version keeps it
+  const auto hello = peek_foreign_hello(frames[0].bytes());
+  if (!hello) return;
+  Envelope e{Type::Hello, cfg_.job, 0, hello->rank, 0};
   refuse(peer, e, false,
-         "protocol version " + std::to_string(version) + ", this server speaks " +
+         "protocol version " + std::to_string(hello->version) + ", this server speaks " +
              std::to_string(kProtocolVersion),
          out);
 }
@@ -420,7 +408,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
     // pushes are ignored.
     if (e.round + 1 == round_ && !last_outcome_.empty()) {
       Frames fr = last_outcome_;
-      fr[0] = to(rank, Type(fr[0].bytes()[6]), e.round);
+      fr[0] = to(rank, decode_envelope(fr[0].bytes(), fr.size() - 1).type, e.round);
       send(rank, std::move(fr), out);
     } else {
       on_pull(rank, out);  // further behind (outcomes lost): resynchronise with the model
@@ -432,9 +420,8 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
   if (finished()) return finished_reply(workers_[rank].peer, e, out);
   if (e.round > round_ && e.round <= round_ + cfg_.staleness) {
     const auto msg = f[1].bytes();
-    SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
-                      "push of rank ", rank, " round ", e.round,
-                      " carries a message with another sender or round");
+    SKETCHSGD_REQUIRE(from(msg, rank, e.round), ProtocolError, "push of rank ", rank, " round ",
+                      e.round, " carries a message with another sender or round");
     auto& slot = early_[e.round];
     slot.resize(cfg_.world);
     SKETCHSGD_REQUIRE(slot[rank].size() == 0, ProtocolError, "duplicate push from rank ", rank,
@@ -452,9 +439,8 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
   SKETCHSGD_REQUIRE(phase_ == MessageKind::Gradient, ProtocolError, "late push from rank ", rank,
                     ": round ", round_, " is in its second phase");
   const auto msg = f[1].bytes();
-  SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
-                    "push of rank ", rank, " round ", e.round,
-                    " carries a message with another sender or round");
+  SKETCHSGD_REQUIRE(from(msg, rank, e.round), ProtocolError, "push of rank ", rank, " round ",
+                    e.round, " carries a message with another sender or round");
   SKETCHSGD_REQUIRE(!pushed_[rank], ProtocolError, "duplicate push from rank ", rank, " in round ",
                     e.round);
   // Ranks below the cursor are merged or skipped already (e.g. a corrupt push was dropped).
@@ -477,8 +463,8 @@ void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock:
   SKETCHSGD_REQUIRE(pushed_[rank], ProtocolError, "answer from rank ", rank,
                     " which was not queried");
   const auto msg = f[1].bytes();
-  SKETCHSGD_REQUIRE(wire_sender(msg) == rank && wire_u64(msg, 16) == e.round, ProtocolError,
-                    "answer of rank ", rank, " carries a message with another sender or round");
+  SKETCHSGD_REQUIRE(from(msg, rank, e.round), ProtocolError, "answer of rank ", rank,
+                    " carries a message with another sender or round");
   SKETCHSGD_REQUIRE(!answered_[rank], ProtocolError, "duplicate answer from rank ", rank);
   SKETCHSGD_REQUIRE(rank >= cursor_, ProtocolError, "answer from rank ", rank,
                     " arrived after its turn to merge");

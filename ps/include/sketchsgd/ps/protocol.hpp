@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,6 +68,15 @@ Bytes encode(const Envelope& e);
 Envelope decode_envelope(std::span<const uint8_t> frame, size_t frames_present);
 /// Payload frames each type carries.
 uint32_t payload_frames(Type t);
+
+/// A Hello envelope of another protocol version: its version and the rank it names (the magic,
+/// version, type and rank sit where every version keeps them), so a server can say why it
+/// refuses. Empty for anything else, this version's Hello included.
+struct ForeignHello {
+  uint16_t version;
+  uint32_t rank;
+};
+std::optional<ForeignHello> peek_foreign_hello(std::span<const uint8_t> frame);
 
 struct HelloInfo {
   uint32_t world = 0;
