@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/core/half.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
 
@@ -52,6 +53,40 @@ void scale(const Device& d, std::span<float> y, float a) {
     cu::scale(y.data(), y.size(), a, d.stream);
   else
     cpu::scale(y.data(), y.size(), a);
+}
+
+void copy(const Device& d, std::span<float> dst, std::span<const float> src) {
+  SKETCHSGD_ASSERT(dst.size() == src.size(), "copy of ", src.size(), " values into ", dst.size());
+  if (d.is_gpu()) {
+    gpu::copy_async(dst.data(), src.data(), src.size_bytes(), d.stream);
+  } else if (!src.empty()) {
+    std::copy(src.begin(), src.end(), dst.begin());
+  }
+}
+
+size_t round_to(const Device& d, Scratch& s, std::span<float> x, WireFloat f) {
+  if (f == WireFloat::F32) return kernels::kNone;
+  const bool bf16 = f == WireFloat::BF16;
+  if (d.is_gpu())
+    return s.first_flagged(d, [&](unsigned long long* flag) {
+      cu::round_half(x.data(), x.size(), bf16, flag, d.stream);
+    });
+  for (auto& v : x) v = bf16 ? bf16_float(bf16_bits(v)) : half_float(half_bits(v));
+  return cpu::find_nonfinite(x.data(), x.size());
+}
+
+Factors::Factors(std::vector<kernels::Factor> list, const Device& d) : host(std::move(list)) {
+  if (d.is_gpu()) {
+    device = Buffer<kernels::Factor>(host.size(), d);
+    device.upload(host);
+  }
+}
+
+void orthonormalize(const Device& d, std::span<float> base, const Factors& f, float* rr) {
+  if (d.is_gpu())
+    return cu::orthonormalize(base.data(), f.device.data(), f.host.size(), rr, d.stream);
+  for (const auto& m : f.host)
+    cpu::orthonormalize(base.data() + m.at, m.rows, m.rank, rr != nullptr ? rr + m.r_at : nullptr);
 }
 
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,

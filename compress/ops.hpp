@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include <sketchsgd/compress/wire.hpp>
 #include <sketchsgd/core/device.hpp>
 #include <sketchsgd/core/scratch.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
@@ -19,10 +20,24 @@ namespace sketchsgd::ops {
 size_t find_nonfinite(const Device& d, Scratch& s, std::span<const float> x);
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a);
 void scale(const Device& d, std::span<float> y, float a);
+/// dst = src, both in the device's memory (on a GPU ordered on its stream, not waited for).
+void copy(const Device& d, std::span<float> dst, std::span<const float> src);
+/// Rounds x in place to the values a wire format carries (fp32: unchanged, unchecked); the index
+/// of the first value that is then not finite (beyond fp16's range), or kernels::kNone.
+size_t round_to(const Device& d, Scratch& s, std::span<float> x, WireFloat f);
 /// Row-major c = alpha · op(a) · op(b) + beta · c (kernels::cpu::gemm), matrices in d's memory.
 void gemm(const Device& d, bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
-          const float* a, size_t lda, const float* b, size_t ldb, float beta, float* c,
-          size_t ldc);
+          const float* a, size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc);
+/// The factors of a concatenation of row-major blocks (low-rank codecs), kept on the host and,
+/// for a GPU, in its memory.
+struct Factors {
+  Factors(std::vector<kernels::Factor> list, const Device& d);
+  std::vector<kernels::Factor> host;
+  Buffer<kernels::Factor> device;  // empty on the CPU
+};
+/// kernels::cpu::orthonormalize of every factor of base; rr (device memory, when given) receives
+/// each one's R.
+void orthonormalize(const Device& d, std::span<float> base, const Factors& f, float* rr = nullptr);
 /// u = ρ·u + g; v += u.
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
                          std::span<const float> g, float rho);

@@ -86,6 +86,10 @@ void copy(void* dst, const void* src, size_t bytes, Stream stream) {
   SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+void copy_async(void* dst, const void* src, size_t bytes, Stream stream) {
+  if (bytes) SKETCHSGD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+}
+
 void fill(void* dst, int byte, size_t bytes, Stream stream) {
   if (bytes) SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, stream));
 }

@@ -28,6 +28,9 @@ void free(void*, int) noexcept {}
 void copy(void*, const void*, size_t, Stream) {
   absent();
 }
+void copy_async(void*, const void*, size_t, Stream) {
+  absent();
+}
 void fill(void*, int, size_t, Stream) {
   absent();
 }

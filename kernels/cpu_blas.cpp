@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
 
 namespace sketchsgd::kernels::cpu {
 
@@ -65,12 +66,12 @@ void gram_schmidt_rows(float* a, size_t n, size_t r, float* rr) {
     }
     for (size_t l = i; l < r; ++l)
       dot[l] = (part[l] + part[r + l]) + (part[2 * r + l] + part[3 * r + l]);
-    const double norm = std::sqrt(dot[i]);
-    const float inv = float(1.0 / norm);
-    if (!(norm > 0.0) || !std::isfinite(inv) || inv == 0.0f) {
+    const float inv = elem::gram_schmidt_inverse(dot[i]);
+    if (inv == 0.0f) {
       for (size_t j = 0; j < n; ++j) a[j * r + i] = 0.0f;
       continue;
     }
+    const double norm = std::sqrt(dot[i]);
     if (rr != nullptr)  // a_l = a_l' + ⟨a_i,a_l⟩/|a_i| · q_i
       for (size_t l = i; l < r; ++l) rr[i * r + l] = float(dot[l] / norm);
     for (size_t l = i + 1; l < r; ++l) coef[l] = float(dot[l] / dot[i]);  // ⟨a_i,a_l⟩ / |a_i|²

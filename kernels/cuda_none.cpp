@@ -89,8 +89,14 @@ void unpack_ternary(const uint8_t*, size_t, size_t, const float*, float, float*,
   absent();
 }
 
+void round_half(float*, size_t, bool, unsigned long long*, Stream) {
+  absent();
+}
 void gemm(bool, bool, size_t, size_t, size_t, float, const float*, size_t, const float*, size_t,
           float, float*, size_t, Stream) {
+  absent();
+}
+void orthonormalize(float*, const Factor*, size_t, float*, Stream) {
   absent();
 }
 

@@ -1,9 +1,11 @@
 // CUDA kernels over dense and sparse float vectors: the fused momentum + error-feedback update,
-// axpy, chunk statistics, finiteness, gathers and scatters. Memory-bound grid-stride loops.
+// axpy, rounding to 16-bit floats, chunk statistics, finiteness, gathers and scatters. Memory-bound
+// grid-stride loops.
 #include <cub/block/block_reduce.cuh>
 
 #include <algorithm>
 
+#include <sketchsgd/core/half.hpp>
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
 #include "launch.cuh"
@@ -18,6 +20,14 @@ __global__ void find_nonfinite_kernel(const float* x, uint64_t n, unsigned long 
 
 __global__ void axpy_kernel(float* y, const float* x, uint64_t n, float a) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[i] += a * x[i];
+}
+
+__global__ void round_half_kernel(float* x, uint64_t n, bool bf16, unsigned long long* first) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) {
+    const float v = bf16 ? bf16_float(bf16_bits(x[i])) : half_float(half_bits(x[i]));
+    x[i] = v;
+    if (!is_finite(v)) atomicMin(first, (unsigned long long)i);
+  }
 }
 
 __global__ void scale_kernel(float* y, uint64_t n, float a) {
@@ -106,6 +116,12 @@ void find_nonfinite(const float* x, size_t n, unsigned long long* first, Stream 
 void axpy(float* y, const float* x, size_t n, float a, Stream stream) {
   if (n == 0) return;
   axpy_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(y, x, n, a);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void round_half(float* x, size_t n, bool bf16, unsigned long long* first, Stream stream) {
+  if (n == 0) return;
+  round_half_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(x, n, bf16, first);
   SKETCHSGD_LAUNCH_CHECK();
 }
 

@@ -12,6 +12,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/core/half.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
 #include <sketchsgd/kernels/hash.hpp>
@@ -429,6 +430,70 @@ TEST(Cuda, PackingMatchesCpuBitForBit) {
     EXPECT_EQ(bad.host()[0], nb / 2 * 4);
     EXPECT_BITS_EQ(dout.host(), before);
   }
+}
+
+/// One launch orthonormalises factors of several shapes as the CPU does one by one: ranks that
+/// fill a reduction chunk, cross it and leave it part full, a zero column, R blocks.
+TEST(Cuda, OrthonormalizeMatchesCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::vector<kernels::Factor> list;
+  uint64_t at = 0, r_at = 0;
+  for (auto [n, r] : {std::pair<uint64_t, uint64_t>{300, 1},
+                      {1000, 4},
+                      {77, 8},
+                      {513, 16},
+                      {2050, 20},
+                      {40, 3}}) {
+    list.push_back({at, n, r, r_at});
+    at += n * r;
+    r_at += r * r;
+  }
+  auto base = test::gaussian(at, seed);
+  const auto& z = list[3];  // its column 5 is zero
+  for (uint64_t j = 0; j < z.rows; ++j) base[z.at + j * z.rank + 5] = 0.0f;
+  auto want = base;
+  std::vector<float> want_r(r_at, -1.0f);
+  for (const auto& f : list)
+    kernels::cpu::orthonormalize(want.data() + f.at, f.rows, f.rank, want_r.data() + f.r_at);
+  Dev<float> d(base), dr(r_at);
+  Dev<kernels::Factor> dl(list);
+  cu::orthonormalize(d.get(), dl.get(), list.size(), dr.get());
+  const auto got = d.host(), got_r = dr.host();
+  for (size_t i = 0; i < at; ++i) ASSERT_NEAR(got[i], want[i], 2e-5f) << i;
+  for (size_t i = 0; i < r_at; ++i)
+    ASSERT_NEAR(got_r[i], want_r[i], 1e-4f * (1.0f + std::fabs(want_r[i]))) << i;
+  for (uint64_t j = 0; j < z.rows; ++j) ASSERT_EQ(got[z.at + j * z.rank + 5], 0.0f);
+  // Without R, the same factors.
+  Dev<float> d2(base);
+  cu::orthonormalize(d2.get(), dl.get(), list.size());
+  EXPECT_BITS_EQ(d2.host(), got);
+}
+
+/// Rounding to 16-bit floats as the wire carries them: the CPU's conversions bit for bit, and the
+/// first value beyond fp16 reported.
+TEST(Cuda, RoundHalfMatchesTheWireFormats) {
+  REQUIRE_GPU();
+  auto x = test::gaussian(100003, fresh_seed(), 100.0f);
+  x[5] = 1e-9f;
+  x[6] = -0.0f;
+  x[7] = 65519.0f;
+  for (bool bf16 : {false, true}) {
+    Dev<float> d(x);
+    Dev<unsigned long long> flag(std::vector<unsigned long long>{~0ull});
+    cu::round_half(d.get(), x.size(), bf16, flag.get());
+    auto want = x;
+    for (auto& v : want) v = bf16 ? bf16_float(bf16_bits(v)) : half_float(half_bits(v));
+    EXPECT_BITS_EQ(d.host(), want) << bf16;
+    EXPECT_EQ(flag.host()[0], ~0ull);
+  }
+  x[4321] = 70000.0f;  // beyond fp16, not bf16
+  x[99999] = -1e6f;
+  Dev<float> d(x);
+  Dev<unsigned long long> flag(std::vector<unsigned long long>{~0ull});
+  cu::round_half(d.get(), x.size(), false, flag.get());
+  EXPECT_EQ(flag.host()[0], 4321u);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
 #include "support/helpers.hpp"
 
 namespace sketchsgd {
@@ -179,6 +180,19 @@ TEST(Ternary, StochasticRoundingIsUnbiased) {
 /// Gram-Schmidt's contract at every rank (strided below 16, row by row from 16, a heap-sized
 /// rank past 64): orthonormal columns, column i orthogonal to the original columns before it and
 /// positive against its own (which pins Q), a zero column left zero, not NaN, and the R of a = QR.
+/// The pivot shared by the CPU and GPU Gram-Schmidt: 1/|a|, or 0 (the column becomes zero) when
+/// the column vanished or its inverse does not fit a float.
+TEST(Orthonormalize, PivotZeroesOnlyVanishedColumns) {
+  EXPECT_EQ(elem::gram_schmidt_inverse(4.0), 0.5f);
+  EXPECT_EQ(elem::gram_schmidt_inverse(1e-70), float(1e35));
+  EXPECT_EQ(elem::gram_schmidt_inverse(0.0), 0.0f);
+  EXPECT_EQ(elem::gram_schmidt_inverse(1e-90), 0.0f);  // 1/1e-45 is beyond float
+  EXPECT_EQ(elem::gram_schmidt_inverse(1e100), 0.0f);  // 1/1e50 underflows to 0
+  EXPECT_EQ(elem::gram_schmidt_inverse(-1.0), 0.0f);
+  EXPECT_EQ(elem::gram_schmidt_inverse(std::numeric_limits<double>::quiet_NaN()), 0.0f);
+  EXPECT_EQ(elem::gram_schmidt_inverse(std::numeric_limits<double>::infinity()), 0.0f);
+}
+
 TEST(Orthonormalize, GramSchmidtAtEveryRank) {
   for (size_t r : {1, 3, 8, 15, 16, 24, 32, 70}) {
     SCOPED_TRACE(r);

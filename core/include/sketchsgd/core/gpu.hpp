@@ -31,6 +31,8 @@ void free(void* p, int gpu = -1) noexcept;
 /// Copies between host and device memory in either direction (unified addressing), ordered on
 /// the stream, and waits for it.
 void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
+/// Copies between device buffers, ordered on the stream (does not wait).
+void copy_async(void* dst, const void* src, size_t bytes, Stream stream = nullptr);
 /// Sets bytes to a byte value, ordered on the stream (does not wait).
 void fill(void* dst, int byte, size_t bytes, Stream stream = nullptr);
 void synchronize(Stream stream = nullptr);

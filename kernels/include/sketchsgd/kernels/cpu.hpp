@@ -35,6 +35,12 @@ inline constexpr size_t kNone = ~size_t(0);
 /// Either way the same k are chosen.
 enum class Order : uint8_t { Magnitude, Index };
 
+/// One matrix of a concatenation of row-major n × r blocks (the factors of a low-rank codec):
+/// its offset, rows and columns, and where its r × r R goes in a concatenation of those.
+struct Factor {
+  uint64_t at, rows, rank, r_at;
+};
+
 namespace cpu {
 
 // ---- count sketch -------------------------------------------------------------------------------

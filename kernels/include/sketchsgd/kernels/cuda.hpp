@@ -61,11 +61,18 @@ void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspa
 void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha, const float* a,
           size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc,
           Stream stream = nullptr);
+/// cpu::orthonormalize of each of count factors of base (the list in device memory), rr (when
+/// given) receiving each one's R at its r_at; one launch for all of them.
+void orthonormalize(float* base, const Factor* factors, size_t count, float* rr = nullptr,
+                    Stream stream = nullptr);
 
 // ---- dense vectors ------------------------------------------------------------------------------
 /// *first = min(*first, index of the first NaN/±Inf in x); the caller sets *first to UINT64_MAX.
 void find_nonfinite(const float* x, size_t n, unsigned long long* first, Stream stream = nullptr);
 void axpy(float* y, const float* x, size_t n, float a, Stream stream = nullptr);
+/// x rounded in place to fp16 (bf16 = false) or bf16 values, as the wire carries them; the
+/// first value that became ±Inf (or was not finite) min-ed into *first.
+void round_half(float* x, size_t n, bool bf16, unsigned long long* first, Stream stream = nullptr);
 void scale(float* y, size_t n, float a, Stream stream = nullptr);
 /// u = ρ·u + g; v += u, in one pass (the fused momentum + error-feedback update).
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho,

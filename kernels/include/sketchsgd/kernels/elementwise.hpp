@@ -1,8 +1,9 @@
 // Per-element logic shared by the CPU and CUDA kernels: median over rows, Philox random numbers,
-// 1-bit sign, 2-bit ternary and QSGD codes. Everything here is __host__ __device__ and free of
-// std::.
+// 1-bit sign, 2-bit ternary and QSGD codes, Gram-Schmidt's pivot. Everything here is __host__
+// __device__ and free of std::.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <sketchsgd/core/hd.hpp>
@@ -111,6 +112,15 @@ SKETCHSGD_HD bool qsgd_valid(uint32_t code, uint32_t levels, uint32_t sign_bit) 
 SKETCHSGD_HD float qsgd_value(uint32_t code, float norm_over_levels, uint32_t sign_bit) {
   const float v = norm_over_levels * float(code & (sign_bit - 1u));
   return (code & sign_bit) ? -v : v;
+}
+
+/// Gram-Schmidt's pivot for a column of squared norm norm2 (accumulated in double): 1/|a| as a
+/// float, or 0 when the column has vanished (zero, or too small or large for a finite, non-zero
+/// float inverse); the column then becomes zero rather than NaN.
+SKETCHSGD_HD float gram_schmidt_inverse(double norm2) {
+  const double norm = sqrt(norm2);
+  const float inv = float(1.0 / norm);
+  return norm > 0.0 && is_finite(inv) && inv != 0.0f ? inv : 0.0f;
 }
 
 }  // namespace sketchsgd::elem
