@@ -25,8 +25,9 @@ CodecInfo Compressor::info() const {
   for (auto k :
        {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update}) {
     i.max_payload[size_t(k)] = max_payload(k);
-    i.sum_size[size_t(k)] = sum_size(k);
-    i.sum_format[size_t(k)] = sum_format(k);
+    const bool summed = k == MessageKind::Gradient || k == MessageKind::Answer;
+    i.values[size_t(k)] = summed ? sum_size(k) : reply_size(k);
+    i.format[size_t(k)] = sum_format(k);
   }
   return i;
 }
@@ -108,6 +109,56 @@ void Compressor::answer_sum(std::span<const uint8_t> query, std::span<float> out
   check(query, MessageKind::Query);
   ByteReader r(payload_of(query), "query payload");
   do_answer_sum(r, out);
+}
+
+namespace {
+/// NonFiniteError naming the first NaN/±Inf of values given instead of a message (what: the
+/// caller and the values).
+void require_finite_values(const Device& d, Scratch& s, std::span<const float> v,
+                           const char* what) {
+  const size_t bad = ops::find_nonfinite(d, s, v);
+  SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, what, " ", bad, " is not finite");
+}
+}  // namespace
+
+void Compressor::answer_values(std::span<const float> query, std::span<float> out) {
+  const auto scope = device_.activate();
+  SKETCHSGD_REQUIRE(two_rounds(), ProtocolError, "codec ", spec_, " has no second round");
+  const uint64_t n = reply_size(MessageKind::Query);
+  SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", spec_,
+                    "'s query is not a float vector: answer its message");
+  SKETCHSGD_REQUIRE(query.size() == n, InvalidArgument, "answer_values: query of length ",
+                    query.size(), ", the codec's query has ", n);
+  SKETCHSGD_REQUIRE(out.size() == sum_size(MessageKind::Answer), InvalidArgument,
+                    "answer_values: output of length ", out.size(), ", the codec's answer has ",
+                    sum_size(MessageKind::Answer));
+  device_.require_accessible(query.data(), query.size_bytes(), "answer_values: query");
+  device_.require_accessible(out.data(), out.size_bytes(), "answer_values: output");
+  require_finite_values(device_, ops_, query, "answer_values: query value");
+  do_answer_values(query, out);
+}
+
+void Compressor::apply_values(std::span<const float> update, std::span<float> step) {
+  const auto scope = device_.activate();
+  const uint64_t n = reply_size(MessageKind::Update);
+  SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", spec_,
+                    "'s update is not a float vector: apply its message");
+  SKETCHSGD_REQUIRE(update.size() == n, InvalidArgument, "apply_values: update of length ",
+                    update.size(), ", the codec's update has ", n);
+  SKETCHSGD_REQUIRE(step.size() == dim_, InvalidArgument, "apply_values: step of length ",
+                    step.size(), " for a codec of dim ", dim_);
+  device_.require_accessible(update.data(), update.size_bytes(), "apply_values: update");
+  device_.require_accessible(step.data(), step.size_bytes(), "apply_values: step");
+  require_finite_values(device_, ops_, update, "apply_values: update value");
+  do_apply_values(update, step);
+}
+
+void Compressor::do_answer_values(std::span<const float>, std::span<float>) {
+  throw ProtocolError("codec " + spec_ + "'s query is not a float vector");
+}
+
+void Compressor::do_apply_values(std::span<const float>, std::span<float>) {
+  throw ProtocolError("codec " + spec_ + "'s update is not a float vector");
 }
 
 void Compressor::do_encode_sum(std::span<const float>, uint64_t, std::span<float>) {
@@ -200,7 +251,7 @@ void Aggregator::add(std::span<const uint8_t> message) {
 }
 
 void Aggregator::add_sum(std::span<const float> sum, uint32_t contributors, uint64_t round) {
-  const uint64_t n = info_.sum_size[size_t(expecting_)];
+  const uint64_t n = info_.values[size_t(expecting_)];
   SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", to_string(info_.id), " cannot take a summed ",
                     to_string(expecting_), ": add its messages one by one");
   SKETCHSGD_REQUIRE(sum.size() == n, InvalidArgument, "add_sum: ", sum.size(), " values for a ",
@@ -240,14 +291,43 @@ void Aggregator::load_state(std::span<const uint8_t> state) {
 Message Aggregator::finish() {
   SKETCHSGD_REQUIRE(count_ > 0, ProtocolError, "finish: no ", to_string(expecting_),
                     " message arrived");
-  Header phase = info_.header(expecting_, round_, kServerRank);
-  Message out = reduce(phase, count_);
+  Message out = reduce(info_.header(expecting_, round_, kServerRank), count_);
+  next_phase(out.kind());
+  return out;
+}
+
+MessageKind Aggregator::replying() const {
+  const bool query =
+      expecting_ == MessageKind::Gradient && info_.max_payload[size_t(MessageKind::Query)] > 0;
+  return query ? MessageKind::Query : MessageKind::Update;
+}
+
+void Aggregator::finish_values(std::span<float> out) {
+  SKETCHSGD_REQUIRE(count_ > 0, ProtocolError, "finish_values: no ", to_string(expecting_),
+                    " message arrived");
+  const MessageKind kind = replying();
+  const uint64_t n = info_.values[size_t(kind)];
+  SKETCHSGD_REQUIRE(n > 0, ProtocolError, "codec ", to_string(info_.id), "'s ", to_string(kind),
+                    " is not a float vector: finish() it as a message");
+  SKETCHSGD_REQUIRE(out.size() == n, InvalidArgument, "finish_values: output of length ",
+                    out.size(), ", the ", to_string(kind), " has ", n);
+  device_.require_accessible(out.data(), out.size_bytes(), "finish_values: output");
+  const auto scope = device_.activate();
+  reduce_values(info_.header(expecting_, round_, kServerRank), count_, out);
+  next_phase(kind);
+}
+
+void Aggregator::reduce_values(const Header&, uint32_t, std::span<float>) {
+  throw ProtocolError("codec " + std::string(to_string(info_.id)) +
+                      "'s replies are not float vectors");
+}
+
+void Aggregator::next_phase(MessageKind reply) {
   clear();
   count_ = 0;
   seen_.assign(world_, false);
   // A Query opens the Answer phase of this round.
-  expecting_ = out.kind() == MessageKind::Query ? MessageKind::Answer : MessageKind::Gradient;
-  return out;
+  expecting_ = reply == MessageKind::Query ? MessageKind::Answer : MessageKind::Gradient;
 }
 
 }  // namespace sketchsgd

@@ -9,7 +9,22 @@
 namespace sketchsgd {
 namespace {
 const char* payload_name(MessageKind kind) {
-  return kind == MessageKind::Answer ? "answer value" : "gradient payload value";
+  switch (kind) {
+    case MessageKind::Answer:
+      return "answer value";
+    case MessageKind::Query:
+      return "query value";
+    case MessageKind::Update:
+      return "update value";
+    default:
+      return "gradient payload value";
+  }
+}
+
+/// Values (host) as a message of the given header in a wire format.
+Message values_message(const Header& h, std::span<const float> v, WireFloat f, const char* what) {
+  return Message::build(h, wire_bytes(f) * v.size(),
+                        [&](ByteWriter& w) { payload::write_values(w, v, f, what); });
 }
 }  // namespace
 
@@ -19,6 +34,10 @@ SummableCodec::SummableCodec(CodecId id, uint64_t dim, std::string spec, const D
       gradient_format_(gradient_format),
       answer_format_(answer_format) {}
 
+uint64_t SummableCodec::reply_bytes(MessageKind kind) const {
+  return wire_bytes(sum_format(kind)) * reply_size(kind);
+}
+
 uint64_t SummableCodec::max_payload(MessageKind kind) const {
   if (kind == MessageKind::Gradient || kind == MessageKind::Answer)
     return wire_bytes(sum_format(kind)) * sum_size(kind);
@@ -27,9 +46,29 @@ uint64_t SummableCodec::max_payload(MessageKind kind) const {
 
 Message SummableCodec::message(const Header& h, const char* what) {
   const auto host = ops::to_host(device(), payload_.span().first(sum_size(h.kind)), staging_);
-  return Message::build(h, max_payload(h.kind), [&](ByteWriter& w) {
-    payload::write_values(w, host, sum_format(h.kind), what);
-  });
+  return values_message(h, host, sum_format(h.kind), what);
+}
+
+std::span<const float> SummableCodec::read_reply(ByteReader& r, MessageKind kind) {
+  const uint64_t n = reply_size(kind);
+  SKETCHSGD_ASSERT(n > 0, "a codec whose replies are not float vectors reads them itself");
+  const auto v = payload::read_values(r, n, sum_format(kind), payload_name(kind));  // finite
+  r.expect_end();
+  if (!device().is_gpu()) {
+    staging_ = v;
+    return staging_;
+  }
+  if (reply_.size() < n) reply_ = Buffer<float>(n, device());
+  reply_.upload(v);
+  return reply_.span().first(n);
+}
+
+void SummableCodec::do_answer_sum(ByteReader& r, std::span<float> out) {
+  do_answer_values(read_reply(r, MessageKind::Query), out);
+}
+
+void SummableCodec::do_apply(ByteReader& r, const Header&, std::span<float> step) {
+  do_apply_values(read_reply(r, MessageKind::Update), step);
 }
 
 Message SummableCodec::do_encode(std::span<const float> grad, const Header& h) {
@@ -59,15 +98,15 @@ SummableAggregator::SummableAggregator(const Compressor& codec, uint32_t world_s
 Buffer<float>& SummableAggregator::sum_of(MessageKind kind) {
   const size_t at = kind == MessageKind::Answer ? 1 : 0;
   Buffer<float>& s = sum_[at];
-  const uint64_t n = info_.sum_size[size_t(kind)];
+  const uint64_t n = info_.values[size_t(kind)];
   if (s.size() != n) s = Buffer<float>(n, device_);  // zeroed
   dirty_[at] = true;
   return s;
 }
 
 void SummableAggregator::absorb(ByteReader& r, const Header& h) {
-  const uint64_t n = info_.sum_size[size_t(h.kind)];
-  const auto v = payload::read_values(r, n, info_.sum_format[size_t(h.kind)],
+  const uint64_t n = info_.values[size_t(h.kind)];
+  const auto v = payload::read_values(r, n, info_.format[size_t(h.kind)],
                                       payload_name(h.kind));  // finite-checked
   r.expect_end();
   const auto scope = device_.activate();
@@ -90,6 +129,36 @@ void SummableAggregator::absorb_sum(std::span<const float> v, MessageKind kind) 
 Message SummableAggregator::reduce(const Header& phase, uint32_t contributors) {
   const auto scope = device_.activate();
   return reduce_sum(sum_of(phase.kind).span(), phase, contributors);
+}
+
+Message SummableAggregator::reduce_sum(std::span<float> sum, const Header& phase,
+                                       uint32_t contributors) {
+  const MessageKind kind = replying();
+  const uint64_t n = info_.values[size_t(kind)];
+  SKETCHSGD_ASSERT(n > 0, "a codec whose replies are not float vectors writes reduce_sum");
+  if (reply_.size() < n) reply_ = Buffer<float>(n, device_);
+  const auto out = reply_.span().first(n);
+  reduce_to(sum, phase, contributors, out);
+  Header h = phase;
+  h.kind = kind;
+  return values_message(h, ops::to_host(device_, out, host_), info_.format[size_t(kind)],
+                        payload_name(kind));
+}
+
+void SummableAggregator::reduce_values(const Header& phase, uint32_t contributors,
+                                       std::span<float> out) {
+  const MessageKind kind = replying();
+  reduce_to(sum_of(phase.kind).span(), phase, contributors, out);
+  // As the message would carry them: rounded to the wire format, which must hold them.
+  const WireFloat f = info_.format[size_t(kind)];
+  const size_t bad = ops::round_to(device_, ops_, out, f);
+  SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, payload_name(kind), " ", bad,
+                    " does not fit ", f == WireFloat::F16 ? "fp16 (|x| < 65520)" : "bf16",
+                    ": use a wider wire format");
+}
+
+void SummableAggregator::reduce_to(std::span<float>, const Header&, uint32_t, std::span<float>) {
+  SKETCHSGD_ASSERT(false, "a codec with float-vector replies writes reduce_to");
 }
 
 void SummableAggregator::clear() {

@@ -1,13 +1,18 @@
 // The summable family: codecs whose worker payloads add up (dense values, sketch tables, PowerSGD
 // factors). A codec writes each operation once, on float payloads:
-//   SummableCodec:      sum_size(kind), do_encode_sum(grad, round, out), do_answer_sum(query, out)
-//                       (two phases only), do_apply(update, step), reply_bytes(kind) (Query and
-//                       Update limits), make_aggregator();
-//   SummableAggregator: reduce_sum(sum, phase, contributors) → Query or Update.
+//   SummableCodec:      sum_size(kind), do_encode_sum(grad, round, out), make_aggregator(), and
+//                       its replies one of two ways:
+//                       - float vectors (dense, powersgd): reply_size(kind) (Query, Update),
+//                         do_answer_values(query, out) (two phases only), do_apply_values;
+//                       - other bytes (sketch): reply_bytes(kind), do_answer_sum(payload, out),
+//                         do_apply(payload, step).
+//   SummableAggregator: reduce_to(sum, phase, contributors, out) for float-vector replies, or
+//                       reduce_sum(sum, phase, contributors) → Query or Update message.
 // The message path is derived here once: a Gradient or Answer message is the payload in the
 // codec's wire format; the server reads it, checks it is finite and adds it to the phase's sum;
-// an all-reduced sum (add_sum) takes the same road past the reading. So a parameter server and a
-// DDP hook run the same code on the same sums.
+// an all-reduced sum (add_sum) takes the same road past the reading. A float-vector reply is
+// written in the same format, and its values, rounded to it, can stay on the device instead. So
+// a parameter server and a DDP hook run the same code on the same sums.
 #pragma once
 
 #include <sketchsgd/compress/compressor.hpp>
@@ -16,7 +21,8 @@ namespace sketchsgd {
 
 class SummableCodec : public Compressor {
  public:
-  /// formats: the wire format of the Gradient and of the Answer payload.
+  /// formats: the wire format of the Gradient payload and of float-vector replies, and of the
+  /// Answer payload.
   SummableCodec(CodecId id, uint64_t dim, std::string spec, const Device& device,
                 WireFloat gradient_format, WireFloat answer_format = WireFloat::F32);
 
@@ -28,17 +34,24 @@ class SummableCodec : public Compressor {
   uint64_t max_payload(MessageKind kind) const final;
 
  protected:
-  /// The largest Query (0: one phase) or Update payload.
-  virtual uint64_t reply_bytes(MessageKind kind) const = 0;
+  /// The largest Query (0: one phase) or Update payload; default: reply_size() values.
+  virtual uint64_t reply_bytes(MessageKind kind) const;
+  /// Default: the Query's values read (reply_size(Query)) and answered with do_answer_values.
+  void do_answer_sum(ByteReader& payload, std::span<float> out) override;
+  /// Default: the Update's values read (reply_size(Update)) and applied with do_apply_values.
+  void do_apply(ByteReader& payload, const Header& h, std::span<float> step) override;
 
  private:
   Message do_encode(std::span<const float> grad, const Header& h) final;
   Message do_answer(ByteReader& payload, const Header& query, uint32_t sender) final;
   /// A payload written to payload_ (device memory) as a message in the phase's wire format.
   Message message(const Header& h, const char* what);
+  /// A float-vector reply's values read from its payload into reply_ (device memory).
+  std::span<const float> read_reply(ByteReader& r, MessageKind kind);
 
   WireFloat gradient_format_, answer_format_;
   Buffer<float> payload_;       // the payload being encoded
+  Buffer<float> reply_;         // a reply's values on their way to a GPU
   std::vector<float> staging_;  // its host copy (GPU)
 };
 
@@ -48,19 +61,27 @@ class SummableAggregator : public Aggregator {
 
  protected:
   /// The phase's result from the sum of its payloads (in the device's memory; the codec may
-  /// overwrite it) and the number of workers that contributed.
-  virtual Message reduce_sum(std::span<float> sum, const Header& phase, uint32_t contributors) = 0;
+  /// overwrite it) and the number of workers that contributed. Default: the values of
+  /// reduce_to() as a message.
+  virtual Message reduce_sum(std::span<float> sum, const Header& phase, uint32_t contributors);
+  /// A float-vector reply (Query or Update, replying()) from the sum: its values into out
+  /// (device memory, length reply_size()).
+  virtual void reduce_to(std::span<float> sum, const Header& phase, uint32_t contributors,
+                         std::span<float> out);
 
  private:
   void absorb(ByteReader& payload, const Header& h) final;
   void absorb_sum(std::span<const float> sum, MessageKind kind) final;
   Message reduce(const Header& phase, uint32_t contributors) final;
+  void reduce_values(const Header& phase, uint32_t contributors, std::span<float> out) final;
   void clear() final;
   Buffer<float>& sum_of(MessageKind kind);
 
   Buffer<float> sum_[2];  // Gradient, Answer
   bool dirty_[2] = {false, false};
-  Buffer<float> staging_;  // a message's values on their way to a GPU
+  Buffer<float> staging_;    // a message's values on their way to a GPU
+  Buffer<float> reply_;      // reduce_to()'s output for a message
+  std::vector<float> host_;  // its host copy (GPU)
   Scratch ops_;
 };
 

@@ -178,6 +178,12 @@ PYBIND11_MODULE(_core, m) {
              }
              return to_py(msg.bytes());
            })
+      .def(
+          "finish_values",
+          [](Aggregator& a, uintptr_t out, uint64_t n) { a.finish_values(floats(out, n)); },
+          py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly(
+          "replying", [](const Aggregator& a) { return std::string(to_string(a.replying())); })
       .def("abandon", &Aggregator::abandon)
       .def_property_readonly("count", &Aggregator::count)
       .def_property_readonly("world_size", &Aggregator::world_size)
@@ -214,6 +220,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("compression_ratio", &Compressor::compression_ratio)
       .def("sum_size",
            [](const Compressor& c, const std::string& k) { return c.sum_size(kind_of(k)); })
+      .def("reply_size",
+           [](const Compressor& c, const std::string& k) { return c.reply_size(kind_of(k)); })
       .def("max_message_bytes",
            [](const Compressor& c, const std::string& k) {
              return kHeaderBytes + c.max_payload(kind_of(k));
@@ -249,6 +257,18 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              c.answer_sum(v.bytes(), floats(out, m));
            })
+      .def(
+          "answer_values",
+          [](Compressor& c, uintptr_t query, uint64_t n, uintptr_t out, uint64_t m) {
+            c.answer_values(floats(query, n), floats(out, m));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "apply_values",
+          [](Compressor& c, uintptr_t update, uint64_t n, uintptr_t step, uint64_t m) {
+            c.apply_values(floats(update, n), floats(step, m));
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def("apply",
            [](Compressor& c, const py::buffer& update, uintptr_t step, uint64_t n) {
              const View v(update);

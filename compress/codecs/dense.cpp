@@ -2,7 +2,6 @@
 // whose mean is the momentum of the mean gradient); the server returns the mean.
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/compress/registry.hpp>
-#include "../mean_aggregator.hpp"
 #include "../ops.hpp"
 #include "../summable.hpp"
 
@@ -14,11 +13,11 @@ class DenseAggregator final : public SummableAggregator {
   using SummableAggregator::SummableAggregator;
 
  private:
-  Message reduce_sum(std::span<float> sum, const Header& phase, uint32_t contributors) override {
+  void reduce_to(std::span<float> sum, const Header&, uint32_t contributors,
+                 std::span<float> out) override {
     ops::scale(device_, sum, 1.0f / float(contributors));
-    return dense_update(phase, ops::to_host(device_, sum, staging_));
+    ops::copy(device_, out, sum);
   }
-  std::vector<float> staging_;  // the mean on its way from a GPU
 };
 
 class Dense final : public SummableCodec {
@@ -33,17 +32,16 @@ class Dense final : public SummableCodec {
   uint64_t sum_size(MessageKind kind) const override {
     return kind == MessageKind::Gradient ? dim() : 0;
   }
+  uint64_t reply_size(MessageKind kind) const override {
+    return kind == MessageKind::Update ? dim() : 0;
+  }
 
  private:
-  uint64_t reply_bytes(MessageKind kind) const override {
-    return kind == MessageKind::Update ? dense_bytes(dim()) : 0;
-  }
   void do_encode_sum(std::span<const float> g, uint64_t, std::span<float> out) override {
-    const auto v = fb_.absorb(g);
-    detail::copy_bytes(out.data(), v.data(), v.size_bytes(), device());
+    ops::copy(device(), out, fb_.absorb(g));
   }
-  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
-    read_dense_update(r, step, device());
+  void do_apply_values(std::span<const float> update, std::span<float> step) override {
+    ops::copy(device(), step, update);
   }
   Feedback* feedback() override { return &fb_; }
 

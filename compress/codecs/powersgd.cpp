@@ -16,8 +16,10 @@
 // round streams the matrix seven times; OpenBLAS's packing and separate error passes made it
 // about twelve, and its blocking reaches half the FMA rate of the register tiles there, at
 // every rank: BM_LowRank); at ranks up to 4 five times, the error's subtraction deferred from
-// the step's pass to the next absorb (defers()). On a GPU cuBLAS (ops::gemm). The factors are
-// small, so the orthonormalisation and the server's sums run on the host.
+// the step's pass to the next absorb (defers()). On a GPU everything stays on the device: cuBLAS
+// products (ops::gemm), one launch orthonormalising every factor (ops::orthonormalize), and
+// replies that are float vectors (reply_size()), so a DDP hook passes device tensors between the
+// phases.
 #include <algorithm>
 #include <cstring>
 
@@ -44,6 +46,14 @@ struct Plan {
   std::vector<Matrix> matrices;
   std::vector<Dense> dense;
   uint64_t p_size = 0, q_size = 0, dense_size = 0, r_size = 0;
+
+  /// The P (rows × rank) or Q (cols × rank) factor of every matrix, for ops::orthonormalize.
+  std::vector<kernels::Factor> factors(bool q_side) const {
+    std::vector<kernels::Factor> out;
+    for (const auto& m : matrices)
+      out.push_back({q_side ? m.q_at : m.p_at, q_side ? m.cols : m.rows, m.rank, m.r_at});
+    return out;
+  }
 
   Plan(const Layout& layout, uint64_t rank, double min_rate) {
     for (const auto& t : layout.tensors()) {
@@ -81,55 +91,41 @@ void random_q(std::span<float> q, uint64_t seed) {
   }
 }
 
-/// Orthonormalises every matrix's P or Q factor; rr, when given, receives each one's R (at r_at).
-void orthonormalize(const Plan& plan, std::span<float> factors, bool q_side, float* rr = nullptr) {
-  for (const auto& m : plan.matrices)
-    kernels::cpu::orthonormalize(factors.data() + (q_side ? m.q_at : m.p_at),
-                                 q_side ? m.cols : m.rows, m.rank,
-                                 rr != nullptr ? rr + m.r_at : nullptr);
-}
-
 class PowerAggregator final : public SummableAggregator {
  public:
-  PowerAggregator(const Compressor& c, uint32_t world, const Plan& plan, WireFloat wire)
-      : SummableAggregator(c, world), plan_(plan), wire_(wire) {}
+  PowerAggregator(const Compressor& c, uint32_t world, const Plan& plan)
+      : SummableAggregator(c, world),
+        plan_(plan),
+        p_factors_(plan.factors(false), c.device()),
+        p_hat_(plan.p_size, c.device()),
+        dense_mean_(plan.dense_size, c.device()) {}
 
  private:
-  /// Gradient: ΣP_i and the uncompressed tensors' sum; Answer: ΣQ_i. The factors are small, so
-  /// the orthonormalisation runs on the host.
-  Message reduce_sum(std::span<float> sum, const Header& phase, uint32_t contributors) override {
+  /// Gradient (ΣP_i, the uncompressed tensors' sum) → the Query P̂; Answer (ΣQ_i) → the Update
+  /// P̂ | Q̄ | the uncompressed tensors' mean.
+  void reduce_to(std::span<float> sum, const Header& phase, uint32_t contributors,
+                 std::span<float> out) override {
     const float inv = 1.0f / float(contributors);
+    const uint64_t np = plan_.p_size, nq = plan_.q_size;
     if (phase.kind == MessageKind::Gradient) {
       // Orthonormalising the sum spans the mean's column space; the uncompressed part waits for
       // the update.
-      const auto host = ops::to_host(device_, sum, staging_);
-      p_hat_.assign(host.begin(), host.begin() + plan_.p_size);
-      orthonormalize(plan_, p_hat_, false);
-      dense_mean_.assign(host.begin() + plan_.p_size, host.end());
-      kernels::cpu::scale(dense_mean_.data(), dense_mean_.size(), inv);
-      Header h = phase;
-      h.kind = MessageKind::Query;
-      return Message::build(h, wire_bytes(wire_) * p_hat_.size(), [&](ByteWriter& w) {
-        payload::write_values(w, p_hat_, wire_, "P factor");
-      });
+      ops::copy(device_, out, sum.first(np));
+      ops::orthonormalize(device_, out, p_factors_);
+      ops::copy(device_, p_hat_.span(), out);
+      ops::scale(device_, sum.subspan(np), inv);
+      ops::copy(device_, dense_mean_.span(), sum.subspan(np));
+      return;
     }
     ops::scale(device_, sum, inv);
-    const auto q_mean = ops::to_host(device_, sum, staging_);
-    Header h = phase;
-    h.kind = MessageKind::Update;
-    return Message::build(h,
-                          wire_bytes(wire_) * (p_hat_.size() + q_mean.size() + dense_mean_.size()),
-                          [&](ByteWriter& w) {
-                            payload::write_values(w, p_hat_, wire_, "P factor");
-                            payload::write_values(w, q_mean, wire_, "Q factor");
-                            payload::write_values(w, dense_mean_, wire_, "mean value");
-                          });
+    ops::copy(device_, out.first(np), p_hat_.span());
+    ops::copy(device_, out.subspan(np, nq), sum);
+    ops::copy(device_, out.subspan(np + nq), dense_mean_.span());
   }
 
   const Plan plan_;
-  const WireFloat wire_;
-  std::vector<float> p_hat_, dense_mean_;  // from the Gradient phase, for the update
-  std::vector<float> staging_;             // a sum on its way from a GPU
+  const ops::Factors p_factors_;
+  Buffer<float> p_hat_, dense_mean_;  // from the Gradient phase, for the update
 };
 
 class PowerSGD final : public SummableCodec {
@@ -141,53 +137,57 @@ class PowerSGD final : public SummableCodec {
         o_(o),
         fb_(dim, o.momentum, true, device),  // its error vector holds M from encode to apply
         fused_(!device.is_gpu()),
-        q_(plan.q_size),
-        q_dev_(plan.q_size, device),
-        p_dev_(plan.p_size, device),
-        pq_dev_(plan.p_size + plan.q_size, device) {
-    random_q(q_, o.seed);
+        q_factors_(plan.factors(true), device),
+        q_(plan.q_size, device),
+        qo_(plan.q_size, device) {
+    reset_q(o.seed);
     checks_finite_itself(fused_);
   }
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
-    return std::make_unique<PowerAggregator>(*this, world, plan_, o_.wire);
+    return std::make_unique<PowerAggregator>(*this, world, plan_);
   }
   uint64_t sum_size(MessageKind kind) const override {
     if (kind == MessageKind::Gradient) return plan_.p_size + plan_.dense_size;
     return kind == MessageKind::Answer ? plan_.q_size : 0;
   }
+  uint64_t reply_size(MessageKind kind) const override {
+    if (kind == MessageKind::Query) return plan_.p_size;
+    return kind == MessageKind::Update ? plan_.p_size + plan_.q_size + plan_.dense_size : 0;
+  }
 
  private:
-  uint64_t reply_bytes(MessageKind kind) const override {
-    const uint64_t b = wire_bytes(o_.wire);
-    if (kind == MessageKind::Query) return b * plan_.p_size;
-    return kind == MessageKind::Update ? b * (plan_.p_size + plan_.q_size + plan_.dense_size) : 0;
+  /// The next Q before orthonormalisation: random from seed (integer arithmetic, the same on
+  /// every worker and device).
+  void reset_q(uint64_t seed) {
+    std::vector<float> q(plan_.q_size);
+    random_q(q, seed);
+    q_.upload(q);
   }
+
   /// M = g + error; P_i = M·Q per matrix (Q: the warm-started mean, orthonormalised) into p, the
   /// uncompressed tensors after it (p and dense in the device's memory).
   void compute_p(std::span<const float> g, uint64_t round, float* p, float* dense,
                  const char* what) {
-    if (!o_.warm && round != last_round_) random_q(q_, o_.seed ^ (round * 0xD1B54A32D192ED03ull));
+    if (!o_.warm && round != last_round_) reset_q(o_.seed ^ (round * 0xD1B54A32D192ED03ull));
     last_round_ = round;
-    std::vector<float> q = q_;
+    ops::copy(device(), qo_.span(), q_.span());
     // Q̄ = q·R: a deferred subtraction P̂·Q̄ᵀ is (P̂·Rᵀ)·qᵀ, on the columns absorb reads anyway.
     rr_.resize(plan_.r_size);
-    orthonormalize(plan_, q, true, deferred_ ? rr_.data() : nullptr);
-    if (fused_) return fused_p(g, q, p, dense, what);
-    q_dev_.upload(q);
+    ops::orthonormalize(device(), qo_.span(), q_factors_, deferred_ ? rr_.data() : nullptr);
+    if (fused_) return fused_p(g, p, dense, what);
     const auto m = fb_.absorb(g);
     for (const auto& x : plan_.matrices)
       ops::gemm(device(), false, false, x.rows, x.rank, x.cols, 1.0f, m.data() + x.offset, x.cols,
-                q_dev_.data() + x.q_at, x.rank, 0.0f, p + x.p_at, x.rank);
+                qo_.data() + x.q_at, x.rank, 0.0f, p + x.p_at, x.rank);
     for (const auto& d : plan_.dense)
-      detail::copy_bytes(dense + d.at, m.data() + d.offset, d.numel * sizeof(float), device());
+      ops::copy(device(), {dense + d.at, d.numel}, m.subspan(d.offset, d.numel));
   }
 
   /// compute_p on the CPU: M = g (or the momentum) + error and P = M·Q in one pass, which also
   /// checks that g is finite (checks_finite_itself()): where it is not, absorb changes nothing, and
   /// the rest is taken back before the error is raised.
-  void fused_p(std::span<const float> g, const std::vector<float>& q, float* p, float* dense,
-               const char* what) {
+  void fused_p(std::span<const float> g, float* p, float* dense, const char* what) {
     bool finite = true;
     const auto m = fb_.error();
     const auto u = fb_.momentum();
@@ -203,7 +203,7 @@ class PowerSGD final : public SummableCodec {
             for (uint64_t k = l; k < x.rank; ++k)
               shifted_[i * x.rank + l] += ph[i * x.rank + k] * rr[l * x.rank + k];
       }
-      const float* qx = q.data() + x.q_at;
+      const float* qx = qo_.data() + x.q_at;
       finite &= kernels::cpu::lowrank_absorb(
           m.data() + x.offset, g.data() + x.offset, at(u, x.offset), fb_.rho(), qx, p + x.p_at,
           x.rows, x.cols, x.rank, owed ? shifted_.data() : nullptr, owed ? qx : nullptr);
@@ -227,33 +227,18 @@ class PowerSGD final : public SummableCodec {
     compute_p(g, round, out.data(), out.data() + plan_.p_size, "encode");
   }
 
-  /// Q_i = Mᵀ·P̂ per matrix into q (device memory).
-  void compute_q(ByteReader& r, float* q) {
-    const auto p = payload::read_values(r, plan_.p_size, o_.wire, "query P factor");
-    r.expect_end();
+  /// Q_i = Mᵀ·P̂ per matrix into out (P̂: the Query's values; both in the device's memory).
+  void do_answer_values(std::span<const float> p, std::span<float> out) override {
     const auto m = fb_.error();
-    if (fused_) {
-      for (const auto& x : plan_.matrices)
-        kernels::cpu::lowrank_answer(m.data() + x.offset, p.data() + x.p_at, q + x.q_at, x.rows,
-                                     x.cols, x.rank);
-      return;
-    }
-    p_dev_.upload(p);
     for (const auto& x : plan_.matrices)
-      ops::gemm(device(), true, false, x.cols, x.rank, x.rows, 1.0f, m.data() + x.offset, x.cols,
-                p_dev_.data() + x.p_at, x.rank, 0.0f, q + x.q_at, x.rank);
+      if (fused_)
+        kernels::cpu::lowrank_answer(m.data() + x.offset, p.data() + x.p_at, out.data() + x.q_at,
+                                     x.rows, x.cols, x.rank);
+      else
+        ops::gemm(device(), true, false, x.cols, x.rank, x.rows, 1.0f, m.data() + x.offset, x.cols,
+                  p.data() + x.p_at, x.rank, 0.0f, out.data() + x.q_at, x.rank);
   }
-  void do_answer_sum(ByteReader& r, std::span<float> out) override { compute_q(r, out.data()); }
 
-  /// The update's factors (validated, on the device) and its uncompressed values (host).
-  std::vector<float> read_update(ByteReader& r) {
-    auto pq = payload::read_values(r, plan_.p_size + plan_.q_size, o_.wire, "update factor");
-    auto dense = payload::read_values(r, plan_.dense_size, o_.wire, "update value");
-    r.expect_end();
-    pq_dev_.upload(pq);
-    pq.swap(dense);
-    return pq;
-  }
   /// Whether matrix x's error subtraction waits for the next absorb: on the CPU at ranks up to
   /// 4, where both passes are bound by memory, the step's pass then only writes the step (two
   /// streams over M fewer a round) and absorb subtracts P̂·Q̄ᵀ as it reads M anyway, on the
@@ -273,11 +258,14 @@ class PowerSGD final : public SummableCodec {
     deferred_ = false;
   }
 
-  /// The step P̂·Q̄ᵀ per matrix and the uncompressed values; fused, also error −= step when
+  /// The step P̂·Q̄ᵀ per matrix and the uncompressed values; on the CPU also error −= step when
   /// `error` is given (the error feedback in the same pass), but for the matrices that defer it.
-  void write_step(const std::vector<float>& dense, std::span<float> step, float* error) {
-    const float* p = pq_dev_.data();
+  /// On a GPU, error −= step rides on the product instead: M − P̂·Q̄ᵀ is the same GEMM with
+  /// β = 1 on the error, and the step a second one (both read only the small factors).
+  void write_step(std::span<const float> update, std::span<float> step, float* error) {
+    const float* p = update.data();
     const float* q = p + plan_.p_size;
+    const float* dense = q + plan_.q_size;
     for (const auto& x : plan_.matrices)
       if (fused_)
         kernels::cpu::lowrank_expand(p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows, x.cols,
@@ -286,19 +274,18 @@ class PowerSGD final : public SummableCodec {
         ops::gemm(device(), false, true, x.rows, x.cols, x.rank, 1.0f, p + x.p_at, x.rank,
                   q + x.q_at, x.rank, 0.0f, step.data() + x.offset, x.cols);
     for (const auto& d : plan_.dense)
-      detail::copy_bytes(step.data() + d.offset, dense.data() + d.at, d.numel * sizeof(float),
-                         device());
+      ops::copy(device(), step.subspan(d.offset, d.numel), {dense + d.at, d.numel});
   }
-  void do_apply(ByteReader& r, const Header&, std::span<float> step) override {
+  void do_apply_values(std::span<const float> update, std::span<float> step) override {
     // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
     // next round's warm start.
     settle();  // an apply with no encode since the last one
     const auto e = fb_.error();
     const bool fold = fused_ && o_.ef;  // the subtraction rides on the step's pass (or the next)
-    write_step(read_update(r), step, fold ? e.data() : nullptr);
+    write_step(update, step, fold ? e.data() : nullptr);
     if (fold && std::any_of(plan_.matrices.begin(), plan_.matrices.end(),
                             [&](const Plan::Matrix& x) { return defers(x); })) {
-      deferred_p_.assign(pq_dev_.data(), pq_dev_.data() + plan_.p_size);
+      deferred_p_.assign(update.begin(), update.begin() + plan_.p_size);
       deferred_ = true;
     }
     for (const auto& x : plan_.matrices) {
@@ -306,12 +293,11 @@ class PowerSGD final : public SummableCodec {
       if (!o_.ef)
         ops::scale(device(), part, 0.0f);
       else if (!fold)
-        ops::axpy(device(), part, step.subspan(x.offset, part.size()), -1.0f);
+        ops::gemm(device(), false, true, x.rows, x.cols, x.rank, -1.0f, update.data() + x.p_at,
+                  x.rank, update.data() + plan_.p_size + x.q_at, x.rank, 1.0f, part.data(), x.cols);
     }
     for (const auto& d : plan_.dense) ops::scale(device(), e.subspan(d.offset, d.numel), 0.0f);
-    if (o_.warm)
-      detail::copy_bytes(q_.data(), pq_dev_.data() + plan_.p_size, q_.size() * sizeof(float),
-                         device());
+    if (o_.warm) ops::copy(device(), q_.span(), update.subspan(plan_.p_size, plan_.q_size));
   }
 
   // Worker state: the error (between rounds) and the warm-start Q.
@@ -322,8 +308,9 @@ class PowerSGD final : public SummableCodec {
     const Bytes fb = fb_.save();
     w.put(uint64_t(fb.size()));
     w.put_array(std::span<const uint8_t>(fb));
-    w.put(uint64_t(q_.size()));
-    w.put_array(std::span<const float>(q_));
+    const auto q = q_.to_vector();
+    w.put(uint64_t(q.size()));
+    w.put_array(std::span<const float>(q));
     seal(out);
     return out;
   }
@@ -336,21 +323,21 @@ class PowerSGD final : public SummableCodec {
     const auto q = payload::read_floats(r, nq, "powersgd state Q");
     r.expect_end();
     fb_.load(fb);  // validates everything before it changes anything
-    q_ = q;
+    q_.upload(q);
     deferred_ = false;
   }
 
   const Plan plan_;
   const PowerOptions o_;
-  mutable Feedback fb_;   // mutable: save_state() settles a deferred subtraction first
-  const bool fused_;      // CPU: kernels::cpu::lowrank_*; GPU: ops::gemm
-  std::vector<float> q_;  // host: the next round's Q before orthonormalisation
-  Buffer<float> q_dev_, p_dev_;
-  Buffer<float> pq_dev_;  // an update's factors on the device
+  mutable Feedback fb_;  // mutable: save_state() settles a deferred subtraction first
+  const bool fused_;     // CPU: kernels::cpu::lowrank_*; GPU: ops::gemm
+  const ops::Factors q_factors_;
+  Buffer<float> q_;   // the next round's Q before orthonormalisation
+  Buffer<float> qo_;  // this round's, orthonormalised
   // The last update's P̂ while its error subtraction is owed (defers(); Q̄ is q_), host.
   mutable std::vector<float> deferred_p_;
   mutable bool deferred_ = false;
-  std::vector<float> rr_, shifted_;  // compute_p's R blocks and P̂·Rᵀ
+  std::vector<float> rr_, shifted_;  // compute_p's R blocks and P̂·Rᵀ (CPU)
   uint64_t last_round_ = ~uint64_t(0);
 };
 

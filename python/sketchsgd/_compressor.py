@@ -39,6 +39,7 @@ class Aggregator:
         self._a = core
         self._device = compressor.device
         self._streams = compressor._streams
+        self._reply_size = compressor.reply_size
 
     @property
     def count(self) -> int:
@@ -63,9 +64,29 @@ class Aggregator:
         with self._streams.ordered():
             self._a.add_sum(ptr, n, int(contributors), int(round))
 
+    @property
+    def replying(self) -> str:
+        """What finish() returns next: "query" after a two-round codec's gradient phase, else
+        "update"."""
+        return self._a.replying
+
     def finish(self) -> bytes:
         with self._streams.ordered():
             return self._a.finish()
+
+    def finish_values(self, out: torch.Tensor = None) -> torch.Tensor:
+        """finish() for codecs whose reply is a float vector (reply_size() > 0: powersgd, dense):
+        its values, as the message would carry them, in a float32 tensor on the codec's device,
+        which answer_sum() and apply() take in place of the bytes (no host copy between phases)."""
+        n = self._reply_size(self.replying)
+        if n == 0:
+            raise _core.ProtocolError(f"this codec's {self.replying} is not a float vector: use finish()")
+        if out is None:
+            out = torch.empty(n, dtype=torch.float32, device=self._device)
+        ptr, _ = address(out, "out", self._device, n, writable=True)
+        with self._streams.ordered():
+            self._a.finish_values(ptr, n)
+        return out
 
     def abandon(self) -> None:
         self._a.abandon()
@@ -144,6 +165,11 @@ class Compressor:
         """Floats of the summable payload of a phase (0: the codec's messages do not sum)."""
         return self._c.sum_size(_kind(kind))
 
+    def reply_size(self, kind: str = "update") -> int:
+        """Floats of a query or update that is a float vector (0: it is not; see
+        Aggregator.finish_values)."""
+        return self._c.reply_size(_kind(kind))
+
     def max_message_bytes(self, kind: str = "gradient") -> int:
         return self._c.max_message_bytes(_kind(kind))
 
@@ -177,21 +203,39 @@ class Compressor:
         with self._streams.ordered():
             return self._c.answer(message(query, "query"), int(rank))
 
+    def _values(self, t, kind):
+        """A reply given as its values (finish_values()): float32 on the codec's device."""
+        n = self.reply_size(kind)
+        if n == 0:
+            raise _core.ProtocolError(f"codec {self.spec}: its {kind} is not a float vector; pass its message")
+        return address(t, kind, self.device, n)
+
     def answer_sum(self, query, out: torch.Tensor = None) -> torch.Tensor:
+        """The summable answer to a query: its message, or its values (a float32 tensor from
+        Aggregator.finish_values())."""
         size = self.sum_size("answer")
         if size == 0:
             raise _core.ProtocolError(f"codec {self.spec} has no summable answer")
         out, optr = self._out(out, size, "out")
+        values = self._values(query, "query") if isinstance(query, torch.Tensor) and query.dtype != torch.uint8 else None
         with self._streams.ordered():
-            self._c.answer_sum(message(query, "query"), optr, size)
+            if values is not None:
+                self._c.answer_values(*values, optr, size)
+            else:
+                self._c.answer_sum(message(query, "query"), optr, size)
         return out
 
     def apply(self, update, step: torch.Tensor = None) -> torch.Tensor:
         """The dense step of an Update (the mean gradient estimate), with the codec's state
-        change (error feedback keeps what was not applied)."""
+        change (error feedback keeps what was not applied). update: its message, or its values
+        (a float32 tensor from Aggregator.finish_values())."""
         step, ptr = self._out(step, self.dim, "step")
+        values = self._values(update, "update") if isinstance(update, torch.Tensor) and update.dtype != torch.uint8 else None
         with self._streams.ordered():
-            self._c.apply(message(update, "update"), ptr, self.dim)
+            if values is not None:
+                self._c.apply_values(*values, ptr, self.dim)
+            else:
+                self._c.apply(message(update, "update"), ptr, self.dim)
         return step
 
     def apply_step(self, update, params: torch.Tensor, lr: float) -> None:

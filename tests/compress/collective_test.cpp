@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -102,6 +103,123 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Summable,
                                            "powersgd:rank=3,layout=50x80+1000",
                                            "powersgd:rank=2,ef=0,warm=0,layout=50x80+1000"));
 
+/// The same round with the replies kept as values (Aggregator::finish_values, answer_values,
+/// apply_values), as a hook keeps them on the device; every worker's step into steps[w].
+void round_by_values(Job& job, uint64_t round, std::vector<std::vector<float>>& steps) {
+  auto& first = *job.workers[0];
+  std::vector<float> sum(first.sum_size(MessageKind::Gradient)), part(sum.size());
+  for (uint32_t w = 0; w < kWorkers; ++w) {
+    job.workers[w]->encode_sum(grad(w, round), round, part);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  job.server->add_sum(sum, kWorkers, round);
+  if (job.server->replying() == MessageKind::Query) {
+    std::vector<float> query(first.reply_size(MessageKind::Query));
+    job.server->finish_values(query);
+    std::vector<float> ans(first.sum_size(MessageKind::Answer), 0.0f), mine(ans.size());
+    for (uint32_t w = 0; w < kWorkers; ++w) {
+      job.workers[w]->answer_values(query, mine);
+      for (size_t i = 0; i < ans.size(); ++i) ans[i] += mine[i];
+    }
+    job.server->add_sum(ans, kWorkers, round);
+  }
+  std::vector<float> update(first.reply_size(MessageKind::Update));
+  job.server->finish_values(update);
+  for (uint32_t w = 0; w < kWorkers; ++w) job.workers[w]->apply_values(update, steps[w]);
+}
+
+/// Codecs whose Query and Update are float vectors: their values give what their messages give,
+/// bit for bit (steps and every state), rounded to the wire format where it is 16-bit.
+TEST(FloatReplies, ValuesGiveTheStepsOfMessagesBitForBit) {
+  for (const char* spec : {"dense", "dense:momentum=0.9", "powersgd:rank=3,layout=50x80+1000",
+                           "powersgd:rank=2,ef=0,warm=0,layout=50x80+1000",
+                           "powersgd:rank=3,wire=fp16,layout=50x80+1000",
+                           "powersgd:rank=5,wire=bf16,momentum=0.9,layout=50x80+1000"}) {
+    SCOPED_TRACE(spec);
+    Job by_msg(spec), by_val(spec);
+    ASSERT_GT(by_val.workers[0]->reply_size(MessageKind::Update), 0u);
+    std::vector<float> a(kDim);
+    std::vector<std::vector<float>> b(kWorkers, std::vector<float>(kDim));
+    for (uint64_t round = 0; round < 4; ++round) {
+      const Bytes u = round_by_sums(by_msg, round);
+      round_by_values(by_val, round, b);
+      for (uint32_t w = 0; w < kWorkers; ++w) {
+        by_msg.workers[w]->apply(u, a);
+        EXPECT_EQ(std::memcmp(b[w].data(), a.data(), kDim * sizeof(float)), 0)
+            << "round " << round << " worker " << w;
+      }
+    }
+    for (uint32_t w = 0; w < kWorkers; ++w)
+      EXPECT_EQ(by_msg.workers[w]->save_state(), by_val.workers[w]->save_state());
+  }
+}
+
+TEST(FloatReplies, WrongValuesAreRefusedAndChangeNothing) {
+  Job job("powersgd:rank=3,layout=50x80+1000");
+  auto& c = *job.workers[0];
+  const uint64_t nq = c.reply_size(MessageKind::Query), nu = c.reply_size(MessageKind::Update);
+  EXPECT_EQ(nq, 3u * 50);
+  EXPECT_EQ(nu, 3u * (50 + 80) + 1000);
+  std::vector<float> out(c.sum_size(MessageKind::Answer)), step(kDim);
+  std::vector<float> query(nq, 0.1f), update(nu, 0.01f);
+  // Nothing to finish yet; then outputs of the wrong length.
+  EXPECT_THROW(job.server->finish_values(query), ProtocolError);
+  std::vector<float> sum(c.sum_size(MessageKind::Gradient), 1.0f);
+  job.server->add_sum(sum, kWorkers, 0);
+  std::vector<float> longer(nu + 1), shorter(kDim - 1);
+  EXPECT_THROW(job.server->finish_values(std::span<float>(longer).first(nq + 1)), InvalidArgument);
+  EXPECT_EQ(job.server->count(), kWorkers);  // still open
+  // Wrong lengths and non-finite values; the worker's state does not move.
+  const Bytes before = c.save_state();
+  EXPECT_THROW(c.answer_values(std::vector<float>(nq - 1), out), InvalidArgument);
+  EXPECT_THROW(c.answer_values(query, std::span<float>(longer).first(out.size() + 1)),
+               InvalidArgument);
+  EXPECT_THROW(c.apply_values(std::vector<float>(nu + 1), step), InvalidArgument);
+  EXPECT_THROW(c.apply_values(update, shorter), InvalidArgument);
+  query[7] = std::numeric_limits<float>::quiet_NaN();
+  update[nu - 1] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(c.answer_values(query, out), NonFiniteError);
+  EXPECT_THROW(c.apply_values(update, step), NonFiniteError);
+  EXPECT_EQ(c.save_state(), before);
+  // Codecs whose replies are not float vectors, or that have no query, say so.
+  auto sketch = make_compressor("sketch:rows=3,cols=400,k=40,p2=3", kDim);
+  auto dense = make_compressor("dense", kDim);
+  EXPECT_EQ(sketch->reply_size(MessageKind::Update), 0u);
+  EXPECT_THROW(sketch->apply_values(update, step), ProtocolError);
+  EXPECT_THROW(sketch->answer_values(query, out), ProtocolError);
+  EXPECT_THROW(dense->answer_values(query, out), ProtocolError);
+  auto agg = sketch->make_aggregator(1);
+  std::vector<float> table(sketch->sum_size(MessageKind::Gradient), 1.0f);
+  agg->add_sum(table, 1, 0);
+  EXPECT_THROW(agg->finish_values(update), ProtocolError);
+  EXPECT_EQ(agg->count(), 1u);  // still open: finish() works
+  EXPECT_EQ(agg->finish().kind(), MessageKind::Query);
+}
+
+TEST(FloatReplies, ValuesBeyondTheWireFormatAreRefusedLikeItsMessages) {
+  // Q̄ = Mᵀ·P̂ of a huge gradient exceeds fp16 (P̂ does not: orthonormal): the update's message
+  // and its values both refuse it.
+  for (bool values : {false, true}) {
+    Job job("powersgd:rank=2,wire=fp16,layout=50x80+1000");
+    auto& c = *job.workers[0];
+    auto g = grad(0, 0);
+    for (auto& x : g) x *= 1e6f;
+    std::vector<float> p(c.sum_size(MessageKind::Gradient));
+    c.encode_sum(g, 0, p);
+    job.server->add_sum(p, 1, 0);
+    std::vector<float> query(c.reply_size(MessageKind::Query));
+    job.server->finish_values(query);
+    std::vector<float> ans(c.sum_size(MessageKind::Answer));
+    c.answer_values(query, ans);
+    job.server->add_sum(ans, 1, 0);
+    std::vector<float> update(c.reply_size(MessageKind::Update));
+    if (values)
+      EXPECT_THROW(job.server->finish_values(update), NonFiniteError);
+    else
+      EXPECT_THROW(job.server->finish(), NonFiniteError);
+  }
+}
+
 TEST(Summable, BadSumsAreRefusedAndChangeNothing) {
   Job job("sketch:rows=3,cols=400,k=40");
   const uint64_t n = job.workers[0]->sum_size(MessageKind::Gradient);
@@ -149,9 +267,9 @@ TEST(Summable, EncodeSumValidatesLikeEncodeAndKeepsStateOnError) {
 }
 
 TEST(WorkerState, SavedStateResumesBitForBit) {
-  for (const char* spec : {"topk:k=50,momentum=0.9", "signsgd:ef=1", "terngrad:ef=1",
-                           "qsgd:ef=1,momentum=0.5",
-                           "sketch:rows=3,cols=400,k=40,p2=2", "dense:momentum=0.5"}) {
+  for (const char* spec :
+       {"topk:k=50,momentum=0.9", "signsgd:ef=1", "terngrad:ef=1", "qsgd:ef=1,momentum=0.5",
+        "sketch:rows=3,cols=400,k=40,p2=2", "dense:momentum=0.5"}) {
     Job a(spec);
     std::vector<float> step(kDim);
     for (uint64_t round = 0; round < 3; ++round) apply_all(a, round_by_messages(a, round), step);

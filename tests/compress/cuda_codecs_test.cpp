@@ -277,7 +277,66 @@ TEST(CudaCodec, PowerSGDOnTheGpuMatchesTheCpu) {
   cpu->encode_sum(g, 0, hout);
   gpu->encode_sum(cspan(dg, dim), 0, std::span<float>(dout.get(), hout.size()));
   const auto back = dout.host();
-  for (size_t i = 0; i < hout.size(); ++i) ASSERT_NEAR(back[i], hout[i], 1e-3f * (1 + std::fabs(hout[i])));
+  for (size_t i = 0; i < hout.size(); ++i)
+    ASSERT_NEAR(back[i], hout[i], 1e-3f * (1 + std::fabs(hout[i])));
+}
+
+/// Both of PowerSGD's phases on the device, the aggregator's included, as the DDP hook runs them:
+/// encode_sum, add_sum, finish_values, answer_values, apply_values. Steps match the CPU's message
+/// path to float rounding and the GPU's own message path bit for bit, with no host values.
+TEST(CudaCodec, PowerSGDPhasesStayOnTheDevice) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const uint64_t dim = 300 * 500 + 300 + 3000 + 10;
+  for (const char* spec : {"powersgd:rank=4,momentum=0.9,layout=300x500+300+10x300+10",
+                           "powersgd:rank=16,wire=fp16,layout=300x500+300+10x300+10"}) {
+    SCOPED_TRACE(spec);
+    auto cpu = make_compressor(spec, dim);
+    auto by_values = make_compressor(spec, dim, Device::cuda());
+    auto by_bytes = make_compressor(spec, dim, Device::cuda());
+    auto agg_cpu = cpu->make_aggregator(1), agg_values = by_values->make_aggregator(1),
+         agg_bytes = by_bytes->make_aggregator(1);
+    const uint64_t np = cpu->sum_size(MessageKind::Gradient),
+                   na = cpu->sum_size(MessageKind::Answer);
+    const uint64_t nq = cpu->reply_size(MessageKind::Query),
+                   nu = cpu->reply_size(MessageKind::Update);
+    for (uint64_t round = 0; round < 3; ++round) {
+      const auto g = test::gaussian(dim, seed + round, 0.1f);
+      Dev<float> dg(g);
+      // CPU, messages.
+      std::vector<float> p(np), a(na), step(dim);
+      cpu->encode_sum(g, round, p);
+      agg_cpu->add_sum(p, 1, round);
+      const Message q = agg_cpu->finish();
+      cpu->answer_sum(q.bytes(), a);
+      agg_cpu->add_sum(a, 1, round);
+      cpu->apply(agg_cpu->finish().bytes(), step);
+      // GPU, values.
+      Dev<float> vp(np), vq(nq), va(na), vu(nu), vstep(dim);
+      by_values->encode_sum(cspan(dg, dim), round, {vp.get(), np});
+      agg_values->add_sum(cspan(vp, np), 1, round);
+      agg_values->finish_values({vq.get(), nq});
+      by_values->answer_values(cspan(vq, nq), {va.get(), na});
+      agg_values->add_sum(cspan(va, na), 1, round);
+      agg_values->finish_values({vu.get(), nu});
+      by_values->apply_values(cspan(vu, nu), {vstep.get(), dim});
+      // GPU, messages between the phases.
+      Dev<float> bp(np), ba(na), bstep(dim);
+      by_bytes->encode_sum(cspan(dg, dim), round, {bp.get(), np});
+      agg_bytes->add_sum(cspan(bp, np), 1, round);
+      const Message bq = agg_bytes->finish();
+      by_bytes->answer_sum(bq.bytes(), {ba.get(), na});
+      agg_bytes->add_sum(cspan(ba, na), 1, round);
+      by_bytes->apply(agg_bytes->finish().bytes(), {bstep.get(), dim});
+
+      const auto got = vstep.host();
+      EXPECT_BITS_EQ(got, bstep.host()) << round;
+      for (size_t i = 0; i < dim; ++i)
+        ASSERT_NEAR(got[i], step[i], 2e-3f * (1.0f + std::fabs(step[i]))) << round << " " << i;
+    }
+    EXPECT_EQ(by_values->save_state(), by_bytes->save_state());
+  }
 }
 
 }  // namespace

@@ -9,6 +9,8 @@ import torch
 import sketchsgd
 
 DIM = 4000
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cuda_build,
+                               reason="no CUDA device (or a build without CUDA)")
 
 
 def grad(seed, dim=DIM):
@@ -88,6 +90,67 @@ def test_summed_payloads_give_the_same_update_as_messages():
     assert b.finish() == query
     b.add_sum(sum(c.answer_sum(query) for c in by_sum), W, 0)
     assert b.finish() == want
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_float_replies_stay_tensors_and_match_their_messages(device):
+    """powersgd's query and update as tensors on the codec's device (finish_values), answered and
+    applied as such: the steps of the message path, bit for bit, fp16 rounding included."""
+    spec, layout, W = "powersgd:rank=3,wire=fp16", [(40, 30), (30,), (10, 40), (10,)], 2
+    by_msg = [sketchsgd.Compressor(spec, layout=layout, device=device) for _ in range(W)]
+    by_val = [sketchsgd.Compressor(spec, layout=layout, device=device) for _ in range(W)]
+    a, b = by_msg[0].make_aggregator(W), by_val[0].make_aggregator(W)
+    assert by_val[0].reply_size("query") == 3 * (40 + 10) and b.replying == "query"
+    for i in range(3):
+        grads = [grad(10 * i + r, by_msg[0].dim).to(device) for r in range(W)]
+        a.add_sum(sum(c.encode_sum(g, i) for c, g in zip(by_msg, grads)), W, i)
+        b.add_sum(sum(c.encode_sum(g, i) for c, g in zip(by_val, grads)), W, i)
+        assert b.replying == "query"
+        query, values = a.finish(), b.finish_values()
+        assert values.device.type == device and values.dtype == torch.float32
+        assert b.replying == "update"
+        a.add_sum(sum(c.answer_sum(query) for c in by_msg), W, i)
+        b.add_sum(sum(c.answer_sum(values) for c in by_val), W, i)
+        update, values = a.finish(), b.finish_values()
+        for c, d in zip(by_msg, by_val):
+            want, got = c.apply(update), d.apply(values)
+            assert torch.equal(want, got)
+    assert by_msg[0].state_dict()["state"].equal(by_val[0].state_dict()["state"])
+
+
+def test_float_replies_are_checked():
+    spec, layout = "powersgd:rank=3", [(40, 30), (30,)]
+    c = sketchsgd.Compressor(spec, layout=layout)
+    agg = c.make_aggregator(1)
+    with pytest.raises(sketchsgd.ProtocolError, match="no gradient"):
+        agg.finish_values()
+    agg.add_sum(c.encode_sum(grad(1, c.dim)), 1, 0)
+    with pytest.raises(ValueError, match="elements"):
+        agg.finish_values(torch.empty(5))
+    query = agg.finish_values()
+    with pytest.raises(TypeError, match="float16"):
+        c.answer_sum(query.half())
+    with pytest.raises(ValueError, match="elements"):
+        c.answer_sum(query[1:])
+    bad = query.clone()
+    bad[4] = math.nan
+    with pytest.raises(sketchsgd.NonFiniteError, match="query value 4"):
+        c.answer_sum(bad)
+    agg.add_sum(c.answer_sum(query), 1, 0)
+    update = agg.finish_values()
+    update[-1] = math.inf
+    state = c.state_dict()["state"]
+    with pytest.raises(sketchsgd.NonFiniteError, match="update value"):
+        c.apply(update)
+    assert c.state_dict()["state"].equal(state)
+    sketch = sketchsgd.Compressor("sketch:rows=3,cols=600,k=100,p2=2", DIM)
+    assert sketch.reply_size("query") == 0
+    with pytest.raises(sketchsgd.ProtocolError, match="not a float vector"):
+        sketch.apply(torch.zeros(10))
+    sa = sketch.make_aggregator(1)
+    sa.add_sum(sketch.encode_sum(grad(2)), 1, 0)
+    with pytest.raises(sketchsgd.ProtocolError, match="not a float vector"):
+        sa.finish_values()
 
 
 @pytest.mark.parametrize("bad, error, match", [
@@ -188,9 +251,6 @@ def test_bad_constructor_arguments():
         with pytest.raises(Exception):
             sketchsgd.Compressor("dense", DIM, device="cuda:0")
 
-
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cuda_build,
-                               reason="no CUDA device (or a build without CUDA)")
 
 
 @needs_gpu

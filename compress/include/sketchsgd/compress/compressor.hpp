@@ -5,7 +5,10 @@
 // Collectives (a DDP hook) use the same codecs without a server: codecs whose payload sums across
 // workers (dense values, sketch tables, PowerSGD factors) write it with encode_sum() /
 // answer_sum(); an all-reduce sums it, and every rank's aggregator takes that sum with add_sum()
-// in place of W messages. Other codecs' messages are all-gathered and add()ed one by one.
+// in place of W messages. Other codecs' messages are all-gathered and add()ed one by one. Where a
+// Query or Update is a plain float vector (reply_size() > 0: PowerSGD's factors, a dense mean),
+// it can stay in device memory between phases too: Aggregator::finish_values(), answer_values()
+// and apply_values() take its values instead of its bytes.
 //
 // Codecs come in two families (docs/CODECS.md): summable ones derive from SummableCodec
 // (compress/summable.hpp), which writes their message path once; gathered ones implement encode,
@@ -28,13 +31,16 @@ class Aggregator;
 class Feedback;
 
 /// What a message must match to belong to a codec: identity, dim, size limits and the formats of
-/// summable payloads. Held by value (an aggregator outlives the compressor that made it).
+/// payloads that are float vectors. Held by value (an aggregator outlives the compressor that
+/// made it).
 struct CodecInfo {
   CodecId id;
   uint64_t dim;
   uint64_t max_payload[5];  ///< by MessageKind
-  uint64_t sum_size[5];     ///< floats of a summable payload, by MessageKind (0: not summable)
-  WireFloat sum_format[5];  ///< their float format on the wire
+  /// Floats of a payload that is a float vector, by MessageKind: sum_size() for Gradient and
+  /// Answer, reply_size() for Query and Update (0: not one).
+  uint64_t values[5];
+  WireFloat format[5];  ///< their float format on the wire
 
   /// Decodes a header and checks codec id, dim, kind and the payload limit.
   Header check(std::span<const uint8_t> message, MessageKind expected) const;
@@ -82,14 +88,22 @@ class Compressor {
   /// Floats of a phase's payload where it sums across workers (Gradient, Answer); 0 where it does
   /// not (such messages are gathered instead).
   virtual uint64_t sum_size(MessageKind) const { return 0; }
-  /// The float format of a summable phase's payload on the wire (the codec's `wire=`): a
-  /// collective casts the float32 payload to it, sums, and casts the sum back.
+  /// The float format of a phase's values on the wire (the codec's `wire=`): a collective casts
+  /// a float32 summable payload to it, sums, and casts the sum back.
   virtual WireFloat sum_format(MessageKind) const { return WireFloat::F32; }
   /// encode() for an all-reduce: the same checks and state change, the summable payload written
   /// to out (length sum_size(Gradient), in the device's memory) instead of a message.
   void encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out);
   /// answer() for an all-reduce: the queried values written to out (length sum_size(Answer)).
   void answer_sum(std::span<const uint8_t> query, std::span<float> out);
+  /// Floats of a Query or Update that is a plain float vector, 0 where it is not (a sketch's
+  /// candidates, a sparse update). Its format on the wire is sum_format(kind).
+  virtual uint64_t reply_size(MessageKind) const { return 0; }
+  /// answer_sum() of a Query given as its values (Aggregator::finish_values(); length
+  /// reply_size(Query), device memory, finite).
+  void answer_values(std::span<const float> query, std::span<float> out);
+  /// apply() of an Update given as its values (length reply_size(Update), device memory, finite).
+  void apply_values(std::span<const float> update, std::span<float> step);
 
   // ---- server role ------------------------------------------------------------------------------
   virtual std::unique_ptr<Aggregator> make_aggregator(uint32_t world_size) const = 0;
@@ -125,6 +139,9 @@ class Compressor {
   /// The summable payloads (codecs with sum_size() > 0); out is checked by the caller.
   virtual void do_encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out);
   virtual void do_answer_sum(ByteReader& payload, std::span<float> out);
+  /// answer_values() and apply_values() of checked values (codecs with reply_size() > 0).
+  virtual void do_answer_values(std::span<const float> query, std::span<float> out);
+  virtual void do_apply_values(std::span<const float> update, std::span<float> step);
   /// Validates an Update payload completely, then writes its dense step and changes the
   /// codec's state.
   virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) = 0;
@@ -184,6 +201,11 @@ class Aggregator {
   /// Ends the phase with what has arrived (the W messages, or a quorum): an Update, or for
   /// two-round codecs after the Gradient phase a Query. ProtocolError when nothing arrived.
   Message finish();
+  /// The kind finish() returns next: Query after a two-round codec's Gradient phase, else Update.
+  MessageKind replying() const;
+  /// finish() for a reply that is a float vector (reply_size(replying()) > 0): its values
+  /// written to out (the codec's device memory) exactly as its message would carry them.
+  void finish_values(std::span<float> out);
   /// Drops the current phase's partial merge (an aborted round); state kept across rounds stays.
   void abandon();
 
@@ -202,6 +224,8 @@ class Aggregator {
   virtual void absorb_sum(std::span<const float> sum, MessageKind kind);
   /// Produces the phase's result. A Query result opens the Answer phase of the same round.
   virtual Message reduce(const Header& phase, uint32_t contributors) = 0;
+  /// reduce() into the reply's values (codecs whose replies are float vectors; out checked).
+  virtual void reduce_values(const Header& phase, uint32_t contributors, std::span<float> out);
   /// Drops partial state (called after finish(), before the next phase).
   virtual void clear() = 0;
 
@@ -209,6 +233,9 @@ class Aggregator {
   const Device device_;  ///< the codec's device: where summed payloads lie
 
  private:
+  /// After a phase's result: the next phase, or a new round.
+  void next_phase(MessageKind reply);
+
   uint32_t world_;
   uint32_t count_ = 0;
   uint64_t round_ = 0;
