@@ -49,9 +49,13 @@ def main():
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP (the demo's: 1024)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                    help="the model's and so the bucket's precision (sketchsgd widens half buckets)")
     ap.add_argument("--rounds", type=int, default=1, help="time all hooks in turn this many times")
     ap.add_argument("--only", help="comma-separated substrings: time just the hooks whose spec has one")
     ap.add_argument("--json")
+    ap.add_argument("--profile", help="also profile 20 steps of each hook (torch.profiler) into this text file: "
+                    "where a step's host time goes (launches, synchronisations, copies)")
     ap.add_argument("--png", help="also draw the medians as bars here (needs matplotlib)")
     args = ap.parse_args()
     if args.png:  # before minutes of timing, not after
@@ -82,7 +86,8 @@ def main():
                             timeout=datetime.timedelta(seconds=60))
     torch.manual_seed(0)
     w = args.width
-    model = nn.Sequential(nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(dev)
+    model = nn.Sequential(nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(
+        dev, getattr(torch, args.dtype))
     params = list(model.parameters())
     grads = [(torch.randn(sum(p.numel() for p in params), generator=torch.Generator().manual_seed(s)) * 0.01).to(dev)
              for s in range(4)]
@@ -121,14 +126,30 @@ def main():
                 results.append(r)
                 print(f"{label:27s} {r['ms_median']:8.2f} ms/step (min {r['ms_min']:.2f})  "
                       f"payload {r['payload_bytes']:>10,} B", flush=True)
+    if args.profile:
+        with open(args.profile, "w") as out:
+            for label, hook in hooks:
+                state, fn, bucket = setups[hook]
+                acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+                with torch.profiler.profile(activities=acts) as prof:
+                    for step in range(20):
+                        bucket.buffer().copy_(grads[step % len(grads)])
+                        sync()
+                        fn(state, bucket).wait()
+                        sync()
+                out.write(f"==== {label} ({hook}): 20 steps\n")
+                out.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25) + "\n")
+        print(f"profiles: {args.profile}")
     dist.all_reduce = reduce
     dist.destroy_process_group()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "device": str(dev), "width": w, "rounds": args.rounds,
+                       "dtype": args.dtype,
                        "gpu": torch.cuda.get_device_name(0) if cuda else None, "results": results}, f, indent=1)
     if args.png:
-        draw(results, args.png, f"DDP hooks' own work per step: MLP 784-{w}-{w}-10 (d = {sum(p.numel() for p in params):,})\n"
+        draw(results, args.png, f"DDP hooks' own work per step: MLP 784-{w}-{w}-10 (d = {sum(p.numel() for p in params):,}, "
+             f"{args.dtype})\n"
              f"{dev.type}, {args.threads} thread(s), {args.rounds} round(s) of {args.steps} steps")
 
 

@@ -22,7 +22,8 @@
 #                                      and PyTorch (pybind11 staged by demo-prepare), run the
 #                                      Python tests (GPU variants included: gloo with CUDA tensors;
 #                                      NCCL with two GPUs), the DDP example on CUDA and the
-#                                      hooks' own work per step on the GPU (bench_hook.py)
+#                                      hooks' own work per step on the GPU (bench_hook.py;
+#                                      HOOK_ONLY=powersgd,... and HOOK_WIDTHS="1024" narrow it)
 #
 # Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
 set -uo pipefail
@@ -111,7 +112,7 @@ PY
   step "compute-sanitizer memcheck (small cases)"
   compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
     "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
-    --gtest_filter='CudaBlocked.*:Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:CudaSketch.*:CudaCodec.DenseTopk*:CudaEngine.*' \
+    --gtest_filter='CudaBlocked.*:Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:Cuda.Orthonormalize*:Cuda.RoundHalf*:CudaSketch.*:CudaCodec.DenseTopk*:CudaCodec.PowerSGDPhases*:CudaEngine.*' \
     > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see $REPORT/memcheck.log)"
   tail -n 5 "$REPORT/memcheck.log"
 
@@ -280,9 +281,10 @@ python_check() {
     --hook sketchsgd:powersgd:rank=4,momentum=0.9,wire=fp16 --json "$REPORT/ddp-cuda-powersgd.json" 2>&1 |
     tee "$REPORT/ddp-cuda-powersgd.log" || fail "DDP example on CUDA (powersgd)"
   step "the hooks' own work per step on the GPU (NCCL group of one; demo MLP, then 4x wider)"
-  for width in 1024 4096; do
+  for width in ${HOOK_WIDTHS:-1024 4096}; do
     "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 100 --threads 8 \
-      --python "$build/python" --json "$REPORT/hook-cuda-w$width.json" || fail "hook timing (width $width)"
+      --python "$build/python" --json "$REPORT/hook-cuda-w$width.json" ${HOOK_ONLY:+--only "$HOOK_ONLY"} ||
+      fail "hook timing (width $width)"
   done
   finish python
 }

@@ -194,6 +194,7 @@ class CompressionState:
         self._units = None       # unit index -> _Unit, fixed when the warm-up ends
         self._pending = {}       # unit index -> states from load_state_dict()
         self._checked = False
+        self._wide = {}          # bucket index -> float32 copy of a half-precision bucket
         self._step_bytes = 0     # this step's payload so far
         self._dense_step_bytes = 0
         self._stats = {"steps": 0, "compressed_steps": 0, "payload_bytes": 0, "dense_bytes": 0,
@@ -212,9 +213,9 @@ class CompressionState:
                              f"{differ}: every rank must use the same spec and options")
 
     def _check_bucket(self, buf):
-        if buf.dtype != torch.float32:
+        if buf.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"sketchsgd hook: bucket of dtype {buf.dtype}; the codecs take float32 gradients "
-                            "(for AMP, keep parameters in float32: autocast does)")
+                            "(float16 and bfloat16 buckets are widened to it)")
         if self._checked:
             return
         if buf.device.type == "cuda" and not _core.cuda_build:
@@ -224,6 +225,14 @@ class CompressionState:
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"sketchsgd hook: backend {self.backend!r} is not supported (gloo or nccl)")
         self._checked = True
+
+    def _widened(self, index: int, buf):
+        """A float32 copy of a half-precision bucket, the same tensor every step: the codecs and
+        the collectives see float32 whatever the model's precision (gloo has no bfloat16 sum)."""
+        t = self._wide.get(index)
+        if t is None or t.numel() != buf.numel() or t.device != buf.device:
+            t = self._wide[index] = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
+        return t.copy_(buf)
 
     # ---- buckets and units ----------------------------------------------------------------------
     def _entries(self, bucket):
@@ -407,8 +416,9 @@ def _then(fut, finish, inline: bool):
 
 
 def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
-    """Sketch and dense: one all-reduce of the table (or values) and the unit's uncompressed
-    parameters; a second one of the candidates' values for p2 > 0."""
+    """Dense, sketch and powersgd: one all-reduce of the payload (values, table or P factors)
+    and the unit's uncompressed parameters; a second one of the answers for two-round codecs
+    (sketch p2 > 0: the candidates' values; powersgd: the Q factors)."""
     codec = u.codec
     comp, dense = u.segments(where, True), u.segments(where, False)
     size = codec.sum_size("gradient")
@@ -447,6 +457,23 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
             raise _core.NonFiniteError("sketchsgd hook: another rank's gradient was not finite (that rank raised "
                                        "NonFiniteError with the coordinate); this step has no update")
 
+    def add(total):
+        """The aggregator takes a phase's sum. It checks the sum is finite, so the first phase's
+        check() reads the payload (a host synchronisation) only when that fails."""
+        if failed is not None:
+            raise failed
+        try:
+            u.aggregator.add_sum(total, W, round)
+        except _core.WireError:
+            check()
+            raise
+
+    def reply(kind):
+        """The aggregator's query or update: its values on the device where they are a float
+        vector (powersgd: no host copy between the phases), else its message."""
+        n = codec.reply_size(kind)
+        return u.aggregator.finish_values(u.room(kind, n, buf)) if n else u.aggregator.finish()
+
     state._count(0, (u.n_compressed + u.n_dense) * 4)
     work, done = all_reduce(payload, "payload", "gradient")
     answers = None
@@ -455,22 +482,20 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
         # in the same order on every rank: wait here, then issue the second all-reduce.
         work.wait()
         done()
-        check()
-        u.aggregator.add_sum(payload[:size], W, round)
-        answers = codec.answer_sum(u.aggregator.finish())
+        add(payload[:size])
+        answers = codec.answer_sum(reply("query"), u.room("answer", codec.sum_size("answer"), buf))
         work, done = all_reduce(answers, "answers", "answer")
 
     def finish(_):
         done()
-        if answers is None:
-            check()
         if u.dense:
+            check()
             # The dense aggregator's update is the sum times float32(1/W) and applying it changes
             # no state: the same here, without the host round trip of a dense Update message.
             step = payload[:size].mul_(inv)
         else:
-            u.aggregator.add_sum(answers if answers is not None else payload[:size], W, round)
-            update = u.aggregator.finish()
+            add(answers if answers is not None else payload[:size])
+            update = reply("update")
             if len(comp) == 1:  # straight into the bucket
                 o, n = comp[0]
                 codec.apply(update, buf[o:o + n])
@@ -567,12 +592,24 @@ def _compressed(state, bucket, buf):
 
 
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the bucket's averaged gradient through the state's codec."""
+    """DDP communication hook: the bucket's averaged gradient through the state's codec. A
+    float16 or bfloat16 bucket (a model in half precision) goes through a float32 copy, and the
+    averaged result is rounded back into it."""
     buf = bucket.buffer()
     state._check_bucket(buf)
+    wide = buf if buf.dtype == torch.float32 else state._widened(bucket.index(), buf)
     warm = state.iteration < state.start_iter
     try:
-        return (_warm_up if warm else _compressed)(state, bucket, buf)
+        fut = (_warm_up if warm else _compressed)(state, bucket, wide)
     finally:
         if bucket.is_last():
             state._end_step(not warm)
+    if wide is buf:
+        return fut
+
+    def narrowed(f):
+        buf.copy_(f.value())
+        _settled(buf)
+        return buf
+
+    return fut.then(narrowed)

@@ -143,12 +143,27 @@ def big_batch(rank, world, steps):
     return flat(m).numpy().tobytes()
 
 
+def half_buckets(rank, world, specs, dtype, steps=4, device="cpu"):
+    """Per spec, the hook on the same gradients in a float32 bucket and in a bucket of dtype
+    (values a 16-bit float holds exactly): returns both results of each step of this rank."""
+    out = {}
+    half = getattr(torch, dtype)
+    params = [torch.zeros(24, 40, device=device), torch.zeros(24, device=device)]
+    for spec in specs:
+        wide, narrow = CompressionState(spec), CompressionState(spec)
+        got = []
+        for step in range(steps):
+            grads = [quarter_integers(p.shape, 100 * step + 10 * rank + i).to(device) for i, p in enumerate(params)]
+            a = compression_hook(wide, FlatBucket(0, params, grads)).wait()
+            b = compression_hook(narrow, FlatBucket(0, params, [g.to(half) for g in grads])).wait()
+            got.append((a.cpu().numpy().tobytes(), b.dtype == half, b.float().cpu().numpy().tobytes()))
+        out[spec] = got
+    return out
+
+
 def low_precision(rank, world, spec, dtype):
-    """A model in another precision: the hook must refuse its buckets on every rank. fp16 goes
-    through a stand-in bucket (torch 1.13 has no fp16 matrix product on the CPU)."""
-    if dtype == "float16":
-        w = torch.zeros(8, 8, dtype=torch.float16)
-        compression_hook(CompressionState(spec), FlatBucket(0, [w], [w])).wait()
+    """A model in a precision the hook does not take (float64): it must refuse its buckets on
+    every rank."""
     m = model().to(getattr(torch, dtype))
     ddp = DDP(m)
     ddp.register_comm_hook(CompressionState(spec), compression_hook)

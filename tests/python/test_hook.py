@@ -158,13 +158,33 @@ def test_no_sync_accumulates_like_one_big_batch():
                                    rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])  # gloo in 1.13 cannot broadcast bfloat16
-def test_a_bucket_of_another_precision_is_refused_on_every_rank(dtype):
+def test_a_float64_bucket_is_refused_on_every_rank():
     with pytest.raises(ddp.RankErrors) as e:
-        ddp.run(jobs.low_precision, "sketch:k=100", dtype, timeout=120)
+        ddp.run(jobs.low_precision, "sketch:k=100", "float64", timeout=120)
     assert sorted(e.value.errors) == [0, 1, 2, 3]
     for name, message, _ in e.value.errors.values():
-        assert dtype in message and "float32" in message, message
+        assert "float64" in message and "float32" in message, message
+
+
+HALF_SPECS = ["dense", "sketch:rows=3,cols=300,k=60,p2=2", "powersgd:rank=2,wire=fp16", "topk:k=60,momentum=0.9"]
+
+
+def _check_half(results, dtype, steps):
+    half = getattr(torch, dtype)
+    for spec in HALF_SPECS:
+        for r in range(len(results)):
+            assert len(results[r][spec]) == steps
+            for i, (wide, is_half, narrow) in enumerate(results[r][spec]):
+                want = torch.from_numpy(np.frombuffer(wide, np.float32).copy()).to(half).float()
+                got = torch.from_numpy(np.frombuffer(narrow, np.float32).copy())
+                assert is_half and torch.equal(got, want), f"{spec} {dtype}: rank {r}, step {i}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_buckets_average_as_float32_ones(dtype):
+    """A model in float16 or bfloat16: the bucket is widened, compressed and averaged as a
+    float32 one, and the result rounded back into it (warm-up steps and compressed ones)."""
+    _check_half(ddp.run(jobs.half_buckets, HALF_SPECS, dtype), dtype, 4)
 
 
 def test_a_spec_that_differs_between_ranks_is_refused_on_every_rank():
@@ -195,6 +215,12 @@ def test_gloo_with_cuda_tensors_on_one_gpu():
     for spec in specs:
         first, last, params, _, _ = results[0][spec]
         assert last < first and results[1][spec][2] == params, spec
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_buckets_on_cuda(dtype):
+    _check_half(ddp.run(jobs.half_buckets, HALF_SPECS, dtype, 4, "cuda:0", world=2), dtype, 4)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2 or not sketchsgd.cuda_build, reason="NCCL needs two GPUs")
