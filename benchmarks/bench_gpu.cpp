@@ -205,6 +205,28 @@ void BM_Topk(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(n) * 4);
 }
 
+/// PowerSGD's orthonormalisation of three rows × rank factors (the demo MLP's P side at rows 1024,
+/// four times wider at 4096) from fresh data each time (a copy of the inputs included):
+/// method 0 Gram-Schmidt (one block a factor; what asking for R gives), 1 the library's choice
+/// (CholeskyQR2 past rank 8).
+void BM_Orthonormalize(benchmark::State& state) {
+  const uint64_t rows = uint64_t(state.range(0)), rank = uint64_t(state.range(1));
+  std::vector<sketchsgd::kernels::Factor> list;
+  for (uint64_t i = 0; i < 3; ++i) list.push_back({i * rows * rank, rows, rank, i * rank * rank});
+  const size_t n = 3 * rows * rank;
+  Dev<float> a(n), rr(3 * rank * rank);
+  Dev<sketchsgd::kernels::Factor> dl(list.size());
+  check(cudaMemcpy(dl.p, list.data(), list.size() * sizeof(list[0]), cudaMemcpyHostToDevice),
+        "upload");
+  const float* src = device_gradient(n);
+  cu::Workspace ws;
+  const bool with_r = state.range(2) == 0;
+  timed(state, [&] {
+    check(cudaMemcpyAsync(a.p, src, n * 4, cudaMemcpyDeviceToDevice), "copy");
+    cu::orthonormalize(a.p, list, dl.p, with_r ? rr.p : nullptr, ws);
+  });
+}
+
 void BM_PackSigns(benchmark::State& state) {
   const size_t n = size_t(state.range(0));
   Dev<uint32_t> words((n + 31) / 32);
@@ -274,6 +296,10 @@ BENCHMARK(BM_Topk)
     ->Args({kD, 1'000'000})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Orthonormalize)
+    ->ArgsProduct({{1024, 4096}, {4, 8, 16, 32}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_PackSigns)->Arg(kD)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Ternarize)->Arg(kD)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PackTernary)->Arg(kD)->UseManualTime()->Unit(benchmark::kMillisecond);

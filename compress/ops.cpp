@@ -82,9 +82,10 @@ Factors::Factors(std::vector<kernels::Factor> list, const Device& d) : host(std:
   }
 }
 
-void orthonormalize(const Device& d, std::span<float> base, const Factors& f, float* rr) {
+void orthonormalize(const Device& d, Scratch& s, std::span<float> base, const Factors& f,
+                    float* rr) {
   if (d.is_gpu())
-    return cu::orthonormalize(base.data(), f.device.data(), f.host.size(), rr, d.stream);
+    return cu::orthonormalize(base.data(), f.host, f.device.data(), rr, s.workspace(), d.stream);
   for (const auto& m : f.host)
     cpu::orthonormalize(base.data() + m.at, m.rows, m.rank, rr != nullptr ? rr + m.r_at : nullptr);
 }

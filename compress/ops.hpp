@@ -37,7 +37,8 @@ struct Factors {
 };
 /// kernels::cpu::orthonormalize of every factor of base; rr (device memory, when given) receives
 /// each one's R.
-void orthonormalize(const Device& d, std::span<float> base, const Factors& f, float* rr = nullptr);
+void orthonormalize(const Device& d, Scratch& s, std::span<float> base, const Factors& f,
+                    float* rr = nullptr);
 /// u = ρ·u + g; v += u.
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
                          std::span<const float> g, float rho);

@@ -96,7 +96,7 @@ void gemm(bool, bool, size_t, size_t, size_t, float, const float*, size_t, const
           float, float*, size_t, Stream) {
   absent();
 }
-void orthonormalize(float*, const Factor*, size_t, float*, Stream) {
+void orthonormalize(float*, std::span<const Factor>, const Factor*, float*, Workspace&, Stream) {
   absent();
 }
 

@@ -23,7 +23,8 @@
 #                                      Python tests (GPU variants included: gloo with CUDA tensors;
 #                                      NCCL with two GPUs), the DDP example on CUDA and the
 #                                      hooks' own work per step on the GPU (bench_hook.py;
-#                                      HOOK_ONLY=powersgd,... and HOOK_WIDTHS="1024" narrow it)
+#                                      HOOK_ONLY=powersgd,... and HOOK_WIDTHS="1024" narrow it,
+#                                      HOOK_ROUNDS=3 times the hooks in turn three times)
 #
 # Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
 set -uo pipefail
@@ -283,7 +284,8 @@ python_check() {
   step "the hooks' own work per step on the GPU (NCCL group of one; demo MLP, then 4x wider)"
   for width in ${HOOK_WIDTHS:-1024 4096}; do
     "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 100 --threads 8 \
-      --python "$build/python" --json "$REPORT/hook-cuda-w$width.json" ${HOOK_ONLY:+--only "$HOOK_ONLY"} ||
+      --python "$build/python" --json "$REPORT/hook-cuda-w$width.json" ${HOOK_ONLY:+--only "$HOOK_ONLY"} \
+      --rounds "${HOOK_ROUNDS:-1}" ||
       fail "hook timing (width $width)"
   done
   finish python

@@ -111,7 +111,7 @@ class PowerAggregator final : public SummableAggregator {
       // Orthonormalising the sum spans the mean's column space; the uncompressed part waits for
       // the update.
       ops::copy(device_, out, sum.first(np));
-      ops::orthonormalize(device_, out, p_factors_);
+      ops::orthonormalize(device_, scratch_, out, p_factors_);
       ops::copy(device_, p_hat_.span(), out);
       ops::scale(device_, sum.subspan(np), inv);
       ops::copy(device_, dense_mean_.span(), sum.subspan(np));
@@ -126,6 +126,7 @@ class PowerAggregator final : public SummableAggregator {
   const Plan plan_;
   const ops::Factors p_factors_;
   Buffer<float> p_hat_, dense_mean_;  // from the Gradient phase, for the update
+  Scratch scratch_;
 };
 
 class PowerSGD final : public SummableCodec {
@@ -174,7 +175,7 @@ class PowerSGD final : public SummableCodec {
     ops::copy(device(), qo_.span(), q_.span());
     // Q̄ = q·R: a deferred subtraction P̂·Q̄ᵀ is (P̂·Rᵀ)·qᵀ, on the columns absorb reads anyway.
     rr_.resize(plan_.r_size);
-    ops::orthonormalize(device(), qo_.span(), q_factors_, deferred_ ? rr_.data() : nullptr);
+    ops::orthonormalize(device(), ops_, qo_.span(), q_factors_, deferred_ ? rr_.data() : nullptr);
     if (fused_) return fused_p(g, p, dense, what);
     const auto m = fb_.absorb(g);
     for (const auto& x : plan_.matrices)

@@ -432,8 +432,10 @@ TEST(Cuda, PackingMatchesCpuBitForBit) {
   }
 }
 
-/// One launch orthonormalises factors of several shapes as the CPU does one by one: ranks that
-/// fill a reduction chunk, cross it and leave it part full, a zero column, R blocks.
+/// Factors of several shapes orthonormalised at once as the CPU does one by one: CholeskyQR2 for
+/// the well-conditioned ones (ranks that fill a Gram tile, leave it part full, one row), and
+/// Gram-Schmidt for a factor with a zero column, one past CholeskyQR2's ranks, and all of them
+/// where R is asked for.
 TEST(Cuda, OrthonormalizeMatchesCpu) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -445,7 +447,9 @@ TEST(Cuda, OrthonormalizeMatchesCpu) {
                       {77, 8},
                       {513, 16},
                       {2050, 20},
-                      {40, 3}}) {
+                      {40, 3},
+                      {150, 70},
+                      {64, 64}}) {
     list.push_back({at, n, r, r_at});
     at += n * r;
     r_at += r * r;
@@ -457,18 +461,28 @@ TEST(Cuda, OrthonormalizeMatchesCpu) {
   std::vector<float> want_r(r_at, -1.0f);
   for (const auto& f : list)
     kernels::cpu::orthonormalize(want.data() + f.at, f.rows, f.rank, want_r.data() + f.r_at);
-  Dev<float> d(base), dr(r_at);
   Dev<kernels::Factor> dl(list);
-  cu::orthonormalize(d.get(), dl.get(), list.size(), dr.get());
-  const auto got = d.host(), got_r = dr.host();
-  for (size_t i = 0; i < at; ++i) ASSERT_NEAR(got[i], want[i], 2e-5f) << i;
-  for (size_t i = 0; i < r_at; ++i)
-    ASSERT_NEAR(got_r[i], want_r[i], 1e-4f * (1.0f + std::fabs(want_r[i]))) << i;
-  for (uint64_t j = 0; j < z.rows; ++j) ASSERT_EQ(got[z.at + j * z.rank + 5], 0.0f);
-  // Without R, the same factors.
-  Dev<float> d2(base);
-  cu::orthonormalize(d2.get(), dl.get(), list.size());
-  EXPECT_BITS_EQ(d2.host(), got);
+  gpu::Workspace ws;
+  for (bool with_r : {true, false}) {
+    SCOPED_TRACE(with_r ? "Gram-Schmidt, with R" : "CholeskyQR2");
+    Dev<float> d(base), dr(r_at);
+    cu::orthonormalize(d.get(), list, dl.get(), with_r ? dr.get() : nullptr, ws);
+    const auto got = d.host();
+    for (const auto& f : list)
+      for (uint64_t e = 0; e < f.rows * f.rank; ++e)
+        ASSERT_NEAR(got[f.at + e], want[f.at + e], 2e-5f) << f.rows << "x" << f.rank << " " << e;
+    for (uint64_t j = 0; j < z.rows; ++j) ASSERT_EQ(got[z.at + j * z.rank + 5], 0.0f);
+    if (with_r) {
+      const auto got_r = dr.host();
+      for (size_t i = 0; i < r_at; ++i)
+        ASSERT_NEAR(got_r[i], want_r[i], 1e-4f * (1.0f + std::fabs(want_r[i]))) << i;
+    }
+  }
+  // The same bits every time (the ranks of a job must agree).
+  Dev<float> d1(base), d2(base);
+  cu::orthonormalize(d1.get(), list, dl.get(), nullptr, ws);
+  cu::orthonormalize(d2.get(), list, dl.get(), nullptr, ws);
+  EXPECT_BITS_EQ(d1.host(), d2.host());
 }
 
 /// Rounding to 16-bit floats as the wire carries them: the CPU's conversions bit for bit, and the

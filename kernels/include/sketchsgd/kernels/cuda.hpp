@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include <sketchsgd/core/gpu.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
@@ -61,10 +62,12 @@ void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspa
 void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha, const float* a,
           size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc,
           Stream stream = nullptr);
-/// cpu::orthonormalize of each of count factors of base (the list in device memory), rr (when
-/// given) receiving each one's R at its r_at; one launch for all of them.
-void orthonormalize(float* base, const Factor* factors, size_t count, float* rr = nullptr,
-                    Stream stream = nullptr);
+/// cpu::orthonormalize of every factor of base (the list on the host and in device memory), to
+/// rounding: CholeskyQR2 over all of them at once (seven launches), Gram-Schmidt for a factor
+/// with a tiny pivot or a rank past 64; Gram-Schmidt for all (one launch) when no rank exceeds 8
+/// or rr (device) asks for each one's R at its r_at.
+void orthonormalize(float* base, std::span<const Factor> host, const Factor* factors, float* rr,
+                    Workspace& ws, Stream stream = nullptr);
 
 // ---- dense vectors ------------------------------------------------------------------------------
 /// *first = min(*first, index of the first NaN/±Inf in x); the caller sets *first to UINT64_MAX.
