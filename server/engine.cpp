@@ -81,8 +81,6 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
   agg_ = make_aggregator();
   workers_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
-  if (!cfg_.checkpoint.empty() && cfg_.checkpoint_every)
-    writer_ = std::make_unique<CheckpointWriter>(cfg_.checkpoint);
   reset_round();
 }
 
@@ -134,12 +132,6 @@ void Engine::restore(const Checkpoint& c) {
 
 Checkpoint Engine::checkpoint() const {
   return Checkpoint{cfg_.job, round_, cfg_.spec, model_, agg_->save_state()};
-}
-
-void Engine::flush_checkpoints() {
-  if (!writer_) return;
-  writer_->flush();
-  for (const auto& why : writer_->take_failures()) hooks_.log("CHECKPOINT FAILED: " + why);
 }
 
 void Engine::start_phase(MessageKind kind) {
@@ -634,13 +626,9 @@ void Engine::finish_round(std::vector<Outgoing>&) {
                metrics_.reason);
   hooks_.round(metrics_);
   ++round_;
-  if (writer_ && (round_ % cfg_.checkpoint_every == 0 || finished())) {
-    writer_->submit(checkpoint());     // a snapshot: the file is written off this thread
-    if (finished()) writer_->flush();  // the final model is on disk before the job reports done
-  }
-  if (writer_)
-    for (const auto& why : writer_->take_failures())
-      hooks_.log("CHECKPOINT FAILED (training goes on): " + why);
+  if (hooks_.checkpoint && cfg_.checkpoint_every &&
+      (round_ % cfg_.checkpoint_every == 0 || finished()))
+    hooks_.checkpoint(checkpoint(), finished());
   reset_round();
 }
 

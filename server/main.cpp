@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     o.job.dead_after = uint32_t(f.u64("dead-after"));
     o.job.staleness = uint32_t(f.u64("staleness"));
     o.job.device = sketchsgd::Device::parse(f.str("device"));
-    o.job.checkpoint = f.str("checkpoint");
+    o.checkpoint = f.str("checkpoint");
     o.job.checkpoint_every = f.u64("checkpoint-every");
     o.job.max_rounds = f.u64("rounds");
     o.finish_grace = Millis(f.u64("finish-grace-ms"));

@@ -12,6 +12,7 @@
 #include <sketchsgd/ps/io_thread.hpp>
 #include <sketchsgd/ps/log.hpp>
 #include <sketchsgd/ps/transport.hpp>
+#include <sketchsgd/server/checkpoint_writer.hpp>
 
 namespace sketchsgd::ps {
 namespace {
@@ -56,6 +57,13 @@ struct Server::Impl {
 
   std::ofstream metrics;
   uint64_t rounds = 0;
+  std::unique_ptr<CheckpointWriter> writer;  // with --checkpoint: the engine's snapshots to disk
+
+  /// Logs the checkpoint writes that failed since the last call.
+  void report_failures(const char* what) {
+    if (writer)
+      for (const auto& why : writer->take_failures()) log(what + why);
+  }
 };
 
 Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
@@ -67,6 +75,16 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
     if (impl_->metrics.is_open())
       impl_->metrics << json_line(m, opts_.job.world) << '\n' << std::flush;
   };
+  if (!opts_.checkpoint.empty() && opts_.job.checkpoint_every) {
+    // The round logic hands out snapshots; the file is written off its thread, the final one
+    // before the job reports done.
+    impl_->writer = std::make_unique<CheckpointWriter>(opts_.checkpoint);
+    hooks.checkpoint = [this](Checkpoint c, bool last) {
+      impl_->writer->submit(std::move(c));
+      if (last) impl_->writer->flush();
+      impl_->report_failures("CHECKPOINT FAILED (training goes on): ");
+    };
+  }
   opts_.job.authenticated = !opts_.curve_secret.empty();
   engine_ = std::make_unique<Engine>(opts_.job, std::move(hooks));
   // Counted in bytes, so heartbeats keep flowing (and being echoed) while big pushes wait for a
@@ -82,7 +100,8 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
 Server::~Server() {
   stop_ = true;
   if (impl_->router) impl_->router->close();
-  engine_.reset();  // its checkpoint writer finishes first; its hooks use impl_
+  engine_.reset();        // its hooks use impl_
+  impl_->writer.reset();  // writes what is still waiting
   impl_->zap.reset();
   // ZeroMQ keeps trying to deliver what is queued to slow or departed peers for the socket's
   // linger, then gives up; should it ever take longer, the server still goes away: the context
@@ -106,10 +125,10 @@ Server::~Server() {
 }
 
 void Server::start() {
-  if (!opts_.job.checkpoint.empty()) {
-    if (auto c = load_checkpoint(opts_.job.checkpoint)) {
+  if (!opts_.checkpoint.empty()) {
+    if (auto c = load_checkpoint(opts_.checkpoint)) {
       engine_->restore(*c);
-      impl_->log("resumed from checkpoint " + opts_.job.checkpoint + " at round " +
+      impl_->log("resumed from checkpoint " + opts_.checkpoint + " at round " +
                  std::to_string(c->round));
     }
   }
@@ -206,7 +225,8 @@ uint64_t Server::run() {
   }
   stop_ = true;
   io.stop();  // the last round's updates go out first
-  engine_->flush_checkpoints();
+  if (impl_->writer) impl_->writer->flush();
+  impl_->report_failures("CHECKPOINT FAILED: ");
   if (const auto failure = io.failure()) std::rethrow_exception(failure);
   if (tty && opts_.status) std::fprintf(stderr, "\n");
   s.log("stopped at round " + std::to_string(engine_->round()) + " after " +

@@ -22,10 +22,12 @@ namespace {
 using namespace std::chrono_literals;
 
 struct Net {
-  explicit Net(JobConfig cfg) : engine(std::move(cfg), hooks()) {}
-  static Hooks hooks() {
+  explicit Net(JobConfig cfg, std::function<void(Checkpoint, bool)> checkpoint = {})
+      : engine(std::move(cfg), hooks(std::move(checkpoint))) {}
+  static Hooks hooks(std::function<void(Checkpoint, bool)> checkpoint) {
     Hooks h;
     h.log = [](const std::string&) {};
+    h.checkpoint = std::move(checkpoint);
     return h;
   }
 
@@ -208,9 +210,9 @@ TEST_P(EngineCodecs, RoundsMatchTheInProcessReferenceBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, EngineCodecs,
-                         ::testing::Values("dense", "topk:k=60", "topk:k=60,global=1", "terngrad", "qsgd",
-                                           "signsgd", "signsgd:ef=1", "sketch:k=60,cols=600",
-                                           "sketch:k=60,cols=600,p2=3",
+                         ::testing::Values("dense", "topk:k=60", "topk:k=60,global=1", "terngrad",
+                                           "qsgd", "signsgd", "signsgd:ef=1",
+                                           "sketch:k=60,cols=600", "sketch:k=60,cols=600,p2=3",
                                            "sketch:k=60,cols=600,fetch=1",
                                            "sketch:k=60,cols=600,hashing=random",
                                            "sketch:k=60,cols=600,p2=3,hashing=random",
@@ -378,6 +380,25 @@ TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
   EXPECT_EQ(net.engine.round(), 1u);
 }
 
+/// The Engine writes nothing itself: it hands a snapshot out every checkpoint_every rounds and
+/// after the last one (marked last), and takes none when no one asked for them.
+TEST(Engine, SnapshotsAreHandedOutEveryNRoundsAndAfterTheLast) {
+  JobConfig cfg = job("topk:k=10", 2, 200);
+  cfg.max_rounds = 5;
+  cfg.checkpoint_every = 2;
+  std::vector<std::pair<uint64_t, bool>> handed;
+  std::vector<float> model;
+  Net net(cfg, [&](Checkpoint c, bool last) {
+    handed.emplace_back(c.round, last);
+    model = c.params;
+  });
+  auto ws = start(net, cfg, test::initial_params(200, 4));
+  for (uint64_t t = 0; t < 5; ++t) run_round(net, ws, t);
+  ASSERT_TRUE(net.engine.finished());
+  EXPECT_EQ(handed, (std::vector<std::pair<uint64_t, bool>>{{2, false}, {4, false}, {5, true}}));
+  EXPECT_EQ(model, std::vector<float>(net.engine.model().begin(), net.engine.model().end()));
+}
+
 TEST(Engine, AfterTheLastRoundPushesAreToldTheJobFinished) {
   JobConfig cfg = job("topk:k=10", 2, 200);
   cfg.max_rounds = 2;
@@ -460,11 +481,14 @@ TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("sketchsgd-ckpt-" + std::to_string(::getpid()) + ".bin");
   JobConfig cfg = job("sketch:k=20,cols=300", 2, 400);
-  cfg.checkpoint = path.string();
   cfg.checkpoint_every = 2;
   std::vector<float> model;
+  std::vector<std::pair<uint64_t, bool>> handed;  // (round, last) of each snapshot
   {
-    Net net(cfg);
+    Net net(cfg, [&](Checkpoint c, bool last) {
+      handed.emplace_back(c.round, last);
+      save_checkpoint(path.string(), c);
+    });
     auto ws = start(net, cfg, test::initial_params(400, 5));
     for (uint64_t t = 0; t < 5; ++t) {
       for (auto& w : ws) w.push(net, test::synthetic_grad(w.params, w.rank, t, 3));
@@ -475,6 +499,7 @@ TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
   const auto c = load_checkpoint(path.string());
   ASSERT_TRUE(c);
   EXPECT_EQ(c->round, 4u);  // written after rounds 2 and 4; round 5 was lost with the "crash"
+  EXPECT_EQ(handed, (std::vector<std::pair<uint64_t, bool>>{{2, false}, {4, false}}));
   Net net(cfg);
   net.engine.restore(*c);
   EXPECT_EQ(net.engine.round(), 4u);
@@ -509,37 +534,6 @@ TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
   EXPECT_THROW(load_checkpoint(path.string()), WireError);
   std::filesystem::remove(path);
   EXPECT_FALSE(load_checkpoint(path.string()));
-}
-
-TEST(Engine, CheckpointWriterKeepsTheLatestSnapshotAndReportsFailures) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("sketchsgd-writer-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const auto path = (dir / "ckpt").string();
-  auto snapshot = [](uint64_t round) {
-    return Checkpoint{3, round, "dense", std::vector<float>(1000, float(round)), {}};
-  };
-  {
-    CheckpointWriter w(path);
-    for (uint64_t r = 1; r <= 20; ++r) w.submit(snapshot(r));  // older ones may be skipped
-    w.flush();
-    const auto c = load_checkpoint(path);
-    ASSERT_TRUE(c);
-    EXPECT_EQ(c->round, 20u);
-    EXPECT_EQ(c->params, std::vector<float>(1000, 20.0f));
-    EXPECT_TRUE(w.take_failures().empty());
-    w.submit(snapshot(21));  // still waiting when the writer goes away: written, not lost
-  }
-  EXPECT_EQ(load_checkpoint(path)->round, 21u);
-
-  CheckpointWriter bad((dir / "missing" / "ckpt").string());
-  bad.submit(snapshot(1));
-  bad.flush();
-  const auto failures = bad.take_failures();
-  ASSERT_EQ(failures.size(), 1u);
-  EXPECT_NE(failures[0].find("missing"), std::string::npos) << failures[0];
-  EXPECT_TRUE(bad.take_failures().empty());  // taken once
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Engine, TheHashingModeIsCheckedAtRegistrationAndOnRestore) {

@@ -9,8 +9,8 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/server/server.hpp>
 #include <sketchsgd/ps/transport.hpp>
+#include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/client.hpp>
 #include "support/ps_synthetic.hpp"
 #include "support/round.hpp"

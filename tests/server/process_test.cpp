@@ -10,21 +10,21 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
 #include <thread>
 
 #include <random>
-#include <zmq.hpp>
 #include <sketchsgd/compress/registry.hpp>
-#include "demo/process.hpp"
 #include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/server/checkpoint.hpp>
 #include <sketchsgd/ps/flags.hpp>
 #include <sketchsgd/ps/protocol.hpp>
+#include <sketchsgd/server/checkpoint.hpp>
+#include <zmq.hpp>
+#include "demo/process.hpp"
 #include "support/ps_synthetic.hpp"
 #include "support/round.hpp"
 
@@ -305,8 +305,8 @@ TEST(ProcessFaults, FinishedServerExitsWithinLingerAndGraceWhateverPeersDo) {
       if (phase == 1 && peers.size() == 16) peers.resize(8);  // closed without a goodbye
       const size_t i = size_t(n) % peers.size();
       const bool is_hello = n % 3 == 0;
-      Bytes env = encode(Envelope{is_hello ? Type::Hello : Type::Push, 3, uint64_t(n % 5), 0, 0,
-                                  uint64_t(rng())});
+      Bytes env = encode(
+          Envelope{is_hello ? Type::Hello : Type::Push, 3, uint64_t(n % 5), 0, 0, uint64_t(rng())});
       Bytes body = is_hello ? hello : push;
       if (n % 2) body[rng() % body.size()] ^= uint8_t(1 + rng() % 255);  // a mutated replay
       zmq::message_t a(env.data(), env.size()), b(body.data(), body.size());

@@ -22,7 +22,6 @@
 #include <sketchsgd/ps/frame.hpp>
 #include <sketchsgd/ps/protocol.hpp>
 #include <sketchsgd/server/checkpoint.hpp>
-#include <sketchsgd/server/checkpoint_writer.hpp>
 
 namespace sketchsgd::ps {
 
@@ -50,7 +49,7 @@ struct JobConfig {
   Millis deadline{30000};    ///< per phase, from its first message
   Millis heartbeat{1000};
   uint32_t dead_after = 3;  ///< missed heartbeat intervals before a worker counts as dead
-  std::string checkpoint;   ///< path; empty: none
+  /// Rounds between the snapshots handed to Hooks::checkpoint (0: none).
   uint64_t checkpoint_every = 0;
   uint64_t max_rounds = 0;  ///< the job ends after this round (0: never)
   /// Bounded staleness (the parameter-server paper's bounded delay): a worker may push up to this
@@ -81,6 +80,10 @@ struct RoundMetrics {
 struct Hooks {
   std::function<void(const std::string&)> log = [](const std::string&) {};
   std::function<void(const RoundMetrics&)> round = [](const RoundMetrics&) {};
+  /// A snapshot of the model and the server state, every checkpoint_every rounds and after the
+  /// last (last = true: the job is done once it is stored). The caller stores it (the server
+  /// writes it on a thread of its own); unset: no snapshots are taken.
+  std::function<void(Checkpoint, bool last)> checkpoint;
 };
 
 class Engine {
@@ -98,8 +101,6 @@ class Engine {
   /// Resume from a checkpoint (job and spec must match). The next round is c.round.
   void restore(const Checkpoint& c);
   Checkpoint checkpoint() const;
-  /// Waits until a checkpoint still queued for writing is on disk (failures are logged).
-  void flush_checkpoints();
 
   uint64_t round() const { return round_; }
   bool has_model() const { return !model_.empty(); }
@@ -194,8 +195,7 @@ class Engine {
   uint64_t rejected_ = 0;
   uint64_t replays_ = 0;
   uint64_t late_ = 0;
-  std::mt19937_64 rng_;                       // session tokens
-  std::unique_ptr<CheckpointWriter> writer_;  // null without --checkpoint
+  std::mt19937_64 rng_;  // session tokens
 };
 
 }  // namespace sketchsgd::ps

@@ -17,6 +17,9 @@ struct ServerOptions {
   JobConfig job;
   std::string bind = "tcp://127.0.0.1:5555";  ///< "tcp://127.0.0.1:*" picks a free port
   std::string metrics;                        ///< JSON lines, one per round; empty: none
+  /// Checkpoint file (every job.checkpoint_every rounds and at the end; resumed from when it
+  /// exists); empty: none.
+  std::string checkpoint;
   bool status = true;  ///< one-line live status on stderr (a terminal), periodic lines otherwise
   bool quiet = false;  ///< no log lines (tests)
   uint32_t inbox = 0;  ///< messages queued for the merge thread (0: 2·W + 16)
