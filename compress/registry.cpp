@@ -1,5 +1,6 @@
 #include <sketchsgd/compress/registry.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <sstream>
@@ -50,8 +51,8 @@ std::string describe_options(const CodecEntry& e) {
 }
 
 std::string with_layout(std::string_view spec, const Layout& layout) {
-  return std::string(spec) + (spec.find(':') == std::string_view::npos ? ":" : ",") + "layout=" +
-         layout.text();
+  return std::string(spec) + (spec.find(':') == std::string_view::npos ? ":" : ",") +
+         "layout=" + layout.text();
 }
 
 }  // namespace
@@ -108,8 +109,7 @@ std::string Registry::describe() const {
   return os.str();
 }
 
-std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
-                                           const Device& device) const {
+std::pair<const CodecEntry*, Options> Registry::parse(std::string_view spec) const {
   spec = trim(spec);
   const size_t colon = spec.find(':');
   const std::string_view name = trim(spec.substr(0, colon));
@@ -120,8 +120,6 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
     detail::raise<InvalidArgument>("unknown codec '", name, "' in spec '", spec,
                                    "'; known: ", known);
   }
-  SKETCHSGD_REQUIRE(dim >= 1 && dim <= 0xFFFFFFFFull, InvalidArgument, "codec dim must be in [1, ",
-                    "2^32-1], got ", dim);
   Options opts;
   for (const auto& o : e->options) opts.values_[o.key] = o.fallback;
 
@@ -136,8 +134,8 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
     const std::string key(trim(item.substr(0, eq)));
     const std::string_view text = trim(item.substr(eq + 1));
     if (key == "layout") {
-      SKETCHSGD_REQUIRE(e->layout != LayoutUse::None, InvalidArgument, "spec '", spec, "': codec ", name,
-                        " does not use a layout");
+      SKETCHSGD_REQUIRE(e->layout != LayoutUse::None, InvalidArgument, "spec '", spec, "': codec ",
+                        name, " does not use a layout");
       SKETCHSGD_REQUIRE(!given.count(key), InvalidArgument, "spec '", spec,
                         "': option 'layout' given twice");
       opts.layout_ = Layout::parse(text);
@@ -179,9 +177,30 @@ std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }
+  return {e, std::move(opts)};
+}
+
+std::unique_ptr<Compressor> Registry::make(std::string_view spec, uint64_t dim,
+                                           const Device& device) const {
+  SKETCHSGD_REQUIRE(dim >= 1 && dim <= 0xFFFFFFFFull, InvalidArgument, "codec dim must be in [1, ",
+                    "2^32-1], got ", dim);
+  auto [e, opts] = parse(spec);
   SKETCHSGD_REQUIRE(opts.layout_.empty() || opts.layout_.size() == dim, InvalidArgument, "spec '",
-                    spec, "': the layout holds ", opts.layout_.size(), " values, the vector ", dim);
+                    trim(spec), "': the layout holds ", opts.layout_.size(), " values, the vector ",
+                    dim);
   return e->build(opts, dim, opts.canonical(e->name, e->options), device);
+}
+
+std::string share_spec(std::string_view spec, double share) {
+  SKETCHSGD_REQUIRE(share > 0.0 && share <= 1.0, InvalidArgument, "share_spec: share ", share,
+                    " is not in (0, 1]");
+  auto [e, opts] = Registry::instance().parse(spec);
+  for (const auto& o : e->options) {
+    double& v = opts.values_[o.key];
+    // Half to even, as Python's round(): a job's buckets get the budgets they always got.
+    if (o.budget && v > 0) v = std::clamp(std::max(1.0, std::nearbyint(v * share)), o.min, o.max);
+  }
+  return opts.canonical(e->name, e->options);
 }
 
 std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
@@ -193,8 +212,8 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout&
                                             const Device& device) {
   SKETCHSGD_REQUIRE(!layout.empty(), InvalidArgument, "make_compressor: empty layout");
   spec = trim(spec);
-  SKETCHSGD_REQUIRE(spec.find("layout=") == std::string_view::npos, InvalidArgument, "spec '",
-                    spec, "' has a layout already");
+  SKETCHSGD_REQUIRE(spec.find("layout=") == std::string_view::npos, InvalidArgument, "spec '", spec,
+                    "' has a layout already");
   return Registry::instance().make(with_layout(spec, layout), layout.size(), device);
 }
 

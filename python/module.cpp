@@ -134,7 +134,7 @@ PYBIND11_MODULE(_core, m) {
             options.append(py::dict(py::arg("key") = o.key, py::arg("help") = o.help,
                                     py::arg("default") = o.fallback, py::arg("min") = o.min,
                                     py::arg("max") = o.max, py::arg("integer") = o.integer,
-                                    py::arg("names") = o.names));
+                                    py::arg("names") = o.names, py::arg("budget") = o.budget));
           out.append(py::dict(py::arg("name") = e->name, py::arg("summary") = e->summary,
                               py::arg("options") = options,
                               py::arg("layout") = e->layout == LayoutUse::Required   ? "required"
@@ -144,6 +144,16 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       "The registry: a dict per codec with its name, summary and options.");
+  m.def("share_spec", &share_spec, py::arg("spec"), py::arg("share") = 1.0,
+        "The canonical spec for a share of the model: its budgets (k, cols) scaled by share, at "
+        "least 1 each; share 1 validates a spec.");
+  m.def(
+      "sent_whole",
+      [](uint64_t dims, uint64_t numel, uint64_t dense_below) {
+        return Layout::sent_whole(Layout::Tensor{0, numel, 0, 0, size_t(dims)}, dense_below);
+      },
+      py::arg("dims"), py::arg("numel"), py::arg("dense_below"),
+      "The library's small-tensor rule: such a tensor travels uncompressed.");
   m.def(
       "message_info",
       [](const py::buffer& b) {

@@ -226,7 +226,7 @@ SKETCHSGD_REGISTER_CODEC(
     kTopK,
     {"topk",
      "local top-k with error feedback; server sums the sparse vectors",
-     {{"k", "coordinates sent per worker (0: dim / 100)", 0, 0, 4294967295.0},
+     {{"k", "coordinates sent per worker (0: dim / 100)", 0, 0, 4294967295.0, true, {}, true},
       {"global", "1: downlink re-selects the global top-k of the sum", 0, 0, 1},
       {"ef", "1: error feedback (keep what was not sent)", 1, 0, 1},
       {"momentum", "local momentum before selection", 0, 0, 0.999, false},

@@ -38,40 +38,12 @@ from ._compressor import Compressor
 
 __all__ = ["CompressionState", "FlatBucket", "compression_hook"]
 
-_BUDGET_KEYS = ("k", "cols")
-
-
-def _parse_spec(spec: str):
-    """(name, [(key, value text)]) of "name:key=value,...", checked against the registry."""
+def _checked_spec(spec: str) -> str:
+    """The canonical form of a spec, checked by the C++ registry (InvalidArgument naming the
+    problem)."""
     if not isinstance(spec, str) or not spec.strip():
         raise TypeError(f"spec: expected a codec spec string such as 'sketch:k=1000', got {spec!r}")
-    name, _, rest = spec.strip().partition(":")
-    entries = {c["name"]: c for c in _core.codecs()}
-    if name not in entries:
-        raise _core.InvalidArgument(f"unknown codec {name!r}; known: {', '.join(sorted(entries))}")
-    keys = {o["key"] for o in entries[name]["options"]} | ({"layout"} if entries[name]["layout"] != "none" else set())
-    options = []
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or key.strip() not in keys:
-            raise _core.InvalidArgument(
-                f"codec {name}: option {item!r} is not key=value with a key among {sorted(keys)}")
-        options.append((key.strip(), value.strip()))
-    return name, options
-
-
-def _bucket_spec(name, options, share: float) -> str:
-    out = []
-    for key, value in options:
-        if key in _BUDGET_KEYS:
-            try:
-                v = float(value)
-            except ValueError:
-                raise _core.InvalidArgument(f"codec {name}: {key}={value!r} is not a number") from None
-            if v > 0:
-                value = str(max(1, int(round(v * share))))
-        out.append(f"{key}={value}")
-    return name + (":" + ",".join(out) if out else "")
+    return _core.share_spec(spec)
 
 
 class _Unit:
@@ -178,13 +150,14 @@ class CompressionState:
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
         self._check_same_on_every_rank(repr((self.spec, start_iter, self.compress_1d, dense_below)))
-        self._name, self._options = _parse_spec(self.spec)
+        self._name, _, given = _checked_spec(self.spec).partition(":")
+        options = dict(item.split("=", 1) for item in given.split(",") if item)  # canonical: every key
         # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
         # decide themselves what stays uncompressed.
         self._uses_layout = next(c["layout"] for c in _core.codecs() if c["name"] == self._name) == "required"
-        if ("wire", "bf16") in self._options and self.backend == "gloo":
+        if options.get("wire") == "bf16" and self.backend == "gloo":
             raise ValueError("sketchsgd hook: wire=bf16 needs NCCL (gloo cannot sum bfloat16); use wire=fp16")
-        if any(k == "layout" for k, _ in self._options):
+        if "layout" in options:
             raise ValueError("sketchsgd hook: the hook gives the codec its layout (the bucket's tensors): "
                              "leave layout= out of the spec")
         self._shapes = {}        # key -> shape of the parameter's gradient
@@ -195,6 +168,7 @@ class CompressionState:
         self._pending = {}       # unit index -> states from load_state_dict()
         self._checked = False
         self._wide = {}          # bucket index -> float32 copy of a half-precision bucket
+        self._whole = {}         # parameter key -> sent uncompressed (the small-tensor rule)
         self._step_bytes = 0     # this step's payload so far
         self._dense_step_bytes = 0
         self._stats = {"steps": 0, "compressed_steps": 0, "payload_bytes": 0, "dense_bytes": 0,
@@ -245,7 +219,10 @@ class CompressionState:
             key = self._keys.setdefault(id(p), len(self._keys))
             self._shapes[key] = tuple(g.shape)
             n = g.numel()
-            dense = not self._uses_layout and ((g.dim() <= 1 and not self.compress_1d) or n < self.dense_below)
+            dense = self._whole.get(key)
+            if dense is None:  # the library's small-tensor rule (compress_1d: 1-D tensors count as matrices)
+                dims = max(g.dim(), 2) if self.compress_1d else g.dim()
+                dense = self._whole[key] = not self._uses_layout and _core.sent_whole(dims, n, self.dense_below)
             entries.append((key, n, not dense))
             where[key] = offset
             offset += n
@@ -269,7 +246,7 @@ class CompressionState:
         total = sum(u.n_compressed for u in self._units.values())
         for u in held:
             if u.codec is None and u.n_compressed:
-                spec = _bucket_spec(self._name, self._options, u.n_compressed / total)
+                spec = _core.share_spec(self.spec, u.n_compressed / total)
                 u.build(spec, buf.device, self.world_size, self._pending.pop(u.index, None),
                         self._shapes if self._uses_layout else None)
         return held, where

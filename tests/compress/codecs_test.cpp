@@ -59,6 +59,25 @@ TEST(Registry, ClearErrors) {
   EXPECT_NE(message("topk:k=nan").find("not a number"), std::string::npos);
 }
 
+/// A part of the model gets its share of the budgets (k, cols), rounded half to even and at
+/// least 1; 0 (the codec's default) stays; other options and the canonical form are kept.
+TEST(Registry, ShareSpecScalesOnlyBudgets) {
+  EXPECT_EQ(share_spec("sketch:k=1000,cols=90001,rows=3", 0.25),
+            make_compressor("sketch:k=250,cols=22500,rows=3", 1000000)->spec());
+  EXPECT_EQ(share_spec("topk:k=10", 0.25), make_compressor("topk:k=2", 1000)->spec());  // 2.5
+  EXPECT_EQ(share_spec("topk:k=10", 0.35), make_compressor("topk:k=4", 1000)->spec());  // 3.5
+  EXPECT_EQ(share_spec("topk:k=10", 0.01), make_compressor("topk:k=1", 1000)->spec());
+  EXPECT_EQ(share_spec("topk", 0.5), make_compressor("topk", 1000)->spec());  // k=0: default
+  EXPECT_EQ(share_spec("powersgd:rank=4", 0.1),
+            "powersgd:rank=4,momentum=0,min_rate=2,ef=1,"
+            "warm=1,seed=1,wire=fp32");
+  EXPECT_EQ(share_spec(" qsgd:bits=2 "), make_compressor("qsgd:bits=2", 1000)->spec());
+  EXPECT_THROW(share_spec("topk:k=10", 0.0), InvalidArgument);
+  EXPECT_THROW(share_spec("topk:k=10", 1.5), InvalidArgument);
+  EXPECT_THROW(share_spec("topk:kk=10", 0.5), InvalidArgument);
+  EXPECT_THROW(share_spec("nosuch", 0.5), InvalidArgument);
+}
+
 TEST(Dense, MeanOfWorkers) {
   test::Job job("dense", 1000, 3);
   const auto g = grads(3, 1000, 1);

@@ -47,15 +47,21 @@ Bytes round_by_messages(Job& job, uint64_t round) {
   return Bytes(m.bytes().begin(), m.bytes().end());
 }
 
-/// The same round through sums, as an all-reduce delivers them (summed in worker order).
-Bytes round_by_sums(Job& job, uint64_t round) {
-  auto& first = *job.workers[0];
-  std::vector<float> sum(first.sum_size(MessageKind::Gradient)), part(sum.size());
+/// The workers' encode_sum() payloads of a round added up, as an all-reduce delivers them
+/// (summed in worker order), handed to the server.
+void add_gradient_sum(Job& job, uint64_t round) {
+  std::vector<float> sum(job.workers[0]->sum_size(MessageKind::Gradient)), part(sum.size());
   for (uint32_t w = 0; w < kWorkers; ++w) {
     job.workers[w]->encode_sum(grad(w, round), round, part);
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   }
   job.server->add_sum(sum, kWorkers, round);
+}
+
+/// The same round through sums.
+Bytes round_by_sums(Job& job, uint64_t round) {
+  auto& first = *job.workers[0];
+  add_gradient_sum(job, round);
   Message m = job.server->finish();
   if (job.server->expecting() == MessageKind::Answer) {
     std::vector<float> ans(first.sum_size(MessageKind::Answer), 0.0f), mine(ans.size());
@@ -107,12 +113,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Summable,
 /// apply_values), as a hook keeps them on the device; every worker's step into steps[w].
 void round_by_values(Job& job, uint64_t round, std::vector<std::vector<float>>& steps) {
   auto& first = *job.workers[0];
-  std::vector<float> sum(first.sum_size(MessageKind::Gradient)), part(sum.size());
-  for (uint32_t w = 0; w < kWorkers; ++w) {
-    job.workers[w]->encode_sum(grad(w, round), round, part);
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
-  }
-  job.server->add_sum(sum, kWorkers, round);
+  add_gradient_sum(job, round);
   if (job.server->replying() == MessageKind::Query) {
     std::vector<float> query(first.reply_size(MessageKind::Query));
     job.server->finish_values(query);

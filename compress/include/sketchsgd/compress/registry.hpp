@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <sketchsgd/compress/compressor.hpp>
@@ -27,6 +28,9 @@ struct OptionSpec {
   /// Names of the values min, min + 1, … (an enumeration): accepted in specs beside the numbers,
   /// and written in the canonical spec.
   std::vector<std::string> names = {};
+  /// A budget the whole model shares (a count of coordinates or columns): a part of it gets its
+  /// share (share_spec()).
+  bool budget = false;
 };
 
 /// Parsed, range-checked option values of one spec (every declared key present).
@@ -42,6 +46,7 @@ class Options {
 
  private:
   friend class Registry;
+  friend std::string share_spec(std::string_view spec, double share);
   std::map<std::string, double> values_;
   Layout layout_;
 };
@@ -69,6 +74,8 @@ class Registry {
   const CodecEntry* find(std::string_view name) const;
   std::vector<const CodecEntry*> entries() const;
   std::unique_ptr<Compressor> make(std::string_view spec, uint64_t dim, const Device& device) const;
+  /// The spec's entry and its parsed, range-checked options (dim not yet known).
+  std::pair<const CodecEntry*, Options> parse(std::string_view spec) const;
   /// Human-readable list of codecs and their options (for errors and --help).
   std::string describe() const;
 
@@ -84,6 +91,10 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,
 /// the spec's `layout=` (InvalidArgument when the spec has one already or the codec uses none).
 std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout& layout,
                                             const Device& device = Device::cpu());
+/// The canonical spec for a share ∈ (0, 1] of the model (a DDP bucket): its budget options (k,
+/// cols) scaled by share, rounded half to even and at least 1 (0 stays 0: the codec's default);
+/// share 1 validates a spec without building a codec. InvalidArgument for a bad spec or share.
+std::string share_spec(std::string_view spec, double share = 1.0);
 /// The spec with `layout=` added when its codec requires one and it has none yet (what a program
 /// that knows its model's shapes passes to server and workers alike); otherwise as is.
 std::string complete_spec(std::string_view spec, const Layout& layout);
