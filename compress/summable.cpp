@@ -26,6 +26,14 @@ Message values_message(const Header& h, std::span<const float> v, WireFloat f, c
   return Message::build(h, wire_bytes(f) * v.size(),
                         [&](ByteWriter& w) { payload::write_values(w, v, f, what); });
 }
+
+/// Where a payload can be written straight into a message (host memory, fp32 on the wire): the
+/// floats' room in it. The message's bytes come from the allocator and the header is 48 bytes,
+/// so the room is aligned for floats. Saves a pass over the payload and its staging copy.
+std::span<float> float_room(ByteWriter& w, uint64_t n) {
+  static_assert(kHeaderBytes % alignof(float) == 0);
+  return {reinterpret_cast<float*>(w.grow(n * sizeof(float))), n};
+}
 }  // namespace
 
 SummableCodec::SummableCodec(CodecId id, uint64_t dim, std::string spec, const Device& device,
@@ -73,6 +81,9 @@ void SummableCodec::do_apply(ByteReader& r, const Header&, std::span<float> step
 
 Message SummableCodec::do_encode(std::span<const float> grad, const Header& h) {
   const uint64_t n = sum_size(MessageKind::Gradient);
+  if (!device().is_gpu() && sum_format(MessageKind::Gradient) == WireFloat::F32)
+    return Message::build(h, n * sizeof(float),
+                          [&](ByteWriter& w) { do_encode_sum(grad, h.round, float_room(w, n)); });
   if (payload_.size() < n) payload_ = Buffer<float>(n, device());
   do_encode_sum(grad, h.round, payload_.span().first(n));
   try {
@@ -136,11 +147,15 @@ Message SummableAggregator::reduce_sum(std::span<float> sum, const Header& phase
   const MessageKind kind = replying();
   const uint64_t n = info_.values[size_t(kind)];
   SKETCHSGD_ASSERT(n > 0, "a codec whose replies are not float vectors writes reduce_sum");
+  Header h = phase;
+  h.kind = kind;
+  if (!device_.is_gpu() && info_.format[size_t(kind)] == WireFloat::F32)
+    return Message::build(h, n * sizeof(float), [&](ByteWriter& w) {
+      reduce_to(sum, phase, contributors, float_room(w, n));
+    });
   if (reply_.size() < n) reply_ = Buffer<float>(n, device_);
   const auto out = reply_.span().first(n);
   reduce_to(sum, phase, contributors, out);
-  Header h = phase;
-  h.kind = kind;
   return values_message(h, ops::to_host(device_, out, host_), info_.format[size_t(kind)],
                         payload_name(kind));
 }
