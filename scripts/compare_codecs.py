@@ -29,6 +29,8 @@ CONFIGS = [
     ("terngrad", "terngrad:momentum=0.9", 0.01),
     ("signsgd", "signsgd:momentum=0.9", 0.0005),
     ("ef-signsgd", "signsgd:ef=1,momentum=0.9", 0.01),
+    ("qsgd-4bit", "qsgd:bits=4,momentum=0.9", 0.01),  # 8x less uplink than dense
+    ("qsgd-2bit-ef", "qsgd:bits=2,ef=1,momentum=0.9", 0.01),  # 16x
     # Blocked hashing (the default) against random buckets on the same jobs, and the run-to-run
     # noise: the demo's job again with another model seed.
     ("fetchsgd-seed2", "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1", 0.01, 2),

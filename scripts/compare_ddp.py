@@ -32,6 +32,8 @@ HOOKS = [
     ("ef-signsgd", "signsgd:ef=1,momentum=0.9"),
     ("signsgd", "signsgd:momentum=0.9"),
     ("terngrad", "terngrad:momentum=0.9"),
+    ("qsgd-4bit", "qsgd:bits=4,momentum=0.9"),
+    ("qsgd-2bit-ef", "qsgd:bits=2,ef=1,momentum=0.9"),
     ("ours-psgd-r1", "sketchsgd:powersgd:rank=1"),
     ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
     ("ours-psgd-r4", "sketchsgd:powersgd:rank=4"),

@@ -161,6 +161,22 @@ def half_buckets(rank, world, specs, dtype, steps=4, device="cpu"):
     return out
 
 
+def under_fp16_wrapper(rank, world, specs, steps, wrap=True):
+    """Per spec, a float32 model trained through PyTorch's fp16_compress_wrapper around our hook
+    (the wrapper hands the hook a float16 bucket); returns (first loss, mean of the last 5,
+    params bytes)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
+    out = {}
+    for spec in specs:
+        m = model()
+        ddp = DDP(m)
+        ddp.register_comm_hook(CompressionState(spec), fp16_compress_wrapper(compression_hook) if wrap else compression_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        losses = train(ddp, opt, rank, steps)
+        out[spec] = (losses[0], sum(losses[-5:]) / 5, flat(m).numpy().tobytes())
+    return out
+
+
 def low_precision(rank, world, spec, dtype):
     """A model in a precision the hook does not take (float64): it must refuse its buckets on
     every rank."""

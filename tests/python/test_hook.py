@@ -217,6 +217,20 @@ def test_gloo_with_cuda_tensors_on_one_gpu():
         assert last < first and results[1][spec][2] == params, spec
 
 
+def test_our_hook_inside_pytorchs_fp16_compress_wrapper():
+    """fp16_compress_wrapper casts each bucket to float16 before our hook and back after: the
+    model trains as it does without the wrapper (to the gradients' fp16 rounding), and every
+    rank ends identical."""
+    specs = ["sketch:rows=1,cols=2000,k=400", "powersgd:rank=2"]
+    wrapped = ddp.run(jobs.under_fp16_wrapper, specs, 30)
+    plain = ddp.run(jobs.under_fp16_wrapper, specs, 30, False)
+    for spec in specs:
+        first, last, params = wrapped[0][spec]
+        assert last < first - 0.04, f"{spec}: loss {first:.3f} -> {last:.3f}"
+        assert abs(last - plain[0][spec][1]) < 0.01, f"{spec}: {last:.4f} wrapped, {plain[0][spec][1]:.4f} not"
+        assert all(wrapped[r][spec][2] == params for r in range(1, 4)), spec
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_buckets_on_cuda(dtype):
