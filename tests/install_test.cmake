@@ -37,6 +37,19 @@ execute_process(COMMAND ${WORK}/build/consumer RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "the consumer ran but failed")
 endif()
+# The installed server runs from the prefix with no library path set (its RPATH finds lib/).
+if(EXISTS ${WORK}/prefix/bin/sketchsgd-server)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+                          ${WORK}/prefix/bin/sketchsgd-server --help
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(rc OR NOT out MATCHES "checkpoint")
+    message(FATAL_ERROR "the installed sketchsgd-server does not run from its prefix: ${out}")
+  endif()
+  execute_process(COMMAND ldd ${WORK}/prefix/bin/sketchsgd-server OUTPUT_VARIABLE deps)
+  if(NOT deps MATCHES "${WORK}/prefix/")
+    message(FATAL_ERROR "the installed sketchsgd-server loads another copy of the library:\n${deps}")
+  endif()
+endif()
 # The Python package installed beside the library imports from there (its RPATH finds lib/).
 if(PYTHON)
   file(GLOB site ${WORK}/prefix/lib*/python*/site-packages)
