@@ -133,6 +133,9 @@ class CompressionState:
 
     def __init__(self, spec: str, process_group=None, start_iter: int = 2, compress_1d: bool = False,
                  dense_below: int = 0):
+        self._setup(spec, process_group, start_iter, compress_1d, dense_below, check_ranks=True)
+
+    def _setup(self, spec, process_group, start_iter, compress_1d, dense_below, check_ranks: bool):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("CompressionState needs torch.distributed initialised (dist.init_process_group)")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 2:
@@ -149,7 +152,8 @@ class CompressionState:
         self.dense_below = dense_below
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
-        self._check_same_on_every_rank(repr((self.spec, start_iter, self.compress_1d, dense_below)))
+        if check_ranks:
+            self._check_same_on_every_rank(repr((self.spec, start_iter, self.compress_1d, dense_below)))
         self._name, _, given = _checked_spec(self.spec).partition(":")
         options = dict(item.split("=", 1) for item in given.split(",") if item)  # canonical: every key
         # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
@@ -289,7 +293,8 @@ class CompressionState:
                         "aggregator": u.aggregator.state_dict() if u.codec else None}
             if u.codec is None and i in self._pending:
                 units[i].update(self._pending[i])
-        return {"version": 1, "config": self._config(), "iteration": self.iteration,
+        return {"version": 1, "config": self._config(), "rank": self.rank, "world_size": self.world_size,
+                "iteration": self.iteration,
                 "warm": {i: [list(e) for e in es] for i, es in self._warm.items()},
                 "units": units if self._units is not None else None, "stats": dict(self._stats)}
 
@@ -300,6 +305,15 @@ class CompressionState:
             raise ValueError("not a sketchsgd CompressionState state_dict")
         if d["config"] != self._config():
             raise _core.ConfigMismatch(f"state_dict of {d['config']} loaded into {self._config()}")
+        # Worker state (error feedback, momentum) belongs to the rank that saved it: each rank
+        # loads its own. Older state_dicts carry no rank and are taken as they are.
+        if "world_size" in d and d["world_size"] != self.world_size:
+            raise _core.ConfigMismatch(f"state_dict of a job of {d['world_size']} ranks loaded into one of "
+                                       f"{self.world_size}")
+        if "rank" in d and d["rank"] != self.rank and any(
+                u["codec"] is not None and u["codec"]["state"].numel() for u in (d["units"] or {}).values()):
+            raise _core.ConfigMismatch(f"rank {self.rank} given the worker state of rank {d['rank']}: every rank "
+                                       "saves and loads its own state_dict()")
         self.iteration = int(d["iteration"])
         self._warm = {int(i): [tuple(e) for e in es] for i, es in d["warm"].items()}
         self._units, self._pending = None, {}
@@ -310,7 +324,18 @@ class CompressionState:
         self._stats = dict(d["stats"])
 
     def __getstate__(self):
-        raise TypeError("CompressionState holds a process group: save state_dict() instead")
+        """Pickling (torch.save(state)): the configuration and state_dict(); the process group
+        is dropped and, when loaded, the default group is used (as PyTorch's PowerSGDState
+        does). Each rank saves and loads its own (its worker state)."""
+        return {"args": (self.spec, self.start_iter, self.compress_1d, self.dense_below),
+                "state": self.state_dict()}
+
+    def __setstate__(self, d):
+        spec, start_iter, compress_1d, dense_below = d["args"]
+        # No collective here: one rank may load alone; the ranks' configurations were checked
+        # when the state was made, and the saved rank is checked against this one.
+        self._setup(spec, None, start_iter, compress_1d, dense_below, check_ranks=False)
+        self.load_state_dict(d["state"])
 
 
 class FlatBucket:

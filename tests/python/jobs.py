@@ -110,6 +110,50 @@ def resume(rank, world, spec, before, after):
     return straight.numpy().tobytes(), flat(m2).numpy().tobytes(), state2.iteration
 
 
+def pickled(rank, world, spec, before, after):
+    """resume() with the whole state pickled (torch.save(state) / torch.load): the process group
+    is dropped and the default group bound again; returns both final parameter vectors."""
+    def fresh(state=None):
+        m = model()
+        ddp = DDP(m)
+        state = state or CompressionState(spec)
+        ddp.register_comm_hook(state, compression_hook)
+        return m, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+
+    m, ddp, state, opt = fresh()
+    train(ddp, opt, rank, before)
+    saved = io.BytesIO()
+    torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "hook": state}, saved)
+    train(ddp, opt, rank, after, first=before)
+    straight = flat(m)
+    saved.seek(0)
+    ckpt = torch.load(saved, **({"weights_only": False} if int(torch.__version__.split(".")[0]) >= 2 else {}))
+    assert ckpt["hook"].process_group is None and ckpt["hook"].iteration == before
+    m2, ddp2, _, opt2 = fresh(ckpt["hook"])
+    m2.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["opt"])
+    train(ddp2, opt2, rank, after, first=before)
+    return straight.numpy().tobytes(), flat(m2).numpy().tobytes()
+
+
+def rank0_state_everywhere(rank, world, spec, steps):
+    """Every rank loads rank 0's state_dict (as from one file saved by rank 0 alone)."""
+    m = model()
+    ddp = DDP(m)
+    state = CompressionState(spec)
+    ddp.register_comm_hook(state, compression_hook)
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), rank, steps)
+    shared = [state.state_dict()]
+    dist.broadcast_object_list(shared, src=0)
+    before = state.state_dict()
+    try:
+        state.load_state_dict(shared[0])
+    except Exception as e:  # noqa: BLE001 - reported, so that every rank ends its job alike
+        unchanged = repr(state.state_dict()) == repr(before)
+        return type(e).__name__, str(e), unchanged
+    return "loaded", "", True
+
+
 def no_sync(rank, world, spec, steps):
     """Two micro-batches per step, the first under no_sync(); returns params and the hook's
     iteration count."""

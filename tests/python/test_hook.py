@@ -148,6 +148,26 @@ def test_state_dict_round_trip_resumes_identically():
             assert iteration == 9
 
 
+def test_a_pickled_state_resumes_identically():
+    """torch.save(state) / torch.load of the CompressionState itself (process group dropped, the
+    default one bound on load), each rank its own: the run continues bit for bit."""
+    for spec in ["sketch:rows=1,cols=2000,k=400,fetch=1", "powersgd:rank=2"]:
+        results = ddp.run(jobs.pickled, spec, 4, 4)
+        for r in range(4):
+            straight, resumed = results[r]
+            assert straight == resumed, f"{spec}: rank {r}"
+
+
+def test_another_ranks_worker_state_is_refused():
+    """Rank 0's state_dict loaded on every rank: the others refuse it (their error feedback is
+    not rank 0's), and say how to save."""
+    results = ddp.run(jobs.rank0_state_everywhere, "topk:k=400,momentum=0.9", 4)
+    assert results[0] == ("loaded", "", True)
+    for name, message, unchanged in results[1:]:
+        assert name == "ConfigMismatch" and "its own state_dict" in message, message
+        assert unchanged
+
+
 def test_no_sync_accumulates_like_one_big_batch():
     with_hook = ddp.run(jobs.no_sync, "dense", 5)
     plain = ddp.run(jobs.big_batch, 5)
