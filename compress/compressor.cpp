@@ -5,7 +5,7 @@
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include "ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 
 namespace sketchsgd {
 

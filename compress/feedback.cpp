@@ -4,7 +4,7 @@
 
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include "ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 
 namespace sketchsgd {
 
@@ -32,7 +32,8 @@ std::span<const float> Feedback::absorb(std::span<const float> g) {
 }
 
 void Feedback::undo(std::span<const float> g) {
-  if (!error_.empty()) ops::axpy(device_, error_.span(), momentum_.empty() ? g : momentum_.span(), -1.0f);
+  if (!error_.empty())
+    ops::axpy(device_, error_.span(), momentum_.empty() ? g : momentum_.span(), -1.0f);
   if (!momentum_.empty()) {
     ops::axpy(device_, momentum_.span(), g, -1.0f);
     ops::scale(device_, momentum_.span(), 1.0f / rho_);

@@ -1,5 +1,6 @@
 #include <sketchsgd/compress/layout.hpp>
 
+#include <algorithm>
 #include <charconv>
 
 #include <sketchsgd/core/error.hpp>
@@ -39,8 +40,8 @@ Layout Layout::parse(std::string_view text) {
     shapes.back().push_back(d);
     p = next;
     if (p == end) break;
-    SKETCHSGD_REQUIRE(*p == 'x' || *p == '+', InvalidArgument, "layout '", text,
-                      "': unexpected '", *p, "' at character ", p - text.data());
+    SKETCHSGD_REQUIRE(*p == 'x' || *p == '+', InvalidArgument, "layout '", text, "': unexpected '",
+                      *p, "' at character ", p - text.data());
     if (*p == '+') shapes.emplace_back();
     ++p;
   }
@@ -56,6 +57,54 @@ std::string Layout::text() const {
       out += std::to_string(shapes_[t][i]);
     }
   }
+  return out;
+}
+
+Layout::Split Layout::partition(const std::function<bool(const Tensor&)>& sent_whole) const {
+  Split s;
+  for (const auto& t : tensors_) {
+    const bool whole = sent_whole(t);
+    (whole ? s.whole : s.kept).push_back(t);
+    (whole ? s.whole_size : s.kept_size) += t.numel;
+  }
+  return s;
+}
+
+std::vector<Layout::Run> Layout::merge(std::span<const Run> runs) {
+  std::vector<Run> out;
+  for (const auto& r : runs) {
+    if (!out.empty() && out.back().offset + out.back().numel == r.offset)
+      out.back().numel += r.numel;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<Layout::Run> Layout::Split::runs(const std::vector<Tensor>& side) {
+  std::vector<Run> r;
+  for (const auto& t : side) r.push_back({t.offset, t.numel});
+  return merge(r);
+}
+
+std::vector<uint64_t> Layout::Split::shares(uint64_t k) const {
+  k = std::min(k, kept_size);
+  std::vector<uint64_t> out(kept.size(), 0);
+  std::vector<std::pair<double, size_t>> rest;
+  uint64_t given = 0;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const double exact = double(k) * double(kept[i].numel) / double(kept_size);
+    out[i] = std::min<uint64_t>(uint64_t(exact), kept[i].numel);
+    given += out[i];
+    rest.push_back({exact - double(out[i]), i});
+  }
+  // Stable: equal remainders go to the earlier tensor, whatever the sort's implementation.
+  std::stable_sort(rest.begin(), rest.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (size_t i = 0; given < k && i < rest.size(); ++i)
+    if (out[rest[i].second] < kept[rest[i].second].numel) {
+      ++out[rest[i].second];
+      ++given;
+    }
   return out;
 }
 

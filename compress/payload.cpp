@@ -7,7 +7,7 @@
 #include <sketchsgd/core/half.hpp>
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include "ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 
 namespace sketchsgd::payload {
 

@@ -9,7 +9,7 @@
 #include <sketchsgd/compress/wire.hpp>
 #include <sketchsgd/core/bytes.hpp>
 #include <sketchsgd/core/device.hpp>
-#include "ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 
 namespace sketchsgd::payload {
 

@@ -3,7 +3,7 @@
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include "ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 #include "payload.hpp"
 
 namespace sketchsgd {
@@ -60,15 +60,9 @@ Message SummableCodec::message(const Header& h, const char* what) {
 std::span<const float> SummableCodec::read_reply(ByteReader& r, MessageKind kind) {
   const uint64_t n = reply_size(kind);
   SKETCHSGD_ASSERT(n > 0, "a codec whose replies are not float vectors reads them itself");
-  const auto v = payload::read_values(r, n, sum_format(kind), payload_name(kind));  // finite
+  staging_ = payload::read_values(r, n, sum_format(kind), payload_name(kind));  // finite
   r.expect_end();
-  if (!device().is_gpu()) {
-    staging_ = v;
-    return staging_;
-  }
-  if (reply_.size() < n) reply_ = Buffer<float>(n, device());
-  reply_.upload(v);
-  return reply_.span().first(n);
+  return ops::on_device(device(), std::span<const float>(staging_), reply_);
 }
 
 void SummableCodec::do_answer_sum(ByteReader& r, std::span<float> out) {
@@ -81,7 +75,7 @@ void SummableCodec::do_apply(ByteReader& r, const Header&, std::span<float> step
 
 Message SummableCodec::do_encode(std::span<const float> grad, const Header& h) {
   const uint64_t n = sum_size(MessageKind::Gradient);
-  if (!device().is_gpu() && sum_format(MessageKind::Gradient) == WireFloat::F32)
+  if (ops::host_memory(device()) && sum_format(MessageKind::Gradient) == WireFloat::F32)
     return Message::build(h, n * sizeof(float),
                           [&](ByteWriter& w) { do_encode_sum(grad, h.round, float_room(w, n)); });
   if (payload_.size() < n) payload_ = Buffer<float>(n, device());
@@ -121,11 +115,8 @@ void SummableAggregator::absorb(ByteReader& r, const Header& h) {
                                       payload_name(h.kind));  // finite-checked
   r.expect_end();
   const auto scope = device_.activate();
-  Buffer<float>& sum = sum_of(h.kind);
-  if (!device_.is_gpu()) return kernels::cpu::axpy(sum.data(), v.data(), n, 1.0f);
-  if (staging_.size() < n) staging_ = Buffer<float>(n, device_);
-  staging_.upload(v);
-  ops::axpy(device_, sum.span(), staging_.span().first(n), 1.0f);
+  ops::axpy(device_, sum_of(h.kind).span(),
+            ops::on_device(device_, std::span<const float>(v), staging_), 1.0f);
 }
 
 void SummableAggregator::absorb_sum(std::span<const float> v, MessageKind kind) {
@@ -149,7 +140,7 @@ Message SummableAggregator::reduce_sum(std::span<float> sum, const Header& phase
   SKETCHSGD_ASSERT(n > 0, "a codec whose replies are not float vectors writes reduce_sum");
   Header h = phase;
   h.kind = kind;
-  if (!device_.is_gpu() && info_.format[size_t(kind)] == WireFloat::F32)
+  if (ops::host_memory(device_) && info_.format[size_t(kind)] == WireFloat::F32)
     return Message::build(h, n * sizeof(float), [&](ByteWriter& w) {
       reduce_to(sum, phase, contributors, float_room(w, n));
     });
@@ -166,7 +157,9 @@ void SummableAggregator::reduce_values(const Header& phase, uint32_t contributor
   reduce_to(sum_of(phase.kind).span(), phase, contributors, out);
   // As the message would carry them: rounded to the wire format, which must hold them.
   const WireFloat f = info_.format[size_t(kind)];
-  const size_t bad = ops::round_to(device_, ops_, out, f);
+  const size_t bad = f == WireFloat::F32
+                         ? kernels::kNone
+                         : ops::round_half(device_, ops_, out, f == WireFloat::BF16);
   SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, payload_name(kind), " ", bad,
                     " does not fit ", f == WireFloat::F16 ? "fp16 (|x| < 65520)" : "bf16",
                     ": use a wider wire format");

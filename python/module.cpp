@@ -155,6 +155,18 @@ PYBIND11_MODULE(_core, m) {
       py::arg("dims"), py::arg("numel"), py::arg("dense_below"),
       "The library's small-tensor rule: such a tensor travels uncompressed.");
   m.def(
+      "merge_runs",
+      [](const std::vector<std::pair<uint64_t, uint64_t>>& runs) {
+        std::vector<Layout::Run> in;
+        for (const auto& [offset, numel] : runs) in.push_back({offset, numel});
+        std::vector<std::pair<uint64_t, uint64_t>> out;
+        for (const auto& r : Layout::merge(in)) out.emplace_back(r.offset, r.numel);
+        return out;
+      },
+      py::arg("runs"),
+      "(offset, numel) runs in order, each merged into the one before it where it starts where "
+      "that one ends (the library's Layout::merge).");
+  m.def(
       "message_info",
       [](const py::buffer& b) {
         const View v(b);

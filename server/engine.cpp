@@ -87,9 +87,8 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
 std::unique_ptr<Aggregator> Engine::make_aggregator() const {
   // The aggregator keeps only the codec's identity and limits: one made by a codec on the chosen
   // device runs there, while codec_ (host) applies updates to the host model.
-  return cfg_.device.is_gpu()
-             ? make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world)
-             : codec_->make_aggregator(cfg_.world);
+  if (cfg_.device == codec_->device()) return codec_->make_aggregator(cfg_.world);
+  return make_compressor(cfg_.spec, cfg_.dim, cfg_.device)->make_aggregator(cfg_.world);
 }
 
 uint64_t Engine::max_frame_bytes() const {

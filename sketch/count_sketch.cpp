@@ -8,9 +8,9 @@
 #include <tuple>
 
 #include <sketchsgd/core/error.hpp>
-#include <sketchsgd/kernels/cuda.hpp>
 #include <sketchsgd/kernels/elementwise.hpp>
 #include <sketchsgd/kernels/hash.hpp>
+#include <sketchsgd/kernels/ops.hpp>
 
 namespace sketchsgd {
 namespace {
@@ -35,23 +35,10 @@ std::shared_ptr<const Buffer<uint32_t>> shared_hashes(const SketchConfig& c, con
   auto table = std::make_shared<Buffer<uint32_t>>(size_t(c.rows) * per_row, d);
   kernels::SketchLayout layout{c.dim, c.rows, c.cols, c.seed};
   layout.block = c.blocked() ? c.block : 0;
-  if (d.is_gpu()) {
-    if (block)
-      kernels::cuda::precompute_windows(layout, table->data(), d.stream);
-    else
-      kernels::cuda::precompute_hashes(layout, table->data(), d.stream);
-    gpu::synchronize(d.stream);
-  } else if (block) {
-    kernels::cpu::precompute_windows(layout, table->data());
-  } else {
-    kernels::cpu::precompute_hashes(layout, table->data());
-  }
+  ops::precompute(d, layout, table->data());
   cache[key] = table;
   return table;
 }
-
-namespace cu = kernels::cuda;
-namespace cpu = kernels::cpu;
 
 }  // namespace
 
@@ -82,14 +69,7 @@ CountSketch::CountSketch(const SketchConfig& config, const Device& device)
 
 CountSketch CountSketch::to(const Device& device) const {
   CountSketch out(config_, device);  // zeroed and synchronised: ready for any stream
-  if (device_.is_gpu() || device.is_gpu()) {
-    // Ordered after this sketch's queued work on its stream; copy() waits before returning.
-    const auto scope = (device_.is_gpu() ? device_ : device).activate();
-    gpu::copy(out.table_.data(), table_.data(), table_.size() * sizeof(float),
-              device_.is_gpu() ? device_.stream : device.stream);
-  } else {
-    std::copy(table_.data(), table_.data() + table_.size(), out.table_.data());
-  }
+  ops::copy_across(device_, device, out.table_.data(), table_.data(), table_.size());
   out.empty_ = empty_;
   return out;
 }
@@ -106,22 +86,11 @@ kernels::SketchLayout CountSketch::layout() const {
 }
 
 void CountSketch::check_indices(std::span<const uint32_t> indices, const char* what) const {
-  if (device_.is_gpu()) {
-    device_.require_accessible(indices.data(), indices.size_bytes(), what);
-    const size_t bad = scratch_.first_flagged(device_, [&](unsigned long long* flag) {
-      cu::check_indices(indices.data(), indices.size(), config_.dim, flag, device_.stream);
-    });
-    if (bad != kernels::kNone) {
-      uint32_t value = 0;
-      gpu::copy(&value, indices.data() + bad, 4, device_.stream);
-      detail::raise<InvalidArgument>(what, ": index ", value, " at position ", bad,
-                                     " out of range for dim ", config_.dim);
-    }
-    return;
-  }
-  for (size_t i = 0; i < indices.size(); ++i)
-    SKETCHSGD_REQUIRE(indices[i] < config_.dim, InvalidArgument, what, ": index ", indices[i],
-                      " out of range for dim ", config_.dim);
+  device_.require_accessible(indices.data(), indices.size_bytes(), what);
+  const size_t bad = ops::find_out_of_range(device_, scratch_, indices, config_.dim);
+  if (bad != kernels::kNone)
+    detail::raise<InvalidArgument>(what, ": index ", ops::value_at(device_, indices, bad),
+                                   " at position ", bad, " out of range for dim ", config_.dim);
 }
 
 void CountSketch::accumulate(std::span<const float> x, float scale) {
@@ -137,43 +106,11 @@ void CountSketch::accumulate(std::span<const float> x, uint64_t offset, float sc
                     ") outside the sketch's dim ", config_.dim);
   SKETCHSGD_REQUIRE(is_finite(scale), NonFiniteError, "accumulate: scale is not finite");
   device_.require_accessible(x.data(), x.size_bytes(), "accumulate");
-  const auto l = layout();
-  if (device_.is_gpu()) {
-    if (x.empty()) return;
-    // One pass adds the finite values and reports the first non-finite one; on a report, the
-    // same pass with −scale takes the finite values back out (or the table is zeroed when it
-    // was empty: exact).
-    const size_t bad = scratch_.first_flagged(device_, [&](unsigned long long* flag) {
-      cu::accumulate(l, table_.data(), x.data(), x.size(), offset, scale, flag, device_.stream);
-    });
-    if (bad != kernels::kNone) {
-      if (empty_) {
-        zero();
-      } else {
-        scratch_.first_flagged(device_, [&](unsigned long long* flag) {
-          cu::accumulate(l, table_.data(), x.data(), x.size(), offset, -scale, flag,
-                         device_.stream);
-        });
-      }
-      float value = 0.0f;
-      gpu::copy(&value, x.data() + bad, 4, device_.stream);
-      detail::raise<NonFiniteError>("accumulate: non-finite value ", value, " at coordinate ",
-                                    offset + bad);
-    }
-    empty_ = false;
-    return;
-  }
-  const size_t stop = cpu::accumulate(l, table_.data(), x.data(), x.size(), offset, scale);
-  if (stop != kernels::kNone) {
-    if (empty_) {
-      zero();
-    } else if (stop > 0) {
-      cpu::accumulate(l, table_.data(), x.data(), stop, offset, -scale);
-    }
-    const size_t bad = stop + cpu::find_nonfinite(x.data() + stop, x.size() - stop);
-    detail::raise<NonFiniteError>("accumulate: non-finite value ", x[bad], " at coordinate ",
-                                  offset + bad);
-  }
+  const size_t bad =
+      ops::sketch_add(device_, scratch_, layout(), table_.data(), x, offset, scale, empty_);
+  if (bad != kernels::kNone)  // the table is as it was
+    detail::raise<NonFiniteError>("accumulate: non-finite value ", ops::value_at(device_, x, bad),
+                                  " at coordinate ", offset + bad);
   if (!x.empty()) empty_ = false;
 }
 
@@ -186,16 +123,12 @@ CountSketch& CountSketch::operator+=(const CountSketch& other) {
                     ", seed ", other.config_.seed, ")");
   SKETCHSGD_REQUIRE(device_.gpu == other.device_.gpu, InvalidArgument, "cannot merge a sketch on ",
                     other.device_.name(), " into one on ", device_.name(), " (use to())");
-  if (device_.is_gpu()) {
-    // other's table may still be written on its own stream of the same GPU, and may be changed
-    // there right after this returns: wait on both sides.
-    const bool cross = other.device_.stream != device_.stream;
-    if (cross) gpu::synchronize(other.device_.stream);
-    cu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f, device_.stream);
-    if (cross) gpu::synchronize(device_.stream);
-  } else {
-    cpu::axpy(table_.data(), other.table_.data(), table_.size(), 1.0f);
-  }
+  // On a GPU other's table may still be written on its own stream, and may be changed there
+  // right after this returns: wait on both sides.
+  const bool cross = other.device_.stream != device_.stream;
+  if (cross) gpu::synchronize(other.device_.stream);
+  ops::axpy(device_, table_.span(), other.table_.span(), 1.0f);
+  if (cross) gpu::synchronize(device_.stream);
   empty_ = empty_ && other.empty_;
   return *this;
 }
@@ -205,29 +138,20 @@ void CountSketch::add_table(std::span<const float> table, float scale) {
   SKETCHSGD_REQUIRE(table.size() == table_.size(), ConfigMismatch, "add_table: ", table.size(),
                     " floats into a ", config_.rows, " x ", config_.cols, " sketch");
   device_.require_accessible(table.data(), table.size_bytes(), "add_table");
-  if (device_.is_gpu())
-    cu::axpy(table_.data(), table.data(), table_.size(), scale, device_.stream);
-  else
-    cpu::axpy(table_.data(), table.data(), table_.size(), scale);
+  ops::axpy(device_, table_.span(), table, scale);
   empty_ = false;
 }
 
 void CountSketch::scale(float a) {
   const auto scope = device_.activate();
   SKETCHSGD_REQUIRE(std::isfinite(a), InvalidArgument, "scale: factor ", a, " is not finite");
-  if (device_.is_gpu())
-    cu::scale(table_.data(), table_.size(), a, device_.stream);
-  else
-    cpu::scale(table_.data(), table_.size(), a);
+  ops::scale(device_, table_.span(), a);
 }
 
 void CountSketch::zero_buckets(std::span<const uint32_t> indices) {
   const auto scope = device_.activate();
   check_indices(indices, "zero_buckets");
-  if (device_.is_gpu())
-    cu::zero_buckets(layout(), table_.data(), indices.data(), indices.size(), device_.stream);
-  else
-    cpu::zero_buckets(layout(), table_.data(), indices.data(), indices.size());
+  ops::zero_buckets(device_, layout(), table_.data(), indices);
 }
 
 void CountSketch::zero() {
@@ -242,11 +166,7 @@ void CountSketch::estimate(std::span<const uint32_t> indices, std::span<float> o
                     " indices but room for ", out.size(), " values");
   check_indices(indices, "estimate");
   device_.require_accessible(out.data(), out.size_bytes(), "estimate: output");
-  if (device_.is_gpu())
-    cu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data(),
-                 device_.stream);
-  else
-    cpu::estimate(layout(), table_.data(), indices.data(), indices.size(), out.data());
+  ops::estimate(device_, layout(), table_.data(), indices, out);
 }
 
 std::vector<float> CountSketch::estimate(std::span<const uint32_t> indices) const {
@@ -260,10 +180,7 @@ void CountSketch::estimate_all(std::span<float> out) const {
   SKETCHSGD_REQUIRE(out.size() == config_.dim, InvalidArgument, "estimate_all: output of length ",
                     out.size(), " for dim ", config_.dim);
   device_.require_accessible(out.data(), out.size_bytes(), "estimate_all: output");
-  if (device_.is_gpu())
-    cu::estimate_all(layout(), table_.data(), out.data(), device_.stream);
-  else
-    cpu::estimate_all(layout(), table_.data(), out.data());
+  ops::estimate_all(device_, layout(), table_.data(), out);
 }
 
 std::vector<float> CountSketch::estimate_all() const {
@@ -280,39 +197,21 @@ void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
                     " exceeds dim ", config_.dim);
   device_.require_accessible(idx.data(), idx.size_bytes(), "top_k: indices");
   device_.require_accessible(val.data(), val.size_bytes(), "top_k: values");
-  if (device_.is_gpu())
-    cu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data(),
-                      scratch_.workspace(), device_.stream);
-  else
-    cpu::estimate_topk(layout(), table_.data(), idx.size(), idx.data(), val.data());
+  ops::estimate_topk(device_, scratch_, layout(), table_.data(), idx, val);
 }
 
 TopK CountSketch::top_k(uint64_t k, TopKOrder order) const {
   SKETCHSGD_REQUIRE(k <= config_.dim, InvalidArgument, "top_k: k = ", k, " exceeds dim ",
                     config_.dim);
+  const auto scope = device_.activate();
   TopK out;
-  out.indices.resize(k);
-  out.values.resize(k);
-  if (device_.is_gpu()) {
-    // Result buffers kept across calls (a server asks every round).
-    uint32_t* idx = scratch_.room<uint32_t>(device_, k, 0);
-    float* val = scratch_.room<float>(device_, k, 1);
-    top_k(std::span(idx, k), std::span(val, k));
-    gpu::copy(out.indices.data(), idx, k * sizeof(uint32_t), device_.stream);
-    gpu::copy(out.values.data(), val, k * sizeof(float), device_.stream);
-    if (order == TopKOrder::Index) cpu::sort_pairs(out.indices.data(), out.values.data(), k);
-  } else {
-    cpu::estimate_topk(layout(), table_.data(), k, out.indices.data(), out.values.data(), order);
-  }
+  ops::estimate_topk(device_, scratch_, layout(), table_.data(), k, order, out.indices, out.values);
   return out;
 }
 
 double CountSketch::l2_estimate() const {
   const auto scope = device_.activate();
-  if (!device_.is_gpu()) return cpu::l2_estimate(layout(), table_.data());
-  Buffer<double> out(1, device_);
-  cu::l2_estimate(layout(), table_.data(), out.data(), scratch_.workspace(), device_.stream);
-  return out.to_vector()[0];
+  return ops::l2_estimate(device_, scratch_, layout(), table_.data());
 }
 
 Bytes CountSketch::serialize() const {
@@ -330,11 +229,8 @@ Bytes CountSketch::serialize() const {
   w.put(config_.rows);
   w.put(config_.cols);
   w.put(config_.seed);
-  if (device_.is_gpu()) {
-    w.put_array(std::span<const float>(table_.to_vector()));
-  } else {
-    w.put_array(table_.span());
-  }
+  std::vector<float> staging;
+  w.put_array(ops::to_host(device_, table_.span(), staging));
   seal(out);
   return out;
 }
@@ -372,12 +268,11 @@ CountSketch CountSketch::deserialize(std::span<const uint8_t> bytes, const Devic
   SKETCHSGD_REQUIRE(crc32c(body) == tail.get<uint32_t>(), WireError,
                     "serialised sketch: checksum mismatch");
   CountSketch s(c, device);
-  std::vector<float> staging(device.is_gpu() ? n : 0);
-  const std::span<float> table = device.is_gpu() ? std::span<float>(staging) : s.table_.span();
-  r.get_array(table);
-  SKETCHSGD_REQUIRE(cpu::find_nonfinite(table.data(), table.size()) == kernels::kNone, WireError,
-                    "serialised sketch: non-finite table entry");
-  if (device.is_gpu()) s.table_.upload(table);
+  std::vector<float> table(n);
+  r.get_array(std::span<float>(table));
+  SKETCHSGD_REQUIRE(kernels::cpu::find_nonfinite(table.data(), table.size()) == kernels::kNone,
+                    WireError, "serialised sketch: non-finite table entry");
+  s.table_.upload(table);
   s.empty_ = false;
   return s;
 }

@@ -2,7 +2,7 @@
 // whose mean is the momentum of the mean gradient); the server returns the mean.
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/compress/registry.hpp>
-#include "../ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 #include "../summable.hpp"
 
 namespace sketchsgd {

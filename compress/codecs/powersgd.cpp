@@ -27,7 +27,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include "../ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 #include "../payload.hpp"
 #include "../summable.hpp"
 
@@ -56,17 +56,21 @@ struct Plan {
   }
 
   Plan(const Layout& layout, uint64_t rank, double min_rate) {
-    for (const auto& t : layout.tensors()) {
-      const uint64_t r = std::min({t.rows, t.cols, rank});
-      if (t.dims >= 2 && double(t.rows + t.cols) * double(r) * min_rate < double(t.numel)) {
-        matrices.push_back({t.offset, t.rows, t.cols, r, p_size, q_size, r_size});
-        p_size += t.rows * r;
-        q_size += t.cols * r;
-        r_size += r * r;
-      } else {
-        dense.push_back({t.offset, t.numel, dense_size});
-        dense_size += t.numel;
-      }
+    auto rank_of = [&](const Layout::Tensor& t) { return std::min({t.rows, t.cols, rank}); };
+    const auto split = layout.partition([&](const Layout::Tensor& t) {
+      return t.dims < 2 ||
+             double(t.rows + t.cols) * double(rank_of(t)) * min_rate >= double(t.numel);
+    });
+    for (const auto& t : split.kept) {
+      const uint64_t r = rank_of(t);
+      matrices.push_back({t.offset, t.rows, t.cols, r, p_size, q_size, r_size});
+      p_size += t.rows * r;
+      q_size += t.cols * r;
+      r_size += r * r;
+    }
+    for (const auto& t : split.whole) {
+      dense.push_back({t.offset, t.numel, dense_size});
+      dense_size += t.numel;
     }
   }
 };
@@ -137,7 +141,7 @@ class PowerSGD final : public SummableCodec {
         plan_(plan),
         o_(o),
         fb_(dim, o.momentum, true, device),  // its error vector holds M from encode to apply
-        fused_(!device.is_gpu()),
+        fused_(ops::fuses_lowrank_absorb(device)),
         q_factors_(plan.factors(true), device),
         q_(plan.q_size, device),
         qo_(plan.q_size, device) {
@@ -232,12 +236,8 @@ class PowerSGD final : public SummableCodec {
   void do_answer_values(std::span<const float> p, std::span<float> out) override {
     const auto m = fb_.error();
     for (const auto& x : plan_.matrices)
-      if (fused_)
-        kernels::cpu::lowrank_answer(m.data() + x.offset, p.data() + x.p_at, out.data() + x.q_at,
-                                     x.rows, x.cols, x.rank);
-      else
-        ops::gemm(device(), true, false, x.cols, x.rank, x.rows, 1.0f, m.data() + x.offset, x.cols,
-                  p.data() + x.p_at, x.rank, 0.0f, out.data() + x.q_at, x.rank);
+      ops::lowrank_answer(device(), m.data() + x.offset, p.data() + x.p_at, out.data() + x.q_at,
+                          x.rows, x.cols, x.rank);
   }
 
   /// Whether matrix x's error subtraction waits for the next absorb: on the CPU at ranks up to
@@ -254,26 +254,20 @@ class PowerSGD final : public SummableCodec {
     const auto e = fb_.error();
     for (const auto& x : plan_.matrices)
       if (defers(x))
-        kernels::cpu::lowrank_expand(deferred_p_.data() + x.p_at, q_.data() + x.q_at, nullptr,
-                                     x.rows, x.cols, x.rank, e.data() + x.offset);
+        ops::lowrank_expand(device(), deferred_p_.data() + x.p_at, q_.data() + x.q_at, nullptr,
+                            x.rows, x.cols, x.rank, e.data() + x.offset);
     deferred_ = false;
   }
 
-  /// The step P̂·Q̄ᵀ per matrix and the uncompressed values; on the CPU also error −= step when
-  /// `error` is given (the error feedback in the same pass), but for the matrices that defer it.
-  /// On a GPU, error −= step rides on the product instead: M − P̂·Q̄ᵀ is the same GEMM with
-  /// β = 1 on the error, and the step a second one (both read only the small factors).
+  /// The step P̂·Q̄ᵀ per matrix and the uncompressed values, and error −= step when `error` is
+  /// given (the error feedback with the step), but for the matrices that defer it.
   void write_step(std::span<const float> update, std::span<float> step, float* error) {
     const float* p = update.data();
     const float* q = p + plan_.p_size;
     const float* dense = q + plan_.q_size;
     for (const auto& x : plan_.matrices)
-      if (fused_)
-        kernels::cpu::lowrank_expand(p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows, x.cols,
-                                     x.rank, error && !defers(x) ? error + x.offset : nullptr);
-      else
-        ops::gemm(device(), false, true, x.rows, x.cols, x.rank, 1.0f, p + x.p_at, x.rank,
-                  q + x.q_at, x.rank, 0.0f, step.data() + x.offset, x.cols);
+      ops::lowrank_expand(device(), p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows, x.cols,
+                          x.rank, error && !defers(x) ? error + x.offset : nullptr);
     for (const auto& d : plan_.dense)
       ops::copy(device(), step.subspan(d.offset, d.numel), {dense + d.at, d.numel});
   }
@@ -282,21 +276,15 @@ class PowerSGD final : public SummableCodec {
     // next round's warm start.
     settle();  // an apply with no encode since the last one
     const auto e = fb_.error();
-    const bool fold = fused_ && o_.ef;  // the subtraction rides on the step's pass (or the next)
-    write_step(update, step, fold ? e.data() : nullptr);
-    if (fold && std::any_of(plan_.matrices.begin(), plan_.matrices.end(),
-                            [&](const Plan::Matrix& x) { return defers(x); })) {
+    write_step(update, step, o_.ef ? e.data() : nullptr);  // or the next absorb, where deferred
+    if (o_.ef && std::any_of(plan_.matrices.begin(), plan_.matrices.end(),
+                             [&](const Plan::Matrix& x) { return defers(x); })) {
       deferred_p_.assign(update.begin(), update.begin() + plan_.p_size);
       deferred_ = true;
     }
-    for (const auto& x : plan_.matrices) {
-      const auto part = e.subspan(x.offset, x.rows * x.cols);
-      if (!o_.ef)
-        ops::scale(device(), part, 0.0f);
-      else if (!fold)
-        ops::gemm(device(), false, true, x.rows, x.cols, x.rank, -1.0f, update.data() + x.p_at,
-                  x.rank, update.data() + plan_.p_size + x.q_at, x.rank, 1.0f, part.data(), x.cols);
-    }
+    if (!o_.ef)
+      for (const auto& x : plan_.matrices)
+        ops::scale(device(), e.subspan(x.offset, x.rows * x.cols), 0.0f);
     for (const auto& d : plan_.dense) ops::scale(device(), e.subspan(d.offset, d.numel), 0.0f);
     if (o_.warm) ops::copy(device(), q_.span(), update.subspan(plan_.p_size, plan_.q_size));
   }
@@ -331,7 +319,7 @@ class PowerSGD final : public SummableCodec {
   const Plan plan_;
   const PowerOptions o_;
   mutable Feedback fb_;  // mutable: save_state() settles a deferred subtraction first
-  const bool fused_;     // CPU: kernels::cpu::lowrank_*; GPU: ops::gemm
+  const bool fused_;     // ops::fuses_lowrank_absorb(): compute_p in one pass (fused_p)
   const ops::Factors q_factors_;
   Buffer<float> q_;   // the next round's Q before orthonormalisation
   Buffer<float> qo_;  // this round's, orthonormalised

@@ -26,8 +26,8 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/ops.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
-#include "../ops.hpp"
 #include "../payload.hpp"
 #include "../summable.hpp"
 
@@ -42,22 +42,16 @@ struct SketchOptions {
   bool fetch;                    // FetchSGD: momentum and error live on the server, as sketches
   WireFloat wire;                // the table's float format on the wire
   payload::SparseFormat update;  // the update's indices: u32 or delta-coded (values fp32)
-  // With a layout: the tensors sent whole and the sketched rest, as (offset, size) runs.
-  struct Run {
-    uint64_t offset, numel;
-  };
-  std::vector<Run> whole, sketched;
+  // With a layout: the tensors sent whole and the sketched rest, as runs.
+  std::vector<Layout::Run> whole, sketched;
   uint64_t whole_size = 0;
 
   void split(const Layout& layout, uint64_t dense_below) {
-    for (const auto& t : layout.tensors()) {
-      auto& runs = Layout::sent_whole(t, dense_below) ? whole : sketched;
-      if (!runs.empty() && runs.back().offset + runs.back().numel == t.offset)
-        runs.back().numel += t.numel;
-      else
-        runs.push_back({t.offset, t.numel});
-      if (&runs == &whole) whole_size += t.numel;
-    }
+    const auto s = layout.partition(
+        [&](const Layout::Tensor& t) { return Layout::sent_whole(t, dense_below); });
+    whole = Layout::Split::runs(s.whole);
+    sketched = Layout::Split::runs(s.kept);
+    whole_size = s.whole_size;
   }
   uint64_t update_entries() const { return k + whole_size; }
 };
@@ -138,17 +132,10 @@ class SketchAggregator final : public SummableAggregator {
       TopK top;
       if (!o_.whole.empty()) {  // select on the host, past the whole tensors, and reset
         top = select(*error_, o_.k);
-        if (device_.is_gpu()) {
-          if (top_idx_.size() < o_.k) top_idx_ = Buffer<uint32_t>(o_.k, device_);
-          top_idx_.upload(top.indices);
-          const std::span<const uint32_t> kept(top_idx_.data(), top.indices.size());
-          momentum_->zero_buckets(kept);
-          error_->zero_buckets(kept);
-        } else {
-          momentum_->zero_buckets(top.indices);
-          error_->zero_buckets(top.indices);
-        }
-      } else if (device_.is_gpu()) {  // select and reset on the device; only k come back
+        const auto kept = ops::on_device(device_, std::span<const uint32_t>(top.indices), top_idx_);
+        momentum_->zero_buckets(kept);
+        error_->zero_buckets(kept);
+      } else {  // select and reset in the sketch's memory; only k come back
         if (top_idx_.size() != o_.k) {
           top_idx_ = Buffer<uint32_t>(o_.k, device_);
           top_val_ = Buffer<float>(o_.k, device_);
@@ -158,10 +145,6 @@ class SketchAggregator final : public SummableAggregator {
         error_->zero_buckets(top_idx_.span());
         top.indices = top_idx_.to_vector();
         top.values = top_val_.to_vector();
-      } else {
-        top = error_->top_k(o_.k, TopKOrder::Index);  // what the message needs
-        momentum_->zero_buckets(top.indices);
-        error_->zero_buckets(top.indices);
       }
       return update(phase, std::move(top.indices), std::move(top.values));
     }

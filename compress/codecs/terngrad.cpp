@@ -9,8 +9,8 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/ops.hpp>
 #include "../mean_aggregator.hpp"
-#include "../ops.hpp"
 #include "../payload.hpp"
 #include "../scale_runs.hpp"
 

@@ -12,7 +12,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include "../ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 #include "../payload.hpp"
 
 namespace sketchsgd {
@@ -28,43 +28,16 @@ struct TopKOptions {
   uint64_t dense_below;
 };
 
-/// Where a layout sends what: (offset, size, k share) of the selected tensors, the whole ones.
+/// Where a layout sends what: the selected tensors, with their shares of k (budget=layer), and
+/// the whole ones.
 struct Selection {
-  struct Part {
-    uint64_t offset, numel, k;
-  };
-  std::vector<Part> selected, whole;
-  uint64_t whole_count = 0;
+  Layout::Split split;
+  std::vector<uint64_t> k;  // per selected tensor, with budget=layer
 
-  Selection(const Layout& layout, uint64_t k, bool per_layer, uint64_t dense_below) {
-    uint64_t big = 0;
-    for (const auto& t : layout.tensors()) {
-      if (Layout::sent_whole(t, dense_below)) {
-        whole.push_back({t.offset, t.numel, t.numel});
-        whole_count += t.numel;
-      } else {
-        selected.push_back({t.offset, t.numel, 0});
-        big += t.numel;
-      }
-    }
-    k = std::min(k, big);
-    if (!per_layer || selected.empty()) return;
-    // Largest remainder: floor shares, then one more to the largest fractional parts.
-    std::vector<std::pair<double, size_t>> rest;
-    uint64_t given = 0;
-    for (size_t i = 0; i < selected.size(); ++i) {
-      const double exact = double(k) * double(selected[i].numel) / double(big);
-      selected[i].k = std::min<uint64_t>(uint64_t(exact), selected[i].numel);
-      given += selected[i].k;
-      rest.push_back({exact - double(selected[i].k), i});
-    }
-    std::sort(rest.begin(), rest.end(), [](auto& a, auto& b) { return a.first > b.first; });
-    for (size_t i = 0; given < k && i < rest.size(); ++i)
-      if (selected[rest[i].second].k < selected[rest[i].second].numel) {
-        ++selected[rest[i].second].k;
-        ++given;
-      }
-  }
+  Selection(const Layout& layout, uint64_t k_all, bool per_layer, uint64_t dense_below)
+      : split(layout.partition(
+            [&](const Layout::Tensor& t) { return Layout::sent_whole(t, dense_below); })),
+        k(per_layer ? split.shares(k_all) : std::vector<uint64_t>()) {}
 };
 
 class TopKAggregator final : public Aggregator {
@@ -141,7 +114,7 @@ class TopK final : public Compressor {
  private:
   /// Most entries a worker sends: k, and with a layout every value of the whole tensors.
   uint64_t sent() const {
-    return sel_ ? std::min<uint64_t>(o_.k + sel_->whole_count, dim()) : o_.k;
+    return sel_ ? std::min<uint64_t>(o_.k + sel_->split.whole_size, dim()) : o_.k;
   }
 
   void select(std::span<const float> v, std::vector<uint32_t>& idx, std::vector<float>& val) {
@@ -152,17 +125,18 @@ class TopK final : public Compressor {
     std::vector<uint32_t> ti;
     std::vector<float> tv;
     if (o_.per_layer) {
-      for (const auto& p : sel_->selected) {
-        if (p.k == 0) continue;
-        ops::topk(device(), ops_, v.subspan(p.offset, p.numel), p.k, ti, tv);
-        add(ti, p.offset);
+      for (size_t i = 0; i < sel_->split.kept.size(); ++i) {
+        const auto& t = sel_->split.kept[i];
+        if (sel_->k[i] == 0) continue;
+        ops::topk(device(), ops_, v.subspan(t.offset, t.numel), sel_->k[i], ti, tv);
+        add(ti, t.offset);
       }
     } else {
       // The k largest of the selected tensors: of the whole vector, whole tensors' picks dropped
       // (they are sent anyway), topped up until k of the others are in.
-      uint64_t want = std::min<uint64_t>(o_.k, dim() - sel_->whole_count), ask = want;
+      uint64_t want = std::min<uint64_t>(o_.k, dim() - sel_->split.whole_size), ask = want;
       auto in_whole = [&](uint32_t j) {
-        for (const auto& p : sel_->whole)
+        for (const auto& p : sel_->split.whole)
           if (j >= p.offset && j < p.offset + p.numel) return true;
         return false;
       };
@@ -178,7 +152,7 @@ class TopK final : public Compressor {
         ask += want - keep.size();
       }
     }
-    for (const auto& p : sel_->whole)
+    for (const auto& p : sel_->split.whole)
       for (uint64_t j = 0; j < p.numel; ++j) idx.push_back(uint32_t(p.offset + j));
     std::sort(idx.begin(), idx.end());
     val = ops::gather(device(), ops_, v, idx);

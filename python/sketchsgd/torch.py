@@ -93,15 +93,7 @@ class _Unit:
     def segments(self, where, compressed: bool):
         """(offset, numel) in the bucket's buffer of this unit's compressed or dense parameters,
         adjacent ones merged (a unit that is the whole bucket is one view: no copies)."""
-        out = []
-        for k, n, c in self.entries:
-            if c != compressed:
-                continue
-            if out and out[-1][0] + out[-1][1] == where[k]:
-                out[-1] = (out[-1][0], out[-1][1] + n)
-            else:
-                out.append((where[k], n))
-        return out
+        return _core.merge_runs([(where[k], n) for k, n, c in self.entries if c == compressed])
 
 
 def _gather(buf, segments, out=None):

@@ -1,4 +1,4 @@
-// Tensor layouts in specs, and the powersgd codec's contract: exact for a matrix of rank ≤ r,
+// The powersgd codec's contract: exact for a matrix of rank ≤ r,
 // error feedback keeps what was not sent, the server's query is the orthonormalised sum of the
 // workers' P factors, summed payloads give the messages' updates, state round trips, and corrupt
 // bytes change nothing.
@@ -20,75 +20,6 @@
 
 namespace sketchsgd {
 namespace {
-
-TEST(Layout, ParsesPrintsAndRefusesBadText) {
-  const Layout l = Layout::parse("1024x784+1024+10x2x5+3");
-  ASSERT_EQ(l.tensors().size(), 4u);
-  EXPECT_EQ(l.size(), 1024u * 784 + 1024 + 100 + 3);
-  EXPECT_EQ(l.tensors()[2].offset, 1024u * 784 + 1024);
-  EXPECT_EQ(l.tensors()[2].rows, 10u);  // matrix view: first dimension × the rest
-  EXPECT_EQ(l.tensors()[2].cols, 10u);
-  EXPECT_EQ(l.tensors()[1].cols, 1u);
-  EXPECT_EQ(l.text(), "1024x784+1024+10x2x5+3");
-  EXPECT_EQ(Layout::parse(l.text()), l);
-  for (const char* bad : {"", "+", "3+", "3x", "x3", "3++4", "3x0", "3,4", "3 x 4", "-3",
-                          "99999999999", "70000x70000"})
-    EXPECT_THROW(Layout::parse(bad), InvalidArgument) << bad;
-}
-
-TEST(Layout, IsPartOfTheCanonicalSpecAndMustFitTheVector) {
-  const auto c = make_compressor("powersgd:rank=2,layout=40x50+10", 2010);
-  EXPECT_NE(c->spec().find(",layout=40x50+10"), std::string::npos) << c->spec();
-  // Rebuilt from its canonical spec: the same codec.
-  EXPECT_EQ(make_compressor(c->spec(), 2010)->spec(), c->spec());
-  EXPECT_EQ(make_compressor("powersgd:rank=2", Layout({{40, 50}, {10}}))->spec(), c->spec());
-  EXPECT_THROW(make_compressor("powersgd:rank=2,layout=40x50+10", 2000), InvalidArgument);
-  EXPECT_THROW(make_compressor("powersgd:rank=2", 2010), InvalidArgument);  // needs one
-  EXPECT_THROW(make_compressor("powersgd:layout=4x5,layout=4x5", 20), InvalidArgument);
-  EXPECT_THROW(make_compressor("powersgd:rank=2,layout=4x5", Layout({{4, 5}})), InvalidArgument);
-  EXPECT_THROW(make_compressor("dense:layout=4x5", 20), InvalidArgument);  // uses none
-  // Nothing worth compressing at this rank: refused with a reason.
-  EXPECT_THROW(make_compressor("powersgd:rank=4,layout=8x8+8", 72), InvalidArgument);
-}
-
-/// topk with a layout: small tensors whole, k per layer adding up exactly, or global over the
-/// large tensors only; without a layout, as before.
-TEST(Layout, TopKSendsSmallTensorsWholeAndSplitsKPerLayer) {
-  const Layout layout({{40, 50}, {40}, {10, 40}, {10}});  // 2000 + 40 + 400 + 10
-  const uint64_t dim = layout.size();
-  auto g = test::gaussian(dim, 4);
-  for (uint64_t j = 2040; j < 2440; ++j) g[j] *= 1e-3f;  // a quiet layer
-  auto sent = [&](const std::string& spec) {
-    auto c = make_compressor(spec, layout);
-    auto a = c->make_aggregator(1);
-    a->add(c->encode(g, 0, 0).bytes());
-    std::vector<float> step(dim);
-    c->apply(a->finish().bytes(), step);
-    std::vector<uint32_t> idx;
-    for (uint32_t j = 0; j < dim; ++j)
-      if (step[j] != 0.0f) idx.push_back(j);
-    return idx;
-  };
-  auto count = [](const std::vector<uint32_t>& idx, uint32_t lo, uint32_t hi) {
-    return std::count_if(idx.begin(), idx.end(), [&](uint32_t j) { return j >= lo && j < hi; });
-  };
-  const auto layer = sent("topk:k=120,budget=layer");
-  EXPECT_EQ(layer.size(), 120u + 40 + 10);  // the shares add up to k, biases whole
-  EXPECT_EQ(count(layer, 2000, 2040), 40);  // bias 1 whole
-  EXPECT_EQ(count(layer, 2440, 2450), 10);  // bias 2 whole
-  EXPECT_EQ(count(layer, 0, 2000), 100);    // 120 · 2000 / 2400 = 100
-  EXPECT_EQ(count(layer, 2040, 2440), 20);  // the quiet layer keeps its share
-  const auto global = sent("topk:k=120");
-  EXPECT_EQ(global.size(), 120u + 50);
-  EXPECT_EQ(count(global, 2040, 2440), 0);  // globally, the quiet layer loses out
-  EXPECT_EQ(count(global, 0, 2000), 120);
-  // dense_below sends the small matrix whole too; without a layout, plain top-k.
-  EXPECT_EQ(sent("topk:k=120,budget=layer,dense_below=500").size(), 120u + 40 + 400 + 10);
-  auto plain = make_compressor("topk:k=120", dim);
-  EXPECT_EQ(plain->max_payload(MessageKind::Gradient), 4u + 120 * 8);
-  // Odd shares still add up: 7 over sizes 2000 and 400 → 5.83 + 1.17 → 6 + 1.
-  EXPECT_EQ(sent("topk:k=7,budget=layer").size(), 7u + 50);
-}
 
 struct Round {
   std::vector<std::unique_ptr<Compressor>> workers;

@@ -15,6 +15,13 @@ inline std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) 
   return v;
 }
 
+/// One gaussian vector per worker.
+inline std::vector<std::vector<float>> grads(uint32_t world, size_t dim, uint64_t seed) {
+  std::vector<std::vector<float>> g;
+  for (uint32_t w = 0; w < world; ++w) g.push_back(gaussian(dim, seed * 100 + w));
+  return g;
+}
+
 /// Gaussian noise plus `heavy` coordinates of magnitude `mag` with alternating signs at random
 /// distinct positions (returned sorted).
 inline std::vector<uint32_t> plant(std::vector<float>& v, size_t heavy, float mag, uint64_t seed) {

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +26,25 @@ class Layout {
     size_t dims;
   };
 
+  /// A stretch of the flat vector.
+  struct Run {
+    uint64_t offset;
+    uint64_t numel;
+  };
+
+  /// The layout cut in two by a rule: the tensors a codec compresses (kept) and the ones it sends
+  /// whole, each in the layout's order.
+  struct Split {
+    std::vector<Tensor> kept, whole;
+    uint64_t kept_size = 0, whole_size = 0;
+
+    /// The stretches one side covers, neighbouring tensors merged.
+    static std::vector<Run> runs(const std::vector<Tensor>& side);
+    /// k spread over the kept tensors in proportion to their sizes: floors first, then one more
+    /// to the largest remainders, none past its tensor's size (k capped at kept_size).
+    std::vector<uint64_t> shares(uint64_t k) const;
+  };
+
   Layout() = default;  ///< no layout: one flat vector
   /// InvalidArgument for an empty shape, a zero dimension, or more than 2^32 − 1 values.
   explicit Layout(std::vector<std::vector<uint64_t>> shapes);
@@ -35,6 +56,11 @@ class Layout {
   static bool sent_whole(const Tensor& t, uint64_t dense_below) {
     return t.dims < 2 || t.numel < dense_below;
   }
+
+  /// The one split of every codec and the DDP hook; sent_whole(t) says where tensor t goes.
+  Split partition(const std::function<bool(const Tensor&)>& sent_whole) const;
+  /// runs in order, each merged into the one before it where it starts where that one ends.
+  static std::vector<Run> merge(std::span<const Run> runs);
 
   bool empty() const { return tensors_.empty(); }
   uint64_t size() const { return size_; }

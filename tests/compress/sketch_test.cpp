@@ -1,5 +1,7 @@
-// The sketch codec with a layout: small tensors sent whole beside the table, the heavy hitters of
-// the rest, and the update's contract on both (messages and summed payloads, all three modes).
+// The sketch codec: planted heavy hitters found in one round, the second round's exact top-k,
+// FetchSGD's reset at the update; with a layout, small tensors sent whole beside the table, the
+// heavy hitters of the rest, and the update's contract on both (messages and summed payloads,
+// all three modes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,10 +13,78 @@
 #include <sketchsgd/compress/layout.hpp>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
 #include "support/helpers.hpp"
+#include "support/round.hpp"
 
 namespace sketchsgd {
 namespace {
+
+TEST(Sketch, RecoversPlantedHeavyHittersInOneRound) {
+  const size_t dim = 100000;
+  for (const char* hashing : {"random", "blocked"}) {
+    SCOPED_TRACE(hashing);
+    test::Job job(std::string("sketch:rows=5,cols=8000,k=40,momentum=0,hashing=") + hashing, dim,
+                  2);
+    std::vector<std::vector<float>> g(2);
+    g[0] = test::gaussian(dim, 9, 0.01f);
+    g[1] = test::gaussian(dim, 10, 0.01f);
+    const auto heavy = test::plant(g[0], 40, 3.0f, 11);
+    for (auto j : heavy) g[1][j] = g[0][j];
+    const auto step = job.round(g, 0)[0];
+    for (auto j : heavy) EXPECT_NEAR(step[j], g[0][j], 0.05f) << j;
+    EXPECT_EQ(std::count_if(step.begin(), step.end(), [](float v) { return v != 0; }), 40);
+    EXPECT_NEAR(job.workers[0]->compression_ratio(), 400000.0 / (48 + 4 * 5 * 8000), 1e-9);
+  }
+}
+
+TEST(Sketch, SecondRoundReturnsExactTopKOfSummedAccumulators) {
+  const size_t dim = 20000, k = 30;
+  const uint32_t world = 3;
+  test::Job job("sketch:rows=5,cols=3000,k=30,p2=4,momentum=0", dim, world);
+  ASSERT_TRUE(job.workers[0]->two_rounds());
+  auto g = test::grads(world, dim, 12);
+  for (auto& v : g) test::plant(v, 30, 6.0f, 13);  // same positions in every worker
+  const auto step = job.round(g, 0)[0];
+  std::vector<float> sum(dim);
+  for (size_t j = 0; j < dim; ++j) sum[j] = ((0.0f + g[0][j]) + g[1][j]) + g[2][j];
+  std::vector<uint32_t> idx(k);
+  std::vector<float> val(k);
+  kernels::cpu::topk(sum.data(), dim, k, idx.data(), val.data());
+  for (size_t i = 0; i < k; ++i) EXPECT_EQ(step[idx[i]], val[i] * (1.0f / 3)) << idx[i];
+  EXPECT_EQ(std::count_if(step.begin(), step.end(), [](float v) { return v != 0; }), long(k));
+}
+
+TEST(Sketch, ApplyZeroesMomentumAndErrorAtUpdate) {
+  const size_t dim = 5000;
+  test::Job job("sketch:rows=5,cols=500,k=20,p2=10,momentum=0.9", dim, 1);
+  auto g = test::grads(1, dim, 14);
+  test::plant(g[0], 20, 10.0f, 15);
+  const auto step = job.round(g, 0)[0];
+  std::vector<uint32_t> applied;
+  for (uint32_t j = 0; j < dim; ++j)
+    if (step[j] != 0) applied.push_back(j);
+  ASSERT_EQ(applied.size(), 20u);
+  // Next round with a zero gradient: v = v + ρu, both zero at the applied coordinates, so the
+  // exact values the worker reports there are 0 and elsewhere they are not.
+  auto& worker = *job.workers[0];
+  job.server->add(worker.encode(std::vector<float>(dim, 0.0f), 1, 0));
+  const Message query = job.server->finish();
+  ASSERT_EQ(job.server->expecting(), MessageKind::Answer);
+  const Message answer = worker.answer(query, 0);
+  ByteReader qr(payload_of(query)), ar(payload_of(answer));
+  const uint32_t n = qr.get<uint32_t>();
+  ASSERT_EQ(payload_of(answer).size(), 4u * n);  // the candidates' values, in query order
+  int zeros = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t j = qr.get<uint32_t>();
+    const float v = ar.get<float>();
+    const bool was_applied = std::binary_search(applied.begin(), applied.end(), j);
+    if (was_applied) EXPECT_EQ(v, 0.0f) << j;
+    zeros += v == 0.0f;
+  }
+  EXPECT_LT(zeros, int(n));
+}
 
 // 2000 + 40 + 1500 + 30: biases at [2000, 2040) and [3540, 3570).
 const Layout kLayout({{40, 50}, {40}, {30, 50}, {30}});
@@ -42,7 +112,8 @@ Sparse entries(const std::string& spec, const Message& update) {
 /// W workers, one round through messages (and answers for p2); every worker applies.
 Message round(std::vector<std::unique_ptr<Compressor>>& workers, Aggregator& server,
               const std::vector<std::vector<float>>& grads, uint64_t r) {
-  for (uint32_t i = 0; i < workers.size(); ++i) server.add(workers[i]->encode(grads[i], r, i).bytes());
+  for (uint32_t i = 0; i < workers.size(); ++i)
+    server.add(workers[i]->encode(grads[i], r, i).bytes());
   Message m = server.finish();
   if (server.expecting() == MessageKind::Answer) {
     for (uint32_t i = 0; i < workers.size(); ++i)

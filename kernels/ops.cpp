@@ -1,4 +1,4 @@
-#include "ops.hpp"
+#include <sketchsgd/kernels/ops.hpp>
 
 #include <algorithm>
 #include <utility>
@@ -64,9 +64,7 @@ void copy(const Device& d, std::span<float> dst, std::span<const float> src) {
   }
 }
 
-size_t round_to(const Device& d, Scratch& s, std::span<float> x, WireFloat f) {
-  if (f == WireFloat::F32) return kernels::kNone;
-  const bool bf16 = f == WireFloat::BF16;
+size_t round_half(const Device& d, Scratch& s, std::span<float> x, bool bf16) {
   if (d.is_gpu())
     return s.first_flagged(d, [&](unsigned long long* flag) {
       cu::round_half(x.data(), x.size(), bf16, flag, d.stream);
@@ -88,6 +86,21 @@ void orthonormalize(const Device& d, Scratch& s, std::span<float> base, const Fa
     return cu::orthonormalize(base.data(), f.host, f.device.data(), rr, s.workspace(), d.stream);
   for (const auto& m : f.host)
     cpu::orthonormalize(base.data() + m.at, m.rows, m.rank, rr != nullptr ? rr + m.r_at : nullptr);
+}
+
+void lowrank_answer(const Device& d, const float* m, const float* p, float* q, size_t rows,
+                    size_t cols, size_t r) {
+  if (!d.is_gpu()) return cpu::lowrank_answer(m, p, q, rows, cols, r);
+  cu::gemm(true, false, cols, r, rows, 1.0f, m, cols, p, r, 0.0f, q, r, d.stream);
+}
+
+void lowrank_expand(const Device& d, const float* a, const float* b, float* c, size_t rows,
+                    size_t cols, size_t r, float* m) {
+  if (!d.is_gpu()) return cpu::lowrank_expand(a, b, c, rows, cols, r, m);
+  // Two products reading only the small factors: m − a·bᵀ is a GEMM with β = 1.
+  if (c != nullptr) cu::gemm(false, true, rows, cols, r, 1.0f, a, r, b, r, 0.0f, c, cols, d.stream);
+  if (m != nullptr)
+    cu::gemm(false, true, rows, cols, r, -1.0f, a, r, b, r, 1.0f, m, cols, d.stream);
 }
 
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
@@ -230,6 +243,129 @@ std::span<const float> to_host(const Device& d, std::span<const float> x,
   staging.resize(x.size());
   detail::copy_bytes(staging.data(), x.data(), x.size_bytes(), d);
   return staging;
+}
+
+void precompute(const Device& d, const kernels::SketchLayout& l, uint32_t* out) {
+  if (!d.is_gpu()) {
+    if (l.block)
+      cpu::precompute_windows(l, out);
+    else
+      cpu::precompute_hashes(l, out);
+    return;
+  }
+  const auto scope = d.activate();
+  if (l.block)
+    cu::precompute_windows(l, out, d.stream);
+  else
+    cu::precompute_hashes(l, out, d.stream);
+  gpu::synchronize(d.stream);
+}
+
+size_t sketch_add(const Device& d, Scratch& s, const kernels::SketchLayout& l, float* table,
+                  std::span<const float> x, uint64_t offset, float scale, bool was_empty) {
+  if (x.empty()) return kernels::kNone;
+  const size_t cells = size_t(l.rows) * l.cols;
+  if (d.is_gpu()) {
+    // One pass adds the finite values and reports the first non-finite one; on a report, the
+    // same pass with −scale takes the finite values back out.
+    auto pass = [&](float a) {
+      return s.first_flagged(d, [&](unsigned long long* flag) {
+        cu::accumulate(l, table, x.data(), x.size(), offset, a, flag, d.stream);
+      });
+    };
+    const size_t bad = pass(scale);
+    if (bad != kernels::kNone) {
+      if (was_empty)
+        detail::zero_bytes(table, cells * sizeof(float), d);
+      else
+        pass(-scale);
+    }
+    return bad;
+  }
+  // The CPU pass stops at the first non-finite value: what came before it is taken back.
+  const size_t stop = cpu::accumulate(l, table, x.data(), x.size(), offset, scale);
+  if (stop == kernels::kNone) return stop;
+  if (was_empty)
+    std::fill(table, table + cells, 0.0f);
+  else if (stop > 0)
+    cpu::accumulate(l, table, x.data(), stop, offset, -scale);
+  return stop + cpu::find_nonfinite(x.data() + stop, x.size() - stop);
+}
+
+size_t find_out_of_range(const Device& d, Scratch& s, std::span<const uint32_t> idx, uint64_t dim) {
+  if (d.is_gpu())
+    return s.first_flagged(d, [&](unsigned long long* flag) {
+      cu::check_indices(idx.data(), idx.size(), dim, flag, d.stream);
+    });
+  for (size_t i = 0; i < idx.size(); ++i)
+    if (idx[i] >= dim) return i;
+  return kernels::kNone;
+}
+
+void zero_buckets(const Device& d, const kernels::SketchLayout& l, float* table,
+                  std::span<const uint32_t> idx) {
+  if (d.is_gpu())
+    cu::zero_buckets(l, table, idx.data(), idx.size(), d.stream);
+  else
+    cpu::zero_buckets(l, table, idx.data(), idx.size());
+}
+
+void estimate(const Device& d, const kernels::SketchLayout& l, const float* table,
+              std::span<const uint32_t> idx, std::span<float> out) {
+  if (d.is_gpu())
+    cu::estimate(l, table, idx.data(), idx.size(), out.data(), d.stream);
+  else
+    cpu::estimate(l, table, idx.data(), idx.size(), out.data());
+}
+
+void estimate_all(const Device& d, const kernels::SketchLayout& l, const float* table,
+                  std::span<float> out) {
+  if (d.is_gpu())
+    cu::estimate_all(l, table, out.data(), d.stream);
+  else
+    cpu::estimate_all(l, table, out.data());
+}
+
+void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
+                   std::span<uint32_t> idx, std::span<float> val) {
+  if (d.is_gpu())
+    cu::estimate_topk(l, table, idx.size(), idx.data(), val.data(), s.workspace(), d.stream);
+  else
+    cpu::estimate_topk(l, table, idx.size(), idx.data(), val.data());
+}
+
+void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
+                   size_t k, kernels::Order order, std::vector<uint32_t>& idx,
+                   std::vector<float>& val) {
+  idx.resize(k);
+  val.resize(k);
+  if (!d.is_gpu()) return cpu::estimate_topk(l, table, k, idx.data(), val.data(), order);
+  // Result buffers kept across calls (a server asks every round).
+  uint32_t* di = s.room<uint32_t>(d, k, 0);
+  float* dv = s.room<float>(d, k, 1);
+  cu::estimate_topk(l, table, k, di, dv, s.workspace(), d.stream);
+  detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
+  detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
+  if (order == kernels::Order::Index) cpu::sort_pairs(idx.data(), val.data(), k);
+}
+
+double l2_estimate(const Device& d, Scratch& s, const kernels::SketchLayout& l,
+                   const float* table) {
+  if (!d.is_gpu()) return cpu::l2_estimate(l, table);
+  Buffer<double> out(1, d);
+  cu::l2_estimate(l, table, out.data(), s.workspace(), d.stream);
+  return out.to_vector()[0];
+}
+
+void copy_across(const Device& from, const Device& to, float* dst, const float* src, size_t n) {
+  if (!from.is_gpu() && !to.is_gpu()) {
+    std::copy(src, src + n, dst);
+    return;
+  }
+  // Ordered after the source's queued work on its stream; gpu::copy waits before returning.
+  const Device& g = from.is_gpu() ? from : to;
+  const auto scope = g.activate();
+  gpu::copy(dst, src, n * sizeof(float), g.stream);
 }
 
 }  // namespace sketchsgd::ops
