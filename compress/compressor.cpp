@@ -6,6 +6,7 @@
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/ops.hpp>
+#include "codec_info.hpp"
 
 namespace sketchsgd {
 
@@ -30,6 +31,14 @@ CodecInfo Compressor::info() const {
     i.format[size_t(k)] = sum_format(k);
   }
   return i;
+}
+
+Header Compressor::check(std::span<const uint8_t> message, MessageKind expected) const {
+  return info().check(message, expected);
+}
+
+Header Compressor::make_header(MessageKind kind, uint64_t round, uint32_t sender) const {
+  return info().header(kind, round, sender);
 }
 
 Header CodecInfo::check(std::span<const uint8_t> message, MessageKind expected) const {
@@ -229,7 +238,11 @@ void Compressor::do_apply_step(ByteReader& r, const Header& h, std::span<float> 
 }
 
 Aggregator::Aggregator(const Compressor& codec, uint32_t world_size)
-    : info_(codec.info()), device_(codec.device()), world_(world_size), seen_(world_size, false) {
+    : device_(codec.device()),
+      held_(std::make_shared<const CodecInfo>(codec.info())),
+      info_(*held_),
+      world_(world_size),
+      seen_(world_size, false) {
   SKETCHSGD_REQUIRE(world_size >= 1 && world_size <= 65536, InvalidArgument,
                     "aggregator world size must be in [1, 65536], got ", world_size);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <sketchsgd/kernels/cpu.hpp>
+#include "codec_info.hpp"
 #include "payload.hpp"
 
 namespace sketchsgd {

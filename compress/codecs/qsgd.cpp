@@ -16,6 +16,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include "../codec_info.hpp"
 #include "../mean_aggregator.hpp"
 #include "../payload.hpp"
 #include "../scale_runs.hpp"

@@ -28,6 +28,7 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/ops.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
+#include "../codec_info.hpp"
 #include "../payload.hpp"
 #include "../summable.hpp"
 

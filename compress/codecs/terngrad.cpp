@@ -10,6 +10,7 @@
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/ops.hpp>
+#include "../codec_info.hpp"
 #include "../mean_aggregator.hpp"
 #include "../payload.hpp"
 #include "../scale_runs.hpp"

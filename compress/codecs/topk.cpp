@@ -13,6 +13,7 @@
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/ops.hpp>
+#include "../codec_info.hpp"
 #include "../payload.hpp"
 
 namespace sketchsgd {

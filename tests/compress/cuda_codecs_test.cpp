@@ -162,9 +162,9 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
     // the device) exactly as on the CPU, and the round goes on without it.
     std::vector<float> cells(workers.cpu->max_payload(MessageKind::Gradient) / 4, 0.5f);
     cells[cells.size() / 3] = std::nanf("");
-    const Message poisoned =
-        Message::build(workers.cpu->info().header(MessageKind::Gradient, 3, 0), cells.size() * 4,
-                       [&](ByteWriter& w) { w.put_array(std::span<const float>(cells)); });
+    const Message poisoned = Message::build(
+        Header{workers.cpu->id(), MessageKind::Gradient, workers.cpu->dim(), 3, 0, 0},
+        cells.size() * 4, [&](ByteWriter& w) { w.put_array(std::span<const float>(cells)); });
     EXPECT_THROW(cpu->add(poisoned.bytes()), WireError);
     EXPECT_THROW(gpu->add(poisoned.bytes()), WireError);
     EXPECT_EQ(gpu->count(), 0u);

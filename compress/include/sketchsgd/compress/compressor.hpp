@@ -30,24 +30,8 @@ namespace sketchsgd {
 class Aggregator;
 class Feedback;
 
-/// What a message must match to belong to a codec: identity, dim, size limits and the formats of
-/// payloads that are float vectors. Held by value (an aggregator outlives the compressor that
-/// made it).
-struct CodecInfo {
-  CodecId id;
-  uint64_t dim;
-  uint64_t max_payload[5];  ///< by MessageKind
-  /// Floats of a payload that is a float vector, by MessageKind: sum_size() for Gradient and
-  /// Answer, reply_size() for Query and Update (0: not one).
-  uint64_t values[5];
-  WireFloat format[5];  ///< their float format on the wire
-
-  /// Decodes a header and checks codec id, dim, kind and the payload limit.
-  Header check(std::span<const uint8_t> message, MessageKind expected) const;
-  Header header(MessageKind kind, uint64_t round, uint32_t sender) const {
-    return Header{id, kind, dim, round, sender, 0};
-  }
-};
+/// What a message must match to belong to a codec (compress/codec_info.hpp, internal).
+struct CodecInfo;
 
 class Compressor {
  public:
@@ -120,16 +104,13 @@ class Compressor {
   /// Dense fp32 gradient bytes over the last encoded message's bytes (uplink, per worker).
   double compression_ratio() const;
 
-  CodecInfo info() const;
   /// Decodes a message header and checks it belongs to this codec: codec id, dim, expected kind.
-  Header check(std::span<const uint8_t> message, MessageKind expected) const {
-    return info().check(message, expected);
-  }
+  Header check(std::span<const uint8_t> message, MessageKind expected) const;
 
  protected:
-  Header make_header(MessageKind kind, uint64_t round, uint32_t sender) const {
-    return info().header(kind, round, sender);
-  }
+  Header make_header(MessageKind kind, uint64_t round, uint32_t sender) const;
+  /// Identity, limits and payload formats, as an aggregator keeps them.
+  CodecInfo info() const;
 
   // ---- what a codec implements (SummableCodec implements the message path itself) --------------
   /// The Gradient message of a validated gradient; on error the state is as before.
@@ -152,6 +133,7 @@ class Compressor {
   /// SummableCodec takes a failed encode back through it.
   virtual Feedback* feedback() { return nullptr; }
   const Feedback* feedback() const { return const_cast<Compressor*>(this)->feedback(); }
+  friend class Aggregator;  // keeps info()
   /// save_state()/load_state() (the device active); default: feedback()'s state. Codecs with
   /// more worker state override both; load validates everything before changing anything.
   virtual Bytes do_save_state() const;
@@ -229,8 +211,13 @@ class Aggregator {
   /// Drops partial state (called after finish(), before the next phase).
   virtual void clear() = 0;
 
-  const CodecInfo info_;
   const Device device_;  ///< the codec's device: where summed payloads lie
+
+ private:
+  std::shared_ptr<const CodecInfo> held_;  // by value: an aggregator outlives its codec
+
+ protected:
+  const CodecInfo& info_;
 
  private:
   /// After a phase's result: the next phase, or a new round.
