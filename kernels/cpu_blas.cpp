@@ -91,8 +91,8 @@ void orthonormalize(float* a, size_t n, size_t r, float* rr) {
   // accurate as Householder QR and spans the same space, which is all the codecs use. A column
   // that vanishes (a zero gradient block) becomes zero instead of NaN. Two ways, one result to
   // rounding: column by column through strided BLAS-1 calls, which read a cache line per element
-  // once a row fills a line (r ≥ 16: 2.1x slower there), and row by row, which is slower below
-  // (1.4x at r = 4: short rows, much loop control per value). BM_Orthonormalize measures both.
+  // once a row fills a line (so it loses from r = 16), and row by row, which is slower below
+  // (short rows, much loop control per value). BM_Orthonormalize measures both.
   if (rr != nullptr) std::fill(rr, rr + r * r, 0.0f);
   if (r == 16) return gram_schmidt_rows<16>(a, n, r, rr);
   if (r == 32) return gram_schmidt_rows<32>(a, n, r, rr);

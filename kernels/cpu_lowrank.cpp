@@ -229,8 +229,7 @@ int threads_for(size_t work) {
 /// Columns per strip: the matrix is walked strip by strip (rows within a strip), so that the
 /// r × w block of a transposed factor every row of the strip reads stays in cache. Whole rows
 /// while that block fits in L2 (128 KB): strips of a row break the hardware prefetcher's
-/// sequential streams, which cost 2-3x once the matrix comes from DRAM (rank 8 at 784 columns
-/// in 512-column strips).
+/// sequential streams, which costs much once the matrix comes from DRAM (BM_LowRank).
 size_t strip_width(size_t cols, size_t r) {
   constexpr size_t kBlock = 32768;  // floats
   return r * cols <= kBlock ? cols : std::min(cols, std::max<size_t>(1024, kBlock / r));
@@ -364,8 +363,8 @@ SKETCHSGD_INLINE void answer_rows8(const float* __restrict m, size_t ldm, const 
 
 /// qt[k·ld + j] += Σ_i m[i·ldm + j]·p[i·r + k] over `rows` rows and j < w, eight rows a sweep
 /// (then four, then one): for ranks up to 4, where a row of p does not fill a vector. Eight
-/// rows with every factor in the inner loop: rank 4 on the demo's MLP 0.35-0.38 → 0.26-0.28 ms
-/// against four rows a factor at a time.
+/// rows with every factor in the inner loop load each value of m once and read and write qt
+/// once per eight rows (BM_LowRank).
 SKETCHSGD_WIDE void answer_narrow(const float* __restrict m, size_t ldm, size_t rows,
                                   const float* __restrict p, size_t r, float* __restrict qt,
                                   size_t ld, size_t w) {
@@ -450,9 +449,8 @@ SKETCHSGD_WIDE bool absorb_wide(float* m, const float* g, float* u, float rho, s
 SKETCHSGD_WIDE void answer_wide(const float* m, size_t ldm, size_t rows, size_t cols,
                                 const float* p, size_t r8, float* q) {
   // Sixteen rows a block: a C-column tile reads the same columns of every row of the block, and
-  // at 1024 columns (4 KB rows) those lines share one L1 set. On the demo's MLP with M from
-  // memory, rank 8 / 16 (ms): 64 rows 0.85-0.98 / 1.06-1.31, 16 rows 0.58-0.60 / 0.84-0.86, 8
-  // rows no better; one 1024² matrix in L3 (BM_LowRank) prefers 64 by 1.2x.
+  // at 1024 columns (4 KB rows) those lines share one L1 set: sixteen rows keep them apart with
+  // M coming from memory, as in training (a matrix already in L3 would prefer more rows).
   constexpr size_t kRows = 16;
   for (size_t i0 = 0; i0 < rows; i0 += kRows) {
     const size_t n = std::min(kRows, rows - i0);

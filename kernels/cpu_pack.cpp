@@ -40,8 +40,8 @@ void unpack_signs(const uint32_t* words, size_t n, size_t chunk, const float* sc
 
 namespace {
 /// A whole word's 32 counts: a fixed trip count, so the compiler vectorises it (bit b of every
-/// lane tested against a constant mask); the bit-at-a-time loop ran at the mercy of where the
-/// linker put it (30 % apart between two builds of the same source).
+/// lane tested against a constant mask); the bit-at-a-time loop's speed depended on where the
+/// linker put it.
 SKETCHSGD_WIDE void count_word(uint32_t bits, uint32_t* __restrict neg) {
   for (uint32_t b = 0; b < 32; ++b) neg[b] += (bits & (1u << b)) != 0 ? 1u : 0u;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Runs sketchsgd-train once per codec with the same model, seeds, workers and epochs, then writes
 build/compare/all.csv, two PNG plots (test accuracy vs epoch, vs total traffic) and a Markdown
-table (docs/RESULTS.md with --write-docs).
+table. --write-docs writes the table's data file (docs/data/tables/ps-codecs.json; with --only,
+the rows of those codecs, the others kept) and the plots into docs/, and regenerates the docs'
+tables (scripts/doc_tables.py); what the figures mean is written in docs/RESULTS.md by people.
 
     /usr/bin/python3 scripts/compare_codecs.py [--epochs 3] [--only dense,sketch] [--write-docs]
 """
@@ -9,6 +11,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -66,7 +69,7 @@ def main():
     ap.add_argument("--subset", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated config names")
     ap.add_argument("--out", default="build/compare")
-    ap.add_argument("--write-docs", action="store_true", help="write docs/RESULTS.md")
+    ap.add_argument("--write-docs", action="store_true", help="write the table's data file and plots into docs/")
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: rebuild the CSV, plots and table from the last runs in --out")
     args = ap.parse_args()
@@ -119,7 +122,7 @@ def main():
     table = markdown(summaries, args)
     print(table)
     if args.write_docs:
-        write_docs(table, args)
+        write_docs(summaries, args)
 
 
 def plot(rows, out):
@@ -149,77 +152,43 @@ def plot(rows, out):
         plt.close(fig)
 
 
-def markdown(summaries, args):
+COLUMNS = ["codec", "spec", "lr", "test accuracy", "vs dense (pp)", "traffic (MB)", "less than dense", "wall (s)"]
+
+
+def table_rows(summaries):
     dense = next((s for s in summaries if s["name"] == "dense" and not s.get("failed")), None)
-    lines = ["| codec | spec | lr | test accuracy | vs dense (pp) | traffic (MB) | less than dense | wall (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for s in summaries:
         if s.get("failed"):
-            lines.append(f"| {s['name']} | `{s['codec']}` | {s['lr']} | **failed: training diverged (NaN)** | | | | |")
+            rows.append([s["name"], f"`{s['codec']}`", s["lr"], "**failed: training diverged (NaN)**", "", "", "", ""])
             continue
         gap = f"{100 * (s['test_acc'] - dense['test_acc']):+.2f}" if dense else "n/a"
-        lines.append(f"| {s['name']} | `{s['codec']}` | {s['lr']} | {100 * s['test_acc']:.2f}% | {gap} | "
-                     f"{(s['bytes_up'] + s['bytes_down']) / 1e6:.0f} | {s['traffic_ratio']:.1f}x | {s['wall_s']:.0f} |")
+        rows.append([s["name"], f"`{s['codec']}`", s["lr"], f"{100 * s['test_acc']:.2f}%", gap,
+                     f"{(s['bytes_up'] + s['bytes_down']) / 1e6:.0f}", f"{s['traffic_ratio']:.1f}x", f"{s['wall_s']:.0f}"])
+    return rows
+
+
+def markdown(summaries, args):
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in table_rows(summaries)]
     return "\n".join(lines)
 
 
-NOTES = """Reading the table:
-- `sketch` applies the server's *estimates* of the top-k coordinates and every worker zeroes its
-  error there, so estimation errors are applied and then forgotten; at this traffic it diverges.
-  With a second round (`p2`) the update carries the exact sums of the candidates instead.
-- With the budget spent on one wide row (r = 1, c = 100,000) the candidates are found better than
-  with five narrow rows (r = 5, c = 20,000) at the same bytes: compare `sketch-p2` and `sketch-p2-r5`.
-- `psgd-*` is our PowerSGD (`powersgd`, the demo hands it the model's layout; two phases a round,
-  P then Q, both summed on the server). `psgd-r4-fp16` is the demo's default since 2026-11-23: in
-  that day's runs it reached 87.19 % at 145x less traffic than dense (87.40 %), the best point of
-  ours at >= 20x, where `fetchsgd` (the previous default: FetchSGD, momentum and error kept as
-  sketches on the server) reached 86.58 % at 26.6x. fp16 values halve its bytes at no accuracy cost
-  here (`psgd-r4` 87.12 % at 72x); at rank 2 fp16 cost 0.5 points (86.33 % -> 85.85 %), within
-  the run-to-run noise measured under DDP (up to 0.7 points between seeds).
-- `fetchsgd-fp16` (FetchSGD's tables in fp16) reached 86.75 % at 41x: the same accuracy as fp32
-  tables at 1.55x less traffic. `fetchsgd-2x-fp16` (twice the sketch in fp16, the fp32 bytes)
-  did not gain (86.11 % at 20.7x).
-- `*-layout`: the sketch given the model's layout (biases whole beside the table, the heavy
-  hitters chosen past them). On this job it changed nothing beyond noise (2026-11-23:
-  `fetchsgd-layout` 86.68 % at 25.5x vs 86.58 % at 26.6x, `fetchsgd-fp16-layout` 86.83 % at 39.2x
-  vs 86.75 % at 41x, `sketch-p2-layout` 86.12 % at 20.0x vs 86.17 % at 20.7x): the biases are
-  2,058 of 1.86 M coordinates. The quantisers scaled per tensor (`ef-signsgd-layout`,
-  `terngrad-layout`, the papers' per-layer scales): 86.88 % vs 86.58 % and 87.35 % vs 87.33 %
-  with one scale for the whole vector, also within the noise (same traffic).
-- `topk` is local top-k with error feedback at about the sketch's traffic; its downlink carries the
-  union of the W workers' selections.
-- Blocked hashing (the default) against random buckets on the same jobs: `fetchsgd` vs
-  `fetchsgd-random`, `sketch-p2` vs `sketch-p2-random`, `sketch-p2-r5` vs `sketch-p2-r5-random`.
-  Run-to-run noise: `fetchsgd-seed2` is the demo's job with another model seed. In the run of
-  2026-11-23 blocked minus random was +0.07, +0.20 and +0.07 points, while the two seeds of the
-  same job differed by 1.06 points: equal within noise, as the reference's measurements said
-  (recall and mass equal on real gradients). Blocked runs also finished faster (47 vs 57 s,
-  52 vs 64 s, 62 vs 118 s for r = 5), the sketch kernels no longer dominating.
-
-"""
-
-
-def write_docs(table, args):
+def write_docs(summaries, args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from results_doc import write_section
-    text = ("## Over the parameter server (ZeroMQ)\n\n"
-            f"`{args.model}` model, {args.workers} workers + server on one 2-core machine over ZeroMQ "
-            f"(loopback), {args.epochs} epochs, batch 32 per worker, same seeds for every codec.\n"
-            "Traffic counts every message a worker sent or received (pushes, answers, queries, updates), "
-            "the codecs' 48-byte headers included (not the 32-byte protocol envelopes); 'less than dense' divides what dense fp32 (a push and an update per "
-            "worker and round) would have moved by it.\n\n"
-            "Reproduce: `/usr/bin/python3 scripts/compare_codecs.py --write-docs` "
-            "(after `bash scripts/demo.sh` has built the demo).\n\n"
-            + table + "\n\n" + NOTES
-            + "![accuracy vs epoch](images/accuracy_vs_epoch.png)\n\n"
-            "![accuracy vs traffic](images/accuracy_vs_bytes.png)\n")
-    write_section("ps", text)
+    import doc_tables
+    doc_tables.write("docs/data/tables/ps-codecs.json",
+                     "/usr/bin/python3 scripts/compare_codecs.py --write-docs",
+                     time.strftime("%Y-%m-%d"), "the 2-core dev machine",
+                     COLUMNS, table_rows(summaries), key=0,
+                     note=f"`{args.model}` model, {args.workers} workers + server over ZeroMQ (loopback), "
+                          f"{args.epochs} epochs, batch 32 per worker, model seed 1 unless the name says otherwise.")
     os.makedirs("docs/images", exist_ok=True)
     for png in ("accuracy_vs_epoch.png", "accuracy_vs_bytes.png"):
         src = os.path.join(args.out, png)
-        if os.path.exists(src):
-            with open(src, "rb") as a, open(os.path.join("docs/images", png), "wb") as b:
-                b.write(a.read())
+        if os.path.exists(src) and not args.only:  # a partial run would draw only its own codecs
+            shutil.copy(src, os.path.join("docs/images", png))
+    doc_tables.main([])
 
 
 if __name__ == "__main__":

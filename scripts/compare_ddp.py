@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs examples/ddp_fashion_mnist.py once per hook — PyTorch's none, fp16 and PowerSGD (rank 1, 2,
 4) and every sketchsgd codec — with the same seed, workers and epochs, then writes
-build/compare-ddp/<name>.json, a PNG (test accuracy vs payload per round) and a Markdown table.
+build/compare-ddp/<name>.json, a PNG (test accuracy vs payload per round) and a Markdown table
+(--write-docs: docs/data/tables/ddp-hooks.json, whose rows for the hooks run replace theirs).
 
     /usr/bin/python3 scripts/compare_ddp.py [--epochs 3] [--only none,fetchsgd] [--report-only]
                                             [--write-docs]
@@ -60,79 +61,45 @@ def run(name, hook, args):
     print(f"   {time.time() - t:.0f} s", flush=True)
 
 
+COLUMNS = ["hook", "test accuracy", "payload per worker per round (steady)", "vs dense (steady)",
+           "vs dense (mean over the run)", "replicas identical", "wall time"]
+
+
 def report(names, args):
-    rows = []
+    runs = []
     for name, hook in HOOKS:
         path = os.path.join(args.out, f"{name}.json")
         if name in names and os.path.exists(path):
             with open(path) as f:
-                rows.append((name, hook, json.load(f)))
-    lines = ["| hook | test accuracy | payload per worker per round (steady) | vs dense (steady) | vs dense (mean over the run) | replicas identical | wall time |",
-             "|---|---|---|---|---|---|---|"]
-    for name, hook, r in rows:
-        lines.append(f"| `{hook}` | {100 * r['test_accuracy']:.2f} % | {r['steady_payload_bytes_per_round']:,.0f} B | "
-                     f"{r['steady_ratio']:.1f}× | {r['ratio']:.1f}× | {'yes' if r['replicas_identical'] else 'NO'} | "
-                     f"{r['seconds']:.0f} s |")
-    table = "\n".join(lines)
+                runs.append((name, hook, json.load(f)))
+    rows = [[f"`{hook}`", f"{100 * r['test_accuracy']:.2f} %", f"{r['steady_payload_bytes_per_round']:,.0f} B",
+             f"{r['steady_ratio']:.1f}×", f"{r['ratio']:.1f}×", "yes" if r["replicas_identical"] else "NO",
+             f"{r['seconds']:.0f} s"] for _, hook, r in runs]
+    table = "\n".join(["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)] +
+                      ["| " + " | ".join(r) + " |" for r in rows])
     print(table)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table + "\n")
-    plot(rows, args)
+    plot(runs, args)
     if args.write_docs:
-        write_docs(table, rows, args)
+        write_docs(rows, runs, args)
 
 
-NOTES = """Reading the table:
-- Payload is what one worker hands to the step's collectives, counted the same way for every hook
-  (an all-reduce of n floats: 4n bytes, whatever ring or tree gloo runs; an all-gather: the
-  worker's own part, padded to the step's longest message, plus 8 bytes for its length). "Steady" leaves out the warm-up (the
-  first 10 steps are plain all-reduces for PowerSGD and sketchsgd alike).
-- What grows with W: all-reduced payloads (dense, fp16, PowerSGD, the sketch tables) stay the
-  same per worker; all-gathered ones (topk, signSGD, TernGrad) are received W times by every
-  worker, so they suit small W.
-- Momentum: PyTorch's hooks and `none` use SGD momentum 0.9 on the averaged gradient; sketchsgd
-  codecs with their own momentum (`momentum=0.9`, or FetchSGD's momentum sketch) run SGD without it.
-"""
-
-
-def write_docs(table, rows, args):
+def write_docs(rows, runs, args):
+    """The table's data file (the rows of the hooks run, the others kept) and, for a full run, the
+    plot; then the docs' tables. What the figures mean is written in docs/RESULTS.md."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from results_doc import write_section
-    os.makedirs("docs/images", exist_ok=True)
+    import doc_tables
+    version = next((r["torch"] for _, _, r in runs if "torch" in r), "?")
+    doc_tables.write("docs/data/tables/ddp-hooks.json",
+                     "/usr/bin/python3 scripts/compare_ddp.py --write-docs",
+                     time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {version}, gloo", COLUMNS, rows, key=0,
+                     note=f"{args.workers} processes, {args.epochs} epochs, seed {args.seed}, one run each.")
     png = os.path.join(args.out, "ddp_accuracy_vs_payload.png")
-    if os.path.exists(png):
+    if os.path.exists(png) and not args.only:
+        os.makedirs("docs/images", exist_ok=True)
         shutil.copy(png, "docs/images/ddp_accuracy_vs_payload.png")
-    os.makedirs("docs/data", exist_ok=True)
-    with open("docs/data/ddp-comparison.json", "w") as f:
-        json.dump([{"name": n, "hook": h, **{k: v for k, v in r.items() if k != "epochs_log"}}
-                   for n, h, r in rows], f, indent=1)
-    version = next((r["torch"] for _, _, r in rows if "torch" in r), "")
-    text = ("## Under PyTorch DDP (`sketchsgd.torch.compression_hook`)\n\n"
-            f"The same job under PyTorch {version} DDP: `examples/ddp_fashion_mnist.py`, "
-            f"{args.workers} gloo processes on 127.0.0.1 (CPU), the MLP (784-1024-1024-10), batch 32 per worker, "
-            f"SGD lr 0.01, {args.epochs} epochs of 468 steps, seed {args.seed} for every hook, one DDP bucket "
-            "(PyTorch's PowerSGD aborts on gloo with two). Worker r trains on examples r, r+4, … reshuffled "
-            "every epoch. One run each.\n\n"
-            "Reproduce: `/usr/bin/python3 scripts/compare_ddp.py --write-docs` (after `bash scripts/test.sh` or "
-            "`cmake --build --preset default` has built the package).\n\n"
-            + table + "\n\n" + NOTES + EXTRA_NOTES
-            + "\n![DDP: accuracy vs payload](images/ddp_accuracy_vs_payload.png)\n")
-    write_section("ddp", text)
-
-
-EXTRA_NOTES = """- The run of 2026-11-23 (PyTorch 1.13.1, 2-core machine): the FetchSGD hook moves 20.2x less
-  than dense in steady state (17.8x over the whole run, whose first 10 steps are plain
-  all-reduces) and ends 0.79 points below both dense hooks (86.28 % vs 87.07 % without a hook and
-  87.05 % with sketchsgd's dense): the issue's target (>= 20x within 1.0 point) holds in steady
-  state. EF-signSGD reaches 86.72 % at 30.9x and TernGrad 87.09 % at 15.7x.
-- Our own PowerSGD (`sketchsgd:powersgd:rank=R`: the codec `powersgd`, two all-reduces a step
-  like PyTorch's) matches PyTorch's payload and accuracy at every rank; with `wire=fp16` it halves
-  the payload at the same accuracy. The frontier across seeds is the section above.
-- `sketch-p2` (workers keep momentum and error, two all-reduces a step) trails at this budget
-  (83.16 %): its k = 12,000 leaves more mass behind than FetchSGD's 18,000 at the same bytes.
-- Wall times compare hooks only roughly (one shared 2-core machine, 4 processes); the hooks' own
-  compute is measured apart in docs/BENCHMARKS.md (`benchmarks/bench_hook.py`).
-"""
+    doc_tables.main([])
 
 
 def plot(rows, args):
@@ -144,7 +111,7 @@ def plot(rows, args):
         print("(no matplotlib: no plot)")
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for name, hook, r in rows:
+    for name, hook, r in rows:  # (name, hook, result)
         ours = not (hook in ("none", "fp16") or hook.startswith(("powersgd", "torch:")))
         ax.scatter(r["steady_payload_bytes_per_round"], 100 * r["test_accuracy"], marker="o" if ours else "s",
                    color="tab:blue" if ours else "tab:orange")
@@ -170,7 +137,7 @@ def main():
     ap.add_argument("--out", default="build/compare-ddp")
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--report-only", action="store_true", help="run nothing: table and plot from --out")
-    ap.add_argument("--write-docs", action="store_true", help="write the DDP section of docs/RESULTS.md")
+    ap.add_argument("--write-docs", action="store_true", help="write the table's data file (and plot) into docs/")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     unknown = only - {n for n, _ in HOOKS}

@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """The PowerSGD hooks side by side from bench_hook.py --json runs: PyTorch's powerSGD_hook and
 ours at each rank, median (minimum) ms per step and PyTorch's time over ours, one column group per
-run. Prints the markdown table; --doc FILE --name NAME also writes it into FILE between
-<!-- table:NAME --> and <!-- end:NAME --> (BENCHMARKS.md's tables are made this way).
+run. Prints the markdown table; --out writes it as a table data file (docs/data/tables/NAME.json)
+for scripts/doc_tables.py, which puts it into the docs.
 
     /usr/bin/python3 scripts/hook_table.py W=1024=docs/data/a.json W=4096=docs/data/b.json \\
-        [--doc docs/BENCHMARKS.md --name hook-h100]
+        [--out docs/data/tables/hook-h100.json --command "..." --date YYYY-MM-DD --machine "..."]
 """
 import argparse
 import json
+import os
 import re
 import sys
 
@@ -20,9 +21,8 @@ def table(runs):
 
     specs = [by_spec(d) for _, d in runs]
     ranks = sorted({int(m.group(1)) for s in specs for k in s if (m := re.fullmatch(r"powersgd:rank=(\d+)", k))})
-    head = "| rank | " + " | ".join(f"{label}: PyTorch ms | ours ms | PyTorch / ours" for label, _ in runs) + " |"
-    rule = "|---|" + "---|---|---|" * len(runs)
-    rows = [head, rule]
+    columns = ["rank"] + [c for label, _ in runs for c in (f"{label}: PyTorch ms", "ours ms", "PyTorch / ours")]
+    rows = []
     for r in ranks:
         cells = [str(r)]
         for s in specs:
@@ -33,11 +33,11 @@ def table(runs):
             ratio = t["ms_median"] / o["ms_median"]
             cells += [f"{t['ms_median']:.2f} ({t['ms_min']:.2f})", f"{o['ms_median']:.2f} ({o['ms_min']:.2f})",
                       f"**{ratio:.2f}x**" if ratio >= 2 else f"{ratio:.2f}x"]
-        rows.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
     base = [s.get("none") for s in specs]
     if all(base):
-        rows.append("| all-reduce alone | " + " | ".join(f"{b['ms_median']:.2f} ({b['ms_min']:.2f}) | | " for b in base) + "|")
-    return "\n".join(rows) + "\n"
+        rows.append(["all-reduce alone"] + [c for b in base for c in (f"{b['ms_median']:.2f} ({b['ms_min']:.2f})", "", "")])
+    return columns, rows
 
 
 def write_block(path, name, text):
@@ -54,8 +54,11 @@ def write_block(path, name, text):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="LABEL=path.json")
-    ap.add_argument("--doc")
-    ap.add_argument("--name")
+    ap.add_argument("--out", help="write a table data file here")
+    ap.add_argument("--command", help="the benchmark's command, for the caption")
+    ap.add_argument("--date", help="YYYY-MM-DD of the runs")
+    ap.add_argument("--machine", help="where they ran")
+    ap.add_argument("--note", help="more caption text")
     args = ap.parse_args()
     runs = []
     for item in args.runs:
@@ -64,13 +67,17 @@ def main():
             sys.exit(f"hook_table.py: {item!r}: expected LABEL=path.json")
         with open(path) as f:
             runs.append((label, json.load(f)))
-    text = table(runs)
-    print(text, end="")
-    if args.doc:
-        if not args.name:
-            sys.exit("hook_table.py: --doc needs --name")
-        write_block(args.doc, args.name, text)
-
+    columns, rows = table(runs)
+    print("| " + " | ".join(columns) + " |")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    if args.out:
+        if not (args.command and args.date and args.machine):
+            sys.exit("hook_table.py: --out needs --command, --date and --machine")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from doc_tables import write
+        write(args.out, args.command, args.date, args.machine, columns, rows,
+              data=", ".join(i.rpartition("=")[2] for i in args.runs), note=args.note)
 
 if __name__ == "__main__":
     main()

@@ -264,8 +264,8 @@ void orthonormalize(float* base, std::span<const Factor> host, const Factor* fac
   uint64_t max_rank = 0;
   for (const auto& f : host) max_rank = std::max(max_rank, f.rank);
   // R as Gram-Schmidt gives it, for the callers that need it; and up to rank kSmallRank
-  // Gram-Schmidt's one launch beats CholeskyQR2's seven (BM_Orthonormalize on an H100: 32 against
-  // 92 µs at rank 4, 219 against 90 at rank 16, three factors of 1024 rows).
+  // Gram-Schmidt's one launch beats CholeskyQR2's seven, while past it Gram-Schmidt's r
+  // reductions in sequence inside one block lose (BM_Orthonormalize; docs/BENCHMARKS.md).
   if (rr != nullptr || max_rank <= kSmallRank) {
     orthonormalize_kernel<<<unsigned(count), kOrthoThreads, 0, st>>>(base, factors, rr, nullptr);
     SKETCHSGD_LAUNCH_CHECK();

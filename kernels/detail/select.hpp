@@ -125,7 +125,7 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
     const size_t lo = n * t / threads, hi = n * (t + 1) / threads;
     // Candidates are appended without a branch: every value is written at the end of the buffer
     // and the end advances only when its key reaches the threshold (a data-dependent branch here
-    // mispredicts on most of the ~10 % of values that pass early on; this runs ~3x faster).
+    // mispredicts on most of the values that pass while the threshold is still low).
     std::unique_ptr<Candidate[]> buf(new Candidate[cap + kSelectBlock]);
     size_t used = 0;
     float block[kSelectBlock];

@@ -1,6 +1,7 @@
 // SKETCHSGD_WIDE: a function compiled twice, for baseline x86-64 and for AVX2 with FMA, the
 // one to run chosen when the library loads (GCC's target_clones). For loops that are bound by
-// vector width; AVX-512 was 1.3-1.8x slower than AVX2 on the Zen 4 we measure on. Put it on
+// vector width; no AVX-512 clone: on the Zen 4 we measure on it ran slower than AVX2 (its
+// 512-bit operations issue as two halves). Put it on
 // the loop bodies, not around OpenMP regions: their outlined bodies would not be cloned.
 #pragma once
 
