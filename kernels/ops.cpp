@@ -349,6 +349,24 @@ void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, 
   if (order == kernels::Order::Index) cpu::sort_pairs(idx.data(), val.data(), k);
 }
 
+void extract_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
+                  size_t k, std::span<float* const> reset, std::vector<uint32_t>& idx,
+                  std::vector<float>& val) {
+  idx.resize(k);
+  val.resize(k);
+  if (!d.is_gpu()) {
+    cpu::estimate_topk(l, table, k, idx.data(), val.data(), kernels::Order::Index);
+    for (float* t : reset) cpu::zero_buckets(l, t, idx.data(), k);
+    return;
+  }
+  uint32_t* di = s.room<uint32_t>(d, k, 0);
+  float* dv = s.room<float>(d, k, 1);
+  cu::estimate_topk(l, table, k, di, dv, s.workspace(), d.stream);
+  for (float* t : reset) cu::zero_buckets(l, t, di, k, d.stream);
+  detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
+  detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
+}
+
 double l2_estimate(const Device& d, Scratch& s, const kernels::SketchLayout& l,
                    const float* table) {
   if (!d.is_gpu()) return cpu::l2_estimate(l, table);

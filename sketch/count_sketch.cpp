@@ -209,6 +209,24 @@ TopK CountSketch::top_k(uint64_t k, TopKOrder order) const {
   return out;
 }
 
+TopK CountSketch::extract_top_k(uint64_t k, std::span<CountSketch* const> also) {
+  const auto scope = device_.activate();
+  SKETCHSGD_REQUIRE(k <= config_.dim, InvalidArgument, "extract_top_k: k = ", k, " exceeds dim ",
+                    config_.dim);
+  std::vector<float*> reset{table_.data()};
+  for (CountSketch* s : also) {
+    SKETCHSGD_REQUIRE(
+        s != nullptr && s != this && config_.compatible(s->config_) && s->device_ == device_,
+        InvalidArgument,
+        "extract_top_k: the sketches to reset must be others of a compatible config "
+        "on the same device and stream");
+    reset.push_back(s->table_.data());
+  }
+  TopK out;
+  ops::extract_topk(device_, scratch_, layout(), table_.data(), k, reset, out.indices, out.values);
+  return out;
+}
+
 double CountSketch::l2_estimate() const {
   const auto scope = device_.activate();
   return ops::l2_estimate(device_, scratch_, layout(), table_.data());

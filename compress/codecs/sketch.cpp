@@ -136,16 +136,9 @@ class SketchAggregator final : public SummableAggregator {
         const auto kept = ops::on_device(device_, std::span<const uint32_t>(top.indices), top_idx_);
         momentum_->zero_buckets(kept);
         error_->zero_buckets(kept);
-      } else {  // select and reset in the sketch's memory; only k come back
-        if (top_idx_.size() != o_.k) {
-          top_idx_ = Buffer<uint32_t>(o_.k, device_);
-          top_val_ = Buffer<float>(o_.k, device_);
-        }
-        error_->top_k(top_idx_.span(), top_val_.span());
-        momentum_->zero_buckets(top_idx_.span());
-        error_->zero_buckets(top_idx_.span());
-        top.indices = top_idx_.to_vector();
-        top.values = top_val_.to_vector();
+      } else {
+        CountSketch* also[] = {&*momentum_};
+        top = error_->extract_top_k(o_.k, also);
       }
       return update(phase, std::move(top.indices), std::move(top.values));
     }
@@ -217,8 +210,7 @@ class SketchAggregator final : public SummableAggregator {
   CountSketch sum_;  // the phase's summed table, as a sketch
   std::vector<float> whole_mean_;
   std::vector<float> host_;   // summed values from the GPU
-  Buffer<uint32_t> top_idx_;  // FetchSGD on a GPU: the selection, kept across rounds
-  Buffer<float> top_val_;
+  Buffer<uint32_t> top_idx_;  // FetchSGD with whole tensors: the selection in the sketch's memory
   std::vector<uint32_t> candidates_;
   std::optional<CountSketch> momentum_, error_;  // FetchSGD only
 };

@@ -178,6 +178,39 @@ TEST(CountSketch, ZeroBucketsClearsExactlyTheCellsOfThoseCoordinates) {
   EXPECT_THROW(s.scale(std::numeric_limits<float>::infinity()), InvalidArgument);
 }
 
+// FetchSGD's selection: the top-k in index order with their buckets zeroed here and in the
+// other sketches, exactly what top_k then zero_buckets on each gives.
+TEST(CountSketch, ExtractTopKEqualsTopKThenZeroBuckets) {
+  for (const SketchConfig c : {SketchConfig{20000, 1, 3000, 5, Hashing::Blocked},
+                               SketchConfig{20000, 5, 900, 6, Hashing::OnTheFly}}) {
+    auto x = test::gaussian(c.dim, 8);
+    test::plant(x, 40, 20.0f, 9);
+    CountSketch error(c), momentum(c);
+    error.accumulate(x);
+    momentum.accumulate(test::gaussian(c.dim, 10));
+    CountSketch error2 = error.to(Device::cpu()), momentum2 = momentum.to(Device::cpu());
+    const TopK want = error2.top_k(60, TopKOrder::Index);
+    momentum2.zero_buckets(want.indices);
+    error2.zero_buckets(want.indices);
+    CountSketch* also[] = {&momentum};
+    const TopK got = error.extract_top_k(60, also);
+    EXPECT_EQ(got.indices, want.indices);
+    EXPECT_EQ(got.values, want.values);
+    EXPECT_TRUE(std::equal(error.table().begin(), error.table().end(), error2.table().begin()));
+    EXPECT_TRUE(
+        std::equal(momentum.table().begin(), momentum.table().end(), momentum2.table().begin()));
+    // Another shape, the sketch itself, or k past dim: refused, nothing changed.
+    CountSketch other(SketchConfig{c.dim, c.rows, c.cols + 1, c.seed, c.hashing});
+    CountSketch* bad[] = {&other};
+    CountSketch* self[] = {&error};
+    const auto before = std::vector<float>(error.table().begin(), error.table().end());
+    EXPECT_THROW(error.extract_top_k(5, bad), InvalidArgument);
+    EXPECT_THROW(error.extract_top_k(5, self), InvalidArgument);
+    EXPECT_THROW(error.extract_top_k(c.dim + 1), InvalidArgument);
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), error.table().begin()));
+  }
+}
+
 TEST(CountSketch, BadInput) {
   EXPECT_THROW(CountSketch(cfg(0, 5, 10)), InvalidArgument);
   EXPECT_THROW(CountSketch(cfg(1ull << 32, 5, 10)), InvalidArgument);

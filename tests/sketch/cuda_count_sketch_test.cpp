@@ -54,6 +54,30 @@ TEST(CudaSketch, SameSketchOnEveryDeviceAndAcrossSerialisation) {
   }
 }
 
+// FetchSGD's selection on the device: the same set as on the CPU (by magnitude there, in index
+// order here) and the same tables after the reset.
+TEST(CudaSketch, ExtractTopKMatchesTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  SketchConfig c{200003, 1, 30011, seed, Hashing::Blocked};
+  auto x = test::gaussian(c.dim, seed, 0.01f);
+  test::plant(x, 200, 3.0f, seed + 1);
+  CountSketch cpu(c), cpu_m(c);
+  cpu.accumulate(x);
+  cpu_m.accumulate(test::gaussian(c.dim, seed + 2));
+  CountSketch gpu = cpu.to(Device::cuda()), gpu_m = cpu_m.to(Device::cuda());
+  CountSketch* cpu_also[] = {&cpu_m};
+  CountSketch* gpu_also[] = {&gpu_m};
+  const TopK a = cpu.extract_top_k(500, cpu_also);
+  TopK b = gpu.extract_top_k(500, gpu_also);
+  kernels::cpu::sort_pairs(b.indices.data(), b.values.data(), b.indices.size());
+  EXPECT_EQ(a.indices, b.indices);
+  EXPECT_BITS_EQ(a.values, b.values);
+  EXPECT_EQ(gpu.to(Device::cpu()).serialize(), cpu.serialize());
+  EXPECT_EQ(gpu_m.to(Device::cpu()).serialize(), cpu_m.serialize());
+}
+
 TEST(CudaSketch, RejectsBadInputWithoutChangingTheTable) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();

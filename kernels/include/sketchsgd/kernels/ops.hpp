@@ -135,6 +135,13 @@ void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, 
 void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
                    size_t k, kernels::Order order, std::vector<uint32_t>& idx,
                    std::vector<float>& val);
+/// The k largest estimates on the host, and every bucket they hash to zeroed in each of `reset`
+/// (tables of the same layout; FetchSGD's selection). On the CPU in index order, where a one-row
+/// sketch selects without estimating every coordinate; on a GPU by magnitude, selected and reset
+/// on the device so that only the k results come back.
+void extract_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
+                  size_t k, std::span<float* const> reset, std::vector<uint32_t>& idx,
+                  std::vector<float>& val);
 double l2_estimate(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table);
 /// dst (on `to`) = src (on `from`), waited for; either device may be a GPU.
 void copy_across(const Device& from, const Device& to, float* dst, const float* src, size_t n);

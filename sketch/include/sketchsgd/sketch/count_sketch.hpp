@@ -93,6 +93,10 @@ class CountSketch {
   /// The same into idx and val (k = idx.size() = val.size(), in the sketch's memory), by
   /// magnitude.
   void top_k(std::span<uint32_t> idx, std::span<float> val) const;
+  /// FetchSGD's selection: the k coordinates of largest estimated magnitude, on the host (in index
+  /// order on the CPU, by magnitude on a GPU), with every bucket they hash to zeroed in this
+  /// sketch and in `also` (compatible sketches on the same device).
+  TopK extract_top_k(uint64_t k, std::span<CountSketch* const> also = {});
   /// Estimate of ‖x‖₂: sqrt of the median over rows of the row's sum of squares.
   double l2_estimate() const;
 
