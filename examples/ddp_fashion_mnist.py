@@ -6,7 +6,8 @@ PyTorch's own (fp16, PowerSGD) on the same job.
     /usr/bin/python3 examples/ddp_fashion_mnist.py --hook powersgd:rank=4
     /usr/bin/python3 examples/ddp_fashion_mnist.py --hook none --epochs 1
 
-W worker processes on 127.0.0.1 (gloo; on CUDA, NCCL when every worker has its own GPU), the
+W worker processes on 127.0.0.1 (gloo; on CUDA, NCCL when every worker has its own GPU), or one
+rank per process with --rank and --master (ranks on other hosts or network namespaces), the
 demo's MLP 784-1024-1024-10 (or --model cnn), batch 32 per worker, SGD. Worker r trains on
 examples r, r+W, … reshuffled every epoch. Payload = bytes one worker contributes to a round's
 collectives (an all-reduce of n floats counts 4n bytes whatever the algorithm, an all-gather the
@@ -157,7 +158,7 @@ def accuracy(model, x, y, device):
 
 
 def worker(rank, args, port, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
     W = args.workers
     cuda = args.device == "cuda"
@@ -183,17 +184,22 @@ def worker(rank, args, port, queue):
         if args.max_steps:
             per_epoch = min(per_epoch, args.max_steps)
         rows, step, t0, hook_bytes_before = [], 0, time.time(), 0
-        steady = []
+        steady, step_ms = [], []
         for epoch in range(args.epochs):
             order = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch * 10 + rank))]
             loss_sum = 0.0
             for i in range(per_epoch):
                 idx = order[i * args.batch:(i + 1) * args.batch]
                 x, y = xtr[idx].to(device), ytr[idx].to(device)
+                began = time.perf_counter()
                 loss = nn.functional.cross_entropy(ddp(x), y)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+                if cuda:
+                    torch.cuda.synchronize(device)
+                if step >= args.start_iter + 1:  # the steady state: past the hooks' warm-up
+                    step_ms.append(1e3 * (time.perf_counter() - began))
                 if isinstance(extra, dict):
                     extra["n"] += 1
                 step += 1
@@ -226,7 +232,10 @@ def worker(rank, args, port, queue):
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
-                       "backend": backend, "device": str(device), "torch": torch.__version__})
+                       "backend": backend, "device": str(device), "torch": torch.__version__,
+                       "step_ms_median": float(np.median(step_ms)) if step_ms else None,
+                       "step_ms_p10": float(np.percentile(step_ms, 10)) if step_ms else None,
+                       "step_ms_p90": float(np.percentile(step_ms, 90)) if step_ms else None})
     except BaseException:
         import traceback
         traceback.print_exc()
@@ -265,7 +274,16 @@ def main():
     p.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds")
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--csv", help="write one row per epoch here")
+    p.add_argument("--rank", type=int, help="run only this rank in this process (with --master)")
+    p.add_argument("--master", help="ADDR:PORT of rank 0's rendezvous (with --rank; default: 127.0.0.1, a free port)")
     args = p.parse_args()
+    args.master_addr = "127.0.0.1"
+    if args.rank is not None:
+        if not args.master or not 0 <= args.rank < args.workers:
+            sys.exit("--rank needs --master ADDR:PORT and 0 <= rank < --workers")
+        args.master_addr, _, port = args.master.rpartition(":")
+        if not args.master_addr or not port.isdigit():
+            sys.exit(f"--master {args.master!r}: expected ADDR:PORT")
     if not os.path.exists(os.path.join(args.data, "train-images-idx3-ubyte.gz")):
         sys.exit(f"no Fashion-MNIST in {args.data} (apt-get install dataset-fashion-mnist)")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -276,6 +294,9 @@ def main():
             torch_powersgd_options(plain)
         except ValueError as e:
             sys.exit(f"--hook {args.hook}: {e}")
+    if args.rank is not None:  # one rank of a job spread over hosts; worker() exits the process
+        print(f"ddp_fashion_mnist: rank {args.rank} of {args.workers}, {args.model}, hook {args.hook}", flush=True)
+        worker(args.rank, args, int(args.master.rpartition(":")[2]), _Report(args))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -300,6 +321,10 @@ def main():
             proc.join()
     if summary is None:
         sys.exit("a worker failed" if time.time() < deadline else f"no result within --timeout {args.timeout} s")
+    report(summary, args)
+
+
+def report(summary, args):
     print(f"summary: {args.hook}: test accuracy {100 * summary['test_accuracy']:.2f} %, payload "
           f"{summary['payload_bytes_per_round'] / 1e3:.1f} kB/round ({summary['ratio']:.1f}x less than dense; steady "
           f"{summary['steady_ratio']:.1f}x), {summary['seconds']:.0f} s, replicas identical: {summary['replicas_identical']}")
@@ -312,6 +337,22 @@ def main():
             w.writeheader()
             w.writerows(summary["epochs_log"])
 
+
+
+class _Report:
+    """The queue of a one-rank process (--rank): rank 0's summary is reported where it is put."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def put(self, summary):
+        report(summary, self.args)
+
+    def close(self):
+        pass
+
+    def join_thread(self):
+        pass
 
 if __name__ == "__main__":
     main()

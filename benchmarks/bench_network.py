@@ -1,0 +1,383 @@
+#!/usr/bin/python3
+"""Whole training steps over emulated links: W hosts in network namespaces joined by a switch,
+each host's link shaped by tbf in both directions, the demo's job run across them under PyTorch
+DDP (one rank per host) and over the parameter server (server and worker 0 on host 0). Reports the
+median steady step (DDP) or round (parameter server) for every hook and link rate, the compute
+floor (the same step with no communication), and for each hook the link rate below which it
+beats DDP without a hook. Needs root (ip netns, tc); exits 77 with a message otherwise.
+
+    sudo /usr/bin/python3 benchmarks/bench_network.py [--rates unshaped,1gbit,100mbit]
+        [--hooks 'none;fp16;...'] [--buckets one,default] [--ps] [--steps 40] [--json out.json]
+        [--png out.png] [--write-docs]
+
+Links: a veth pair per host, the switch end on a bridge in a namespace of its own; tbf on the
+host end shapes its upload, on the switch end its download (network.md: netem is missing on this
+kernel, so no delay or loss is emulated). Namespaces are named after this process, so two runs
+cannot collide, and are removed on every exit path (Ctrl-C included). Every job is bounded by
+--timeout.
+"""
+import argparse
+import atexit
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RATES = ["unshaped", "10gbit", "1gbit", "100mbit", "10mbit"]
+BITS = {"unshaped": None, "10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6, "10mbit": 10e6}
+# PyTorch's references and our frontier points (docs/RESULTS.md).
+HOOKS = ["none", "fp16", "powersgd:rank=1", "powersgd:rank=4", "sketchsgd:powersgd:rank=4,wire=fp16",
+         "sketchsgd:powersgd:rank=2,wire=fp16", "sketch:rows=1,cols=90000,k=18000,fetch=1,wire=fp16",
+         "topk:k=20000,momentum=0.9"]
+PS_CODECS = ["dense", "powersgd:rank=4,momentum=0.9,wire=fp16",
+             "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1,wire=fp16"]
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+class Testbed:
+    """W hosts (namespaces) on a switch (a bridge in a namespace of its own), addresses
+    198.18.0.1 … in the benchmarking range, links shaped with tbf. A context manager: leaving it
+    kills every process started in it and removes the namespaces."""
+
+    def __init__(self, hosts):
+        tag = f"skn{os.getpid() % 100000}"
+        self.switch = f"{tag}sw"
+        self.hosts = [f"{tag}h{i}" for i in range(hosts)]
+        self.host_dev = [f"{tag}e{i}" for i in range(hosts)]  # host end (upload)
+        self.port_dev = [f"{tag}p{i}" for i in range(hosts)]  # switch end (download)
+        self.procs = []
+        self.made = []
+
+    @staticmethod
+    def ip(*args):
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+    def address(self, i):
+        return f"198.18.0.{i + 1}"
+
+    def __enter__(self):
+        try:
+            for ns in [self.switch] + self.hosts:
+                self.ip("netns", "add", ns)
+                self.made.append(ns)
+                self.ip("-n", ns, "link", "set", "lo", "up")
+            self.ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            self.ip("-n", self.switch, "link", "set", "br0", "up")
+            for i, ns in enumerate(self.hosts):
+                self.ip("link", "add", self.host_dev[i], "netns", ns, "type", "veth", "peer", "name",
+                        self.port_dev[i], "netns", self.switch)
+                self.ip("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", self.host_dev[i])
+                self.ip("-n", ns, "link", "set", self.host_dev[i], "up")
+                self.ip("-n", self.switch, "link", "set", self.port_dev[i], "master", "br0")
+                self.ip("-n", self.switch, "link", "set", self.port_dev[i], "up")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def shape(self, rate):
+        """tbf at `rate` on both ends of every link (None: unshaped)."""
+        for i in range(len(self.hosts)):
+            for ns, dev in ((self.hosts[i], self.host_dev[i]), (self.switch, self.port_dev[i])):
+                subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=20)
+                if rate is not None:
+                    burst = max(32 * 1024, int(BITS[rate] / 8 / 250))  # a tick's worth at 250 Hz
+                    subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                                    "burst", str(burst), "latency", "100ms"], check=True, capture_output=True, timeout=20)
+
+    def start(self, host, cmd, out, env=None):
+        p = subprocess.Popen(["ip", "netns", "exec", self.hosts[host], *cmd], stdout=out, stderr=subprocess.STDOUT,
+                             env=env, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait()
+        self.procs = []
+
+    def __exit__(self, *exc):
+        self.stop()
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        self.made = []
+        return False
+
+
+def wait_all(procs, timeout):
+    """Exit codes of procs, or None for each still running at the deadline (then killed)."""
+    deadline = time.time() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(0.1, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    return codes
+
+
+def ddp_command(hook, buckets, workers, master, out, args):
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_fashion_mnist.py"), "--hook", hook, "--workers",
+           str(workers), "--epochs", "1", "--max-steps", str(args.steps + 11), "--progress", "100000", "--master",
+           master, "--json", out]
+    return cmd + (["--first-bucket-mb", "1"] if buckets == "default" else [])  # DDP's default caps: two buckets here
+
+
+def finish(bed, procs, outs, tmp, args):
+    """The jobs' summaries once every process has exited (None for all when one failed)."""
+    codes = wait_all(procs, args.timeout)
+    bed.stop()
+    if any(c != 0 for c in codes) or not all(os.path.exists(o) for o in outs):
+        why = "timed out" if None in codes else f"exit codes {codes}"
+        with open(os.path.join(tmp, "run.log")) as f:
+            tail = f.read()[-600:]
+        log(f"    failed ({why}): ...{tail}")
+        return None
+    summaries = []
+    for o in outs:
+        with open(o) as f:
+            summaries.append(json.load(f))
+        os.remove(o)
+    return summaries
+
+
+def run_ddp(bed, hook, buckets, args, tmp):
+    """One DDP job with a rank per host; rank 0's summary (step times, payload)."""
+    W = len(bed.hosts)
+    out = os.path.join(tmp, "ddp.json")
+    master = f"{bed.address(0)}:{29500 + os.getpid() % 1000}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.abspath(args.python))
+    with open(os.path.join(tmp, "run.log"), "w") as logf:
+        procs = [bed.start(r, ddp_command(hook, buckets, W, master, out, args) + ["--rank", str(r)], logf,
+                           env=dict(env, GLOO_SOCKET_IFNAME=bed.host_dev[r])) for r in range(W)]
+        s = finish(bed, procs, [out], tmp, args)
+    return s[0] if s else None
+
+
+def run_floor(bed, args, tmp):
+    """The compute floor: every host trains a job of its own (one rank, no hook) at the same time,
+    so the step pays the same contention for the machine's cores as in the real jobs, and nothing
+    is communicated. The median of their median steps."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.abspath(args.python), GLOO_SOCKET_IFNAME="lo")
+    outs = [os.path.join(tmp, f"floor{r}.json") for r in range(len(bed.hosts))]
+    with open(os.path.join(tmp, "run.log"), "w") as logf:
+        procs = [bed.start(r, ddp_command("none", "one", 1, f"127.0.0.1:{29500 + os.getpid() % 1000}", outs[r], args)
+                           + ["--rank", "0"], logf, env=env) for r in range(len(bed.hosts))]
+        s = finish(bed, procs, outs, tmp, args)
+    return statistics.median(x["step_ms_median"] for x in s) if s else None
+
+
+def run_ps(bed, codec, args, tmp):
+    """The parameter-server demo for --ps-rounds rounds: server and worker 0 on host 0."""
+    W = len(bed.hosts)
+    outdir = os.path.join(tmp, "ps")
+    subprocess.run(["rm", "-rf", outdir])
+    os.makedirs(outdir)
+    binary = os.path.abspath(args.demo)
+    common = [binary, "--workers", str(W), "--codec", codec, "--epochs", "1", "--subset",
+              str(args.ps_rounds * W * 32), "--out", outdir, "--threads", "1"]
+    endpoint = f"tcp://{bed.address(0)}:{5555 + os.getpid() % 1000}"
+    metrics = os.path.join(outdir, "rounds.jsonl")
+    with open(os.path.join(tmp, "ps.log"), "w") as logf:
+        procs = [bed.start(0, common + ["--role", "server", "--bind", endpoint], logf)]
+        procs += [bed.start(r, common + ["--role", "worker", "--rank", str(r), "--server", endpoint], logf)
+                  for r in range(W)]
+        seen, stamps, began = 0, [], time.time()
+        while time.time() < began + args.timeout and procs[0].poll() is None:
+            n = sum(1 for _ in open(metrics)) if os.path.exists(metrics) else 0
+            stamps += [time.perf_counter()] * (n - seen)
+            seen = n
+            time.sleep(0.01)
+        codes = [procs[0].poll()] + wait_all(procs[1:], 30)
+    bed.stop()
+    if codes[0] != 0 or len(stamps) < 3:
+        log(f"    failed (exit codes {codes}, {len(stamps)} rounds in {time.time() - began:.0f} s)")
+        return None
+    gaps = [1e3 * (b - a) for a, b in zip(stamps[1:], stamps[2:])]  # past the first round's start-up
+    return {"round_ms_median": statistics.median(gaps), "rounds": len(stamps)}
+
+
+def crossover(points, base):
+    """The highest rate at which the hook's step is shorter than no hook's (None: at none)."""
+    faster = [r for r in points if r in base and points[r] < base[r] and BITS[r]]
+    return max(faster, key=lambda r: BITS[r]) if faster else None
+
+
+def plot(results, floor, png):
+    """Step time against link rate, log-log: a colour per hook, dashed with DDP's default buckets;
+    unshaped links drawn right of the fastest rate."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("(no matplotlib: no plot)")
+        return
+    shaped = [r for r in RATES if BITS[r]]
+    used = [r for r in shaped if any(r in pts for pts in results.values())]
+    top = max((BITS[r] for r in used), default=1e9)
+    x = lambda r: BITS[r] or top * 4  # unshaped
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    hooks = sorted({h for h, _ in results})
+    colours = plt.get_cmap("tab10")
+    for (hook, buckets), pts in sorted(results.items()):
+        rs = [r for r in RATES if r in pts]
+        rs.sort(key=x)
+        ax.plot([x(r) for r in rs], [pts[r] for r in rs], marker="o", color=colours(hooks.index(hook) % 10),
+                linestyle="--" if buckets == "default" else "-",
+                label=f"{hook}" + (" (DDP's default buckets)" if buckets == "default" else ""))
+    if floor:
+        ax.axhline(floor, color="black", linestyle=":", label="compute floor (no communication)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = sorted({x(r) for pts in results.values() for r in pts})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([next(r for r in RATES if x(r) == t) for t in ticks])
+    ax.set_xlabel("link rate, each direction")
+    ax.set_ylabel("median step (ms)")
+    ax.set_title("DDP steps over tbf-shaped links, one rank a host (network namespaces)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    log(f"plot: {png}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--rates", default="unshaped,1gbit,100mbit", help=f"comma-separated, of {','.join(RATES)}")
+    ap.add_argument("--hooks", default=";".join(HOOKS), help="DDP hooks separated by ';' (examples/ddp_fashion_mnist.py)")
+    ap.add_argument("--buckets", default="one,default", help="one: the model in one DDP bucket; default: DDP's caps")
+    ap.add_argument("--steps", type=int, default=40, help="steady steps timed per job (after 11 warm-up steps)")
+    ap.add_argument("--ps", action="store_true", help="also the parameter-server demo")
+    ap.add_argument("--ps-codecs", default=";".join(PS_CODECS), help="codecs separated by ';'")
+    ap.add_argument("--ps-rounds", type=int, default=30)
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per job at most")
+    ap.add_argument("--python", default=os.path.join(ROOT, "build/default/python"), help="where the sketchsgd package is")
+    ap.add_argument("--demo", default=os.path.join(ROOT, "build/default/demo/sketchsgd-train"))
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--png", help="draw step time against link rate here")
+    ap.add_argument("--replot", metavar="JSON", help="run nothing: draw --png from a --json of an earlier run")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="write docs/data/network.json, the tables' data files and docs/images/network.png")
+    args = ap.parse_args()
+    if args.replot:
+        with open(args.replot) as f:
+            old = json.load(f)
+        plot({(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]}, old["floor_ms"], args.png or "network.png")
+        return
+    rates = [r for r in args.rates.split(",") if r]
+    if unknown := [r for r in rates if r not in BITS]:
+        sys.exit(f"unknown rate(s) {unknown}; use {RATES}")
+    if os.geteuid() != 0:
+        print("SKIP: bench_network.py needs root (ip netns, tc)", file=sys.stderr)
+        sys.exit(77)
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        print("SKIP: ip netns is not available here", file=sys.stderr)
+        sys.exit(77)
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupted)
+
+    hooks = [h for h in args.hooks.split(";") if h]
+    results, ps, floor = {}, {}, None
+    jobs = len(rates) * len(hooks) * len(args.buckets.split(","))
+    done = 0
+    with tempfile.TemporaryDirectory() as tmp, Testbed(args.workers) as bed:
+        atexit.register(bed.__exit__, None, None, None)
+        log(f"testbed: {args.workers} hosts in namespaces {bed.hosts[0]}… on switch {bed.switch}")
+        bed.shape(None)
+        log("compute floor (a one-rank job on every host at once: the same cores, no communication):")
+        floor = run_floor(bed, args, tmp)
+        log(f"  {floor:.1f} ms a step" if floor else "  failed")
+        for rate in rates:
+            bed.shape(BITS[rate] and rate)
+            for buckets in args.buckets.split(","):
+                for hook in hooks:
+                    done += 1
+                    if buckets == "default" and hook.startswith(("powersgd", "torch:powersgd")):
+                        continue  # PyTorch 1.13's PowerSGD aborts on gloo when buckets interleave
+                    log(f"[{done}/{jobs}] {rate}, {buckets} bucket(s), {hook}")
+                    s = run_ddp(bed, hook, buckets, args, tmp)
+                    if s:
+                        results.setdefault((hook, buckets), {})[rate] = s["step_ms_median"]
+                        log(f"    {s['step_ms_median']:.1f} ms a step (p10 {s['step_ms_p10']:.1f}, p90 "
+                            f"{s['step_ms_p90']:.1f}), {s['steady_payload_bytes_per_round'] / 1e3:.0f} kB a step")
+            if args.ps:
+                for codec in args.ps_codecs.split(";"):
+                    log(f"  parameter server, {rate}, {codec}")
+                    r = run_ps(bed, codec, args, tmp)
+                    if r:
+                        ps.setdefault(codec, {})[rate] = r["round_ms_median"]
+                        log(f"    {r['round_ms_median']:.1f} ms a round")
+    base = results.get(("none", "one"), {})
+    log("\nmedian step (ms):")
+    for (hook, buckets), pts in sorted(results.items()):
+        cells = "  ".join(f"{r}: {pts[r]:7.1f}" for r in rates if r in pts)
+        log(f"  {hook:58s} {buckets:7s} {cells}  crossover: {crossover(pts, base)}")
+    out = {"workers": args.workers, "steps": args.steps, "floor_ms": floor, "rates": rates,
+           "ddp": [{"hook": h, "buckets": b, "step_ms": pts, "crossover": crossover(pts, base)}
+                   for (h, b), pts in sorted(results.items())],
+           "ps": [{"codec": c, "round_ms": pts} for c, pts in ps.items()]}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.png:
+        plot(results, floor, args.png)
+    if args.write_docs:
+        write_docs(out, results, ps, floor, rates, args)
+
+
+def write_docs(out, results, ps, floor, rates, args):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import doc_tables
+    with open(os.path.join(ROOT, "docs/data/network.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    plot(results, floor, os.path.join(ROOT, "docs/images/network.png"))
+    day = time.strftime("%Y-%m-%d")
+    machine = f"the 2-core dev machine, {args.workers} ranks in network namespaces, gloo, torch " + \
+        subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                       text=True).stdout.strip()
+    base = results.get(("none", "one"), {})
+    cols = ["hook", "DDP buckets"] + [f"{r} ms" for r in rates] + ["× floor (slowest shaped rate)", "faster than no hook from"]
+    rows = []
+    slow = [r for r in rates if BITS[r]]
+    slowest = min(slow, key=lambda r: BITS[r]) if slow else None
+    for (hook, buckets), pts in sorted(results.items(), key=lambda kv: (kv[0][0] != "none", kv[0])):
+        rows.append([f"`{hook}`", buckets] + [f"{pts[r]:.1f}" if r in pts else "" for r in rates] +
+                    [f"{pts[slowest] / floor:.2f}" if floor and slowest in pts else "",
+                     (crossover(pts, base) if hook != "none" else None) or "—"])
+    rows.append(["compute floor (no communication)", ""] + [f"{floor:.1f}" if floor else ""] * len(rates) + ["1.00", ""])
+    cmd = "sudo /usr/bin/python3 benchmarks/bench_network.py --write-docs"
+    doc_tables.write(os.path.join(ROOT, "docs/data/tables/network-ddp.json"), cmd, day, machine, cols, rows,
+                     data="docs/data/network.json",
+                     note=f"Median steady step of {args.steps} (after 11 warm-up steps), the demo's MLP, batch 32 a rank; "
+                          "'faster than no hook from': the fastest shaped rate at which the hook's step is shorter than "
+                          "DDP's without a hook (one bucket).")
+    if ps:
+        doc_tables.write(os.path.join(ROOT, "docs/data/tables/network-ps.json"), cmd + " --ps", day, machine,
+                         ["codec"] + [f"{r} ms a round" for r in rates],
+                         [[f"`{c}`"] + [f"{pts[r]:.0f}" if r in pts else "" for r in rates] for c, pts in ps.items()],
+                         data="docs/data/network.json",
+                         note=f"The parameter-server demo, server and worker 0 on host 0, {args.ps_rounds} rounds; "
+                              "median time between rounds past the first.")
+    doc_tables.main([])
+
+
+if __name__ == "__main__":
+    main()
