@@ -292,7 +292,8 @@ def main():
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, interrupted)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: a shell may start us ignoring it
+        signal.signal(sig, interrupted)
 
     hooks = [h for h in args.hooks.split(";") if h]
     results, ps, floor = {}, {}, None
