@@ -271,10 +271,19 @@ def main():
     ap.add_argument("--demo", default=os.path.join(ROOT, "build/default/demo/sketchsgd-train"))
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="draw step time against link rate here")
+    ap.add_argument("--report", metavar="JSON", help="run nothing: --write-docs from a --json of an earlier run")
     ap.add_argument("--replot", metavar="JSON", help="run nothing: draw --png from a --json of an earlier run")
     ap.add_argument("--write-docs", action="store_true",
                     help="write docs/data/network.json, the tables' data files and docs/images/network.png")
     args = ap.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            old = json.load(f)
+        args.steps, args.workers = old["steps"], old["workers"]
+        args.ps_rounds = old.get("ps_rounds", args.ps_rounds)
+        write_docs(old, {(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]},
+                   {d["codec"]: d["round_ms"] for d in old["ps"]}, old["floor_ms"], old["rates"], args)
+        return
     if args.replot:
         with open(args.replot) as f:
             old = json.load(f)
@@ -331,7 +340,7 @@ def main():
     for (hook, buckets), pts in sorted(results.items()):
         cells = "  ".join(f"{r}: {pts[r]:7.1f}" for r in rates if r in pts)
         log(f"  {hook:58s} {buckets:7s} {cells}  crossover: {crossover(pts, base)}")
-    out = {"workers": args.workers, "steps": args.steps, "floor_ms": floor, "rates": rates,
+    out = {"workers": args.workers, "steps": args.steps, "ps_rounds": args.ps_rounds, "floor_ms": floor, "rates": rates,
            "ddp": [{"hook": h, "buckets": b, "step_ms": pts, "crossover": crossover(pts, base)}
                    for (h, b), pts in sorted(results.items())],
            "ps": [{"codec": c, "round_ms": pts} for c, pts in ps.items()]}
@@ -377,7 +386,26 @@ def write_docs(out, results, ps, floor, rates, args):
                          data="docs/data/network.json",
                          note=f"The parameter-server demo, server and worker 0 on host 0, {args.ps_rounds} rounds; "
                               "median time between rounds past the first.")
+    accuracy_table(doc_tables, results, rates, cmd, day, machine)
     doc_tables.main([])
+
+
+def accuracy_table(doc_tables, results, rates, cmd, day, machine, steps=3 * 468):
+    """Time to accuracy: what the RESULTS job (3 epochs, seed 1, the same hooks under DDP) reached,
+    and how long its steps take at each rate with the step times measured here (one bucket)."""
+    try:
+        with open(os.path.join(ROOT, "docs/data/tables/ddp-hooks.json")) as f:
+            acc = {r[0].strip("`"): r[1] for r in json.load(f)["rows"]}
+    except (OSError, ValueError, KeyError):
+        return
+    rows = [[f"`{hook}`", acc[hook]] + [f"{steps * pts[r] / 60e3:.1f}" if r in pts else "" for r in rates]
+            for (hook, buckets), pts in sorted(results.items(), key=lambda kv: (kv[0][0] != "none", kv[0]))
+            if buckets == "one" and hook in acc]
+    doc_tables.write(os.path.join(ROOT, "docs/data/tables/network-accuracy.json"), cmd, day, machine,
+                     ["hook", "test accuracy after 3 epochs (docs/RESULTS.md)"] + [f"{r}: minutes" for r in rates], rows,
+                     data="docs/data/network.json, docs/data/tables/ddp-hooks.json",
+                     note=f"Minutes for the {steps} steps of that job at each rate: this benchmark's median step "
+                          "(one DDP bucket) times the steps.")
 
 
 if __name__ == "__main__":
