@@ -338,7 +338,6 @@ def report(summary, args):
             w.writerows(summary["epochs_log"])
 
 
-
 class _Report:
     """The queue of a one-rank process (--rank): rank 0's summary is reported where it is put."""
 
