@@ -113,7 +113,9 @@ def _scatter(buf, segments, values):
 class CompressionState:
     """State of compression_hook for one DDP model: the spec, per-bucket codecs keyed by bucket
     index, the warm-up and the traffic statistics. Build it on every rank with the same
-    arguments (checked: a collective over the process group at construction).
+    arguments (checked: a collective over the process group, at construction when
+    torch.distributed is initialised, else at the first hook call; so it can be made before the
+    process group, as Lightning's DDPStrategy(ddp_comm_state=...) needs).
 
     spec:         any sketchsgd codec spec (sketchsgd.describe() lists them).
     start_iter:   plain all-reduce steps first (≥ 2: DDP rebuilds its buckets after step 1).
@@ -125,34 +127,37 @@ class CompressionState:
 
     def __init__(self, spec: str, process_group=None, start_iter: int = 2, compress_1d: bool = False,
                  dense_below: int = 0):
-        self._setup(spec, process_group, start_iter, compress_1d, dense_below, check_ranks=True)
+        self._configure(spec, process_group, start_iter, compress_1d, dense_below, check_ranks=True)
 
-    def _setup(self, spec, process_group, start_iter, compress_1d, dense_below, check_ranks: bool):
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("CompressionState needs torch.distributed initialised (dist.init_process_group)")
+    def _configure(self, spec, process_group, start_iter, compress_1d, dense_below, check_ranks: bool):
+        """The state for these arguments. With torch.distributed initialised it binds to the
+        process group now (and, check_ranks, compares the configuration over it: a collective);
+        else at the first hook call, which every rank makes for the same bucket (Lightning's
+        DDPStrategy takes the state before it creates the process group)."""
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 2:
             raise ValueError(f"start_iter={start_iter!r}: must be an int ≥ 2 (DDP rebuilds buckets after the first step)")
         if isinstance(dense_below, bool) or not isinstance(dense_below, int) or dense_below < 0:
             raise ValueError(f"dense_below={dense_below!r}: must be an int ≥ 0")
         self.process_group = process_group
-        self.world_size = dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
-        self.backend = dist.get_backend(process_group)
+        self.world_size = self.rank = self.backend = None
         self.spec = spec.strip() if isinstance(spec, str) else spec
         self.start_iter = start_iter
         self.compress_1d = bool(compress_1d)
         self.dense_below = dense_below
+        self._ranks_checked = False
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
-        if check_ranks:
-            self._check_same_on_every_rank(repr((self.spec, start_iter, self.compress_1d, dense_below)))
+        if dist.is_available() and dist.is_initialized():
+            self._bind()
+            if check_ranks:
+                self._check_ranks()
         self._name, _, given = _checked_spec(self.spec).partition(":")
         options = dict(item.split("=", 1) for item in given.split(",") if item)  # canonical: every key
         # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
         # decide themselves what stays uncompressed.
         self._uses_layout = next(c["layout"] for c in _core.codecs() if c["name"] == self._name) == "required"
-        if options.get("wire") == "bf16" and self.backend == "gloo":
-            raise ValueError("sketchsgd hook: wire=bf16 needs NCCL (gloo cannot sum bfloat16); use wire=fp16")
+        self._wire = options.get("wire")
+        self._check_wire()
         if "layout" in options:
             raise ValueError("sketchsgd hook: the hook gives the codec its layout (the bucket's tensors): "
                              "leave layout= out of the spec")
@@ -170,7 +175,29 @@ class CompressionState:
         self._stats = {"steps": 0, "compressed_steps": 0, "payload_bytes": 0, "dense_bytes": 0,
                        "last_payload_bytes": 0, "last_dense_bytes": 0}
 
-    # ---- checks -------------------------------------------------------------------------------
+    # ---- the process group and checks -----------------------------------------------------------
+    def _bind(self):
+        """Reads the process group: rank, world size, backend (no collective)."""
+        if self.backend is not None:
+            return
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("CompressionState needs torch.distributed initialised (dist.init_process_group) "
+                               "before its first hook call or checkpoint")
+        self.world_size = dist.get_world_size(self.process_group)
+        self.rank = dist.get_rank(self.process_group)
+        self.backend = dist.get_backend(self.process_group)
+        self._check_wire()
+
+    def _check_wire(self):
+        if getattr(self, "_wire", None) == "bf16" and self.backend == "gloo":
+            raise ValueError("sketchsgd hook: wire=bf16 needs NCCL (gloo cannot sum bfloat16); use wire=fp16")
+
+    def _check_ranks(self):
+        """Once: every rank's configuration is this one (a collective)."""
+        if not self._ranks_checked:
+            self._check_same_on_every_rank(self._config())
+            self._ranks_checked = True
+
     def _check_same_on_every_rank(self, text: str):
         digest = torch.tensor(list(hashlib.sha256(text.encode()).digest()), dtype=torch.uint8)
         if self.backend == "nccl":
@@ -275,9 +302,20 @@ class CompressionState:
     def _config(self):
         return repr((self.spec, self.start_iter, self.compress_1d, self.dense_below))
 
-    def state_dict(self) -> dict:
-        """Everything but the process group: the iteration, the units and every unit's worker
-        and aggregator state, the statistics."""
+    def state_dict(self, gather: bool = True) -> dict:
+        """Everything but the process group: the iteration, the units with their aggregator state
+        (the same on every rank) and this rank's worker state (error feedback, momentum), the
+        statistics.
+
+        gather=True (the default) is a collective over the process group, so call it on every
+        rank at the same step, as Accelerate's save_state and Lightning's checkpointing call a
+        state_dict(): it adds "workers", every rank's worker state in the dict of the group's
+        rank 0 (the one those tools write) and this rank's in the others'. That one file then
+        restores every rank: load_state_dict() takes its own rank's part. gather=False: this
+        rank's alone, no collective (each rank saving a file of its own)."""
+        if not isinstance(gather, bool):
+            raise TypeError(f"gather={gather!r}: expected True or False")
+        self._bind()
         units = {}
         for i, u in (self._units or {}).items():
             units[i] = {"entries": [list(e) for e in u.entries],
@@ -285,49 +323,104 @@ class CompressionState:
                         "aggregator": u.aggregator.state_dict() if u.codec else None}
             if u.codec is None and i in self._pending:
                 units[i].update(self._pending[i])
-        return {"version": 1, "config": self._config(), "rank": self.rank, "world_size": self.world_size,
-                "iteration": self.iteration,
-                "warm": {i: [list(e) for e in es] for i, es in self._warm.items()},
-                "units": units if self._units is not None else None, "stats": dict(self._stats)}
+        d = {"version": 1, "config": self._config(), "rank": self.rank, "world_size": self.world_size,
+             "iteration": self.iteration,
+             "warm": {i: [list(e) for e in es] for i, es in self._warm.items()},
+             "units": units if self._units is not None else None, "stats": dict(self._stats)}
+        if gather:
+            d["workers"] = self._gather_workers(units)
+        return d
+
+    def _gather_workers(self, units: dict) -> dict:
+        """rank -> unit index -> worker state (uint8): every rank's on the group's rank 0, this
+        rank's elsewhere. Two collectives every rank joins alike: the sizes (all-gathered), then
+        the states padded to the largest (gathered to rank 0 alone: W states in one process)."""
+        keys = sorted(units)
+        mine = [units[i]["codec"]["state"] if units[i]["codec"] is not None else torch.empty(0, dtype=torch.uint8)
+                for i in keys]
+        on = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        sizes = torch.tensor([t.numel() for t in mine] or [0], dtype=torch.int64, device=on)
+        every = [torch.empty_like(sizes) for _ in range(self.world_size)]
+        dist.all_gather(every, sizes, group=self.process_group)
+        every = [s.cpu() for s in every]
+        longest = max(int(s.sum()) for s in every)
+        if longest == 0:  # no worker state anywhere (fetch=1, plain dense, …): nothing to send
+            return {r: {i: torch.empty(0, dtype=torch.uint8) for i in keys} for r in range(self.world_size)}
+        flat = torch.zeros(longest, dtype=torch.uint8)
+        if mine:
+            flat[:int(sizes.sum())] = torch.cat([t.reshape(-1).cpu() for t in mine])
+        root = 0 if self.process_group is None else _global_rank(self.process_group, 0)
+        got = [torch.empty(longest, dtype=torch.uint8, device=on) for _ in range(self.world_size)] \
+            if self.rank == 0 else None
+        dist.gather(flat.to(on), got, dst=root, group=self.process_group)
+        parts = {r: g.cpu() for r, g in enumerate(got)} if self.rank == 0 else {self.rank: flat}
+        out = {}
+        for r, blob in parts.items():
+            at, out[r] = 0, {}
+            for i, n in zip(keys, every[r].tolist()):
+                out[r][i] = blob[at:at + n].clone()
+                at += n
+        return out
 
     def load_state_dict(self, d: dict) -> None:
-        """Restores state_dict(); the hook then continues as the saved job would have, also
+        """Restores state_dict() (this rank's own, or one holding every rank's worker state: the
+        group's rank 0's gathered one); the hook then continues as the saved job would have, also
         through DDP's initial bucket of a new DDP model."""
         if not isinstance(d, dict) or d.get("version") != 1:
             raise ValueError("not a sketchsgd CompressionState state_dict")
+        self._bind()
         if d["config"] != self._config():
             raise _core.ConfigMismatch(f"state_dict of {d['config']} loaded into {self._config()}")
-        # Worker state (error feedback, momentum) belongs to the rank that saved it: each rank
-        # loads its own. Older state_dicts carry no rank and are taken as they are.
         if "world_size" in d and d["world_size"] != self.world_size:
             raise _core.ConfigMismatch(f"state_dict of a job of {d['world_size']} ranks loaded into one of "
                                        f"{self.world_size}")
-        if "rank" in d and d["rank"] != self.rank and any(
-                u["codec"] is not None and u["codec"]["state"].numel() for u in (d["units"] or {}).values()):
-            raise _core.ConfigMismatch(f"rank {self.rank} given the worker state of rank {d['rank']}: every rank "
-                                       "saves and loads its own state_dict()")
+        units = d["units"] or {}
+        # Worker state (error feedback, momentum) belongs to its rank: this rank's part of a
+        # gathered state_dict, or a state_dict this rank saved. Older state_dicts carry no rank
+        # and are taken as they are.
+        workers = d.get("workers")
+        if workers is not None and self.rank in workers:
+            mine = workers[self.rank]
+            missing = [i for i, u in units.items() if u["codec"] is not None and i not in mine]
+            if missing:
+                raise ValueError(f"state_dict: no worker state of rank {self.rank} for units {missing}")
+            units = {i: dict(u, codec=None if u["codec"] is None else dict(u["codec"], state=mine[i]))
+                     for i, u in units.items()}
+        elif "rank" in d and d["rank"] != self.rank and any(
+                u["codec"] is not None and u["codec"]["state"].numel() for u in units.values()):
+            held = f"ranks {sorted(workers)}" if workers is not None else f"rank {d['rank']} only"
+            raise _core.ConfigMismatch(
+                f"rank {self.rank} given a state_dict holding the worker state of {held}: load the group's rank 0's "
+                "state_dict() (gathered: called on every rank) or each rank its own state_dict")
         self.iteration = int(d["iteration"])
         self._warm = {int(i): [tuple(e) for e in es] for i, es in d["warm"].items()}
         self._units, self._pending = None, {}
         if d["units"] is not None:
-            self._units = {int(i): _Unit(int(i), u["entries"]) for i, u in d["units"].items()}
+            self._units = {int(i): _Unit(int(i), u["entries"]) for i, u in units.items()}
             self._pending = {int(i): {"codec": u["codec"], "aggregator": u["aggregator"]}
-                             for i, u in d["units"].items() if u["codec"] is not None}
+                             for i, u in units.items() if u["codec"] is not None}
         self._stats = dict(d["stats"])
 
     def __getstate__(self):
-        """Pickling (torch.save(state)): the configuration and state_dict(); the process group
-        is dropped and, when loaded, the default group is used (as PyTorch's PowerSGDState
-        does). Each rank saves and loads its own (its worker state)."""
+        """Pickling (torch.save(state)): the configuration and this rank's state_dict (no
+        collective: one rank may pickle alone); the process group is dropped and, when loaded,
+        the default group is used (as PyTorch's PowerSGDState does). Each rank saves and loads
+        its own (its worker state)."""
         return {"args": (self.spec, self.start_iter, self.compress_1d, self.dense_below),
-                "state": self.state_dict()}
+                "state": self.state_dict(gather=False)}
 
     def __setstate__(self, d):
         spec, start_iter, compress_1d, dense_below = d["args"]
-        # No collective here: one rank may load alone; the ranks' configurations were checked
-        # when the state was made, and the saved rank is checked against this one.
-        self._setup(spec, None, start_iter, compress_1d, dense_below, check_ranks=False)
+        # No collective here: one rank may load alone; the ranks' configurations are compared at
+        # the first hook call, and the saved rank is checked against this one.
+        self._configure(spec, None, start_iter, compress_1d, dense_below, check_ranks=False)
         self.load_state_dict(d["state"])
+
+
+def _global_rank(group, rank: int) -> int:
+    """The global rank of a group's rank (its name differs between PyTorch 1.13 and 2.x)."""
+    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+    return get(group, rank)
 
 
 class FlatBucket:
@@ -590,6 +683,9 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     float16 or bfloat16 bucket (a model in half precision) goes through a float32 copy, and the
     averaged result is rounded back into it."""
     buf = bucket.buffer()
+    if not state._ranks_checked:  # the first call, on every rank for the same bucket
+        state._bind()
+        state._check_ranks()
     state._check_bucket(buf)
     wide = buf if buf.dtype == torch.float32 else state._widened(bucket.index(), buf)
     warm = state.iteration < state.start_iter

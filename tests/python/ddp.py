@@ -15,7 +15,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, backend, fn, args, queue, timeout):
+def init(rank, world, backend="gloo"):
+    """The process group of a rank that run(..., init=False) started (the function's own call)."""
+    import torch.distributed as dist
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+
+
+def _rank_main(rank, world, port, backend, fn, args, queue, timeout, start):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False)  # a hung rank shows where
     import torch
@@ -23,8 +29,8 @@ def _rank_main(rank, world, port, backend, fn, args, queue, timeout):
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+        if start:
+            init(rank, world, backend)
         result = fn(rank, world, *args)
         dist.barrier()  # gloo's shutdown can hang unless every rank got here
         queue.put((rank, True, result))
@@ -40,16 +46,17 @@ def _rank_main(rank, world, port, backend, fn, args, queue, timeout):
     os._exit(code)
 
 
-def run(fn, *args, world=4, backend="gloo", timeout=240):
+def run(fn, *args, world=4, backend="gloo", timeout=240, init=True):
     """fn(rank, world, *args) on each rank (a module-level function: processes are spawned; it
     returns plain data, NumPy arrays or bytes, not tensors, which would travel as shared memory
     that dies with the process).
     Returns [result of rank 0, …]; raises RuntimeError naming every rank's failure. A rank that
-    does not report within timeout seconds is killed and reported."""
+    does not report within timeout seconds is killed and reported. init=False: fn creates the
+    process group itself (ddp.init), to test what happens before it exists."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, backend, fn, args, queue, timeout))
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, backend, fn, args, queue, timeout, init))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -136,22 +136,84 @@ def pickled(rank, world, spec, before, after):
     return straight.numpy().tobytes(), flat(m2).numpy().tobytes()
 
 
-def rank0_state_everywhere(rank, world, spec, steps):
-    """Every rank loads rank 0's state_dict (as from one file saved by rank 0 alone)."""
+def rank0_state_everywhere(rank, world, spec, steps, gather):
+    """Every rank loads rank 0's state_dict (gather: the collective one, every rank's worker
+    state in rank 0's; else rank 0's own alone)."""
     m = model()
     ddp = DDP(m)
     state = CompressionState(spec)
     ddp.register_comm_hook(state, compression_hook)
     train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), rank, steps)
-    shared = [state.state_dict()]
+    shared = [state.state_dict(gather=gather)]
     dist.broadcast_object_list(shared, src=0)
-    before = state.state_dict()
+    before = state.state_dict(gather=False)
     try:
         state.load_state_dict(shared[0])
     except Exception as e:  # noqa: BLE001 - reported, so that every rank ends its job alike
-        unchanged = repr(state.state_dict()) == repr(before)
+        unchanged = repr(state.state_dict(gather=False)) == repr(before)
         return type(e).__name__, str(e), unchanged
-    return "loaded", "", True
+    return "loaded", "", repr(state.state_dict(gather=False)) == repr(before)
+
+
+def rank0_checkpoint(rank, world, spec, before, after, path):
+    """Accelerate's and Lightning's convention: every rank calls state_dict() (model, optimiser
+    and the hook's state), rank 0 alone writes the file, every rank loads that one file into a
+    new DDP model and goes on. Returns the parameters of the uninterrupted run and of the
+    resumed one, and whether the file held every rank's worker state."""
+    def fresh():
+        m = model()
+        ddp = DDP(m)
+        state = CompressionState(spec)
+        ddp.register_comm_hook(state, compression_hook)
+        return m, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+
+    m, ddp, state, opt = fresh()
+    train(ddp, opt, rank, before)
+    ckpt = {"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
+    if rank == 0:
+        torch.save(ckpt, path)
+    dist.barrier()
+    train(ddp, opt, rank, after, first=before)
+    straight = flat(m)
+
+    m2, ddp2, state2, opt2 = fresh()
+    loaded = torch.load(path, **({"weights_only": True} if int(torch.__version__.split(".")[0]) >= 2 else {}))
+    m2.load_state_dict(loaded["model"])
+    opt2.load_state_dict(loaded["opt"])
+    state2.load_state_dict(loaded["hook"])
+    train(ddp2, opt2, rank, after, first=before)
+    return straight.numpy().tobytes(), flat(m2).numpy().tobytes(), sorted(loaded["hook"]["workers"])
+
+
+def state_before_the_process_group(rank, world, spec, steps):
+    """Lightning's order: the CompressionState is made before init_process_group (it binds at
+    the first hook call). Returns that run's parameters and those of a state made after."""
+    import ddp as harness
+    early = CompressionState(spec)
+    unbound = early.rank is None and early.world_size is None
+    harness.init(rank, world)
+    out = []
+    for state in (early, CompressionState(spec)):
+        m = model()
+        d = DDP(m)
+        d.register_comm_hook(state, compression_hook)
+        train(d, torch.optim.SGD(d.parameters(), lr=0.05, momentum=0.9), rank, steps)
+        out.append(flat(m).numpy().tobytes())
+    return unbound, early.rank, out[0] == out[1]
+
+
+def first_hook_checks_ranks(rank, world, steps):
+    """States made before the process group with a start_iter that differs on rank 1: the first
+    hook call compares them on every rank and raises on every rank alike."""
+    import ddp as harness
+    state = CompressionState("topk:k=40", start_iter=3 if rank == 1 else 2)
+    harness.init(rank, world)
+    params = [torch.zeros(8, 8)]
+    try:
+        compression_hook(state, FlatBucket(0, params, [torch.ones(8, 8)])).wait()
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def no_sync(rank, world, spec, steps):

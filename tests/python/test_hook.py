@@ -158,14 +158,43 @@ def test_a_pickled_state_resumes_identically():
             assert straight == resumed, f"{spec}: rank {r}"
 
 
+def test_a_checkpoint_written_by_rank_0_alone_restores_every_rank(tmp_path):
+    """Accelerate's register_for_checkpointing and Lightning: state_dict() on every rank (a
+    collective gathering each rank's error feedback and momentum into rank 0's), rank 0 writes,
+    every rank loads that file: the job continues bit for bit as the uninterrupted one, also for
+    codecs whose worker state differs between ranks."""
+    for spec in ["topk:k=400,momentum=0.9", "powersgd:rank=2", "sketch:rows=3,cols=1500,k=300,p2=2",
+                 "sketch:rows=1,cols=2000,k=400,fetch=1"]:
+        path = str(tmp_path / f"{spec.partition(':')[0]}.pt")
+        results = ddp.run(jobs.rank0_checkpoint, spec, 4, 4, path)
+        for r, (straight, resumed, held) in enumerate(results):
+            assert held == [0, 1, 2, 3], f"{spec}: rank 0's file holds the worker state of ranks {held}"
+            assert straight == resumed, f"{spec}: rank {r} resumed differently"
+
+
 def test_another_ranks_worker_state_is_refused():
-    """Rank 0's state_dict loaded on every rank: the others refuse it (their error feedback is
-    not rank 0's), and say how to save."""
-    results = ddp.run(jobs.rank0_state_everywhere, "topk:k=400,momentum=0.9", 4)
+    """Rank 0's own state_dict (gather=False) loaded on every rank: the others refuse it (their
+    error feedback is not rank 0's) and say which to load; the gathered one loads everywhere."""
+    results = ddp.run(jobs.rank0_state_everywhere, "topk:k=400,momentum=0.9", 4, False)
     assert results[0] == ("loaded", "", True)
     for name, message, unchanged in results[1:]:
-        assert name == "ConfigMismatch" and "its own state_dict" in message, message
+        assert name == "ConfigMismatch" and "rank 0 only" in message and "gathered" in message, message
         assert unchanged
+    gathered = ddp.run(jobs.rank0_state_everywhere, "topk:k=400,momentum=0.9", 4, True)
+    assert all(r == ("loaded", "", True) for r in gathered), gathered
+
+
+def test_a_state_made_before_the_process_group_binds_at_the_first_hook_call():
+    """Lightning's DDPStrategy(ddp_comm_state=...) holds the state before the process group
+    exists: it binds at the first hook call and trains as one made after, bit for bit."""
+    for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9"]:
+        for r, (unbound, rank, same) in enumerate(ddp.run(jobs.state_before_the_process_group, spec, 4, init=False)):
+            assert unbound and rank == r and same, (spec, r, unbound, rank, same)
+
+
+def test_a_configuration_that_differs_is_refused_at_the_first_hook_call_on_every_rank():
+    for message in ddp.run(jobs.first_hook_checks_ranks, 1, world=3, init=False, timeout=90):
+        assert message is not None and "differs from ranks" in message, message
 
 
 def test_no_sync_accumulates_like_one_big_batch():
