@@ -130,7 +130,7 @@ def wait_all(procs, timeout):
 
 
 def ddp_command(hook, buckets, workers, master, out, args):
-    cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_fashion_mnist.py"), "--hook", hook, "--workers",
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--hook", hook, "--workers",
            str(workers), "--epochs", "1", "--max-steps", str(args.steps + 11), "--progress", "100000", "--master",
            master, "--json", out]
     return cmd + (["--first-bucket-mb", "1"] if buckets == "default" else [])  # DDP's default caps: two buckets here
@@ -260,7 +260,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--rates", default="unshaped,1gbit,100mbit", help=f"comma-separated, of {','.join(RATES)}")
-    ap.add_argument("--hooks", default=";".join(HOOKS), help="DDP hooks separated by ';' (examples/ddp_fashion_mnist.py)")
+    ap.add_argument("--hooks", default=";".join(HOOKS), help="DDP hooks separated by ';' (examples/ddp_train.py)")
     ap.add_argument("--buckets", default="one,default", help="one: the model in one DDP bucket; default: DDP's caps")
     ap.add_argument("--steps", type=int, default=40, help="steady steps timed per job (after 11 warm-up steps)")
     ap.add_argument("--ps", action="store_true", help="also the parameter-server demo")

@@ -1,11 +1,16 @@
 #!/usr/bin/python3
-"""Runs examples/ddp_fashion_mnist.py once per hook — PyTorch's none, fp16 and PowerSGD (rank 1, 2,
-4) and every sketchsgd codec — with the same seed, workers and epochs, then writes
-build/compare-ddp/<name>.json, a PNG (test accuracy vs payload per round) and a Markdown table
-(--write-docs: docs/data/tables/ddp-hooks.json, whose rows for the hooks run replace theirs).
+"""Runs examples/ddp_train.py once per hook — PyTorch's none, fp16 and PowerSGD (rank 1, 2, 4)
+and sketchsgd's codecs at budgets that suit the workload — with the same seed, workers, steps and
+data order, then writes <out>/<name>.json, a PNG (quality vs payload per round) and a Markdown
+table (--write-docs, MLP only: docs/data/tables/ddp-hooks.json, whose rows for the hooks run
+replace theirs; the other workloads' tables come from scripts/frontier.py).
 
-    /usr/bin/python3 scripts/compare_ddp.py [--epochs 3] [--only none,fetchsgd] [--report-only]
-                                            [--write-docs]
+    /usr/bin/python3 scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
+                                            [--seed N] [--report-only] [--write-docs]
+
+Each workload's run length: mlp 3 epochs, resnet8 1 epoch, transformer 300 steps (~1.5, 1.5
+and 3 minutes a run on 2 cores). Output: build/compare-ddp (mlp) or build/compare-ddp-<workload>,
+with -seedN appended for seeds other than 1 (where scripts/frontier.py looks for them).
 
 The sketchsgd package is taken from build/default/python (build it first: bash scripts/test.sh or
 cmake --build --preset default).
@@ -20,7 +25,7 @@ import time
 
 # name, hook. Budgets for the MLP (d = 1,863,690; dense = 7.45 MB per worker per round): 20x less
 # is 373 kB. sketchsgd payloads include the 2,058 bias values sent uncompressed (8 kB).
-HOOKS = [
+MLP = [
     ("none", "none"),
     ("fp16", "fp16"),
     ("powersgd-r1", "powersgd:rank=1"),
@@ -47,18 +52,75 @@ HOOKS = [
     ("fetchsgd-2x-fp16", "sketch:rows=1,cols=180000,k=36000,fetch=1,wire=fp16"),
 ]
 
+# ResNet-8 (77,754 parameters, 311 kB dense; SGD with momentum 0.9, so codecs with momentum of
+# their own take it and SGD's is 0). PyTorch's PowerSGD spans ~11 kB (rank 1) to ~36 kB (rank 4):
+# every codec has a point or two in or near that range. The 3x3 convolutions are matrices
+# (out, in·9); batch norm's 672 values travel whole.
+RESNET = [
+    ("none", "none"),
+    ("fp16", "fp16"),
+    ("powersgd-r1", "powersgd:rank=1"),
+    ("powersgd-r2", "powersgd:rank=2"),
+    ("powersgd-r4", "powersgd:rank=4"),
+    ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
+    ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
+    ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
+    ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
+    ("fetchsgd-fp16", "sketch:rows=1,cols=10000,k=2000,fetch=1,wire=fp16"),
+    ("fetchsgd-2x-fp16", "sketch:rows=1,cols=20000,k=4000,fetch=1,wire=fp16"),
+    ("topk", "topk:k=2000,momentum=0.9"),
+    ("topk-fp16-delta", "topk:k=4000,momentum=0.9,wire=fp16,index=delta"),
+    ("qsgd-4bit", "qsgd:bits=4,momentum=0.9"),
+    ("ef-signsgd", "signsgd:ef=1,momentum=0.9"),
+    ("terngrad", "terngrad:momentum=0.9"),
+]
+
+# The transformer (0.87 M parameters, 3.47 MB dense; AdamW for every hook, so no codec has
+# momentum of its own). PyTorch's PowerSGD spans ~65 kB (rank 1) to ~175 kB (rank 4), of which
+# 28 kB are the 6,912 LayerNorm and bias values that every method sends whole.
+TRANSFORMER = [
+    ("none", "none"),
+    ("fp16", "fp16"),
+    ("powersgd-r1", "powersgd:rank=1"),
+    ("powersgd-r2", "powersgd:rank=2"),
+    ("powersgd-r4", "powersgd:rank=4"),
+    ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
+    ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
+    ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
+    ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
+    ("fetchsgd-fp16", "sketch:rows=1,cols=40000,k=8000,fetch=1,momentum=0,wire=fp16"),
+    ("topk-fp16-delta", "topk:k=16000,wire=fp16,index=delta"),
+    ("qsgd-4bit", "qsgd:bits=4"),
+    ("ef-signsgd", "signsgd:ef=1"),
+]
+
+WORKLOADS = {  # hooks, and the run length: (epochs, steps per epoch at most; 0: all)
+    "mlp": (MLP, 3, 0),
+    "resnet8": (RESNET, 1, 0),
+    "transformer": (TRANSFORMER, 1, 300),
+}
+
 
 def run(name, hook, args):
     out = os.path.join(args.out, f"{name}.json")
-    cmd = [sys.executable, "examples/ddp_fashion_mnist.py", "--hook", hook, "--epochs", str(args.epochs),
-           "--workers", str(args.workers), "--seed", str(args.seed), "--json", out, "--progress", "200"]
+    cmd = [sys.executable, "examples/ddp_train.py", "--workload", args.workload, "--hook", hook, "--epochs",
+           str(args.epochs), "--max-steps", str(args.max_steps), "--workers", str(args.workers), "--seed",
+           str(args.seed), "--json", out, "--progress", "100"]
     if name == "signsgd":
         cmd += ["--lr", "0.0005"]  # majority vote of signs: a step of ±lr per coordinate
     env = dict(os.environ, PYTHONPATH=os.path.abspath(args.python))
     t = time.time()
     print(f"== {name}: {hook}", flush=True)
-    subprocess.run(cmd, check=True, env=env)
-    print(f"   {time.time() - t:.0f} s", flush=True)
+    done = subprocess.run(cmd, env=env)
+    print(f"   {time.time() - t:.0f} s" + (f"; FAILED (exit {done.returncode})" if done.returncode else ""), flush=True)
+    return done.returncode == 0
+
+
+def quality(r):
+    """The run's quality as the table shows it: test accuracy (%), or validation loss."""
+    if r.get("metric", "test_accuracy") == "test_accuracy":
+        return f"{100 * r['test_accuracy']:.2f} %"
+    return f"{r['val_loss']:.4f}"
 
 
 COLUMNS = ["hook", "test accuracy", "payload per worker per round (steady)", "vs dense (steady)",
@@ -67,15 +129,16 @@ COLUMNS = ["hook", "test accuracy", "payload per worker per round (steady)", "vs
 
 def report(names, args):
     runs = []
-    for name, hook in HOOKS:
+    for name, hook in args.hooks:
         path = os.path.join(args.out, f"{name}.json")
         if name in names and os.path.exists(path):
             with open(path) as f:
                 runs.append((name, hook, json.load(f)))
-    rows = [[f"`{hook}`", f"{100 * r['test_accuracy']:.2f} %", f"{r['steady_payload_bytes_per_round']:,.0f} B",
+    rows = [[f"`{hook}`", quality(r), f"{r['steady_payload_bytes_per_round']:,.0f} B",
              f"{r['steady_ratio']:.1f}×", f"{r['ratio']:.1f}×", "yes" if r["replicas_identical"] else "NO",
              f"{r['seconds']:.0f} s"] for _, hook, r in runs]
-    table = "\n".join(["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)] +
+    columns = COLUMNS if args.workload != "transformer" else [c if c != "test accuracy" else "validation loss" for c in COLUMNS]
+    table = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] +
                       ["| " + " | ".join(r) + " |" for r in rows])
     print(table)
     with open(os.path.join(args.out, "table.md"), "w") as f:
@@ -113,14 +176,15 @@ def plot(rows, args):
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for name, hook, r in rows:  # (name, hook, result)
         ours = not (hook in ("none", "fp16") or hook.startswith(("powersgd", "torch:")))
-        ax.scatter(r["steady_payload_bytes_per_round"], 100 * r["test_accuracy"], marker="o" if ours else "s",
+        y = 100 * r["test_accuracy"] if r.get("metric", "test_accuracy") == "test_accuracy" else r["val_loss"]
+        ax.scatter(r["steady_payload_bytes_per_round"], y, marker="o" if ours else "s",
                    color="tab:blue" if ours else "tab:orange")
-        ax.annotate(name, (r["steady_payload_bytes_per_round"], 100 * r["test_accuracy"]), fontsize=8,
-                    xytext=(4, 3), textcoords="offset points")
+        ax.annotate(name, (r["steady_payload_bytes_per_round"], y), fontsize=8, xytext=(4, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("payload per worker per round, steady state (bytes, log)")
-    ax.set_ylabel(f"test accuracy after {args.epochs} epochs (%)")
-    ax.set_title("DDP on Fashion-MNIST (MLP, 4 gloo workers): sketchsgd (circles) vs PyTorch (squares)", fontsize=9)
+    ax.set_ylabel("test accuracy (%)" if args.workload != "transformer" else "validation loss (nats/byte)")
+    ax.set_title(f"DDP, {args.workload}, {args.workers} gloo workers: sketchsgd (circles) vs PyTorch (squares)",
+                 fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     png = os.path.join(args.out, "ddp_accuracy_vs_payload.png")
@@ -130,26 +194,39 @@ def plot(rows, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS))
+    ap.add_argument("--epochs", type=int, help="default: the workload's")
+    ap.add_argument("--max-steps", type=int, help="steps per epoch at most (default: the workload's; 0: all)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", default="", help="comma-separated names")
-    ap.add_argument("--out", default="build/compare-ddp")
+    ap.add_argument("--out", help="default: build/compare-ddp[-WORKLOAD][-seedN]")
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--report-only", action="store_true", help="run nothing: table and plot from --out")
     ap.add_argument("--write-docs", action="store_true", help="write the table's data file (and plot) into docs/")
     args = ap.parse_args()
+    args.hooks, epochs, steps = WORKLOADS[args.workload]
+    args.epochs = epochs if args.epochs is None else args.epochs
+    args.max_steps = steps if args.max_steps is None else args.max_steps
+    if args.out is None:
+        args.out = "build/compare-ddp" + ("" if args.workload == "mlp" else f"-{args.workload}") + \
+            ("" if args.seed == 1 else f"-seed{args.seed}")
+    if args.write_docs and args.workload != "mlp":
+        sys.exit("--write-docs: the MLP's table only; the other workloads' tables: scripts/frontier.py --write-docs")
     only = set(filter(None, args.only.split(",")))
-    unknown = only - {n for n, _ in HOOKS}
+    unknown = only - {n for n, _ in args.hooks}
     if unknown:
-        sys.exit(f"unknown hook name(s): {sorted(unknown)}")
-    names = [n for n, _ in HOOKS if not only or n in only]
+        sys.exit(f"unknown hook name(s) for {args.workload}: {sorted(unknown)}")
+    names = [n for n, _ in args.hooks if not only or n in only]
     os.makedirs(args.out, exist_ok=True)
+    failed = []
     if not args.report_only:
-        for name, hook in HOOKS:
-            if name in names:
-                run(name, hook, args)
+        for name, hook in args.hooks:
+            if name in names and not run(name, hook, args):
+                failed.append(name)
     report(names, args)
+    if failed:  # the others ran and are reported; the exit status says some did not
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

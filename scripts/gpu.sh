@@ -182,6 +182,12 @@ demo_prepare() {
       [ -f "$deps/lib/$name" ] || cp -L "$path" "$deps/lib/$name"
     done
   cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$deps/data/"
+  # The transformer workload's text (Python's documentation sources, 11 MB).
+  ensure_packages python3.11-doc
+  mkdir -p "$deps/text"
+  local text
+  text=$(cd "$deps/text" && pwd)
+  (cd /usr/share/doc/python3.11/html/_sources && find . -name '*.rst.txt' -exec cp --parents {} "$text/" \;)
   # OpenBLAS (the CPU matrix products of powersgd): CBLAS headers, the library and what it needs.
   ensure_packages libopenblas-dev
   cp /usr/include/$(gcc -dumpmachine)/openblas-pthread/*.h "$deps/include/"
@@ -273,14 +279,22 @@ python_check() {
   "$PY" -c 'import pytest' 2>/dev/null || export PYTHONPATH=$deps/python${PYTHONPATH:+:$PYTHONPATH}
   export PYTHONPATH=$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}
   step "Python tests (GPU variants must run)"
+  export SKETCHSGD_FASHION=$PWD/$deps/data SKETCHSGD_TEXT=$PWD/$deps/text  # the workloads' data
   "$PY" -m pytest -v -p no:cacheprovider -rs tests/python 2>&1 | tee "$REPORT/pytest.log" || fail "Python tests"
   grep -q "SKIPPED.*no CUDA device" "$REPORT/pytest.log" && fail "GPU Python tests skipped"
   step "DDP example on CUDA (gloo, 4 ranks on one GPU, 1 epoch)"
-  "$PY" examples/ddp_fashion_mnist.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
+  "$PY" examples/ddp_train.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
     --json "$REPORT/ddp-cuda.json" 2>&1 | tee "$REPORT/ddp-cuda.log" || fail "DDP example on CUDA"
-  "$PY" examples/ddp_fashion_mnist.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
+  "$PY" examples/ddp_train.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
     --hook sketchsgd:powersgd:rank=4,momentum=0.9,wire=fp16 --json "$REPORT/ddp-cuda-powersgd.json" 2>&1 |
     tee "$REPORT/ddp-cuda-powersgd.log" || fail "DDP example on CUDA (powersgd)"
+  step "a bfloat16 transformer on CUDA: NCCL (a group of one) and gloo (4 ranks on one GPU), 100 steps"
+  "$PY" examples/ddp_train.py --device cuda --backend nccl --workers 1 --workload transformer --dtype bf16 \
+    --epochs 1 --max-steps 100 --hook sketchsgd:powersgd:rank=2,wire=bf16 --json "$REPORT/ddp-cuda-bf16-nccl.json" \
+    2>&1 | tee "$REPORT/ddp-cuda-bf16-nccl.log" || fail "bf16 transformer on NCCL"
+  "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --dtype bf16 --epochs 1 \
+    --max-steps 100 --hook sketchsgd:powersgd:rank=2,wire=fp16 --json "$REPORT/ddp-cuda-bf16-gloo.json" 2>&1 |
+    tee "$REPORT/ddp-cuda-bf16-gloo.log" || fail "bf16 transformer on gloo (CUDA)"
   step "the hooks' own work per step on the GPU (NCCL group of one; demo MLP, then 4x wider)"
   for width in ${HOOK_WIDTHS:-1024 4096}; do
     "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 100 --threads 8 \

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 source scripts/packages.sh
 ensure_packages cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libomp-dev \
-  libzmq3-dev cppzmq-dev zlib1g-dev libtorch-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist \
+  libzmq3-dev cppzmq-dev zlib1g-dev libtorch-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist python3.11-doc \
   iproute2 python3 python3-dev python3-torch python3-numpy python3-pytest python3-setuptools \
   python3-wheel python3-pip pybind11-dev
 

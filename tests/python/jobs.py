@@ -267,20 +267,63 @@ def half_buckets(rank, world, specs, dtype, steps=4, device="cpu"):
     return out
 
 
-def under_fp16_wrapper(rank, world, specs, steps, wrap=True):
-    """Per spec, a float32 model trained through PyTorch's fp16_compress_wrapper around our hook
-    (the wrapper hands the hook a float16 bucket); returns (first loss, mean of the last 5,
-    params bytes)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
+def under_fp16_wrapper(rank, world, specs, steps, wrap="fp16"):
+    """Per spec, a float32 model trained through PyTorch's fp16_compress_wrapper (wrap="bf16":
+    bf16_compress_wrapper) around our hook (the wrapper hands the hook a half-precision bucket);
+    returns (first loss, mean of the last 5, params bytes)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     out = {}
     for spec in specs:
         m = model()
         ddp = DDP(m)
-        ddp.register_comm_hook(CompressionState(spec), fp16_compress_wrapper(compression_hook) if wrap else compression_hook)
+        hook = getattr(default_hooks, f"{wrap}_compress_wrapper")(compression_hook) if wrap else compression_hook
+        ddp.register_comm_hook(CompressionState(spec), hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         losses = train(ddp, opt, rank, steps)
         out[spec] = (losses[0], sum(losses[-5:]) / 5, flat(m).numpy().tobytes())
     return out
+
+
+def uneven_inputs(rank, world, spec, steps):
+    """Join with uneven inputs: rank r trains steps + r batches; ranks that finish early shadow
+    the others' collectives (DDP runs the hook on zero buckets). Returns the final parameters."""
+    from torch.distributed.algorithms.join import Join
+    m = model()
+    d = DDP(m)
+    d.register_comm_hook(CompressionState(spec), compression_hook)
+    opt = torch.optim.SGD(d.parameters(), lr=0.05)
+    with Join([d]):
+        train(d, opt, rank, steps + rank)
+    return flat(m).numpy().tobytes()
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.a, self.b = nn.Linear(64, 96), nn.Linear(96, 10), nn.Linear(96, 10)
+
+    def forward(self, x, step):
+        h = torch.relu(self.body(x))
+        return self.a(h) if step % 2 == 0 else self.b(h)
+
+
+def unused_parameters(rank, world, spec, steps):
+    """find_unused_parameters=True with a head used every other step: returns the parameters and
+    whether every loss was finite."""
+    m = _TwoHeads()
+    d = DDP(m, find_unused_parameters=True)
+    d.register_comm_hook(CompressionState(spec), compression_hook)
+    opt = torch.optim.SGD(d.parameters(), lr=0.05)
+    finite = True
+    for step in range(steps):
+        x, y = batch(rank, step)
+        loss = nn.functional.cross_entropy(d(x, step), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        finite = finite and bool(torch.isfinite(loss))
+    return flat(m).numpy().tobytes(), finite and bool(torch.isfinite(flat(m)).all())
 
 
 def low_precision(rank, world, spec, dtype):

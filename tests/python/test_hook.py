@@ -197,6 +197,23 @@ def test_a_configuration_that_differs_is_refused_at_the_first_hook_call_on_every
         assert message is not None and "differs from ranks" in message, message
 
 
+def test_join_with_uneven_inputs_ends_with_every_rank_identical():
+    """Ranks with fewer batches join early and shadow the others' collectives: no rank hangs,
+    gathered and summable codecs alike, and every rank ends with the same parameters."""
+    for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=2000,k=400,fetch=1"]:
+        results = ddp.run(jobs.uneven_inputs, spec, 6, timeout=120)
+        assert all(r == results[0] for r in results), spec
+
+
+def test_unused_parameters_train_finite_and_identical():
+    """find_unused_parameters=True, a head used every other step (PyTorch's PowerSGD turns such
+    parameters to NaN): finite losses and parameters, every rank identical."""
+    for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9"]:
+        results = ddp.run(jobs.unused_parameters, spec, 16)
+        assert all(finite for _, finite in results), spec
+        assert all(params == results[0][0] for params, _ in results), spec
+
+
 def test_no_sync_accumulates_like_one_big_batch():
     with_hook = ddp.run(jobs.no_sync, "dense", 5)
     plain = ddp.run(jobs.big_batch, 5)
@@ -266,13 +283,14 @@ def test_gloo_with_cuda_tensors_on_one_gpu():
         assert last < first and results[1][spec][2] == params, spec
 
 
-def test_our_hook_inside_pytorchs_fp16_compress_wrapper():
+@pytest.mark.parametrize("wrap", ["fp16"])
+def test_our_hook_inside_pytorchs_compress_wrappers(wrap):
     """fp16_compress_wrapper casts each bucket to float16 before our hook and back after: the
-    model trains as it does without the wrapper (to the gradients' fp16 rounding), and every
-    rank ends identical."""
+    model trains as it does without the wrapper (to the gradients' rounding), and every rank
+    ends identical. (DDP refuses bf16_compress_wrapper without CUDA and NCCL.)"""
     specs = ["sketch:rows=1,cols=2000,k=400", "powersgd:rank=2"]
-    wrapped = ddp.run(jobs.under_fp16_wrapper, specs, 30)
-    plain = ddp.run(jobs.under_fp16_wrapper, specs, 30, False)
+    wrapped = ddp.run(jobs.under_fp16_wrapper, specs, 30, wrap)
+    plain = ddp.run(jobs.under_fp16_wrapper, specs, 30, None)
     for spec in specs:
         first, last, params = wrapped[0][spec]
         assert last < first - 0.04, f"{spec}: loss {first:.3f} -> {last:.3f}"

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Fashion-MNIST under PyTorch DDP with a gradient-compression hook: sketchsgd's codecs next to
+"""A training job under PyTorch DDP with a gradient-compression hook: sketchsgd's codecs next to
 PyTorch's own (fp16, PowerSGD) on the same job.
 
-    /usr/bin/python3 examples/ddp_fashion_mnist.py --hook "sketch:rows=1,cols=90000,k=18000,fetch=1"
-    /usr/bin/python3 examples/ddp_fashion_mnist.py --hook powersgd:rank=4
-    /usr/bin/python3 examples/ddp_fashion_mnist.py --hook none --epochs 1
+    /usr/bin/python3 examples/ddp_train.py --hook "sketch:rows=1,cols=90000,k=18000,fetch=1"
+    /usr/bin/python3 examples/ddp_train.py --hook powersgd:rank=4
+    /usr/bin/python3 examples/ddp_train.py --workload transformer --hook sketchsgd:powersgd:rank=4,wire=fp16
+    /usr/bin/python3 examples/ddp_train.py --workload resnet8 --dtype bf16 --hook none --epochs 1
 
 W worker processes on 127.0.0.1 (gloo; on CUDA, NCCL when every worker has its own GPU), or one
-rank per process with --rank and --master (ranks on other hosts or network namespaces), the
-demo's MLP 784-1024-1024-10 (or --model cnn), batch 32 per worker, SGD. Worker r trains on
-examples r, r+W, … reshuffled every epoch. Payload = bytes one worker contributes to a round's
+rank per process with --rank and --master (ranks on other hosts or network namespaces). The
+workloads (examples/workloads.py): the demo's MLP on Fashion-MNIST (default), a CNN, a ResNet
+(resnet8, resnet20) and a byte-level transformer language model on Python's documentation; each
+has its optimiser and defaults (--lr, --momentum, --batch per worker override them). Worker r
+trains on items r, r+W, … reshuffled every epoch. --dtype bf16|fp16 trains the model in half
+precision (half-precision DDP buckets). Payload = bytes one worker contributes to a round's
 collectives (an all-reduce of n floats counts 4n bytes whatever the algorithm, an all-gather the
 worker's own part), the same accounting for every hook.
 
@@ -21,8 +25,8 @@ feedback needs it), so SGD's momentum is then 0.
 import argparse
 import csv
 import datetime
-import gzip
 import json
+import math
 import os
 import socket
 import sys
@@ -35,40 +39,18 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-DATA = "/usr/share/datasets/fashion-mnist"
+import workloads
 
+def broadcast_bf16_on_gloo():
+    """gloo in PyTorch 1.13 has no bfloat16 broadcast, which DDP uses for the parameters at
+    construction and the buffers every step (the hook's all-reduces are float32 already). A
+    broadcast only copies bytes: send bfloat16 tensors as float16 views of the same memory."""
+    plain = dist._broadcast_coalesced
 
-def read_idx(path):
-    """A gzipped IDX file as a NumPy array, its header checked."""
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8 or raw[0] != 0 or raw[1] != 0 or raw[2] != 8:
-        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
-    dims = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(dims))
-    body = np.frombuffer(raw, np.uint8, offset=4 + 4 * dims)
-    if body.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: {body.size} values for shape {shape}")
-    return body.reshape(shape)
+    def broadcast(group, tensors, *rest):
+        return plain(group, [t.view(torch.float16) if t.dtype == torch.bfloat16 else t for t in tensors], *rest)
 
-
-def load(data, split):
-    prefix = "train" if split == "train" else "t10k"
-    x = read_idx(os.path.join(data, f"{prefix}-images-idx3-ubyte.gz")).astype(np.float32)
-    y = read_idx(os.path.join(data, f"{prefix}-labels-idx1-ubyte.gz")).astype(np.int64)
-    x = (x.reshape(len(x), 784) / 255.0 - 0.2860) / 0.3530  # the C++ demo's normalisation
-    return torch.from_numpy(x), torch.from_numpy(y)
-
-
-def make_model(kind, seed):
-    torch.manual_seed(seed)
-    if kind == "mlp":
-        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-    if kind == "cnn":
-        return nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                             nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
-    raise ValueError(f"--model {kind}: mlp or cnn")
+    dist._broadcast_coalesced = broadcast
 
 
 class Payload:
@@ -100,11 +82,12 @@ def torch_powersgd_options(hook):
     return opts
 
 
-def register(hook, ddp, args, dim):
-    """Registers the hook; returns (a function giving the payload bytes so far, SGD momentum)."""
+def register(hook, ddp, args, dim, width=4):
+    """Registers the hook; returns (a function giving the payload bytes so far, SGD momentum).
+    width: bytes a gradient value has in the model's dtype (what DDP all-reduces without a hook)."""
     if hook == "none":
         steps = {"n": 0}
-        return (lambda: steps["n"] * dim * 4), args.momentum, steps
+        return (lambda: steps["n"] * dim * width), args.momentum, steps
     if hook.startswith("torch:"):  # PyTorch's own hooks, by an explicit name
         hook = hook[len("torch:"):]
     elif hook.startswith("sketchsgd:"):  # a sketchsgd spec whose name PyTorch's hooks share
@@ -147,16 +130,6 @@ def _fits(spec, dim):
         return False
 
 
-def accuracy(model, x, y, device):
-    model.eval()
-    right = 0
-    with torch.no_grad():
-        for i in range(0, len(x), 1000):
-            right += (model(x[i:i + 1000].to(device)).argmax(1).cpu() == y[i:i + 1000]).sum().item()
-    model.train()
-    return right / len(x)
-
-
 def worker(rank, args, port, queue):
     os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(port))
     torch.set_num_threads(args.threads)
@@ -168,34 +141,43 @@ def worker(rank, args, port, queue):
     backend = args.backend or ("nccl" if cuda and torch.cuda.device_count() >= W else "gloo")
     dist.init_process_group(backend, rank=rank, world_size=W, timeout=datetime.timedelta(minutes=10))
     try:
-        xtr, ytr = load(args.data, "train")
-        xte, yte = load(args.data, "test")
-        model = make_model(args.model, args.seed).to(device)
+        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth)
+        dtype = workloads.DTYPES[args.dtype]
+        if dtype == torch.bfloat16 and backend == "gloo" and torch.__version__ < "2":
+            broadcast_bf16_on_gloo()
+        model = job.model(args.seed).to(device, dtype)
         dim = sum(p.numel() for p in model.parameters())
         # DDP caps its first bucket at 1 MiB apart from the others; by default here that cap is
-        # the others' too, so the MLP is one bucket: PyTorch's PowerSGD hook on gloo aborts when
-        # two buckets' collectives interleave (sketchsgd's hook works with any number).
+        # the others' too, so the models are one bucket: PyTorch's PowerSGD hook on gloo aborts
+        # when two buckets' collectives interleave (sketchsgd's hook works with any number).
         dist._DEFAULT_FIRST_BUCKET_BYTES = int((args.first_bucket_mb or args.bucket_cap_mb) * 1024 * 1024)
         ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_cap_mb)
-        payload, momentum, extra = register(args.hook, ddp, args, dim)
-        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum)
-        mine = torch.arange(rank, len(xtr), W)
-        per_epoch = len(mine) // args.batch
+        width = torch.finfo(dtype).bits // 8
+        payload, momentum, extra = register(args.hook, ddp, args, dim, width)
+        if args.optimizer == "adamw":
+            opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        else:
+            opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum, weight_decay=args.weight_decay)
+        warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup)) if args.warmup else None
+        per_epoch = job.items() // W // args.batch
         if args.max_steps:
             per_epoch = min(per_epoch, args.max_steps)
         rows, step, t0, hook_bytes_before = [], 0, time.time(), 0
         steady, step_ms = [], []
         for epoch in range(args.epochs):
-            order = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch * 10 + rank))]
+            order = job.order(rank, W, epoch, args.seed)
             loss_sum = 0.0
             for i in range(per_epoch):
-                idx = order[i * args.batch:(i + 1) * args.batch]
-                x, y = xtr[idx].to(device), ytr[idx].to(device)
+                x, y = job.batch(order[i * args.batch:(i + 1) * args.batch], device, dtype)
                 began = time.perf_counter()
-                loss = nn.functional.cross_entropy(ddp(x), y)
+                loss = job.loss(ddp(x), y)
                 opt.zero_grad()
                 loss.backward()
+                if args.clip:
+                    nn.utils.clip_grad_norm_(ddp.parameters(), args.clip)
                 opt.step()
+                if warm is not None:
+                    warm.step()
                 if cuda:
                     torch.cuda.synchronize(device)
                 if step >= args.start_iter + 1:  # the steady state: past the hooks' warm-up
@@ -208,15 +190,18 @@ def worker(rank, args, port, queue):
                     steady.append(now - hook_bytes_before)
                 hook_bytes_before = now
                 loss_sum += loss.item()
+                if not math.isfinite(loss.item()):
+                    raise FloatingPointError(f"step {step}: the training loss is {loss.item()}")
                 if rank == 0 and (i + 1) % args.progress == 0:
                     rate = step / (time.time() - t0)
                     print(f"  epoch {epoch + 1}/{args.epochs} step {i + 1}/{per_epoch} loss {loss_sum / (i + 1):.4f} "
                           f"({rate:.1f} steps/s, payload {now / step / 1e3:.1f} kB/round)", flush=True)
-            acc = accuracy(model, xte, yte, device) if rank == 0 else None
-            rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, "test_accuracy": acc,
+            quality = job.evaluate(model, device, dtype) if rank == 0 else {}
+            rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, job.metric: quality.get(job.metric),
                          "payload_bytes_per_round": payload() / step, "seconds": time.time() - t0})
             if rank == 0:
-                print(f"epoch {epoch + 1}: loss {loss_sum / per_epoch:.4f}, test accuracy {100 * acc:.2f} %", flush=True)
+                print(f"epoch {epoch + 1}: loss {loss_sum / per_epoch:.4f}, {job.describe(quality[job.metric])}",
+                      flush=True)
         flat = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
         digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum())])
         gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(W)]
@@ -224,13 +209,15 @@ def worker(rank, args, port, queue):
         same = all(torch.equal(g.cpu(), gathered[0].cpu()) for g in gathered)
         dist.barrier()  # gloo's shutdown can hang unless every rank got here
         if rank == 0:
-            dense = dim * 4
+            dense = dim * width  # DDP's all-reduce of the gradient in the model's dtype
             mean = payload() / step
             steady_mean = float(np.mean(steady)) if steady else mean
-            queue.put({"hook": args.hook, "model": args.model, "workers": W, "epochs": args.epochs, "dim": dim,
-                       "test_accuracy": rows[-1]["test_accuracy"], "payload_bytes_per_round": mean,
+            queue.put({"hook": args.hook, "workload": args.workload, "dtype": args.dtype, "workers": W,
+                       "epochs": args.epochs, "steps_per_epoch": per_epoch, "dim": dim, "metric": job.metric,
+                       "quality": quality[job.metric], **quality, "payload_bytes_per_round": mean,
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
-                       "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step,
+                       "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
+                       "optimizer": args.optimizer, "batch": args.batch,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
                        "backend": backend, "device": str(device), "torch": torch.__version__,
                        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
@@ -255,12 +242,19 @@ def main():
                    help="none | fp16 | powersgd:rank=R[,start=N] (PyTorch's; also as torch:fp16, torch:powersgd:...) | "
                         "any sketchsgd spec, prefixed sketchsgd: where the name is PyTorch's too "
                         "(sketchsgd:powersgd:rank=4) (default: %(default)s)")
+    p.add_argument("--workload", default="mlp", help="mlp | cnn | resnet8 | resnet20 (any 6n+2) | transformer")
+    p.add_argument("--dtype", default="fp32", choices=sorted(workloads.DTYPES), help="the model's parameters")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    p.add_argument("--batch", type=int, help="per worker (default: the workload's)")
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], help="default: the workload's")
+    p.add_argument("--lr", type=float, help="default: the workload's")
+    p.add_argument("--momentum", type=float, help="SGD's (default: the workload's)")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up (default: the workload's)")
+    p.add_argument("--clip", type=float, help="clip the averaged gradient's norm (default: the workload's; 0: off)")
+    p.add_argument("--width", type=int, default=128, help="the transformer's model width")
+    p.add_argument("--depth", type=int, default=4, help="the transformer's blocks")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--start-iter", type=int, default=10, help="plain all-reduce steps first (hooks that warm up)")
     p.add_argument("--bucket-cap-mb", type=float, default=25)
@@ -268,7 +262,8 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA with a GPU per worker, else gloo")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--data", default=DATA)
+    p.add_argument("--data", default=workloads.FASHION, help="Fashion-MNIST's folder")
+    p.add_argument("--text", default=workloads.TEXT, help="the transformer's text: a folder of *.rst.txt")
     p.add_argument("--max-steps", type=int, default=0, help="steps per epoch at most (quick runs)")
     p.add_argument("--progress", type=int, default=100, help="a progress line every N steps")
     p.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds")
@@ -277,6 +272,13 @@ def main():
     p.add_argument("--rank", type=int, help="run only this rank in this process (with --master)")
     p.add_argument("--master", help="ADDR:PORT of rank 0's rendezvous (with --rank; default: 127.0.0.1, a free port)")
     args = p.parse_args()
+    try:
+        given = workloads.defaults(args.workload)
+    except KeyError:
+        sys.exit(f"--workload {args.workload!r}: mlp, cnn, resnet<6n+2> or transformer")
+    for key, value in given.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     args.master_addr = "127.0.0.1"
     if args.rank is not None:
         if not args.master or not 0 <= args.rank < args.workers:
@@ -284,8 +286,10 @@ def main():
         args.master_addr, _, port = args.master.rpartition(":")
         if not args.master_addr or not port.isdigit():
             sys.exit(f"--master {args.master!r}: expected ADDR:PORT")
-    if not os.path.exists(os.path.join(args.data, "train-images-idx3-ubyte.gz")):
-        sys.exit(f"no Fashion-MNIST in {args.data} (apt-get install dataset-fashion-mnist)")
+    try:  # the data is there and the workload's name is right, before any rank starts
+        workloads.make(args.workload, args.data, args.text, args.width, args.depth)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"--workload {args.workload}: {e}")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device")
     plain = args.hook[len("torch:"):] if args.hook.startswith("torch:") else args.hook
@@ -295,12 +299,12 @@ def main():
         except ValueError as e:
             sys.exit(f"--hook {args.hook}: {e}")
     if args.rank is not None:  # one rank of a job spread over hosts; worker() exits the process
-        print(f"ddp_fashion_mnist: rank {args.rank} of {args.workers}, {args.model}, hook {args.hook}", flush=True)
+        print(f"ddp_train: rank {args.rank} of {args.workers}, {args.workload}, hook {args.hook}", flush=True)
         worker(args.rank, args, int(args.master.rpartition(":")[2]), _Report(args))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    print(f"ddp_fashion_mnist: {args.workers} workers, {args.model}, hook {args.hook}, {args.epochs} epochs", flush=True)
+    print(f"ddp_train: {args.workers} workers, {args.workload} ({args.dtype}), hook {args.hook}, {args.epochs} epochs", flush=True)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, args, port, queue)) for r in range(args.workers)]
@@ -325,7 +329,7 @@ def main():
 
 
 def report(summary, args):
-    print(f"summary: {args.hook}: test accuracy {100 * summary['test_accuracy']:.2f} %, payload "
+    print(f"summary: {args.hook}: {summary['metric']} {summary['quality']:.4f}, payload "
           f"{summary['payload_bytes_per_round'] / 1e3:.1f} kB/round ({summary['ratio']:.1f}x less than dense; steady "
           f"{summary['steady_ratio']:.1f}x), {summary['seconds']:.0f} s, replicas identical: {summary['replicas_identical']}")
     if args.json:

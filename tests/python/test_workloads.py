@@ -1,0 +1,133 @@
+"""The example's workloads (examples/workloads.py) and short DDP runs of them under the hook
+(examples/ddp_train.py): fixed splits and data order, a causal language model, half-precision
+models with replicas identical."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import workloads  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def text():
+    return workloads.make("transformer")
+
+
+@pytest.fixture(scope="module")
+def fashion():
+    return workloads.make("resnet8")
+
+
+def test_the_text_split_holds_out_whole_documents(text):
+    files = sorted(p for p in _sources())
+    held = b"".join(open(p, "rb").read() for i, p in enumerate(files) if i % 10 == 0)
+    assert len(text.val) == len(held) and bytes(text.val[:4096].to(torch.uint8).tolist()) == held[:4096]
+    assert len(text.train) + len(text.val) == sum(os.path.getsize(p) for p in files)
+    # The validation windows are fixed: two loads give the same starts, inside the held-out text.
+    again = workloads.make("transformer")
+    assert torch.equal(again.eval_starts, text.eval_starts)
+    assert int(text.eval_starts[-1]) + text.seq + 1 <= len(text.val)
+
+
+def _sources():
+    import glob
+    return glob.glob(os.path.join(workloads.TEXT, "**", "*.rst.txt"), recursive=True)
+
+
+@pytest.mark.parametrize("name", ["transformer", "resnet8"])
+def test_every_worker_gets_its_own_items_in_a_reproducible_order(name, text, fashion):
+    job = text if name == "transformer" else fashion
+    W = 4
+    orders = [job.order(r, W, epoch=0, seed=1) for r in range(W)]
+    seen = torch.cat(orders)
+    assert len(seen) == job.items() and len(torch.unique(seen)) == job.items()  # a partition
+    assert torch.equal(orders[2], job.order(2, W, epoch=0, seed=1))
+    assert not torch.equal(orders[2], job.order(2, W, epoch=1, seed=1))  # reshuffled each epoch
+    x, y = job.batch(orders[0][:8], "cpu", torch.float32)
+    assert len(x) == len(y) == 8
+
+
+def test_a_text_batch_is_its_window_shifted_by_one(text):
+    x, y = text.batch(torch.tensor([0, 5]), "cpu", torch.float32)
+    assert x.shape == y.shape == (2, text.seq)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    start = 5 * (text.seq + 1)
+    assert torch.equal(x[1], text.train[start:start + text.seq])
+
+
+def test_the_language_model_is_causal(text):
+    """Changing byte t changes no prediction before t."""
+    m = text.model(seed=3).eval()
+    x = torch.randint(0, 256, (2, text.seq))
+    y = x.clone()
+    y[:, 40] = (y[:, 40] + 1) % 256
+    with torch.no_grad():
+        a, b = m(x), m(y)
+    assert torch.equal(a[:, :40], b[:, :40])
+    assert not torch.equal(a[:, 40:], b[:, 40:])
+
+
+def test_the_models_are_seeded_and_of_the_documented_sizes(text, fashion):
+    sizes = {"resnet8": 77_754, "resnet20": 272_186, "mlp": 1_863_690}
+    for name, n in sizes.items():
+        m = (fashion if name == "resnet8" else workloads.make(name)).model(seed=1)
+        assert sum(p.numel() for p in m.parameters()) == n, name
+        assert m(torch.zeros(3, 784)).shape == (3, 10)
+    a, b = text.model(seed=1), text.model(seed=1)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert 800_000 < sum(p.numel() for p in a.parameters()) < 900_000
+
+
+def test_bad_workloads_are_refused():
+    for name in ["resnet9", "resnet", "vgg"]:
+        with pytest.raises(ValueError, match="6n\\+2|unknown"):
+            workloads.make(name)
+    with pytest.raises(FileNotFoundError, match="python3.11-doc"):
+        workloads.make("transformer", text="/nonexistent")
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        workloads.make("mlp", fashion="/nonexistent")
+
+
+def _train(tmp_path, *args):
+    out = tmp_path / "summary.json"
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--workers", "2", "--epochs", "1",
+           "--max-steps", "14", "--progress", "7", "--timeout", "240", "--json", str(out), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("workload,dtype,hook", [
+    ("resnet8", "fp32", "sketchsgd:powersgd:rank=2,wire=fp16"),
+    ("resnet8", "bf16", "topk:k=2000,momentum=0.9"),
+    ("transformer", "bf16", "sketchsgd:powersgd:rank=2,wire=fp16"),
+    ("transformer", "fp32", "powersgd:rank=2"),
+])
+def test_a_short_run_of_each_workload_trains_with_replicas_identical(tmp_path, workload, dtype, hook):
+    """14 steps on 2 gloo ranks (10 plain all-reduces, then the hook): the quality figure is there
+    and finite, every replica holds the same parameters bit for bit, a model in bfloat16 too
+    (its buckets go through the hook's float32 copy), and the hook's steps moved less than
+    dense."""
+    r = _train(tmp_path, "--workload", workload, "--dtype", dtype, "--hook", hook)
+    assert r["replicas_identical"], r
+    assert r["workload"] == workload and r["dtype"] == dtype
+    metric = "val_loss" if workload == "transformer" else "test_accuracy"
+    assert r["metric"] == metric and r["quality"] == r[metric]
+    assert 0 < r[metric] < (8 if metric == "val_loss" else 1)
+    assert r["steady_ratio"] > 4, r["steady_ratio"]
+    width = 2 if dtype == "bf16" else 4
+    assert r["dim"] * width / r["payload_bytes_per_round"] == pytest.approx(r["ratio"])  # dense in the model's dtype
+
+
+def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path):
+    for args, says in [(["--workload", "resnet7"], "6n+2"), (["--workload", "gpt"], "--workload"),
+                       (["--workload", "transformer", "--text", str(tmp_path)], "python3.11-doc")]:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and says in done.stderr, (args, done.stderr)
