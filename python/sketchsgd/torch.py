@@ -36,7 +36,7 @@ import torch.distributed as dist
 from . import _core
 from ._compressor import Compressor
 
-__all__ = ["CompressionState", "FlatBucket", "compression_hook"]
+__all__ = ["CompressionState", "DiLoCo", "FlatBucket", "compression_hook"]
 
 def _checked_spec(spec: str) -> str:
     """The canonical form of a spec, checked by the C++ registry (InvalidArgument naming the
@@ -168,6 +168,7 @@ class CompressionState:
         self._units = None       # unit index -> _Unit, fixed when the warm-up ends
         self._pending = {}       # unit index -> states from load_state_dict()
         self._checked = False
+        self._blocking = False   # every unit finishes on the calling thread (the outer loop)
         self._wide = {}          # bucket index -> float32 copy of a half-precision bucket
         self._whole = {}         # parameter key -> sent uncompressed (the small-tensor rule)
         self._step_bytes = 0     # this step's payload so far
@@ -502,6 +503,12 @@ def _then(fut, finish, inline: bool):
     return settled
 
 
+def _inline(state, buf, last: bool) -> bool:
+    """Whether a unit finishes on the calling thread: the last bucket of a step on the CPU (see
+    _then), and every bucket of a state whose caller waits for it anyway (the outer loop's)."""
+    return last and (state._blocking or not buf.is_cuda)
+
+
 def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
     """Dense, sketch and powersgd: one all-reduce of the payload (values, table or P factors)
     and the unit's uncompressed parameters; a second one of the answers for two-round codecs
@@ -595,7 +602,7 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
             _scatter(buf, dense, payload[size:].mul_(inv))
         _settled(buf)
 
-    return _then(work.get_future(), finish, last and not buf.is_cuda)
+    return _then(work.get_future(), finish, _inline(state, buf, last))
 
 
 def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
@@ -647,11 +654,13 @@ def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
             _scatter(buf, dense, values.mul_(inv))
         _settled(buf)
 
-    return _then(torch.futures.collect_all(futures), finish, last and not buf.is_cuda)
+    return _then(torch.futures.collect_all(futures), finish, _inline(state, buf, last))
 
 
 def _compressed(state, bucket, buf):
     if state._units is None:
+        if not state._warm:  # a state that compresses from its first call (the outer loop's)
+            state._warm[bucket.index()] = state._entries(bucket)[0]
         state._fix_units()
     units, where = state._units_of(bucket, buf)
     futures = []
@@ -670,12 +679,21 @@ def _compressed(state, bucket, buf):
         else:
             path = _summable if u.summable else _gathered
             futures.append(path(state, u, buf, where, state.iteration, bucket.is_last()))
-    def result(done):
-        for f in done.value():
-            f.value()  # raises a unit's error
-        return buf
+    out = torch.futures.Future()
 
-    return torch.futures.collect_all(futures).then(result)
+    def result(_):
+        """The bucket, or the first unit's error as that unit raised it (a then() callback would
+        wrap it in a RuntimeError)."""
+        try:
+            for f in futures:
+                f.value()
+        except Exception as e:  # noqa: BLE001 - handed on through the future
+            out.set_exception(e)
+            return
+        out.set_result(buf)
+
+    torch.futures.collect_all(futures).add_done_callback(result)
+    return out
 
 
 def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -703,3 +721,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         return buf
 
     return fut.then(narrowed)
+
+
+# The outer loop (local steps, compressed pseudo-gradients) is built on the hook above.
+from .outer import DiLoCo  # noqa: E402

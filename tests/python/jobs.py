@@ -416,3 +416,121 @@ def non_finite_on_one_rank(rank, world, specs):
                 same = all(torch.equal(everyone[0], t) for t in everyone)
         out.append(outcome + (same,))
     return out
+
+
+# ---- the outer loop (sketchsgd.torch.DiLoCo) ----------------------------------------------------
+def local_steps(m, outer, opt, rank, steps, first=0, poison_at=None):
+    """Inner steps on this rank's own batches, outer.step() after each; returns the losses."""
+    losses = []
+    for step in range(first, first + steps):
+        x, y = batch(rank, step)
+        loss = nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if poison_at == step:
+            with torch.no_grad():
+                m[0].weight[3, 5] = float("nan")
+        outer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def outer_loop(rank, world, spec, every, steps):
+    """Trains with DiLoCo(spec, every); returns (first loss, mean of the last 5, params after
+    the last sync, stats)."""
+    from sketchsgd.torch import DiLoCo
+    m = model(seed=rank)  # different on every rank: DiLoCo starts them from rank 0's
+    outer = DiLoCo(m, spec, every=every)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    losses = local_steps(m, outer, opt, rank, steps)
+    return losses[0], sum(losses[-5:]) / 5, flat(m).numpy().tobytes(), outer.stats()
+
+
+def outer_every_step_vs_ddp(rank, world, steps):
+    """DiLoCo with H = 1, dense, outer SGD lr 1 without momentum and inner SGD: parameter
+    averaging after every step, which is DDP with SGD. Returns both parameter vectors."""
+    from sketchsgd.torch import DiLoCo
+    m = model()
+    outer = DiLoCo(m, "dense", every=1, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    local_steps(m, outer, torch.optim.SGD(m.parameters(), lr=0.05), rank, steps)
+    m2 = model()
+    d = DDP(m2)
+    train(d, torch.optim.SGD(d.parameters(), lr=0.05), rank, steps)
+    return flat(m).numpy(), flat(m2).numpy()
+
+
+def outer_resume(rank, world, spec, before, after, folder, per_rank):
+    """Saves model, inner optimizer and outer state after `before` steps and resumes from them
+    in a new model. per_rank: each rank its own file (Adam inside, mid-interval); else rank 0's
+    file alone, gathered, right after a sync (plain SGD inside). Returns the uninterrupted and
+    the resumed parameters."""
+    from sketchsgd.torch import DiLoCo
+
+    def fresh():
+        m = model()
+        opt = torch.optim.Adam(m.parameters(), lr=0.01) if per_rank else torch.optim.SGD(m.parameters(), lr=0.05)
+        return m, DiLoCo(m, spec, every=3), opt
+
+    m, outer, opt = fresh()
+    local_steps(m, outer, opt, rank, before)
+    path = f"{folder}/{rank if per_rank else 0}.pt"
+    ckpt = {"model": m.state_dict(), "opt": opt.state_dict(), "outer": outer.state_dict(gather=not per_rank)}
+    if per_rank or rank == 0:
+        torch.save(ckpt, path)
+    dist.barrier()
+    local_steps(m, outer, opt, rank, after, first=before)
+    m2, outer2, opt2 = fresh()
+    loaded = torch.load(path)
+    m2.load_state_dict(loaded["model"])
+    opt2.load_state_dict(loaded["opt"])
+    outer2.load_state_dict(loaded["outer"])
+    local_steps(m2, outer2, opt2, rank, after, first=before)
+    return flat(m).numpy().tobytes(), flat(m2).numpy().tobytes()
+
+
+def outer_non_finite(rank, world, spec):
+    """Rank 1's model turns NaN before the second sync: every rank raises NonFiniteError there,
+    its anchor unchanged; after each rank restores its model the next sync goes on alike."""
+    from sketchsgd import NonFiniteError
+    from sketchsgd.torch import DiLoCo
+    m = model()
+    outer = DiLoCo(m, spec, every=2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    local_steps(m, outer, opt, rank, 2)
+    anchor = flat(m).clone()
+    raised = None
+    try:
+        local_steps(m, outer, opt, rank, 2, first=2, poison_at=3 if rank == 1 else None)
+    except NonFiniteError as e:
+        raised = str(e)
+    kept = torch.equal(torch.cat([a.reshape(-1) for a in outer.anchor]), anchor)
+    with torch.no_grad():  # start the interval again from the anchor
+        for p, a in zip(outer.params, outer.anchor):
+            p.copy_(a)
+    local_steps(m, outer, opt, rank, 2, first=4)
+    return raised, kept, flat(m).numpy().tobytes()
+
+
+def outer_bad_arguments(rank, world):
+    """Each bad argument: (what, the error's type name), or None where nothing was raised."""
+    from sketchsgd.torch import DiLoCo
+    cases = {
+        "every=0": lambda: DiLoCo(model(), every=0),
+        "warmup=-1": lambda: DiLoCo(model(), warmup=-1),
+        "every=2.5": lambda: DiLoCo(model(), every=2.5),
+        "no module": lambda: DiLoCo([torch.zeros(3)]),
+        "no parameters": lambda: DiLoCo(nn.ReLU()),
+        "float64": lambda: DiLoCo(model().double()),
+        "outer not an optimizer": lambda: DiLoCo(model(), outer_optimizer=lambda p: p),
+        "bad spec": lambda: DiLoCo(model(), spec="topk:k=-3"),
+        "foreign state_dict": lambda: DiLoCo(model()).load_state_dict({"version": 7}),
+    }
+    out = {}
+    for what, make in cases.items():
+        try:
+            make()
+            out[what] = None
+        except Exception as e:  # noqa: BLE001 - the test checks the type
+            out[what] = type(e).__name__
+    return out

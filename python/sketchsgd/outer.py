@@ -1,0 +1,174 @@
+"""Local steps with a compressed pseudo-gradient: DiLoCo (Douillard et al. 2023) with any
+sketchsgd codec as the pseudo-gradient's compressor, on torch.distributed.
+
+    from sketchsgd.torch import DiLoCo
+    outer = DiLoCo(model, spec="powersgd:rank=4,wire=fp16", every=16)   # every rank alike
+    for x, y in data:
+        loss_fn(model(x), y).backward()
+        inner.step(); inner.zero_grad()      # the model is a plain module: no per-step sync
+        outer.step()                         # every 16th call: one compressed sync
+
+Every `every` inner steps the pseudo-gradient Δ = θ_anchor − θ (float32) goes through the DDP
+hook's machinery (sketchsgd.torch.compression_hook on one flat bucket of the parameters): summable
+codecs all-reduce, gathered ones all-gather, and each rank's codec keeps what it did not send
+(error feedback) for the next sync. The outer optimizer (SGD, Nesterov momentum 0.9, lr 0.7 by
+default; any torch optimizer) applies the mean Δ to the float32 anchor, which every rank then
+copies into its model: after a sync, every replica holds the same parameters, bit for bit.
+"""
+
+import torch
+import torch.distributed as dist
+
+from .torch import CompressionState, FlatBucket, _global_rank, compression_hook
+
+__all__ = ["DiLoCo", "nesterov"]
+
+
+def nesterov(params):
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum 0.9 and lr 0.7."""
+    return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+
+
+class DiLoCo:
+    """The outer loop of one model. Build it on every rank with the same arguments, after
+    torch.distributed is initialised and before training (it broadcasts rank 0's parameters, so
+    every replica starts alike).
+
+    model:           the module trained locally (a plain module, or DDP used under no_sync()).
+    spec:            any sketchsgd codec spec for the pseudo-gradient ("dense" is DiLoCo itself).
+    every:           inner steps between syncs (H).
+    outer_optimizer: a function of the anchor parameters that returns a torch optimizer.
+    warmup:          first inner steps after each of which the parameters are averaged (dense).
+    Small tensors (biases, norms) travel uncompressed, as in the hook; compress_1d and
+    dense_below are the hook's options.
+    """
+
+    def __init__(self, model, spec: str = "dense", every: int = 16, outer_optimizer=nesterov, warmup: int = 0,
+                 process_group=None, compress_1d: bool = False, dense_below: int = 0):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        for name, value, low in (("every", every, 1), ("warmup", warmup, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r}: must be an int ≥ {low}")
+        if not callable(outer_optimizer):
+            raise TypeError("outer_optimizer: expected a function of the parameters returning a torch optimizer")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("model: no parameters that require gradients")
+        bad = {p.dtype for p in self.params} - {torch.float32, torch.float16, torch.bfloat16}
+        if bad:
+            raise TypeError(f"model: parameters of dtype {sorted(map(str, bad))}; float32, float16 or bfloat16 expected")
+        if len({p.device for p in self.params}) != 1:
+            raise ValueError("model: parameters on more than one device")
+        self.state = CompressionState(spec, process_group, compress_1d=compress_1d, dense_below=dense_below)
+        # No DDP bucket rebuild to wait for: the pseudo-gradient is compressed from the first sync;
+        # the sync waits for its result, so the hook finishes on this thread (errors keep their type).
+        self.state.start_iter = 0
+        self.state._blocking = True
+        self.every, self.warmup, self.process_group = every, warmup, process_group
+        with torch.no_grad():
+            flat = self._flat([p.float() for p in self.params])
+            root = 0 if process_group is None else _global_rank(process_group, 0)
+            dist.broadcast(flat, src=root, group=process_group)
+            self._unflatten(flat, self.params)
+        self.anchor = [p.detach().float().clone() for p in self.params]
+        self.outer = outer_optimizer(self.anchor)
+        if not isinstance(self.outer, torch.optim.Optimizer):
+            raise TypeError(f"outer_optimizer returned {type(self.outer).__name__}, not a torch optimizer")
+        self.inner_steps = self.syncs = 0
+        self._warmup_bytes = 0
+        self._width = self.params[0].element_size()
+
+    # ---- flat vectors ---------------------------------------------------------------------------
+    def _flat(self, tensors):
+        return torch.cat([t.reshape(-1) for t in tensors])
+
+    @staticmethod
+    def _unflatten(flat, into):
+        at = 0
+        for t in into:
+            t.copy_(flat[at:at + t.numel()].view_as(t))
+            at += t.numel()
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Call after every inner optimizer step; syncs when one is due (on every rank alike).
+        Returns whether this call synced."""
+        self.inner_steps += 1
+        if self.inner_steps <= self.warmup:
+            self._average()
+            return True
+        if (self.inner_steps - self.warmup) % self.every:
+            return False
+        self.sync()
+        return True
+
+    @torch.no_grad()
+    def _average(self):
+        """A warm-up step: the replicas' parameters averaged (fp32), which becomes the anchor."""
+        flat = self._flat([p.float() for p in self.params])
+        dist.all_reduce(flat, group=self.process_group)
+        flat.mul_(1.0 / self.state.world_size)
+        self._warmup_bytes += flat.numel() * 4
+        self._unflatten(flat, self.params)
+        self._unflatten(flat, self.anchor)
+
+    @torch.no_grad()
+    def sync(self):
+        """One outer step now: the mean compressed pseudo-gradient applied to the anchor by the
+        outer optimizer, the anchor copied into the model. A non-finite pseudo-gradient on any
+        rank raises NonFiniteError on every rank and changes neither anchor nor model."""
+        deltas = [a - p.float() for a, p in zip(self.anchor, self.params)]
+        mean = compression_hook(self.state, FlatBucket(0, self.params, deltas)).wait()
+        at = 0
+        for a in self.anchor:
+            a.grad = mean[at:at + a.numel()].view_as(a).clone()
+            at += a.numel()
+        self.outer.step()
+        for a in self.anchor:
+            a.grad = None
+        for p, a in zip(self.params, self.anchor):
+            p.copy_(a)
+        self.syncs += 1
+
+    # ---- statistics and checkpoints --------------------------------------------------------------
+    def stats(self) -> dict:
+        """Bytes this rank handed to the collectives (syncs and warm-up), against what per-step
+        DDP would have all-reduced for the same inner steps (the gradient in the model's dtype)."""
+        dim = sum(p.numel() for p in self.params)
+        payload = self.state.stats()["payload_bytes"] + self._warmup_bytes
+        per_step = dim * self._width * self.inner_steps
+        return {"inner_steps": self.inner_steps, "syncs": self.syncs, "payload_bytes": payload,
+                "per_step_dense_bytes": per_step, "ratio": per_step / payload if payload else 0.0,
+                "bytes_per_inner_step": payload / self.inner_steps if self.inner_steps else 0.0}
+
+    def state_dict(self, gather: bool = True) -> dict:
+        """The anchor, the outer optimizer, the counters and the codec state (error feedback).
+        gather=True is a collective, as CompressionState.state_dict(): call it on every rank, and
+        rank 0's dict holds every rank's codec state; gather=False: this rank's alone.
+
+        Between syncs each rank's model and inner optimizer are its own, so a checkpoint that
+        must resume exactly is a file per rank (model, inner optimizer, state_dict(gather=False)),
+        or rank 0's file written right after a sync (every model equals the anchor) when the
+        inner optimizer keeps no state (plain SGD)."""
+        return {"version": 1, "every": self.every, "warmup": self.warmup, "inner_steps": self.inner_steps,
+                "syncs": self.syncs, "warmup_bytes": self._warmup_bytes,
+                "anchor": [a.clone() for a in self.anchor], "outer": self.outer.state_dict(),
+                "codec": self.state.state_dict(gather=gather)}
+
+    @torch.no_grad()
+    def load_state_dict(self, d: dict) -> None:
+        """Restores state_dict(). The model's own parameters are the caller's (model.state_dict())."""
+        if not isinstance(d, dict) or d.get("version") != 1:
+            raise ValueError("not a sketchsgd DiLoCo state_dict")
+        if (d["every"], d["warmup"]) != (self.every, self.warmup):
+            raise ValueError(f"state_dict of every={d['every']}, warmup={d['warmup']} loaded into every={self.every}, "
+                             f"warmup={self.warmup}")
+        shapes = [tuple(a.shape) for a in d["anchor"]]
+        if shapes != [tuple(a.shape) for a in self.anchor]:
+            raise ValueError("state_dict: its anchor's shapes differ from this model's parameters")
+        self.state.load_state_dict(d["codec"])
+        for a, saved in zip(self.anchor, d["anchor"]):
+            a.copy_(saved)
+        self.outer.load_state_dict(d["outer"])
+        self.inner_steps, self.syncs, self._warmup_bytes = int(d["inner_steps"]), int(d["syncs"]), int(d["warmup_bytes"])
