@@ -158,10 +158,16 @@ def worker(rank, args, port, queue):
             opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         else:
             opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum, weight_decay=args.weight_decay)
-        warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup)) if args.warmup else None
         per_epoch = job.items() // W // args.batch
         if args.max_steps:
             per_epoch = min(per_epoch, args.max_steps)
+        total = args.epochs * per_epoch
+
+        def factor(s):  # linear warm-up, then constant or a cosine decay to 0 at the last step
+            up = min(1.0, (s + 1) / args.warmup) if args.warmup else 1.0
+            return up * (0.5 * (1 + math.cos(math.pi * s / total)) if args.schedule == "cosine" else 1.0)
+
+        warm = torch.optim.lr_scheduler.LambdaLR(opt, factor) if args.warmup or args.schedule == "cosine" else None
         rows, step, t0, hook_bytes_before = [], 0, time.time(), 0
         steady, step_ms = [], []
         for epoch in range(args.epochs):
@@ -217,7 +223,7 @@ def worker(rank, args, port, queue):
                        "quality": quality[job.metric], **quality, "payload_bytes_per_round": mean,
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
-                       "optimizer": args.optimizer, "batch": args.batch,
+                       "optimizer": args.optimizer, "batch": args.batch, "schedule": args.schedule,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
                        "backend": backend, "device": str(device), "torch": torch.__version__,
                        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
@@ -253,6 +259,8 @@ def main():
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up (default: the workload's)")
     p.add_argument("--clip", type=float, help="clip the averaged gradient's norm (default: the workload's; 0: off)")
+    p.add_argument("--schedule", choices=["constant", "cosine"], help="the learning rate after the warm-up "
+                   "(default: the workload's; cosine decays to 0 at the run's last step)")
     p.add_argument("--width", type=int, default=128, help="the transformer's model width")
     p.add_argument("--depth", type=int, default=4, help="the transformer's blocks")
     p.add_argument("--seed", type=int, default=1)

@@ -8,8 +8,8 @@ replace theirs; the other workloads' tables come from scripts/frontier.py).
     /usr/bin/python3 scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
                                             [--seed N] [--report-only] [--write-docs]
 
-Each workload's run length: mlp 3 epochs, resnet8 1 epoch, transformer 300 steps (~1.5, 1.5
-and 3 minutes a run on 2 cores). Output: build/compare-ddp (mlp) or build/compare-ddp-<workload>,
+Each workload's run length: mlp 3 epochs, resnet8 1 epoch (the rate decayed to 0 on a cosine),
+transformer 300 steps (~1.5, 1.5 and 3 minutes a run on 2 cores). Output: build/compare-ddp (mlp) or build/compare-ddp-<workload>,
 with -seedN appended for seeds other than 1 (where scripts/frontier.py looks for them).
 
 The sketchsgd package is taken from build/default/python (build it first: bash scripts/test.sh or
