@@ -121,6 +121,31 @@ def _ours(hook, ddp, args, dim):
     return (lambda: state.stats()["payload_bytes"]), (0.0 if own_momentum else args.momentum), state
 
 
+def local_steps(args, model):
+    """--local H: the model trains without a per-step sync. Every H steps, sketchsgd's DiLoCo (the
+    --hook spec compresses the pseudo-gradient; "dense" is DiLoCo itself; Nesterov SGD as the
+    outer optimizer) or PyTorch's PeriodicModelAverager (--hook torch:average). Returns (payload
+    so far, what runs after each step and returns whether it synced, the last sync)."""
+    if args.hook in ("average", "torch:average"):
+        from torch.distributed.algorithms.model_averaging import averagers, utils
+        counter = Payload()
+        averager = averagers.PeriodicModelAverager(period=args.local, warmup_steps=0)
+
+        def after():
+            averaging = averager.step % args.local == 0  # PyTorch's rule: steps 0, H, 2H, …
+            averager.average_parameters(model.parameters())
+            return averaging
+
+        return (lambda: counter.bytes), after, lambda: utils.average_parameters(iter(model.parameters()), None)
+    from sketchsgd.torch import DiLoCo
+    spec = args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
+    if spec == "none" or spec.startswith("torch:"):
+        raise ValueError(f"--local with --hook {args.hook}: give a sketchsgd spec (dense: DiLoCo) or torch:average")
+    outer = DiLoCo(model, spec, every=args.local, outer_optimizer=lambda p: torch.optim.SGD(
+        p, lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.outer_momentum > 0))
+    return (lambda: outer.stats()["payload_bytes"]), outer.step, outer.sync
+
+
 def _fits(spec, dim):
     try:
         import sketchsgd
@@ -151,9 +176,14 @@ def worker(rank, args, port, queue):
         # the others' too, so the models are one bucket: PyTorch's PowerSGD hook on gloo aborts
         # when two buckets' collectives interleave (sketchsgd's hook works with any number).
         dist._DEFAULT_FIRST_BUCKET_BYTES = int((args.first_bucket_mb or args.bucket_cap_mb) * 1024 * 1024)
-        ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_cap_mb)
         width = torch.finfo(dtype).bits // 8
-        payload, momentum, extra = register(args.hook, ddp, args, dim, width)
+        synced, after_step = True, None
+        if args.local:  # trained locally, synced every --local steps
+            ddp, momentum, extra = model, args.momentum, None
+            payload, after_step, last_sync = local_steps(args, model)
+        else:
+            ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_cap_mb)
+            payload, momentum, extra = register(args.hook, ddp, args, dim, width)
         if args.optimizer == "adamw":
             opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         else:
@@ -182,6 +212,8 @@ def worker(rank, args, port, queue):
                 if args.clip:
                     nn.utils.clip_grad_norm_(ddp.parameters(), args.clip)
                 opt.step()
+                if after_step is not None:
+                    synced = after_step()
                 if warm is not None:
                     warm.step()
                 if cuda:
@@ -202,6 +234,10 @@ def worker(rank, args, port, queue):
                     rate = step / (time.time() - t0)
                     print(f"  epoch {epoch + 1}/{args.epochs} step {i + 1}/{per_epoch} loss {loss_sum / (i + 1):.4f} "
                           f"({rate:.1f} steps/s, payload {now / step / 1e3:.1f} kB/round)", flush=True)
+            if not synced and epoch == args.epochs - 1:  # the replicas agree before the evaluation
+                with torch.no_grad():
+                    last_sync()
+                synced = True
             quality = job.evaluate(model, device, dtype) if rank == 0 else {}
             rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, job.metric: quality.get(job.metric),
                          "payload_bytes_per_round": payload() / step, "seconds": time.time() - t0})
@@ -224,6 +260,7 @@ def worker(rank, args, port, queue):
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
                        "optimizer": args.optimizer, "batch": args.batch, "schedule": args.schedule,
+                       "local": args.local,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
                        "backend": backend, "device": str(device), "torch": torch.__version__,
                        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
@@ -250,6 +287,11 @@ def main():
                         "(sketchsgd:powersgd:rank=4) (default: %(default)s)")
     p.add_argument("--workload", default="mlp", help="mlp | cnn | resnet8 | resnet20 (any 6n+2) | transformer")
     p.add_argument("--dtype", default="fp32", choices=sorted(workloads.DTYPES), help="the model's parameters")
+    p.add_argument("--local", type=int, default=0, help="H > 0: local steps, synced every H (--hook: a sketchsgd spec "
+                   "for DiLoCo's pseudo-gradient, dense for DiLoCo itself, or torch:average for PyTorch's "
+                   "PeriodicModelAverager); 0: DDP, synced every step")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="--local: DiLoCo's outer learning rate")
+    p.add_argument("--outer-momentum", type=float, default=0.9, help="--local: its Nesterov momentum")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, help="per worker (default: the workload's)")
@@ -287,6 +329,8 @@ def main():
     for key, value in given.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.local < 0:
+        sys.exit(f"--local {args.local}: steps between syncs, ≥ 1 (0: DDP)")
     args.master_addr = "127.0.0.1"
     if args.rank is not None:
         if not args.master or not 0 <= args.rank < args.workers:

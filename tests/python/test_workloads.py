@@ -131,3 +131,14 @@ def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path):
         done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and says in done.stderr, (args, done.stderr)
+
+
+@pytest.mark.parametrize("hook,least", [("sketchsgd:powersgd:rank=2,wire=fp16", 20.0), ("torch:average", 2.7)])
+def test_local_steps_sync_every_h_and_end_identical(tmp_path, hook, least):
+    """--local 4 for 14 steps: DiLoCo with a codec (syncs after steps 4, 8, 12) or PyTorch's
+    PeriodicModelAverager (after 1, 5, 9, 13); the example syncs once more before evaluating,
+    so the replicas end identical, with the traffic of those syncs against 14 per-step DDP
+    all-reduces."""
+    r = _train(tmp_path, "--workload", "resnet8", "--local", "4", "--hook", hook)
+    assert r["replicas_identical"] and r["local"] == 4, r
+    assert r["ratio"] > least, r["ratio"]
