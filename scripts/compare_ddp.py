@@ -52,11 +52,9 @@ MLP = [
     ("fetchsgd-2x-fp16", "sketch:rows=1,cols=180000,k=36000,fetch=1,wire=fp16"),
 ]
 
-# ResNet-8 (77,754 parameters, 311 kB dense; SGD with momentum 0.9, so codecs with momentum of
-# their own take it and SGD's is 0). PyTorch's PowerSGD spans ~11 kB (rank 1) to ~36 kB (rank 4):
-# every codec has a point or two in or near that range. The 3x3 convolutions are matrices
-# (out, in·9); batch norm's 672 values travel whole.
-RESNET = [
+# The points every new workload compares: no hook, PyTorch's fp16 and PowerSGD hooks, and our
+# PowerSGD at the same ranks (fp32, and fp16 on the wire).
+POWERSGD = [
     ("none", "none"),
     ("fp16", "fp16"),
     ("powersgd-r1", "powersgd:rank=1"),
@@ -66,6 +64,13 @@ RESNET = [
     ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
     ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
     ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
+]
+
+# ResNet-8 (77,754 parameters, 311 kB dense; SGD with momentum 0.9, so codecs with momentum of
+# their own take it and SGD's is 0). PyTorch's PowerSGD spans ~11 kB (rank 1) to ~36 kB (rank 4):
+# every codec has a point or two in or near that range. The 3x3 convolutions are matrices
+# (out, in·9); batch norm's 672 values travel whole.
+RESNET = POWERSGD + [
     ("fetchsgd-fp16", "sketch:rows=1,cols=10000,k=2000,fetch=1,wire=fp16"),
     ("fetchsgd-2x-fp16", "sketch:rows=1,cols=20000,k=4000,fetch=1,wire=fp16"),
     ("topk", "topk:k=2000,momentum=0.9"),
@@ -78,16 +83,7 @@ RESNET = [
 # The transformer (0.87 M parameters, 3.47 MB dense; AdamW for every hook, so no codec has
 # momentum of its own). PyTorch's PowerSGD spans ~65 kB (rank 1) to ~175 kB (rank 4), of which
 # 28 kB are the 6,912 LayerNorm and bias values that every method sends whole.
-TRANSFORMER = [
-    ("none", "none"),
-    ("fp16", "fp16"),
-    ("powersgd-r1", "powersgd:rank=1"),
-    ("powersgd-r2", "powersgd:rank=2"),
-    ("powersgd-r4", "powersgd:rank=4"),
-    ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
-    ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
-    ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
-    ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
+TRANSFORMER = POWERSGD + [
     ("fetchsgd-fp16", "sketch:rows=1,cols=40000,k=8000,fetch=1,momentum=0,wire=fp16"),
     ("topk-fp16-delta", "topk:k=16000,wire=fp16,index=delta"),
     ("qsgd-4bit", "qsgd:bits=4"),

@@ -81,24 +81,27 @@ def hook_rounds(rank, world, specs, rounds, start_iter=2):
     return out
 
 
+def hooked(spec, state=None):
+    """A fresh model in DDP with the hook registered (state, or a new one for spec) and SGD with
+    momentum: (model, ddp, state, optimizer)."""
+    m = model()
+    ddp = DDP(m)
+    state = state or CompressionState(spec)
+    ddp.register_comm_hook(state, compression_hook)
+    return m, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+
+
 def resume(rank, world, spec, before, after):
     """Runs before + after steps in one go, and again stopped after `before` and resumed from
     state_dicts in a new DDP model; returns both final parameter vectors."""
-    def fresh():
-        m = model()
-        ddp = DDP(m)
-        state = CompressionState(spec)
-        ddp.register_comm_hook(state, compression_hook)
-        return m, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-
-    m, ddp, state, opt = fresh()
+    m, ddp, state, opt = hooked(spec)
     train(ddp, opt, rank, before)
     saved = io.BytesIO()
     torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}, saved)
     train(ddp, opt, rank, after, first=before)
     straight = flat(m)
 
-    m2, ddp2, state2, opt2 = fresh()
+    m2, ddp2, state2, opt2 = hooked(spec)
     saved.seek(0)
     # PyTorch ≥ 2.6 loads with weights_only=True by default (1.13's restricted loader refuses
     # even floats, so the check runs only on PyTorch 2).
@@ -113,14 +116,7 @@ def resume(rank, world, spec, before, after):
 def pickled(rank, world, spec, before, after):
     """resume() with the whole state pickled (torch.save(state) / torch.load): the process group
     is dropped and the default group bound again; returns both final parameter vectors."""
-    def fresh(state=None):
-        m = model()
-        ddp = DDP(m)
-        state = state or CompressionState(spec)
-        ddp.register_comm_hook(state, compression_hook)
-        return m, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-
-    m, ddp, state, opt = fresh()
+    m, ddp, state, opt = hooked(spec)
     train(ddp, opt, rank, before)
     saved = io.BytesIO()
     torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "hook": state}, saved)
@@ -129,7 +125,7 @@ def pickled(rank, world, spec, before, after):
     saved.seek(0)
     ckpt = torch.load(saved, **({"weights_only": False} if int(torch.__version__.split(".")[0]) >= 2 else {}))
     assert ckpt["hook"].process_group is None and ckpt["hook"].iteration == before
-    m2, ddp2, _, opt2 = fresh(ckpt["hook"])
+    m2, ddp2, _, opt2 = hooked(spec, ckpt["hook"])
     m2.load_state_dict(ckpt["model"])
     opt2.load_state_dict(ckpt["opt"])
     train(ddp2, opt2, rank, after, first=before)
@@ -160,14 +156,7 @@ def rank0_checkpoint(rank, world, spec, before, after, path):
     and the hook's state), rank 0 alone writes the file, every rank loads that one file into a
     new DDP model and goes on. Returns the parameters of the uninterrupted run and of the
     resumed one, and whether the file held every rank's worker state."""
-    def fresh():
-        m = model()
-        ddp = DDP(m)
-        state = CompressionState(spec)
-        ddp.register_comm_hook(state, compression_hook)
-        return m, ddp, state, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-
-    m, ddp, state, opt = fresh()
+    m, ddp, state, opt = hooked(spec)
     train(ddp, opt, rank, before)
     ckpt = {"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
     if rank == 0:
@@ -176,7 +165,7 @@ def rank0_checkpoint(rank, world, spec, before, after, path):
     train(ddp, opt, rank, after, first=before)
     straight = flat(m)
 
-    m2, ddp2, state2, opt2 = fresh()
+    m2, ddp2, state2, opt2 = hooked(spec)
     loaded = torch.load(path, **({"weights_only": True} if int(torch.__version__.split(".")[0]) >= 2 else {}))
     m2.load_state_dict(loaded["model"])
     opt2.load_state_dict(loaded["opt"])
