@@ -6,6 +6,7 @@ seeds; and, for every budget where PyTorch's PowerSGD has a point, the best sket
 payload or less.
 
     /usr/bin/python3 scripts/frontier.py [--workload mlp|resnet8|transformer] [--write-docs]
+    /usr/bin/python3 scripts/frontier.py --half build/half [--write-docs]   # bf16 models vs fp32
 
 Quality is test accuracy (%, higher is better) or, for the transformer, validation loss (nats per
 byte, lower is better). Verdicts: "ahead" when better than PyTorch's point by more than the noise
@@ -160,13 +161,56 @@ def plot(runs, out, workload, sc):
     return png
 
 
+HALF_COLUMNS = ["workload", "hook", "model", "quality", "the fp32 model's (mean ± sd, seeds)", "difference",
+                "within the fp32 runs' noise", "replicas identical"]
+
+
+def half_precision(args):
+    """Each half-precision run in args.half (examples/ddp_train.py --dtype bf16 --json) against
+    the fp32 runs of the same workload and hook that compare_ddp.py made (every seed): within
+    the noise when the difference is at most twice the fp32 runs' sd (or the frontier's noise
+    where only one seed ran)."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(args.half, "*.json"))):
+        with open(path) as f:
+            r = json.load(f)
+        w = r["workload"]
+        suffix = "" if w == "mlp" else f"-{w}"
+        fp32 = load(argparse.Namespace(runs=f"build/compare-ddp{suffix}"))
+        same = next((e for e in fp32.values() if e["hook"] == r["hook"]), None)
+        if same is None:
+            sys.exit(f"{path}: no fp32 run of {r['hook']!r} in build/compare-ddp{suffix}")
+        sc = Scale(w, 0)
+        q = 100 * r[r["metric"]] if r["metric"] == "test_accuracy" else r[r["metric"]]
+        m, sd, k = summary(same)
+        seeded = [summary(e)[1] for e in fp32.values() if summary(e)[2] >= 3]
+        tol = 2 * max(sd or 0, max(seeded) if seeded else 0)
+        rows.append([w, f"`{r['hook']}`", r["dtype"], sc.fmt(q),
+                     f"{sc.fmt(m)} ± {sd:.4f} ({k})" if sd is not None else f"{sc.fmt(m)} (1)", sc.diff(q - m),
+                     "yes" if abs(q - m) <= tol else "NO", "yes" if r["replicas_identical"] else "NO"])
+    text = "\n".join("| " + " | ".join(row) + " |" for row in [HALF_COLUMNS] + rows)
+    print(text)
+    if args.write_docs:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import doc_tables
+        doc_tables.write("docs/data/tables/half-precision.json", f"/usr/bin/python3 scripts/frontier.py --half "
+                         f"{args.half} --write-docs", time.strftime("%Y-%m-%d"), "the 2-core dev machine, gloo",
+                         HALF_COLUMNS, rows, note="Half-precision runs: `examples/ddp_train.py --dtype bf16` with the "
+                         "workload's compare_ddp.py settings; within the noise: at most twice the fp32 runs' largest "
+                         "sd over 3 seeds.")
+        doc_tables.main([])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--half", help="a folder of half-precision runs (ddp_train.py --dtype bf16 --json): their table")
     ap.add_argument("--workload", default="mlp", help="mlp | resnet8 | transformer (what compare_ddp.py ran)")
     ap.add_argument("--runs", help="default: build/compare-ddp[-WORKLOAD]")
     ap.add_argument("--out", help="default: build/frontier[-WORKLOAD]")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    if args.half:
+        return half_precision(args)
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"
     args.runs = args.runs or f"build/compare-ddp{suffix}"
     args.out = args.out or f"build/frontier{suffix}"
