@@ -186,7 +186,8 @@ def half_precision(args):
         seeded = [summary(e)[1] for e in fp32.values() if summary(e)[2] >= 3]
         tol = 2 * max(sd or 0, max(seeded) if seeded else 0)
         rows.append([w, f"`{r['hook']}`", r["dtype"], sc.fmt(q),
-                     f"{sc.fmt(m)} ± {sd:.4f} ({k})" if sd is not None else f"{sc.fmt(m)} (1)", sc.diff(q - m),
+                     f"{sc.fmt(m)} ± {sd:.{4 if sc.loss else 2}f} ({k})" if sd is not None else f"{sc.fmt(m)} (1)",
+                     sc.diff(q - m),
                      "yes" if abs(q - m) <= tol else "NO", "yes" if r["replicas_identical"] else "NO"])
     text = "\n".join("| " + " | ".join(row) + " |" for row in [HALF_COLUMNS] + rows)
     print(text)
