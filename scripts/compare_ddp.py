@@ -76,6 +76,7 @@ RESNET = POWERSGD + [
     ("topk", "topk:k=2000,momentum=0.9"),
     ("topk-fp16-delta", "topk:k=4000,momentum=0.9,wire=fp16,index=delta"),
     ("qsgd-4bit", "qsgd:bits=4,momentum=0.9"),
+    ("qsgd-2bit-ef", "qsgd:bits=2,ef=1,momentum=0.9"),
     ("ef-signsgd", "signsgd:ef=1,momentum=0.9"),
     ("terngrad", "terngrad:momentum=0.9"),
 ]
@@ -85,8 +86,11 @@ RESNET = POWERSGD + [
 # 28 kB are the 6,912 LayerNorm and bias values that every method sends whole.
 TRANSFORMER = POWERSGD + [
     ("fetchsgd-fp16", "sketch:rows=1,cols=40000,k=8000,fetch=1,momentum=0,wire=fp16"),
+    ("fetchsgd-2x-fp16", "sketch:rows=1,cols=80000,k=16000,fetch=1,momentum=0,wire=fp16"),
     ("topk-fp16-delta", "topk:k=16000,wire=fp16,index=delta"),
+    ("topk-4k-fp16-delta", "topk:k=4000,wire=fp16,index=delta"),
     ("qsgd-4bit", "qsgd:bits=4"),
+    ("qsgd-2bit-ef", "qsgd:bits=2,ef=1"),
     ("ef-signsgd", "signsgd:ef=1"),
 ]
 
