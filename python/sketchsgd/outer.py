@@ -161,6 +161,9 @@ class DiLoCo:
         """Restores state_dict(). The model's own parameters are the caller's (model.state_dict())."""
         if not isinstance(d, dict) or d.get("version") != 1:
             raise ValueError("not a sketchsgd DiLoCo state_dict")
+        missing = {"every", "warmup", "inner_steps", "syncs", "warmup_bytes", "anchor", "outer", "codec"} - set(d)
+        if missing:
+            raise ValueError(f"DiLoCo state_dict without {sorted(missing)}")
         if (d["every"], d["warmup"]) != (self.every, self.warmup):
             raise ValueError(f"state_dict of every={d['every']}, warmup={d['warmup']} loaded into every={self.every}, "
                              f"warmup={self.warmup}")

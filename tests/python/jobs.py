@@ -514,6 +514,7 @@ def outer_bad_arguments(rank, world):
         "outer not an optimizer": lambda: DiLoCo(model(), outer_optimizer=lambda p: p),
         "bad spec": lambda: DiLoCo(model(), spec="topk:k=-3"),
         "foreign state_dict": lambda: DiLoCo(model()).load_state_dict({"version": 7}),
+        "truncated state_dict": lambda: DiLoCo(model()).load_state_dict({"version": 1, "every": 16}),
     }
     out = {}
     for what, make in cases.items():
