@@ -1,5 +1,6 @@
-// dense: the fp32 baseline. Workers send the gradient (or, with momentum, their local momentum,
-// whose mean is the momentum of the mean gradient); the server returns the mean.
+// dense: the baseline. Workers send the gradient (or, with momentum, their local momentum, whose
+// mean is the momentum of the mean gradient); the server returns the mean. fp32 by default; fp16
+// or bf16 on the wire halve both (the sum is taken in float32 and rounded once).
 #include <sketchsgd/compress/feedback.hpp>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/ops.hpp>
@@ -22,8 +23,8 @@ class DenseAggregator final : public SummableAggregator {
 
 class Dense final : public SummableCodec {
  public:
-  Dense(uint64_t dim, std::string spec, float momentum, const Device& device)
-      : SummableCodec(CodecId::Dense, dim, std::move(spec), device, WireFloat::F32),
+  Dense(uint64_t dim, std::string spec, float momentum, WireFloat wire, const Device& device)
+      : SummableCodec(CodecId::Dense, dim, std::move(spec), device, wire),
         fb_(dim, momentum, false, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
@@ -49,12 +50,20 @@ class Dense final : public SummableCodec {
 };
 
 SKETCHSGD_REGISTER_CODEC(kDense, {"dense",
-                                  "fp32 gradients, server returns the mean",
-                                  {{"momentum", "local momentum rho", 0, 0, 0.999, false}},
+                                  "whole gradients, server returns the mean",
+                                  {{"momentum", "local momentum rho", 0, 0, 0.999, false},
+                                   {"wire",
+                                    "float format of the gradients and the mean on the wire",
+                                    0,
+                                    0,
+                                    2,
+                                    true,
+                                    {"fp32", "fp16", "bf16"}}},
                                   [](const Options& o, uint64_t dim, std::string spec,
                                      const Device& device) {
                                     return std::make_unique<Dense>(
-                                        dim, std::move(spec), float(o.number("momentum")), device);
+                                        dim, std::move(spec), float(o.number("momentum")),
+                                        WireFloat(o.integer("wire")), device);
                                   }});
 
 }  // namespace

@@ -132,10 +132,11 @@ void round_by_values(Job& job, uint64_t round, std::vector<std::vector<float>>& 
 /// Codecs whose Query and Update are float vectors: their values give what their messages give,
 /// bit for bit (steps and every state), rounded to the wire format where it is 16-bit.
 TEST(FloatReplies, ValuesGiveTheStepsOfMessagesBitForBit) {
-  for (const char* spec : {"dense", "dense:momentum=0.9", "powersgd:rank=3,layout=50x80+1000",
-                           "powersgd:rank=2,ef=0,warm=0,layout=50x80+1000",
-                           "powersgd:rank=3,wire=fp16,layout=50x80+1000",
-                           "powersgd:rank=5,wire=bf16,momentum=0.9,layout=50x80+1000"}) {
+  for (const char* spec :
+       {"dense", "dense:momentum=0.9", "dense:wire=fp16", "dense:wire=bf16",
+        "powersgd:rank=3,layout=50x80+1000", "powersgd:rank=2,ef=0,warm=0,layout=50x80+1000",
+        "powersgd:rank=3,wire=fp16,layout=50x80+1000",
+        "powersgd:rank=5,wire=bf16,momentum=0.9,layout=50x80+1000"}) {
     SCOPED_TRACE(spec);
     Job by_msg(spec), by_val(spec);
     ASSERT_GT(by_val.workers[0]->reply_size(MessageKind::Update), 0u);
