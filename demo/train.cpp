@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -24,6 +25,7 @@
 #include <sketchsgd/ps/flags.hpp>
 #include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/client.hpp>
+#include <sketchsgd/worker/local_steps.hpp>
 #include "idx.hpp"
 #include "model.hpp"
 #include "process.hpp"
@@ -45,18 +47,31 @@ double seconds_since(Clock::time_point t) {
 
 struct Plan {
   uint32_t train_count, workers, batch, epochs;
+  ps::LocalOptions local;  // both 1: a push of every step's gradient
   uint64_t steps_per_epoch() const { return (train_count / workers) / batch; }
-  uint64_t rounds() const { return steps_per_epoch() * epochs; }
+  /// Local steps between pushes or fetches: the model trains on each worker, and the server's
+  /// step is the outer step on the pushed pseudo-gradients.
+  bool local_steps() const { return local.push_every > 1 || local.fetch_every > 1; }
+  /// Training steps of each worker (whole rounds of push_every).
+  uint64_t steps() const { return rounds() * local.push_every; }
+  uint64_t rounds() const { return steps_per_epoch() * epochs / local.push_every; }
 };
 
 Plan plan_of(const ps::Flags& f) {
-  Plan p{uint32_t(f.u64("subset")), uint32_t(f.u64("workers")), uint32_t(f.u64("batch")),
-         uint32_t(f.u64("epochs"))};
+  Plan p{uint32_t(f.u64("subset")),
+         uint32_t(f.u64("workers")),
+         uint32_t(f.u64("batch")),
+         uint32_t(f.u64("epochs")),
+         {uint32_t(f.u64("push-every")), uint32_t(f.u64("fetch-every"))}};
   if (p.train_count == 0 || p.train_count > 60000) p.train_count = 60000;
+  if (p.local.fetch_every == 0) p.local.fetch_every = p.local.push_every;
   SKETCHSGD_REQUIRE(p.workers >= 1 && p.batch >= 1 && p.epochs >= 1, InvalidArgument,
                     "--workers, --batch and --epochs must be ≥ 1");
   SKETCHSGD_REQUIRE(p.steps_per_epoch() >= 1, InvalidArgument, "--subset ", p.train_count,
                     " is too small for ", p.workers, " workers with batch ", p.batch);
+  SKETCHSGD_REQUIRE(p.local.push_every >= 1, InvalidArgument, "--push-every must be ≥ 1");
+  SKETCHSGD_REQUIRE(p.rounds() >= 1, InvalidArgument, "--push-every ", p.local.push_every,
+                    " exceeds the job's ", p.steps_per_epoch() * p.epochs, " steps");
   return p;
 }
 
@@ -103,6 +118,11 @@ int run_server(const ps::Flags& f) {
   o.job.dim = uint64_t(model.dim());
   o.job.spec = complete_spec(f.str("codec"), model.layout());
   o.job.lr = float(f.num("lr"));
+  if (plan.local_steps()) {  // the outer step on the mean pseudo-gradient (DiLoCo's defaults)
+    o.job.lr = float(f.num("outer-lr"));
+    o.job.outer.momentum = float(f.num("outer-momentum"));
+    o.job.outer.nesterov = o.job.outer.momentum > 0;
+  }
   o.job.max_rounds = plan.rounds();
   o.job.policy = ps::Policy::Quorum;
   o.job.device = codec_device(torch_device(f));  // the sketch unsketch runs where workers train
@@ -135,19 +155,20 @@ torch::Tensor labels(const demo::Dataset& d, const std::vector<uint32_t>& idx, s
   return y;
 }
 
+/// unit: what a step of the bar is (a round, or a local step).
 void progress(uint64_t epoch, uint64_t epochs, uint64_t step, uint64_t steps, double loss,
-              double ms_per_round, bool tty) {
+              double ms_per_round, bool tty, const char* unit) {
   if (tty) {
     const int width = 30, done = int(width * step / steps);
-    std::fprintf(stderr, "\r  epoch %llu/%llu [%s%s] %llu/%llu  loss %.3f  %.0f ms/round ",
+    std::fprintf(stderr, "\r  epoch %llu/%llu [%s%s] %llu/%llu  loss %.3f  %.0f ms/%s ",
                  (unsigned long long)epoch, (unsigned long long)epochs,
                  std::string(size_t(done), '#').c_str(),
                  std::string(size_t(width - done), '.').c_str(), (unsigned long long)step,
-                 (unsigned long long)steps, loss, ms_per_round);
+                 (unsigned long long)steps, loss, ms_per_round, unit);
   } else if (step == steps || step % std::max<uint64_t>(1, steps / 10) == 0) {
-    std::fprintf(stderr, "  epoch %llu/%llu: %llu/%llu rounds, loss %.3f, %.0f ms/round\n",
+    std::fprintf(stderr, "  epoch %llu/%llu: %llu/%llu %ss, loss %.3f, %.0f ms/%s\n",
                  (unsigned long long)epoch, (unsigned long long)epochs, (unsigned long long)step,
-                 (unsigned long long)steps, loss, ms_per_round);
+                 (unsigned long long)steps, unit, loss, ms_per_round, unit);
   }
 }
 
@@ -203,14 +224,28 @@ int run_worker(const ps::Flags& f) {
     csv.open(f.str("out") + "/results.csv");
     csv << "epoch,round,test_acc,train_loss,wall_s\n";
   }
+  // With local steps the worker trains its own copy (SGD with momentum at --lr) and LocalSteps
+  // pushes the change every --push-every steps; otherwise every step's gradient is pushed and
+  // the model follows the server's.
+  std::optional<ps::LocalSteps> local;
+  torch::Tensor velocity;
+  if (plan.local_steps()) {
+    local.emplace(client, plan.local);
+    local->start(model.params());
+    velocity = torch::zeros_like(model.flat());
+  }
+  const float inner_momentum = float(f.num("local-momentum"));
+  const float lr = float(f.num("lr"));
+  auto done = [&] { return local ? local->steps() : client.round(); };
+  const uint64_t per_epoch = plan.steps_per_epoch();
   const auto start = Clock::now();
-  while (client.round() < plan.rounds()) {
-    const uint64_t epoch = client.round() / plan.steps_per_epoch();
+  while (done() < plan.steps()) {
+    const uint64_t epoch = done() / per_epoch;
     std::shuffle(shard.begin(), shard.end(), rng);
     double loss_sum = 0;
     uint64_t n = 0;
     const auto epoch_start = Clock::now();
-    for (uint64_t s = client.round() % plan.steps_per_epoch(); s < plan.steps_per_epoch(); ++s) {
+    for (uint64_t s = done() % per_epoch; s < per_epoch && done() < plan.steps(); ++s) {
       const auto x = rows(train, shard, s * plan.batch, plan.batch);
       const auto y = labels(train, shard, s * plan.batch, plan.batch);
       loss_sum += model.gradient(x, y, grad);
@@ -233,15 +268,29 @@ int run_worker(const ps::Flags& f) {
             for (auto& v : grad) v *= float(clip / norm);
         }
       }
-      const auto r = client.step(grad);
-      sync_model();
-      if (r.outcome == ps::StepResult::Outcome::Resynced) break;
+      std::optional<ps::StepResult> r;
+      if (local) {
+        {
+          torch::NoGradGuard no_grad;
+          velocity.mul_(inner_momentum).add_(model.view(grad));
+          model.flat().add_(velocity, -lr);
+        }
+        r = local->after_step(model.params());
+      } else {
+        r = client.step(grad);
+        sync_model();
+      }
+      if (r && r->outcome == ps::StepResult::Outcome::Resynced) break;
       if (rank == 0)
-        progress(epoch + 1, plan.epochs, s + 1, plan.steps_per_epoch(), loss_sum / double(n),
-                 1000.0 * seconds_since(epoch_start) / double(n), tty);
+        progress(epoch + 1, plan.epochs, s + 1, per_epoch, loss_sum / double(n),
+                 1000.0 * seconds_since(epoch_start) / double(n), tty, local ? "step" : "round");
     }
-    if (rank == 0 && client.round() % plan.steps_per_epoch() == 0) {
+    if (rank == 0 && (done() % per_epoch == 0 || done() == plan.steps())) {
+      // The server's model (with local steps this worker's own copy is set aside meanwhile).
+      const torch::Tensor own = local ? model.flat().clone() : torch::Tensor();
+      if (local) sync_model();
       const double acc = model.accuracy(test_x, test_y);
+      if (local) model.flat().copy_(own);
       if (tty) std::fprintf(stderr, "\n");
       std::fprintf(stderr, "  epoch %llu: test accuracy %.2f%%  (%.1f s)\n",
                    (unsigned long long)(epoch + 1), 100 * acc, seconds_since(start));
@@ -250,6 +299,7 @@ int run_worker(const ps::Flags& f) {
           << std::flush;
     }
   }
+  if (local) sync_model();  // ends on the server's model
   if (!f.str("dump").empty()) {
     std::ofstream out(f.str("dump") + ".rank" + std::to_string(rank), std::ios::binary);
     const torch::Tensor host = model.flat().to(torch::kCPU).contiguous();  // the client's model
@@ -263,7 +313,9 @@ struct Traffic {
   uint64_t rounds = 0, up = 0, down = 0, dense = 0;
 };
 
-Traffic traffic(const std::string& metrics, uint32_t workers) {
+/// Per round, from the server's metrics; dense is what per-step dense pushes and updates would
+/// have cost for the same training steps (steps_per_round of them a round).
+Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per_round) {
   Traffic t;
   std::ifstream in(metrics);
   auto number = [](const std::string& l, const std::string& key) -> uint64_t {
@@ -276,7 +328,8 @@ Traffic traffic(const std::string& metrics, uint32_t workers) {
     std::stringstream ups(l.substr(a + 12, l.find(']', a) - a - 12));
     for (std::string v; std::getline(ups, v, ',');) t.up += std::stoull(v);
     t.down += number(l, "bytes_down_each") * workers;
-    t.dense += 2 * number(l, "dense_bytes") * workers;  // a dense push and a dense update each
+    // A dense push and a dense update each, every step.
+    t.dense += 2 * number(l, "dense_bytes") * workers * steps_per_round;
   }
   return t;
 }
@@ -297,10 +350,14 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
   const demo::FlatModel shape(f.str("model"), 1);
   const auto codec =
       make_compressor(complete_spec(f.str("codec"), shape.layout()), uint64_t(shape.dim()));
+  char rounds[160] = "";
+  if (plan.local_steps())
+    std::snprintf(rounds, sizeof rounds, ", %llu rounds (push every %u, fetch every %u)",
+                  (unsigned long long)plan.rounds(), plan.local.push_every, plan.local.fetch_every);
   std::fprintf(stderr,
-               "sketchsgd-train: %s model on %s, %u workers, codec %s, %u epochs of %llu rounds\n",
+               "sketchsgd-train: %s model on %s, %u workers, codec %s, %u epochs of %llu steps%s\n",
                f.str("model").c_str(), device.str().c_str(), plan.workers, f.str("codec").c_str(),
-               plan.epochs, (unsigned long long)plan.steps_per_epoch());
+               plan.epochs, (unsigned long long)plan.steps_per_epoch(), rounds);
   const auto start = Clock::now();
   // Workers and the server share 2 cores here: one thread each for libtorch and the kernels.
   demo::Process server =
@@ -334,7 +391,7 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
   }
   const double wall = seconds_since(start);
 
-  const Traffic t = traffic(f.str("out") + "/rounds.jsonl", plan.workers);
+  const Traffic t = traffic(f.str("out") + "/rounds.jsonl", plan.workers, plan.local.push_every);
   double acc = 0;
   {
     std::ifstream in(f.str("out") + "/results.csv");
@@ -356,9 +413,11 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
   std::ofstream js(f.str("out") + "/summary.json");
   js << "{\"codec\":\"" << f.str("codec") << "\",\"spec\":\"" << codec->spec() << "\",\"model\":\""
      << f.str("model") << "\",\"workers\":" << plan.workers << ",\"epochs\":" << plan.epochs
-     << ",\"rounds\":" << t.rounds << ",\"test_acc\":" << acc << ",\"bytes_up\":" << t.up
-     << ",\"bytes_down\":" << t.down << ",\"dense_bytes\":" << t.dense
-     << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall << "}\n";
+     << ",\"rounds\":" << t.rounds << ",\"push_every\":" << plan.local.push_every
+     << ",\"fetch_every\":" << plan.local.fetch_every << ",\"steps\":" << plan.steps()
+     << ",\"test_acc\":" << acc << ",\"bytes_up\":" << t.up << ",\"bytes_down\":" << t.down
+     << ",\"dense_bytes\":" << t.dense << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall
+     << "}\n";
   return 0;
 }
 
@@ -380,7 +439,16 @@ int main(int argc, char** argv) {
   f.add("codec", kDefaultCodec, "codec spec (see sketchsgd-server --list-codecs)");
   f.add("epochs", "3", "passes over the training set");
   f.add("batch", "32", "examples per worker per round");
-  f.add("lr", "0.01", "learning rate (the server's; momentum is the codec's)");
+  f.add("lr", "0.01",
+        "learning rate: the server's (momentum is the codec's); with local steps the workers'");
+  f.add("push-every", "1",
+        "n_push: local steps between pushes of the accumulated change (1: every step's gradient)");
+  f.add("fetch-every", "0",
+        "n_fetch: local steps between fetches of the server's model (0: = "
+        "--push-every)");
+  f.add("local-momentum", "0.9", "with local steps: the workers' SGD momentum");
+  f.add("outer-lr", "0.7", "with local steps: the server's outer learning rate");
+  f.add("outer-momentum", "0.9", "with local steps: the outer step's Nesterov momentum (0: none)");
   f.add("wd", "0", "weight decay added to the gradient");
   f.add("clip", "0", "clip each worker's gradient to this L2 norm (0: off)");
   f.add("seed", "1", "model initialisation and shuffling seed");

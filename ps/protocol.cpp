@@ -1,5 +1,9 @@
 #include <sketchsgd/ps/protocol.hpp>
 
+#include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/ps/outer.hpp>
+
+#include <algorithm>
 #include <cmath>
 
 namespace sketchsgd::ps {
@@ -147,6 +151,8 @@ Bytes encode(const WelcomeInfo& w) {
   b.put(w.has_model);
   b.put(w.heartbeat_ms);
   b.put(w.staleness);
+  b.put(w.momentum);
+  b.put(w.nesterov);
   return out;
 }
 
@@ -156,7 +162,15 @@ WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
   w.has_model = r.get<uint8_t>();
   w.heartbeat_ms = r.get<uint32_t>();
   w.staleness = r.get<uint32_t>();
+  w.momentum = r.get<float>();
+  w.nesterov = r.get<uint8_t>();
   r.expect_end();
+  try {
+    OuterOptions{w.momentum, w.nesterov != 0}.validate();
+  } catch (const InvalidArgument& e) {
+    throw WireError(std::string("welcome: ") + e.what());
+  }
+  SKETCHSGD_REQUIRE(w.nesterov <= 1, WireError, "welcome: nesterov = ", int(w.nesterov));
   SKETCHSGD_REQUIRE(w.staleness <= 64, WireError, "welcome: staleness ", w.staleness);
   SKETCHSGD_REQUIRE(w.has_model <= 1, WireError, "welcome: has_model = ", int(w.has_model));
   SKETCHSGD_REQUIRE(w.heartbeat_ms >= 1 && w.heartbeat_ms <= 3600000, WireError,
@@ -203,6 +217,14 @@ UpdateInfo decode_update_info(std::span<const uint8_t> frame) {
   r.expect_end();
   SKETCHSGD_REQUIRE(std::isfinite(u.lr), WireError, "update info: learning rate ", u.lr);
   return u;
+}
+
+uint64_t max_frame_bytes(const Compressor& codec) {
+  uint64_t m = std::max<uint64_t>(codec.dim() * 8, kMaxText + 64);  // model + momentum, refusal
+  for (auto k :
+       {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
+    m = std::max(m, codec.max_payload(k) + kHeaderBytes);
+  return m;
 }
 
 Bytes encode_text(std::string_view s) {

@@ -16,7 +16,7 @@ namespace sketchsgd::ps {
 namespace {
 
 constexpr uint32_t kCheckpointMagic = 0x4B434B53;  // "SKCK"
-constexpr uint16_t kCheckpointVersion = 1;
+constexpr uint16_t kCheckpointVersion = 2;         // 2: the outer momentum (1 is still read)
 
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
   throw Error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
@@ -46,7 +46,7 @@ void fsync_dir(const std::string& path) {
 
 void save_checkpoint(const std::string& path, const Checkpoint& c) {
   Bytes b;
-  b.reserve(64 + c.spec.size() + c.params.size() * 4);
+  b.reserve(64 + c.spec.size() + (c.params.size() + c.outer.size()) * 4 + c.codec_state.size());
   ByteWriter w(b);
   w.put(kCheckpointMagic);
   w.put(kCheckpointVersion);
@@ -60,6 +60,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   w.put_array(std::span<const float>(c.params));
   w.put(uint64_t(c.codec_state.size()));
   w.put_array(std::span<const uint8_t>(c.codec_state));
+  w.put(uint64_t(c.outer.size()));
+  w.put_array(std::span<const float>(c.outer));
   seal(b);
 
   const std::string tmp = path + ".tmp";
@@ -90,8 +92,8 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kCheckpointMagic, WireError, "checkpoint ", path,
                     ": bad magic");
   const auto version = r.get<uint16_t>();
-  SKETCHSGD_REQUIRE(version == kCheckpointVersion, WireError, "checkpoint ", path, ": version ",
-                    version);
+  SKETCHSGD_REQUIRE(version == 1 || version == kCheckpointVersion, WireError, "checkpoint ", path,
+                    ": version ", version);
   r.get<uint16_t>();
   Checkpoint c;
   c.job = r.get<uint64_t>();
@@ -108,6 +110,13 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
   r.get_array(std::span<float>(c.params));
   const auto state = r.take<uint8_t>(r.get<uint64_t>());
   c.codec_state.assign(state.begin(), state.end());
+  if (version >= 2) {
+    const auto n = r.get<uint64_t>();
+    SKETCHSGD_REQUIRE(n == 0 || n == dim, WireError, "checkpoint ", path, ": outer momentum of ", n,
+                      " values for ", dim, " parameters");
+    c.outer.resize(n);
+    r.get_array(std::span<float>(c.outer));
+  }
   r.expect_end();
   for (size_t i = 0; i < c.params.size(); ++i)
     SKETCHSGD_REQUIRE(std::isfinite(c.params[i]), WireError, "checkpoint ", path,

@@ -64,6 +64,7 @@ void JobConfig::validate() const {
   SKETCHSGD_REQUIRE(dead_after >= 1, InvalidArgument, "dead_after must be ≥ 1");
   SKETCHSGD_REQUIRE(staleness <= 64, InvalidArgument, "staleness must be ≤ 64 rounds, got ",
                     staleness);
+  outer.validate();
 }
 
 Engine::Engine(JobConfig cfg, Hooks hooks)
@@ -79,6 +80,7 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
                     "bounded staleness needs a one-round codec: ", cfg_.spec,
                     " queries worker state that has moved on");
   agg_ = make_aggregator();
+  outer_ = std::make_unique<OuterStep>(cfg_.outer, cfg_.dim, Device::cpu());
   workers_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
   reset_round();
@@ -92,11 +94,7 @@ std::unique_ptr<Aggregator> Engine::make_aggregator() const {
 }
 
 uint64_t Engine::max_frame_bytes() const {
-  uint64_t m = std::max<uint64_t>(cfg_.dim * 4, kMaxText + 64);
-  for (auto k :
-       {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
-    m = std::max(m, codec_->max_payload(k) + kHeaderBytes);
-  return m;
+  return ps::max_frame_bytes(*codec_);
 }
 
 uint32_t Engine::live_workers() const {
@@ -118,8 +116,11 @@ void Engine::restore(const Checkpoint& c) {
                     ", server runs ", cfg_.spec);
   SKETCHSGD_REQUIRE(c.params.size() == cfg_.dim, ConfigMismatch, "checkpoint of dim ",
                     c.params.size(), ", server runs dim ", cfg_.dim);
+  SKETCHSGD_REQUIRE(c.outer.empty() || cfg_.outer.stateful(), ConfigMismatch,
+                    "checkpoint with an outer momentum buffer, server runs without momentum");
   auto agg = make_aggregator();  // on the configured device, as at start
   agg->load_state(c.codec_state);
+  outer_->load(c.outer);  // validates; empty (an older checkpoint): momentum starts at zero
   agg_ = std::move(agg);
   model_ = c.params;
   snapshot_ = Frame();
@@ -130,7 +131,7 @@ void Engine::restore(const Checkpoint& c) {
 }
 
 Checkpoint Engine::checkpoint() const {
-  return Checkpoint{cfg_.job, round_, cfg_.spec, model_, agg_->save_state()};
+  return Checkpoint{cfg_.job, round_, cfg_.spec, model_, agg_->save_state(), outer_->save()};
 }
 
 void Engine::start_phase(MessageKind kind) {
@@ -218,8 +219,10 @@ void Engine::drop(const PeerId&, const std::string& why) {
 Frames Engine::model_frames() const {
   // One copy per model version, shared by every Pull until the model changes.
   if (snapshot_.size() == 0) {
-    Bytes b(model_.size() * 4);
-    std::memcpy(b.data(), model_.data(), b.size());
+    const std::vector<float> m = outer_->save();  // empty without momentum
+    Bytes b((model_.size() + m.size()) * 4);
+    std::memcpy(b.data(), model_.data(), model_.size() * 4);
+    if (!m.empty()) std::memcpy(b.data() + model_.size() * 4, m.data(), m.size() * 4);
     snapshot_ = Frame::own(std::move(b));
   }
   return {Frame(), snapshot_};
@@ -356,7 +359,8 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.alive = true;
   w.last_seen = now;
   rank_of_[peer] = e.rank;
-  const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness};
+  const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness,
+                         cfg_.outer.momentum, uint8_t(cfg_.outer.nesterov)};
   send(e.rank, {to(e.rank, Type::Welcome, round_), Frame::own(encode(info))}, out);
 }
 
@@ -579,7 +583,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
 
   const UpdateInfo info{cfg_.lr, metrics_.contributors};
   try {
-    codec_->apply_step(payload.bytes(), model_, cfg_.lr);  // validates before it writes
+    outer_->apply(*codec_, payload.bytes(), model_, cfg_.lr);  // validates before it writes
   } catch (const Error& e) {
     return abort_round(now, out, std::string("update rejected: ") + e.what());
   }

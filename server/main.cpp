@@ -41,6 +41,12 @@ int main(int argc, char** argv) {
   f.add("codec", "sketch", "codec spec, e.g. sketch:rows=5,cols=500000,k=50000,p2=4",
         "SKETCHSGD_CODEC");
   f.add("lr", "0.1", "learning rate: everyone does w -= lr * step", "SKETCHSGD_LR");
+  f.add("outer-momentum", "0",
+        "momentum of the step everyone applies (workers pushing pseudo-gradients: DiLoCo's outer "
+        "step; 0: plain w -= lr * step)",
+        "SKETCHSGD_OUTER_MOMENTUM");
+  f.add("outer-nesterov", "1", "with --outer-momentum: Nesterov's look-ahead (0: heavy ball)",
+        "SKETCHSGD_OUTER_NESTEROV");
   f.add("policy", "quorum", "when a round's deadline passes: wait | quorum | abort",
         "SKETCHSGD_POLICY");
   f.add("min-workers", "0", "quorum size (0: all W)", "SKETCHSGD_MIN_WORKERS");
@@ -100,6 +106,8 @@ int main(int argc, char** argv) {
     SKETCHSGD_REQUIRE(o.job.dim > 0, sketchsgd::InvalidArgument, "--dim is required (see --help)");
     o.job.spec = f.str("codec");
     o.job.lr = float(f.num("lr"));
+    o.job.outer.momentum = float(f.num("outer-momentum"));
+    o.job.outer.nesterov = f.u64("outer-nesterov") != 0 && o.job.outer.momentum > 0;
     o.job.policy = parse_policy(f.str("policy"));
     o.job.min_workers = uint32_t(f.u64("min-workers"));
     o.job.deadline = Millis(f.u64("deadline-ms"));

@@ -91,10 +91,7 @@ Client::Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
   }
   session_ = std::make_unique<Session>(std::move(opts), *codec_, initial_params);
   const ClientOptions& o = session_->options();
-  uint64_t max_frame = std::max<uint64_t>(codec_->dim() * 4, kMaxText + 64);  // model, refusal
-  for (auto k : {MessageKind::Query, MessageKind::Update})
-    max_frame = std::max(max_frame, codec_->max_payload(k) + kHeaderBytes);
-  link_ = std::make_unique<Link>(o, max_frame + 64, o.log);
+  link_ = std::make_unique<Link>(o, max_frame_bytes(*codec_) + 64, o.log);
 
   Session::Outbox out;
   session_->hello(out);

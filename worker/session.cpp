@@ -83,6 +83,11 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       session_ = m.env.session;
       heartbeat_ = Millis(w.heartbeat_ms);
       staleness_ = w.staleness;
+      // The job's outer step (its momentum arrives with the model, which the Pull below asks for).
+      const OuterOptions oo{w.momentum, w.nesterov != 0};
+      if (!outer_ || outer_->options().momentum != oo.momentum ||
+          outer_->options().nesterov != oo.nesterov)
+        outer_ = std::make_unique<OuterStep>(oo, codec_.dim(), codec_.device());
       if (!w.has_model && opts_.rank == 0) {
         // A server restarted without a checkpoint starts again from rank 0's current model.
         const std::vector<float> p = init_.empty() ? params_.to_vector() : init_;
@@ -114,12 +119,19 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
                         m.env.round);
     case Type::Model: {
       const auto b = m.frames[1].bytes();
-      SKETCHSGD_REQUIRE(b.size() == codec_.dim() * 4, WireError, "model of ", b.size(),
-                        " bytes for dim ", codec_.dim());
-      std::vector<float> p(codec_.dim());
-      std::memcpy(p.data(), b.data(), b.size());
+      // The parameters, then the outer step's momentum where the job has one.
+      const bool momentum = outer_ && outer_->options().stateful();
+      const uint64_t dim = codec_.dim();
+      SKETCHSGD_REQUIRE(b.size() == dim * (momentum ? 8 : 4), WireError, "model of ", b.size(),
+                        " bytes for dim ", dim, momentum ? " with outer momentum" : "");
+      std::vector<float> p(dim), mom(momentum ? dim : 0);
+      std::memcpy(p.data(), b.data(), dim * 4);
       const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
       SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "model: non-finite value at ", bad);
+      if (momentum) {
+        std::memcpy(mom.data(), b.data() + dim * 4, dim * 4);
+        outer_->load(mom);  // validates before it writes
+      }
       if (params_.size() != p.size()) params_ = Buffer<float>(p.size(), codec_.device());
       params_.upload(p);
       if (m.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
@@ -195,7 +207,10 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
     case Type::Update: {
       const UpdateInfo info = decode_update_info(m->frames[1].bytes());
       const auto u = m->frames[2].bytes();
-      codec_.apply_step(u, params_.span(), info.lr);
+      if (outer_)
+        outer_->apply(codec_, u, params_.span(), info.lr);
+      else  // an Update before any Welcome cannot pass parse(); kept total all the same
+        codec_.apply_step(u, params_.span(), info.lr);
       res.bytes_down += u.size();
       res.lr = info.lr;
       res.contributors = info.contributors;

@@ -34,3 +34,26 @@ print(f"loss {l1:.3f} -> {l2:.3f}, accuracy {acc:.3f}, {s['traffic_ratio']:.1f}x
 PY
 cmp "$out/params.rank0" "$out/params.rank1"
 echo "workers hold identical parameters"
+
+# Local steps (Downpour's n_push = n_fetch = 8, the server's Nesterov outer step: DiLoCo over the
+# parameter server) with 4-bit pseudo-gradients: 50 rounds for 400 steps, the model learns, every
+# worker ends on the server's model, and the traffic is counted against per-step dense.
+rm -rf "$out/local" && mkdir -p "$out/local"
+"$bin" --workers 2 --subset 6400 --batch 16 --epochs 2 --out "$out/local" --dump "$out/local/params" \
+  --codec qsgd:bits=4 --lr 0.02 --push-every 8
+python3 - "$out/local" <<'PY'
+import csv, json, sys
+out = sys.argv[1]
+rows = list(csv.DictReader(open(f"{out}/results.csv")))
+s = json.load(open(f"{out}/summary.json"))
+assert len(rows) == 2 and float(rows[1]["test_acc"]) > 0.6, rows
+assert s["rounds"] == 50 and s["push_every"] == 8 and s["fetch_every"] == 8 and s["steps"] == 400, s
+assert s["traffic_ratio"] > 8, s  # 8 steps a push; 4-bit pushes, the update dense (QSGD's)
+print(f"local steps: accuracy {float(rows[1]['test_acc']):.3f}, {s['traffic_ratio']:.0f}x less traffic than per-step dense")
+PY
+cmp "$out/local/params.rank0" "$out/local/params.rank1"
+echo "local steps: workers hold identical parameters"
+# Bad knobs are refused before any process starts.
+rc=0
+msg=$("$bin" --push-every 0 --out "$(mktemp -d)" 2>&1) || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--push-every" <<<"$msg" || { echo "--push-every 0: exit $rc, '$msg'"; exit 1; }

@@ -48,6 +48,14 @@ TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {
   EXPECT_THROW(decode_update_info(nan), WireError);
   EXPECT_THROW(decode_welcome(encode(WelcomeInfo{2, 1000, 0})), WireError);
   EXPECT_THROW(decode_welcome(encode(WelcomeInfo{1, 1000, 65})), WireError);
+  const WelcomeInfo outer = decode_welcome(encode(WelcomeInfo{1, 500, 0, 0.9f, 1}));
+  EXPECT_EQ(outer.momentum, 0.9f);
+  EXPECT_EQ(outer.nesterov, 1);
+  for (const WelcomeInfo bad : {WelcomeInfo{1, 500, 0, 1.5f, 0}, WelcomeInfo{1, 500, 0, -0.5f, 0},
+                                WelcomeInfo{1, 500, 0, 0.0f, 1}, WelcomeInfo{1, 500, 0, 0.5f, 2},
+                                WelcomeInfo{1, 500, 0, std::nanf(""), 0}})
+    EXPECT_THROW(decode_welcome(encode(bad)), WireError)
+        << bad.momentum << " " << int(bad.nesterov);
 }
 
 }  // namespace

@@ -248,9 +248,9 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   EXPECT_NE(refusal(net, w.peer).find("rank 5 outside"), std::string::npos);
 
   Bytes future = encode(Envelope{Type::Hello, cfg.job, 0, 0, 0});
-  future[4] = 3;  // a worker speaking protocol version 3
+  future[4] = 4;  // a worker speaking protocol version 4
   net.deliver(w.peer, {Frame::own(future), Frame::own(encode(good))});
-  EXPECT_NE(refusal(net, w.peer).find("protocol version 3, this server speaks 2"),
+  EXPECT_NE(refusal(net, w.peer).find("protocol version 4, this server speaks 3"),
             std::string::npos);
 
   w.hello(net);

@@ -236,6 +236,8 @@ TEST(ProcessCli, BadFlagsExitWithAReasonNotACrash) {
       {"--dim", "100", "--codec", "nonsense"},
       {"--dim", "100", "--policy", "sometimes"},
       {"--dim", "100", "--lr", "nan"},
+      {"--dim", "100", "--outer-momentum", "1.5"},
+      {"--dim", "100", "--outer-momentum", "-0.1"},
       {"--dim", "-5"},
       {"--dim", "100", "--bogus"},
       {"--dim", "100", "--bind", "tcp://256.1.1.1:1"},

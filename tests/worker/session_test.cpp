@@ -245,6 +245,55 @@ TEST(Session, ServerRestartFromAnOlderCheckpointResynchronises) {
   EXPECT_EQ(back.engine.round(), 2u);
 }
 
+TEST(Session, TheOuterMomentumRunsOnEveryWorkerAsOnTheServer) {
+  // Nesterov outer momentum on the server: the Welcome tells the workers, each applies the same
+  // step to its copy, and every copy equals the server's model bit for bit.
+  for (const char* spec : {"dense", "topk:k=20", "sketch:k=30,cols=300,p2=2"}) {
+    JobConfig cfg = job(spec, 3, 1500);
+    cfg.outer = {0.9f, true};
+    Wire w(cfg);
+    auto ws = join(w, cfg, test::initial_params(cfg.dim, 6));
+    for (int t = 0; t < 4; ++t) round(w, ws, 6);
+    for (auto& x : ws)
+      EXPECT_EQ(std::memcmp(x->session.params().data(), w.engine.model().data(), cfg.dim * 4), 0)
+          << spec << " " << x->peer;
+    // Without the momentum the same rounds land elsewhere: the step is not the plain one.
+    JobConfig plain = job(spec, 3, 1500);
+    Wire p(plain);
+    auto ps = join(p, plain, test::initial_params(plain.dim, 6));
+    for (int t = 0; t < 4; ++t) round(p, ps, 6);
+    EXPECT_NE(std::memcmp(p.engine.model().data(), w.engine.model().data(), cfg.dim * 4), 0);
+  }
+}
+
+TEST(Session, AResyncCarriesTheOuterMomentumWithTheModel) {
+  // The server restarts from a checkpoint of round 1 (model and momentum); the workers, two
+  // rounds further, resynchronise and the next round keeps every copy equal to the server's.
+  JobConfig cfg = job("dense", 2, 400);
+  cfg.outer = {0.8f, true};
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 8));
+  round(w, ws, 8);
+  const Checkpoint at1 = w.engine.checkpoint();
+  ASSERT_EQ(at1.outer.size(), cfg.dim);
+  round(w, ws, 8);
+  round(w, ws, 8);
+  Wire back(cfg);
+  back.engine.restore(at1);
+  std::vector<StepResult> res(2);
+  for (size_t i = 0; i < 2; ++i) ws[i]->push(back, 8, res[i]);
+  for (int pass = 0; pass < 4; ++pass)
+    for (size_t i = 0; i < 2; ++i) ws[i]->pump(back, res[i]);
+  for (size_t i = 0; i < 2; ++i) ASSERT_EQ(res[i].outcome, StepResult::Outcome::Resynced);
+  round(back, ws, 8);
+  for (auto& x : ws)
+    EXPECT_EQ(std::memcmp(x->session.params().data(), back.engine.model().data(), cfg.dim * 4), 0)
+        << x->peer;
+  // A checkpoint with a momentum buffer does not restore into a job without momentum.
+  Wire plain(job("dense", 2, 400));
+  EXPECT_THROW(plain.engine.restore(at1), ConfigMismatch);
+}
+
 TEST(Session, PendingPushesGoOutAgainAfterAReconnect) {
   const JobConfig cfg = job("topk:k=10", 2, 300);
   Wire w(cfg);

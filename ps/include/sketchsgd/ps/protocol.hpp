@@ -22,10 +22,14 @@
 
 #include <sketchsgd/core/bytes.hpp>
 
+namespace sketchsgd {
+class Compressor;
+}
+
 namespace sketchsgd::ps {
 
 inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;  // 3: the outer step in Welcome and Model
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -39,7 +43,8 @@ enum class Type : uint8_t {
   Refuse = 3,      ///< server → worker: refused (RefuseInfo); the worker prints the reason
   Init = 4,        ///< rank 0 → server: initial parameters when the server has none
   Pull = 5,        ///< worker → server: send me the model
-  Model = 6,       ///< server → worker: parameters as of `round` (the next round to run)
+  Model = 6,       ///< server → worker: parameters as of `round` (the next round to run), then
+                   ///< the outer step's momentum buffer where the job has one
   Push = 7,        ///< worker → server: Gradient message of `round`
   Query = 8,       ///< server → worker: second-round Query message
   Answer = 9,      ///< worker → server: Answer message
@@ -90,6 +95,8 @@ struct WelcomeInfo {
   uint8_t has_model = 0;         ///< 0: rank 0 must send Init
   uint32_t heartbeat_ms = 1000;  ///< how often the worker should show liveness
   uint32_t staleness = 0;        ///< rounds a worker may push ahead of its last update
+  float momentum = 0.0f;         ///< the outer step's momentum (OuterOptions), applied by all
+  uint8_t nesterov = 0;
 };
 Bytes encode(const WelcomeInfo& w);
 WelcomeInfo decode_welcome(std::span<const uint8_t> frame);
@@ -108,6 +115,10 @@ struct UpdateInfo {
 };
 Bytes encode(const UpdateInfo& u);
 UpdateInfo decode_update_info(std::span<const uint8_t> frame);
+
+/// The largest frame a message of a job with this codec carries (both ends set ZMQ_MAXMSGSIZE
+/// from it): a codec message, a refusal's text, or the model with its outer momentum.
+uint64_t max_frame_bytes(const Compressor& codec);
 
 Bytes encode_text(std::string_view s);
 std::string decode_text(std::span<const uint8_t> frame);

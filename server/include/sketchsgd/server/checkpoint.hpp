@@ -16,6 +16,7 @@ struct Checkpoint {
   std::string spec;    ///< canonical codec spec
   std::vector<float> params;
   std::vector<uint8_t> codec_state;  ///< Aggregator::save_state() (FetchSGD's sketches)
+  std::vector<float> outer;          ///< the outer step's momentum (empty: none)
 };
 
 /// Writes atomically; throws Error with the failing system call and errno text.

@@ -5,7 +5,8 @@
 // A round: every registered worker Pushes its Gradient message; the codec's aggregator merges them
 // in compressed form (sketch tables summed, sparse lists merged); for two-round codecs the server
 // Queries the contributors and sums their Answers; then the Update goes to every live worker, the
-// server applies it to its own copy of the model (w −= lr · step), and the round number advances.
+// server applies it to its own copy of the model (w −= lr · step, or the outer step with
+// momentum: ps/outer.hpp), and the round number advances.
 #pragma once
 
 #include <chrono>
@@ -20,6 +21,7 @@
 
 #include <sketchsgd/compress/compressor.hpp>
 #include <sketchsgd/ps/frame.hpp>
+#include <sketchsgd/ps/outer.hpp>
 #include <sketchsgd/ps/protocol.hpp>
 #include <sketchsgd/server/checkpoint.hpp>
 
@@ -44,6 +46,9 @@ struct JobConfig {
   std::string spec =
       "sketch";  ///< any spec make_compressor accepts; workers must send its canonical form
   float lr = 0.1f;
+  /// The step every holder of the model applies to an update: w −= lr · step, or with momentum
+  /// the outer step of a local-SGD job (workers push pseudo-gradients; ps/outer.hpp).
+  OuterOptions outer;
   Policy policy = Policy::Wait;
   uint32_t min_workers = 0;  ///< quorum size (0: world)
   Millis deadline{30000};    ///< per phase, from its first message
@@ -171,6 +176,7 @@ class Engine {
   std::unique_ptr<Compressor> codec_;  // the server's own: applies updates to model_, never encodes
   std::unique_ptr<Aggregator> agg_;
   std::vector<float> model_;
+  std::unique_ptr<OuterStep> outer_;  // on the host, beside model_
   uint64_t round_ = 0;
 
   std::vector<Worker> workers_;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include <sketchsgd/compress/compressor.hpp>
 #include <sketchsgd/ps/frame.hpp>
+#include <sketchsgd/ps/outer.hpp>
 #include <sketchsgd/ps/protocol.hpp>
 
 namespace sketchsgd::ps {
@@ -100,6 +102,7 @@ class Session {
   ClientOptions opts_;
   Compressor& codec_;
   Buffer<float> params_;     // on the codec's device
+  std::unique_ptr<OuterStep> outer_;  // the job's, from the Welcome; applies every update
   std::vector<float> init_;  // rank 0's initial parameters (host), until the server has a model
   uint64_t round_ = 0;
   uint64_t next_push_ = 0;
