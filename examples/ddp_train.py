@@ -350,6 +350,10 @@ def main():
             torch_powersgd_options(plain)
         except ValueError as e:
             sys.exit(f"--hook {args.hook}: {e}")
+    if args.device == "cpu" and plain.startswith("powersgd"):
+        # PyTorch's powerSGD_hook (2.x) synchronises CUDA wherever a GPU exists, whatever the
+        # tensors' device, and fails on CPU tensors: a CPU run hides the GPUs from its ranks.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if args.rank is not None:  # one rank of a job spread over hosts; worker() exits the process
         print(f"ddp_train: rank {args.rank} of {args.workers}, {args.workload}, hook {args.hook}", flush=True)
         worker(args.rank, args, int(args.master.rpartition(":")[2]), _Report(args))

@@ -24,7 +24,8 @@
 #                                      NCCL with two GPUs), the DDP example on CUDA and the
 #                                      hooks' own work per step on the GPU (bench_hook.py;
 #                                      HOOK_ONLY=powersgd,... and HOOK_WIDTHS="1024" narrow it,
-#                                      HOOK_ROUNDS=3 times the hooks in turn three times)
+#                                      HOOK_ROUNDS=3 times the hooks in turn three times;
+#                                      PYTEST_ARGS="tests/python/test_outer.py" narrows the tests)
 #
 # Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
 set -uo pipefail
@@ -279,8 +280,9 @@ python_check() {
   "$PY" -c 'import pytest' 2>/dev/null || export PYTHONPATH=$deps/python${PYTHONPATH:+:$PYTHONPATH}
   export PYTHONPATH=$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}
   step "Python tests (GPU variants must run)"
-  export SKETCHSGD_FASHION=$PWD/$deps/data SKETCHSGD_TEXT=$PWD/$deps/text  # the workloads' data
-  "$PY" -m pytest -v -p no:cacheprovider -rs tests/python 2>&1 | tee "$REPORT/pytest.log" || fail "Python tests"
+  export SKETCHSGD_FASHION=$deps/data SKETCHSGD_TEXT=$deps/text  # the workloads' data (deps is absolute)
+  # PYTEST_ARGS narrows the run (default: every Python test).
+  "$PY" -m pytest -v -p no:cacheprovider -rs ${PYTEST_ARGS:-tests/python} 2>&1 | tee "$REPORT/pytest.log" || fail "Python tests"
   grep -q "SKIPPED.*no CUDA device" "$REPORT/pytest.log" && fail "GPU Python tests skipped"
   step "DDP example on CUDA (gloo, 4 ranks on one GPU, 1 epoch)"
   "$PY" examples/ddp_train.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
@@ -295,6 +297,10 @@ python_check() {
   "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --dtype bf16 --epochs 1 \
     --max-steps 100 --hook sketchsgd:powersgd:rank=2,wire=fp16 --json "$REPORT/ddp-cuda-bf16-gloo.json" 2>&1 |
     tee "$REPORT/ddp-cuda-bf16-gloo.log" || fail "bf16 transformer on gloo (CUDA)"
+  step "local steps on CUDA: DiLoCo with a PowerSGD pseudo-gradient (gloo, 4 ranks on one GPU), 64 steps"
+  "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --epochs 1 --max-steps 64 \
+    --local 8 --hook sketchsgd:powersgd:rank=4,wire=fp16 --json "$REPORT/ddp-cuda-diloco.json" 2>&1 | tee "$REPORT/ddp-cuda-diloco.log" ||
+    fail "DiLoCo on CUDA"
   step "the hooks' own work per step on the GPU (NCCL group of one; demo MLP, then 4x wider)"
   for width in ${HOOK_WIDTHS:-1024 4096}; do
     "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 100 --threads 8 \
