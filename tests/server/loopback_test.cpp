@@ -12,6 +12,7 @@
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/client.hpp>
+#include "support/ps_loopback.hpp"
 #include "support/ps_synthetic.hpp"
 #include "support/round.hpp"
 
@@ -20,48 +21,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct Running {
-  explicit Running(ServerOptions o) : server(std::move(o)) {
-    server.start();
-    thread = std::thread([this] { rounds = server.run(); });
-  }
-  ~Running() { finish(); }
-  uint64_t finish() {
-    server.stop();
-    if (thread.joinable()) thread.join();
-    return rounds;
-  }
-  Server server;
-  std::thread thread;
-  uint64_t rounds = 0;
-};
-
-ServerOptions options(const std::string& spec, uint32_t world, uint64_t dim, uint64_t rounds) {
-  ServerOptions o;
-  o.bind = "tcp://127.0.0.1:*";
-  o.quiet = true;
-  o.status = false;
-  o.job.job = 5;
-  o.job.world = world;
-  o.job.dim = dim;
-  o.job.spec = spec;
-  o.job.lr = 0.125f;
-  o.job.max_rounds = rounds;
-  o.job.heartbeat = 200ms;
-  o.finish_grace = 300ms;
-  return o;
-}
-
-ClientOptions client_options(const std::string& endpoint, uint32_t rank, uint32_t world) {
-  ClientOptions c;
-  c.server = endpoint;
-  c.job = 5;
-  c.rank = rank;
-  c.world = world;
-  c.timeout = 20s;
-  c.log = [](const std::string&) {};
-  return c;
-}
+using test_loopback::client_options;
+using test_loopback::options;
+using test_loopback::Running;
 
 class Loopback : public ::testing::TestWithParam<const char*> {};
 

@@ -11,53 +11,21 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/local_steps.hpp>
+#include "support/ps_loopback.hpp"
 #include "support/ps_synthetic.hpp"
 
 namespace sketchsgd::ps {
 namespace {
 
-using namespace std::chrono_literals;
-
-struct Running {
-  explicit Running(ServerOptions o) : server(std::move(o)) {
-    server.start();
-    thread = std::thread([this] { server.run(); });
-  }
-  ~Running() {
-    server.stop();
-    if (thread.joinable()) thread.join();
-  }
-  Server server;
-  std::thread thread;
-};
+using test_loopback::client_options;
+using test_loopback::Running;
 
 ServerOptions server_options(const std::string& spec, uint32_t world, uint64_t dim, uint64_t rounds,
                              float lr, OuterOptions outer) {
-  ServerOptions o;
-  o.bind = "tcp://127.0.0.1:*";
-  o.quiet = true;
-  o.status = false;
-  o.job.job = 6;
-  o.job.world = world;
-  o.job.dim = dim;
-  o.job.spec = spec;
+  ServerOptions o = test_loopback::options(spec, world, dim, rounds);
   o.job.lr = lr;
   o.job.outer = outer;
-  o.job.max_rounds = rounds;
-  o.job.heartbeat = 200ms;
-  o.finish_grace = 300ms;
   return o;
-}
-
-ClientOptions client_options(const std::string& endpoint, uint32_t rank, uint32_t world) {
-  ClientOptions c;
-  c.server = endpoint;
-  c.job = 6;
-  c.rank = rank;
-  c.world = world;
-  c.timeout = 20s;
-  c.log = [](const std::string&) {};
-  return c;
 }
 
 /// One local SGD step of the worker's own: θ −= 0.05 · g(θ).
@@ -111,9 +79,7 @@ TEST(LocalSteps, DiLoCoOverTheServerKeepsEveryCopyBitIdentical) {
       EXPECT_EQ(std::memcmp(got[r].params.data(), got[r].model.data(), kDim * 4), 0) << spec;
       EXPECT_EQ(std::memcmp(got[r].model.data(), got[0].model.data(), kDim * 4), 0) << spec;
     }
-    run.server.stop();
-    run.thread.join();
-    EXPECT_EQ(run.server.engine().round(), 5u) << spec;
+    EXPECT_EQ(run.finish(), 5u) << spec;
     EXPECT_EQ(std::memcmp(run.server.engine().model().data(), got[0].model.data(), kDim * 4), 0)
         << spec;
     EXPECT_NE(std::memcmp(got[0].model.data(), init.data(), kDim * 4), 0)
