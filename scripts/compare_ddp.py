@@ -6,7 +6,11 @@ table (--write-docs, MLP only: docs/data/tables/ddp-hooks.json, whose rows for t
 replace theirs; the other workloads' tables come from scripts/frontier.py).
 
     /usr/bin/python3 scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
-                                            [--seed N] [--report-only] [--write-docs]
+                                            [--seed N] [--report-only] [--write-docs] [--local]
+
+--local runs the workload's local-steps list instead (ddp_train.py --local H: DiLoCo with each
+pseudo-gradient codec, PyTorch's PeriodicModelAverager) into build/compare-local-<workload>;
+scripts/local_frontier.py tabulates them beside the per-step runs.
 
 Each workload's run length: mlp 3 epochs, resnet8 1 epoch (the rate decayed to 0 on a cosine),
 transformer 300 steps (~1.5, 1.5 and 3 minutes a run on 2 cores). Output: build/compare-ddp (mlp) or build/compare-ddp-<workload>,
@@ -94,6 +98,37 @@ TRANSFORMER = POWERSGD + [
     ("ef-signsgd", "signsgd:ef=1"),
 ]
 
+# Local steps (--local): name, hook, H[, extra flags]. The pseudo-gradient's compressor is a
+# sketchsgd spec ("dense": DiLoCo with fp32 pseudo-gradients; Nesterov SGD lr 0.7 momentum 0.9
+# outside) or PyTorch's PeriodicModelAverager (torch:average) at the same H. Per-step DDP's
+# points (H = 1) are the runs of the list above, in the per-step output folder.
+AVERAGE = ["--outer-lr", "1", "--outer-momentum", "0"]
+TRANSFORMER_LOCAL = [
+    ("average-h4", "torch:average", 4),
+    ("average-h16", "torch:average", 16),
+    ("average-h64", "torch:average", 64),
+    ("diloco-h4", "dense", 4),
+    ("diloco-h16", "dense", 16),
+    ("diloco-h64", "dense", 64),
+    ("diloco-fp16-h16", "dense:wire=fp16", 16),
+    ("qsgd4-h4", "qsgd:bits=4", 4),
+    ("qsgd4-h16", "qsgd:bits=4", 16),
+    ("qsgd4-h64", "qsgd:bits=4", 64),
+    ("psgd-r4-h4", "sketchsgd:powersgd:rank=4,wire=fp16", 4),
+    ("psgd-r4-h16", "sketchsgd:powersgd:rank=4,wire=fp16", 16),
+    ("topk-2pct-h16", "topk:k=17000,wire=fp16,index=delta", 16),
+    ("fetchsgd-h16", "sketch:rows=1,cols=40000,k=8000,fetch=1,momentum=0,wire=fp16", 16),
+    # The outer step as plain averaging (lr 1, no momentum: PeriodicModelAverager's rule) with a
+    # compressed pseudo-gradient, whose error feedback carries what a sync did not send.
+    ("avg-dense-h16", "dense", 16, AVERAGE),
+    ("avg-qsgd4-h4", "qsgd:bits=4", 4, AVERAGE),
+    ("avg-qsgd4-h16", "qsgd:bits=4", 16, AVERAGE),
+    ("avg-psgd-r4-h4", "sketchsgd:powersgd:rank=4,wire=fp16", 4, AVERAGE),
+    ("avg-topk-2pct-h4", "topk:k=17000,wire=fp16,index=delta", 4, AVERAGE),
+]
+
+LOCAL = {"transformer": TRANSFORMER_LOCAL}
+
 WORKLOADS = {  # hooks, and the run length: (epochs, steps per epoch at most; 0: all)
     "mlp": (MLP, 3, 0),
     "resnet8": (RESNET, 1, 0),
@@ -101,11 +136,13 @@ WORKLOADS = {  # hooks, and the run length: (epochs, steps per epoch at most; 0:
 }
 
 
-def run(name, hook, args):
+def run(name, hook, args, local=0, extra=()):
     out = os.path.join(args.out, f"{name}.json")
     cmd = [sys.executable, "examples/ddp_train.py", "--workload", args.workload, "--hook", hook, "--epochs",
            str(args.epochs), "--max-steps", str(args.max_steps), "--workers", str(args.workers), "--seed",
-           str(args.seed), "--json", out, "--progress", "100"]
+           str(args.seed), "--json", out, "--progress", "100", *extra]
+    if local:
+        cmd += ["--local", str(local)]
     if name == "signsgd":
         cmd += ["--lr", "0.0005"]  # majority vote of signs: a step of ±lr per coordinate
     env = dict(os.environ, PYTHONPATH=os.path.abspath(args.python))
@@ -204,13 +241,21 @@ def main():
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--report-only", action="store_true", help="run nothing: table and plot from --out")
     ap.add_argument("--write-docs", action="store_true", help="write the table's data file (and plot) into docs/")
+    ap.add_argument("--local", action="store_true",
+                    help="the local-steps list (DiLoCo with each codec, PeriodicModelAverager) instead of per-step hooks")
     args = ap.parse_args()
     args.hooks, epochs, steps = WORKLOADS[args.workload]
+    args.local_of = {}
+    if args.local:
+        if args.workload not in LOCAL:
+            sys.exit(f"--local: lists for {sorted(LOCAL)}")
+        args.hooks = [(e[0], e[1]) for e in LOCAL[args.workload]]
+        args.local_of = {e[0]: (e[2], tuple(e[3]) if len(e) > 3 else ()) for e in LOCAL[args.workload]}
     args.epochs = epochs if args.epochs is None else args.epochs
     args.max_steps = steps if args.max_steps is None else args.max_steps
     if args.out is None:
-        args.out = "build/compare-ddp" + ("" if args.workload == "mlp" else f"-{args.workload}") + \
-            ("" if args.seed == 1 else f"-seed{args.seed}")
+        args.out = ("build/compare-local" if args.local else "build/compare-ddp") + \
+            ("" if args.workload == "mlp" else f"-{args.workload}") + ("" if args.seed == 1 else f"-seed{args.seed}")
     if args.write_docs and args.workload != "mlp":
         sys.exit("--write-docs: the MLP's table only; the other workloads' tables: scripts/frontier.py --write-docs")
     only = set(filter(None, args.only.split(",")))
@@ -222,7 +267,7 @@ def main():
     failed = []
     if not args.report_only:
         for name, hook in args.hooks:
-            if name in names and not run(name, hook, args):
+            if name in names and not run(name, hook, args, *args.local_of.get(name, (0, ()))):
                 failed.append(name)
     report(names, args)
     if failed:  # the others ran and are reported; the exit status says some did not

@@ -119,13 +119,21 @@ def verdicts(runs, sc):
     return rows
 
 
-def plot(runs, out, workload, sc):
+def pyplot():
+    """matplotlib.pyplot drawing to files, or None (said once) where matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        return plt
     except ImportError:
         print("(no matplotlib: no plot)")
+        return None
+
+
+def plot(runs, out, workload, sc):
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
     placed = set()

@@ -1,0 +1,197 @@
+#!/usr/bin/python3
+"""The local-steps frontier: quality against traffic per example seen, for every run of
+scripts/compare_ddp.py --local (DiLoCo with each pseudo-gradient codec, PyTorch's
+PeriodicModelAverager, each at H local steps between syncs) beside the per-step DDP hooks of
+scripts/compare_ddp.py (H = 1) on the same workload, seeds, data order and examples seen.
+
+    /usr/bin/python3 scripts/local_frontier.py [--workload transformer] [--write-docs]
+
+Traffic is what one worker hands to the collectives per training example it sees (its payload
+per step, steady state, over its batch), the same accounting for every method; "less" is per-step
+DDP's dense fp32 all-reduce over it. Verdicts compare each sketchsgd point with the best baseline
+(DiLoCo with fp32 pseudo-gradients, PeriodicModelAverager) that sends as much or more: ahead when
+better by more than the noise (the largest sd over points run with 3 seeds), level within it.
+Seeds 2 and 3 are read from build/compare-local-WORKLOAD-seedN (and -seedN of the per-step
+folder), as scripts/frontier.py does.
+
+Writes build/local-frontier-WORKLOAD/{frontier.png,table.md}; --write-docs: the PNG in
+docs/images, the runs in docs/data/local-WORKLOAD.json and the tables' data files.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import frontier  # noqa: E402  (load: runs by name over the seed folders)
+
+# Per-step points shown beside the local runs (names of compare_ddp.py's per-step list).
+PER_STEP = {"none": "DDP dense", "fp16": "DDP fp16 (PyTorch)", "powersgd-r1": "PyTorch PowerSGD r1",
+            "powersgd-r2": "PyTorch PowerSGD r2", "powersgd-r4": "PyTorch PowerSGD r4",
+            "ours-psgd-r4-fp16": "sketchsgd PowerSGD r4 fp16", "qsgd-4bit": "sketchsgd QSGD 4-bit"}
+# Lines of the plot: (label, name pattern, colour, marker, baseline?)
+FAMILIES = [
+    ("DiLoCo, fp32 pseudo-gradient", re.compile(r"^diloco-h\d+$"), "tab:gray", "s", True),
+    ("PyTorch PeriodicModelAverager", re.compile(r"^average-h\d+$"), "tab:orange", "s", True),
+    ("DiLoCo + sketchsgd fp16", re.compile(r"^diloco-fp16-h\d+$"), "tab:cyan", "o", False),
+    ("DiLoCo + sketchsgd QSGD 4-bit", re.compile(r"^qsgd4-h\d+$"), "tab:green", "o", False),
+    ("DiLoCo + sketchsgd PowerSGD r4 fp16", re.compile(r"^psgd-r4-h\d+$"), "tab:blue", "o", False),
+    ("DiLoCo + sketchsgd top-k 2 %", re.compile(r"^topk.*-h\d+$"), "tab:red", "o", False),
+    ("DiLoCo + sketchsgd FetchSGD", re.compile(r"^fetchsgd-h\d+$"), "tab:purple", "D", False),
+    ("averaging, our dense (= PeriodicModelAverager)", re.compile(r"^avg-dense-h\d+$"), "tab:brown", "^", True),
+    ("averaging + sketchsgd QSGD 4-bit", re.compile(r"^avg-qsgd4-h\d+$"), "tab:olive", "^", False),
+    ("averaging + sketchsgd PowerSGD r4 fp16", re.compile(r"^avg-psgd-r4-h\d+$"), "tab:pink", "^", False),
+    ("averaging + sketchsgd top-k 2 %", re.compile(r"^avg-topk.*-h\d+$"), "darkred", "^", False),
+]
+
+
+def family(name):
+    return next((f for f in FAMILIES if f[1].match(name)), None)
+
+
+def h_of(name):
+    m = re.search(r"-h(\d+)$", name)
+    return int(m.group(1)) if m else 1
+
+
+def points(args):
+    """name -> {label, H, hook, per_example, less, loss: {seed: value}, baseline}"""
+    out = {}
+    batch = None
+    for folder, local in ((args.local_runs, True), (args.step_runs, False)):
+        for name, e in frontier.load(argparse.Namespace(runs=folder)).items():
+            if not local and name not in PER_STEP:
+                continue
+            with open(os.path.join(folder, name + ".json")) as f:
+                r = json.load(f)
+            batch = r["batch"]
+            fam = family(name) if local else None
+            out[name] = {"label": (fam[0] if fam else name) if local else PER_STEP[name], "H": h_of(name) if local else 1,
+                         "hook": e["hook"], "per_example": e["payload"] / r["batch"], "less": e["ratio"],
+                         "loss": e["acc"], "baseline": bool(fam and fam[4]) or not local}
+    return out, batch
+
+
+def mean_sd(p):
+    v = list(p["loss"].values())
+    return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else None), len(v)
+
+
+def verdicts(pts, noise, lower_better):
+    """Each sketchsgd local point against the best baseline local point with as much traffic or more."""
+    rows = []
+    base = [(n, p) for n, p in pts.items() if p["baseline"] and p["H"] > 1]
+    for n, p in sorted(pts.items(), key=lambda kv: kv[1]["per_example"]):
+        if p["baseline"]:
+            continue
+        q, _, k = mean_sd(p)
+        rivals = [(bn, bp) for bn, bp in base if bp["per_example"] >= p["per_example"]]
+        if not rivals:
+            continue
+        bn, bp = min(rivals, key=lambda kv: mean_sd(kv[1])[0] if lower_better else -mean_sd(kv[1])[0])
+        bq = mean_sd(bp)[0]
+        gain = (bq - q) if lower_better else (q - bq)
+        verdict = "ahead" if gain > noise else ("level" if gain >= -noise else "behind")
+        rows.append([f"{p['label']}, H = {p['H']}", f"{p['per_example']:,.0f} B", f"{q:.4f} ({k})",
+                     f"{bp['label']}, H = {bp['H']}", f"{bp['per_example']:,.0f} B", f"{bq:.4f}",
+                     f"{gain:+.4f}", verdict])
+    return rows
+
+
+def plot(pts, out, workload, dense, target):
+    plt = frontier.pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, pattern, colour, marker, _ in FAMILIES:
+        line = sorted((p["per_example"], mean_sd(p)[0], p["H"]) for n, p in pts.items() if pattern.match(n))
+        if not line:
+            continue
+        ax.plot([x for x, _, _ in line], [y for _, y, _ in line], marker=marker, color=colour, label=label)
+        for x, y, h in line:
+            ax.annotate(f"H={h}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points", color=colour)
+    for n, p in pts.items():
+        if p["H"] == 1:
+            y = mean_sd(p)[0]
+            ax.scatter(p["per_example"], y, marker="x", color="black")
+            ax.annotate(p["label"], (p["per_example"], y), fontsize=7, xytext=(3, -9), textcoords="offset points")
+    ax.axhline(target, color="tab:red", ls=":", lw=1, label=f"per-step dense + 2 % ({target:.3f})")
+    ax.axvline(dense / 1000, color="tab:red", ls="--", lw=1, label="1000x less than dense DDP")
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes per worker per training example (log)")
+    ax.set_ylabel("validation loss (nats/byte)" if workload == "transformer" else "test accuracy (%)")
+    ax.set_title(f"{workload}, 4 gloo workers: local steps (lines: H = 4, 16, 64) vs per-step DDP (x)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = os.path.join(out, "frontier.png")
+    fig.savefig(png, dpi=120)
+    print(f"plot: {png}")
+    return png
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="transformer")
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args()
+    args.local_runs = f"build/compare-local-{args.workload}"
+    args.step_runs = f"build/compare-ddp-{args.workload}"
+    pts, batch = points(args)
+    if not any(p["H"] > 1 for p in pts.values()):
+        sys.exit(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
+    if "none" not in pts:
+        sys.exit(f"no per-step dense run in {args.step_runs}: run scripts/compare_ddp.py --workload {args.workload} --only none")
+    lower = args.workload == "transformer"
+    seeded = [mean_sd(p)[1] for p in pts.values() if mean_sd(p)[2] >= 3]
+    noise = max(seeded) if seeded else 0.02
+    dense_q = mean_sd(pts["none"])[0]
+    dense = pts["none"]["per_example"] * pts["none"]["less"]  # per-step dense fp32 bytes per example
+    target = dense_q * 1.02 if lower else dense_q - 0.5
+    columns = ["method", "H", "pseudo-gradient", "bytes per example", "less than dense", "validation loss, seed 1",
+               "mean ± sd (seeds)", "vs per-step dense"]
+    rows = []
+    for n, p in sorted(pts.items(), key=lambda kv: (-kv[1]["per_example"])):
+        m, sd, k = mean_sd(p)
+        rows.append([p["label"], p["H"], f"`{p['hook']}`", f"{p['per_example']:,.0f} B", f"{dense / p['per_example']:,.0f}×",
+                     f"{p['loss'].get(1, float('nan')):.4f}", f"{m:.4f} ± {sd:.4f} ({k})" if sd is not None else "—",
+                     f"{100 * (m / dense_q - 1):+.1f} %"])
+    v = verdicts(pts, noise, lower)
+    vcols = ["sketchsgd point", "bytes per example", "loss (seeds)", "best baseline with as much traffic or more",
+             "its bytes", "its loss", "gain", "verdict"]
+    met = [p for p in pts.values() if p["H"] > 1 and mean_sd(p)[0] <= target and dense / p["per_example"] >= 1000]
+    text = "\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in [columns] + rows) + \
+        f"\n\nNoise (largest sd over points with 3 seeds): {noise:.4f}. Target: loss ≤ {target:.4f} (dense + 2 %) at " \
+        f"≥ 1000× less than dense ({dense / 1000:,.0f} B per example or less): " + \
+        (", ".join(f"{p['label']} H={p['H']}" for p in met) if met else "no point meets it") + ".\n\n" + \
+        "\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in [vcols] + v) + "\n"
+    print(text)
+    out = f"build/local-frontier-{args.workload}"
+    os.makedirs(out, exist_ok=True)
+    png = plot(pts, out, args.workload, dense, target)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(text)
+    if args.write_docs:
+        import doc_tables
+        if png:
+            shutil.copy(png, f"docs/images/local-{args.workload}.png")
+        data = f"docs/data/local-{args.workload}.json"
+        with open(data, "w") as f:
+            json.dump(pts, f, indent=1)
+        cmd = f"/usr/bin/python3 scripts/local_frontier.py --workload {args.workload} --write-docs"
+        day = time.strftime("%Y-%m-%d")
+        where = "the 2-core dev machine, PyTorch 1.13, gloo"
+        doc_tables.write(f"docs/data/tables/local-{args.workload}.json", cmd, day, where, columns, rows, data=data,
+                         note=f"4 workers, batch {batch} each, the same 300 steps and data order for every row; "
+                              "seed 1, contested points with seeds 2 and 3.")
+        doc_tables.write(f"docs/data/tables/local-{args.workload}-verdicts.json", cmd, day, where, vcols, v, data=data,
+                         note=f"Noise: {noise:.4f} (the largest sd over points run with 3 seeds).")
+        doc_tables.main([])
+
+
+if __name__ == "__main__":
+    main()
