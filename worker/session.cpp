@@ -16,7 +16,10 @@ struct Session::Parsed {
 };
 
 Session::Session(ClientOptions opts, Compressor& codec, std::span<const float> initial_params)
-    : opts_(std::move(opts)), codec_(codec), heartbeat_(opts_.heartbeat) {
+    : opts_(std::move(opts)),
+      codec_(codec),
+      outer_(std::make_unique<OuterStep>(OuterOptions{}, codec.dim(), codec.device())),
+      heartbeat_(opts_.heartbeat) {
   SKETCHSGD_REQUIRE(opts_.world >= 1 && opts_.rank < opts_.world, InvalidArgument, "client: rank ",
                     opts_.rank, " outside a world of ", opts_.world);
   SKETCHSGD_REQUIRE(opts_.timeout.count() >= 1 && opts_.heartbeat.count() >= 1, InvalidArgument,
@@ -85,8 +88,7 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       staleness_ = w.staleness;
       // The job's outer step (its momentum arrives with the model, which the Pull below asks for).
       const OuterOptions oo{w.momentum, w.nesterov != 0};
-      if (!outer_ || outer_->options().momentum != oo.momentum ||
-          outer_->options().nesterov != oo.nesterov)
+      if (outer_->options().momentum != oo.momentum || outer_->options().nesterov != oo.nesterov)
         outer_ = std::make_unique<OuterStep>(oo, codec_.dim(), codec_.device());
       if (!w.has_model && opts_.rank == 0) {
         // A server restarted without a checkpoint starts again from rank 0's current model.
@@ -120,7 +122,7 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
     case Type::Model: {
       const auto b = m.frames[1].bytes();
       // The parameters, then the outer step's momentum where the job has one.
-      const bool momentum = outer_ && outer_->options().stateful();
+      const bool momentum = outer_->options().stateful();
       const uint64_t dim = codec_.dim();
       SKETCHSGD_REQUIRE(b.size() == dim * (momentum ? 8 : 4), WireError, "model of ", b.size(),
                         " bytes for dim ", dim, momentum ? " with outer momentum" : "");
@@ -207,10 +209,7 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
     case Type::Update: {
       const UpdateInfo info = decode_update_info(m->frames[1].bytes());
       const auto u = m->frames[2].bytes();
-      if (outer_)
-        outer_->apply(codec_, u, params_.span(), info.lr);
-      else  // an Update before any Welcome cannot pass parse(); kept total all the same
-        codec_.apply_step(u, params_.span(), info.lr);
+      outer_->apply(codec_, u, params_.span(), info.lr);
       res.bytes_down += u.size();
       res.lr = info.lr;
       res.contributors = info.contributors;

@@ -101,8 +101,8 @@ class Session {
 
   ClientOptions opts_;
   Compressor& codec_;
-  Buffer<float> params_;     // on the codec's device
-  std::unique_ptr<OuterStep> outer_;  // the job's, from the Welcome; applies every update
+  Buffer<float> params_;              // on the codec's device
+  std::unique_ptr<OuterStep> outer_;  // applies every update; the job's, from its Welcome
   std::vector<float> init_;  // rank 0's initial parameters (host), until the server has a model
   uint64_t round_ = 0;
   uint64_t next_push_ = 0;
