@@ -133,14 +133,16 @@ class DiLoCo:
 
     # ---- statistics and checkpoints --------------------------------------------------------------
     def stats(self) -> dict:
-        """Bytes this rank handed to the collectives (syncs and warm-up), against what per-step
-        DDP would have all-reduced for the same inner steps (the gradient in the model's dtype)."""
+        """Bytes this rank handed to the collectives (syncs and warm-up; bytes_per_sync: the syncs'
+        mean), against what per-step DDP would have all-reduced for the same inner steps (the
+        gradient in the model's dtype)."""
         dim = sum(p.numel() for p in self.params)
         payload = self.state.stats()["payload_bytes"] + self._warmup_bytes
         per_step = dim * self._width * self.inner_steps
         return {"inner_steps": self.inner_steps, "syncs": self.syncs, "payload_bytes": payload,
                 "per_step_dense_bytes": per_step, "ratio": per_step / payload if payload else 0.0,
-                "bytes_per_inner_step": payload / self.inner_steps if self.inner_steps else 0.0}
+                "bytes_per_inner_step": payload / self.inner_steps if self.inner_steps else 0.0,
+                "bytes_per_sync": self.state.stats()["payload_bytes"] / self.syncs if self.syncs else 0.0}
 
     def state_dict(self, gather: bool = True) -> dict:
         """The anchor, the outer optimizer, the counters and the codec state (error feedback).

@@ -19,6 +19,8 @@ def test_every_codec_syncs_replicas_bit_for_bit_and_trains():
         assert all(r[2] == params for r in results), f"{spec}: replicas differ after a sync"
         assert stats["syncs"] == 6 and stats["inner_steps"] == 24, stats
         assert stats["ratio"] >= 4.0, (spec, stats)
+        # No warm-up here: every byte was a sync's.
+        assert abs(stats["bytes_per_sync"] * stats["syncs"] - stats["payload_bytes"]) <= 1e-9 * stats["payload_bytes"]
 
 
 def test_one_step_intervals_with_dense_and_plain_sgd_are_ddp():
