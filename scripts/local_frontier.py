@@ -2,7 +2,8 @@
 """The local-steps frontier: quality against traffic per example seen, for every run of
 scripts/compare_ddp.py --local (DiLoCo with each pseudo-gradient codec, PyTorch's
 PeriodicModelAverager, each at H local steps between syncs) beside the per-step DDP hooks of
-scripts/compare_ddp.py (H = 1) on the same workload, seeds, data order and examples seen.
+scripts/compare_ddp.py (H = 1, from the per-step frontier's data file docs/data/frontier[-WORKLOAD].json)
+on the same workload, seeds, data order and examples seen.
 
     /usr/bin/python3 scripts/local_frontier.py [--workload transformer] [--write-docs]
 
@@ -11,8 +12,8 @@ per step, steady state, over its batch), the same accounting for every method; "
 DDP's dense fp32 all-reduce over it. Verdicts compare each sketchsgd point with the best baseline
 (DiLoCo with fp32 pseudo-gradients, PeriodicModelAverager) that sends as much or more: ahead when
 better by more than the noise (the largest sd over points run with 3 seeds), level within it.
-Seeds 2 and 3 are read from build/compare-local-WORKLOAD-seedN (and -seedN of the per-step
-folder), as scripts/frontier.py does.
+Seeds 2 and 3 of the local runs are read from build/compare-local[-WORKLOAD]-seedN, as
+scripts/frontier.py does.
 
 Writes build/local-frontier-WORKLOAD/{frontier.png,table.md}; --write-docs: the PNG in
 docs/images, the runs in docs/data/local-WORKLOAD.json and the tables' data files.
@@ -59,21 +60,27 @@ def h_of(name):
 
 
 def points(args):
-    """name -> {label, H, hook, per_example, less, loss: {seed: value}, baseline}"""
+    """name -> {label, H, hook, per_example, less, loss: {seed: value}, baseline}. The local runs
+    come from their build folders; the per-step points from the per-step frontier's data file
+    (scripts/frontier.py --write-docs), so the docs' per-step figures are the ones compared with."""
     out = {}
     batch = None
-    lower = args.workload == "transformer"
-    for folder, local in ((args.local_runs, True), (args.step_runs, False)):
-        for name, e in frontier.load(argparse.Namespace(runs=folder)).items():
-            if not local and name not in PER_STEP:
-                continue
-            with open(os.path.join(folder, name + ".json")) as f:
-                r = json.load(f)
-            batch = r["batch"]
-            fam = family(name) if local else None
-            out[name] = {"label": (fam[0] if fam else name) if local else PER_STEP[name], "H": h_of(name) if local else 1,
-                         "hook": e["hook"], "per_example": e["payload"] / r["batch"], "less": e["ratio"],
-                         "loss": e["acc"], "baseline": bool(fam and fam[4]) or not local}
+    for name, e in frontier.load(argparse.Namespace(runs=args.local_runs)).items():
+        with open(os.path.join(args.local_runs, name + ".json")) as f:
+            batch = json.load(f)["batch"]
+        fam = family(name)
+        out[name] = {"label": fam[0] if fam else name, "H": h_of(name), "hook": e["hook"],
+                     "per_example": e["payload"] / batch, "less": e["ratio"], "loss": e["acc"],
+                     "baseline": bool(fam and fam[4])}
+    if batch is None:
+        return out, batch
+    with open(args.step_data) as f:
+        steps = json.load(f)
+    for name, label in PER_STEP.items():
+        if name in steps:
+            e = steps[name]
+            out[name] = {"label": label, "H": 1, "hook": e["hook"], "per_example": e["payload"] / batch,
+                         "less": e["ratio"], "loss": {int(s): v for s, v in e["acc"].items()}, "baseline": True}
     return out, batch
 
 
@@ -143,12 +150,12 @@ def main():
     args = ap.parse_args()
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"  # compare_ddp.py's folders
     args.local_runs = f"build/compare-local{suffix}"
-    args.step_runs = f"build/compare-ddp{suffix}"
+    args.step_data = f"docs/data/frontier{suffix}.json"
     pts, batch = points(args)
     if not any(p["H"] > 1 for p in pts.values()):
         sys.exit(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
     if "none" not in pts:
-        sys.exit(f"no per-step dense run in {args.step_runs}: run scripts/compare_ddp.py --workload {args.workload} --only none")
+        sys.exit(f"no per-step dense point in {args.step_data}: scripts/frontier.py --workload {args.workload} --write-docs")
     lower = args.workload == "transformer"
     seeded = [mean_sd(p)[1] for p in pts.values() if mean_sd(p)[2] >= 3]
     noise = max(seeded) if seeded else (0.02 if lower else 0.3)

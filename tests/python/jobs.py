@@ -436,6 +436,24 @@ def outer_loop(rank, world, spec, every, steps):
     return losses[0], sum(losses[-5:]) / 5, flat(m).numpy().tobytes(), outer.stats()
 
 
+def outer_error_feedback(rank, world, syncs):
+    """DiLoCo with top-10 of a 10x10 weight, plain averaging outside (SGD lr 1): each inner step
+    moves this rank's weight by -0.01 (rank + 1) g, g a fixed ramp from 1 to 0.5, so every
+    interval's pseudo-gradient is the same and its top 10 always the same coordinates. Returns
+    the weight after `syncs` syncs (it starts at zero)."""
+    from sketchsgd.torch import DiLoCo
+    m = nn.Linear(10, 10, bias=False)
+    with torch.no_grad():
+        m.weight.zero_()
+    outer = DiLoCo(m, "topk:k=10", every=2, outer_optimizer=lambda p: torch.optim.SGD(p, lr=1.0))
+    g = (rank + 1) * torch.linspace(1.0, 0.5, 100).view(10, 10)
+    for _ in range(2 * syncs):
+        with torch.no_grad():
+            m.weight.sub_(0.01 * g)
+        outer.step()
+    return m.weight.detach().reshape(-1).numpy().copy()
+
+
 def outer_every_step_vs_ddp(rank, world, steps):
     """DiLoCo with H = 1, dense, outer SGD lr 1 without momentum and inner SGD: parameter
     averaging after every step, which is DDP with SGD. Returns both parameter vectors."""

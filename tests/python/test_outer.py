@@ -28,6 +28,24 @@ def test_one_step_intervals_with_dense_and_plain_sgd_are_ddp():
         np.testing.assert_allclose(outer, ddp_params, rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}")
 
 
+def test_error_feedback_keeps_what_a_sync_did_not_send():
+    """Every interval's pseudo-gradient is the same, so without error feedback top-10 would send
+    the same 10 of 100 coordinates forever. With it every coordinate moves, none by more than it
+    was given, and what is still owed is bounded by one threshold of the selection (the mean
+    interval's sum over k), not growing with the number of syncs."""
+    syncs, world = 40, 4
+    results = ddp.run(jobs.outer_error_feedback, syncs, world=world)
+    assert all(np.array_equal(r, results[0]) for r in results), "replicas differ after a sync"
+    ramp = np.linspace(1.0, 0.5, 100, dtype=np.float64)
+    given = syncs * 0.02 * np.mean(np.arange(1, world + 1)) * ramp  # the mean pseudo-gradients' sum
+    moved = -results[0].astype(np.float64)
+    assert (moved > 0).all(), f"coordinates never sent: {np.flatnonzero(moved <= 0).tolist()}"
+    owed = given - moved
+    assert (owed > -1e-4).all(), f"sent more than was given: {owed.min()}"
+    threshold = 0.02 * np.mean(np.arange(1, world + 1)) * ramp.sum() / 10
+    assert owed.max() <= 2 * threshold, (owed.max(), threshold)
+
+
 def test_a_checkpoint_per_rank_resumes_identically_mid_interval(tmp_path):
     """Adam inside, syncs every 3 steps, the checkpoint at step 4 (between syncs, models and
     Adam's moments differ per rank): each rank's file restores it bit for bit."""

@@ -536,6 +536,63 @@ TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
   EXPECT_FALSE(load_checkpoint(path.string()));
 }
 
+TEST(Engine, TheOuterMomentumSurvivesACheckpointAndTheJobContinuesBitForBit) {
+  // A local-steps job's server (Nesterov outer step): restored after round 2 from its checkpoint
+  // (through the file), it ends round 4 with the same model as the server that never stopped;
+  // restored without the momentum buffer it does not. Pushes do not depend on the workers'
+  // copies, so both servers see the same bytes.
+  JobConfig cfg = job("dense", 2, 300);
+  cfg.outer = OuterOptions{0.9f, true};
+  const auto base = test::initial_params(300, 9);
+  auto rounds = [&](Net& net, std::vector<FakeWorker>& ws, uint64_t from, uint64_t to) {
+    for (uint64_t t = from; t < to; ++t) {
+      for (auto& w : ws) w.push(net, test::synthetic_grad(base, w.rank, t, 3));
+      for (auto& w : ws) ASSERT_EQ(w.settle(net), Type::Update) << "round " << t;
+    }
+  };
+  Net straight(cfg);
+  auto ws = start(straight, cfg, base);
+  rounds(straight, ws, 0, 2);
+  const Checkpoint at2 = straight.engine.checkpoint();
+  ASSERT_EQ(at2.outer.size(), 300u);
+  EXPECT_TRUE(std::any_of(at2.outer.begin(), at2.outer.end(), [](float m) { return m != 0; }));
+  rounds(straight, ws, 2, 4);
+
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("sketchsgd-outer-" + std::to_string(::getpid()) + ".bin");
+  save_checkpoint(path.string(), at2);
+  const auto loaded = load_checkpoint(path.string());
+  std::filesystem::remove(path);
+  ASSERT_TRUE(loaded);
+  EXPECT_EQ(loaded->outer, at2.outer);
+
+  auto resumed = [&](Checkpoint c) {
+    Net net(cfg);
+    net.engine.restore(c);
+    auto again = rejoin(net, cfg);
+    rounds(net, again, 2, 4);
+    return std::vector<float>(net.engine.model().begin(), net.engine.model().end());
+  };
+  const std::vector<float> want(straight.engine.model().begin(), straight.engine.model().end());
+  EXPECT_EQ(std::memcmp(resumed(*loaded).data(), want.data(), want.size() * 4), 0);
+  Checkpoint forgetful = *loaded;
+  forgetful.outer.clear();  // an old (v1) checkpoint: momentum starts again from zero
+  EXPECT_NE(resumed(forgetful), want);
+
+  // A buffer of the wrong length, a non-finite one, or one given to a server without momentum.
+  Net net(cfg);
+  Checkpoint bad = *loaded;
+  bad.outer.pop_back();
+  EXPECT_THROW(net.engine.restore(bad), WireError);
+  bad = *loaded;
+  bad.outer[7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(net.engine.restore(bad), WireError);
+  JobConfig plain = cfg;
+  plain.outer = OuterOptions{};
+  Net without(plain);
+  EXPECT_THROW(without.engine.restore(*loaded), ConfigMismatch);
+}
+
 TEST(Engine, TheHashingModeIsCheckedAtRegistrationAndOnRestore) {
   const JobConfig cfg = job("sketch:k=20,cols=200", 1, 500);  // blocked hashing, the default
   Net net(cfg);
