@@ -109,6 +109,9 @@ TRANSFORMER_LOCAL = [
     ("average-h4", "torch:average", 4),
     ("average-h16", "torch:average", 16),
     ("average-h64", "torch:average", 64),
+    # Equal-traffic baselines for the compressed points: averaging twice or once more in 300 steps.
+    ("average-h128", "torch:average", 128),
+    ("average-h256", "torch:average", 256),
     ("diloco-h4", "dense", 4),
     ("diloco-h16", "dense", 16),
     ("diloco-h64", "dense", 64),
@@ -118,6 +121,8 @@ TRANSFORMER_LOCAL = [
     ("avg-qsgd4-h16", "qsgd:bits=4", 16, AVERAGE),
     ("avg-topk-2pct-h4", "topk:k=17000,wire=fp16,index=delta", 4, AVERAGE),
     ("avg-topk-2pct-h16", "topk:k=17000,wire=fp16,index=delta", 16, AVERAGE),
+    ("avg-topk-05pct-h4", "topk:k=4300,wire=fp16,index=delta", 4, AVERAGE),
+    ("avg-topk-05pct-h16", "topk:k=4300,wire=fp16,index=delta", 16, AVERAGE),
     ("avg-psgd-r4-h4", "sketchsgd:powersgd:rank=4,wire=fp16", 4, AVERAGE),
     ("avg-fetchsgd-h4", "sketch:rows=1,cols=40000,k=8000,fetch=1,momentum=0,wire=fp16", 4, AVERAGE),
     # With DiLoCo's Nesterov outer step instead.

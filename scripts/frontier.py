@@ -65,12 +65,12 @@ def summary(e):
 class Scale:
     """How a workload's quality reads: its direction, format and the verdicts' margins."""
 
-    def __init__(self, workload, noise):
+    def __init__(self, workload, noise, first_rule=True):
         self.loss = workload == "transformer"
         self.sign = -1 if self.loss else 1  # better = sign * (ours - theirs) > 0
         self.noise = noise
-        # The MLP keeps its first rule (its table was made with it); the others use the noise.
-        self.ahead, self.level = (0.3, 0.1) if workload == "mlp" else (noise, noise)
+        # The MLP's per-step table keeps its first rule (it was made with it); the rest use the noise.
+        self.ahead, self.level = (0.3, 0.1) if workload == "mlp" and first_rule else (noise, noise)
         self.name = "validation loss" if self.loss else "accuracy"
 
     def fmt(self, q):
@@ -83,21 +83,29 @@ class Scale:
         return f"{self.level:.4f}" if self.loss else f"{self.level:.1f} points"
 
 
-def verdict_columns(sc):
-    return ["PyTorch PowerSGD", "its payload", f"its {sc.name}", "best of ours at that payload or less", sc.name,
-            "payload", "difference", "verdict", f"least traffic of ours within {sc.tol()}"]
+def verdict_columns(sc, theirs="PyTorch PowerSGD", traffic="payload"):
+    return [theirs, f"its {traffic}", f"its {sc.name}", f"best of ours at that {traffic} or less", sc.name,
+            traffic, "difference", "verdict", f"least traffic of ours within {sc.tol()}"]
 
 
-def verdicts(runs, sc):
-    """For each PyTorch PowerSGD budget: the best sketchsgd hook at that payload or less ("ahead":
-    better by sc.ahead or more; "level": within the run-to-run noise; else "behind"), and our
-    least traffic at PyTorch's quality (within sc.level)."""
+def verdicts(runs, sc, theirs=None, ours=None, label=None):
+    """For each of their points (default: PyTorch's PowerSGD budgets): the best of ours (default:
+    every sketchsgd hook) at that traffic or less ("ahead": better by sc.ahead or more; "level":
+    within the run-to-run noise; else "behind"), and our least traffic at their quality (within
+    sc.level). runs: name -> {"hook", "payload" (the traffic compared), "acc": {seed: quality}};
+    label(name) names a point in the table (default: theirs by name, ours by hook)."""
     rows = []
-    ours = {n: e for n, e in runs.items() if n not in ("none", "fp16") and not n.startswith("powersgd")}
-    for name in sorted((n for n in runs if re.match(r"^powersgd-r\d+$", n)), key=lambda n: runs[n]["payload"]):
+    name_of = label or (lambda n: n)
+    hook_of = label or (lambda n: f"`{runs[n]['hook']}`")
+    if theirs is None:
+        theirs = [n for n in runs if re.match(r"^powersgd-r\d+$", n)]
+    if ours is None:
+        ours = [n for n in runs if n not in ("none", "fp16") and not n.startswith("powersgd")]
+    ours = {n: runs[n] for n in ours}
+    for name in sorted(theirs, key=lambda n: runs[n]["payload"]):
         t = runs[name]
         tm, _, tn = summary(t)
-        row = [name, f"{t['payload']:,.0f} B", f"{sc.fmt(tm)} ({tn})"]
+        row = [name_of(name), f"{t['payload']:,.0f} B", f"{sc.fmt(tm)} ({tn})"]
         fit = [(sc.sign * summary(e)[0], n) for n, e in ours.items() if e["payload"] <= t["payload"] * 1.001]
         if not fit:
             rows.append(row + ["none"] + [""] * 5)
@@ -107,12 +115,12 @@ def verdicts(runs, sc):
         bm, _, bnn = summary(e)
         better = sc.sign * (bm - tm)
         state = "ahead" if better >= sc.ahead else ("level" if better > -sc.noise else "behind")
-        row += [f"`{e['hook']}`", f"{sc.fmt(bm)} ({bnn})", f"{e['payload']:,.0f} B ({t['payload'] / e['payload']:.1f}x less)",
+        row += [hook_of(bn), f"{sc.fmt(bm)} ({bnn})", f"{e['payload']:,.0f} B ({t['payload'] / e['payload']:.1f}x less)",
                 sc.diff(bm - tm), state]
         level = [(e["payload"], n) for n, e in ours.items() if sc.sign * (summary(e)[0] - tm) >= -sc.level]
         if level:
             lp, ln = min(level)
-            row.append(f"`{ours[ln]['hook']}`: {sc.fmt(summary(ours[ln])[0])} at {lp:,.0f} B ({t['payload'] / lp:.1f}x less)")
+            row.append(f"{hook_of(ln)}: {sc.fmt(summary(ours[ln])[0])} at {lp:,.0f} B ({t['payload'] / lp:.1f}x less)")
         else:
             row.append("none")
         rows.append(row)

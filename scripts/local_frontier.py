@@ -30,10 +30,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import frontier  # noqa: E402  (load: runs by name over the seed folders)
 
-# Per-step points shown beside the local runs (names of compare_ddp.py's per-step list).
-PER_STEP = {"none": "DDP dense", "fp16": "DDP fp16 (PyTorch)", "powersgd-r1": "PyTorch PowerSGD r1",
-            "powersgd-r2": "PyTorch PowerSGD r2", "powersgd-r4": "PyTorch PowerSGD r4",
-            "ours-psgd-r4-fp16": "sketchsgd PowerSGD r4 fp16", "qsgd-4bit": "sketchsgd QSGD 4-bit"}
+# Per-step points shown beside the local runs (names of compare_ddp.py's per-step list): label,
+# and whether it is a baseline (theirs) rather than one of ours.
+PER_STEP = {"none": ("DDP dense", True), "fp16": ("DDP fp16 (PyTorch)", True),
+            "powersgd-r1": ("PyTorch PowerSGD r1", True), "powersgd-r2": ("PyTorch PowerSGD r2", True),
+            "powersgd-r4": ("PyTorch PowerSGD r4", True),
+            "ours-psgd-r4-fp16": ("sketchsgd PowerSGD r4 fp16", False), "qsgd-4bit": ("sketchsgd QSGD 4-bit", False)}
 # Lines of the plot: (label, name pattern, colour, marker, baseline?)
 FAMILIES = [
     ("DiLoCo, fp32 pseudo-gradient", re.compile(r"^diloco-h\d+$"), "tab:gray", "s", True),
@@ -45,7 +47,8 @@ FAMILIES = [
     ("averaging + sketchsgd fp16", re.compile(r"^avg-fp16-h\d+$"), "tab:cyan", "^", False),
     ("averaging + sketchsgd QSGD 4-bit", re.compile(r"^avg-qsgd4-h\d+$"), "tab:olive", "^", False),
     ("averaging + sketchsgd PowerSGD r4 fp16", re.compile(r"^avg-psgd-r4-h\d+$"), "tab:pink", "^", False),
-    ("averaging + sketchsgd top-k 2 % (error feedback)", re.compile(r"^avg-topk.*-h\d+$"), "darkred", "^", False),
+    ("averaging + sketchsgd top-k 2 % (error feedback)", re.compile(r"^avg-topk-2pct-h\d+$"), "darkred", "^", False),
+    ("averaging + sketchsgd top-k 0.5 % (error feedback)", re.compile(r"^avg-topk-05pct-h\d+$"), "salmon", "^", False),
     ("averaging + sketchsgd FetchSGD", re.compile(r"^avg-fetchsgd-h\d+$"), "tab:purple", "D", False),
 ]
 
@@ -60,28 +63,30 @@ def h_of(name):
 
 
 def points(args):
-    """name -> {label, H, hook, per_example, less, loss: {seed: value}, baseline}. The local runs
-    come from their build folders; the per-step points from the per-step frontier's data file
-    (scripts/frontier.py --write-docs), so the docs' per-step figures are the ones compared with."""
+    """(name -> {label, H, hook, per_example, less, loss: {seed: value}, baseline}, the runs' batch
+    and steps per worker). The local runs come from their build folders; the per-step points from
+    the per-step frontier's data file (scripts/frontier.py --write-docs), so the docs' per-step
+    figures are the ones compared with."""
     out = {}
-    batch = None
+    batch = steps = None
     for name, e in frontier.load(argparse.Namespace(runs=args.local_runs)).items():
         with open(os.path.join(args.local_runs, name + ".json")) as f:
-            batch = json.load(f)["batch"]
+            r = json.load(f)
+        batch, steps = r["batch"], r["steps"]
         fam = family(name)
         out[name] = {"label": fam[0] if fam else name, "H": h_of(name), "hook": e["hook"],
                      "per_example": e["payload"] / batch, "less": e["ratio"], "loss": e["acc"],
                      "baseline": bool(fam and fam[4])}
     if batch is None:
-        return out, batch
+        return out, batch, steps
     with open(args.step_data) as f:
-        steps = json.load(f)
-    for name, label in PER_STEP.items():
-        if name in steps:
-            e = steps[name]
+        per_step = json.load(f)
+    for name, (label, theirs) in PER_STEP.items():
+        if name in per_step:
+            e = per_step[name]
             out[name] = {"label": label, "H": 1, "hook": e["hook"], "per_example": e["payload"] / batch,
-                         "less": e["ratio"], "loss": {int(s): v for s, v in e["acc"].items()}, "baseline": True}
-    return out, batch
+                         "less": e["ratio"], "loss": {int(s): v for s, v in e["acc"].items()}, "baseline": theirs}
+    return out, batch, steps
 
 
 def mean_sd(p):
@@ -89,25 +94,14 @@ def mean_sd(p):
     return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else None), len(v)
 
 
-def verdicts(pts, noise, lower_better):
-    """Each sketchsgd local point against the best baseline local point with as much traffic or more."""
-    rows = []
-    base = [(n, p) for n, p in pts.items() if p["baseline"] and p["H"] > 1]
-    for n, p in sorted(pts.items(), key=lambda kv: kv[1]["per_example"]):
-        if p["baseline"]:
-            continue
-        q, _, k = mean_sd(p)
-        rivals = [(bn, bp) for bn, bp in base if bp["per_example"] >= p["per_example"]]
-        if not rivals:
-            continue
-        bn, bp = min(rivals, key=lambda kv: mean_sd(kv[1])[0] if lower_better else -mean_sd(kv[1])[0])
-        bq = mean_sd(bp)[0]
-        gain = (bq - q) if lower_better else (q - bq)
-        verdict = "ahead" if gain > noise else ("level" if gain >= -noise else "behind")
-        rows.append([f"{p['label']}, H = {p['H']}", f"{p['per_example']:,.0f} B", f"{q:.4f} ({k})",
-                     f"{bp['label']}, H = {bp['H']}", f"{bp['per_example']:,.0f} B", f"{bq:.4f}",
-                     f"{gain:+.4f}", verdict])
-    return rows
+def verdicts(pts, sc):
+    """frontier.verdicts over bytes per example: for each baseline (DiLoCo with fp32 pseudo-gradients,
+    PeriodicModelAverager, per-step DDP and PyTorch's PowerSGD), the best sketchsgd local point
+    at that traffic or less, and our least traffic within the noise of its quality."""
+    runs = {n: {"hook": p["hook"], "payload": p["per_example"], "acc": p["loss"]} for n, p in pts.items()}
+    theirs = [n for n, p in pts.items() if p["baseline"]]
+    ours = [n for n, p in pts.items() if not p["baseline"] and p["H"] > 1]
+    return frontier.verdicts(runs, sc, theirs, ours, label=lambda n: f"{pts[n]['label']}, H = {pts[n]['H']}")
 
 
 def plot(pts, out, workload, dense, target):
@@ -151,7 +145,7 @@ def main():
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"  # compare_ddp.py's folders
     args.local_runs = f"build/compare-local{suffix}"
     args.step_data = f"docs/data/frontier{suffix}.json"
-    pts, batch = points(args)
+    pts, batch, steps = points(args)
     if not any(p["H"] > 1 for p in pts.values()):
         sys.exit(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
     if "none" not in pts:
@@ -171,9 +165,9 @@ def main():
         rows.append([p["label"], p["H"], f"`{p['hook']}`", f"{p['per_example']:,.0f} B", f"{dense / p['per_example']:,.0f}×",
                      f"{p['loss'].get(1, float('nan')):.4f}", f"{m:.4f} ± {sd:.4f} ({k})" if sd is not None else "—",
                      f"{100 * (m / dense_q - 1):+.1f} %" if lower else f"{m - dense_q:+.2f} points"])
-    v = verdicts(pts, noise, lower)
-    vcols = ["sketchsgd point", "bytes per example", f"{quality} (seeds)", "best baseline with as much traffic or more",
-             "its bytes", f"its {quality}", "gain", "verdict"]
+    sc = frontier.Scale(args.workload, noise, first_rule=False)
+    v = verdicts(pts, sc)
+    vcols = frontier.verdict_columns(sc, theirs="baseline", traffic="bytes per example")
     good = (lambda q: q <= target) if lower else (lambda q: q >= target)
     met = [p for p in pts.values() if p["H"] > 1 and good(mean_sd(p)[0]) and dense / p["per_example"] >= 1000]
     rule = f"loss ≤ {target:.4f} (dense + 2 %)" if lower else f"accuracy ≥ {target:.2f} % (dense − 0.5 points)"
@@ -199,10 +193,11 @@ def main():
         day = time.strftime("%Y-%m-%d")
         where = "the 2-core dev machine, PyTorch 1.13, gloo"
         doc_tables.write(f"docs/data/tables/local-{args.workload}.json", cmd, day, where, columns, rows, data=data,
-                         note=f"4 workers, batch {batch} each, the same 300 steps and data order for every row; "
-                              "seed 1, contested points with seeds 2 and 3.")
+                         note=f"4 workers, batch {batch} each, the same {steps} steps and data order for "
+                              "every row; seed 1, contested points with seeds 2 and 3.")
         doc_tables.write(f"docs/data/tables/local-{args.workload}-verdicts.json", cmd, day, where, vcols, v, data=data,
-                         note=f"Noise: {noise:.4f} (the largest sd over points run with 3 seeds).")
+                         note=f"Quality as means over the seeds run (their count in brackets). Noise: {noise:.4f} "
+                              "(the largest sd over points run with 3 seeds): ahead by more, level within it.")
         doc_tables.main([])
 
 
