@@ -142,6 +142,12 @@ MLP_LOCAL = [
     ("avg-qsgd4-h64", "qsgd:bits=4", 64, AVERAGE),
     ("avg-topk-2pct-h64", "topk:k=37000,wire=fp16,index=delta", 64, AVERAGE),
     ("avg-topk-2pct-h16", "topk:k=37000,wire=fp16,index=delta", 16, AVERAGE),
+    # Equal-traffic baselines for the sparse points (17 syncs in 4,218 steps) and sparser codecs.
+    ("average-h256", "torch:average", 256),
+    ("diloco-h256", "dense", 256),
+    ("topk-2pct-h16", "topk:k=37000,wire=fp16,index=delta", 16),
+    ("topk-05pct-h64", "topk:k=9300,wire=fp16,index=delta", 64),
+    ("qsgd4-h16", "qsgd:bits=4", 16),
 ]
 
 LOCAL = {"transformer": TRANSFORMER_LOCAL, "mlp": MLP_LOCAL}

@@ -25,6 +25,7 @@ POINTS = [
     ("dense-h8", "dense", 8),
     ("qsgd4-h8", "qsgd:bits=4", 8),
     ("dense-h32", "dense", 32),
+    ("topk-2pct-h64", "topk:k=37000,wire=fp16,index=delta", 64),
 ]
 TRAIN = "build/default/demo/sketchsgd-train"
 
