@@ -15,7 +15,8 @@ pseudo-gradients, PeriodicModelAverager, per-step DDP and PyTorch's PowerSGD) th
 local point at that traffic or less — ahead when better by more than the noise (the largest sd
 over points run with 3 seeds), level within it — and our least traffic within the noise.
 Seeds 2 and 3 of the local runs are read from build/compare-local[-WORKLOAD]-seedN, as
-scripts/frontier.py does.
+scripts/frontier.py does, and per-step seeds that the data file lacks from
+build/compare-ddp[-WORKLOAD]-seedN.
 
 Writes build/local-frontier-WORKLOAD/{frontier.png,table.md}; --write-docs: the PNG in
 docs/images, the runs in docs/data/local-WORKLOAD.json and the tables' data files.
@@ -86,6 +87,11 @@ def points(args):
         return out, batch, steps
     with open(args.step_data) as f:
         per_step = json.load(f)
+    # Seeds run since the per-step frontier was written (compare_ddp.py --only none --seed N).
+    for name, e in frontier.load(argparse.Namespace(runs=args.step_runs)).items():
+        if name in per_step:
+            for seed, q in e["acc"].items():
+                per_step[name]["acc"].setdefault(str(seed), q)
     for name, (label, theirs) in PER_STEP.items():
         if name in per_step:
             e = per_step[name]
@@ -153,6 +159,7 @@ def main():
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"  # compare_ddp.py's folders
     args.local_runs = f"build/compare-local{suffix}"
     args.step_data = f"docs/data/frontier{suffix}.json"
+    args.step_runs = f"build/compare-ddp{suffix}"
     pts, batch, steps = points(args)
     if not any(p["H"] > 1 for p in pts.values()):
         sys.exit(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
@@ -161,7 +168,7 @@ def main():
     lower = args.workload == "transformer"
     seeded = [mean_sd(p)[1] for p in pts.values() if mean_sd(p)[2] >= 3]
     noise = max(seeded) if seeded else (0.02 if lower else 0.3)
-    quality = "validation loss" if lower else "test accuracy (%)"
+    sc = frontier.Scale(args.workload, noise, first_rule=False)
     dense_q = mean_sd(pts["none"])[0]
     dense = pts["none"]["per_example"] * pts["none"]["less"]  # per-step dense fp32 bytes per example
     target = dense_q * 1.02 if lower else dense_q - 0.5
@@ -178,15 +185,16 @@ def main():
     def good(p):
         m, d = mean_sd(p)[0], same_seeds(p)
         return m <= d * 1.02 if lower else m >= d - 0.5
-    columns = ["method", "H", "pseudo-gradient", "bytes per example", "less than dense", f"{quality}, seed 1",
+
+    columns = ["method", "H", "pseudo-gradient", "bytes per example", "less than dense", f"{sc.name}, seed 1",
                "mean ± sd (seeds)", "vs per-step dense (same seeds)"]
     rows = []
     for n, p in sorted(pts.items(), key=lambda kv: (-kv[1]["per_example"])):
         m, sd, k = mean_sd(p)
         rows.append([p["label"], p["H"], f"`{p['hook']}`", f"{p['per_example']:,.0f} B", f"{dense / p['per_example']:,.0f}×",
-                     f"{p['loss'].get(1, float('nan')):.4f}", f"{m:.4f} ± {sd:.4f} ({k})" if sd is not None else "—",
+                     sc.fmt(p["loss"][1]) if 1 in p["loss"] else "—",
+                     f"{sc.fmt(m)} ± {sd:.{4 if lower else 2}f} ({k})" if sd is not None else "—",
                      gap(p)])
-    sc = frontier.Scale(args.workload, noise, first_rule=False)
     v = verdicts(pts, sc)
     vcols = frontier.verdict_columns(sc, theirs="baseline", traffic="bytes per example")
     met = [p for p in pts.values() if p["H"] > 1 and good(p) and dense / p["per_example"] >= 1000]
