@@ -8,9 +8,10 @@ replace theirs; the other workloads' tables come from scripts/frontier.py).
     /usr/bin/python3 scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
                                             [--seed N] [--report-only] [--write-docs] [--local]
 
---local runs the workload's local-steps list instead (ddp_train.py --local H: DiLoCo with each
-pseudo-gradient codec, PyTorch's PeriodicModelAverager) into build/compare-local-<workload>;
-scripts/local_frontier.py tabulates them beside the per-step runs.
+--local runs the workload's local-steps list instead (transformer, mlp; ddp_train.py --local H:
+DiLoCo with each pseudo-gradient codec, PyTorch's PeriodicModelAverager) into
+build/compare-local[-<workload>]; scripts/local_frontier.py tabulates them beside the per-step
+runs.
 
 Each workload's run length: mlp 3 epochs, resnet8 1 epoch (the rate decayed to 0 on a cosine),
 transformer 300 steps (~1.5, 1.5 and 3 minutes a run on 2 cores). Output: build/compare-ddp (mlp) or build/compare-ddp-<workload>,
@@ -130,7 +131,7 @@ TRANSFORMER_LOCAL = [
     ("psgd-r4-h16", "sketchsgd:powersgd:rank=4,wire=fp16", 16),
 ]
 
-# The MLP (3 epochs, 4,218 steps a worker; SGD lr 0.01 momentum 0.9 inside): H up to 64 leaves 65
+# The MLP (3 epochs, 1,404 steps a worker; SGD lr 0.01 momentum 0.9 inside): H = 64 leaves 22
 # syncs, and a sparse pseudo-gradient reaches 1000x less traffic than per-step DDP.
 MLP_LOCAL = [
     ("average-h16", "torch:average", 16),
@@ -142,9 +143,11 @@ MLP_LOCAL = [
     ("avg-qsgd4-h64", "qsgd:bits=4", 64, AVERAGE),
     ("avg-topk-2pct-h64", "topk:k=37000,wire=fp16,index=delta", 64, AVERAGE),
     ("avg-topk-2pct-h16", "topk:k=37000,wire=fp16,index=delta", 16, AVERAGE),
-    # Equal-traffic baselines for the sparse points (17 syncs in 4,218 steps) and sparser codecs.
+    # Equal-traffic baselines for the sparse points (6 syncs in 1,404 steps) and sparser codecs.
     ("average-h256", "torch:average", 256),
     ("diloco-h256", "dense", 256),
+    ("average-h1024", "torch:average", 1024),
+    ("diloco-h1024", "dense", 1024),
     ("topk-2pct-h16", "topk:k=37000,wire=fp16,index=delta", 16),
     ("topk-05pct-h64", "topk:k=9300,wire=fp16,index=delta", 64),
     ("qsgd4-h16", "qsgd:bits=4", 16),
