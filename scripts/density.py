@@ -50,7 +50,10 @@ def main():
         sys.exit(f"--steps {args.steps}: at least {4 * max(HS)} (the last window of {max(HS)} steps must fit)")
     torch.manual_seed(1)
     torch.set_num_threads(2)
-    job = workloads.make(args.workload)
+    try:
+        job = workloads.make(args.workload)
+    except (ValueError, OSError) as e:
+        sys.exit(f"--workload {args.workload}: {e}")
     d = workloads.defaults(args.workload)
     model = job.model(1)
     params = list(model.parameters())
