@@ -119,7 +119,7 @@ def plot(pts, out, workload, dense, target):
     plt = frontier.pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11.5, 5.2))
     for label, pattern, colour, marker, _ in FAMILIES:
         line = sorted((p["per_example"], *mean_sd(p)[:2], p["H"]) for n, p in pts.items() if pattern.match(n))
         if not line:
@@ -143,7 +143,7 @@ def plot(pts, out, workload, dense, target):
     ax.set_title(f"{workload}, 4 gloo workers: local steps (a line: one method at several H; bars: ±1 sd over "
                  "seeds) vs per-step DDP (x)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: no point hidden
     fig.tight_layout()
     png = os.path.join(out, "frontier.png")
     fig.savefig(png, dpi=120)
