@@ -15,6 +15,7 @@
 #include <sketchsgd/config.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/core/gpu.hpp>
+#include <sketchsgd/kernels/sample.hpp>
 
 namespace py = pybind11;
 using namespace sketchsgd;
@@ -144,6 +145,10 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       "The registry: a dict per codec with its name, summary and options.");
+  m.def("sample_clients", &sample_clients, py::arg("population"), py::arg("per_round"),
+        py::arg("seed"), py::arg("round"),
+        "A federated round's participants: per_round distinct clients of [0, population) in "
+        "increasing order, drawn from (seed, round) as the parameter server draws them.");
   m.def("share_spec", &share_spec, py::arg("spec"), py::arg("share") = 1.0,
         "The canonical spec for a share of the model: its budgets (k, cols) scaled by share, at "
         "least 1 each; share 1 validates a spec.");

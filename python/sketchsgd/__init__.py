@@ -23,6 +23,7 @@ from ._core import (
     describe,
     gpu_count,
     message_info,
+    sample_clients,
 )
 from ._compressor import Aggregator, Compressor
 
@@ -31,5 +32,5 @@ cuda_build = _core.cuda_build
 __all__ = [
     "Aggregator", "Compressor", "ConfigMismatch", "CudaError", "Error", "InvalidArgument",
     "JobFinished", "NonFiniteError", "ProtocolError", "TimeoutError", "WireError", "codecs",
-    "cuda_build", "describe", "gpu_count", "message_info",
+    "cuda_build", "describe", "gpu_count", "message_info", "sample_clients",
 ]
