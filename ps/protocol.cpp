@@ -132,6 +132,7 @@ Bytes encode(const HelloInfo& h) {
   w.put(h.world);
   w.put(h.dim);
   put_text(w, h.spec);
+  w.put(h.population);
   return out;
 }
 
@@ -141,6 +142,7 @@ HelloInfo decode_hello(std::span<const uint8_t> frame) {
   h.world = r.get<uint32_t>();
   h.dim = r.get<uint64_t>();
   h.spec = get_text(r);
+  h.population = r.get<uint32_t>();
   r.expect_end();
   return h;
 }

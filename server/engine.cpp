@@ -8,6 +8,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/sample.hpp>
 
 namespace sketchsgd::ps {
 namespace {
@@ -64,6 +65,10 @@ void JobConfig::validate() const {
   SKETCHSGD_REQUIRE(dead_after >= 1, InvalidArgument, "dead_after must be ≥ 1");
   SKETCHSGD_REQUIRE(staleness <= 64, InvalidArgument, "staleness must be ≤ 64 rounds, got ",
                     staleness);
+  SKETCHSGD_REQUIRE(population == 0 || population >= world, InvalidArgument, "population ",
+                    population, " is smaller than the ", world, " clients sampled per round");
+  SKETCHSGD_REQUIRE(population == 0 || staleness == 0, InvalidArgument,
+                    "a federated job's clients leave after their round: no bounded staleness");
   outer.validate();
 }
 
@@ -173,6 +178,15 @@ void Engine::reset_round() {
   metrics_.bytes_up.assign(cfg_.world, 0);
   metrics_.dense_bytes = cfg_.dim * 4 + kHeaderBytes;
   merge_ms_ = 0;
+  if (federated()) sampled_ = sample_clients(cfg_.population, cfg_.world, cfg_.sample_seed, round_);
+}
+
+void Engine::release_slots() {
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    if (workers_[r].registered) rank_of_.erase(workers_[r].peer);
+    workers_[r] = Worker{};
+    pending_pull_[r] = false;
+  }
 }
 
 // ---- sending
@@ -329,8 +343,12 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
                     std::to_string(e.rank));
   if (h.world != cfg_.world)
     return mismatch("world size " + std::to_string(h.world) + ", the job has " +
-                    std::to_string(cfg_.world) + " workers");
-  if (e.rank >= cfg_.world)
+                    std::to_string(cfg_.world) + (federated() ? " clients a round" : " workers"));
+  if (h.population != cfg_.population)
+    return mismatch("population " + std::to_string(h.population) + ", the job has " +
+                    (federated() ? std::to_string(cfg_.population) + " clients"
+                                 : std::string("fixed workers (population 0)")));
+  if (!federated() && e.rank >= cfg_.world)
     return mismatch("rank " + std::to_string(e.rank) + " outside [0, " +
                     std::to_string(cfg_.world) + ")");
   if (h.dim != cfg_.dim)
@@ -338,19 +356,25 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
                     std::to_string(cfg_.dim));
   if (h.spec != cfg_.spec)
     return mismatch("codec '" + h.spec + "', the job runs '" + cfg_.spec + "'");
+  uint32_t rank = e.rank;
+  if (federated()) {
+    const auto slot = slot_of(peer, e, out);
+    if (!slot) return;
+    rank = *slot;
+  }
   const auto held = rank_of_.find(peer);
-  if (held != rank_of_.end() && held->second != e.rank)
+  if (held != rank_of_.end() && held->second != rank)
     return mismatch("this connection is already rank " + std::to_string(held->second));
 
-  Worker& w = workers_[e.rank];
+  Worker& w = workers_[rank];
   if (w.registered && w.peer != peer) {
     if (w.alive && now - w.last_seen < cfg_.heartbeat * cfg_.dead_after)
       return refuse(peer, e, true,
-                    "rank " + std::to_string(e.rank) + " is held by a live connection", out);
+                    "rank " + std::to_string(rank) + " is held by a live connection", out);
     rank_of_.erase(w.peer);
-    hooks_.log("rank " + std::to_string(e.rank) + " re-registered on a new connection");
-  } else if (!w.registered) {
-    hooks_.log("rank " + std::to_string(e.rank) + " registered");
+    hooks_.log("rank " + std::to_string(rank) + " re-registered on a new connection");
+  } else if (!w.registered && !federated()) {
+    hooks_.log("rank " + std::to_string(rank) + " registered");
   }
   w.peer = peer;
   w.session = 0;
@@ -358,14 +382,35 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.registered = true;
   w.alive = true;
   w.last_seen = now;
-  rank_of_[peer] = e.rank;
+  rank_of_[peer] = rank;
   const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness,
                          cfg_.outer.momentum, uint8_t(cfg_.outer.nesterov)};
-  send(e.rank, {to(e.rank, Type::Welcome, round_), Frame::own(encode(info))}, out);
+  send(rank, {to(rank, Type::Welcome, round_), Frame::own(encode(info))}, out);
+}
+
+std::optional<uint32_t> Engine::slot_of(const PeerId& peer, const Envelope& e,
+                                        std::vector<Outgoing>& out) {
+  const std::string client = "client " + std::to_string(e.rank);
+  const std::string at = " (the job is at round " + std::to_string(round_) + ")";
+  if (e.rank >= cfg_.population) {
+    refuse(peer, e, false,
+           client + " outside the population [0, " + std::to_string(cfg_.population) + ")", out);
+  } else if (finished()) {
+    finished_reply(peer, e, out);
+  } else if (e.round < round_) {
+    refuse(peer, e, false, client + " came for round " + std::to_string(e.round) + ", which is over" + at, out);
+  } else if (e.round > round_) {
+    refuse(peer, e, true, "round " + std::to_string(e.round) + " is not open yet" + at, out);
+  } else {
+    const auto it = std::lower_bound(sampled_.begin(), sampled_.end(), e.rank);
+    if (it != sampled_.end() && *it == e.rank) return uint32_t(it - sampled_.begin());
+    refuse(peer, e, false, client + " is not sampled in round " + std::to_string(round_), out);
+  }
+  return std::nullopt;
 }
 
 void Engine::on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out) {
-  SKETCHSGD_REQUIRE(rank == 0, ProtocolError, "init from rank ", rank,
+  SKETCHSGD_REQUIRE(rank == 0 || federated(), ProtocolError, "init from rank ", rank,
                     " (only rank 0 initialises)");
   if (has_model())
     return;  // a second init (rank 0 restarted before the first pull) changes nothing
@@ -515,7 +560,10 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
     if (!expected || got[r]) continue;
     all = false;
     missing.push_back(r);
-    if (workers_[r].registered && workers_[r].alive) live_all = false;
+    // Still to come: a live worker, or a federated client that has not registered yet (one
+    // that registered and then fell silent or left is gone, like a dead worker).
+    const Worker& w = workers_[r];
+    if (federated() ? !(w.registered && !w.alive) : w.registered && w.alive) live_all = false;
   }
   if (all) {
     close_phase(now, out, "");
@@ -628,6 +676,7 @@ void Engine::finish_round(std::vector<Outgoing>&) {
                ranks_text(metrics_.stragglers) + (metrics_.reason.empty() ? "" : ": ") +
                metrics_.reason);
   hooks_.round(metrics_);
+  if (federated()) release_slots();
   ++round_;
   if (hooks_.checkpoint && cfg_.checkpoint_every &&
       (round_ % cfg_.checkpoint_every == 0 || finished()))

@@ -36,7 +36,14 @@ int main(int argc, char** argv) {
   f.add("bind", "tcp://127.0.0.1:5555", "ZeroMQ endpoint to bind (tcp://HOST:PORT; PORT * = any)",
         "SKETCHSGD_BIND");
   f.add("job", "1", "job id; workers must use the same", "SKETCHSGD_JOB");
-  f.add("world", "1", "number of workers W", "SKETCHSGD_WORLD");
+  f.add("world", "1", "number of workers W (a federated job: clients sampled per round)",
+        "SKETCHSGD_WORLD");
+  f.add("population", "0",
+        "a federated job's clients N: W of them sampled each round, each registers for its round, "
+        "pushes and leaves (0: W fixed workers)",
+        "SKETCHSGD_POPULATION");
+  f.add("sample-seed", "1", "a federated job: seed of the rounds' samples (clients draw the same)",
+        "SKETCHSGD_SAMPLE_SEED");
   f.add("dim", "0", "number of parameters d (required)", "SKETCHSGD_DIM");
   f.add("codec", "sketch", "codec spec, e.g. sketch:rows=5,cols=500000,k=50000,p2=4",
         "SKETCHSGD_CODEC");
@@ -102,6 +109,10 @@ int main(int argc, char** argv) {
     o.bind = f.str("bind");
     o.job.job = f.u64("job");
     o.job.world = uint32_t(f.u64("world"));
+    SKETCHSGD_REQUIRE(f.u64("population") <= UINT32_MAX, sketchsgd::InvalidArgument,
+                      "--population must be below 2^32");
+    o.job.population = uint32_t(f.u64("population"));
+    o.job.sample_seed = f.u64("sample-seed");
     o.job.dim = f.u64("dim");
     SKETCHSGD_REQUIRE(o.job.dim > 0, sketchsgd::InvalidArgument, "--dim is required (see --help)");
     o.job.spec = f.str("codec");

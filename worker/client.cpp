@@ -40,7 +40,7 @@ struct Client::Link {
       const Millis hb(hb_ms.load());
       if (now - io.last_send() >= hb)
         (void)io.send_now(nullptr, {Frame::own(encode(Envelope{Type::Heartbeat, opts.job, 0,
-                                                               opts.rank, 0, session.load()}))});
+                                                               rank.load(), 0, session.load()}))});
       if (now - last_recv > hb * opts.dead_after + backoff) {
         log("server silent for " +
             std::to_string(std::chrono::duration_cast<Millis>(now - last_recv).count()) +
@@ -74,6 +74,7 @@ struct Client::Link {
   uint64_t max_frame;
   std::atomic<int64_t> hb_ms;        // the server's interval, once registered
   std::atomic<uint64_t> session{0};  // heartbeats carry the registration's token
+  std::atomic<uint32_t> rank{0};     // and its rank (a federated client's slot)
   Clock::time_point last_recv;       // I/O thread only
   Millis backoff{100};               // I/O thread only
   std::deque<Received> backlog;      // taken from the I/O thread, not yet handled
@@ -122,6 +123,7 @@ void Client::flush(Session::Outbox& out) {
   out.clear();
   link_->hb_ms = session_->heartbeat().count();
   link_->session = session_->session();
+  link_->rank = session_->rank();
 }
 
 [[noreturn]] void Client::timeout(const std::string& what) const {

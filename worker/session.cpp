@@ -19,13 +19,23 @@ Session::Session(ClientOptions opts, Compressor& codec, std::span<const float> i
     : opts_(std::move(opts)),
       codec_(codec),
       outer_(std::make_unique<OuterStep>(OuterOptions{}, codec.dim(), codec.device())),
+      slot_(opts_.rank),
+      round_(opts_.join_round),
+      next_push_(opts_.join_round),
       heartbeat_(opts_.heartbeat) {
-  SKETCHSGD_REQUIRE(opts_.world >= 1 && opts_.rank < opts_.world, InvalidArgument, "client: rank ",
-                    opts_.rank, " outside a world of ", opts_.world);
+  const bool federated = opts_.population != 0;
+  SKETCHSGD_REQUIRE(opts_.world >= 1 && opts_.rank < (federated ? opts_.population : opts_.world),
+                    InvalidArgument, "client: ", federated ? "id " : "rank ", opts_.rank,
+                    " outside ", federated ? "a population of " : "a world of ",
+                    federated ? opts_.population : opts_.world);
+  SKETCHSGD_REQUIRE(!federated || opts_.world <= opts_.population, InvalidArgument, "client: ",
+                    opts_.world, " clients a round from a population of ", opts_.population);
+  SKETCHSGD_REQUIRE(federated || opts_.join_round == 0, InvalidArgument,
+                    "client: join_round is for federated clients (population > 0)");
   SKETCHSGD_REQUIRE(opts_.timeout.count() >= 1 && opts_.heartbeat.count() >= 1, InvalidArgument,
                     "client: timeout and heartbeat must be ≥ 1 ms");
   if (!opts_.log) opts_.log = [](const std::string&) {};
-  if (opts_.rank == 0) {
+  if (federated ? !initial_params.empty() : opts_.rank == 0) {
     SKETCHSGD_REQUIRE(initial_params.size() == codec_.dim(), InvalidArgument,
                       "client: rank 0 needs initial parameters of length ", codec_.dim(), ", got ",
                       initial_params.size());
@@ -39,7 +49,7 @@ Session::Session(ClientOptions opts, Compressor& codec, std::span<const float> i
 }
 
 Frame Session::envelope(Type t, uint64_t round) const {
-  return Frame::own(encode(Envelope{t, opts_.job, round, opts_.rank, 0, session_}));
+  return Frame::own(encode(Envelope{t, opts_.job, round, slot_, 0, session_}));
 }
 
 void Session::hello(Outbox& out) {
@@ -47,7 +57,8 @@ void Session::hello(Outbox& out) {
   synced_ = false;
   session_ = 0;
   hello_at_.reset();
-  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec()};
+  slot_ = opts_.rank;  // a Hello names the worker's rank, or the federated client's id
+  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population};
   out.push_back({envelope(Type::Hello, round_), Frame::own(encode(h))});
 }
 
@@ -63,8 +74,10 @@ std::optional<Session::Parsed> Session::parse(const Frames& frames) const {
   if (frames.empty()) return std::nullopt;
   try {
     Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
-    SKETCHSGD_REQUIRE(e.job == opts_.job && e.rank == opts_.rank, ProtocolError, "message for job ",
-                      e.job, " rank ", e.rank);
+    // A federated client's Welcome names the slot it takes (any rank of the round).
+    const bool slot_given = opts_.population != 0 && e.type == Type::Welcome && e.rank < opts_.world;
+    SKETCHSGD_REQUIRE(e.job == opts_.job && (e.rank == slot_ || slot_given), ProtocolError,
+                      "message for job ", e.job, " rank ", e.rank);
     // Registration answers come before (or instead of) a session; everything else must belong to
     // the current one, so traffic of an earlier registration is never applied.
     const bool any_session =
@@ -84,13 +97,15 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       const WelcomeInfo w = decode_welcome(m.frames[1].bytes());
       registered_ = true;
       session_ = m.env.session;
+      slot_ = m.env.rank;
       heartbeat_ = Millis(w.heartbeat_ms);
       staleness_ = w.staleness;
       // The job's outer step (its momentum arrives with the model, which the Pull below asks for).
       const OuterOptions oo{w.momentum, w.nesterov != 0};
       if (outer_->options().momentum != oo.momentum || outer_->options().nesterov != oo.nesterov)
         outer_ = std::make_unique<OuterStep>(oo, codec_.dim(), codec_.device());
-      if (!w.has_model && opts_.rank == 0) {
+      const bool initialises = opts_.population ? !init_.empty() : opts_.rank == 0;
+      if (!w.has_model && initialises) {
         // A server restarted without a checkpoint starts again from rank 0's current model.
         const std::vector<float> p = init_.empty() ? params_.to_vector() : init_;
         out.push_back({envelope(Type::Init, round_),
@@ -161,7 +176,7 @@ void Session::handle_registration(const Frames& frames, Clock::time_point now, O
 void Session::push(std::span<const float> grad, Outbox& out, StepResult& res) {
   const uint64_t r = next_push_;
   res.round = r;
-  const Frame msg = Frame::own(codec_.encode(grad, r, opts_.rank).release());
+  const Frame msg = Frame::own(codec_.encode(grad, r, slot_).release());
   pending_.emplace_back(r, msg);
   out.push_back({envelope(Type::Push, r), msg});
   res.bytes_up += msg.size();
@@ -201,7 +216,7 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
     case Type::Query: {
       const auto q = m->frames[1].bytes();
       res.bytes_down += q.size();
-      const Frame ans = Frame::own(codec_.answer(q, opts_.rank).release());
+      const Frame ans = Frame::own(codec_.answer(q, slot_).release());
       res.bytes_up += ans.size();
       out.push_back({envelope(Type::Answer, round_), ans});
       return false;

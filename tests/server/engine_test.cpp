@@ -13,6 +13,7 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/server/engine.hpp>
 #include "support/ps_job.hpp"
+#include "support/ps_net.hpp"
 #include "support/ps_synthetic.hpp"
 #include "support/round.hpp"
 
@@ -20,125 +21,6 @@ namespace sketchsgd::ps {
 namespace {
 
 using namespace std::chrono_literals;
-
-struct Net {
-  explicit Net(JobConfig cfg, std::function<void(Checkpoint, bool)> checkpoint = {})
-      : engine(std::move(cfg), hooks(std::move(checkpoint))) {}
-  static Hooks hooks(std::function<void(Checkpoint, bool)> checkpoint) {
-    Hooks h;
-    h.log = [](const std::string&) {};
-    h.checkpoint = std::move(checkpoint);
-    return h;
-  }
-
-  void deliver(const PeerId& peer, const Frames& f) {
-    std::vector<Outgoing> out;
-    engine.handle(peer, f, now, out);
-    route(out);
-  }
-  void tick(Millis dt) {
-    now += dt;
-    std::vector<Outgoing> out;
-    engine.tick(now, out);
-    route(out);
-  }
-  void route(std::vector<Outgoing>& out) {
-    for (auto& o : out) inbox[o.peer].push_back(std::move(o.frames));
-  }
-  /// The next message the server sent to peer (fails the test when there is none).
-  std::optional<std::pair<Envelope, Frames>> next(const PeerId& peer) {
-    auto& q = inbox[peer];
-    if (q.empty()) return std::nullopt;
-    Frames f = std::move(q.front());
-    q.pop_front();
-    return std::make_pair(decode_envelope(f[0].bytes(), f.size() - 1), std::move(f));
-  }
-
-  Engine engine;
-  Clock::time_point now = Clock::time_point{} + std::chrono::hours(1);
-  std::map<PeerId, std::deque<Frames>> inbox;
-};
-
-Frame env(Type t, uint64_t job, uint64_t round, uint32_t rank, uint64_t session = 0) {
-  return Frame::own(encode(Envelope{t, job, round, rank, 0, session}));
-}
-Frame bytes_frame(std::span<const uint8_t> b) {
-  return Frame::own(Bytes(b.begin(), b.end()));
-}
-
-struct FakeWorker {
-  FakeWorker(uint32_t r, const JobConfig& cfg)
-      : rank(r),
-        peer("peer-" + std::to_string(r)),
-        job(cfg.job),
-        world(cfg.world),
-        codec(make_compressor(cfg.spec, cfg.dim)) {}
-
-  void hello(Net& net, uint32_t as_world = 0) {
-    const HelloInfo h{as_world ? as_world : world, codec->dim(), codec->spec()};
-    net.deliver(peer, {env(Type::Hello, job, 0, rank), Frame::own(encode(h))});
-  }
-  /// Registers, initialises (rank 0) and pulls the model.
-  void join(Net& net, std::span<const float> init) {
-    hello(net);
-    auto w = net.next(peer);
-    ASSERT_TRUE(w);
-    ASSERT_EQ(w->first.type, Type::Welcome);
-    session = w->first.session;
-    if (!decode_welcome(w->second[1].bytes()).has_model && rank == 0)
-      net.deliver(
-          peer, {mine(Type::Init, 0),
-                 bytes_frame({reinterpret_cast<const uint8_t*>(init.data()), init.size_bytes()})});
-    net.deliver(peer, {mine(Type::Pull, 0)});
-  }
-  /// Takes a Model message if one is queued.
-  bool take_model(Net& net) {
-    auto m = net.next(peer);
-    if (!m || m->first.type != Type::Model) return false;
-    params.resize(codec->dim());
-    std::memcpy(params.data(), m->second[1].bytes().data(), params.size() * 4);
-    round = m->first.round;
-    return true;
-  }
-  void push(Net& net, std::span<const float> g) {
-    const Message m = codec->encode(g, round, rank);
-    net.deliver(peer, {mine(Type::Push, round), bytes_frame(m)});
-  }
-  /// Handles what the server sent: answers queries, applies the update. Returns the type that
-  /// ended the round (Update or Abort) or nothing.
-  std::optional<Type> settle(Net& net) {
-    while (auto m = net.next(peer)) {
-      const auto& [e, f] = *m;
-      if (e.type == Type::Query) {
-        const Message a = codec->answer(f[1].bytes(), rank);
-        net.deliver(peer, {mine(Type::Answer, e.round), bytes_frame(a)});
-      } else if (e.type == Type::Update && e.round == round) {
-        const UpdateInfo info = decode_update_info(f[1].bytes());
-        std::vector<float> step(codec->dim());
-        codec->apply(f[2].bytes(), step);
-        kernels::cpu::axpy(params.data(), step.data(), params.size(), -info.lr);
-        ++round;
-        return Type::Update;
-      } else if (e.type == Type::Abort && e.round == round) {
-        ++round;
-        return Type::Abort;
-      }
-    }
-    return std::nullopt;
-  }
-
-  /// An envelope of this worker's current registration.
-  Frame mine(Type t, uint64_t r) const { return env(t, job, r, rank, session); }
-
-  uint32_t rank;
-  PeerId peer;
-  uint64_t job;
-  uint32_t world;
-  uint64_t session = 0;  // from the Welcome
-  std::unique_ptr<Compressor> codec;
-  std::vector<float> params;
-  uint64_t round = 0;
-};
 
 JobConfig job(const std::string& spec, uint32_t world, uint64_t dim) {
   return test_job::make(spec, world, dim);
@@ -248,9 +130,15 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   EXPECT_NE(refusal(net, w.peer).find("rank 5 outside"), std::string::npos);
 
   Bytes future = encode(Envelope{Type::Hello, cfg.job, 0, 0, 0});
-  future[4] = 4;  // a worker speaking protocol version 4
+  future[4] = kProtocolVersion + 1;  // a worker speaking the next protocol version
   net.deliver(w.peer, {Frame::own(future), Frame::own(encode(good))});
-  EXPECT_NE(refusal(net, w.peer).find("protocol version 4, this server speaks 3"),
+  EXPECT_NE(refusal(net, w.peer).find("protocol version " + std::to_string(kProtocolVersion + 1) +
+                                      ", this server speaks " + std::to_string(kProtocolVersion)),
+            std::string::npos);
+
+  const HelloInfo federated{2, 500, w.codec->spec(), 100};
+  net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 0), Frame::own(encode(federated))});
+  EXPECT_NE(refusal(net, w.peer).find("population 100, the job has fixed workers"),
             std::string::npos);
 
   w.hello(net);
@@ -269,7 +157,7 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   // The old connection is no longer rank 0.
   net.deliver(w.peer, {env(Type::Pull, cfg.job, 0, 0)});
   EXPECT_NE(refusal(net, w.peer).find("not registered"), std::string::npos);
-  EXPECT_EQ(net.engine.rejected(), 9u);  // 7 refusals; the other-version hello also fails to decode
+  EXPECT_EQ(net.engine.rejected(), 10u);  // 8 refusals; the other-version hello also fails to decode
 }
 
 TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {

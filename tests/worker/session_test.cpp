@@ -11,6 +11,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/sample.hpp>
 #include <sketchsgd/server/engine.hpp>
 #include <sketchsgd/worker/session.hpp>
 #include "support/ps_job.hpp"
@@ -69,9 +70,11 @@ ClientOptions options(uint32_t rank, uint32_t world) {
 
 struct Worker {
   Worker(const JobConfig& cfg, uint32_t rank, std::span<const float> init, std::string p = "")
-      : peer(p.empty() ? "w" + std::to_string(rank) : std::move(p)),
+      : Worker(cfg, options(rank, cfg.world), init, std::move(p)) {}
+  Worker(const JobConfig& cfg, ClientOptions o, std::span<const float> init, std::string p = "")
+      : peer(p.empty() ? "w" + std::to_string(o.rank) : std::move(p)),
         codec(make_compressor(cfg.spec, cfg.dim)),
-        session(options(rank, cfg.world), *codec, init) {}
+        session(std::move(o), *codec, init) {}
 
   void hello(Wire& w) {
     Session::Outbox out;
@@ -167,6 +170,63 @@ INSTANTIATE_TEST_SUITE_P(Codecs, SessionCodecs,
                          ::testing::Values("sketch:k=30,cols=300,p2=2", "sketch:k=30,cols=300,fetch=1",
                                            "sketch:k=30,cols=300,p2=2,hashing=random",
                                            "topk:k=30", "signsgd", "terngrad"));
+
+ClientOptions client(uint32_t id, const JobConfig& cfg, uint64_t round) {
+  ClientOptions o = options(id, cfg.world);
+  o.population = cfg.population;
+  o.join_round = round;
+  return o;
+}
+
+TEST(Session, FederatedClientsTakeTheirSlotsTrainAndLeaveWithTheirRound) {
+  JobConfig cfg = job("sketch:k=30,cols=300,fetch=1", 3, 600);
+  cfg.population = 40;
+  cfg.sample_seed = 4;
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 5);
+  test::Job ref(w.engine.config().spec, cfg.dim, cfg.world);
+  std::vector<float> expect = init;
+  for (uint64_t t = 0; t < 4; ++t) {
+    const auto sample = sample_clients(cfg.population, cfg.world, cfg.sample_seed, t);
+    std::vector<std::unique_ptr<Worker>> cs;
+    for (uint32_t id : sample)  // every client holds the initial model; the first one in sends it
+      cs.push_back(std::make_unique<Worker>(cfg, client(id, cfg, t), init,
+                                            "c" + std::to_string(id) + "r" + std::to_string(t)));
+    for (auto& c : cs) c->hello(w);
+    for (int pass = 0; pass < 3; ++pass)
+      for (auto& c : cs) c->registration(w);
+    std::vector<std::vector<float>> grads;
+    for (uint32_t slot = 0; slot < cs.size(); ++slot) {
+      ASSERT_TRUE(cs[slot]->session.synced()) << "client " << sample[slot];
+      EXPECT_EQ(cs[slot]->session.rank(), slot) << "client " << sample[slot];
+      EXPECT_EQ(cs[slot]->session.round(), t);
+      grads.push_back(test::synthetic_grad(cs[slot]->session.params(), sample[slot], t, 11));
+    }
+    round(w, cs, 11);
+    for (auto& r : ref.workers) r = make_compressor(w.engine.config().spec, cfg.dim);  // stateless
+    const auto steps = ref.round(grads, t);
+    kernels::cpu::axpy(expect.data(), steps[0].data(), cfg.dim, -cfg.lr);
+    for (auto& c : cs)
+      EXPECT_EQ(std::memcmp(c->session.params().data(), expect.data(), cfg.dim * 4), 0) << c->peer;
+    EXPECT_EQ(w.engine.live_workers(), 0u);
+  }
+  EXPECT_EQ(std::memcmp(w.engine.model().data(), expect.data(), cfg.dim * 4), 0);
+
+  // A client that was not sampled is refused for good; one early for its round waits its turn.
+  const auto now = sample_clients(cfg.population, cfg.world, cfg.sample_seed, 4);
+  uint32_t outsider = 0;
+  while (std::find(now.begin(), now.end(), outsider) != now.end()) ++outsider;
+  Worker out(cfg, client(outsider, cfg, 4), {}, "outsider");
+  out.hello(w);
+  EXPECT_THROW(out.registration(w), ConfigMismatch);
+  Worker early(cfg, client(sample_clients(cfg.population, cfg.world, cfg.sample_seed, 5)[0], cfg, 5),
+               {}, "early");
+  early.hello(w);
+  early.registration(w);
+  EXPECT_FALSE(early.session.registered());
+  EXPECT_TRUE(early.session.next_tick()) << "no Hello again for a round not open yet";
+  EXPECT_THROW(Worker(cfg, client(cfg.population, cfg, 0), {}), InvalidArgument);
+}
 
 TEST(Session, TransientRefusalRetriesHelloWhenItsTimerIsDue) {
   const JobConfig cfg = job("topk:k=10", 2, 300);

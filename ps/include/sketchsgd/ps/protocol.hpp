@@ -29,7 +29,7 @@ class Compressor;
 namespace sketchsgd::ps {
 
 inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
-inline constexpr uint16_t kProtocolVersion = 3;  // 3: the outer step in Welcome and Model
+inline constexpr uint16_t kProtocolVersion = 4;  // 4: the population in Hello (federated jobs)
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -38,8 +38,10 @@ inline constexpr uint32_t kMaxPayloadFrames = 2;
 inline constexpr size_t kMaxText = 65536;
 
 enum class Type : uint8_t {
-  Hello = 1,       ///< worker → server: registration (HelloInfo)
-  Welcome = 2,     ///< server → worker: accepted (WelcomeInfo)
+  Hello = 1,       ///< worker → server: registration (HelloInfo); a federated client names
+                   ///< its id as the rank and the round it was sampled for as the round
+  Welcome = 2,     ///< server → worker: accepted (WelcomeInfo); the envelope's rank is the
+                   ///< rank to use from then on (a federated client's slot in its round)
   Refuse = 3,      ///< server → worker: refused (RefuseInfo); the worker prints the reason
   Init = 4,        ///< rank 0 → server: initial parameters when the server has none
   Pull = 5,        ///< worker → server: send me the model
@@ -84,9 +86,10 @@ struct ForeignHello {
 std::optional<ForeignHello> peek_foreign_hello(std::span<const uint8_t> frame);
 
 struct HelloInfo {
-  uint32_t world = 0;
+  uint32_t world = 0;  ///< workers, or a federated job's clients per round
   uint64_t dim = 0;
-  std::string spec;  ///< canonical codec spec (Compressor::spec())
+  std::string spec;         ///< canonical codec spec (Compressor::spec())
+  uint32_t population = 0;  ///< a federated job's clients (0: a job of `world` fixed workers)
 };
 Bytes encode(const HelloInfo& h);
 HelloInfo decode_hello(std::span<const uint8_t> frame);

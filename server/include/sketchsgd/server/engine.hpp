@@ -61,6 +61,13 @@ struct JobConfig {
   /// many rounds ahead of the last update it received. 0: synchronous. Not with two-round codecs.
   uint32_t staleness = 0;
   bool authenticated = false;  ///< CURVE: a Hello's rank must be the one its key is bound to
+  /// A federated (cross-device) job: `population` clients, `world` of them sampled each round
+  /// (sample_clients(population, world, sample_seed, round)). A sampled client registers for its
+  /// round under its id, gets the slot of its place in the sample as its rank, pushes and
+  /// leaves; every slot is free again once the round has ended. A slot whose client has not
+  /// come counts as live until the deadline. 0: `world` fixed workers.
+  uint32_t population = 0;
+  uint64_t sample_seed = 1;
   /// Where the aggregator sums and decodes (a GPU: the sketch unsketch runs there). The server's
   /// model copy stays on the host.
   Device device = Device::cpu();
@@ -159,6 +166,12 @@ class Engine {
   void start_phase(MessageKind kind);
   void reset_round();
 
+  bool federated() const { return cfg_.population != 0; }
+  /// A federated Hello's slot: the client's place in this round's sample, or a refusal sent.
+  std::optional<uint32_t> slot_of(const PeerId& peer, const Envelope& e,
+                                  std::vector<Outgoing>& out);
+  /// A federated round has ended: its clients leave, their slots wait for the next sample.
+  void release_slots();
   /// An aggregator on the job's device (the CPU, or a GPU for --device cuda).
   std::unique_ptr<Aggregator> make_aggregator() const;
   void send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const;
@@ -182,6 +195,7 @@ class Engine {
   std::vector<Worker> workers_;
   std::map<PeerId, uint32_t> rank_of_;
   std::vector<bool> pending_pull_;
+  std::vector<uint32_t> sampled_;  // a federated job's clients of this round, in slot order
 
   // current round
   std::vector<bool> pushed_;    // gradient phase contributors

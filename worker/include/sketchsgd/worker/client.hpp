@@ -53,7 +53,8 @@ class Client {
   uint64_t next_push() const { return session_->next_push(); }
   uint32_t staleness() const { return session_->staleness(); }
   Compressor& codec() { return *codec_; }
-  uint32_t rank() const { return session_->options().rank; }
+  /// The rank this registration uses (a federated client's slot in its round).
+  uint32_t rank() const { return session_->rank(); }
 
  private:
   struct Link;

@@ -25,8 +25,14 @@ namespace sketchsgd::ps {
 struct ClientOptions {
   std::string server = "tcp://127.0.0.1:5555";
   uint64_t job = 1;
-  uint32_t rank = 0;
-  uint32_t world = 1;
+  uint32_t rank = 0;   ///< the worker's rank, or a federated client's id
+  uint32_t world = 1;  ///< workers, or a federated job's clients per round
+  /// A federated job's population (0: a job of `world` fixed workers). The client registers for
+  /// round `join_round` (the server refuses it unless it was sampled then), uses the slot the
+  /// server gives it as its rank, and is done once that round has ended. Any client holding
+  /// initial parameters may initialise a server that has no model.
+  uint32_t population = 0;
+  uint64_t join_round = 0;
   std::chrono::milliseconds heartbeat{1000};  ///< replaced by the server's value on registration
   uint32_t dead_after = 3;                    ///< silent intervals before the server counts as gone
   std::chrono::milliseconds timeout{120000};  ///< longest wait for registration or one round
@@ -92,6 +98,8 @@ class Session {
   /// The liveness interval the server asked for (the option's value before registration).
   std::chrono::milliseconds heartbeat() const { return heartbeat_; }
   const ClientOptions& options() const { return opts_; }
+  /// The rank this registration uses: the option's, or a federated client's slot.
+  uint32_t rank() const { return slot_; }
 
  private:
   struct Parsed;
@@ -104,6 +112,7 @@ class Session {
   Buffer<float> params_;              // on the codec's device
   std::unique_ptr<OuterStep> outer_;  // applies every update; the job's, from its Welcome
   std::vector<float> init_;  // rank 0's initial parameters (host), until the server has a model
+  uint32_t slot_;  // the rank used on the wire (a federated client's slot from its Welcome)
   uint64_t round_ = 0;
   uint64_t next_push_ = 0;
   uint32_t staleness_ = 0;
