@@ -386,6 +386,8 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness,
                          cfg_.outer.momentum, uint8_t(cfg_.outer.nesterov)};
   send(rank, {to(rank, Type::Welcome, round_), Frame::own(encode(info))}, out);
+  // A federated client comes for the model: it follows the Welcome (a round trip saved a client).
+  if (federated()) on_pull(rank, out);
 }
 
 std::optional<uint32_t> Engine::slot_of(const PeerId& peer, const Envelope& e,

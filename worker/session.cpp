@@ -63,7 +63,9 @@ void Session::hello(Outbox& out) {
 }
 
 void Session::bye(Outbox& out) const {
-  if (registered_) out.push_back({envelope(Type::Bye, round_)});
+  // A federated client whose round has ended holds no slot any more: nothing to say.
+  const bool done = opts_.population != 0 && round_ > opts_.join_round;
+  if (registered_ && !done) out.push_back({envelope(Type::Bye, round_)});
 }
 
 void Session::tick(Clock::time_point now, Outbox& out) {
@@ -112,8 +114,8 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
                        Frame::own(Bytes(reinterpret_cast<const uint8_t*>(p.data()),
                                         reinterpret_cast<const uint8_t*>(p.data() + p.size())))});
       }
-      out.push_back({envelope(Type::Pull, round_)});
-      return true;
+      if (!opts_.population) out.push_back({envelope(Type::Pull, round_)});  // a federated
+      return true;  // client's model follows its Welcome
     }
     case Type::Refuse: {
       const RefuseInfo r = decode_refuse(m.frames[1].bytes());

@@ -94,7 +94,7 @@ struct FakeWorker {
       net.deliver(
           peer, {mine(Type::Init, round),
                  bytes_frame({reinterpret_cast<const uint8_t*>(init.data()), init.size_bytes()})});
-    net.deliver(peer, {mine(Type::Pull, round)});
+    if (!population) net.deliver(peer, {mine(Type::Pull, round)});  // a client's model comes unasked
   }
   /// Takes a Model message if one is queued.
   bool take_model(Net& net) {

@@ -41,7 +41,8 @@ enum class Type : uint8_t {
   Hello = 1,       ///< worker → server: registration (HelloInfo); a federated client names
                    ///< its id as the rank and the round it was sampled for as the round
   Welcome = 2,     ///< server → worker: accepted (WelcomeInfo); the envelope's rank is the
-                   ///< rank to use from then on (a federated client's slot in its round)
+                   ///< rank to use from then on (a federated client's slot in its round, and
+                   ///< its Model follows unasked)
   Refuse = 3,      ///< server → worker: refused (RefuseInfo); the worker prints the reason
   Init = 4,        ///< rank 0 → server: initial parameters when the server has none
   Pull = 5,        ///< worker → server: send me the model
