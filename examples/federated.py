@@ -37,6 +37,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -46,6 +47,7 @@ import torch
 import workloads
 
 SPLITS = ("iid", "classes:K", "dirichlet:ALPHA")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_split(text: str):
@@ -161,7 +163,9 @@ class Job:
     def upload(self, client: int) -> torch.Tensor:
         """The vector a participant encodes: its gradient on one batch, or w − w' after H local steps."""
         a = self.args
-        torch.nn.utils.vector_to_parameters(self.w, self.params)
+        # A copy: vector_to_parameters makes the parameters views of the vector, and local steps
+        # must not move the server's model.
+        torch.nn.utils.vector_to_parameters(self.w.clone(), self.params)
         steps = max(a.local_steps, 1)
         for items in batches(self.shards[client], a.batch, steps, a.seed, self.round, client):
             x, y = self.work.batch(items, "cpu", torch.float32)
@@ -180,6 +184,35 @@ class Job:
         if client not in self.kept:
             self.kept[client] = self.make_codec()
         return self.kept[client]
+
+    # ---- one round over the parameter server --------------------------------------------------
+    def step_ps(self, endpoint: str):
+        """The round run by sketchsgd-server: the sampled clients register for it (each a new
+        connection, its id as the rank), get the model with their Welcome, compute their uploads
+        and push them together (a thread each: a push waits for the round); the model is then the
+        server's, as every client received it."""
+        import concurrent.futures
+
+        from sketchsgd.ps import Client
+
+        a = self.args
+        who = sample(a.clients, a.per_round, self.round, a.seed)
+        init = self.w if self.round == 0 else None  # the first client in gives the server its model
+        clients = [Client(endpoint, self.server.spec, dim=self.dim, rank=c, world=a.per_round, job=a.job,
+                          population=a.clients, join_round=self.round, init=init, quiet=True, timeout=a.timeout)
+                   for c in who]
+        self.w = clients[0].params()
+        uploads = [self.upload(who[c.rank]).contiguous() for c in clients]
+        with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+            results = list(pool.map(lambda cu: cu[0].step(cu[1]), zip(clients, uploads)))
+        for r in results:
+            self.up += r["bytes_up"]
+            self.down += r["bytes_down"] + 4 * self.dim * (2 if a.server_momentum else 1)
+        if results[0]["outcome"] == "updated":
+            self.w = clients[0].params()
+        for c in clients:
+            c.close()
+        self.round += 1
 
     # ---- one round --------------------------------------------------------------------------
     def step(self):
@@ -208,13 +241,14 @@ class Job:
             for c in codecs:
                 c.apply(reply)
                 self.down += len(reply)
-        step = self.server.apply(reply)
-        if not torch.isfinite(step).all():
-            raise sketchsgd.NonFiniteError(f"round {self.round}: the update is not finite")
-        if self.m is not None:
-            self.m.mul_(self.args.server_momentum).add_(step)
-            step = self.m
-        self.w.sub_(self.args.lr * step)
+        # The parameter server's arithmetic (ps/outer.hpp), so a job there ends on the same bits.
+        if self.m is None:
+            self.server.apply_step(reply, self.w, self.args.lr)
+        else:
+            self.m.mul_(self.args.server_momentum).add_(self.server.apply(reply))
+            self.w.sub_(self.args.lr * self.m)
+        if not torch.isfinite(self.w).all():
+            raise sketchsgd.NonFiniteError(f"round {self.round}: the model is not finite")
         self.round += 1
 
     def quality(self) -> float:
@@ -263,32 +297,60 @@ def _identity(args) -> dict:
     return {k: getattr(args, k) for k in IDENTITY}
 
 
+def start_server(args, job):
+    """sketchsgd-server for this job (its settings from the job's), and its endpoint."""
+    cmd = [args.server_bin, "--bind", "tcp://127.0.0.1:*", "--job", str(args.job), "--world", str(args.per_round),
+           "--population", str(args.clients), "--sample-seed", str(args.seed), "--dim", str(job.dim),
+           "--codec", job.server.spec, "--lr", repr(args.lr), "--rounds", str(args.rounds), "--policy", "quorum",
+           "--deadline-ms", str(int(args.timeout * 1000)), "--quiet", "--no-status"]
+    if args.server_momentum:
+        cmd += ["--outer-momentum", repr(args.server_momentum), "--outer-nesterov", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    endpoint = proc.stdout.readline().strip()
+    if not endpoint.startswith("tcp://"):
+        proc.kill()
+        raise SystemExit(f"sketchsgd-server did not start: {' '.join(cmd)}")
+    return proc, endpoint
+
+
 def run(args) -> dict:
     work = workloads.make(args.workload, fashion=args.fashion)
     job = Job(args, work)
+    server = None
+    if args.server == "auto":
+        server, endpoint = start_server(args, job)
+    else:
+        endpoint = args.server
     if args.checkpoint and os.path.exists(args.checkpoint):
         job.load_state_dict(torch.load(args.checkpoint))
         print(f"resumed from {args.checkpoint} at round {job.round}", flush=True)
     start = time.time()
     diverged = None
-    while job.round < args.rounds:
-        try:
-            job.step()
-        except Exception as e:  # a codec refusing a non-finite gradient: the run diverged
-            if type(e).__name__ != "NonFiniteError":
-                raise
-            diverged = f"round {job.round}: {e}"
-            print(f"diverged at {diverged}", flush=True)
-            break
-        if job.round % args.eval_every == 0 or job.round == args.rounds:
-            q = job.quality()
-            job.curve.append([job.round, q])
-            print(f"round {job.round}/{args.rounds}  {work.describe(q)}  {time.time() - start:.0f} s", flush=True)
-        if args.checkpoint and args.checkpoint_every and job.round % args.checkpoint_every == 0:
-            torch.save(job.state_dict(), args.checkpoint + ".tmp")
-            os.replace(args.checkpoint + ".tmp", args.checkpoint)
-        if args.stop_after and job.round >= args.stop_after:
-            break
+    try:
+        while job.round < args.rounds:
+            try:
+                job.step_ps(endpoint) if endpoint else job.step()
+            except Exception as e:  # a codec refusing a non-finite gradient: the run diverged
+                if type(e).__name__ != "NonFiniteError":
+                    raise
+                diverged = f"round {job.round}: {e}"
+                print(f"diverged at {diverged}", flush=True)
+                break
+            if job.round % args.eval_every == 0 or job.round == args.rounds:
+                q = job.quality()
+                job.curve.append([job.round, q])
+                print(f"round {job.round}/{args.rounds}  {work.describe(q)}  {time.time() - start:.0f} s", flush=True)
+            if args.checkpoint and args.checkpoint_every and job.round % args.checkpoint_every == 0:
+                torch.save(job.state_dict(), args.checkpoint + ".tmp")
+                os.replace(args.checkpoint + ".tmp", args.checkpoint)
+            if args.stop_after and job.round >= args.stop_after:
+                break
+    finally:
+        if server is not None:
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
     participations = job.round * args.per_round
     return {
         "workload": args.workload, "codec": args.codec, "spec": job.server.spec, "split": args.split,
@@ -301,6 +363,7 @@ def run(args) -> dict:
         "download_bytes_per_participant": job.down / max(participations, 1),
         "dense_upload_bytes": 4 * job.dim, "upload_bytes": job.up, "total_bytes": job.up + job.down,
         "client_state_bytes": job.client_state_bytes(), "seconds": time.time() - start,
+        "parameter_server": bool(endpoint),
     }
 
 
@@ -325,6 +388,14 @@ def parser():
     p.add_argument("--checkpoint", default="", help="resume from this file when it exists; write it every --checkpoint-every rounds")
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--stop-after", type=int, default=0, help="stop at this round (a job to resume later)")
+    p.add_argument("--server", default="",
+                   help="run the rounds on the parameter server: auto (start sketchsgd-server for this job) or the "
+                        "endpoint of one started with the job's settings (--world C --population N --sample-seed SEED …)")
+    p.add_argument("--server-bin", default=os.path.join(ROOT, "build", "default", "server", "sketchsgd-server"),
+                   help="the sketchsgd-server program, for --server auto")
+    p.add_argument("--job", type=int, default=1, help="the parameter server's job id")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="with --server: seconds a client waits for the server; the round's deadline too")
     p.add_argument("--fashion", default=workloads.FASHION)
     p.add_argument("--out", default="", help="write the result here as JSON")
     return p
@@ -348,6 +419,11 @@ def check(args):
         parse_split(args.split)
     except ValueError as e:
         raise SystemExit(str(e))
+    if args.server and (args.client_state or args.checkpoint):
+        raise SystemExit("--server runs stateless clients and keeps its checkpoints itself: "
+                         "no --client-state or --checkpoint with it")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise SystemExit("--timeout must be a positive number of seconds")
 
 
 def main(argv=None):

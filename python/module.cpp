@@ -16,6 +16,7 @@
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/core/gpu.hpp>
 #include <sketchsgd/kernels/sample.hpp>
+#include "errors.hpp"
 
 namespace py = pybind11;
 using namespace sketchsgd;
@@ -55,70 +56,33 @@ Device device_of(int gpu, uintptr_t stream) {
   return gpu < 0 ? Device::cpu() : Device::cuda(gpu, reinterpret_cast<gpu::Stream>(stream));
 }
 
-/// Python exception classes that are also ValueError or RuntimeError, so plain except clauses
-/// catch them: sketchsgd.Error is the common base.
-struct Exceptions {
-  py::object error, invalid, nonfinite, mismatch, wire, protocol, timeout, finished, cuda;
-};
-
-py::object new_exception(py::module_& m, const char* name, py::tuple bases, const char* doc) {
-  const std::string qualified = std::string("sketchsgd._core.") + name;
-  py::object type = py::reinterpret_steal<py::object>(
-      PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr));
-  if (!type) throw py::error_already_set();
-  m.attr(name) = type;
-  return type;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "sketchsgd's C++ codecs and aggregators (tensors cross as address and length)";
-  static Exceptions ex;
+  python::Exceptions& ex = python::exceptions();
   const py::object value_error = py::reinterpret_borrow<py::object>(PyExc_ValueError);
   const py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
   ex.error =
-      new_exception(m, "Error", py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)),
+      python::new_exception(m, "Error", py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)),
                     "Base of every sketchsgd error.");
-  ex.invalid = new_exception(m, "InvalidArgument", py::make_tuple(ex.error, value_error),
+  ex.invalid = python::new_exception(m, "InvalidArgument", py::make_tuple(ex.error, value_error),
                              "A size, count, index or option value outside what is accepted.");
-  ex.nonfinite = new_exception(m, "NonFiniteError", py::make_tuple(ex.invalid),
+  ex.nonfinite = python::new_exception(m, "NonFiniteError", py::make_tuple(ex.invalid),
                                "NaN or infinity in an input vector.");
-  ex.mismatch = new_exception(m, "ConfigMismatch", py::make_tuple(ex.error, value_error),
+  ex.mismatch = python::new_exception(m, "ConfigMismatch", py::make_tuple(ex.error, value_error),
                               "Objects that must share a configuration do not.");
-  ex.wire = new_exception(m, "WireError", py::make_tuple(ex.error, value_error),
+  ex.wire = python::new_exception(m, "WireError", py::make_tuple(ex.error, value_error),
                           "Bytes that are not a valid message or state: truncated, corrupt.");
-  ex.protocol = new_exception(m, "ProtocolError", py::make_tuple(ex.error, runtime_error),
+  ex.protocol = python::new_exception(m, "ProtocolError", py::make_tuple(ex.error, runtime_error),
                               "A valid message at the wrong time.");
-  ex.timeout = new_exception(m, "TimeoutError", py::make_tuple(ex.error, runtime_error),
+  ex.timeout = python::new_exception(m, "TimeoutError", py::make_tuple(ex.error, runtime_error),
                              "A peer did not answer in time.");
-  ex.finished = new_exception(m, "JobFinished", py::make_tuple(ex.error, runtime_error),
+  ex.finished = python::new_exception(m, "JobFinished", py::make_tuple(ex.error, runtime_error),
                               "The parameter server's job ended.");
-  ex.cuda = new_exception(m, "CudaError", py::make_tuple(ex.error, runtime_error),
+  ex.cuda = python::new_exception(m, "CudaError", py::make_tuple(ex.error, runtime_error),
                           "A CUDA runtime failure.");
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const NonFiniteError& e) {
-      PyErr_SetString(ex.nonfinite.ptr(), e.what());
-    } catch (const InvalidArgument& e) {
-      PyErr_SetString(ex.invalid.ptr(), e.what());
-    } catch (const ConfigMismatch& e) {
-      PyErr_SetString(ex.mismatch.ptr(), e.what());
-    } catch (const WireError& e) {
-      PyErr_SetString(ex.wire.ptr(), e.what());
-    } catch (const ProtocolError& e) {
-      PyErr_SetString(ex.protocol.ptr(), e.what());
-    } catch (const TimeoutError& e) {
-      PyErr_SetString(ex.timeout.ptr(), e.what());
-    } catch (const JobFinished& e) {
-      PyErr_SetString(ex.finished.ptr(), e.what());
-    } catch (const CudaError& e) {
-      PyErr_SetString(ex.cuda.ptr(), e.what());
-    } catch (const Error& e) {
-      PyErr_SetString(ex.error.ptr(), e.what());
-    }
-  });
+  python::translate_errors();
 
   m.attr("cuda_build") = bool(SKETCHSGD_HAS_CUDA);
   m.def("gpu_count", &gpu::device_count, "Usable CUDA devices (0 without a CUDA build).");

@@ -13,6 +13,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import federated  # noqa: E402
 import workloads  # noqa: E402
 
+import sketchsgd  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def fashion():
@@ -182,3 +184,63 @@ def test_a_run_writes_its_result_and_a_stopped_run_resumes_to_the_same_end(tmp_p
     # the table, the biases (sent whole: 2,058 values) and a header
     assert 4 * (20000 + 2058) <= a["upload_bytes_per_participant"] < 4 * (20000 + 2058) + 256
     assert a["upload_bytes"] == b["upload_bytes"] > 0 and a["client_state_bytes"] == 0
+
+
+def _server_bin():
+    """sketchsgd-server of the build whose package is under test (none for a pip install)."""
+    import sketchsgd
+    path = os.path.join(os.path.dirname(sketchsgd.__file__), "..", "..", "server", "sketchsgd-server")
+    return os.path.abspath(path) if os.path.exists(path) else None
+
+
+@pytest.mark.parametrize("extra", [("--codec", "sketch:fetch=1,rows=1,cols=20000,k=2000"),
+                                   ("--codec", "dense", "--server-momentum", "0.9"),
+                                   ("--codec", "topk:k=2000", "--local-steps", "2", "--lr", "1")])
+def test_the_job_on_the_parameter_server_ends_on_the_simulation_s_bits(fashion, extra):
+    server = _server_bin()
+    if server is None:
+        pytest.skip("no sketchsgd-server beside this sketchsgd package (a pip install)")
+    common = ["--clients", "30", "--per-round", "4", "--batch", "8", "--rounds", "3", "--split", "classes:1", *extra]
+    sim = federated.Job(_args(*common), fashion)
+    for _ in range(3):
+        sim.step()
+    args = _args(*common, "--server", "auto", "--server-bin", server, "--timeout", "30")
+    ps = federated.Job(args, fashion)
+    proc, endpoint = federated.start_server(args, ps)
+    try:
+        for _ in range(3):
+            ps.step_ps(endpoint)
+        assert proc.wait(timeout=30) == 0  # the server ends with its last round
+    finally:
+        proc.kill()
+    assert torch.equal(ps.w, sim.w) and not torch.equal(ps.w, federated.Job(args, fashion).w)
+    assert ps.up == sim.up
+
+
+def test_a_client_the_server_did_not_sample_is_refused(fashion):
+    server = _server_bin()
+    if server is None:
+        pytest.skip("no sketchsgd-server beside this sketchsgd package (a pip install)")
+    from sketchsgd.ps import Client
+    args = _args("--codec", "dense", "--server", "auto", "--server-bin", server, "--timeout", "5")
+    job = federated.Job(args, fashion)
+    proc, endpoint = federated.start_server(args, job)
+    try:
+        who = federated.sample(60, 4, 0, 1)
+        outsider = next(c for c in range(60) if c not in who)
+        with pytest.raises(sketchsgd.ConfigMismatch, match=f"client {outsider} is not sampled in round 0"):
+            Client(endpoint, "dense", dim=job.dim, rank=outsider, world=4, population=60, quiet=True, timeout=5)
+        with pytest.raises(sketchsgd.ConfigMismatch, match="population 0, the job has 60 clients"):
+            Client(endpoint, "dense", dim=job.dim, rank=1, world=4, quiet=True, timeout=5)
+        with pytest.raises(TypeError):
+            Client(endpoint, "dense", dim=job.dim, rank=who[0], world=4, population=60, init=job.w.double())
+    finally:
+        proc.kill()
+
+
+def test_local_steps_move_the_participant_s_copy_not_the_server_s_model(fashion):
+    job = federated.Job(_args("--codec", "dense", "--local-steps", "3", "--lr", "1"), fashion)
+    before = job.w.clone()
+    delta = job.upload(7)
+    assert torch.equal(job.w, before) and delta.abs().max() > 0
+    assert torch.equal(job.upload(7), delta)  # the next participant starts from the same model

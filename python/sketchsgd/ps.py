@@ -1,0 +1,103 @@
+"""sketchsgd.ps: a worker (or a federated client) of the parameter server, sketchsgd-server.
+
+    from sketchsgd.ps import Client
+    with Client("tcp://127.0.0.1:5555", "sketch:fetch=1,k=20000", layout=shapes, rank=0, world=4,
+                init=params) as c:
+        w = c.params()                      # the model, as of the next round
+        out = c.step(grad)                  # push, wait for the round, apply the update
+        # out: {"outcome": "updated", "round": 0, "lr": …, "contributors": 4, "bytes_up": …, …}
+
+A federated job's client (population > 0) registers for the round it was sampled in
+(sketchsgd.sample_clients), under its id as the rank, gets the model with its Welcome, steps once
+and leaves. The client is the C++ one (worker/client.hpp): it keeps its own copy of the model,
+shows liveness while the caller computes and raises sketchsgd's typed errors (ConfigMismatch when
+the server refuses it, JobFinished, TimeoutError). Vectors are float32 CPU tensors. This module
+needs the build with the parameter server (CMake, not pip).
+"""
+
+import torch
+
+from . import _core
+from ._compressor import layout_text
+from ._tensors import address
+
+try:
+    from . import _ps
+except ImportError as e:  # a pip build has no parameter server
+    _ps = None
+    _missing = str(e)
+
+
+class Client:
+    def __init__(self, server: str, spec: str, dim: int = None, layout=None, rank: int = 0, world: int = 1,
+                 job: int = 1, population: int = 0, join_round: int = 0, init: torch.Tensor = None,
+                 timeout: float = 120.0, quiet: bool = False):
+        """Connects, registers and pulls the model. rank 0 of a fixed job (or any federated
+        client) passes init, the initial parameters, for a server that has no model yet."""
+        if _ps is None:
+            raise ImportError(f"sketchsgd.ps needs the build with the parameter server (CMake): {_missing}")
+        if not isinstance(server, str) or not isinstance(spec, str):
+            raise TypeError("server and spec must be strings")
+        for name, v in (("rank", rank), ("world", world), ("job", job), ("population", population),
+                        ("join_round", join_round)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: expected an int ≥ 0, got {v!r}")
+        text = layout_text(layout) if layout is not None else ""
+        if not text and dim is None:
+            raise TypeError("Client needs dim (or a layout)")
+        n = dim if dim is not None else sum(_numel(s) for s in layout)
+        ptr, length = (0, 0) if init is None else address(init, "init", torch.device("cpu"), n)
+        self._init = init  # alive while the constructor reads it
+        self._c = _ps.Client(server, int(job), int(rank), int(world), int(population), int(join_round), spec, text,
+                             int(n), ptr, length, float(timeout), bool(quiet))
+        self._init = None
+
+    @property
+    def _client(self):
+        if self._c is None:
+            raise _core.ProtocolError("this client is closed")
+        return self._c
+
+    @property
+    def dim(self) -> int:
+        return self._client.dim
+
+    @property
+    def rank(self) -> int:
+        """The rank this registration uses (a federated client's slot in its round)."""
+        return self._client.rank
+
+    @property
+    def round(self) -> int:
+        """The round whose update comes next."""
+        return self._client.round
+
+    def params(self) -> torch.Tensor:
+        out = torch.empty(self.dim, dtype=torch.float32)
+        self._client.params(out.data_ptr(), out.numel())
+        return out
+
+    def step(self, grad: torch.Tensor) -> dict:
+        """Pushes grad (float32, length dim, finite) for the next round and waits for its outcome."""
+        ptr, n = address(grad, "gradient", torch.device("cpu"), self.dim)
+        return self._client.step(ptr, n)
+
+    def close(self) -> None:
+        """Says goodbye (when there is still something to say) and closes the connection."""
+        self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+__all__ = ["Client"]
