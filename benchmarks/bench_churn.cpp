@@ -24,22 +24,16 @@
 #include <sketchsgd/kernels/sample.hpp>
 #include <sketchsgd/ps/flags.hpp>
 #include <sketchsgd/worker/client.hpp>
+#include "rounds.hpp"
 #include "demo/process.hpp"
 
 namespace {
 
 using namespace sketchsgd;
 using namespace sketchsgd::ps;
-using Clock = std::chrono::steady_clock;
-
-double ms(Clock::duration d) {
-  return std::chrono::duration<double, std::milli>(d).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::Clock;
+using bench::median;
+using bench::ms;
 
 /// A process's resident memory (MB) and CPU time (ms, user + system), from /proc.
 double rss_mb(pid_t pid) {
@@ -61,16 +55,6 @@ double cpu_ms(pid_t pid) {
   return double(utime + stime) * 1000.0 / double(::sysconf(_SC_CLK_TCK));
 }
 
-std::vector<float> gradient(uint64_t d) {
-  std::vector<float> g(d);
-  uint64_t x = 88172645463325252ull;
-  for (auto& v : g) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    v = float(int64_t(x % 2001) - 1000) * 1e-3f * ((x >> 40) % 997 == 0 ? 50.0f : 1.0f);
-  }
-  return g;
-}
-
 struct Result {
   double round_ms = 0, join_ms = 0, leave_ms = 0, server_cpu_ms = 0, rss_start = 0, rss_end = 0;
   uint64_t registrations = 0;
@@ -87,7 +71,7 @@ Result run(const std::string& server_bin, const std::string& spec, uint64_t d, u
   const std::string endpoint = server.line(std::chrono::seconds(30));
   if (endpoint.rfind("tcp://", 0) != 0) throw std::runtime_error("the server did not start");
 
-  const auto g = gradient(d);
+  const auto g = bench::xorshift_gradient(d);
   const std::vector<float> init(d, 0.0f);
   const int total = warm + rounds;
   std::barrier sync(per_round + 1);

@@ -22,21 +22,15 @@
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/client.hpp>
+#include "rounds.hpp"
 
 namespace {
 
 using namespace sketchsgd;
 using namespace sketchsgd::ps;
-using Clock = std::chrono::steady_clock;
-
-double ms(Clock::duration d) {
-  return std::chrono::duration<double, std::milli>(d).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::Clock;
+using bench::median;
+using bench::ms;
 
 std::vector<uint64_t> list(const std::string& s) {
   std::vector<uint64_t> v;
@@ -53,16 +47,6 @@ std::string spec_for(const std::string& codec, uint64_t d) {
            (codec == "sketch" ? "" : ",hashing=random");
   if (codec == "topk") return "topk:k=" + std::to_string(k);
   return codec;
-}
-
-std::vector<float> gradient(uint64_t d) {
-  std::vector<float> g(d);
-  uint64_t x = 88172645463325252ull;
-  for (auto& v : g) {  // xorshift: fast, gradient-like noise with rare heavy coordinates
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    v = float(int64_t(x % 2001) - 1000) * 1e-3f * ((x >> 40) % 997 == 0 ? 50.0f : 1.0f);
-  }
-  return g;
 }
 
 struct Result {
@@ -145,7 +129,7 @@ Result run_case(const std::string& spec, uint64_t d, uint32_t world, int rounds,
   server.start();
   std::thread srv([&] { server.run(); });
 
-  const auto g = gradient(d);
+  const auto g = bench::xorshift_gradient(d);
   std::barrier sync(world);
   std::vector<std::vector<Clock::time_point>> pushed(world), done(world);
   std::vector<std::vector<double>> encode(world);
