@@ -38,6 +38,7 @@ POINTS = [
     # k = cols / 5 (the FetchSGD points of docs/RESULTS.md's other tables); cols / 10 at the smallest
     # sketch, where k = 5,000 of 25,000 columns diverged on classes:1.
     ("fetchsgd-25k", "sketch:fetch=1,rows=1,cols=25000,k=2500", [], "FetchSGD"),
+    ("fetchsgd-50k", "sketch:fetch=1,rows=1,cols=50000,k=10000", [], "FetchSGD"),
     ("fetchsgd-100k", "sketch:fetch=1,rows=1,cols=100000,k=20000", [], "FetchSGD"),
     ("fetchsgd-400k", "sketch:fetch=1,rows=1,cols=400000,k=80000", [], "FetchSGD"),
     ("dense", "dense", MOMENTUM, "uncompressed SGD"),
@@ -106,6 +107,8 @@ def load(split):
                                        "dense": r["dense_upload_bytes"], "rounds": r["rounds"]})
             # a diverged run scores as chance (10 %): it is a failure at that setting, not a gap
             e["acc"][seed] = 10.0 if r["diverged"] else 100 * r["test_accuracy"]
+            if r["diverged"]:
+                e.setdefault("diverged", {})[seed] = r["diverged"].split(":")[0]
     return runs
 
 
@@ -122,6 +125,8 @@ def rows(runs):
         e = runs[name]
         mean, sd, n = frontier.summary(e)
         acc = f"{mean:.2f} %" + (f" ± {sd:.2f} ({n})" if sd is not None else "")
+        if len(e.get("diverged", {})) == n:
+            acc = "diverged (" + ", ".join(e["diverged"].values()) + ")"
         out.append([name, f"`{e['hook']}`", f"{e['payload'] / 1e3:,.1f} kB", f"{e['dense'] / e['payload']:.1f}×", acc,
                     f"{e['state'] / 1e6:,.0f} MB" if e["state"] else "none", f"{e['total'] / 1e9:.2f} GB"])
     return out
@@ -135,13 +140,17 @@ def plot(all_runs, path):
     plt = frontier.pyplot()
     if plt is None:
         return False
-    fig, axes = plt.subplots(1, len(all_runs), figsize=(5.2 * len(all_runs), 4.8), sharey=True)
+    fig, axes = plt.subplots(1, len(all_runs), figsize=(5.2 * len(all_runs), 4.8), sharey=True, squeeze=False)
+    axes = axes[0]
     labels = list(dict.fromkeys(p[3] for p in POINTS))
     colors = dict(zip(labels, plt.get_cmap("tab10").colors))
     for ax, (split, runs) in zip(axes, all_runs.items()):
         for label in labels:
             pts = sorted((runs[n]["payload"], *frontier.summary(runs[n])[:2]) for n, _, _, lab in POINTS
-                         if lab == label and n in runs)
+                         if lab == label and n in runs and not runs[n].get("diverged"))
+            for n in (n for n, _, _, lab in POINTS if lab == label and runs.get(n, {}).get("diverged")):
+                ax.scatter([runs[n]["payload"]], [10], marker="x", color=colors[label], s=60)
+                ax.annotate("diverged", (runs[n]["payload"], 10), fontsize=7, xytext=(4, 3), textcoords="offset points")
             if not pts:
                 continue
             fetch = label == "FetchSGD"
