@@ -5,7 +5,7 @@ one local batch, or with --local-steps H the change that H local SGD steps made:
 it with a sketchsgd codec and leaves; the server merges the C messages with the codec's
 aggregator (the C++ code the parameter server runs) and steps the model.
 
-    /usr/bin/python3 examples/federated.py --codec "sketch:fetch=1,rows=1,cols=200000,k=20000" --split classes:1
+    /usr/bin/python3 examples/federated.py --codec "sketch:fetch=1,rows=1,cols=100000,k=20000" --split classes:1
     /usr/bin/python3 examples/federated.py --codec dense --local-steps 5 --lr 1 --split dirichlet:0.3   # FedAvg
     /usr/bin/python3 examples/federated.py --codec topk:k=20000 --client-state --server-momentum 0.9
 
@@ -369,7 +369,7 @@ def run(args) -> dict:
 
 def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--codec", default="sketch:fetch=1,rows=1,cols=200000,k=20000",
+    p.add_argument("--codec", default="sketch:fetch=1,rows=1,cols=100000,k=20000",
                    help="the upload's codec, a sketchsgd spec (dense: uncompressed)")
     p.add_argument("--workload", default="mlp", choices=["mlp", "cnn"])
     p.add_argument("--clients", type=int, default=1000, help="N, clients in the population")
