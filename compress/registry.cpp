@@ -10,6 +10,8 @@
 namespace sketchsgd {
 namespace {
 
+__extension__ typedef unsigned __int128 u128;  // exact products of two 64-bit sizes
+
 std::string_view trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
@@ -201,6 +203,59 @@ std::string share_spec(std::string_view spec, double share) {
     if (o.budget && v > 0) v = std::clamp(std::max(1.0, std::nearbyint(v * share)), o.min, o.max);
   }
   return opts.canonical(e->name, e->options);
+}
+
+std::vector<std::string> split_spec(std::string_view spec, std::span<const uint64_t> sizes) {
+  SKETCHSGD_REQUIRE(!sizes.empty(), InvalidArgument, "split_spec: no parts");
+  auto [e, opts] = Registry::instance().parse(spec);
+  uint64_t total = 0;
+  for (const uint64_t n : sizes) {
+    SKETCHSGD_REQUIRE(n > 0, InvalidArgument, "split_spec: a part of size 0");
+    total += n;
+  }
+  const Layout whole = opts.layout_;
+  SKETCHSGD_REQUIRE(whole.empty() || whole.size() == total, InvalidArgument,
+                    "split_spec: parts of ", total, " values for a layout of ", whole.size());
+  std::vector<Options> parts(sizes.size(), opts);
+  if (!whole.empty()) {
+    size_t t = 0;
+    uint64_t end = 0;
+    for (size_t p = 0; p < sizes.size(); ++p) {
+      end += sizes[p];
+      std::vector<std::vector<uint64_t>> shapes;
+      while (t < whole.tensors().size() && whole.tensors()[t].offset < end) {
+        const auto& tensor = whole.tensors()[t];
+        SKETCHSGD_REQUIRE(tensor.offset + tensor.numel <= end, InvalidArgument,
+                          "split_spec: a cut at ", end, " falls inside tensor ", t, " [",
+                          tensor.offset, ", ", tensor.offset + tensor.numel, ")");
+        shapes.push_back(whole.shapes()[t++]);
+      }
+      parts[p].layout_ = Layout(std::move(shapes));
+    }
+  }
+  // Largest remainder: the parts' budgets add up to the whole's (each at least 1, as a codec
+  // needs one), so S shards send what one server's job sends.
+  for (const auto& o : e->options) {
+    const double v = opts.values_.at(o.key);
+    if (!o.budget || v <= 0) continue;
+    const auto budget = static_cast<u128>(uint64_t(v));
+    std::vector<uint64_t> share(sizes.size());
+    std::vector<std::pair<uint64_t, size_t>> rest;  // (remainder, part)
+    uint64_t given = 0;
+    for (size_t p = 0; p < sizes.size(); ++p) {
+      const u128 x = budget * sizes[p];
+      share[p] = uint64_t(x / total);
+      rest.emplace_back(uint64_t(x % total), p);
+      given += share[p];
+    }
+    std::stable_sort(rest.begin(), rest.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    for (size_t i = 0; given < uint64_t(v); ++i, ++given) ++share[rest[i].second];
+    for (size_t p = 0; p < sizes.size(); ++p)
+      parts[p].values_[o.key] = std::clamp(std::max(1.0, double(share[p])), o.min, o.max);
+  }
+  std::vector<std::string> out;
+  for (const auto& p : parts) out.push_back(p.canonical(e->name, e->options));
+  return out;
 }
 
 std::unique_ptr<Compressor> make_compressor(std::string_view spec, uint64_t dim,

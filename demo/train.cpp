@@ -4,6 +4,7 @@
 //   sketchsgd-train --codec topk:k=10000     any codec spec
 //   sketchsgd-train --role server --bind tcp://0.0.0.0:5555 --workers 4
 //   sketchsgd-train --role worker --server tcp://HOST:5555 --rank 2 --workers 4
+//   sketchsgd-train --shards 4               four servers, each holding a quarter of the model
 //
 // Writes OUT/results.csv (per epoch: test accuracy, loss, traffic) and OUT/summary.json.
 #include <unistd.h>
@@ -23,6 +24,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/ps/flags.hpp>
+#include <sketchsgd/ps/shards.hpp>
 #include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/client.hpp>
 #include <sketchsgd/worker/local_steps.hpp>
@@ -108,6 +110,18 @@ Device codec_device(torch::Device d) {
   return d.is_cuda() ? Device::cuda(d.index() < 0 ? 0 : d.index()) : Device::cpu();
 }
 
+uint32_t shards_of(const ps::Flags& f) {
+  const uint64_t s = f.u64("shards");
+  SKETCHSGD_REQUIRE(s >= 1 && s <= 64, InvalidArgument, "--shards must be in [1, 64], got ", s);
+  return uint32_t(s);
+}
+
+/// A server's per-round metrics: rounds.jsonl, or rounds.shardI.jsonl for each of S > 1 shards.
+std::string metrics_path(const ps::Flags& f, uint32_t shard) {
+  return f.str("out") +
+         (shards_of(f) > 1 ? "/rounds.shard" + std::to_string(shard) + ".jsonl" : "/rounds.jsonl");
+}
+
 int run_server(const ps::Flags& f) {
   const Plan plan = plan_of(f);
   demo::FlatModel model(f.str("model"), f.u64("seed"));
@@ -117,6 +131,15 @@ int run_server(const ps::Flags& f) {
   o.job.world = plan.workers;
   o.job.dim = uint64_t(model.dim());
   o.job.spec = complete_spec(f.str("codec"), model.layout());
+  const uint32_t shards = shards_of(f);
+  if (shards > 1) {  // one range of the model, its share of the codec (ps/shards.hpp)
+    const uint64_t index = f.u64("shard");
+    SKETCHSGD_REQUIRE(index < shards, InvalidArgument, "--shard ", index, " of --shards ", shards);
+    const ps::ShardPlan p = ps::plan_shards(o.job.spec, o.job.dim, shards)[index];
+    o.job.shard = p.id;
+    o.job.dim = p.dim;
+    o.job.spec = p.spec;
+  }
   o.job.lr = float(f.num("lr"));
   if (plan.local_steps()) {  // the outer step on the mean pseudo-gradient (DiLoCo's defaults)
     o.job.lr = float(f.num("outer-lr"));
@@ -127,7 +150,7 @@ int run_server(const ps::Flags& f) {
   o.job.policy = ps::Policy::Quorum;
   o.job.device = codec_device(torch_device(f));  // the sketch unsketch runs where workers train
   o.job.deadline = 60s;
-  o.metrics = f.str("out") + "/rounds.jsonl";
+  o.metrics = metrics_path(f, uint32_t(f.u64("shard")));
   std::remove(o.metrics.c_str());
   o.quiet = !f.on("verbose");
   o.status = false;
@@ -313,8 +336,7 @@ struct Traffic {
   uint64_t rounds = 0, up = 0, down = 0, dense = 0;
 };
 
-/// Per round, from the server's metrics; dense is what per-step dense pushes and updates would
-/// have cost for the same training steps (steps_per_round of them a round).
+/// One server's metrics file.
 Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per_round) {
   Traffic t;
   std::ifstream in(metrics);
@@ -330,6 +352,21 @@ Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per
     t.down += number(l, "bytes_down_each") * workers;
     // A dense push and a dense update each, every step.
     t.dense += 2 * number(l, "dense_bytes") * workers * steps_per_round;
+  }
+  return t;
+}
+
+/// Per round, from the servers' metrics (every shard's bytes added; rounds counted by shard 0);
+/// dense is what per-step dense pushes and updates would have cost for the same training steps
+/// (steps_per_round of them a round).
+Traffic traffic(const ps::Flags& f, uint32_t workers, uint32_t steps_per_round) {
+  Traffic t;
+  for (uint32_t s = 0; s < shards_of(f); ++s) {
+    const Traffic part = traffic(metrics_path(f, s), workers, steps_per_round);
+    if (s == 0) t.rounds = part.rounds;
+    t.up += part.up;
+    t.down += part.down;
+    t.dense += part.dense;
   }
   return t;
 }
@@ -355,15 +392,22 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     std::snprintf(rounds, sizeof rounds, ", %llu rounds (push every %u, fetch every %u)",
                   (unsigned long long)plan.rounds(), plan.local.push_every, plan.local.fetch_every);
   std::fprintf(stderr,
-               "sketchsgd-train: %s model on %s, %u workers, codec %s, %u epochs of %llu steps%s\n",
-               f.str("model").c_str(), device.str().c_str(), plan.workers, f.str("codec").c_str(),
-               plan.epochs, (unsigned long long)plan.steps_per_epoch(), rounds);
+               "sketchsgd-train: %s model on %s, %u workers, %u server%s, codec %s, %u epochs of "
+               "%llu steps%s\n",
+               f.str("model").c_str(), device.str().c_str(), plan.workers, shards_of(f),
+               shards_of(f) == 1 ? "" : "s", f.str("codec").c_str(), plan.epochs,
+               (unsigned long long)plan.steps_per_epoch(), rounds);
   const auto start = Clock::now();
   // Workers and the server share 2 cores here: one thread each for libtorch and the kernels.
-  demo::Process server =
-      demo::Process::spawn(child({"--role", "server", "--bind", "tcp://127.0.0.1:*"}));
-  const std::string endpoint = server.line(60s);
-  SKETCHSGD_REQUIRE(!endpoint.empty(), Error, "the server did not start");
+  std::vector<demo::Process> servers;
+  std::string endpoint;  // the servers' endpoints, comma-separated: a sharded job's list
+  for (uint32_t i = 0; i < shards_of(f); ++i) {
+    servers.push_back(demo::Process::spawn(
+        child({"--role", "server", "--shard", std::to_string(i), "--bind", "tcp://127.0.0.1:*"})));
+    const std::string e = servers.back().line(60s);
+    SKETCHSGD_REQUIRE(!e.empty(), Error, "server ", i, " did not start");
+    endpoint += (endpoint.empty() ? "" : ",") + e;
+  }
   std::vector<demo::Process> workers;
   for (uint32_t r = 0; r < plan.workers; ++r)
     workers.push_back(demo::Process::spawn(
@@ -385,13 +429,14 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     }
     std::this_thread::sleep_for(50ms);
   }
-  if (const int src = server.wait(60s); src != 0) {
-    std::fprintf(stderr, "server failed (exit %d)\n", src);
-    return 1;
-  }
+  for (auto& server : servers)
+    if (const int src = server.wait(60s); src != 0) {
+      std::fprintf(stderr, "server failed (exit %d)\n", src);
+      return 1;
+    }
   const double wall = seconds_since(start);
 
-  const Traffic t = traffic(f.str("out") + "/rounds.jsonl", plan.workers, plan.local.push_every);
+  const Traffic t = traffic(f, plan.workers, plan.local.push_every);
   double acc = 0;
   {
     std::ifstream in(f.str("out") + "/results.csv");
@@ -414,10 +459,10 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
   js << "{\"codec\":\"" << f.str("codec") << "\",\"spec\":\"" << codec->spec() << "\",\"model\":\""
      << f.str("model") << "\",\"workers\":" << plan.workers << ",\"epochs\":" << plan.epochs
      << ",\"rounds\":" << t.rounds << ",\"push_every\":" << plan.local.push_every
-     << ",\"fetch_every\":" << plan.local.fetch_every << ",\"steps\":" << plan.steps()
-     << ",\"test_acc\":" << acc << ",\"bytes_up\":" << t.up << ",\"bytes_down\":" << t.down
-     << ",\"dense_bytes\":" << t.dense << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall
-     << "}\n";
+     << ",\"fetch_every\":" << plan.local.fetch_every << ",\"shards\":" << shards_of(f)
+     << ",\"steps\":" << plan.steps() << ",\"test_acc\":" << acc << ",\"bytes_up\":" << t.up
+     << ",\"bytes_down\":" << t.down << ",\"dense_bytes\":" << t.dense
+     << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall << "}\n";
   return 0;
 }
 
@@ -434,6 +479,10 @@ int main(int argc, char** argv) {
   f.add("rank", "0", "this worker's rank (--role worker)");
   f.add("server", "tcp://127.0.0.1:5555", "server endpoint (--role worker)");
   f.add("bind", "tcp://127.0.0.1:5555", "endpoint to bind (--role server)");
+  f.add("shards", "1",
+        "S servers, each holding one range of the model (--role worker: --server lists all S, "
+        "comma-separated)");
+  f.add("shard", "0", "which shard this server is, 0..S-1 (--role server)");
   f.add("job", "1", "job id");
   f.add("model", "mlp", "mlp (1.86M parameters) | cnn");
   f.add("codec", kDefaultCodec, "codec spec (see sketchsgd-server --list-codecs)");

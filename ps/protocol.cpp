@@ -126,6 +126,12 @@ std::string get_text(ByteReader& r) {
 }
 }  // namespace
 
+std::string ShardId::describe(uint64_t dim) const {
+  return "shard " + std::to_string(index) + " of " + std::to_string(count) + ": [" +
+         std::to_string(begin) + ", " + std::to_string(begin + dim) + ") of " +
+         std::to_string(model_dim ? model_dim : dim);
+}
+
 Bytes encode(const HelloInfo& h) {
   Bytes out;
   ByteWriter w(out);
@@ -133,6 +139,10 @@ Bytes encode(const HelloInfo& h) {
   w.put(h.dim);
   put_text(w, h.spec);
   w.put(h.population);
+  w.put(h.shard.index);
+  w.put(h.shard.count);
+  w.put(h.shard.begin);
+  w.put(h.shard.model_dim);
   return out;
 }
 
@@ -143,6 +153,10 @@ HelloInfo decode_hello(std::span<const uint8_t> frame) {
   h.dim = r.get<uint64_t>();
   h.spec = get_text(r);
   h.population = r.get<uint32_t>();
+  h.shard.index = r.get<uint32_t>();
+  h.shard.count = r.get<uint32_t>();
+  h.shard.begin = r.get<uint64_t>();
+  h.shard.model_dim = r.get<uint64_t>();
   r.expect_end();
   return h;
 }

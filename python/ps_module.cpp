@@ -86,6 +86,7 @@ PYBIND11_MODULE(_ps, m) {
       .def_property_readonly("spec", [](Client& c) { return c.codec().spec(); })
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("round", &Client::round)
+      .def_property_readonly("shards", &Client::shards)
       .def(
           "params",
           [](const Client& c, uintptr_t out, uint64_t n) {

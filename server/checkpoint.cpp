@@ -16,7 +16,7 @@ namespace sketchsgd::ps {
 namespace {
 
 constexpr uint32_t kCheckpointMagic = 0x4B434B53;  // "SKCK"
-constexpr uint16_t kCheckpointVersion = 2;         // 2: the outer momentum (1 is still read)
+constexpr uint16_t kCheckpointVersion = 3;  // 2: the outer momentum, 3: the shard (1, 2 read)
 
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
   throw Error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
@@ -62,6 +62,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   w.put_array(std::span<const uint8_t>(c.codec_state));
   w.put(uint64_t(c.outer.size()));
   w.put_array(std::span<const float>(c.outer));
+  w.put(c.shard.index);
+  w.put(c.shard.count);
+  w.put(c.shard.begin);
+  w.put(c.shard.model_dim);
   seal(b);
 
   const std::string tmp = path + ".tmp";
@@ -92,7 +96,7 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kCheckpointMagic, WireError, "checkpoint ", path,
                     ": bad magic");
   const auto version = r.get<uint16_t>();
-  SKETCHSGD_REQUIRE(version == 1 || version == kCheckpointVersion, WireError, "checkpoint ", path,
+  SKETCHSGD_REQUIRE(version >= 1 && version <= kCheckpointVersion, WireError, "checkpoint ", path,
                     ": version ", version);
   r.get<uint16_t>();
   Checkpoint c;
@@ -100,7 +104,7 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
   c.round = r.get<uint64_t>();
   const auto dim = r.get<uint64_t>();
   const auto spec_len = r.get<uint32_t>();
-  SKETCHSGD_REQUIRE(spec_len <= 4096, WireError, "checkpoint ", path, ": spec of ", spec_len,
+  SKETCHSGD_REQUIRE(spec_len <= kMaxText, WireError, "checkpoint ", path, ": spec of ", spec_len,
                     " bytes");
   const auto spec = r.take<uint8_t>(spec_len);
   c.spec.assign(reinterpret_cast<const char*>(spec.data()), spec.size());
@@ -116,6 +120,12 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
                       " values for ", dim, " parameters");
     c.outer.resize(n);
     r.get_array(std::span<float>(c.outer));
+  }
+  if (version >= 3) {
+    c.shard.index = r.get<uint32_t>();
+    c.shard.count = r.get<uint32_t>();
+    c.shard.begin = r.get<uint64_t>();
+    c.shard.model_dim = r.get<uint64_t>();
   }
   r.expect_end();
   for (size_t i = 0; i < c.params.size(); ++i)

@@ -69,6 +69,14 @@ void JobConfig::validate() const {
                     population, " is smaller than the ", world, " clients sampled per round");
   SKETCHSGD_REQUIRE(population == 0 || staleness == 0, InvalidArgument,
                     "a federated job's clients leave after their round: no bounded staleness");
+  SKETCHSGD_REQUIRE(shard.count >= 1 && shard.index < shard.count, InvalidArgument, "shard ",
+                    shard.index, " of ", shard.count);
+  SKETCHSGD_REQUIRE(shard.model_dim == 0 ||
+                        (shard.begin <= shard.model_dim && dim <= shard.model_dim - shard.begin),
+                    InvalidArgument, shard.describe(dim), ": the range leaves the model");
+  SKETCHSGD_REQUIRE(
+      shard.count > 1 || (shard.begin == 0 && (shard.model_dim == 0 || shard.model_dim == dim)),
+      InvalidArgument, "one server holds the whole model: ", shard.describe(dim));
   outer.validate();
 }
 
@@ -79,6 +87,7 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
             uint64_t(Clock::now().time_since_epoch().count()));
   cfg_.validate();
   if (cfg_.min_workers == 0) cfg_.min_workers = cfg_.world;
+  if (cfg_.shard.model_dim == 0) cfg_.shard.model_dim = cfg_.dim;
   codec_ = make_compressor(cfg_.spec, cfg_.dim);
   cfg_.spec = codec_->spec();
   SKETCHSGD_REQUIRE(cfg_.staleness == 0 || !codec_->two_rounds(), InvalidArgument,
@@ -121,6 +130,10 @@ void Engine::restore(const Checkpoint& c) {
                     ", server runs ", cfg_.spec);
   SKETCHSGD_REQUIRE(c.params.size() == cfg_.dim, ConfigMismatch, "checkpoint of dim ",
                     c.params.size(), ", server runs dim ", cfg_.dim);
+  // An older checkpoint names no shard: it held a whole model.
+  const ShardId shard = c.shard.model_dim ? c.shard : ShardId{0, 1, 0, c.params.size()};
+  SKETCHSGD_REQUIRE(shard == cfg_.shard, ConfigMismatch, "checkpoint of ",
+                    shard.describe(c.params.size()), ", server is ", cfg_.shard.describe(cfg_.dim));
   SKETCHSGD_REQUIRE(c.outer.empty() || cfg_.outer.stateful(), ConfigMismatch,
                     "checkpoint with an outer momentum buffer, server runs without momentum");
   auto agg = make_aggregator();  // on the configured device, as at start
@@ -136,7 +149,8 @@ void Engine::restore(const Checkpoint& c) {
 }
 
 Checkpoint Engine::checkpoint() const {
-  return Checkpoint{cfg_.job, round_, cfg_.spec, model_, agg_->save_state(), outer_->save()};
+  return Checkpoint{cfg_.job,           round_,         cfg_.spec, model_,
+                    agg_->save_state(), outer_->save(), cfg_.shard};
 }
 
 void Engine::start_phase(MessageKind kind) {
@@ -351,9 +365,16 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   if (!federated() && e.rank >= cfg_.world)
     return mismatch("rank " + std::to_string(e.rank) + " outside [0, " +
                     std::to_string(cfg_.world) + ")");
+  ShardId shard = h.shard;
+  if (shard.model_dim == 0) shard.model_dim = h.dim;  // a whole model's
+  const auto other_shard = [&] {
+    return mismatch(shard.describe(h.dim) + ", this server is " + cfg_.shard.describe(cfg_.dim));
+  };
+  if (shard.count != cfg_.shard.count || shard.index != cfg_.shard.index) return other_shard();
   if (h.dim != cfg_.dim)
     return mismatch("dim " + std::to_string(h.dim) + ", the job has dim " +
                     std::to_string(cfg_.dim));
+  if (shard != cfg_.shard) return other_shard();
   if (h.spec != cfg_.spec)
     return mismatch("codec '" + h.spec + "', the job runs '" + cfg_.spec + "'");
   uint32_t rank = e.rank;
@@ -369,8 +390,8 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   Worker& w = workers_[rank];
   if (w.registered && w.peer != peer) {
     if (w.alive && now - w.last_seen < cfg_.heartbeat * cfg_.dead_after)
-      return refuse(peer, e, true,
-                    "rank " + std::to_string(rank) + " is held by a live connection", out);
+      return refuse(peer, e, true, "rank " + std::to_string(rank) + " is held by a live connection",
+                    out);
     rank_of_.erase(w.peer);
     hooks_.log("rank " + std::to_string(rank) + " re-registered on a new connection");
   } else if (!w.registered && !federated()) {
@@ -400,7 +421,8 @@ std::optional<uint32_t> Engine::slot_of(const PeerId& peer, const Envelope& e,
   } else if (finished()) {
     finished_reply(peer, e, out);
   } else if (e.round < round_) {
-    refuse(peer, e, false, client + " came for round " + std::to_string(e.round) + ", which is over" + at, out);
+    refuse(peer, e, false,
+           client + " came for round " + std::to_string(e.round) + ", which is over" + at, out);
   } else if (e.round > round_) {
     refuse(peer, e, true, "round " + std::to_string(e.round) + " is not open yet" + at, out);
   } else {

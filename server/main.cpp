@@ -10,6 +10,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/ps/flags.hpp>
+#include <sketchsgd/ps/shards.hpp>
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/server.hpp>
 
@@ -47,6 +48,11 @@ int main(int argc, char** argv) {
   f.add("dim", "0", "number of parameters d (required)", "SKETCHSGD_DIM");
   f.add("codec", "sketch", "codec spec, e.g. sketch:rows=5,cols=500000,k=50000,p2=4",
         "SKETCHSGD_CODEC");
+  f.add("shards", "1",
+        "S servers share the model: each holds one range (--dim and --codec stay the whole "
+        "model's; workers list all S endpoints, comma-separated)",
+        "SKETCHSGD_SHARDS");
+  f.add("shard", "0", "with --shards: which one this server is, 0..S-1", "SKETCHSGD_SHARD");
   f.add("lr", "0.1", "learning rate: everyone does w -= lr * step", "SKETCHSGD_LR");
   f.add("outer-momentum", "0",
         "momentum of the step everyone applies (workers pushing pseudo-gradients: DiLoCo's outer "
@@ -116,6 +122,16 @@ int main(int argc, char** argv) {
     o.job.dim = f.u64("dim");
     SKETCHSGD_REQUIRE(o.job.dim > 0, sketchsgd::InvalidArgument, "--dim is required (see --help)");
     o.job.spec = f.str("codec");
+    const uint64_t shards = f.u64("shards"), shard = f.u64("shard");
+    SKETCHSGD_REQUIRE(shards >= 1 && shard < shards && shards <= 1024, sketchsgd::InvalidArgument,
+                      "--shard ", shard, " of --shards ", shards,
+                      ": need 0 <= shard < shards <= 1024");
+    if (shards > 1) {
+      const ShardPlan p = plan_shards(o.job.spec, o.job.dim, uint32_t(shards))[shard];
+      o.job.shard = p.id;
+      o.job.dim = p.dim;
+      o.job.spec = p.spec;
+    }
     o.job.lr = float(f.num("lr"));
     o.job.outer.momentum = float(f.num("outer-momentum"));
     o.job.outer.nesterov = f.u64("outer-nesterov") != 0 && o.job.outer.momentum > 0;

@@ -151,10 +151,12 @@ void Server::start() {
     throw Error("server: cannot bind " + opts_.bind + ": " + e.what());
   }
   endpoint_ = r->get(zmq::sockopt::last_endpoint);
-  impl_->log("job " + std::to_string(opts_.job.job) + " listening on " + endpoint_ + ": " +
-             std::to_string(opts_.job.world) + " workers, dim " + std::to_string(opts_.job.dim) +
-             ", codec " + engine_->config().spec + ", policy " +
-             std::string(to_string(opts_.job.policy)));
+  impl_->log(
+      "job " + std::to_string(opts_.job.job) + " listening on " + endpoint_ + ": " +
+      std::to_string(opts_.job.world) + " workers, dim " + std::to_string(opts_.job.dim) +
+      ", codec " + engine_->config().spec + ", policy " + std::string(to_string(opts_.job.policy)) +
+      (engine_->config().shard.count > 1 ? ", " + engine_->config().shard.describe(opts_.job.dim)
+                                         : std::string()));
 }
 
 uint64_t Server::run() {

@@ -28,8 +28,9 @@ Session::Session(ClientOptions opts, Compressor& codec, std::span<const float> i
                     InvalidArgument, "client: ", federated ? "id " : "rank ", opts_.rank,
                     " outside ", federated ? "a population of " : "a world of ",
                     federated ? opts_.population : opts_.world);
-  SKETCHSGD_REQUIRE(!federated || opts_.world <= opts_.population, InvalidArgument, "client: ",
-                    opts_.world, " clients a round from a population of ", opts_.population);
+  SKETCHSGD_REQUIRE(!federated || opts_.world <= opts_.population, InvalidArgument,
+                    "client: ", opts_.world, " clients a round from a population of ",
+                    opts_.population);
   SKETCHSGD_REQUIRE(federated || opts_.join_round == 0, InvalidArgument,
                     "client: join_round is for federated clients (population > 0)");
   SKETCHSGD_REQUIRE(opts_.timeout.count() >= 1 && opts_.heartbeat.count() >= 1, InvalidArgument,
@@ -58,7 +59,9 @@ void Session::hello(Outbox& out) {
   session_ = 0;
   hello_at_.reset();
   slot_ = opts_.rank;  // a Hello names the worker's rank, or the federated client's id
-  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population};
+  ShardId shard = opts_.shard;
+  if (shard.model_dim == 0) shard.model_dim = codec_.dim();
+  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population, shard};
   out.push_back({envelope(Type::Hello, round_), Frame::own(encode(h))});
 }
 
@@ -77,7 +80,8 @@ std::optional<Session::Parsed> Session::parse(const Frames& frames) const {
   try {
     Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
     // A federated client's Welcome names the slot it takes (any rank of the round).
-    const bool slot_given = opts_.population != 0 && e.type == Type::Welcome && e.rank < opts_.world;
+    const bool slot_given =
+        opts_.population != 0 && e.type == Type::Welcome && e.rank < opts_.world;
     SKETCHSGD_REQUIRE(e.job == opts_.job && (e.rank == slot_ || slot_given), ProtocolError,
                       "message for job ", e.job, " rank ", e.rank);
     // Registration answers come before (or instead of) a session; everything else must belong to

@@ -33,7 +33,9 @@ class Client:
                  job: int = 1, population: int = 0, join_round: int = 0, init: torch.Tensor = None,
                  timeout: float = 120.0, quiet: bool = False):
         """Connects, registers and pulls the model. rank 0 of a fixed job (or any federated
-        client) passes init, the initial parameters, for a server that has no model yet."""
+        client) passes init, the initial parameters, for a server that has no model yet. A
+        sharded job (sketchsgd-server --shards S) names its S servers in server, comma-separated
+        in shard order: each gets its part of every gradient."""
         if _ps is None:
             raise ImportError(f"sketchsgd.ps needs the build with the parameter server (CMake): {_missing}")
         if not isinstance(server, str) or not isinstance(spec, str):
@@ -69,8 +71,13 @@ class Client:
 
     @property
     def round(self) -> int:
-        """The round whose update comes next."""
+        """The round whose update comes next (with shards: the lowest of theirs)."""
         return self._client.round
+
+    @property
+    def shards(self) -> int:
+        """Servers the model is spread over (1: one server)."""
+        return self._client.shards
 
     def params(self) -> torch.Tensor:
         out = torch.empty(self.dim, dtype=torch.float32)

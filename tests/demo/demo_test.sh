@@ -35,6 +35,17 @@ PY
 cmp "$out/params.rank0" "$out/params.rank1"
 echo "workers hold identical parameters"
 
+# Sharded: three servers, each holding a range of the model; dense shards end bit-identical to
+# one server.
+for s in 1 3; do
+  "$bin" --workers 2 --subset 1600 --batch 16 --epochs 1 --codec dense --shards $s \
+    --out "$out/shards$s" --dump "$out/shards$s/params" >/dev/null 2>&1
+done
+cmp "$out/shards1/params.rank0" "$out/shards3/params.rank0"
+python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['shards']==3 and s['rounds']==50, s" \
+  "$out/shards3/summary.json"
+echo "three shards: bit-identical to one server (dense)"
+
 # Local steps (Downpour's n_push = n_fetch = 8, the server's Nesterov outer step: DiLoCo over the
 # parameter server) with 4-bit pseudo-gradients: 50 rounds for 400 steps, the model learns, every
 # worker ends on the server's model, and the traffic is counted against per-step dense.

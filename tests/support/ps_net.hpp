@@ -74,11 +74,12 @@ struct FakeWorker {
         job(cfg.job),
         world(cfg.world),
         population(cfg.population),
+        shard(cfg.shard),
         codec(make_compressor(cfg.spec, cfg.dim)),
         round(join_round) {}
 
   void hello(Net& net, uint32_t as_world = 0) {
-    const HelloInfo h{as_world ? as_world : world, codec->dim(), codec->spec(), population};
+    const HelloInfo h{as_world ? as_world : world, codec->dim(), codec->spec(), population, shard};
     net.deliver(peer, {env(Type::Hello, job, round, id), Frame::own(encode(h))});
   }
   /// Registers, initialises (rank 0) and pulls the model.
@@ -94,7 +95,8 @@ struct FakeWorker {
       net.deliver(
           peer, {mine(Type::Init, round),
                  bytes_frame({reinterpret_cast<const uint8_t*>(init.data()), init.size_bytes()})});
-    if (!population) net.deliver(peer, {mine(Type::Pull, round)});  // a client's model comes unasked
+    if (!population)
+      net.deliver(peer, {mine(Type::Pull, round)});  // a client's model comes unasked
   }
   /// Takes a Model message if one is queued.
   bool take_model(Net& net) {
@@ -141,6 +143,7 @@ struct FakeWorker {
   uint64_t job;
   uint32_t world;
   uint32_t population;
+  ShardId shard;         // a sharded job's: the server's
   uint64_t session = 0;  // from the Welcome
   std::unique_ptr<Compressor> codec;
   std::vector<float> params;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,6 +48,8 @@ class Options {
  private:
   friend class Registry;
   friend std::string share_spec(std::string_view spec, double share);
+  friend std::vector<std::string> split_spec(std::string_view spec,
+                                             std::span<const uint64_t> sizes);
   std::map<std::string, double> values_;
   Layout layout_;
 };
@@ -95,6 +98,12 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout&
 /// cols) scaled by share, rounded half to even and at least 1 (0 stays 0: the codec's default);
 /// share 1 validates a spec without building a codec. InvalidArgument for a bad spec or share.
 std::string share_spec(std::string_view spec, double share = 1.0);
+/// The canonical specs of a model cut into consecutive parts of these sizes (a sharded server's
+/// ranges): each budget option (k, cols) split in proportion to the sizes by largest remainder,
+/// so the parts' budgets add up to the whole's (each at least 1; 0 stays 0: the codec's default),
+/// and the spec's layout cut at the parts' edges. InvalidArgument for a bad spec, a part of size
+/// 0, sizes that do not add up to the layout, or an edge inside a tensor.
+std::vector<std::string> split_spec(std::string_view spec, std::span<const uint64_t> sizes);
 /// The spec with `layout=` added when its codec requires one and it has none yet (what a program
 /// that knows its model's shapes passes to server and workers alike); otherwise as is.
 std::string complete_spec(std::string_view spec, const Layout& layout);

@@ -28,8 +28,8 @@ class Compressor;
 
 namespace sketchsgd::ps {
 
-inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
-inline constexpr uint16_t kProtocolVersion = 4;  // 4: the population in Hello (federated jobs)
+inline constexpr uint32_t kMagic = 0x53504B53;   // "SKPS"
+inline constexpr uint16_t kProtocolVersion = 5;  // 5: the shard in Hello (sharded servers)
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -86,11 +86,24 @@ struct ForeignHello {
 };
 std::optional<ForeignHello> peek_foreign_hello(std::span<const uint8_t> frame);
 
+/// Which part of the model a server holds: shard `index` of `count`, its values starting at
+/// `begin` of the model's `model_dim` (a job of one server: shard 0 of 1, from 0, of its dim).
+struct ShardId {
+  uint32_t index = 0;
+  uint32_t count = 1;
+  uint64_t begin = 0;
+  uint64_t model_dim = 0;  ///< 0: the job's dim (one server)
+  bool operator==(const ShardId&) const = default;
+  /// "shard 1 of 4: [250, 500) of 1000", for refusals and logs (dim: the shard's length).
+  std::string describe(uint64_t dim) const;
+};
+
 struct HelloInfo {
   uint32_t world = 0;  ///< workers, or a federated job's clients per round
   uint64_t dim = 0;
   std::string spec;         ///< canonical codec spec (Compressor::spec())
   uint32_t population = 0;  ///< a federated job's clients (0: a job of `world` fixed workers)
+  ShardId shard;            ///< the part of the model this registration is for
 };
 Bytes encode(const HelloInfo& h);
 HelloInfo decode_hello(std::span<const uint8_t> frame);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <sketchsgd/ps/protocol.hpp>
+
 namespace sketchsgd::ps {
 
 struct Checkpoint {
@@ -17,6 +19,7 @@ struct Checkpoint {
   std::vector<float> params;
   std::vector<uint8_t> codec_state;  ///< Aggregator::save_state() (FetchSGD's sketches)
   std::vector<float> outer;          ///< the outer step's momentum (empty: none)
+  ShardId shard;                     ///< the part of the model params are (model_dim 0: unknown)
 };
 
 /// Writes atomically; throws Error with the failing system call and errno text.

@@ -68,6 +68,9 @@ struct JobConfig {
   /// come counts as live until the deadline. 0: `world` fixed workers.
   uint32_t population = 0;
   uint64_t sample_seed = 1;
+  /// A sharded job's part (ps/shards.hpp): dim and spec are then the shard's range and its
+  /// share of the codec; workers must name the same shard. Default: the whole model.
+  ShardId shard;
   /// Where the aggregator sums and decodes (a GPU: the sketch unsketch runs there). The server's
   /// model copy stays on the host.
   Device device = Device::cpu();

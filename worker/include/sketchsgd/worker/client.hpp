@@ -11,12 +11,19 @@
 // (session.hpp); an I/O thread (ps/io_thread.hpp) owns the ZeroMQ socket: it shows liveness while
 // the caller computes, notices a silent server, reconnects with backoff, and the client then
 // registers again and resynchronises by pulling the model.
+//
+// A sharded job (ps/shards.hpp) names its S servers in opts.server, separated by commas: the
+// client then runs one Session and link per shard, each with the codec of its range (its share of
+// the job codec's budget), pushes every shard its part of each gradient in parallel and assembles
+// the parameters from the shards' ranges. The shards keep their own rounds.
 #pragma once
 
 #include <memory>
 #include <span>
+#include <vector>
 
 #include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/core/scratch.hpp>
 #include <sketchsgd/worker/session.hpp>
 
 namespace sketchsgd::ps {
@@ -30,7 +37,9 @@ class Client {
   /// empty). Parameters and gradients live where the codec does (codec->device(): device memory
   /// for a GPU codec); the wire carries host bytes. Throws ConfigMismatch with the server's reason
   /// when registration is refused, JobFinished when the server's job has already ended, and
-  /// TimeoutError when the server does not answer within opts.timeout.
+  /// TimeoutError when the server does not answer within opts.timeout. With shards every server
+  /// is registered with (in parallel) before the constructor returns; codec is then the job's:
+  /// its spec, dim and device (each shard encodes with a codec of its own range).
   Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
          std::span<const float> initial_params);
   ~Client();  ///< says goodbye; never blocks longer than the socket linger
@@ -40,36 +49,47 @@ class Client {
   /// Pushes this gradient (length dim, finite) for the next round, then applies updates until at
   /// most `staleness` pushes are unanswered (the server's setting; 0: wait for this round's
   /// update). Throws JobFinished at once when the server's job ended before this round.
+  ///
+  /// With shards the parts go out in parallel and the result sums the bytes; its outcome is the
+  /// most eventful of the shards' (Resynced, then Aborted, then Pending, then Updated) and its
+  /// round the lowest pushed. A NaN or Inf is refused before any shard is sent anything. A shard
+  /// whose job has finished is left out of later steps (its range stays as it was); JobFinished
+  /// comes once every shard's has. When a shard fails (TimeoutError: down past the deadline) the
+  /// others' rounds still complete, then its error is thrown.
   StepResult step(std::span<const float> grad);
 
   /// Waits for the outcome of every unanswered push (the end of training with staleness > 0).
   StepResult sync();
 
   /// The model, in the codec's device memory.
-  std::span<const float> params() const { return session_->params(); }
-  /// The round whose update comes next: params() hold every update before it.
-  uint64_t round() const { return session_->round(); }
-  /// The round the next step() pushes (round() + unanswered pushes).
-  uint64_t next_push() const { return session_->next_push(); }
-  uint32_t staleness() const { return session_->staleness(); }
+  std::span<const float> params() const;
+  /// The round whose update comes next: params() hold every update before it (with shards: the
+  /// lowest of the shards' rounds).
+  uint64_t round() const;
+  /// The round the next step() pushes (round() + unanswered pushes; with shards the lowest).
+  uint64_t next_push() const;
+  uint32_t staleness() const;
   Compressor& codec() { return *codec_; }
   /// The rank this registration uses (a federated client's slot in its round).
-  uint32_t rank() const { return session_->rank(); }
+  uint32_t rank() const;
+  /// Servers the model is spread over (1: one server).
+  size_t shards() const { return shards_.size(); }
+  /// Shard i's round (its servers keep their own).
+  uint64_t shard_round(size_t i) const;
 
  private:
   struct Link;
-  /// Sends what the session queued.
-  void flush(Session::Outbox& out);
-  /// The next event of the link (a server message, or the news that the socket was replaced),
-  /// running the session's timers meanwhile; false when the deadline passed first.
-  bool next(std::chrono::steady_clock::time_point deadline, Received& ev);
-  /// Hands an event to the session; true when the step must return (resynchronised).
-  bool dispatch(Received& ev, StepResult& res);
-  [[noreturn]] void timeout(const std::string& what) const;
+  struct Shard;
+  /// Runs f on every live shard, in parallel, and waits for all; rethrows the first failure.
+  template <class F>
+  std::vector<StepResult> each(F&& f);
+  /// Copies the shards' parameters into params_ (S > 1).
+  void assemble();
 
   std::unique_ptr<Compressor> codec_;
-  std::unique_ptr<Session> session_;
-  std::unique_ptr<Link> link_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  Buffer<float> params_;  // S > 1: the shards' ranges side by side
+  Scratch scratch_;       // S > 1: the finiteness check of a whole gradient
 };
 
 }  // namespace sketchsgd::ps

@@ -23,6 +23,8 @@
 namespace sketchsgd::ps {
 
 struct ClientOptions {
+  /// The server's endpoint, or a sharded job's servers separated by commas (shard i at place i;
+  /// ps/shards.hpp): the Client then pushes each its part of every gradient.
   std::string server = "tcp://127.0.0.1:5555";
   uint64_t job = 1;
   uint32_t rank = 0;   ///< the worker's rank, or a federated client's id
@@ -33,6 +35,9 @@ struct ClientOptions {
   /// initial parameters may initialise a server that has no model.
   uint32_t population = 0;
   uint64_t join_round = 0;
+  /// The part of the model this Session's server holds (the Client sets it for each shard of a
+  /// sharded job; the codec then covers that range). Default: the whole model.
+  ShardId shard;
   std::chrono::milliseconds heartbeat{1000};  ///< replaced by the server's value on registration
   uint32_t dead_after = 3;                    ///< silent intervals before the server counts as gone
   std::chrono::milliseconds timeout{120000};  ///< longest wait for registration or one round

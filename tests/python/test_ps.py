@@ -1,0 +1,80 @@
+"""sketchsgd.ps against sketchsgd-server processes on 127.0.0.1: a sharded job (S servers, one
+range each) ends on one server's bits for dense gradients; a client naming the shards in another
+order is refused with the reason."""
+import os
+import subprocess
+
+import pytest
+import torch
+
+import sketchsgd
+
+
+def _server_bin():
+    path = os.path.join(os.path.dirname(sketchsgd.__file__), "..", "..", "server", "sketchsgd-server")
+    return os.path.abspath(path) if os.path.exists(path) else None
+
+
+def _start(*args):
+    """sketchsgd-server on a free port of 127.0.0.1: the process and its endpoint."""
+    server = _server_bin()
+    if server is None:
+        pytest.skip("no sketchsgd-server beside this sketchsgd package (a pip install)")
+    p = subprocess.Popen([server, "--bind", "tcp://127.0.0.1:*", "--quiet", "--heartbeat-ms", "200", *args],
+                         stdout=subprocess.PIPE, text=True)
+    endpoint = p.stdout.readline().strip()
+    assert endpoint.startswith("tcp://127.0.0.1:"), endpoint
+    return p, endpoint
+
+
+def _train(endpoints, dim, rounds, spec="dense"):
+    from sketchsgd.ps import Client
+    g = torch.Generator().manual_seed(3)
+    init = torch.randn(dim, generator=g)
+    with Client(",".join(endpoints), spec, dim=dim, init=init, quiet=True, timeout=20) as c:
+        assert c.shards == len(endpoints)
+        for t in range(rounds):
+            r = c.step(c.params() - torch.randn(dim, generator=g))
+            assert r["outcome"] == "updated", r
+        return c.params()
+
+
+def test_a_sharded_job_ends_on_one_server_s_bits():
+    dim, rounds = 1001, 3
+    common = ["--world", "1", "--dim", str(dim), "--codec", "dense", "--rounds", str(rounds)]
+    procs = []
+    try:
+        p, one = _start(*common)
+        procs.append(p)
+        ref = _train([one], dim, rounds)
+        shards = []
+        for i in range(3):
+            p, e = _start(*common, "--shards", "3", "--shard", str(i))
+            procs.append(p)
+            shards.append(e)
+        got = _train(shards, dim, rounds)
+        assert torch.equal(got, ref)
+        for p in procs:
+            assert p.wait(timeout=30) == 0  # every server ends with its last round
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_shards_named_in_another_order_are_refused():
+    from sketchsgd.ps import Client
+    common = ["--world", "1", "--dim", "600", "--codec", "topk:k=60", "--rounds", "1"]
+    procs = []
+    try:
+        eps = []
+        for i in range(2):
+            p, e = _start(*common, "--shards", "2", "--shard", str(i))
+            procs.append(p)
+            eps.append(e)
+        with pytest.raises(sketchsgd.ConfigMismatch, match="shard 1 of 2"):
+            Client(f"{eps[1]},{eps[0]}", "topk:k=60", dim=600, init=torch.zeros(600), quiet=True, timeout=5)
+        with pytest.raises(sketchsgd.InvalidArgument, match="empty item"):
+            Client(f"{eps[0]},,{eps[1]}", "topk:k=60", dim=600, quiet=True, timeout=5)
+    finally:
+        for p in procs:
+            p.kill()

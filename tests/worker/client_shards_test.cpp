@@ -1,0 +1,244 @@
+// Sharded jobs over real sockets on 127.0.0.1: S servers in threads of this process, Clients
+// naming all S. Dense shards end bit-identical to one server; other codecs keep every worker and
+// server in step; a plan that differs is refused; a killed shard restarts from its checkpoint
+// while the others go on; a shard that stays down is a timeout; one shard's abuse leaves the
+// others serving.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/ps/shards.hpp>
+#include <sketchsgd/ps/transport.hpp>
+#include <sketchsgd/server/server.hpp>
+#include <sketchsgd/worker/client.hpp>
+#include "support/ps_loopback.hpp"
+#include "support/ps_synthetic.hpp"
+
+namespace sketchsgd::ps {
+namespace {
+
+using namespace std::chrono_literals;
+using test_loopback::client_options;
+using test_loopback::Running;
+
+ServerOptions shard_options(const std::string& spec, uint32_t world, uint64_t dim, uint64_t rounds,
+                            uint32_t count, uint32_t index) {
+  const ShardPlan p = plan_shards(spec, dim, count)[index];
+  ServerOptions o = test_loopback::options(p.spec, world, p.dim, rounds);
+  o.job.shard = p.id;
+  return o;
+}
+
+struct Shards {
+  Shards(const std::string& spec, uint32_t world, uint64_t dim, uint64_t rounds, uint32_t count) {
+    for (uint32_t i = 0; i < count; ++i)
+      servers.push_back(
+          std::make_unique<Running>(shard_options(spec, world, dim, rounds, count, i)));
+  }
+  std::string endpoints() const {
+    std::string e;
+    for (const auto& s : servers) e += (e.empty() ? "" : ",") + s->server.endpoint();
+    return e;
+  }
+  std::vector<std::unique_ptr<Running>> servers;
+};
+
+/// W workers in threads, kRounds steps each; their final parameters (empty on failure).
+std::vector<std::vector<float>> train(const std::string& endpoints, const std::string& spec,
+                                      uint32_t world, uint64_t dim, uint64_t rounds) {
+  const auto init = test::initial_params(dim, 3);
+  std::vector<std::vector<float>> out(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ts;
+  for (uint32_t r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        Client c(client_options(endpoints, r, world), make_compressor(spec, dim),
+                 r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; t < rounds; ++t) {
+          const auto res = c.step(test::synthetic_grad(c.params(), r, t, 5));
+          if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
+        }
+        out[r].assign(c.params().begin(), c.params().end());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (uint32_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return out;
+}
+
+TEST(ShardedLoopback, DenseShardsEndBitIdenticalToOneServer) {
+  constexpr uint64_t kDim = 3001, kRounds = 4;
+  constexpr uint32_t kWorld = 2;
+  Running one(test_loopback::options("dense", kWorld, kDim, kRounds));
+  const auto ref = train(one.server.endpoint(), "dense", kWorld, kDim, kRounds);
+  for (const uint32_t s : {2u, 3u}) {
+    Shards shards("dense", kWorld, kDim, kRounds, s);
+    const auto got = train(shards.endpoints(), "dense", kWorld, kDim, kRounds);
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      ASSERT_EQ(got[r].size(), kDim);
+      EXPECT_EQ(std::memcmp(got[r].data(), ref[r].data(), kDim * 4), 0) << s << " shards";
+    }
+    for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), kRounds);
+    for (const auto& p : plan_shards("dense", kDim, s))
+      EXPECT_EQ(std::memcmp(shards.servers[p.id.index]->server.engine().model().data(),
+                            ref[0].data() + p.id.begin, p.dim * 4),
+                0);
+  }
+}
+
+TEST(ShardedLoopback, CompressedShardsKeepWorkersAndServersInStep) {
+  constexpr uint64_t kDim = 4000, kRounds = 4;
+  constexpr uint32_t kWorld = 2, kShards = 3;
+  for (const std::string spec : {"topk:k=40", "sketch:rows=3,cols=600,k=40"}) {
+    Shards shards(spec, kWorld, kDim, kRounds, kShards);
+    const auto got = train(shards.endpoints(), spec, kWorld, kDim, kRounds);
+    ASSERT_EQ(got[0].size(), kDim) << spec;
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), kDim * 4), 0) << spec;
+    for (auto& sv : shards.servers) sv->finish();
+    for (const auto& p : plan_shards(spec, kDim, kShards))
+      EXPECT_EQ(std::memcmp(shards.servers[p.id.index]->server.engine().model().data(),
+                            got[0].data() + p.id.begin, p.dim * 4),
+                0)
+          << spec << " shard " << p.id.index;
+  }
+}
+
+TEST(ShardedLoopback, AClientOfAnotherPlanIsRefused) {
+  constexpr uint64_t kDim = 900;
+  Shards shards("topk:k=30", 1, kDim, 2, 3);
+  auto o = client_options(shards.endpoints(), 0, 1);
+  o.timeout = 5s;
+  const auto init = test::initial_params(kDim, 1);
+  // Two of the three endpoints: the client plans two shards.
+  const std::string two =
+      shards.servers[0]->server.endpoint() + "," + shards.servers[1]->server.endpoint();
+  o.server = two;
+  EXPECT_THROW(Client(o, make_compressor("topk:k=30", kDim), init), ConfigMismatch);
+  // All three, in another order.
+  o.server = shards.servers[1]->server.endpoint() + "," + shards.servers[0]->server.endpoint() +
+             "," + shards.servers[2]->server.endpoint();
+  EXPECT_THROW(Client(o, make_compressor("topk:k=30", kDim), init), ConfigMismatch);
+  // Another k: every shard's share differs.
+  o.server = shards.endpoints();
+  EXPECT_THROW(Client(o, make_compressor("topk:k=31", kDim), init), ConfigMismatch);
+  Client good(o, make_compressor("topk:k=30", kDim), init);
+  EXPECT_EQ(good.shards(), 3u);
+  EXPECT_EQ(std::memcmp(good.params().data(), init.data(), kDim * 4), 0);
+  // A NaN anywhere is refused before any shard is sent anything.
+  auto bad = test::synthetic_grad(good.params(), 0, 0, 1);
+  bad[kDim - 1] = NAN;
+  EXPECT_THROW(good.step(bad), NonFiniteError);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(good.shard_round(i), 0u);
+  EXPECT_EQ(good.step(test::synthetic_grad(good.params(), 0, 0, 1)).outcome,
+            StepResult::Outcome::Updated);
+}
+
+TEST(ShardedLoopback, AKilledShardRestartsFromItsCheckpointWhileTheOthersGoOn) {
+  constexpr uint64_t kDim = 2000, kRounds = 8;
+  const std::string spec = "topk:k=50";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sketchsgd-shard-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string ckpt = (dir / "shard1.ckpt").string();
+  std::filesystem::remove(ckpt);
+  Shards shards(spec, 1, kDim, kRounds, 2);
+  auto o1 = shard_options(spec, 1, kDim, kRounds, 2, 1);
+  shards.servers[1].reset();
+  o1.checkpoint = ckpt;
+  o1.job.checkpoint_every = 2;
+  shards.servers[1] = std::make_unique<Running>(o1);
+
+  auto o = client_options(shards.endpoints(), 0, 1);
+  const auto init = test::initial_params(kDim, 2);
+  Client c(o, make_compressor(spec, kDim), init);
+  for (uint64_t t = 0; t < 3; ++t)
+    ASSERT_EQ(c.step(test::synthetic_grad(c.params(), 0, t, 4)).outcome,
+              StepResult::Outcome::Updated);
+  // Shard 1 dies after round 2 (its checkpoint holds rounds 0-1) and comes back on its port.
+  o1.bind = shards.servers[1]->server.endpoint();
+  shards.servers[1].reset();
+  shards.servers[1] = std::make_unique<Running>(o1);
+  EXPECT_EQ(shards.servers[1]->server.engine().round(), 2u);
+  bool resynced = false;
+  for (int guard = 0; c.round() < kRounds && guard < 20; ++guard) {
+    const auto res = c.step(test::synthetic_grad(c.params(), 0, c.round(), 4));
+    resynced |= res.outcome == StepResult::Outcome::Resynced;
+  }
+  EXPECT_TRUE(resynced);
+  EXPECT_EQ(c.round(), kRounds);
+  for (auto& s : shards.servers) {
+    s->finish();
+    EXPECT_EQ(s->server.engine().round(), kRounds);
+  }
+  // Shard 0 never stopped: its range and rounds ran on. Both ranges match their servers.
+  for (const auto& p : plan_shards(spec, kDim, 2))
+    EXPECT_EQ(std::memcmp(shards.servers[p.id.index]->server.engine().model().data(),
+                          c.params().data() + p.id.begin, p.dim * 4),
+              0)
+        << "shard " << p.id.index;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ShardedLoopback, AShardThatStaysDownIsATimeoutWhileTheOthersCompleteTheRound) {
+  constexpr uint64_t kDim = 1000;
+  Shards shards("dense", 1, kDim, 10, 3);
+  auto o = client_options(shards.endpoints(), 0, 1);
+  o.timeout = 1500ms;
+  const auto init = test::initial_params(kDim, 2);
+  Client c(o, make_compressor("dense", kDim), init);
+  c.step(test::synthetic_grad(c.params(), 0, 0, 4));
+  shards.servers[2].reset();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(c.step(test::synthetic_grad(c.params(), 0, 1, 4)), TimeoutError);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, 1400ms);
+  EXPECT_LT(waited, 10s);
+  EXPECT_EQ(c.shard_round(0), 2u);
+  EXPECT_EQ(c.shard_round(1), 2u);
+  EXPECT_EQ(c.shard_round(2), 1u);
+  // The shards that completed moved their ranges on.
+  EXPECT_EQ(std::memcmp(shards.servers[0]->server.engine().model().data(), c.params().data(),
+                        shards.servers[0]->server.engine().model().size() * 4),
+            0);
+}
+
+TEST(ShardedLoopback, GarbageAtOneShardLeavesTheJobTraining) {
+  constexpr uint64_t kDim = 2000, kRounds = 6;
+  Shards shards("sketch:rows=3,cols=400,k=30", 2, kDim, kRounds, 2);
+  std::atomic<bool> done{false};
+  std::atomic<int> sent{0};
+  std::thread abuser([&] {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::dealer);
+    s.set(zmq::sockopt::linger, 0);
+    s.connect(shards.servers[1]->server.endpoint());
+    const Bytes push = encode(Envelope{Type::Push, test_loopback::kJob, 0, 1, 0});
+    for (int i = 0; i < 2000 && !done; ++i, ++sent) {
+      zmq::message_t a(push.data(), push.size()), b(size_t(100 + i % 50));
+      (void)s.send(a, zmq::send_flags::sndmore);
+      (void)s.send(b, zmq::send_flags::none);  // a push of no registration, junk payload
+      if (i % 50 == 49) std::this_thread::sleep_for(2ms);
+    }
+  });
+  while (sent < 100) std::this_thread::sleep_for(1ms);
+  const auto got = train(shards.endpoints(), "sketch:rows=3,cols=400,k=30", 2, kDim, kRounds);
+  done = true;
+  abuser.join();
+  ASSERT_EQ(got[0].size(), kDim);
+  EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), kDim * 4), 0);
+  for (auto& s : shards.servers) EXPECT_EQ(s->finish(), kRounds);
+  EXPECT_GT(shards.servers[1]->server.engine().rejected(), 0u);
+  EXPECT_EQ(shards.servers[0]->server.engine().rejected(), 0u);
+}
+
+}  // namespace
+}  // namespace sketchsgd::ps
