@@ -24,36 +24,18 @@
 #include <sketchsgd/kernels/sample.hpp>
 #include <sketchsgd/ps/flags.hpp>
 #include <sketchsgd/worker/client.hpp>
-#include "rounds.hpp"
 #include "demo/process.hpp"
+#include "rounds.hpp"
 
 namespace {
 
 using namespace sketchsgd;
 using namespace sketchsgd::ps;
 using bench::Clock;
+using bench::cpu_ms;
 using bench::median;
 using bench::ms;
-
-/// A process's resident memory (MB) and CPU time (ms, user + system), from /proc.
-double rss_mb(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/statm");
-  uint64_t pages = 0, resident = 0;
-  in >> pages >> resident;
-  return double(resident) * double(::sysconf(_SC_PAGESIZE)) / 1e6;
-}
-double cpu_ms(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::istringstream rest(s.substr(s.rfind(')') + 2));  // fields after the command name
-  std::string x;
-  uint64_t utime = 0, stime = 0;
-  for (int field = 3; field <= 15 && rest >> x; ++field) {
-    if (field == 14) utime = std::stoull(x);
-    if (field == 15) stime = std::stoull(x);
-  }
-  return double(utime + stime) * 1000.0 / double(::sysconf(_SC_CLK_TCK));
-}
+using bench::rss_mb;
 
 struct Result {
   double round_ms = 0, join_ms = 0, leave_ms = 0, server_cpu_ms = 0, rss_start = 0, rss_end = 0;
@@ -63,11 +45,11 @@ struct Result {
 /// `rounds` measured rounds after `warm` warm-up rounds; population 0: fixed workers.
 Result run(const std::string& server_bin, const std::string& spec, uint64_t d, uint32_t per_round,
            uint32_t population, int warm, int rounds) {
-  auto server = demo::Process::spawn(
-      {server_bin, "--bind", "tcp://127.0.0.1:*", "--world", std::to_string(per_round),
-       "--population", std::to_string(population), "--dim", std::to_string(d), "--codec", spec,
-       "--lr", "0.01", "--rounds", std::to_string(warm + rounds), "--finish-grace-ms", "100",
-       "--quiet"});
+  auto server =
+      demo::Process::spawn({server_bin, "--bind", "tcp://127.0.0.1:*", "--world",
+                            std::to_string(per_round), "--population", std::to_string(population),
+                            "--dim", std::to_string(d), "--codec", spec, "--lr", "0.01", "--rounds",
+                            std::to_string(warm + rounds), "--finish-grace-ms", "100", "--quiet"});
   const std::string endpoint = server.line(std::chrono::seconds(30));
   if (endpoint.rfind("tcp://", 0) != 0) throw std::runtime_error("the server did not start");
 
@@ -75,7 +57,8 @@ Result run(const std::string& server_bin, const std::string& spec, uint64_t d, u
   const std::vector<float> init(d, 0.0f);
   const int total = warm + rounds;
   std::barrier sync(per_round + 1);
-  std::vector<std::vector<Clock::time_point>> done(per_round, std::vector<Clock::time_point>(total));
+  std::vector<std::vector<Clock::time_point>> done(per_round,
+                                                   std::vector<Clock::time_point>(total));
   std::vector<std::vector<double>> join(per_round, std::vector<double>(total));
   std::vector<std::vector<double>> leave(per_round, std::vector<double>(total));
   std::atomic<uint64_t> registrations{0};
@@ -94,8 +77,9 @@ Result run(const std::string& server_bin, const std::string& spec, uint64_t d, u
     ts.emplace_back([&, slot] {
       std::unique_ptr<Client> fixed;
       if (!population) {
-        fixed = std::make_unique<Client>(options(slot), make_compressor(spec, d),
-                                         slot == 0 ? std::span<const float>(init) : std::span<const float>());
+        fixed = std::make_unique<Client>(
+            options(slot), make_compressor(spec, d),
+            slot == 0 ? std::span<const float>(init) : std::span<const float>());
         ++registrations;
       }
       for (int r = 0; r < total; ++r) {
@@ -107,7 +91,9 @@ Result run(const std::string& server_bin, const std::string& spec, uint64_t d, u
           ClientOptions c = options(who[slot]);
           c.join_round = uint64_t(r);
           const auto t0 = Clock::now();
-          auto client = std::make_unique<Client>(c, make_compressor(spec, d), r == 0 ? std::span<const float>(init) : std::span<const float>());
+          auto client = std::make_unique<Client>(
+              c, make_compressor(spec, d),
+              r == 0 ? std::span<const float>(init) : std::span<const float>());
           join[slot][r] = ms(Clock::now() - t0);
           ++registrations;
           client->step(g);
@@ -171,11 +157,7 @@ int main(int argc, char** argv) {
     if (!f.str("out").empty()) out.open(f.str("out"), std::ios::app);
     const auto c = uint32_t(f.u64("per-round")), n = uint32_t(f.u64("population"));
     const int warm = int(f.u64("warm")), rounds = int(f.u64("rounds"));
-    std::string server_bin = f.str("server");
-    if (server_bin.empty()) {
-      const std::string self = argv[0];
-      server_bin = self.substr(0, self.rfind('/') + 1) + "../server/sketchsgd-server";
-    }
+    const std::string server_bin = bench::server_program(f.str("server"), argv[0]);
     std::printf("%10s %5s %6s %10s %12s %7s %9s %9s %11s %11s %10s %10s\n", "d", "C", "N",
                 "fixed_ms", "federated_ms", "ratio", "join_ms", "leave_ms", "srv_cpu_fix",
                 "srv_cpu_fed", "rss_start", "rss_end");
@@ -192,9 +174,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       if (out)
         out << "{\"spec\":\"" << spec << "\",\"d\":" << d << ",\"per_round\":" << c
-            << ",\"population\":" << n << ",\"rounds\":" << rounds << ",\"fixed_ms\":" << fixed.round_ms
-            << ",\"federated_ms\":" << fed.round_ms << ",\"join_ms\":" << fed.join_ms
-            << ",\"leave_ms\":" << fed.leave_ms
+            << ",\"population\":" << n << ",\"rounds\":" << rounds
+            << ",\"fixed_ms\":" << fixed.round_ms << ",\"federated_ms\":" << fed.round_ms
+            << ",\"join_ms\":" << fed.join_ms << ",\"leave_ms\":" << fed.leave_ms
             << ",\"server_cpu_ms_fixed\":" << fixed.server_cpu_ms
             << ",\"server_cpu_ms_federated\":" << fed.server_cpu_ms
             << ",\"registrations\":" << fed.registrations << ",\"rss_start_mb\":" << fed.rss_start

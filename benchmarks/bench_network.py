@@ -20,6 +20,7 @@ import argparse
 import atexit
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -83,9 +84,9 @@ class Testbed:
             raise
         return self
 
-    def shape(self, rate):
-        """tbf at `rate` on both ends of every link (None: unshaped)."""
-        for i in range(len(self.hosts)):
+    def shape(self, rate, hosts=None):
+        """tbf at `rate` on both ends of every link, or of the given hosts' (None: unshaped)."""
+        for i in range(len(self.hosts)) if hosts is None else hosts:
             for ns, dev in ((self.hosts[i], self.host_dev[i]), (self.switch, self.port_dev[i])):
                 subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=20)
                 if rate is not None:
@@ -180,31 +181,40 @@ def run_floor(bed, args, tmp):
     return statistics.median(x["step_ms_median"] for x in s) if s else None
 
 
-def run_ps(bed, codec, args, tmp):
-    """The parameter-server demo for --ps-rounds rounds: server and worker 0 on host 0."""
+def run_ps(bed, codec, args, tmp, shards=1):
+    """The parameter-server demo for --ps-rounds rounds: one server on host 0 beside worker 0, or
+    S co-located shards, shard i on host i mod W beside worker i mod W (the model cut in S
+    ranges; S > W puts several on a host, whose rounds then overlap on its link)."""
     W = len(bed.hosts)
     outdir = os.path.join(tmp, "ps")
     subprocess.run(["rm", "-rf", outdir])
     os.makedirs(outdir)
     binary = os.path.abspath(args.demo)
     common = [binary, "--workers", str(W), "--codec", codec, "--epochs", "1", "--subset",
-              str(args.ps_rounds * W * 32), "--out", outdir, "--threads", "1"]
-    endpoint = f"tcp://{bed.address(0)}:{5555 + os.getpid() % 1000}"
-    metrics = os.path.join(outdir, "rounds.jsonl")
+              str(args.ps_rounds * W * 32), "--out", outdir, "--threads", "1", "--shards", str(shards)]
+    port = 5555 + os.getpid() % 1000
+    endpoints = [f"tcp://{bed.address(i % W)}:{port + i}" for i in range(shards)]
+    metrics = os.path.join(outdir, "rounds.jsonl" if shards == 1 else "rounds.shard0.jsonl")
     with open(os.path.join(tmp, "ps.log"), "w") as logf:
-        procs = [bed.start(0, common + ["--role", "server", "--bind", endpoint], logf)]
-        procs += [bed.start(r, common + ["--role", "worker", "--rank", str(r), "--server", endpoint], logf)
-                  for r in range(W)]
+        servers = [bed.start(i % W, common + ["--role", "server", "--shard", str(i), "--bind", endpoints[i]], logf)
+                   for i in range(shards)]
+        workers = [bed.start(r, common + ["--role", "worker", "--rank", str(r), "--server", ",".join(endpoints)], logf)
+                   for r in range(W)]
         seen, stamps, began = 0, [], time.time()
-        while time.time() < began + args.timeout and procs[0].poll() is None:
+        while time.time() < began + args.timeout and servers[0].poll() is None:
             n = sum(1 for _ in open(metrics)) if os.path.exists(metrics) else 0
             stamps += [time.perf_counter()] * (n - seen)
             seen = n
             time.sleep(0.01)
-        codes = [procs[0].poll()] + wait_all(procs[1:], 30)
+        codes = [servers[0].poll()] + wait_all(servers[1:] + workers, 30)
     bed.stop()
-    if codes[0] != 0 or len(stamps) < 3:
-        log(f"    failed (exit codes {codes}, {len(stamps)} rounds in {time.time() - began:.0f} s)")
+    if args.keep_logs:
+        os.makedirs(args.keep_logs, exist_ok=True)
+        shutil.copy(os.path.join(tmp, "ps.log"), os.path.join(args.keep_logs, f"ps-{shards}-{time.time():.0f}.log"))
+    if any(c != 0 for c in codes) or len(stamps) < 3:
+        log(f"    failed (exit codes {codes}, {len(stamps)} rounds in {time.time() - began:.0f} s); the log's end:")
+        with open(os.path.join(tmp, "ps.log")) as f:
+            log("".join(f.readlines()[-15:]))
         return None
     gaps = [1e3 * (b - a) for a, b in zip(stamps[1:], stamps[2:])]  # past the first round's start-up
     return {"round_ms_median": statistics.median(gaps), "rounds": len(stamps)}
@@ -266,10 +276,13 @@ def main():
     ap.add_argument("--ps", action="store_true", help="also the parameter-server demo")
     ap.add_argument("--ps-codecs", default=";".join(PS_CODECS), help="codecs separated by ';'")
     ap.add_argument("--ps-rounds", type=int, default=30)
+    ap.add_argument("--ps-shards", default="1",
+                    help="comma-separated S: 1 is one server on host 0; S > 1 co-located shards, shard i on host i mod W")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per job at most")
     ap.add_argument("--python", default=os.path.join(ROOT, "build/default/python"), help="where the sketchsgd package is")
     ap.add_argument("--demo", default=os.path.join(ROOT, "build/default/demo/sketchsgd-train"))
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy each parameter-server job's log here")
     ap.add_argument("--png", help="draw step time against link rate here")
     ap.add_argument("--report", metavar="JSON", help="run nothing: --write-docs from a --json of an earlier run")
     ap.add_argument("--replot", metavar="JSON", help="run nothing: draw --png from a --json of an earlier run")
@@ -289,6 +302,8 @@ def main():
             old = json.load(f)
         plot({(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]}, old["floor_ms"], args.png or "network.png")
         return
+    if any(int(x) < 1 for x in args.ps_shards.split(",")):
+        sys.exit(f"--ps-shards {args.ps_shards}: each S must be ≥ 1")
     rates = [r for r in args.rates.split(",") if r]
     if unknown := [r for r in rates if r not in BITS]:
         sys.exit(f"unknown rate(s) {unknown}; use {RATES}")
@@ -329,12 +344,14 @@ def main():
                         log(f"    {s['step_ms_median']:.1f} ms a step (p10 {s['step_ms_p10']:.1f}, p90 "
                             f"{s['step_ms_p90']:.1f}), {s['steady_payload_bytes_per_round'] / 1e3:.0f} kB a step")
             if args.ps:
-                for codec in args.ps_codecs.split(";"):
-                    log(f"  parameter server, {rate}, {codec}")
-                    r = run_ps(bed, codec, args, tmp)
-                    if r:
-                        ps.setdefault(codec, {})[rate] = r["round_ms_median"]
-                        log(f"    {r['round_ms_median']:.1f} ms a round")
+                for shards in (int(x) for x in args.ps_shards.split(",")):
+                    for codec in args.ps_codecs.split(";"):
+                        name = codec if shards == 1 else f"{codec}, {shards} co-located shards"
+                        log(f"  parameter server, {rate}, {name}")
+                        r = run_ps(bed, codec, args, tmp, shards)
+                        if r:
+                            ps.setdefault(name, {})[rate] = r["round_ms_median"]
+                            log(f"    {r['round_ms_median']:.1f} ms a round")
     base = results.get(("none", "one"), {})
     log("\nmedian step (ms):")
     for (hook, buckets), pts in sorted(results.items()):

@@ -1,6 +1,7 @@
 #include <sketchsgd/ps/shards.hpp>
 
 #include <cstdlib>
+#include <sstream>
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
@@ -41,6 +42,22 @@ std::vector<uint64_t> cuts(const Layout& layout, uint64_t dim, uint32_t count) {
   return ends;
 }
 
+/// What a shard of tensors the codec would all send whole runs: dense, with the spec's worker
+/// momentum and wire format where it has them (as the DDP hook sends such tensors).
+std::string whole_spec(std::string_view spec) {
+  const auto [e, o] = Registry::instance().parse(spec);
+  std::ostringstream dense;
+  dense.precision(9);
+  dense << "dense";
+  char sep = ':';
+  for (const auto& opt : e->options)
+    if (opt.key == "momentum" || opt.key == "wire") {
+      dense << sep << opt.key << '=' << o.number(opt.key);  // wire: its value's number
+      sep = ',';
+    }
+  return share_spec(dense.str());
+}
+
 }  // namespace
 
 std::vector<ShardPlan> plan_shards(std::string_view spec, uint64_t dim, uint32_t count) {
@@ -53,7 +70,15 @@ std::vector<ShardPlan> plan_shards(std::string_view spec, uint64_t dim, uint32_t
   const std::vector<uint64_t> ends = cuts(layout, dim, count);
   std::vector<uint64_t> sizes;
   for (size_t i = 0; i < ends.size(); ++i) sizes.push_back(ends[i] - (i ? ends[i - 1] : 0));
-  const std::vector<std::string> specs = split_spec(spec, sizes);
+  std::vector<std::string> specs = split_spec(spec, sizes);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    try {
+      (void)make_compressor(specs[i], sizes[i]);
+    } catch (const InvalidArgument&) {
+      if (layout.empty()) throw;
+      specs[i] = whole_spec(spec);  // e.g. PowerSGD on a shard of biases only
+    }
+  }
   std::vector<ShardPlan> plan;
   for (uint32_t i = 0; i < count; ++i)
     plan.push_back({ShardId{i, count, ends[i] - sizes[i], dim}, sizes[i], specs[i]});

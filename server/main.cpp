@@ -80,6 +80,10 @@ int main(int argc, char** argv) {
   f.add("finish-grace-ms", "500",
         "after the last round, how long to keep answering late workers 'job finished'",
         "SKETCHSGD_FINISH_GRACE_MS");
+  f.add("finish-wait-ms", "30000",
+        "after the last round, how long at most to wait for the workers' goodbyes (each says "
+        "goodbye once it holds the last update: on a slow link that takes a while)",
+        "SKETCHSGD_FINISH_WAIT_MS");
   f.add("linger-ms", "2000", "at exit, how long ZeroMQ may keep trying to deliver to slow peers",
         "SKETCHSGD_LINGER_MS");
   f.add("metrics", "", "append one JSON line per round to this file", "SKETCHSGD_METRICS");
@@ -146,6 +150,7 @@ int main(int argc, char** argv) {
     o.job.checkpoint_every = f.u64("checkpoint-every");
     o.job.max_rounds = f.u64("rounds");
     o.finish_grace = Millis(f.u64("finish-grace-ms"));
+    o.finish_wait = Millis(f.u64("finish-wait-ms"));
     o.linger = Millis(f.u64("linger-ms"));
     o.metrics = f.str("metrics");
     o.quiet = f.on("quiet");

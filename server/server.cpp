@@ -219,10 +219,15 @@ uint64_t Server::run() {
       else if (!opts_.quiet)
         s.log(line);
     }
-    // After the last round the server lingers a little, answering late workers "finished".
+    // After the last round the server lingers a little, answering late workers "finished", and
+    // until the workers have said goodbye: a worker's Bye comes once it holds the last update,
+    // which on a slow link takes seconds to arrive and is lost if the socket closes first.
     if (engine_->finished()) {
       if (!finished_at) finished_at = now;
-      if (now - *finished_at >= opts_.finish_grace) break;
+      const auto since = now - *finished_at;
+      if (since >= opts_.finish_grace &&
+          (engine_->live_workers() == 0 || since >= opts_.finish_wait))
+        break;
     }
   }
   stop_ = true;

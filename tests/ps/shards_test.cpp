@@ -49,9 +49,16 @@ TEST(ShardPlan, ALayoutIsCutAtTheTensorBoundariesNearestTheEvenCuts) {
   for (const auto& p : plan) EXPECT_NO_THROW(make_compressor(p.spec, p.dim));
   // Every shard holds a tensor, even where the even cuts would leave one empty.
   const auto four = plan_shards(spec, 1000, 4);
-  for (const auto& p : four)
-    EXPECT_EQ(Registry::instance().parse(p.spec).second.layout().tensors().size(), 1u);
+  std::vector<uint64_t> dims;
+  for (const auto& p : four) dims.push_back(p.dim);
+  EXPECT_EQ(dims, (std::vector<uint64_t>{600, 10, 300, 90}));
   EXPECT_THROW(plan_shards(spec, 1000, 5), InvalidArgument);  // 4 tensors
+  // Shard 1 holds one bias: PowerSGD would send it whole and refuses to run on it alone; the
+  // shard runs dense with the spec's momentum and wire format.
+  const auto biases =
+      plan_shards("powersgd:rank=2,momentum=0.9,wire=fp16,layout=20x30+10+30x10+90", 1000, 4);
+  EXPECT_EQ(biases[1].spec, make_compressor("dense:momentum=0.9,wire=fp16", 10)->spec());
+  EXPECT_EQ(biases[0].spec.rfind("powersgd:", 0), 0u);
 }
 
 TEST(ShardPlan, BadPlansAreRefused) {

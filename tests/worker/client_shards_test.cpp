@@ -46,6 +46,15 @@ struct Shards {
     for (const auto& s : servers) e += (e.empty() ? "" : ",") + s->server.endpoint();
     return e;
   }
+  /// Every (stopped) server's model is its range of params, bit for bit.
+  void expect_models_are(std::span<const float> params, const std::string& spec,
+                         uint64_t dim) const {
+    for (const auto& p : plan_shards(spec, dim, uint32_t(servers.size())))
+      EXPECT_EQ(std::memcmp(servers[p.id.index]->server.engine().model().data(),
+                            params.data() + p.id.begin, p.dim * 4),
+                0)
+          << spec << " shard " << p.id.index;
+  }
   std::vector<std::unique_ptr<Running>> servers;
 };
 
@@ -88,10 +97,7 @@ TEST(ShardedLoopback, DenseShardsEndBitIdenticalToOneServer) {
       EXPECT_EQ(std::memcmp(got[r].data(), ref[r].data(), kDim * 4), 0) << s << " shards";
     }
     for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), kRounds);
-    for (const auto& p : plan_shards("dense", kDim, s))
-      EXPECT_EQ(std::memcmp(shards.servers[p.id.index]->server.engine().model().data(),
-                            ref[0].data() + p.id.begin, p.dim * 4),
-                0);
+    shards.expect_models_are(ref[0], "dense", kDim);
   }
 }
 
@@ -104,11 +110,7 @@ TEST(ShardedLoopback, CompressedShardsKeepWorkersAndServersInStep) {
     ASSERT_EQ(got[0].size(), kDim) << spec;
     EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), kDim * 4), 0) << spec;
     for (auto& sv : shards.servers) sv->finish();
-    for (const auto& p : plan_shards(spec, kDim, kShards))
-      EXPECT_EQ(std::memcmp(shards.servers[p.id.index]->server.engine().model().data(),
-                            got[0].data() + p.id.begin, p.dim * 4),
-                0)
-          << spec << " shard " << p.id.index;
+    shards.expect_models_are(got[0], spec, kDim);
   }
 }
 
@@ -180,11 +182,7 @@ TEST(ShardedLoopback, AKilledShardRestartsFromItsCheckpointWhileTheOthersGoOn) {
     EXPECT_EQ(s->server.engine().round(), kRounds);
   }
   // Shard 0 never stopped: its range and rounds ran on. Both ranges match their servers.
-  for (const auto& p : plan_shards(spec, kDim, 2))
-    EXPECT_EQ(std::memcmp(shards.servers[p.id.index]->server.engine().model().data(),
-                          c.params().data() + p.id.begin, p.dim * 4),
-              0)
-        << "shard " << p.id.index;
+  shards.expect_models_are(c.params(), spec, kDim);
   std::filesystem::remove_all(dir);
 }
 

@@ -29,7 +29,10 @@ struct ShardPlan {
 
 /// The shards of a model of dim values under spec. Ranges are even (floor(i·d/S)); a spec with
 /// a layout is cut at the tensor boundaries nearest to them, every shard holding at least one
-/// tensor. InvalidArgument for S = 0, S > dim, fewer tensors than shards or a bad spec.
+/// tensor. A shard whose tensors the codec would all send whole (PowerSGD's biases, which it
+/// refuses to run on alone) runs dense with the spec's worker momentum and wire format, as the
+/// DDP hook sends such tensors. InvalidArgument for S = 0, S > dim, fewer tensors than shards or
+/// a bad spec.
 std::vector<ShardPlan> plan_shards(std::string_view spec, uint64_t dim, uint32_t count);
 
 /// "tcp://a:1,tcp://b:2" → its endpoints in order (a worker's --server of a sharded job: shard i

@@ -29,6 +29,9 @@ struct ServerOptions {
   std::string curve_secret;
   std::vector<std::pair<uint32_t, std::string>> curve_clients;
   Millis finish_grace{500};  ///< after the last round, how long to keep serving late pulls
+  /// and how long at most to wait past it for the workers' goodbyes (each says Bye once it
+  /// holds the last update; dead workers are not waited for)
+  Millis finish_wait{30000};
 };
 
 class Server {

@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""The docs' sharding tables and plot from the benchmarks' data: sketchsgd_bench_shards JSON lines
+(on loopback, or over shaped links from bench_shards_links.py) become the table ps-shards and
+docs/images/shards.png (round time against S, one line per codec and link); a bench_network.py
+--ps --ps-shards JSON becomes the table ps-shards-links (co-located shards against one server and
+DDP's ring all-reduce). --write-docs first copies the inputs to docs/data/ (shards-scale.jsonl,
+shards-network.json) so the tables can be rebuilt from the repository alone.
+
+    /usr/bin/python3 benchmarks/shards_table.py --scale build/shards-links.jsonl build/shards-loop.jsonl \\
+        --network build/network-shards.json --write-docs
+    /usr/bin/python3 benchmarks/shards_table.py --write-docs     # from docs/data/ as they are
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCALE = os.path.join(ROOT, "docs/data/shards-scale.jsonl")
+NETWORK = os.path.join(ROOT, "docs/data/shards-network.json")
+MACHINE = "the 2-core dev machine (AMD EPYC Zen 4 under KVM, 2 threads)"
+
+
+def read_scale(paths):
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def scale_table(doc_tables, runs, day):
+    base = {(r["links"], r["spec"]): r["round_ms"] for r in runs if r["shards"] == 1}
+    rows = []
+    for r in runs:
+        b = base.get((r["links"], r["spec"]))
+        rows.append([r["links"], f"`{r['spec']}`", r["shards"], f"{r['round_ms']:.0f}",
+                     f"{b / r['round_ms']:.2f}×" if b else "", f"{r['link_mb']:.2f}",
+                     f"{r['server_cpu_ms_sum']:.0f} / {r['server_cpu_ms_max']:.0f}",
+                     f"{r['rss_mb_sum']:.0f} / {r['rss_mb_max']:.0f}"])
+    w, d = runs[0]["workers"], runs[0]["d"]
+    doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-shards.json"),
+                     "sudo /usr/bin/python3 benchmarks/bench_shards_links.py --rounds 6 (100mbit); "
+                     "build/default/benchmarks/sketchsgd_bench_shards --rounds 8 (loopback)", day, MACHINE,
+                     ["links", "codec", "S", "round ms", "vs S = 1", "MB a round on the busiest server link",
+                      "servers' CPU ms a round (all / busiest)", "servers' memory MB (all / largest)"], rows,
+                     data="docs/data/shards-scale.jsonl",
+                     note=f"W = {w} lightweight workers (threads of one process, one synthetic gradient for all), "
+                          f"d = {d:,}, S sketchsgd-server processes; median round after 2 warm-up rounds. 100mbit: "
+                          "each shard on a host of its own behind a tbf-shaped 100 Mbit/s link (both directions), "
+                          "the workers on an unshaped one; loopback: everything on 127.0.0.1. A server's memory "
+                          "includes the ~165 MB an idle sketchsgd-server process holds.")
+
+
+def network_table(doc_tables, net, day):
+    ddp = next((d["step_ms"] for d in net["ddp"] if d["hook"] == "none"), {})
+    rates = net["rates"]
+    rows = []
+    for p in net["ps"]:
+        cells = []
+        for r in rates:
+            ms = p["round_ms"].get(r)
+            cells += [f"{ms:.0f}" if ms else "", f"{ms / ddp[r]:.2f}×" if ms and ddp.get(r) else ""]
+        rows.append([f"`{p['codec']}`"] + cells)
+    for d in net["ddp"]:
+        name = "DDP, ring all-reduce (no hook)" if d["hook"] == "none" else f"DDP, hook `{d['hook']}`"
+        rows.append([name] + sum(([f"{d['step_ms'][r]:.0f}", f"{d['step_ms'][r] / ddp[r]:.2f}×"]
+                                  if r in d["step_ms"] and r in ddp else ["", ""] for r in rates), []))
+    cols = ["job"] + sum(([f"{r}: ms a round (step)", f"{r}: vs DDP"] for r in rates), [])
+    doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-shards-links.json"),
+                     "sudo /usr/bin/python3 benchmarks/bench_network.py --hooks none --buckets one --rates 100mbit "
+                     "--ps --ps-shards 1,4,16 (and the two compressed hooks)", day, MACHINE, cols, rows, data="docs/data/shards-network.json",
+                     note=f"{net['workers']} hosts in network namespaces on tbf-shaped links, the demo's MLP "
+                          f"(1.86 M parameters), {net['ps_rounds']} rounds of the parameter-server demo (median time "
+                          "between rounds past the first) against DDP's median step. One server: on host 0 beside "
+                          f"worker 0; S co-located shards: shard i on host i mod 4 beside worker i mod 4 (16: four a host).")
+
+
+def plot(runs, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
+    for ax, links in zip(axes, ["100mbit", "loopback"]):
+        for spec in dict.fromkeys(r["spec"] for r in runs if r["links"] == links):
+            pts = sorted((r["shards"], r["round_ms"]) for r in runs if r["links"] == links and r["spec"] == spec)
+            ax.plot([s for s, _ in pts], [ms for _, ms in pts], marker="o", label=spec)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+        ax.set_xlabel("servers S")
+        ax.set_ylabel("round (ms)")
+        ax.set_title({"100mbit": "each shard behind its own 100 Mbit/s link",
+                      "loopback": "all on 127.0.0.1 (2 cores)"}[links], fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    w = runs[0]["workers"]
+    fig.suptitle(f"{w} workers against S sharded parameter servers", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    print(f"plot: {png}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", nargs="*", default=[], help="sketchsgd_bench_shards JSON-lines files")
+    ap.add_argument("--network", help="a bench_network.py --ps --ps-shards JSON")
+    ap.add_argument("--date", default=datetime.date.today().isoformat())
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import doc_tables
+    if not args.write_docs:
+        sys.exit("nothing to do without --write-docs")
+    if args.scale:
+        with open(SCALE, "w") as out:
+            for p in args.scale:
+                with open(p) as f:
+                    shutil.copyfileobj(f, out)
+    if args.network:
+        shutil.copyfile(args.network, NETWORK)
+    runs = read_scale([SCALE])
+    scale_table(doc_tables, runs, args.date)
+    plot(runs, os.path.join(ROOT, "docs/images/shards.png"))
+    with open(NETWORK) as f:
+        network_table(doc_tables, json.load(f), args.date)
+    doc_tables.main([])
+
+
+if __name__ == "__main__":
+    main()
