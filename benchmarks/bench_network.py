@@ -195,11 +195,12 @@ def run_ps(bed, codec, args, tmp, shards=1):
     port = 5555 + os.getpid() % 1000
     endpoints = [f"tcp://{bed.address(i % W)}:{port + i}" for i in range(shards)]
     metrics = os.path.join(outdir, "rounds.jsonl" if shards == 1 else "rounds.shard0.jsonl")
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread a process, as the DDP ranks and run_all have
     with open(os.path.join(tmp, "ps.log"), "w") as logf:
-        servers = [bed.start(i % W, common + ["--role", "server", "--shard", str(i), "--bind", endpoints[i]], logf)
+        servers = [bed.start(i % W, common + ["--role", "server", "--shard", str(i), "--bind", endpoints[i]], logf, env)
                    for i in range(shards)]
-        workers = [bed.start(r, common + ["--role", "worker", "--rank", str(r), "--server", ",".join(endpoints)], logf)
-                   for r in range(W)]
+        workers = [bed.start(r, common + ["--role", "worker", "--rank", str(r), "--server", ",".join(endpoints)], logf,
+                             env) for r in range(W)]
         seen, stamps, began = 0, [], time.time()
         while time.time() < began + args.timeout and servers[0].poll() is None:
             n = sum(1 for _ in open(metrics)) if os.path.exists(metrics) else 0

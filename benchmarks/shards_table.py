@@ -43,7 +43,7 @@ def scale_table(doc_tables, runs, day):
     w, d = runs[0]["workers"], runs[0]["d"]
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-shards.json"),
                      "sudo /usr/bin/python3 benchmarks/bench_shards_links.py --rounds 6 (100mbit); "
-                     "build/default/benchmarks/sketchsgd_bench_shards --rounds 8 (loopback)", day, MACHINE,
+                     "OMP_NUM_THREADS=1 build/default/benchmarks/sketchsgd_bench_shards --rounds 8 (loopback)", day, MACHINE,
                      ["links", "codec", "S", "round ms", "vs S = 1", "MB a round on the busiest server link",
                       "servers' CPU ms a round (all / busiest)", "servers' memory MB (all / largest)"], rows,
                      data="docs/data/shards-scale.jsonl",

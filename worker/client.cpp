@@ -4,7 +4,6 @@
 #include <atomic>
 #include <deque>
 #include <exception>
-#include <future>
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
@@ -176,20 +175,32 @@ struct Client::Shard {
 
   StepResult step(std::span<const float> grad) {
     StepResult res;
+    push(grad, res);
+    settle(res);
+    return res;
+  }
+
+  /// Encodes and sends the push of the next round.
+  void push(std::span<const float> grad, StepResult& res) {
     Session::Outbox out;
     session->push(grad, out, res);
     flush(out);
     res.pushed_at = Clock::now();
+  }
+
+  /// Handles the server's messages (queries answered, updates applied) until at most
+  /// `staleness` pushes are unanswered.
+  void settle(StepResult& res) {
     const auto deadline = Clock::now() + session->options().timeout;
     for (;;) {
       Received ev;
       if (!session->must_wait()) {
         // Far enough: take whatever already arrived, without waiting.
-        if (!next(Clock::now(), ev)) return res;
+        if (!next(Clock::now(), ev)) return;
       } else if (!next(deadline, ev)) {
         timeout("round " + std::to_string(session->round()));
       }
-      if (dispatch(ev, res)) return res;
+      if (dispatch(ev, res)) return;
     }
   }
 
@@ -242,10 +253,8 @@ Client::Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
     shards_.push_back(std::move(s));
   }
   params_ = Buffer<float>(codec_->dim(), codec_->device());
-  each([](Shard& s) {
-    s.join();
-    return StepResult{};
-  });
+  // In shard order, as every worker does: rank 0 initialises each shard as it comes to it.
+  for (auto& s : shards_) s->join();
   assemble();
 }
 
@@ -257,35 +266,31 @@ Client::~Client() {
 }
 
 template <class F>
-std::vector<StepResult> Client::each(F&& f) {
-  std::vector<StepResult> res(shards_.size());
-  std::vector<std::exception_ptr> errors(shards_.size());
-  std::vector<std::future<void>> running;
-  auto run = [&](size_t i) {
+void Client::each(std::vector<StepResult>& res, std::vector<std::exception_ptr>& errors, F&& f) {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (shards_[i]->finished || errors[i]) continue;
     try {
-      res[i] = f(*shards_[i]);
+      f(*shards_[i], res[i]);
     } catch (const JobFinished&) {
       shards_[i]->finished = true;
       errors[i] = std::current_exception();
     } catch (...) {
       errors[i] = std::current_exception();
     }
-  };
-  for (size_t i = 1; i < shards_.size(); ++i)
-    if (!shards_[i]->finished) running.push_back(std::async(std::launch::async, run, i));
-  if (!shards_[0]->finished) run(0);
-  for (auto& r : running) r.get();
+  }
+}
+
+void Client::rethrow(const std::vector<std::exception_ptr>& errors) const {
   const bool all_finished =
       std::all_of(shards_.begin(), shards_.end(), [](auto& s) { return s->finished; });
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    if (!errors[i]) continue;
+  for (const auto& e : errors) {
+    if (!e) continue;
     try {
-      std::rethrow_exception(errors[i]);
+      std::rethrow_exception(e);
     } catch (const JobFinished&) {
-      if (all_finished) throw;
+      if (all_finished) throw;  // else: that shard is left out from now on
     }
   }
-  return res;
 }
 
 void Client::assemble() {
@@ -337,23 +342,28 @@ StepResult Client::step(std::span<const float> grad) {
   const size_t bad = ops::find_nonfinite(codec_->device(), scratch_, grad);
   SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "client: gradient value ", bad,
                     " is not finite");
-  std::vector<StepResult> parts;
-  try {
-    parts = each([&](Shard& s) {
-      return s.step(grad.subspan(s.session->options().shard.begin, s.codec.dim()));
-    });
-  } catch (...) {
-    assemble();  // the shards that completed their round moved on
-    throw;
-  }
-  assemble();
+  // Every part goes out first, then each shard's round is settled in shard order (every worker
+  // keeps that order, so a two-round codec's queries cannot wait on each other): the rounds run
+  // at once on the shards' links while the codecs' work stays on this thread, where their
+  // kernels' own threads (OpenMP) do not compete with other shards' for the cores.
+  std::vector<StepResult> parts(shards_.size());
+  std::vector<std::exception_ptr> errors(shards_.size());
+  each(parts, errors, [&](Shard& s, StepResult& r) {
+    s.push(grad.subspan(s.session->options().shard.begin, s.codec.dim()), r);
+  });
+  each(parts, errors, [](Shard& s, StepResult& r) { s.settle(r); });
+  assemble();  // the shards that completed their round moved on
+  rethrow(errors);
   return merge(parts);
 }
 
 StepResult Client::sync() {
   if (shards_.size() == 1) return shards_[0]->sync();
-  auto parts = each([](Shard& s) { return s.sync(); });
+  std::vector<StepResult> parts(shards_.size());
+  std::vector<std::exception_ptr> errors(shards_.size());
+  each(parts, errors, [](Shard& s, StepResult& r) { r = s.sync(); });
   assemble();
+  rethrow(errors);
   return merge(parts);
 }
 

@@ -27,12 +27,13 @@ TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {
     c[i] ^= 0x40;
     EXPECT_THROW(decode_envelope(c, 2), WireError) << "byte " << i;
   }
-  const HelloInfo h{4, 1u << 20, "sketch:rows=5", 1000};
+  const HelloInfo h{4, 1u << 20, "sketch:rows=5", 1000, ShardId{2, 3, 7u << 20, 3u << 22}};
   const HelloInfo h2 = decode_hello(encode(h));
   EXPECT_EQ(h2.world, 4u);
   EXPECT_EQ(h2.dim, 1u << 20);
   EXPECT_EQ(h2.spec, h.spec);
   EXPECT_EQ(h2.population, 1000u);
+  EXPECT_EQ(h2.shard, h.shard);
   Bytes hb = encode(h);
   for (size_t n = 0; n < hb.size(); ++n)
     EXPECT_THROW(decode_hello(std::span<const uint8_t>(hb).first(n)), WireError) << n;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -139,6 +140,15 @@ TEST(ShardedEngine, RegistrationAndCheckpointsNameTheShard) {
   Net whole_job(test_job::make(cfg.spec, 2, 100));
   EXPECT_THROW(whole_job.engine.restore(c), ConfigMismatch);
   EXPECT_NO_THROW(whole_job.engine.restore(unnamed));
+
+  // The file keeps the shard (format 3).
+  const std::string path = ::testing::TempDir() + "shard1.ckpt";
+  save_checkpoint(path, c);
+  const auto back = load_checkpoint(path);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->shard, cfg.shard);
+  EXPECT_EQ(back->params, c.params);
+  std::remove(path.c_str());
 }
 
 TEST(ShardedEngine, AShardRangeOutsideTheModelIsRefused) {

@@ -14,10 +14,12 @@
 //
 // A sharded job (ps/shards.hpp) names its S servers in opts.server, separated by commas: the
 // client then runs one Session and link per shard, each with the codec of its range (its share of
-// the job codec's budget), pushes every shard its part of each gradient in parallel and assembles
-// the parameters from the shards' ranges. The shards keep their own rounds.
+// the job codec's budget), sends every shard its part of each gradient before waiting for any
+// (the shards' rounds run at once on their links; the codecs' work stays on the caller's thread)
+// and assembles the parameters from the shards' ranges. The shards keep their own rounds.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <span>
 #include <vector>
@@ -38,7 +40,7 @@ class Client {
   /// for a GPU codec); the wire carries host bytes. Throws ConfigMismatch with the server's reason
   /// when registration is refused, JobFinished when the server's job has already ended, and
   /// TimeoutError when the server does not answer within opts.timeout. With shards every server
-  /// is registered with (in parallel) before the constructor returns; codec is then the job's:
+  /// is registered with (in shard order) before the constructor returns; codec is then the job's:
   /// its spec, dim and device (each shard encodes with a codec of its own range).
   Client(ClientOptions opts, std::unique_ptr<Compressor> codec,
          std::span<const float> initial_params);
@@ -50,7 +52,8 @@ class Client {
   /// most `staleness` pushes are unanswered (the server's setting; 0: wait for this round's
   /// update). Throws JobFinished at once when the server's job ended before this round.
   ///
-  /// With shards the parts go out in parallel and the result sums the bytes; its outcome is the
+  /// With shards every part goes out before any round is waited for, and the result sums the
+  /// bytes; its outcome is the
   /// most eventful of the shards' (Resynced, then Aborted, then Pending, then Updated) and its
   /// round the lowest pushed. A NaN or Inf is refused before any shard is sent anything. A shard
   /// whose job has finished is left out of later steps (its range stays as it was); JobFinished
@@ -80,9 +83,12 @@ class Client {
  private:
   struct Link;
   struct Shard;
-  /// Runs f on every live shard, in parallel, and waits for all; rethrows the first failure.
+  /// Runs f(shard, its result) on every shard, in shard order, skipping those finished or
+  /// already failed in this call; records failures in errors.
   template <class F>
-  std::vector<StepResult> each(F&& f);
+  void each(std::vector<StepResult>& res, std::vector<std::exception_ptr>& errors, F&& f);
+  /// The first recorded failure, unless it is a JobFinished while other shards still run.
+  void rethrow(const std::vector<std::exception_ptr>& errors) const;
   /// Copies the shards' parameters into params_ (S > 1).
   void assemble();
 
