@@ -293,6 +293,12 @@ void Client::rethrow(const std::vector<std::exception_ptr>& errors) const {
   }
 }
 
+std::vector<bool> Client::live() const {
+  std::vector<bool> v;
+  for (const auto& s : shards_) v.push_back(!s->finished);
+  return v;
+}
+
 void Client::assemble() {
   if (shards_.size() == 1) return;
   for (const auto& s : shards_) {
@@ -304,8 +310,13 @@ void Client::assemble() {
 
 namespace {
 
-/// The shards' results as one: bytes summed, the most eventful outcome, the lowest round.
-StepResult merge(const std::vector<StepResult>& parts) {
+/// The results of the shards that took part as one: bytes summed, the most eventful outcome,
+/// the lowest round.
+StepResult merge(const std::vector<StepResult>& all, const std::vector<bool>& took_part) {
+  std::vector<StepResult> parts;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (took_part[i]) parts.push_back(all[i]);
+  if (parts.empty()) return StepResult{};
   auto rank = [](StepResult::Outcome o) {
     switch (o) {
       case StepResult::Outcome::Resynced:
@@ -348,23 +359,29 @@ StepResult Client::step(std::span<const float> grad) {
   // kernels' own threads (OpenMP) do not compete with other shards' for the cores.
   std::vector<StepResult> parts(shards_.size());
   std::vector<std::exception_ptr> errors(shards_.size());
+  std::vector<bool> took_part = live();
   each(parts, errors, [&](Shard& s, StepResult& r) {
     s.push(grad.subspan(s.session->options().shard.begin, s.codec.dim()), r);
   });
   each(parts, errors, [](Shard& s, StepResult& r) { s.settle(r); });
   assemble();  // the shards that completed their round moved on
   rethrow(errors);
-  return merge(parts);
+  for (size_t i = 0; i < errors.size(); ++i)
+    if (errors[i]) took_part[i] = false;  // finished during this call
+  return merge(parts, took_part);
 }
 
 StepResult Client::sync() {
   if (shards_.size() == 1) return shards_[0]->sync();
   std::vector<StepResult> parts(shards_.size());
   std::vector<std::exception_ptr> errors(shards_.size());
+  std::vector<bool> took_part = live();
   each(parts, errors, [](Shard& s, StepResult& r) { r = s.sync(); });
   assemble();
   rethrow(errors);
-  return merge(parts);
+  for (size_t i = 0; i < errors.size(); ++i)
+    if (errors[i]) took_part[i] = false;  // finished during this call
+  return merge(parts, took_part);
 }
 
 std::span<const float> Client::params() const {

@@ -171,11 +171,16 @@ TEST(ShardedLoopback, AKilledShardRestartsFromItsCheckpointWhileTheOthersGoOn) {
   shards.servers[1] = std::make_unique<Running>(o1);
   EXPECT_EQ(shards.servers[1]->server.engine().round(), 2u);
   bool resynced = false;
+  StepResult last;
   for (int guard = 0; c.round() < kRounds && guard < 20; ++guard) {
-    const auto res = c.step(test::synthetic_grad(c.params(), 0, c.round(), 4));
-    resynced |= res.outcome == StepResult::Outcome::Resynced;
+    last = c.step(test::synthetic_grad(c.params(), 0, c.round(), 4));
+    resynced |= last.outcome == StepResult::Outcome::Resynced;
   }
   EXPECT_TRUE(resynced);
+  // The last step ran shard 1's last round alone (shard 0's job had finished: left out).
+  EXPECT_EQ(last.outcome, StepResult::Outcome::Updated);
+  EXPECT_EQ(last.round, kRounds - 1);
+  EXPECT_GT(last.bytes_up, 0u);
   EXPECT_EQ(c.round(), kRounds);
   for (auto& s : shards.servers) {
     s->finish();

@@ -89,6 +89,8 @@ class Client {
   void each(std::vector<StepResult>& res, std::vector<std::exception_ptr>& errors, F&& f);
   /// The first recorded failure, unless it is a JobFinished while other shards still run.
   void rethrow(const std::vector<std::exception_ptr>& errors) const;
+  /// Which shards still take part in steps (their jobs have not finished).
+  std::vector<bool> live() const;
   /// Copies the shards' parameters into params_ (S > 1).
   void assemble();
 
