@@ -34,26 +34,9 @@ TEST_P(Loopback, WorkersAndServerEndBitIdenticalToTheReference) {
   Running run(options(spec, kWorld, kDim, kRounds));
   const auto init = test::initial_params(kDim, 3);
 
-  std::vector<std::vector<float>> final_params(kWorld);
-  std::vector<std::string> errors(kWorld);
-  std::vector<std::thread> workers;
-  for (uint32_t r = 0; r < kWorld; ++r)
-    workers.emplace_back([&, r] {
-      try {
-        Client c(client_options(run.server.endpoint(), r, kWorld), make_compressor(spec, kDim),
-                 r == 0 ? std::span<const float>(init) : std::span<const float>());
-        for (uint64_t t = 0; t < kRounds; ++t) {
-          const auto res = c.step(test::synthetic_grad(c.params(), r, t, 9));
-          if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
-          if (res.bytes_up == 0 || res.bytes_down == 0) throw Error("no traffic counted");
-        }
-        final_params[r].assign(c.params().begin(), c.params().end());
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : workers) t.join();
-  for (uint32_t r = 0; r < kWorld; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  const auto final_params =
+      test_loopback::train(run.server.endpoint(), spec, kWorld, kDim, kRounds, 9);
+  for (uint32_t r = 0; r < kWorld; ++r) ASSERT_EQ(final_params[r].size(), kDim) << "rank " << r;
 
   test::Job ref(spec, kDim, kWorld);
   std::vector<float> p = init;

@@ -2,12 +2,18 @@
 // workers connect with (job 5, fast heartbeats, a short grace at the job's end).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/server/server.hpp>
+#include <sketchsgd/worker/client.hpp>
 #include <sketchsgd/worker/session.hpp>
+#include "support/ps_synthetic.hpp"
 
 namespace sketchsgd::ps::test_loopback {
 
@@ -58,6 +64,36 @@ inline ClientOptions client_options(const std::string& endpoint, uint32_t rank, 
   c.timeout = 20s;
   c.log = [](const std::string&) {};
   return c;
+}
+
+/// W workers in threads of this process, `rounds` steps each on synthetic gradients (seeded by
+/// grad_seed; rank 0 starts the model at initial_params(dim, 3)); every step must be updated and
+/// counted. Their final parameters (a failing worker's: empty, and the test fails).
+inline std::vector<std::vector<float>> train(const std::string& endpoints, const std::string& spec,
+                                             uint32_t world, uint64_t dim, uint64_t rounds,
+                                             uint64_t grad_seed) {
+  const auto init = test::initial_params(dim, 3);
+  std::vector<std::vector<float>> out(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> ts;
+  for (uint32_t r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        Client c(client_options(endpoints, r, world), make_compressor(spec, dim),
+                 r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; t < rounds; ++t) {
+          const auto res = c.step(test::synthetic_grad(c.params(), r, t, grad_seed));
+          if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
+          if (res.bytes_up == 0 || res.bytes_down == 0) throw Error("no traffic counted");
+        }
+        out[r].assign(c.params().begin(), c.params().end());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (uint32_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return out;
 }
 
 }  // namespace sketchsgd::ps::test_loopback

@@ -58,30 +58,10 @@ struct Shards {
   std::vector<std::unique_ptr<Running>> servers;
 };
 
-/// W workers in threads, kRounds steps each; their final parameters (empty on failure).
+/// The workers of loopback tests, on synthetic gradients of seed 5.
 std::vector<std::vector<float>> train(const std::string& endpoints, const std::string& spec,
                                       uint32_t world, uint64_t dim, uint64_t rounds) {
-  const auto init = test::initial_params(dim, 3);
-  std::vector<std::vector<float>> out(world);
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> ts;
-  for (uint32_t r = 0; r < world; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        Client c(client_options(endpoints, r, world), make_compressor(spec, dim),
-                 r == 0 ? std::span<const float>(init) : std::span<const float>());
-        for (uint64_t t = 0; t < rounds; ++t) {
-          const auto res = c.step(test::synthetic_grad(c.params(), r, t, 5));
-          if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
-        }
-        out[r].assign(c.params().begin(), c.params().end());
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
-  for (uint32_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-  return out;
+  return test_loopback::train(endpoints, spec, world, dim, rounds, 5);
 }
 
 TEST(ShardedLoopback, DenseShardsEndBitIdenticalToOneServer) {
