@@ -14,6 +14,14 @@ aggregator takes the sum in place of W messages; the others (topk, signsgd, tern
 all-gather their messages and every rank aggregates all W. Every rank therefore ends with the
 same averaged bucket, bit for bit.
 
+Backward never waits for a bucket's collectives, except for the step's last bucket, when there is
+no backward left to overlap. The hook issues a bucket's first collective and returns; a
+collective that depends on an earlier one (the second all-reduce of sketch p2 and powersgd, a
+gathered codec's messages after their lengths) is issued from the earlier one's completion
+callback, in a chain the hook waits for before its next collective, so every rank issues them in
+the same order. So the next bucket's backward overlaps the first collective (and the hook for
+that bucket waits only if the collective took longer than that bucket's backward).
+
 Budget rule: options `k` and `cols` in the spec are budgets for the whole model. Bucket b, holding
 n_b of the model's N compressed coordinates, gets round(value · n_b / N) (at least 1); 0
 (automatic) stays automatic per bucket. Other options apply to every bucket as written.
@@ -29,6 +37,7 @@ no update anywhere, and the next one goes on alike on every rank.
 
 import hashlib
 import math
+import threading
 
 import torch
 import torch.distributed as dist
@@ -168,10 +177,15 @@ class CompressionState:
         self._units = None       # unit index -> _Unit, fixed when the warm-up ends
         self._pending = {}       # unit index -> states from load_state_dict()
         self._checked = False
-        self._blocking = False   # every unit finishes on the calling thread (the outer loop)
+        self._blocking = False   # every unit finishes in its hook call (the outer loop; no overlap)
         self._wide = {}          # bucket index -> float32 copy of a half-precision bucket
         self._whole = {}         # parameter key -> sent uncompressed (the small-tensor rule)
-        self._step_bytes = 0     # this step's payload so far
+        self._step_bytes = 0     # this step's payload so far (counted from callbacks too: _lock)
+        self._lock = threading.Lock()
+        # Completed once every collective chained so far (a unit's second phase, issued from the
+        # first one's callback) has been issued; the hook waits for it before issuing its own.
+        self._chain = torch.futures.Future()
+        self._chain.set_result(None)
         self._dense_step_bytes = 0
         self._stats = {"steps": 0, "compressed_steps": 0, "payload_bytes": 0, "dense_bytes": 0,
                        "last_payload_bytes": 0, "last_dense_bytes": 0}
@@ -277,10 +291,12 @@ class CompressionState:
 
     # ---- statistics ---------------------------------------------------------------------------
     def _count(self, payload: int, dense: int):
-        self._step_bytes += payload
-        self._dense_step_bytes += dense
+        with self._lock:
+            self._step_bytes += payload
+            self._dense_step_bytes += dense
 
     def _end_step(self, compressed: bool):
+        self._chain.wait()  # the step's last phases are issued (and counted)
         s = self._stats
         s["steps"] += 1
         s["compressed_steps"] += int(compressed)
@@ -336,6 +352,7 @@ class CompressionState:
         """rank -> unit index -> worker state (uint8): every rank's on the group's rank 0, this
         rank's elsewhere. Two collectives every rank joins alike: the sizes (all-gathered), then
         the states padded to the largest (gathered to rank 0 alone: W states in one process)."""
+        self._chain.wait()  # after every collective a step chained
         keys = sorted(units)
         mine = [units[i]["codec"]["state"] if units[i]["codec"] is not None else torch.empty(0, dtype=torch.uint8)
                 for i in keys]
@@ -485,28 +502,85 @@ def _settled(buf):
         torch.cuda.current_stream(buf.device).synchronize()
 
 
-def _then(fut, finish, inline: bool):
-    """fut.then(finish); inline: wait for fut and finish on this thread instead, the result (or
-    the error) in a completed future. For the last bucket of a step on the CPU: backward is over
-    and DDP waits for it at once, so there is nothing to overlap, while gloo's callback thread
-    (another core, scheduled late on a busy machine) finds the matrices cold (PowerSGD rank 4 on
-    the demo's MLP: apply 0.5 ms here, 0.7-0.9 ms there)."""
-    if not inline:
-        return fut.then(finish)
-    settled = torch.futures.Future()
-    try:
-        fut.wait()
-        finish(fut)
-        settled.set_result(None)
-    except Exception as e:  # noqa: BLE001 - handed on through the future, as from a callback
-        settled.set_exception(e)
-    return settled
+def _phases(state, phases, finish, inline: bool):
+    """Runs a unit's collectives: phases[0]() issues the first and returns its future; each later
+    phase, called once the previous one's future completed, computes from it and issues the next;
+    finish (no collectives) runs once the last completed. Returns a future set when finish has
+    run, or with the first error (a collective's, a phase's or finish's).
+
+    Not inline, only the first phase runs on the caller's thread (DDP's autograd thread): every
+    later one runs from the completion callback of the previous one, in its turn in the state's
+    chain (_in_turn), so backward goes on while the collectives are under way and the collectives
+    still go out in the same order on every rank. Inline: everything on this thread, for the last
+    bucket of a step on the CPU (backward is over and DDP waits for it at once, so there is
+    nothing to overlap, while gloo's callback thread, another core scheduled late on a busy
+    machine, finds the matrices cold: PowerSGD rank 4 on the demo's MLP applied in 0.5 ms here,
+    0.7-0.9 ms there) and for a caller that waits anyway (the outer loop)."""
+    # A third phase would be chained from a callback, after whatever the hook chained meanwhile:
+    # an order that depends on timing. Every codec has at most two rounds.
+    assert 1 <= len(phases) <= 2, "a unit has one or two phases"
+    out = torch.futures.Future()
+
+    def fail(e):
+        if not out.done():
+            out.set_exception(e)
+
+    if inline:
+        try:
+            fut = phases[0]()
+            for phase in phases[1:]:
+                fut.wait()
+                fut = phase()
+            fut.wait()
+            finish(fut)
+            out.set_result(None)
+        except Exception as e:  # noqa: BLE001 - handed on through the future, as from a callback
+            fail(e)
+        return out
+
+    def end(f):
+        try:
+            f.wait()  # a failed collective's error, not a finish on what it left
+            finish(f)
+            out.set_result(None)
+        except Exception as e:  # noqa: BLE001 - handed on through the future
+            fail(e)
+
+    def then(i, fut):
+        if i == len(phases):
+            fut.then(end)
+        else:
+            _in_turn(state, fut, lambda: then(i + 1, phases[i]()), fail)
+
+    then(1, phases[0]())
+    return out
+
+
+def _in_turn(state, after, issue, fail):
+    """Calls issue() once `after` has completed and every issue chained before this one has run,
+    on the thread that completes the last of them; fail(error) instead when `after` failed or
+    issue raised. The hook waits for the chain before it issues a collective of its own, so the
+    collectives follow the order in which the hook chained them, which is the same on every rank
+    (DDP calls the hook for its buckets in order). The chain goes on whatever happens."""
+    turn, state._chain = state._chain, torch.futures.Future()
+    gate = state._chain
+
+    def run(_):
+        try:
+            after.wait()
+            issue()
+        except Exception as e:  # noqa: BLE001 - handed on through the unit's future
+            fail(e)
+        finally:
+            gate.set_result(None)
+
+    torch.futures.collect_all([turn, after]).then(run)
 
 
 def _inline(state, buf, last: bool) -> bool:
-    """Whether a unit finishes on the calling thread: the last bucket of a step on the CPU (see
-    _then), and every bucket of a state whose caller waits for it anyway (the outer loop's)."""
-    return last and (state._blocking or not buf.is_cuda)
+    """Whether a unit finishes on the calling thread (_phases): the last bucket of a step on the
+    CPU, and every bucket of a state whose caller waits for each anyway (the outer loop's)."""
+    return state._blocking or (last and not buf.is_cuda)
 
 
 def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
@@ -569,16 +643,23 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
         return u.aggregator.finish_values(u.room(kind, n, buf)) if n else u.aggregator.finish()
 
     state._count(0, (u.n_compressed + u.n_dense) * 4)
-    work, done = all_reduce(payload, "payload", "gradient")
     answers = None
-    if codec.two_rounds:
-        # The query depends on the sum, and every collective must be issued from this thread
-        # in the same order on every rank: wait here, then issue the second all-reduce.
-        work.wait()
+    done = lambda: None  # noqa: E731 - what makes the latest all-reduced tensor whole
+
+    def gradient():
+        nonlocal done
+        work, done = all_reduce(payload, "payload", "gradient")
+        return work.get_future()
+
+    def answer():
+        """The query depends on the first sum: it is made (and the second all-reduce issued) once
+        that sum is in, in the state's chain (_phases)."""
+        nonlocal answers, done
         done()
         add(payload[:size])
         answers = codec.answer_sum(reply("query"), u.room("answer", codec.sum_size("answer"), buf))
         work, done = all_reduce(answers, "answers", "answer")
+        return work.get_future()
 
     def finish(_):
         done()
@@ -602,7 +683,8 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
             _scatter(buf, dense, payload[size:].mul_(inv))
         _settled(buf)
 
-    return _then(work.get_future(), finish, _inline(state, buf, last))
+    phases = [gradient, answer] if codec.two_rounds else [gradient]
+    return _phases(state, phases, finish, _inline(state, buf, last))
 
 
 def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
@@ -623,38 +705,46 @@ def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
     # padded to the longest one of this step, not to the codec's worst case.
     mine_len = torch.tensor([len(msg)], dtype=torch.int64, device=on)
     lens = [torch.empty_like(mine_len) for _ in range(W)]
-    dist.all_gather(lens, mine_len, group=group)
-    lens = [int(n.item()) for n in lens]
-    if failed is not None:
-        raise failed
-    for r, n in enumerate(lens):
-        if n == 0:
-            raise _core.NonFiniteError(f"sketchsgd hook: rank {r}'s gradient was not finite (that rank raised "
-                                       "NonFiniteError with the coordinate); this step has no update")
-        if not 0 < n <= limit:
-            raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {limit})")
-    mine = torch.zeros(max(lens), dtype=torch.uint8)
-    mine[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8)
-    mine = mine.to(on)
-    everyone = [torch.empty_like(mine) for _ in range(W)]
-    futures = [dist.all_gather(everyone, mine, group=group, async_op=True).get_future()]
-    values = None
-    if dense:
-        values = _gather(buf, dense).contiguous().clone()
-        futures.append(dist.all_reduce(values, group=group, async_op=True).get_future())
-    state._count(8 + mine.numel() + u.n_dense * 4, (u.n_compressed + u.n_dense) * 4)
+    everyone, values, sizes = None, None, None
 
-    def finish(_):
-        for f in futures:  # collect_all drops the collectives' CUDA events: order after them here
+    def lengths():
+        return dist.all_gather(lens, mine_len, group=group, async_op=True).get_future()
+
+    def messages():
+        """Once the lengths are in, in the state's chain (_phases): the messages padded to the
+        longest, and the uncompressed parameters."""
+        nonlocal everyone, values, sizes
+        sizes = [int(n.item()) for n in lens]
+        if failed is not None:
+            raise failed
+        for r, n in enumerate(sizes):
+            if n == 0:
+                raise _core.NonFiniteError(f"sketchsgd hook: rank {r}'s gradient was not finite (that rank raised "
+                                           "NonFiniteError with the coordinate); this step has no update")
+            if not 0 < n <= limit:
+                raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {limit})")
+        mine = torch.zeros(max(sizes), dtype=torch.uint8)
+        mine[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8)
+        mine = mine.to(on)
+        everyone = [torch.empty_like(mine) for _ in range(W)]
+        futures = [dist.all_gather(everyone, mine, group=group, async_op=True).get_future()]
+        if dense:
+            values = _gather(buf, dense).contiguous().clone()
+            futures.append(dist.all_reduce(values, group=group, async_op=True).get_future())
+        state._count(8 + mine.numel() + u.n_dense * 4, (u.n_compressed + u.n_dense) * 4)
+        return torch.futures.collect_all(futures)
+
+    def finish(all_done):
+        for f in all_done.value():  # collect_all drops the collectives' CUDA events: order after them here
             f.wait()
         for r, t in enumerate(everyone):
-            u.aggregator.add(t.cpu()[:lens[r]].numpy())
+            u.aggregator.add(t.cpu()[:sizes[r]].numpy())
         _scatter(buf, comp, codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf)))
         if dense:
             _scatter(buf, dense, values.mul_(inv))
         _settled(buf)
 
-    return _then(torch.futures.collect_all(futures), finish, _inline(state, buf, last))
+    return _phases(state, [lengths, messages], finish, _inline(state, buf, last))
 
 
 def _compressed(state, bucket, buf):
@@ -705,6 +795,9 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         state._bind()
         state._check_ranks()
     state._check_bucket(buf)
+    # Collectives go out in one order on every rank: after those chained by earlier buckets
+    # (their second phases, issued as their first ones complete; _phases).
+    state._chain.wait()
     wide = buf if buf.dtype == torch.float32 else state._widened(bucket.index(), buf)
     warm = state.iteration < state.start_iter
     try:

@@ -542,3 +542,100 @@ def outer_bad_arguments(rank, world):
         except Exception as e:  # noqa: BLE001 - the test checks the type
             out[what] = type(e).__name__
     return out
+
+
+# ---- overlap: the hook hands a bucket's later collectives to its first one's callback ------------
+def deep_model(seed=0):
+    torch.manual_seed(seed)
+    layers = [nn.Linear(64, 48), nn.ReLU()]
+    for _ in range(4):
+        layers += [nn.Linear(48, 48), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(48, 10))
+
+
+def many_buckets(rank, world, specs, steps, blocking):
+    """Trains deep_model() under DDP with about a bucket per layer; blocking: every bucket finishes
+    inside its hook call, collectives issued from the autograd thread alone (the order before
+    the overlap). Returns per spec (parameters as bytes, units)."""
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 4_000
+    out = {}
+    for spec in specs:
+        m = deep_model()
+        ddp = DDP(m, bucket_cap_mb=0.004)
+        state = CompressionState(spec)
+        state._blocking = blocking
+        ddp.register_comm_hook(state, compression_hook)
+        train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), rank, steps)
+        out[spec] = (flat(m).numpy().tobytes(), len(state._units))
+    return out
+
+
+def returns_before_its_collectives_complete(rank, world, specs, path):
+    """Per spec, two buckets a step (the first not the last). From the first compressed step on,
+    rank 1 calls the hook for the first bucket only once rank 0's call for it has returned (a
+    key in a FileStore): a hook that waited there for the bucket's first collective would wait
+    for rank 1, which waits for it (the store gives up after 60 s). Then the same steps with the
+    state blocking (every bucket finished in its call). Returns per spec the outputs of both
+    runs, as bytes, per step."""
+    from datetime import timedelta
+    store = dist.FileStore(path, world)
+    out = {}
+    for spec in specs:
+        runs = []
+        for blocking in (False, True):
+            state = CompressionState(spec, start_iter=2)
+            state._blocking = blocking
+            params = [torch.zeros(48, 40), torch.zeros(40, 40)]
+            got = []
+            for step in range(5):
+                grads = [quarter_integers(p.shape, 10 * step + rank + i) for i, p in enumerate(params)]
+                key = f"{spec}:{step}"
+                handshake = not blocking and step >= 2
+                if handshake and rank == 1:
+                    store.wait([key], timedelta(seconds=60))
+                first = compression_hook(state, FlatBucket(0, [params[0]], [grads[0]], last=False))
+                if handshake and rank == 0:
+                    store.set(key, "returned")
+                last = compression_hook(state, FlatBucket(1, [params[1]], [grads[1]], last=True))
+                got.append(torch.cat([first.wait(), last.wait()]).numpy().tobytes())
+            runs.append(got)
+        out[spec] = runs
+    return out
+
+
+def non_finite_in_an_early_bucket(rank, world, specs):
+    """Per spec, two buckets a step; in the first compressed step rank 1's first bucket (not the
+    last of the step) holds a NaN. Returns (spec, error of the first bucket's future or None,
+    the last bucket's output or None, whether the next step ends identical on every rank)."""
+    out = []
+    for spec in specs:
+        state = CompressionState(spec, start_iter=2)
+        params = [torch.zeros(48, 40), torch.zeros(40, 40)]
+        for step in range(4):
+            grads = [quarter_integers(p.shape, 10 * step + rank + i) for i, p in enumerate(params)]
+            if step == 2 and rank == 1:
+                grads[0][3, 7] = float("nan")
+            futures, errors = [], []
+            for i, last in ((0, False), (1, True)):
+                try:
+                    futures.append(compression_hook(state, FlatBucket(i, [params[i]], [grads[i]], last=last)))
+                except Exception as e:  # noqa: BLE001 - recorded for the test
+                    futures.append(None)
+                    errors.append(f"{type(e).__name__}: {e}")
+            results = []
+            for f in futures:
+                try:
+                    results.append(f.wait() if f is not None else None)
+                    errors.append(None)
+                except Exception as e:  # noqa: BLE001 - recorded for the test
+                    results.append(None)
+                    errors.append(f"{type(e).__name__}: {e}")
+            if step == 2:
+                outcome = (spec, [e for e in errors if e], results[1] is not None)
+            if step == 3:
+                mine = torch.cat(results)
+                everyone = [torch.empty_like(mine) for _ in range(world)]
+                dist.all_gather(everyone, mine)
+                same = all(torch.equal(everyone[0], t) for t in everyone)
+        out.append(outcome + (same,))
+    return out
