@@ -9,7 +9,9 @@
 // threads closed), timed apart (leave_ms) because a real device leaves on its own time. The
 // server's own cost: its CPU time per round and its resident memory after the warm-up rounds
 // and after the last round, from /proc. Unlike real devices, the clients here share this
-// machine's cores with each other and with the server.
+// machine's cores with each other and with the server; with --io shared (the default) they share
+// one ZeroMQ context too (ClientOptions::shared_io), as a device's network stack is already
+// running when it is sampled, instead of starting two threads each.
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,7 +46,7 @@ struct Result {
 
 /// `rounds` measured rounds after `warm` warm-up rounds; population 0: fixed workers.
 Result run(const std::string& server_bin, const std::string& spec, uint64_t d, uint32_t per_round,
-           uint32_t population, int warm, int rounds) {
+           uint32_t population, int warm, int rounds, bool shared_io) {
   auto server =
       demo::Process::spawn({server_bin, "--bind", "tcp://127.0.0.1:*", "--world",
                             std::to_string(per_round), "--population", std::to_string(population),
@@ -70,6 +72,7 @@ Result run(const std::string& server_bin, const std::string& spec, uint64_t d, u
     c.rank = id;
     c.world = per_round;
     c.population = population;
+    c.shared_io = shared_io;
     c.log = [](const std::string&) {};
     return c;
   };
@@ -151,6 +154,7 @@ int main(int argc, char** argv) {
   f.add("rounds", "20", "measured rounds (median reported)");
   f.add("out", "", "append JSON lines here");
   f.add("server", "", "the sketchsgd-server program (default: beside this one, ../server/)");
+  f.add("io", "shared", "shared: the clients share one ZeroMQ context; own: a context each");
   try {
     if (!f.parse(argc, argv)) return 0;
     std::ofstream out;
@@ -158,6 +162,9 @@ int main(int argc, char** argv) {
     const auto c = uint32_t(f.u64("per-round")), n = uint32_t(f.u64("population"));
     const int warm = int(f.u64("warm")), rounds = int(f.u64("rounds"));
     const std::string server_bin = bench::server_program(f.str("server"), argv[0]);
+    if (f.str("io") != "shared" && f.str("io") != "own")
+      throw std::invalid_argument("--io: shared or own, not '" + f.str("io") + "'");
+    const bool shared_io = f.str("io") == "shared";
     std::printf("%10s %5s %6s %10s %12s %7s %9s %9s %11s %11s %10s %10s\n", "d", "C", "N",
                 "fixed_ms", "federated_ms", "ratio", "join_ms", "leave_ms", "srv_cpu_fix",
                 "srv_cpu_fed", "rss_start", "rss_end");
@@ -165,18 +172,19 @@ int main(int argc, char** argv) {
     for (std::string ds; std::getline(dims, ds, ',');) {
       const uint64_t d = std::stoull(ds);
       const std::string spec = f.str("codec");
-      const Result fixed = run(server_bin, spec, d, c, 0, warm, rounds);
-      const Result fed = run(server_bin, spec, d, c, n, warm, rounds);
+      const Result fixed = run(server_bin, spec, d, c, 0, warm, rounds, shared_io);
+      const Result fed = run(server_bin, spec, d, c, n, warm, rounds, shared_io);
       std::printf("%10llu %5u %6u %10.1f %12.1f %7.2f %9.1f %9.1f %11.1f %11.1f %10.1f %10.1f\n",
                   (unsigned long long)d, c, n, fixed.round_ms, fed.round_ms,
                   fed.round_ms / fixed.round_ms, fed.join_ms, fed.leave_ms, fixed.server_cpu_ms,
                   fed.server_cpu_ms, fed.rss_start, fed.rss_end);
       std::fflush(stdout);
       if (out)
-        out << "{\"spec\":\"" << spec << "\",\"d\":" << d << ",\"per_round\":" << c
-            << ",\"population\":" << n << ",\"rounds\":" << rounds
-            << ",\"fixed_ms\":" << fixed.round_ms << ",\"federated_ms\":" << fed.round_ms
-            << ",\"join_ms\":" << fed.join_ms << ",\"leave_ms\":" << fed.leave_ms
+        out << "{\"spec\":\"" << spec << "\",\"io\":\"" << f.str("io") << "\",\"d\":" << d
+            << ",\"per_round\":" << c << ",\"population\":" << n << ",\"rounds\":" << rounds
+            << ",\"warm\":" << warm << ",\"fixed_ms\":" << fixed.round_ms
+            << ",\"federated_ms\":" << fed.round_ms << ",\"join_ms\":" << fed.join_ms
+            << ",\"leave_ms\":" << fed.leave_ms
             << ",\"server_cpu_ms_fixed\":" << fixed.server_cpu_ms
             << ",\"server_cpu_ms_federated\":" << fed.server_cpu_ms
             << ",\"registrations\":" << fed.registrations << ",\"rss_start_mb\":" << fed.rss_start

@@ -199,7 +199,8 @@ class Job:
         who = sample(a.clients, a.per_round, self.round, a.seed)
         init = self.w if self.round == 0 else None  # the first client in gives the server its model
         clients = [Client(endpoint, self.server.spec, dim=self.dim, rank=c, world=a.per_round, job=a.job,
-                          population=a.clients, join_round=self.round, init=init, quiet=True, timeout=a.timeout)
+                          population=a.clients, join_round=self.round, init=init, quiet=True, timeout=a.timeout,
+                          shared_io=True)  # every client of the simulation lives in this process
                    for c in who]
         self.w = clients[0].params()
         uploads = [self.upload(who[c.rank]).contiguous() for c in clients]

@@ -1,10 +1,21 @@
 #include <sketchsgd/ps/io_thread.hpp>
 
+#include <atomic>
 #include <cerrno>
 
 #include <sketchsgd/core/error.hpp>
 
 namespace sketchsgd::ps {
+
+namespace {
+/// A name for an I/O thread's wake-up pipe, unique in the process: a context shared by several
+/// clients may still hold the endpoint of a closed one (its socket is reaped in the background),
+/// so an address that a new thread could reuse (`this`) would fail to bind.
+uint64_t next_id() {
+  static std::atomic<uint64_t> n{0};
+  return n++;
+}
+}  // namespace
 
 size_t IoThread::bytes_of(const Received& m) {
   size_t n = 64 + m.peer.size();
@@ -19,7 +30,7 @@ IoThread::IoThread(zmq::context_t& ctx, std::unique_ptr<zmq::socket_t> socket, I
       opts_(opts),
       hooks_(std::move(hooks)),
       log_(std::move(log)),
-      wake_addr_("inproc://sketchsgd-io-" + std::to_string(uintptr_t(this))),
+      wake_addr_("inproc://sketchsgd-io-" + std::to_string(next_id())),
       wake_rx_(ctx, zmq::socket_type::pair),
       wake_tx_(ctx, zmq::socket_type::pair) {
   wake_rx_.set(zmq::sockopt::linger, 0);

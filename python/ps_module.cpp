@@ -30,9 +30,9 @@ std::span<const float> floats(uintptr_t address, uint64_t n) {
 
 std::unique_ptr<Client> connect(const std::string& server, uint64_t job, uint32_t rank,
                                 uint32_t world, uint32_t population, uint64_t join_round,
-                                const std::string& spec, const std::string& layout,
-                                uint64_t dim, uintptr_t init, uint64_t init_len, double timeout_s,
-                                bool quiet) {
+                                const std::string& spec, const std::string& layout, uint64_t dim,
+                                uintptr_t init, uint64_t init_len, double timeout_s, bool quiet,
+                                bool shared_io) {
   SKETCHSGD_REQUIRE(timeout_s > 0 && timeout_s < 1e6, InvalidArgument,
                     "timeout must be in (0, 10^6) seconds, got ", timeout_s);
   ClientOptions o;
@@ -43,8 +43,10 @@ std::unique_ptr<Client> connect(const std::string& server, uint64_t job, uint32_
   o.population = population;
   o.join_round = join_round;
   o.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
+  o.shared_io = shared_io;
   if (quiet) o.log = [](const std::string&) {};
-  auto codec = layout.empty() ? make_compressor(spec, dim) : make_compressor(spec, Layout::parse(layout));
+  auto codec =
+      layout.empty() ? make_compressor(spec, dim) : make_compressor(spec, Layout::parse(layout));
   return std::make_unique<Client>(std::move(o), std::move(codec), floats(init, init_len));
 }
 
@@ -53,9 +55,9 @@ py::dict result(const StepResult& r) {
                         : r.outcome == StepResult::Outcome::Aborted  ? "aborted"
                         : r.outcome == StepResult::Outcome::Resynced ? "resynced"
                                                                      : "pending";
-  return py::dict(py::arg("outcome") = outcome, py::arg("round") = r.round,
-                  py::arg("lr") = r.lr, py::arg("contributors") = r.contributors,
-                  py::arg("bytes_up") = r.bytes_up, py::arg("bytes_down") = r.bytes_down);
+  return py::dict(py::arg("outcome") = outcome, py::arg("round") = r.round, py::arg("lr") = r.lr,
+                  py::arg("contributors") = r.contributors, py::arg("bytes_up") = r.bytes_up,
+                  py::arg("bytes_down") = r.bytes_down);
 }
 
 }  // namespace
@@ -77,10 +79,10 @@ PYBIND11_MODULE(_ps, m) {
   python::translate_errors();
 
   py::class_<Client>(m, "Client")
-      .def(py::init(&connect), py::arg("server"), py::arg("job"), py::arg("rank"),
-           py::arg("world"), py::arg("population"), py::arg("join_round"), py::arg("spec"),
-           py::arg("layout"), py::arg("dim"), py::arg("init"), py::arg("init_len"),
-           py::arg("timeout"), py::arg("quiet"), py::call_guard<py::gil_scoped_release>(),
+      .def(py::init(&connect), py::arg("server"), py::arg("job"), py::arg("rank"), py::arg("world"),
+           py::arg("population"), py::arg("join_round"), py::arg("spec"), py::arg("layout"),
+           py::arg("dim"), py::arg("init"), py::arg("init_len"), py::arg("timeout"),
+           py::arg("quiet"), py::arg("shared_io"), py::call_guard<py::gil_scoped_release>(),
            "Connects, registers and pulls the model (blocking).")
       .def_property_readonly("dim", [](Client& c) { return c.codec().dim(); })
       .def_property_readonly("spec", [](Client& c) { return c.codec().spec(); })

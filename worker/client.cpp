@@ -4,6 +4,10 @@
 #include <atomic>
 #include <deque>
 #include <exception>
+#include <mutex>
+#include <thread>
+
+#include <unistd.h>
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
@@ -15,12 +19,34 @@
 
 namespace sketchsgd::ps {
 
+namespace {
+
+/// ClientOptions::shared_io's context: made on first use, never terminated (zmq_ctx_term at exit
+/// would wait for any socket a program leaked); a child made by fork makes its own, since a
+/// context does not survive fork.
+std::shared_ptr<zmq::context_t> shared_context() {
+  static std::mutex mu;
+  static zmq::context_t* ctx = nullptr;
+  static pid_t owner = 0;
+  std::lock_guard lock(mu);
+  if (!ctx || owner != getpid()) {
+    ctx = new zmq::context_t(int(std::clamp(std::thread::hardware_concurrency(), 1u, 4u)));
+    owner = getpid();
+  }
+  return std::shared_ptr<zmq::context_t>(ctx, [](zmq::context_t*) {});
+}
+
+}  // namespace
+
 // The DEALER socket on an I/O thread, with the worker's liveness rules run there: a heartbeat when
 // nothing else went out for an interval, and a new socket when the server has been silent for
 // dead_after intervals (with exponential backoff).
 struct Client::Link {
   Link(const ClientOptions& o, uint64_t max_frame, IoThread::Log log)
-      : opts(o), max_frame(max_frame), hb_ms(o.heartbeat.count()) {
+      : opts(o),
+        max_frame(max_frame),
+        hb_ms(o.heartbeat.count()),
+        ctx(o.shared_io ? shared_context() : std::make_shared<zmq::context_t>(1)) {
     // The first socket is made here, so a bad endpoint is the caller's error.
     std::unique_ptr<zmq::socket_t> first;
     try {
@@ -56,12 +82,12 @@ struct Client::Link {
     };
     IoOptions io_opts;
     io_opts.poll = std::max(Millis(5), std::min(Millis(50), opts.heartbeat / 4));
-    io = std::make_unique<IoThread>(ctx, std::move(first), io_opts, std::move(hooks),
+    io = std::make_unique<IoThread>(*ctx, std::move(first), io_opts, std::move(hooks),
                                     std::move(log));
   }
 
   std::unique_ptr<zmq::socket_t> connect() {
-    auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+    auto s = std::make_unique<zmq::socket_t>(*ctx, zmq::socket_type::dealer);
     apply_limits(*s, SocketLimits{max_frame, 16, Millis(500)});
     s->set(zmq::sockopt::reconnect_ivl, 100);
     s->set(zmq::sockopt::reconnect_ivl_max, int(opts.backoff_max.count()));
@@ -76,14 +102,14 @@ struct Client::Link {
 
   const ClientOptions& opts;
   uint64_t max_frame;
-  std::atomic<int64_t> hb_ms;        // the server's interval, once registered
-  std::atomic<uint64_t> session{0};  // heartbeats carry the registration's token
-  std::atomic<uint32_t> rank{0};     // and its rank (a federated client's slot)
-  Clock::time_point last_recv;       // I/O thread only
-  Millis backoff{100};               // I/O thread only
-  std::deque<Received> backlog;      // taken from the I/O thread, not yet handled
-  zmq::context_t ctx{1};
-  std::unique_ptr<IoThread> io;  // last: stopped before the context goes
+  std::atomic<int64_t> hb_ms;           // the server's interval, once registered
+  std::atomic<uint64_t> session{0};     // heartbeats carry the registration's token
+  std::atomic<uint32_t> rank{0};        // and its rank (a federated client's slot)
+  Clock::time_point last_recv;          // I/O thread only
+  Millis backoff{100};                  // I/O thread only
+  std::deque<Received> backlog;         // taken from the I/O thread, not yet handled
+  std::shared_ptr<zmq::context_t> ctx;  // this link's own, or the process's (shared_io)
+  std::unique_ptr<IoThread> io;         // last: stopped before the context goes
 };
 
 // One server of the job (the only one, or one shard): its codec, round logic and link.

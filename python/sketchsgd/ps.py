@@ -31,15 +31,19 @@ except ImportError as e:  # a pip build has no parameter server
 class Client:
     def __init__(self, server: str, spec: str, dim: int = None, layout=None, rank: int = 0, world: int = 1,
                  job: int = 1, population: int = 0, join_round: int = 0, init: torch.Tensor = None,
-                 timeout: float = 120.0, quiet: bool = False):
+                 timeout: float = 120.0, quiet: bool = False, shared_io: bool = False):
         """Connects, registers and pulls the model. rank 0 of a fixed job (or any federated
         client) passes init, the initial parameters, for a server that has no model yet. A
         sharded job (sketchsgd-server --shards S) names its S servers in server, comma-separated
-        in shard order: each gets its part of every gradient."""
+        in shard order: each gets its part of every gradient. shared_io: share one ZeroMQ context
+        with the process's other clients that set it (many clients in one process: a simulated
+        federated population), instead of starting one each."""
         if _ps is None:
             raise ImportError(f"sketchsgd.ps needs the build with the parameter server (CMake): {_missing}")
         if not isinstance(server, str) or not isinstance(spec, str):
             raise TypeError("server and spec must be strings")
+        if not isinstance(shared_io, bool) or not isinstance(quiet, bool):
+            raise TypeError("quiet and shared_io must be True or False")
         for name, v in (("rank", rank), ("world", world), ("job", job), ("population", population),
                         ("join_round", join_round)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -51,7 +55,7 @@ class Client:
         ptr, length = (0, 0) if init is None else address(init, "init", torch.device("cpu"), n)
         self._init = init  # alive while the constructor reads it
         self._c = _ps.Client(server, int(job), int(rank), int(world), int(population), int(join_round), spec, text,
-                             int(n), ptr, length, float(timeout), bool(quiet))
+                             int(n), ptr, length, float(timeout), quiet, shared_io)
         self._init = None
 
     @property

@@ -1,6 +1,7 @@
 """sketchsgd.ps against sketchsgd-server processes on 127.0.0.1: a sharded job (S servers, one
 range each) ends on one server's bits for dense gradients; a client naming the shards in another
-order is refused with the reason."""
+order is refused with the reason; a client on the process's shared ZeroMQ context ends where one
+with its own does."""
 import os
 import subprocess
 
@@ -27,11 +28,11 @@ def _start(*args):
     return p, endpoint
 
 
-def _train(endpoints, dim, rounds, spec="dense"):
+def _train(endpoints, dim, rounds, spec="dense", shared_io=False):
     from sketchsgd.ps import Client
     g = torch.Generator().manual_seed(3)
     init = torch.randn(dim, generator=g)
-    with Client(",".join(endpoints), spec, dim=dim, init=init, quiet=True, timeout=20) as c:
+    with Client(",".join(endpoints), spec, dim=dim, init=init, quiet=True, timeout=20, shared_io=shared_io) as c:
         assert c.shards == len(endpoints)
         for t in range(rounds):
             r = c.step(c.params() - torch.randn(dim, generator=g))
@@ -78,3 +79,25 @@ def test_shards_named_in_another_order_are_refused():
     finally:
         for p in procs:
             p.kill()
+
+
+def test_a_client_on_the_shared_context_ends_where_one_with_its_own_does():
+    from sketchsgd.ps import Client
+    dim, rounds = 500, 3
+    common = ["--world", "1", "--dim", str(dim), "--codec", "topk:k=50", "--rounds", str(rounds)]
+    procs = []
+    try:
+        got = []
+        for shared in (False, True):
+            p, e = _start(*common)
+            procs.append(p)
+            got.append(_train([e], dim, rounds, spec="topk:k=50", shared_io=shared))
+            assert p.wait(timeout=30) == 0
+        assert torch.equal(got[0], got[1])
+        with pytest.raises(TypeError, match="shared_io"):
+            Client("tcp://127.0.0.1:1", "dense", dim=4, shared_io=1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()

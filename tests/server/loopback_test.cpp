@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <memory>
 #include <thread>
 
 #include <sketchsgd/compress/registry.hpp>
@@ -51,6 +53,68 @@ TEST_P(Loopback, WorkersAndServerEndBitIdenticalToTheReference) {
     EXPECT_EQ(std::memcmp(final_params[r].data(), p.data(), kDim * 4), 0) << "rank " << r;
   EXPECT_EQ(run.finish(), kRounds);
   EXPECT_EQ(std::memcmp(run.server.engine().model().data(), p.data(), kDim * 4), 0) << "server";
+}
+
+TEST(LoopbackSharedIo, WorkersOnOneContextEndBitIdenticalToWorkersWithTheirOwn) {
+  constexpr uint64_t kDim = 3000, kRounds = 4;
+  constexpr uint32_t kWorld = 4;
+  for (const char* spec : {"dense", "topk:k=50", "sketch:k=50,cols=500,p2=2"}) {
+    std::vector<std::vector<float>> got[2];
+    for (const bool shared : {false, true}) {
+      Running run(options(spec, kWorld, kDim, kRounds));
+      got[shared] =
+          test_loopback::train(run.server.endpoint(), spec, kWorld, kDim, kRounds, 4, shared);
+      EXPECT_EQ(run.finish(), kRounds) << spec;
+    }
+    for (uint32_t r = 0; r < kWorld; ++r) {
+      ASSERT_EQ(got[1][r].size(), kDim) << spec << " rank " << r;
+      EXPECT_EQ(got[0][r], got[1][r]) << spec << " rank " << r;
+    }
+  }
+}
+
+/// Threads of this process (Linux: /proc/self/status).
+int threads_now() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  return -1;
+}
+
+TEST(LoopbackSharedIo, AClientOnTheSharedContextStartsOneThreadOfItsOwn) {
+  constexpr uint64_t kDim = 100;
+  constexpr uint32_t kWorld = 8;
+  const auto init = test::initial_params(kDim, 3);
+  int added[2] = {0, 0};
+  for (const bool shared : {false, true}) {
+    Running run(options("dense", kWorld, kDim, 1));
+    std::vector<std::unique_ptr<Client>> clients;
+    const int before = threads_now();
+    ASSERT_GT(before, 0);
+    for (uint32_t r = 0; r < kWorld; ++r)  // rank 0 first: it gives the server its model
+      clients.push_back(std::make_unique<Client>(
+          client_options(run.server.endpoint(), r, kWorld, shared), make_compressor("dense", kDim),
+          r == 0 ? std::span<const float>(init) : std::span<const float>()));
+    added[shared] = threads_now() - before;
+    clients.clear();
+  }
+  // A context of its own brings ZeroMQ's I/O and reaper threads besides the client's I/O thread;
+  // the shared one's two are started once for the process (by this test or an earlier one).
+  EXPECT_GE(added[false], 3 * int(kWorld));
+  EXPECT_LE(added[true], int(kWorld) + 2);
+}
+
+TEST(LoopbackSharedIo, ClientsComeAndGoOnTheSharedContext) {
+  // Each client's wake-up pipe is an inproc endpoint of the shared context, released in the
+  // background when its client goes: a new client must never collide with a departed one's.
+  constexpr uint64_t kDim = 64;
+  Running run(options("dense", 1, kDim, 1000));
+  const auto init = test::initial_params(kDim, 3);
+  for (int i = 0; i < 40; ++i) {
+    Client c(client_options(run.server.endpoint(), 0, 1, true), make_compressor("dense", kDim),
+             init);
+    ASSERT_EQ(c.params().size(), kDim) << "client " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, Loopback,

@@ -54,7 +54,8 @@ inline ServerOptions options(const std::string& spec, uint32_t world, uint64_t d
   return o;
 }
 
-inline ClientOptions client_options(const std::string& endpoint, uint32_t rank, uint32_t world) {
+inline ClientOptions client_options(const std::string& endpoint, uint32_t rank, uint32_t world,
+                                    bool shared_io = false) {
   using namespace std::chrono_literals;
   ClientOptions c;
   c.server = endpoint;
@@ -62,16 +63,18 @@ inline ClientOptions client_options(const std::string& endpoint, uint32_t rank, 
   c.rank = rank;
   c.world = world;
   c.timeout = 20s;
+  c.shared_io = shared_io;
   c.log = [](const std::string&) {};
   return c;
 }
 
 /// W workers in threads of this process, `rounds` steps each on synthetic gradients (seeded by
 /// grad_seed; rank 0 starts the model at initial_params(dim, 3)); every step must be updated and
-/// counted. Their final parameters (a failing worker's: empty, and the test fails).
+/// counted. Their final parameters (a failing worker's: empty, and the test fails). shared_io:
+/// the workers share one ZeroMQ context (ClientOptions::shared_io).
 inline std::vector<std::vector<float>> train(const std::string& endpoints, const std::string& spec,
                                              uint32_t world, uint64_t dim, uint64_t rounds,
-                                             uint64_t grad_seed) {
+                                             uint64_t grad_seed, bool shared_io = false) {
   const auto init = test::initial_params(dim, 3);
   std::vector<std::vector<float>> out(world);
   std::vector<std::string> errors(world);
@@ -79,7 +82,7 @@ inline std::vector<std::vector<float>> train(const std::string& endpoints, const
   for (uint32_t r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
       try {
-        Client c(client_options(endpoints, r, world), make_compressor(spec, dim),
+        Client c(client_options(endpoints, r, world, shared_io), make_compressor(spec, dim),
                  r == 0 ? std::span<const float>(init) : std::span<const float>());
         for (uint64_t t = 0; t < rounds; ++t) {
           const auto res = c.step(test::synthetic_grad(c.params(), r, t, grad_seed));

@@ -42,6 +42,11 @@ struct ClientOptions {
   uint32_t dead_after = 3;                    ///< silent intervals before the server counts as gone
   std::chrono::milliseconds timeout{120000};  ///< longest wait for registration or one round
   std::chrono::milliseconds backoff_max{4000};
+  /// Share one ZeroMQ context (its I/O thread) with every other Client of this process that sets
+  /// this, instead of a context each: for many clients in one process (a simulated federated
+  /// population, a benchmark's workers), where a context each costs two more threads to start
+  /// and stop a client. The shared context lives until the process ends.
+  bool shared_io = false;
   std::function<void(const std::string&)> log;  ///< default: stderr, prefixed with the rank
   /// CURVE (all three Z85 keys, or none): the server's public key and this worker's key pair.
   std::string curve_server_key, curve_public, curve_secret;
