@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """Whole training steps over emulated links: W hosts in network namespaces joined by a switch,
-each host's link shaped by tbf in both directions, the demo's job run across them under PyTorch
-DDP (one rank per host) and over the parameter server (server and worker 0 on host 0). Reports the
+each host's link shaped by tbf in both directions, the demo's job (or --workload transformer) run
+across them under PyTorch DDP (one rank per host) and over the parameter server (server and
+worker 0 on host 0; the MLP only). Reports the
 median steady step (DDP) or round (parameter server) for every hook and link rate, the compute
 floor (the same step with no communication), and for each hook the link rate below which it
 beats DDP without a hook. Needs root (ip netns, tc); exits 77 with a message otherwise.
 
-    sudo /usr/bin/python3 benchmarks/bench_network.py [--rates unshaped,1gbit,100mbit]
-        [--hooks 'none;fp16;...'] [--buckets one,default] [--ps] [--steps 40] [--json out.json]
+    sudo /usr/bin/python3 benchmarks/bench_network.py [--workload mlp|transformer]
+        [--rates unshaped,1gbit,100mbit] [--hooks 'none;fp16;...'] [--buckets one,default] [--ps]
+        [--steps 40] [--json out.json]
         [--png out.png] [--write-docs]
 
 Links: a veth pair per host, the switch end on a bridge in a namespace of its own; tbf on the
@@ -35,6 +37,20 @@ BITS = {"unshaped": None, "10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6, "10mbi
 HOOKS = ["none", "fp16", "powersgd:rank=1", "powersgd:rank=4", "sketchsgd:powersgd:rank=4,wire=fp16",
          "sketchsgd:powersgd:rank=2,wire=fp16", "sketch:rows=1,cols=90000,k=18000,fetch=1,wire=fp16",
          "topk:k=20000,momentum=0.9"]
+# The transformer's frontier points (docs/RESULTS.md "A transformer language model").
+TRANSFORMER_HOOKS = ["none", "fp16", "powersgd:rank=4", "sketchsgd:powersgd:rank=4,wire=fp16",
+                     "sketchsgd:powersgd:rank=2,wire=fp16", "qsgd:bits=4",
+                     "sketch:rows=1,cols=80000,k=16000,fetch=1,momentum=0,wire=fp16",
+                     "topk:k=16000,wire=fp16,index=delta"]
+# What each workload's tables say of the job, where its quality comes from, and its steps there.
+WORKLOADS = {
+    "mlp": {"hooks": HOOKS, "what": "the demo's MLP, batch 32 a rank", "quality": "docs/data/tables/ddp-hooks.json",
+            "quality_column": 1, "quality_name": "test accuracy after 3 epochs (docs/RESULTS.md)", "steps": 3 * 468},
+    "transformer": {"hooks": TRANSFORMER_HOOKS,
+                    "what": "the transformer language model (0.87 M parameters), batch 16 windows a rank",
+                    "quality": "docs/data/tables/frontier-transformer.json", "quality_column": 3,
+                    "quality_name": "validation loss after 300 steps, seed 1 (docs/RESULTS.md)", "steps": 300},
+}
 PS_CODECS = ["dense", "powersgd:rank=4,momentum=0.9,wire=fp16",
              "sketch:rows=1,cols=100000,k=20000,momentum=0.9,fetch=1,wire=fp16"]
 
@@ -133,7 +149,7 @@ def wait_all(procs, timeout):
 def ddp_command(hook, buckets, workers, master, out, args):
     cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--hook", hook, "--workers",
            str(workers), "--epochs", "1", "--max-steps", str(args.steps + 11), "--progress", "100000", "--master",
-           master, "--json", out]
+           master, "--json", out, "--workload", args.workload]
     return cmd + (["--first-bucket-mb", "1"] if buckets == "default" else [])  # DDP's default caps: two buckets here
 
 
@@ -227,7 +243,7 @@ def crossover(points, base):
     return max(faster, key=lambda r: BITS[r]) if faster else None
 
 
-def plot(results, floor, png):
+def plot(results, floor, png, workload="mlp"):
     """Step time against link rate, log-log: a colour per hook, dashed with DDP's default buckets;
     unshaped links drawn right of the fastest rate."""
     try:
@@ -259,7 +275,8 @@ def plot(results, floor, png):
     ax.set_xticklabels([next(r for r in RATES if x(r) == t) for t in ticks])
     ax.set_xlabel("link rate, each direction")
     ax.set_ylabel("median step (ms)")
-    ax.set_title("DDP steps over tbf-shaped links, one rank a host (network namespaces)", fontsize=10)
+    ax.set_title(f"DDP steps of the {workload} over tbf-shaped links, one rank a host (network namespaces)",
+                 fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -271,7 +288,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--rates", default="unshaped,1gbit,100mbit", help=f"comma-separated, of {','.join(RATES)}")
-    ap.add_argument("--hooks", default=";".join(HOOKS), help="DDP hooks separated by ';' (examples/ddp_train.py)")
+    ap.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS),
+                    help="the DDP job (examples/workloads.py); the parameter-server demo is the MLP's")
+    ap.add_argument("--hooks", help="DDP hooks separated by ';' (examples/ddp_train.py; default: the workload's "
+                                    "references and frontier points)")
     ap.add_argument("--buckets", default="one,default", help="one: the model in one DDP bucket; default: DDP's caps")
     ap.add_argument("--steps", type=int, default=40, help="steady steps timed per job (after 11 warm-up steps)")
     ap.add_argument("--ps", action="store_true", help="also the parameter-server demo")
@@ -293,7 +313,7 @@ def main():
     if args.report:
         with open(args.report) as f:
             old = json.load(f)
-        args.steps, args.workers = old["steps"], old["workers"]
+        args.steps, args.workers, args.workload = old["steps"], old["workers"], old.get("workload", "mlp")
         args.ps_rounds = old.get("ps_rounds", args.ps_rounds)
         write_docs(old, {(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]},
                    {d["codec"]: d["round_ms"] for d in old["ps"]}, old["floor_ms"], old["rates"], args)
@@ -301,8 +321,11 @@ def main():
     if args.replot:
         with open(args.replot) as f:
             old = json.load(f)
-        plot({(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]}, old["floor_ms"], args.png or "network.png")
+        plot({(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]}, old["floor_ms"], args.png or "network.png",
+             old.get("workload", "mlp"))
         return
+    if args.ps and args.workload != "mlp":
+        sys.exit("--ps runs the demo, whose job is the MLP: leave --ps out with --workload " + args.workload)
     if any(int(x) < 1 for x in args.ps_shards.split(",")):
         sys.exit(f"--ps-shards {args.ps_shards}: each S must be ≥ 1")
     rates = [r for r in args.rates.split(",") if r]
@@ -320,13 +343,13 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT too: a shell may start us ignoring it
         signal.signal(sig, interrupted)
 
-    hooks = [h for h in args.hooks.split(";") if h]
+    hooks = [h for h in (args.hooks or ";".join(WORKLOADS[args.workload]["hooks"])).split(";") if h]
     results, ps, floor = {}, {}, None
     jobs = len(rates) * len(hooks) * len(args.buckets.split(","))
     done = 0
     with tempfile.TemporaryDirectory() as tmp, Testbed(args.workers) as bed:
         atexit.register(bed.__exit__, None, None, None)
-        log(f"testbed: {args.workers} hosts in namespaces {bed.hosts[0]}… on switch {bed.switch}")
+        log(f"{args.workload}; testbed: {args.workers} hosts in namespaces {bed.hosts[0]}… on switch {bed.switch}")
         bed.shape(None)
         log("compute floor (a one-rank job on every host at once: the same cores, no communication):")
         floor = run_floor(bed, args, tmp)
@@ -358,7 +381,7 @@ def main():
     for (hook, buckets), pts in sorted(results.items()):
         cells = "  ".join(f"{r}: {pts[r]:7.1f}" for r in rates if r in pts)
         log(f"  {hook:58s} {buckets:7s} {cells}  crossover: {crossover(pts, base)}")
-    out = {"workers": args.workers, "steps": args.steps, "ps_rounds": args.ps_rounds, "floor_ms": floor, "rates": rates,
+    out = {"workload": args.workload, "workers": args.workers, "steps": args.steps, "ps_rounds": args.ps_rounds, "floor_ms": floor, "rates": rates,
            "ddp": [{"hook": h, "buckets": b, "step_ms": pts, "crossover": crossover(pts, base)}
                    for (h, b), pts in sorted(results.items())],
            "ps": [{"codec": c, "round_ms": pts} for c, pts in ps.items()]}
@@ -366,7 +389,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if args.png:
-        plot(results, floor, args.png)
+        plot(results, floor, args.png, args.workload)
     if args.write_docs:
         write_docs(out, results, ps, floor, rates, args)
 
@@ -374,9 +397,12 @@ def main():
 def write_docs(out, results, ps, floor, rates, args):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import doc_tables
-    with open(os.path.join(ROOT, "docs/data/network.json"), "w") as f:
+    job = WORKLOADS[args.workload]
+    tag = "" if args.workload == "mlp" else f"-{args.workload}"  # the MLP's files keep their names
+    data = f"docs/data/network{tag}.json"
+    with open(os.path.join(ROOT, data), "w") as f:
         json.dump(out, f, indent=1)
-    plot(results, floor, os.path.join(ROOT, "docs/images/network.png"))
+    plot(results, floor, os.path.join(ROOT, f"docs/images/network{tag}.png"), args.workload)
     day = time.strftime("%Y-%m-%d")
     machine = f"the 2-core dev machine, {args.workers} ranks in network namespaces, gloo, torch " + \
         subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
@@ -391,10 +417,11 @@ def write_docs(out, results, ps, floor, rates, args):
                     [f"{pts[slowest] / floor:.2f}" if floor and slowest in pts else "",
                      (crossover(pts, base) if hook != "none" else None) or "—"])
     rows.append(["compute floor (no communication)", ""] + [f"{floor:.1f}" if floor else ""] * len(rates) + ["1.00", ""])
-    cmd = "sudo /usr/bin/python3 benchmarks/bench_network.py --write-docs"
-    doc_tables.write(os.path.join(ROOT, "docs/data/tables/network-ddp.json"), cmd, day, machine, cols, rows,
-                     data="docs/data/network.json",
-                     note=f"Median steady step of {args.steps} (after 11 warm-up steps), the demo's MLP, batch 32 a rank; "
+    cmd = "sudo /usr/bin/python3 benchmarks/bench_network.py --write-docs" + \
+        ("" if args.workload == "mlp" else f" --workload {args.workload}")
+    doc_tables.write(os.path.join(ROOT, f"docs/data/tables/network-ddp{tag}.json"), cmd, day, machine, cols, rows,
+                     data=data,
+                     note=f"Median steady step of {args.steps} (after 11 warm-up steps), {job['what']}; "
                           "'faster than no hook from': the fastest shaped rate at which the hook's step is shorter than "
                           "DDP's without a hook (one bucket).")
     if ps:
@@ -404,24 +431,25 @@ def write_docs(out, results, ps, floor, rates, args):
                          data="docs/data/network.json",
                          note=f"The parameter-server demo, server and worker 0 on host 0, {args.ps_rounds} rounds; "
                               "median time between rounds past the first.")
-    accuracy_table(doc_tables, results, rates, cmd, day, machine)
+    accuracy_table(doc_tables, results, rates, cmd, day, machine, job, tag, data)
     doc_tables.main([])
 
 
-def accuracy_table(doc_tables, results, rates, cmd, day, machine, steps=3 * 468):
-    """Time to accuracy: what the RESULTS job (3 epochs, seed 1, the same hooks under DDP) reached,
-    and how long its steps take at each rate with the step times measured here (one bucket)."""
+def accuracy_table(doc_tables, results, rates, cmd, day, machine, job, tag, data):
+    """Time to quality: what the RESULTS job (the same hooks under DDP, seed 1) reached, and how
+    long its steps take at each rate with the step times measured here (one bucket)."""
     try:
-        with open(os.path.join(ROOT, "docs/data/tables/ddp-hooks.json")) as f:
-            acc = {r[0].strip("`"): r[1] for r in json.load(f)["rows"]}
-    except (OSError, ValueError, KeyError):
+        with open(os.path.join(ROOT, job["quality"])) as f:
+            quality = {r[0].strip("`"): r[job["quality_column"]] for r in json.load(f)["rows"]}
+    except (OSError, ValueError, KeyError, IndexError):
         return
-    rows = [[f"`{hook}`", acc[hook]] + [f"{steps * pts[r] / 60e3:.1f}" if r in pts else "" for r in rates]
+    steps = job["steps"]
+    rows = [[f"`{hook}`", quality[hook]] + [f"{steps * pts[r] / 60e3:.1f}" if r in pts else "" for r in rates]
             for (hook, buckets), pts in sorted(results.items(), key=lambda kv: (kv[0][0] != "none", kv[0]))
-            if buckets == "one" and hook in acc]
-    doc_tables.write(os.path.join(ROOT, "docs/data/tables/network-accuracy.json"), cmd, day, machine,
-                     ["hook", "test accuracy after 3 epochs (docs/RESULTS.md)"] + [f"{r}: minutes" for r in rates], rows,
-                     data="docs/data/network.json, docs/data/tables/ddp-hooks.json",
+            if buckets == "one" and hook in quality]
+    doc_tables.write(os.path.join(ROOT, f"docs/data/tables/network-accuracy{tag}.json"), cmd, day, machine,
+                     ["hook", job["quality_name"]] + [f"{r}: minutes" for r in rates], rows,
+                     data=f"{data}, {job['quality']}",
                      note=f"Minutes for the {steps} steps of that job at each rate: this benchmark's median step "
                           "(one DDP bucket) times the steps.")
 
