@@ -68,7 +68,10 @@ struct Client::Link {
     };
     hooks.tick = [this, log](IoThread& io, Clock::time_point now) {
       const Millis hb(hb_ms.load());
-      if (now - io.last_send() >= hb)
+      // Not before the first registration: the server would refuse an unregistered heartbeat,
+      // addressed to a rank this link does not know yet (a sharded client's later shards wait
+      // while the first registers).
+      if (session.load() != 0 && now - io.last_send() >= hb)
         (void)io.send_now(nullptr, {Frame::own(encode(Envelope{Type::Heartbeat, opts.job, 0,
                                                                rank.load(), 0, session.load()}))});
       if (now - last_recv > hb * opts.dead_after + backoff) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include <sketchsgd/compress/registry.hpp>
@@ -92,6 +93,37 @@ TEST(ShardedLoopback, CompressedShardsKeepWorkersAndServersInStep) {
     for (auto& sv : shards.servers) sv->finish();
     shards.expect_models_are(got[0], spec, kDim);
   }
+}
+
+TEST(ShardedLoopback, LaterShardsWaitingForTheFirstToRegisterSendNothingTheServerRefuses) {
+  // Rank 1 comes first and waits in its first shard's registration for the model rank 0 brings;
+  // its other shards' links must not heartbeat meanwhile (unregistered, under a rank they do not
+  // know yet: the server would refuse them and the sessions log the refusals as misaddressed).
+  constexpr uint64_t kDim = 600;
+  constexpr uint32_t kWorld = 2;
+  Shards shards("dense", kWorld, kDim, 1, 3);
+  std::mutex mu;
+  std::vector<std::string> lines;
+  auto o = client_options(shards.endpoints(), 1, kWorld);
+  o.heartbeat = 100ms;  // until registration tells the server's
+  o.log = [&](const std::string& s) {
+    std::lock_guard lock(mu);
+    lines.push_back(s);
+  };
+  const auto init = test::initial_params(kDim, 3);
+  std::vector<float> second;
+  std::thread late([&] {
+    std::this_thread::sleep_for(800ms);
+    Client c0(client_options(shards.endpoints(), 0, kWorld), make_compressor("dense", kDim), init);
+    (void)c0.step(test::synthetic_grad(c0.params(), 0, 0, 5));
+  });
+  {
+    Client c1(o, make_compressor("dense", kDim), {});
+    (void)c1.step(test::synthetic_grad(c1.params(), 1, 0, 5));
+  }
+  late.join();
+  std::lock_guard lock(mu);
+  for (const auto& s : lines) EXPECT_EQ(s.find("dropped"), std::string::npos) << s;
 }
 
 TEST(ShardedLoopback, AClientOfAnotherPlanIsRefused) {
