@@ -14,6 +14,7 @@
 #include <thread>
 
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/sample.hpp>
 #include <sketchsgd/ps/shards.hpp>
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/server.hpp>
@@ -124,6 +125,62 @@ TEST(ShardedLoopback, LaterShardsWaitingForTheFirstToRegisterSendNothingTheServe
   late.join();
   std::lock_guard lock(mu);
   for (const auto& s : lines) EXPECT_EQ(s.find("dropped"), std::string::npos) << s;
+}
+
+/// A federated job's rounds (C of N clients sampled a round, each a new stateless Client on
+/// synthetic gradients of seed 5, the round's first bringing the model in round 0); the model
+/// every client of the last round ended with (each round's clients must agree).
+std::vector<float> federated(const std::string& endpoints, uint32_t population, uint32_t per_round,
+                             uint64_t dim, uint64_t rounds, bool shared_io) {
+  const auto init = test::initial_params(dim, 3);
+  std::vector<std::vector<float>> got(per_round);
+  for (uint64_t t = 0; t < rounds; ++t) {
+    const auto who = sample_clients(population, per_round, 1, t);
+    std::vector<std::string> errors(per_round);
+    std::vector<std::thread> ts;
+    for (uint32_t i = 0; i < per_round; ++i)
+      ts.emplace_back([&, i] {
+        try {
+          auto o = client_options(endpoints, who[i], per_round, shared_io);
+          o.population = population;
+          o.join_round = t;
+          Client c(o, make_compressor("dense", dim),
+                   t == 0 ? std::span<const float>(init) : std::span<const float>());
+          const auto res = c.step(test::synthetic_grad(c.params(), who[i], t, 5));
+          if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
+          got[i].assign(c.params().begin(), c.params().end());
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& th : ts) th.join();
+    for (uint32_t i = 0; i < per_round; ++i) EXPECT_EQ(errors[i], "") << "round " << t;
+    for (uint32_t i = 1; i < per_round; ++i) EXPECT_EQ(got[i], got[0]) << "round " << t;
+  }
+  return got[0];
+}
+
+TEST(ShardedLoopback, FederatedClientsOverShardsEndBitIdenticalToOneServer) {
+  constexpr uint64_t kDim = 901, kRounds = 3;
+  constexpr uint32_t kPopulation = 12, kPerRound = 3;
+  auto one_options = test_loopback::options("dense", kPerRound, kDim, kRounds);
+  one_options.job.population = kPopulation;
+  Running one(one_options);
+  const auto ref = federated(one.server.endpoint(), kPopulation, kPerRound, kDim, kRounds, false);
+  ASSERT_EQ(ref.size(), kDim);
+  std::vector<std::unique_ptr<Running>> shards;
+  std::string endpoints;
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto o = shard_options("dense", kPerRound, kDim, kRounds, 3, i);
+    o.job.population = kPopulation;
+    shards.push_back(std::make_unique<Running>(o));
+    endpoints += (i ? "," : "") + shards.back()->server.endpoint();
+  }
+  const auto got = federated(endpoints, kPopulation, kPerRound, kDim, kRounds, true);
+  ASSERT_EQ(got.size(), kDim);
+  EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
+  EXPECT_EQ(one.finish(), kRounds);
+  for (auto& sv : shards) EXPECT_EQ(sv->finish(), kRounds);
 }
 
 TEST(ShardedLoopback, AClientOfAnotherPlanIsRefused) {
