@@ -128,37 +128,13 @@ TEST(LoopbackStaleness, FastWorkerRunsAheadBoundedAndAllEndEqual) {
   auto o = options("topk:k=40", 2, kDim, kRounds);
   o.job.staleness = 2;
   Running run(o);
-  const auto init = test::initial_params(kDim, 3);
-  std::vector<std::vector<float>> final_params(2);
-  std::vector<std::string> errors(2);
-  std::vector<uint64_t> max_ahead(2, 0);
-  std::vector<std::thread> ws;
-  for (uint32_t r = 0; r < 2; ++r)
-    ws.emplace_back([&, r] {
-      try {
-        Client c(client_options(run.server.endpoint(), r, 2), make_compressor("topk:k=40", kDim),
-                 r == 0 ? std::span<const float>(init) : std::span<const float>());
-        if (c.staleness() != 2) throw Error("staleness not taken from the server");
-        while (c.next_push() < kRounds) {
-          if (r == 1) std::this_thread::sleep_for(15ms);
-          c.step(test::synthetic_grad(c.params(), r, c.next_push(), 9));
-          max_ahead[r] = std::max(max_ahead[r], c.next_push() - c.round());
-        }
-        c.sync();
-        if (c.round() != kRounds) throw Error("sync did not settle every round");
-        final_params[r].assign(c.params().begin(), c.params().end());
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ws) t.join();
-  ASSERT_EQ(errors[0], "");
-  ASSERT_EQ(errors[1], "");
-  EXPECT_EQ(max_ahead[0], 2u) << "the fast worker never used its slack";
-  EXPECT_LE(max_ahead[1], 2u);
+  const auto got = test_loopback::train_stale(run.server.endpoint(), "topk:k=40", kDim, kRounds, 2);
+  ASSERT_EQ(got.params[0].size(), kDim);
+  EXPECT_EQ(got.max_ahead[0], 2u) << "the fast worker never used its slack";
+  EXPECT_LE(got.max_ahead[1], 2u);
   EXPECT_EQ(run.finish(), kRounds);
-  EXPECT_EQ(std::memcmp(final_params[0].data(), final_params[1].data(), kDim * 4), 0);
-  EXPECT_EQ(std::memcmp(final_params[0].data(), run.server.engine().model().data(), kDim * 4), 0);
+  EXPECT_EQ(std::memcmp(got.params[0].data(), got.params[1].data(), kDim * 4), 0);
+  EXPECT_EQ(std::memcmp(got.params[0].data(), run.server.engine().model().data(), kDim * 4), 0);
 }
 
 TEST(LoopbackRestart, ServerRestartedWithoutCheckpointIsReinitialisedByRankZero) {

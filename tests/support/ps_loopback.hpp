@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -96,6 +97,44 @@ inline std::vector<std::vector<float>> train(const std::string& endpoints, const
     });
   for (auto& t : ts) t.join();
   for (uint32_t r = 0; r < world; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return out;
+}
+
+struct StaleRun {
+  std::vector<std::vector<float>> params;  ///< each worker's after sync()
+  std::vector<uint64_t> max_ahead;         ///< the most pushes each had unanswered
+};
+
+/// Two workers of a job with bounded staleness (the server's): rank 1 sleeps 15 ms before each
+/// push, rank 0 runs ahead as far as the server lets it; both push until `rounds` are pushed,
+/// then sync(). A failing worker fails the test (its params stay empty).
+inline StaleRun train_stale(const std::string& endpoints, const std::string& spec, uint64_t dim,
+                            uint64_t rounds, uint32_t staleness) {
+  using namespace std::chrono_literals;
+  const auto init = test::initial_params(dim, 3);
+  StaleRun out{std::vector<std::vector<float>>(2), std::vector<uint64_t>(2, 0)};
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.emplace_back([&, r] {
+      try {
+        Client c(client_options(endpoints, r, 2), make_compressor(spec, dim),
+                 r == 0 ? std::span<const float>(init) : std::span<const float>());
+        if (c.staleness() != staleness) throw Error("staleness not taken from the server");
+        while (c.next_push() < rounds) {
+          if (r == 1) std::this_thread::sleep_for(15ms);
+          c.step(test::synthetic_grad(c.params(), r, c.next_push(), 9));
+          out.max_ahead[r] = std::max(out.max_ahead[r], c.next_push() - c.round());
+        }
+        c.sync();
+        if (c.round() != rounds) throw Error("sync did not settle every round");
+        out.params[r].assign(c.params().begin(), c.params().end());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ws) t.join();
+  for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
 }
 

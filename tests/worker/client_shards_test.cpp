@@ -183,6 +183,32 @@ TEST(ShardedLoopback, FederatedClientsOverShardsEndBitIdenticalToOneServer) {
   for (auto& sv : shards) EXPECT_EQ(sv->finish(), kRounds);
 }
 
+TEST(ShardedLoopback, BoundedStalenessOverShardsKeepsEveryShardInStep) {
+  // Each shard keeps its own rounds and slack: the fast worker runs ahead on all of them at once,
+  // and after sync() both workers hold every shard's model.
+  constexpr uint64_t kDim = 2000, kRounds = 10;
+  std::vector<std::unique_ptr<Running>> shards;
+  std::string endpoints;
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto o = shard_options("topk:k=40", 2, kDim, kRounds, 3, i);
+    o.job.staleness = 2;
+    shards.push_back(std::make_unique<Running>(o));
+    endpoints += (i ? "," : "") + shards.back()->server.endpoint();
+  }
+  const auto got = test_loopback::train_stale(endpoints, "topk:k=40", kDim, kRounds, 2);
+  ASSERT_EQ(got.params[0].size(), kDim);
+  EXPECT_EQ(got.max_ahead[0], 2u) << "the fast worker never used its slack";
+  EXPECT_LE(got.max_ahead[1], 2u);
+  EXPECT_EQ(std::memcmp(got.params[0].data(), got.params[1].data(), kDim * 4), 0);
+  for (const auto& p : plan_shards("topk:k=40", kDim, 3)) {
+    EXPECT_EQ(shards[p.id.index]->finish(), kRounds);
+    EXPECT_EQ(std::memcmp(shards[p.id.index]->server.engine().model().data(),
+                          got.params[0].data() + p.id.begin, p.dim * 4),
+              0)
+        << "shard " << p.id.index;
+  }
+}
+
 TEST(ShardedLoopback, AClientOfAnotherPlanIsRefused) {
   constexpr uint64_t kDim = 900;
   Shards shards("topk:k=30", 1, kDim, 2, 3);
