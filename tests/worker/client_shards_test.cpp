@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -38,10 +39,14 @@ ServerOptions shard_options(const std::string& spec, uint32_t world, uint64_t di
 }
 
 struct Shards {
-  Shards(const std::string& spec, uint32_t world, uint64_t dim, uint64_t rounds, uint32_t count) {
-    for (uint32_t i = 0; i < count; ++i)
-      servers.push_back(
-          std::make_unique<Running>(shard_options(spec, world, dim, rounds, count, i)));
+  /// adjust: changes every shard's options alike (staleness, a federated population).
+  Shards(const std::string& spec, uint32_t world, uint64_t dim, uint64_t rounds, uint32_t count,
+         const std::function<void(ServerOptions&)>& adjust = {}) {
+    for (uint32_t i = 0; i < count; ++i) {
+      ServerOptions o = shard_options(spec, world, dim, rounds, count, i);
+      if (adjust) adjust(o);
+      servers.push_back(std::make_unique<Running>(std::move(o)));
+    }
   }
   std::string endpoints() const {
     std::string e;
@@ -168,45 +173,27 @@ TEST(ShardedLoopback, FederatedClientsOverShardsEndBitIdenticalToOneServer) {
   Running one(one_options);
   const auto ref = federated(one.server.endpoint(), kPopulation, kPerRound, kDim, kRounds, false);
   ASSERT_EQ(ref.size(), kDim);
-  std::vector<std::unique_ptr<Running>> shards;
-  std::string endpoints;
-  for (uint32_t i = 0; i < 3; ++i) {
-    auto o = shard_options("dense", kPerRound, kDim, kRounds, 3, i);
-    o.job.population = kPopulation;
-    shards.push_back(std::make_unique<Running>(o));
-    endpoints += (i ? "," : "") + shards.back()->server.endpoint();
-  }
-  const auto got = federated(endpoints, kPopulation, kPerRound, kDim, kRounds, true);
+  Shards shards("dense", kPerRound, kDim, kRounds, 3,
+                [](ServerOptions& o) { o.job.population = kPopulation; });
+  const auto got = federated(shards.endpoints(), kPopulation, kPerRound, kDim, kRounds, true);
   ASSERT_EQ(got.size(), kDim);
   EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
   EXPECT_EQ(one.finish(), kRounds);
-  for (auto& sv : shards) EXPECT_EQ(sv->finish(), kRounds);
+  for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), kRounds);
 }
 
 TEST(ShardedLoopback, BoundedStalenessOverShardsKeepsEveryShardInStep) {
   // Each shard keeps its own rounds and slack: the fast worker runs ahead on all of them at once,
   // and after sync() both workers hold every shard's model.
   constexpr uint64_t kDim = 2000, kRounds = 10;
-  std::vector<std::unique_ptr<Running>> shards;
-  std::string endpoints;
-  for (uint32_t i = 0; i < 3; ++i) {
-    auto o = shard_options("topk:k=40", 2, kDim, kRounds, 3, i);
-    o.job.staleness = 2;
-    shards.push_back(std::make_unique<Running>(o));
-    endpoints += (i ? "," : "") + shards.back()->server.endpoint();
-  }
-  const auto got = test_loopback::train_stale(endpoints, "topk:k=40", kDim, kRounds, 2);
+  Shards shards("topk:k=40", 2, kDim, kRounds, 3, [](ServerOptions& o) { o.job.staleness = 2; });
+  const auto got = test_loopback::train_stale(shards.endpoints(), "topk:k=40", kDim, kRounds, 2);
   ASSERT_EQ(got.params[0].size(), kDim);
   EXPECT_EQ(got.max_ahead[0], 2u) << "the fast worker never used its slack";
   EXPECT_LE(got.max_ahead[1], 2u);
   EXPECT_EQ(std::memcmp(got.params[0].data(), got.params[1].data(), kDim * 4), 0);
-  for (const auto& p : plan_shards("topk:k=40", kDim, 3)) {
-    EXPECT_EQ(shards[p.id.index]->finish(), kRounds);
-    EXPECT_EQ(std::memcmp(shards[p.id.index]->server.engine().model().data(),
-                          got.params[0].data() + p.id.begin, p.dim * 4),
-              0)
-        << "shard " << p.id.index;
-  }
+  for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), kRounds);
+  shards.expect_models_are(got.params[0], "topk:k=40", kDim);
 }
 
 TEST(ShardedLoopback, AClientOfAnotherPlanIsRefused) {
