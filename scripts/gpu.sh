@@ -25,7 +25,12 @@
 #                                      hooks' own work per step on the GPU (bench_hook.py;
 #                                      HOOK_ONLY=powersgd,... and HOOK_WIDTHS="1024" narrow it,
 #                                      HOOK_ROUNDS=3 times the hooks in turn three times;
-#                                      PYTEST_ARGS="tests/python/test_outer.py" narrows the tests)
+#                                      PYTEST_ARGS="tests/python/test_outer.py" narrows the tests;
+#                                      GPU_EXTRAS=0: the tests only)
+#   bash scripts/gpu.sh network [ARGS] there, after `python`: bench_network.py (DDP over network
+#                                      namespaces, a CPU rank per host) with that package, on the
+#                                      machine's 16 cores; ARGS go to it (ip and tc staged by
+#                                      demo-prepare where the machine lacks them)
 #
 # Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
 set -uo pipefail
@@ -206,6 +211,13 @@ demo_prepare() {
   mkdir -p "$deps/pybind11/include" "$deps/pybind11/lib/cmake" "$deps/python"
   cp -r /usr/include/pybind11 "$deps/pybind11/include/"
   cp -r /usr/lib/cmake/pybind11 "$deps/pybind11/lib/cmake/"
+  # ip and tc (bench_network.py's namespaces and shaping) with what they load beyond glibc.
+  mkdir -p "$deps/bin"
+  cp -L "$(command -v ip)" "$(command -v tc)" "$deps/bin/"
+  ldd "$deps/bin/ip" "$deps/bin/tc" | awk '/=>/ {print $1, $3}' | grep -vE "$SYSTEM_LIBS" | sort -u |
+    while read -r name path; do
+      [ -f "$deps/lib/$name" ] || cp -L "$path" "$deps/lib/$name"
+    done
   for pkg in pytest _pytest pluggy iniconfig py.py; do
     [ -e "/usr/lib/python3/dist-packages/$pkg" ] && cp -r "/usr/lib/python3/dist-packages/$pkg" "$deps/python/"
   done
@@ -284,6 +296,7 @@ python_check() {
   # PYTEST_ARGS narrows the run (default: every Python test).
   "$PY" -m pytest -v -p no:cacheprovider -rs ${PYTEST_ARGS:-tests/python} 2>&1 | tee "$REPORT/pytest.log" || fail "Python tests"
   grep -q "SKIPPED.*no CUDA device" "$REPORT/pytest.log" && fail "GPU Python tests skipped"
+  if [ "${GPU_EXTRAS:-1}" = 0 ]; then finish python; fi  # the tests only
   step "DDP example on CUDA (gloo, 4 ranks on one GPU, 1 epoch)"
   "$PY" examples/ddp_train.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
     --json "$REPORT/ddp-cuda.json" 2>&1 | tee "$REPORT/ddp-cuda.log" || fail "DDP example on CUDA"
@@ -311,6 +324,20 @@ python_check() {
   finish python
 }
 
+network() {
+  local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_PY:-build/gpu-python}
+  REPORT=${REPORT:-build/gpu-network-out}
+  [ -d "$build/python/sketchsgd" ] || { echo "no $build/python: run 'scripts/gpu.sh python' first" >&2; exit 1; }
+  mkdir -p "$REPORT"
+  use_deps "$deps"
+  command -v ip > /dev/null && command -v tc > /dev/null || export PATH=$PATH:$deps/bin
+  export SKETCHSGD_FASHION=$deps/data
+  step "bench_network.py on $(nproc) cores"
+  "$PY" benchmarks/bench_network.py --python "$build/python" --json "$REPORT/network.json" \
+    --png "$REPORT/network.png" "$@" 2>&1 | tee "$REPORT/network.log" || fail "bench_network.py"
+  finish network
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -320,6 +347,7 @@ case "$cmd" in
   demo-prepare) demo_prepare ;;
   demo) demo "$@" ;;
   python) python_check ;;
+  network) network "$@" ;;
   *)
     sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$cmd" ] || [ "$cmd" = help ] || [ "$cmd" = -h ] || [ "$cmd" = --help ] || exit 2

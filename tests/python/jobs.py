@@ -553,24 +553,24 @@ def deep_model(seed=0):
     return nn.Sequential(*layers, nn.Linear(48, 10))
 
 
-def many_buckets(rank, world, specs, steps, blocking):
+def many_buckets(rank, world, specs, steps, blocking, device="cpu"):
     """Trains deep_model() under DDP with about a bucket per layer; blocking: every bucket finishes
     inside its hook call, collectives issued from the autograd thread alone (the order before
     the overlap). Returns per spec (parameters as bytes, units)."""
     dist._DEFAULT_FIRST_BUCKET_BYTES = 4_000
     out = {}
     for spec in specs:
-        m = deep_model()
-        ddp = DDP(m, bucket_cap_mb=0.004)
+        m = deep_model().to(device)
+        ddp = DDP(m, bucket_cap_mb=0.004, device_ids=[torch.device(device).index] if device != "cpu" else None)
         state = CompressionState(spec)
         state._blocking = blocking
         ddp.register_comm_hook(state, compression_hook)
-        train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), rank, steps)
-        out[spec] = (flat(m).numpy().tobytes(), len(state._units))
+        train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), rank, steps, device=device)
+        out[spec] = (flat(m).cpu().numpy().tobytes(), len(state._units))
     return out
 
 
-def returns_before_its_collectives_complete(rank, world, specs, path):
+def returns_before_its_collectives_complete(rank, world, specs, path, device="cpu"):
     """Per spec, two buckets a step (the first not the last). From the first compressed step on,
     rank 1 calls the hook for the first bucket only once rank 0's call for it has returned (a
     key in a FileStore): a hook that waited there for the bucket's first collective would wait
@@ -585,10 +585,10 @@ def returns_before_its_collectives_complete(rank, world, specs, path):
         for blocking in (False, True):
             state = CompressionState(spec, start_iter=2)
             state._blocking = blocking
-            params = [torch.zeros(48, 40), torch.zeros(40, 40)]
+            params = [torch.zeros(48, 40, device=device), torch.zeros(40, 40, device=device)]
             got = []
             for step in range(5):
-                grads = [quarter_integers(p.shape, 10 * step + rank + i) for i, p in enumerate(params)]
+                grads = [quarter_integers(p.shape, 10 * step + rank + i).to(device) for i, p in enumerate(params)]
                 key = f"{spec}:{step}"
                 handshake = not blocking and step >= 2
                 if handshake and rank == 1:
@@ -597,22 +597,22 @@ def returns_before_its_collectives_complete(rank, world, specs, path):
                 if handshake and rank == 0:
                     store.set(key, "returned")
                 last = compression_hook(state, FlatBucket(1, [params[1]], [grads[1]], last=True))
-                got.append(torch.cat([first.wait(), last.wait()]).numpy().tobytes())
+                got.append(torch.cat([first.wait(), last.wait()]).cpu().numpy().tobytes())
             runs.append(got)
         out[spec] = runs
     return out
 
 
-def non_finite_in_an_early_bucket(rank, world, specs):
+def non_finite_in_an_early_bucket(rank, world, specs, device="cpu"):
     """Per spec, two buckets a step; in the first compressed step rank 1's first bucket (not the
     last of the step) holds a NaN. Returns (spec, error of the first bucket's future or None,
     the last bucket's output or None, whether the next step ends identical on every rank)."""
     out = []
     for spec in specs:
         state = CompressionState(spec, start_iter=2)
-        params = [torch.zeros(48, 40), torch.zeros(40, 40)]
+        params = [torch.zeros(48, 40, device=device), torch.zeros(40, 40, device=device)]
         for step in range(4):
-            grads = [quarter_integers(p.shape, 10 * step + rank + i) for i, p in enumerate(params)]
+            grads = [quarter_integers(p.shape, 10 * step + rank + i).to(device) for i, p in enumerate(params)]
             if step == 2 and rank == 1:
                 grads[0][3, 7] = float("nan")
             futures, errors = [], []
@@ -633,7 +633,7 @@ def non_finite_in_an_early_bucket(rank, world, specs):
             if step == 2:
                 outcome = (spec, [e for e in errors if e], results[1] is not None)
             if step == 3:
-                mine = torch.cat(results)
+                mine = torch.cat(results).cpu()
                 everyone = [torch.empty_like(mine) for _ in range(world)]
                 dist.all_gather(everyone, mine)
                 same = all(torch.equal(everyone[0], t) for t in everyone)

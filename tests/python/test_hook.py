@@ -355,3 +355,47 @@ def test_a_non_finite_gradient_in_an_early_bucket_reaches_every_rank():
             assert len(errors) == 1 and "NonFiniteError" in errors[0], (rank, spec, errors)
             assert last_done, (rank, spec)
             assert same, (rank, spec)
+
+
+@needs_gpu
+def test_many_buckets_on_cuda_overlap_as_finishing_each_bucket_in_its_call():
+    """gloo with CUDA tensors, two ranks on one GPU: later phases are issued from callbacks whose
+    streams differ from the autograd thread's, so a missing stream wait would show as ranks that
+    drift apart or a model that moves away from the blocking run. The ranks agree bit for bit;
+    overlapped and blocking runs agree to rounding (the sketch's GPU table sums with float
+    atomics, so its last bits vary from run to run), the deterministic codecs bit for bit."""
+    specs = OVERLAPPED + ["dense", "sketch:rows=1,cols=800,k=100,fetch=1"]
+    overlapped = ddp.run(jobs.many_buckets, specs, 8, False, "cuda:0", world=2)
+    blocking = ddp.run(jobs.many_buckets, specs, 8, True, "cuda:0", world=2)
+    for spec in specs:
+        params, units = overlapped[0][spec]
+        assert units >= 4, (spec, units)
+        assert overlapped[1][spec][0] == params and blocking[1][spec][0] == blocking[0][spec][0], spec
+        a, b = (torch.frombuffer(bytearray(run[0][spec][0]), dtype=torch.float32) for run in (overlapped, blocking))
+        assert torch.isfinite(a).all(), spec
+        if spec.startswith("sketch"):
+            assert (a - b).norm() <= 1e-4 * b.norm(), spec
+        else:
+            assert torch.equal(a, b), spec
+
+
+@needs_gpu
+def test_the_hook_returns_before_its_first_collective_completes_on_cuda(tmp_path):
+    """The FileStore handshake with CUDA buckets (quarter integers: every sum exact, so the GPU's
+    summation order does not matter and the runs agree bit for bit)."""
+    results = ddp.run(jobs.returns_before_its_collectives_complete, OVERLAPPED, str(tmp_path / "store"), "cuda:0",
+                      world=2, timeout=150)
+    for spec in OVERLAPPED:
+        overlapped, blocking = results[0][spec]
+        assert overlapped == blocking, spec
+        assert results[1][spec][0] == overlapped, f"{spec}: the ranks differ"
+
+
+@needs_gpu
+def test_a_non_finite_gradient_in_an_early_cuda_bucket_reaches_every_rank():
+    specs = OVERLAPPED + ["dense"]
+    for rank, outcomes in enumerate(ddp.run(jobs.non_finite_in_an_early_bucket, specs, "cuda:0", world=3,
+                                            timeout=120)):
+        for spec, errors, last_done, same in outcomes:
+            assert len(errors) == 1 and "NonFiniteError" in errors[0], (rank, spec, errors)
+            assert last_done and same, (rank, spec)
