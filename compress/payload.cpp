@@ -105,6 +105,31 @@ void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val) {
   kernels::cpu::sort_pairs(idx.data(), val.data(), idx.size());
 }
 
+void merge_by_index(std::vector<uint32_t>& idx, std::vector<float>& val,
+                    std::span<const size_t> starts) {
+  // (index, value bits) as one key: the order sort_by_index gives, so a sum over equal indices
+  // never depends on the order in which the runs (messages) came.
+  const size_t n = idx.size();
+  std::vector<uint64_t> key(n);
+  for (size_t i = 0; i < n; ++i) key[i] = (uint64_t(idx[i]) << 32) | float_bits(val[i]);
+  std::vector<size_t> at(starts.begin(), starts.end());
+  at.push_back(n);
+  while (at.size() > 2) {  // neighbouring runs merged pairwise: log2(runs) passes
+    std::vector<size_t> next;
+    for (size_t r = 0; r + 1 < at.size(); r += 2) {
+      next.push_back(at[r]);
+      if (r + 2 < at.size())
+        std::inplace_merge(key.begin() + at[r], key.begin() + at[r + 1], key.begin() + at[r + 2]);
+    }
+    next.push_back(n);
+    at.swap(next);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    idx[i] = uint32_t(key[i] >> 32);
+    val[i] = bits_float(uint32_t(key[i]));
+  }
+}
+
 std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what) {
   auto bytes = r.take<float>(n);
   std::vector<float> out(n);

@@ -41,8 +41,12 @@ Sparse read_sparse_into(ByteReader& r, Scratch& s, uint64_t max_count, std::span
 /// Validated completely before params is written.
 Sparse read_sparse_axpy(ByteReader& r, Scratch& s, uint64_t max_count, std::span<float> params,
                         float a, const Device& device, SparseFormat f = {});
-/// Reorders (idx, val) pairs by index (top-k results come ordered by magnitude).
+/// Reorders (idx, val) pairs by index, equal indices by the value's bits.
 void sort_by_index(std::vector<uint32_t>& idx, std::vector<float>& val);
+/// The same order for pairs made of runs that each increase strictly in index (messages that
+/// read_sparse took; a run starts at each of starts): merged in O(n log runs).
+void merge_by_index(std::vector<uint32_t>& idx, std::vector<float>& val,
+                    std::span<const size_t> starts);
 
 /// Reads n floats and checks they are finite.
 std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what);

@@ -454,8 +454,8 @@ void one_row_topk(const Hasher& h, const float* t, size_t k, uint32_t* idx, floa
   const hash::RowHash sh = h.rows[0];
   const bool groups = h.b.aligned && h.b.lanes == 3;
 
-  const int threads = int(std::clamp<uint64_t>(dim / (16 * detail::kSelectBlock), 1,
-                                               uint64_t(omp_get_max_threads())));
+  const int threads = int(
+      std::clamp<uint64_t>(dim / (16 * detail::kSelectBlock), 1, uint64_t(omp_get_max_threads())));
   // Per thread, in index order: every coordinate above T and at most `ties` of key T.
   std::vector<std::vector<detail::Candidate>> kept(threads);
 #pragma omp parallel num_threads(threads)
@@ -521,7 +521,11 @@ void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t
   if (s.rows == 1 && h.blocked()) return one_row_topk(h, table, k, idx, val, order);
   static_assert(detail::kSelectBlock <= kBlock);
   detail::select_topk(
-      s.dim, k, [&](size_t lo, size_t hi, float* out) { estimate_range(h, table, lo, hi, out); },
+      s.dim, k,
+      [&](size_t lo, size_t hi, float* out) {
+        estimate_range(h, table, lo, hi, out);
+        return static_cast<const float*>(out);
+      },
       idx, val, order == Order::Index);
 }
 
@@ -539,8 +543,7 @@ double l2_estimate(const SketchLayout& s, const float* table) {
 
 void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Order order) {
   detail::select_topk(
-      n, k, [&](size_t lo, size_t hi, float* out) { std::copy(x + lo, x + hi, out); }, idx, val,
-      order == Order::Index);
+      n, k, [x](size_t lo, size_t, float*) { return x + lo; }, idx, val, order == Order::Index);
 }
 
 void sort_pairs(uint32_t* idx, float* val, size_t n) {

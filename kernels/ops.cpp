@@ -161,11 +161,11 @@ std::vector<float> gather(const Device& d, Scratch& s, std::span<const float> x,
 }
 
 void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
-          std::vector<uint32_t>& idx, std::vector<float>& val) {
+          std::vector<uint32_t>& idx, std::vector<float>& val, kernels::Order order) {
   idx.resize(k);
   val.resize(k);
   if (!d.is_gpu()) {
-    cpu::topk(x.data(), x.size(), k, idx.data(), val.data());
+    cpu::topk(x.data(), x.size(), k, idx.data(), val.data(), order);
     return;
   }
   uint32_t* di = s.room<uint32_t>(d, k, 0);
@@ -173,6 +173,7 @@ void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
   cu::topk(x.data(), x.size(), k, di, dv, s.workspace(), d.stream);
   detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
   detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
+  if (order == kernels::Order::Index) cpu::sort_pairs(idx.data(), val.data(), k);
 }
 
 std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::span<const float> x,

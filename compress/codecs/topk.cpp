@@ -51,12 +51,14 @@ class TopKAggregator final : public Aggregator {
   void absorb(ByteReader& r, const Header&) override {
     auto s = payload::read_sparse(r, info_.dim, k_, format_);
     r.expect_end();
+    starts_.push_back(idx_.size());
     idx_.insert(idx_.end(), s.indices.begin(), s.indices.end());
     val_.insert(val_.end(), s.values.begin(), s.values.end());
   }
 
   Message reduce(const Header& phase, uint32_t contributors) override {
-    payload::sort_by_index(idx_, val_);  // stable within equal indices: sums are deterministic
+    // Equal indices in the order of their values' bits: sums do not depend on arrival order.
+    payload::merge_by_index(idx_, val_, starts_);
     std::vector<uint32_t> idx;
     std::vector<float> val;
     for (size_t i = 0; i < idx_.size();) {
@@ -70,11 +72,11 @@ class TopKAggregator final : public Aggregator {
     if (global_ && idx.size() > k_) {
       std::vector<uint32_t> pos(k_);
       std::vector<float> top(k_);
-      kernels::cpu::topk(val.data(), val.size(), k_, pos.data(), top.data());
+      // In index order: positions in idx, which increases, so the coordinates increase too.
+      kernels::cpu::topk(val.data(), val.size(), k_, pos.data(), top.data(), kernels::Order::Index);
       for (auto& p : pos) p = idx[p];
       idx.swap(pos);
       val.swap(top);
-      payload::sort_by_index(idx, val);
     }
     Header h = phase;
     h.kind = MessageKind::Update;
@@ -85,6 +87,7 @@ class TopKAggregator final : public Aggregator {
   void clear() override {
     idx_.clear();
     val_.clear();
+    starts_.clear();
   }
 
   uint64_t k_;
@@ -92,6 +95,7 @@ class TopKAggregator final : public Aggregator {
   payload::SparseFormat format_;
   std::vector<uint32_t> idx_;
   std::vector<float> val_;
+  std::vector<size_t> starts_;  // where each message's (increasing) indices begin
 };
 
 class TopK final : public Compressor {
@@ -119,7 +123,7 @@ class TopK final : public Compressor {
   }
 
   void select(std::span<const float> v, std::vector<uint32_t>& idx, std::vector<float>& val) {
-    if (!sel_) return ops::topk(device(), ops_, v, o_.k, idx, val);
+    if (!sel_) return ops::topk(device(), ops_, v, o_.k, idx, val, kernels::Order::Index);
     auto add = [&](const std::vector<uint32_t>& i, uint64_t offset) {
       for (uint32_t j : i) idx.push_back(uint32_t(j + offset));
     };

@@ -93,10 +93,10 @@ uint32_t sampled_threshold(size_t n, size_t k, const Fill& fill) {
   constexpr size_t kBlocks = 32;
   if (n < 8 * kBlocks * kSelectBlock) return 0;
   std::vector<uint32_t> keys(kBlocks * kSelectBlock);
-  float block[kSelectBlock];
+  float scratch[kSelectBlock];
   for (size_t b = 0; b < kBlocks; ++b) {
     const size_t lo = (n - kSelectBlock) * b / (kBlocks - 1);
-    fill(lo, lo + kSelectBlock, block);
+    const float* block = fill(lo, lo + kSelectBlock, scratch);
     for (size_t i = 0; i < kSelectBlock; ++i)
       keys[b * kSelectBlock + i] = float_bits(block[i]) & 0x7FFFFFFFu;
   }
@@ -108,7 +108,8 @@ uint32_t sampled_threshold(size_t n, size_t k, const Fill& fill) {
   return keys[rank];
 }
 
-/// fill(lo, hi, out) writes the values of coordinates lo … hi − 1 into out.
+/// fill(lo, hi, scratch) returns the values of coordinates lo … hi − 1: where they already lie in
+/// memory (a plain vector: no copy), or written into scratch (kSelectBlock floats) and scratch.
 template <class Fill>
 void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float* out_val,
                  bool by_index = false, uint32_t start = ~0u) {
@@ -128,14 +129,14 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
     // mispredicts on most of the values that pass while the threshold is still low).
     std::unique_ptr<Candidate[]> buf(new Candidate[cap + kSelectBlock]);
     size_t used = 0;
-    float block[kSelectBlock];
+    float scratch[kSelectBlock];
     uint32_t keys[kSelectBlock];
     Candidate worst = Candidate::of(0, 0, 0.0f);
     uint32_t threshold = start;  // keys below it cannot enter the top k
     bool pruned = false;
     for (size_t b = lo; b < hi; b += kSelectBlock) {
       const size_t m = std::min(kSelectBlock, hi - b);
-      fill(b, b + m, block);
+      const float* block = fill(b, b + m, scratch);
 #pragma omp simd
       for (size_t i = 0; i < m; ++i) keys[i] = float_bits(block[i]) & 0x7FFFFFFFu;
       if (threshold == 0) {
@@ -182,7 +183,8 @@ void select_topk(size_t n, size_t k, const Fill& fill, uint32_t* out_idx, float*
   size_t total = 0;
   for (auto& v : kept) total += v.size();
   // Fewer than k reached the sampled start: the sample misled it; select again from 0.
-  if (start > 0 && total < std::min(k, n)) return select_topk(n, k, fill, out_idx, out_val, by_index, 0);
+  if (start > 0 && total < std::min(k, n))
+    return select_topk(n, k, fill, out_idx, out_val, by_index, 0);
   all.reserve(total);
   for (auto& v : kept) all.insert(all.end(), v.begin(), v.end());
   const size_t take = std::min(k, all.size());

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <sketchsgd/compress/layout.hpp>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include "support/helpers.hpp"
 #include "support/round.hpp"
@@ -64,6 +66,45 @@ TEST(TopK, ServerSumsSparseAndGlobalReselects) {
     }
     EXPECT_EQ(steps[0], want) << global;
     EXPECT_EQ(steps[1], want);
+  }
+}
+
+/// The server sums the workers' sparse vectors coordinate by coordinate, equal coordinates in the
+/// order of their values' bits, so the update is the same bit for bit whatever order the
+/// messages arrive in (a parameter server takes them as they come).
+TEST(TopK, TheSumDoesNotDependOnArrivalOrder) {
+  const size_t dim = 64, k = 40, W = 6;
+  const auto g = test::grads(W, dim, 11);
+  std::vector<Message> msgs;
+  for (uint32_t w = 0; w < W; ++w)
+    msgs.push_back(make_compressor("topk:k=40,ef=0", dim)->encode(g[w], 0, w));
+  // The reference: each coordinate's sent values sorted by bits, summed in float, then / W.
+  std::vector<std::vector<float>> sent(dim);
+  for (size_t w = 0; w < W; ++w) {
+    std::vector<uint32_t> idx(k);
+    std::vector<float> val(k);
+    kernels::cpu::topk(g[w].data(), dim, k, idx.data(), val.data());
+    for (size_t i = 0; i < k; ++i) sent[idx[i]].push_back(val[i]);
+  }
+  std::vector<float> want(dim, 0.0f);
+  for (size_t j = 0; j < dim; ++j) {
+    std::sort(sent[j].begin(), sent[j].end(),
+              [](float a, float b) { return float_bits(a) < float_bits(b); });
+    float acc = 0.0f;
+    for (float v : sent[j]) acc += v;
+    want[j] = sent[j].empty() ? 0.0f : acc / float(W);
+  }
+  std::vector<uint32_t> order(W);
+  std::iota(order.begin(), order.end(), 0u);
+  std::mt19937 rng(5);
+  auto codec = make_compressor("topk:k=40,ef=0", dim);
+  for (int trial = 0; trial < 24; ++trial) {
+    auto agg = codec->make_aggregator(W);
+    for (uint32_t w : order) agg->add(msgs[w].bytes());
+    std::vector<float> step(dim, -1.0f);
+    codec->apply(agg->finish().bytes(), step);
+    ASSERT_EQ(step, want) << "arrival order of trial " << trial;
+    std::shuffle(order.begin(), order.end(), rng);
   }
 }
 

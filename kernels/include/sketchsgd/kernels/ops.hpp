@@ -66,9 +66,10 @@ void add_sparse(const Device& d, Scratch& s, std::span<float> y, std::span<const
 /// x[idx] on the host.
 std::vector<float> gather(const Device& d, Scratch& s, std::span<const float> x,
                           std::span<const uint32_t> idx);
-/// The k largest |x|, ordered (|x| desc, index asc), on the host.
+/// The k largest |x| on the host, ordered (|x| desc, index asc) or by index.
 void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
-          std::vector<uint32_t>& idx, std::vector<float>& val);
+          std::vector<uint32_t>& idx, std::vector<float>& val,
+          kernels::Order order = kernels::Order::Magnitude);
 // ---- quantisation (x in device memory; codes, words and scales on the host) ---------------------
 /// Per-chunk statistics of x.
 std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::span<const float> x,
