@@ -20,6 +20,7 @@ cannot collide, and are removed on every exit path (Ctrl-C included). Every job 
 """
 import argparse
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -309,14 +310,18 @@ def main():
     ap.add_argument("--replot", metavar="JSON", help="run nothing: draw --png from a --json of an earlier run")
     ap.add_argument("--write-docs", action="store_true",
                     help="write docs/data/network.json, the tables' data files and docs/images/network.png")
+    ap.add_argument("--machine", default="the 2-core dev machine", help="the machine, as the tables' captions name it")
+    ap.add_argument("--name", help="the docs' files are network-NAME… (default: the workload's; none for the MLP)")
     args = ap.parse_args()
     if args.report:
         with open(args.report) as f:
             old = json.load(f)
         args.steps, args.workers, args.workload = old["steps"], old["workers"], old.get("workload", "mlp")
         args.ps_rounds = old.get("ps_rounds", args.ps_rounds)
+        args.machine = old.get("machine", args.machine)
         write_docs(old, {(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]},
-                   {d["codec"]: d["round_ms"] for d in old["ps"]}, old["floor_ms"], old["rates"], args)
+                   {d["codec"]: d["round_ms"] for d in old["ps"]}, old["floor_ms"], old["rates"], args,
+                   {(d["hook"], d["buckets"]): d["payload_bytes"] for d in old["ddp"] if "payload_bytes" in d})
         return
     if args.replot:
         with open(args.replot) as f:
@@ -344,7 +349,7 @@ def main():
         signal.signal(sig, interrupted)
 
     hooks = [h for h in (args.hooks or ";".join(WORKLOADS[args.workload]["hooks"])).split(";") if h]
-    results, ps, floor = {}, {}, None
+    results, ps, floor, payloads = {}, {}, None, {}
     jobs = len(rates) * len(hooks) * len(args.buckets.split(","))
     done = 0
     with tempfile.TemporaryDirectory() as tmp, Testbed(args.workers) as bed:
@@ -365,6 +370,8 @@ def main():
                     s = run_ddp(bed, hook, buckets, args, tmp)
                     if s:
                         results.setdefault((hook, buckets), {})[rate] = s["step_ms_median"]
+                        payloads[(hook, buckets)] = s["steady_payload_bytes_per_round"]
+                        summary(args, rates, floor, results, ps, payloads)  # a run cut short keeps what it measured
                         log(f"    {s['step_ms_median']:.1f} ms a step (p10 {s['step_ms_p10']:.1f}, p90 "
                             f"{s['step_ms_p90']:.1f}), {s['steady_payload_bytes_per_round'] / 1e3:.0f} kB a step")
             if args.ps:
@@ -376,62 +383,117 @@ def main():
                         if r:
                             ps.setdefault(name, {})[rate] = r["round_ms_median"]
                             log(f"    {r['round_ms_median']:.1f} ms a round")
+                            summary(args, rates, floor, results, ps, payloads)
     base = results.get(("none", "one"), {})
     log("\nmedian step (ms):")
     for (hook, buckets), pts in sorted(results.items()):
         cells = "  ".join(f"{r}: {pts[r]:7.1f}" for r in rates if r in pts)
         log(f"  {hook:58s} {buckets:7s} {cells}  crossover: {crossover(pts, base)}")
-    out = {"workload": args.workload, "workers": args.workers, "steps": args.steps, "ps_rounds": args.ps_rounds, "floor_ms": floor, "rates": rates,
-           "ddp": [{"hook": h, "buckets": b, "step_ms": pts, "crossover": crossover(pts, base)}
-                   for (h, b), pts in sorted(results.items())],
+    out = summary(args, rates, floor, results, ps, payloads)
+    if args.png:
+        plot(results, floor, args.png, args.workload)
+    if args.write_docs:
+        write_docs(out, results, ps, floor, rates, args, payloads)
+
+
+def summary(args, rates, floor, results, ps, payloads):
+    """The run's results as --json writes them (written after every job, so a run cut short
+    keeps what it measured)."""
+    base = results.get(("none", "one"), {})
+    out = {"workload": args.workload, "workers": args.workers, "steps": args.steps, "ps_rounds": args.ps_rounds,
+           "machine": args.machine, "torch": torch_version(), "date": time.strftime("%Y-%m-%d"),
+           "command": " ".join(["benchmarks/bench_network.py"] + sys.argv[1:]),
+           "floor_ms": floor, "rates": rates,
+           "ddp": [{"hook": h, "buckets": b, "step_ms": pts, "crossover": crossover(pts, base),
+                    "payload_bytes": payloads.get((h, b))} for (h, b), pts in sorted(results.items())],
            "ps": [{"codec": c, "round_ms": pts} for c, pts in ps.items()]}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    if args.png:
-        plot(results, floor, args.png, args.workload)
-    if args.write_docs:
-        write_docs(out, results, ps, floor, rates, args)
+    return out
 
 
-def write_docs(out, results, ps, floor, rates, args):
+@functools.cache
+def torch_version():
+    return subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def gathered(hook, python):
+    """Whether the hook all-gathers its messages (sketchsgd's topk, signsgd, terngrad, qsgd) rather
+    than all-reducing them (PyTorch's hooks, sketchsgd's summable codecs); None if unknown."""
+    spec = hook.removeprefix("sketchsgd:")
+    if hook in ("none", "fp16") or spec.startswith("powersgd"):  # PyTorch's hooks; PowerSGD's factors sum
+        return False
+    try:
+        sys.path.insert(0, os.path.abspath(python))
+        import sketchsgd
+        return sketchsgd.Compressor(spec, 1 << 21).sum_size("gradient") == 0
+    except Exception:  # noqa: BLE001 - no package, or a spec it refuses: the column stays empty
+        return None
+
+
+def link_ms(payload, rate, workers, is_gathered):
+    """The bandwidth term of docs/BENCHMARKS.md's model for one step's payload (bytes a worker
+    contributes): a ring all-reduce moves 2(W − 1)/W of it over each link, an all-gather the other
+    W − 1 workers' parts."""
+    share = (workers - 1) if is_gathered else 2 * (workers - 1) / workers
+    return 1e3 * share * payload * 8 / BITS[rate]
+
+
+def write_docs(out, results, ps, floor, rates, args, payloads=None):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import doc_tables
     job = WORKLOADS[args.workload]
-    tag = "" if args.workload == "mlp" else f"-{args.workload}"  # the MLP's files keep their names
+    name = args.name if args.name is not None else ("" if args.workload == "mlp" else args.workload)
+    tag = f"-{name}" if name else ""  # the MLP's files keep their names
     data = f"docs/data/network{tag}.json"
     with open(os.path.join(ROOT, data), "w") as f:
         json.dump(out, f, indent=1)
     plot(results, floor, os.path.join(ROOT, f"docs/images/network{tag}.png"), args.workload)
-    day = time.strftime("%Y-%m-%d")
-    machine = f"the 2-core dev machine, {args.workers} ranks in network namespaces, gloo, torch " + \
-        subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
-                       text=True).stdout.strip()
+    day = out.get("date") or time.strftime("%Y-%m-%d")
+    machine = f"{args.machine}, {args.workers} ranks in network namespaces, gloo, torch {out.get('torch') or torch_version()}"
     base = results.get(("none", "one"), {})
-    cols = ["hook", "DDP buckets"] + [f"{r} ms" for r in rates] + ["× floor (slowest shaped rate)", "faster than no hook from"]
-    rows = []
     slow = [r for r in rates if BITS[r]]
     slowest = min(slow, key=lambda r: BITS[r]) if slow else None
+    payloads = payloads or {}
+    cols = ["hook", "DDP buckets"] + [f"{r} ms" for r in rates] + [
+        "× floor (slowest shaped rate)", "floor + link ms (model, slowest rate)", "× floor + link",
+        "faster than no hook from"]
+    rows = []
     for (hook, buckets), pts in sorted(results.items(), key=lambda kv: (kv[0][0] != "none", kv[0])):
+        # The slowest rate this hook was measured at (a run cut short may lack the table's).
+        mine = min((r for r in pts if BITS[r]), key=lambda r: BITS[r], default=None)
+        at = "" if mine == slowest else f" ({mine})"
+        kind = gathered(hook, args.python)
+        bound = (floor + link_ms(payloads[(hook, buckets)], mine, args.workers, kind)
+                 if floor and mine and kind is not None and payloads.get((hook, buckets)) else None)
         rows.append([f"`{hook}`", buckets] + [f"{pts[r]:.1f}" if r in pts else "" for r in rates] +
-                    [f"{pts[slowest] / floor:.2f}" if floor and slowest in pts else "",
+                    [f"{pts[mine] / floor:.2f}{at}" if floor and mine else "",
+                     f"{bound:.1f}{at}" if bound else "", f"{pts[mine] / bound:.2f}{at}" if bound else "",
                      (crossover(pts, base) if hook != "none" else None) or "—"])
-    rows.append(["compute floor (no communication)", ""] + [f"{floor:.1f}" if floor else ""] * len(rates) + ["1.00", ""])
+    rows.append(["compute floor (no communication)", ""] + [f"{floor:.1f}" if floor else ""] * len(rates) +
+                ["1.00", "", "", ""])
     cmd = "sudo /usr/bin/python3 benchmarks/bench_network.py --write-docs" + \
         ("" if args.workload == "mlp" else f" --workload {args.workload}")
+    if args.report:  # the run's own command, then this report
+        cmd = f"{out.get('command', 'benchmarks/bench_network.py')}; {' '.join(['bench_network.py'] + sys.argv[1:])}"
     doc_tables.write(os.path.join(ROOT, f"docs/data/tables/network-ddp{tag}.json"), cmd, day, machine, cols, rows,
                      data=data,
                      note=f"Median steady step of {args.steps} (after 11 warm-up steps), {job['what']}; "
+                          "'floor + link': the compute floor plus the time the step's payload takes on the slowest "
+                          "link by the model below (bandwidth only, nothing overlapped), the least a step can take there; "
                           "'faster than no hook from': the fastest shaped rate at which the hook's step is shorter than "
                           "DDP's without a hook (one bucket).")
     if ps:
-        doc_tables.write(os.path.join(ROOT, "docs/data/tables/network-ps.json"), cmd + " --ps", day, machine,
+        doc_tables.write(os.path.join(ROOT, f"docs/data/tables/network-ps{tag}.json"), cmd + " --ps", day, machine,
                          ["codec"] + [f"{r} ms a round" for r in rates],
                          [[f"`{c}`"] + [f"{pts[r]:.0f}" if r in pts else "" for r in rates] for c, pts in ps.items()],
-                         data="docs/data/network.json",
+                         data=data,
                          note=f"The parameter-server demo, server and worker 0 on host 0, {args.ps_rounds} rounds; "
                               "median time between rounds past the first.")
-    accuracy_table(doc_tables, results, rates, cmd, day, machine, job, tag, data)
+    if args.name is None:  # a named run (another machine) adds its step times, not another quality table
+        accuracy_table(doc_tables, results, rates, cmd, day, machine, job, tag, data)
     doc_tables.main([])
 
 
