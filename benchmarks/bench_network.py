@@ -310,7 +310,8 @@ def main():
     ap.add_argument("--replot", metavar="JSON", help="run nothing: draw --png from a --json of an earlier run")
     ap.add_argument("--write-docs", action="store_true",
                     help="write docs/data/network.json, the tables' data files and docs/images/network.png")
-    ap.add_argument("--machine", default="the 2-core dev machine", help="the machine, as the tables' captions name it")
+    ap.add_argument("--machine", help="the machine, as the tables' captions name it (default: the --report's, or "
+                                      "the 2-core dev machine)")
     ap.add_argument("--name", help="the docs' files are network-NAME… (default: the workload's; none for the MLP)")
     args = ap.parse_args()
     if args.report:
@@ -318,7 +319,7 @@ def main():
             old = json.load(f)
         args.steps, args.workers, args.workload = old["steps"], old["workers"], old.get("workload", "mlp")
         args.ps_rounds = old.get("ps_rounds", args.ps_rounds)
-        args.machine = old.get("machine", args.machine)
+        args.machine = args.machine or old.get("machine")
         write_docs(old, {(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]},
                    {d["codec"]: d["round_ms"] for d in old["ps"]}, old["floor_ms"], old["rates"], args,
                    {(d["hook"], d["buckets"]): d["payload_bytes"] for d in old["ddp"] if "payload_bytes" in d})
@@ -329,6 +330,7 @@ def main():
         plot({(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]}, old["floor_ms"], args.png or "network.png",
              old.get("workload", "mlp"))
         return
+    args.machine = args.machine or "the 2-core dev machine"
     if args.ps and args.workload != "mlp":
         sys.exit("--ps runs the demo, whose job is the MLP: leave --ps out with --workload " + args.workload)
     if any(int(x) < 1 for x in args.ps_shards.split(",")):
@@ -452,7 +454,7 @@ def write_docs(out, results, ps, floor, rates, args, payloads=None):
         json.dump(out, f, indent=1)
     plot(results, floor, os.path.join(ROOT, f"docs/images/network{tag}.png"), args.workload)
     day = out.get("date") or time.strftime("%Y-%m-%d")
-    machine = f"{args.machine}, {args.workers} ranks in network namespaces, gloo, torch {out.get('torch') or torch_version()}"
+    machine = f"{args.machine or 'the 2-core dev machine'}, {args.workers} ranks in network namespaces, gloo, torch {out.get('torch') or torch_version()}"
     base = results.get(("none", "one"), {})
     slow = [r for r in rates if BITS[r]]
     slowest = min(slow, key=lambda r: BITS[r]) if slow else None
