@@ -65,7 +65,8 @@ class Testbed:
     198.18.0.1 … in the benchmarking range, links shaped with tbf. A context manager: leaving it
     kills every process started in it and removes the namespaces."""
 
-    def __init__(self, hosts):
+    def __init__(self, hosts, tcp=None):
+        self.tcp = tcp  # TCP congestion control in every namespace (None: the system's default)
         tag = f"skn{os.getpid() % 100000}"
         self.switch = f"{tag}sw"
         self.hosts = [f"{tag}h{i}" for i in range(hosts)]
@@ -87,6 +88,8 @@ class Testbed:
                 self.ip("netns", "add", ns)
                 self.made.append(ns)
                 self.ip("-n", ns, "link", "set", "lo", "up")
+                if self.tcp:
+                    self.set_tcp(ns)
             self.ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
             self.ip("-n", self.switch, "link", "set", "br0", "up")
             for i, ns in enumerate(self.hosts):
@@ -100,6 +103,20 @@ class Testbed:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def set_tcp(self, ns):
+        key = "net.ipv4.tcp_congestion_control"
+        r = subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={self.tcp}"], capture_output=True,
+                           text=True, timeout=20)
+        if r.returncode != 0:
+            with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
+                allowed = f.read().strip()
+            raise SystemExit(f"--tcp {self.tcp}: {r.stderr.strip()} (this kernel allows: {allowed})")
+
+    def congestion(self):
+        """The TCP congestion control the hosts use."""
+        return subprocess.run(["ip", "netns", "exec", self.hosts[0], "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
 
     def shape(self, rate, hosts=None):
         """tbf at `rate` on both ends of every link, or of the given hosts' (None: unshaped)."""
@@ -300,6 +317,7 @@ def main():
     ap.add_argument("--ps-rounds", type=int, default=30)
     ap.add_argument("--ps-shards", default="1",
                     help="comma-separated S: 1 is one server on host 0; S > 1 co-located shards, shard i on host i mod W")
+    ap.add_argument("--tcp", help="TCP congestion control in every namespace, e.g. cubic (default: the system's)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per job at most")
     ap.add_argument("--python", default=os.path.join(ROOT, "build/default/python"), help="where the sketchsgd package is")
     ap.add_argument("--demo", default=os.path.join(ROOT, "build/default/demo/sketchsgd-train"))
@@ -354,9 +372,11 @@ def main():
     results, ps, floor, payloads = {}, {}, None, {}
     jobs = len(rates) * len(hooks) * len(args.buckets.split(","))
     done = 0
-    with tempfile.TemporaryDirectory() as tmp, Testbed(args.workers) as bed:
+    with tempfile.TemporaryDirectory() as tmp, Testbed(args.workers, args.tcp) as bed:
         atexit.register(bed.__exit__, None, None, None)
-        log(f"{args.workload}; testbed: {args.workers} hosts in namespaces {bed.hosts[0]}… on switch {bed.switch}")
+        args.tcp = bed.congestion()
+        log(f"{args.workload}; testbed: {args.workers} hosts in namespaces {bed.hosts[0]}… on switch {bed.switch}, "
+            f"TCP {args.tcp}")
         bed.shape(None)
         log("compute floor (a one-rank job on every host at once: the same cores, no communication):")
         floor = run_floor(bed, args, tmp)
@@ -405,7 +425,7 @@ def summary(args, rates, floor, results, ps, payloads):
     out = {"workload": args.workload, "workers": args.workers, "steps": args.steps, "ps_rounds": args.ps_rounds,
            "machine": args.machine, "torch": torch_version(), "date": time.strftime("%Y-%m-%d"),
            "command": " ".join(["benchmarks/bench_network.py"] + sys.argv[1:]),
-           "floor_ms": floor, "rates": rates,
+           "floor_ms": floor, "rates": rates, "tcp": args.tcp,
            "ddp": [{"hook": h, "buckets": b, "step_ms": pts, "crossover": crossover(pts, base),
                     "payload_bytes": payloads.get((h, b))} for (h, b), pts in sorted(results.items())],
            "ps": [{"codec": c, "round_ms": pts} for c, pts in ps.items()]}
@@ -455,6 +475,7 @@ def write_docs(out, results, ps, floor, rates, args, payloads=None):
     plot(results, floor, os.path.join(ROOT, f"docs/images/network{tag}.png"), args.workload)
     day = out.get("date") or time.strftime("%Y-%m-%d")
     machine = f"{args.machine or 'the 2-core dev machine'}, {args.workers} ranks in network namespaces, gloo, torch {out.get('torch') or torch_version()}"
+    machine += f", TCP {out['tcp']}" if out.get("tcp") else ""
     base = results.get(("none", "one"), {})
     slow = [r for r in rates if BITS[r]]
     slowest = min(slow, key=lambda r: BITS[r]) if slow else None

@@ -2,12 +2,12 @@
 """The docs' sharding tables and plot from the benchmarks' data: sketchsgd_bench_shards JSON lines
 (on loopback, or over shaped links from bench_shards_links.py) become the table ps-shards and
 docs/images/shards.png (round time against S, one line per codec and link); a bench_network.py
---ps --ps-shards JSON becomes the table ps-shards-links (co-located shards against one server and
-DDP's ring all-reduce). --write-docs first copies the inputs to docs/data/ (shards-scale.jsonl,
+--ps --ps-shards JSON (one per TCP congestion control) becomes the table ps-shards-links
+(co-located shards against one server and DDP's ring all-reduce). --write-docs first copies the inputs to docs/data/ (shards-scale.jsonl,
 shards-network.json) so the tables can be rebuilt from the repository alone.
 
     /usr/bin/python3 benchmarks/shards_table.py --scale build/shards-links.jsonl build/shards-loop.jsonl \\
-        --network build/network-shards.json --write-docs
+        --network build/shards-bbr.json build/shards-reno.json --write-docs
     /usr/bin/python3 benchmarks/shards_table.py --write-docs     # from docs/data/ as they are
 """
 import argparse
@@ -54,28 +54,33 @@ def scale_table(doc_tables, runs, day):
                           "includes the ~165 MB an idle sketchsgd-server process holds.")
 
 
-def network_table(doc_tables, net, day):
-    ddp = next((d["step_ms"] for d in net["ddp"] if d["hook"] == "none"), {})
-    rates = net["rates"]
-    rows = []
-    for p in net["ps"]:
-        cells = []
-        for r in rates:
-            ms = p["round_ms"].get(r)
-            cells += [f"{ms:.0f}" if ms else "", f"{ms / ddp[r]:.2f}×" if ms and ddp.get(r) else ""]
-        rows.append([f"`{p['codec']}`"] + cells)
-    for d in net["ddp"]:
-        name = "DDP, ring all-reduce (no hook)" if d["hook"] == "none" else f"DDP, hook `{d['hook']}`"
-        rows.append([name] + sum(([f"{d['step_ms'][r]:.0f}", f"{d['step_ms'][r] / ddp[r]:.2f}×"]
-                                  if r in d["step_ms"] and r in ddp else ["", ""] for r in rates), []))
-    cols = ["job"] + sum(([f"{r}: ms a round (step)", f"{r}: vs DDP"] for r in rates), [])
+def network_table(doc_tables, nets, day):
+    """nets: bench_network.py runs of the same jobs, one per TCP congestion control; a column pair
+    (round, against DDP's ring in that run) per run and rate."""
+    jobs, cols = {}, ["job"]
+    for net in nets:
+        ddp = next((d["step_ms"] for d in net["ddp"] if d["hook"] == "none"), {})
+        tcp = f", TCP {net['tcp']}" if net.get("tcp") else ""
+        for r in net["rates"]:
+            cols += [f"{r}{tcp}: ms a round (step)", f"{r}{tcp}: vs DDP"]
+            cells = {f"`{p['codec']}`": p["round_ms"].get(r) for p in net["ps"]}
+            for d in net["ddp"]:
+                name = "DDP, ring all-reduce (no hook)" if d["hook"] == "none" else f"DDP, hook `{d['hook']}`"
+                cells[name] = d["step_ms"].get(r)
+            for name, ms in cells.items():
+                jobs.setdefault(name, {})[len(cols)] = (f"{ms:.0f}", f"{ms / ddp[r]:.2f}×" if ddp.get(r) else "") \
+                    if ms else ("", "")
+    rows = [[name] + sum((list(cells.get(i, ("", ""))) for i in range(3, len(cols) + 1, 2)), [])
+            for name, cells in sorted(jobs.items(), key=lambda kv: kv[0].startswith("DDP"))]
+    net = nets[0]
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-shards-links.json"),
-                     "sudo /usr/bin/python3 benchmarks/bench_network.py --hooks none --buckets one --rates 100mbit "
-                     "--ps --ps-shards 1,4,16 (and the two compressed hooks)", day, MACHINE, cols, rows, data="docs/data/shards-network.json",
+                     "sudo /usr/bin/python3 benchmarks/bench_network.py --tcp bbr|reno --hooks 'none;…' --buckets one "
+                     "--rates 100mbit --ps --ps-shards 1,4,16", day, MACHINE, cols, rows, data="docs/data/shards-network.json",
                      note=f"{net['workers']} hosts in network namespaces on tbf-shaped links, the demo's MLP "
                           f"(1.86 M parameters), {net['ps_rounds']} rounds of the parameter-server demo (median time "
-                          "between rounds past the first) against DDP's median step. One server: on host 0 beside "
-                          f"worker 0; S co-located shards: shard i on host i mod 4 beside worker i mod 4 (16: four a host).")
+                          "between rounds past the first) against DDP's median step in the same run. One server: on "
+                          "host 0 beside worker 0; S co-located shards: shard i on host i mod 4 beside worker i mod 4 "
+                          "(16: four a host). One run per TCP congestion control (the namespaces' sysctl).")
 
 
 def plot(runs, png):
@@ -106,7 +111,8 @@ def plot(runs, png):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", nargs="*", default=[], help="sketchsgd_bench_shards JSON-lines files")
-    ap.add_argument("--network", help="a bench_network.py --ps --ps-shards JSON")
+    ap.add_argument("--network", nargs="*", default=[],
+                    help="bench_network.py --ps --ps-shards JSONs of the same jobs (one per --tcp)")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
@@ -120,12 +126,18 @@ def main():
                 with open(p) as f:
                     shutil.copyfileobj(f, out)
     if args.network:
-        shutil.copyfile(args.network, NETWORK)
+        nets = []
+        for p in args.network:
+            with open(p) as f:
+                nets.append(json.load(f))
+        with open(NETWORK, "w") as f:
+            json.dump(nets, f, indent=1)
     runs = read_scale([SCALE])
     scale_table(doc_tables, runs, args.date)
     plot(runs, os.path.join(ROOT, "docs/images/shards.png"))
     with open(NETWORK) as f:
-        network_table(doc_tables, json.load(f), args.date)
+        nets = json.load(f)
+    network_table(doc_tables, nets if isinstance(nets, list) else [nets], args.date)
     doc_tables.main([])
 
 
