@@ -3,8 +3,9 @@
 (on loopback, or over shaped links from bench_shards_links.py) become the table ps-shards and
 docs/images/shards.png (round time against S, one line per codec and link); a bench_network.py
 --ps --ps-shards JSON (one per TCP congestion control) becomes the table ps-shards-links
-(co-located shards against one server and DDP's ring all-reduce). --write-docs first copies the inputs to docs/data/ (shards-scale.jsonl,
-shards-network.json) so the tables can be rebuilt from the repository alone.
+(co-located shards against one server and DDP's ring all-reduce). --write-docs first copies the
+inputs to docs/data/ (shards-scale.jsonl, shards-network.json) so the tables can be rebuilt from
+the repository alone.
 
     /usr/bin/python3 benchmarks/shards_table.py --scale build/shards-links.jsonl build/shards-loop.jsonl \\
         --network build/shards-bbr.json build/shards-reno.json --write-docs
