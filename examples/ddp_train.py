@@ -113,7 +113,7 @@ def register(hook, ddp, args, dim, width=4):
 def _ours(hook, ddp, args, dim):
     import sketchsgd
     from sketchsgd.torch import CompressionState, compression_hook
-    state = CompressionState(hook, start_iter=args.start_iter)
+    state = CompressionState(hook, start_iter=args.start_iter, coalesce=args.coalesce)
     ddp.register_comm_hook(state, compression_hook)
     canonical = sketchsgd.Compressor(hook, dim).spec if _fits(hook, dim) else hook
     opts = dict(kv.split("=") for kv in canonical.partition(":")[2].split(",") if "=" in kv)
@@ -309,6 +309,8 @@ def main():
     p.add_argument("--start-iter", type=int, default=10, help="plain all-reduce steps first (hooks that warm up)")
     p.add_argument("--bucket-cap-mb", type=float, default=25)
     p.add_argument("--first-bucket-mb", type=float, default=0, help="DDP's first bucket cap (0: --bucket-cap-mb)")
+    p.add_argument("--coalesce", action="store_true", help="sketchsgd hooks: a step's collectives go out together at "
+                   "its last bucket (CompressionState(coalesce=True))")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA with a GPU per worker, else gloo")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")

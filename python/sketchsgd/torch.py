@@ -22,6 +22,13 @@ callback, in a chain the hook waits for before its next collective, so every ran
 the same order. So the next bucket's backward overlaps the first collective (and the hook for
 that bucket waits only if the collective took longer than that bucket's backward).
 
+CompressionState(coalesce=True) trades that overlap for fewer collectives: each bucket is encoded
+in its own call, and the step's last bucket issues every unit's collectives of a phase at once,
+laid end to end (one all-reduce per wire dtype, one all-gather per dtype), so a step issues as
+many collectives as with the model in one bucket. Where every collective costs latency and CPU
+time on busy cores, that is faster (docs/BENCHMARKS.md); with 2 ranks the results are those of
+the overlapped hook bit for bit (with more, the sums' order in the ring differs).
+
 Budget rule: options `k` and `cols` in the spec are budgets for the whole model. Bucket b, holding
 n_b of the model's N compressed coordinates, gets round(value · n_b / N) (at least 1); 0
 (automatic) stays automatic per bucket. Other options apply to every bucket as written.
@@ -130,15 +137,20 @@ class CompressionState:
     start_iter:   plain all-reduce steps first (≥ 2: DDP rebuilds its buckets after step 1).
     compress_1d:  also compress 1-D tensors (biases); default: they go uncompressed.
     dense_below:  tensors with fewer elements go uncompressed too.
+    coalesce:     True: a step's collectives wait for its last bucket and go out together, one
+                  a phase (per dtype) for the whole model, as with the model in one bucket: a
+                  collective's latency paid once a phase instead of once a bucket, none of them
+                  overlapping backward (docs/BENCHMARKS.md measures both). Each bucket's
+                  encoding still runs in its own hook call.
     (Codecs that work per tensor, powersgd, get every tensor with its shape and apply their own
     rule instead: 1-D tensors and matrices not worth factoring travel uncompressed.)
     """
 
     def __init__(self, spec: str, process_group=None, start_iter: int = 2, compress_1d: bool = False,
-                 dense_below: int = 0):
-        self._configure(spec, process_group, start_iter, compress_1d, dense_below, check_ranks=True)
+                 dense_below: int = 0, coalesce: bool = False):
+        self._configure(spec, process_group, start_iter, compress_1d, dense_below, coalesce, check_ranks=True)
 
-    def _configure(self, spec, process_group, start_iter, compress_1d, dense_below, check_ranks: bool):
+    def _configure(self, spec, process_group, start_iter, compress_1d, dense_below, coalesce, check_ranks: bool):
         """The state for these arguments. With torch.distributed initialised it binds to the
         process group now (and, check_ranks, compares the configuration over it: a collective);
         else at the first hook call, which every rank makes for the same bucket (Lightning's
@@ -147,12 +159,15 @@ class CompressionState:
             raise ValueError(f"start_iter={start_iter!r}: must be an int ≥ 2 (DDP rebuilds buckets after the first step)")
         if isinstance(dense_below, bool) or not isinstance(dense_below, int) or dense_below < 0:
             raise ValueError(f"dense_below={dense_below!r}: must be an int ≥ 0")
+        if not isinstance(coalesce, bool):
+            raise TypeError(f"coalesce={coalesce!r}: expected True or False")
         self.process_group = process_group
         self.world_size = self.rank = self.backend = None
         self.spec = spec.strip() if isinstance(spec, str) else spec
         self.start_iter = start_iter
         self.compress_1d = bool(compress_1d)
         self.dense_below = dense_below
+        self.coalesce = coalesce
         self._ranks_checked = False
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
@@ -178,6 +193,8 @@ class CompressionState:
         self._pending = {}       # unit index -> states from load_state_dict()
         self._checked = False
         self._blocking = False   # every unit finishes in its hook call (the outer loop; no overlap)
+        self._held = []          # coalesce: this step's (round, future) so far, in unit order
+        self._rooms = {}         # coalesce: a phase's collectives laid end to end, reused every step
         self._wide = {}          # bucket index -> float32 copy of a half-precision bucket
         self._whole = {}         # parameter key -> sent uncompressed (the small-tensor rule)
         self._step_bytes = 0     # this step's payload so far (counted from callbacks too: _lock)
@@ -210,7 +227,7 @@ class CompressionState:
     def _check_ranks(self):
         """Once: every rank's configuration is this one (a collective)."""
         if not self._ranks_checked:
-            self._check_same_on_every_rank(self._config())
+            self._check_same_on_every_rank(self._config() + repr(self.coalesce))
             self._ranks_checked = True
 
     def _check_same_on_every_rank(self, text: str):
@@ -288,6 +305,30 @@ class CompressionState:
                 u.build(spec, buf.device, self.world_size, self._pending.pop(u.index, None),
                         self._shapes if self._uses_layout else None)
         return held, where
+
+    # ---- coalesced steps ------------------------------------------------------------------------
+    def _hold(self, rounds, last: bool):
+        """coalesce: keeps a bucket's rounds until the step's last bucket, whose call runs them all
+        (_together). Returns their futures. A unit already held belongs to a step that never
+        reached its last bucket (an error in between): that step's units fail and are dropped."""
+        held = {rnd.index for rnd, _ in self._held}
+        if any(rnd.index in held for rnd in rounds):
+            stale, self._held = self._held, []
+            for _, out in stale:
+                out.set_exception(RuntimeError("sketchsgd hook: the step ended before its last bucket"))
+        futures = [torch.futures.Future() for _ in rounds]
+        self._held += zip(rounds, futures)
+        if last:
+            step, self._held = sorted(self._held, key=lambda h: h[0].index), []
+            _together(self, step)
+        return futures
+
+    def _room(self, key, n: int, dtype, device):
+        """A tensor of n values kept under key and reused every step (as _Unit.room)."""
+        t = self._rooms.get(key)
+        if t is None or t.numel() != n:
+            t = self._rooms[key] = torch.empty(n, dtype=dtype, device=device)
+        return t
 
     # ---- statistics ---------------------------------------------------------------------------
     def _count(self, payload: int, dense: int):
@@ -425,13 +466,14 @@ class CompressionState:
         the default group is used (as PyTorch's PowerSGDState does). Each rank saves and loads
         its own (its worker state)."""
         return {"args": (self.spec, self.start_iter, self.compress_1d, self.dense_below),
-                "state": self.state_dict(gather=False)}
+                "coalesce": self.coalesce, "state": self.state_dict(gather=False)}
 
     def __setstate__(self, d):
         spec, start_iter, compress_1d, dense_below = d["args"]
         # No collective here: one rank may load alone; the ranks' configurations are compared at
         # the first hook call, and the saved rank is checked against this one.
-        self._configure(spec, None, start_iter, compress_1d, dense_below, check_ranks=False)
+        self._configure(spec, None, start_iter, compress_1d, dense_below, d.get("coalesce", False),
+                        check_ranks=False)
         self.load_state_dict(d["state"])
 
 
@@ -502,11 +544,97 @@ def _settled(buf):
         torch.cuda.current_stream(buf.device).synchronize()
 
 
-def _phases(state, phases, finish, inline: bool):
-    """Runs a unit's collectives: phases[0]() issues the first and returns its future; each later
-    phase, called once the previous one's future completed, computes from it and issues the next;
-    finish (no collectives) runs once the last completed. Returns a future set when finish has
-    run, or with the first error (a collective's, a phase's or finish's).
+# ---- collectives: what a unit's phase asks for, issued alone or with other units' ----------------
+class _Sum:
+    """A phase's all-reduce: t becomes the sum over the ranks; on the wire in dtype `wire` through
+    `cast` (a tensor like t of that dtype, the unit's own) when that is not t's dtype."""
+
+    def __init__(self, t, wire=None, cast=None):
+        self.t, self.wire, self.cast = t, wire if wire is not None else t.dtype, cast
+
+
+class _Gather:
+    """A phase's all-gather: afterwards `everyone` holds every rank's t, in rank order."""
+
+    def __init__(self, t, everyone=None):
+        self.t, self.everyone = t, everyone
+
+
+class _Round:
+    """A unit's part of a step: phases, each a function that computes from the previous phase's
+    collectives and returns its own (_Sum, _Gather; the first one's are made with the unit), and
+    finish, which writes the result into the bucket."""
+
+    def __init__(self, index: int, phases, finish):
+        # A third phase would be chained from a callback, after whatever the hook chained
+        # meanwhile: an order that depends on timing. Every codec has at most two rounds.
+        assert 1 <= len(phases) <= 2, "a unit has one or two phases"
+        self.index, self.phases, self.finish = index, phases, finish
+
+
+def _issue(state, requests, flat=None):
+    """Issues the collectives of requests; returns (future, settle): settle() once the future has
+    completed makes every request's result whole. Alone (flat None), each request is one
+    collective on its own tensor. flat (the step's phase, coalesced): one all-reduce per wire
+    dtype and one all-gather per dtype, over the requests laid end to end in a buffer of the
+    state's (the requests come in unit order, the same on every rank)."""
+    group, W = state.process_group, state.world_size
+    works, after = [], []
+    kinds = {}
+    for r in requests:
+        kinds.setdefault((type(r), r.wire if isinstance(r, _Sum) else r.t.dtype, r.t.device), []).append(r)
+    for (kind, dtype, device), rs in kinds.items():
+        n = sum(r.t.numel() for r in rs)
+        state._count(n * torch.empty(0, dtype=dtype).element_size(), 0)
+        if len(rs) == 1 or flat is None:
+            for r in rs:
+                if kind is _Gather:
+                    r.everyone = [torch.empty_like(r.t) for _ in range(W)]
+                    works.append(dist.all_gather(r.everyone, r.t, group=group, async_op=True))
+                elif r.wire == r.t.dtype:
+                    works.append(dist.all_reduce(r.t, group=group, async_op=True))
+                else:
+                    r.cast.copy_(r.t)
+                    works.append(dist.all_reduce(r.cast, group=group, async_op=True))
+                    after.append(lambda r=r: r.t.copy_(r.cast))
+            continue
+        buf = state._room((flat, kind.__name__, dtype, device), n, dtype, device)
+        at = 0
+        for r in rs:
+            buf[at:at + r.t.numel()].copy_(r.t)
+            at += r.t.numel()
+        if kind is _Sum:
+            works.append(dist.all_reduce(buf, group=group, async_op=True))
+
+            def back(rs=rs, buf=buf):
+                at = 0
+                for r in rs:
+                    r.t.copy_(buf[at:at + r.t.numel()])
+                    at += r.t.numel()
+            after.append(back)
+        else:
+            outs = [state._room((flat, "everyone", r, dtype, device), n, dtype, device) for r in range(W)]
+            works.append(dist.all_gather(outs, buf, group=group, async_op=True))
+            at = 0
+            for r in rs:
+                r.everyone = [o[at:at + r.t.numel()] for o in outs]
+                at += r.t.numel()
+    fut = works[0].get_future() if len(works) == 1 else torch.futures.collect_all([w.get_future() for w in works])
+
+    def settle():
+        if len(works) > 1:  # collect_all drops the collectives' CUDA events: order after them here
+            for f in fut.value():
+                f.wait()
+        for a in after:
+            a()
+    return fut, settle
+
+
+def _phases(state, rnd: _Round, inline: bool):
+    """Runs a unit's round alone: its first phase's collectives issued now; each later phase run
+    once the previous one's collectives completed, and its collectives issued; finish once the
+    last completed. Returns a future set when finish has run, or with the first error (a
+    collective's, a phase's or finish's).
 
     Not inline, only the first phase runs on the caller's thread (DDP's autograd thread): every
     later one runs from the completion callback of the previous one, in its turn in the state's
@@ -516,9 +644,6 @@ def _phases(state, phases, finish, inline: bool):
     nothing to overlap, while gloo's callback thread, another core scheduled late on a busy
     machine, finds the matrices cold: PowerSGD rank 4 on the demo's MLP applied in 0.5 ms here,
     0.7-0.9 ms there) and for a caller that waits anyway (the outer loop)."""
-    # A third phase would be chained from a callback, after whatever the hook chained meanwhile:
-    # an order that depends on timing. Every codec has at most two rounds.
-    assert 1 <= len(phases) <= 2, "a unit has one or two phases"
     out = torch.futures.Future()
 
     def fail(e):
@@ -527,33 +652,85 @@ def _phases(state, phases, finish, inline: bool):
 
     if inline:
         try:
-            fut = phases[0]()
-            for phase in phases[1:]:
-                fut.wait()
-                fut = phase()
-            fut.wait()
-            finish(fut)
+            for i, phase in enumerate(rnd.phases):
+                if i:
+                    fut.wait()
+                    settle()
+                fut, settle = _issue(state, phase())
+            fut.wait()  # a failed collective's error, not a finish on what it left
+            settle()
+            rnd.finish()
             out.set_result(None)
         except Exception as e:  # noqa: BLE001 - handed on through the future, as from a callback
             fail(e)
         return out
 
+    settle = None
+
     def end(f):
         try:
-            f.wait()  # a failed collective's error, not a finish on what it left
-            finish(f)
+            f.wait()
+            settle()
+            rnd.finish()
             out.set_result(None)
         except Exception as e:  # noqa: BLE001 - handed on through the future
             fail(e)
 
-    def then(i, fut):
-        if i == len(phases):
+    def issue(i):
+        nonlocal settle
+        if i:
+            settle()
+        fut, settle = _issue(state, rnd.phases[i]())
+        if i + 1 == len(rnd.phases):
             fut.then(end)
         else:
-            _in_turn(state, fut, lambda: then(i + 1, phases[i]()), fail)
+            _in_turn(state, fut, lambda: issue(i + 1), fail)
 
-    then(1, phases[0]())
+    issue(0)
     return out
+
+
+def _together(state, held):
+    """Runs the step's rounds (held: (round, future) in unit order) on this thread, the step's
+    last bucket's: a phase's collectives of every unit laid end to end (_issue), so a step
+    issues as many collectives as with the model in one bucket. A unit whose phase or finish
+    raised drops out of the later phases (on every rank alike: the errors come from the sums
+    and lengths every rank holds) and its future gets the error."""
+    errors = {}
+    flight, fut, settle = [], None, None  # the units whose collectives are under way
+
+    def landed():
+        """Waits for the collectives under way; a failed one fails every unit in it."""
+        try:
+            if fut is not None:
+                fut.wait()
+                settle()
+        except Exception as e:  # noqa: BLE001 - handed on through the units' futures
+            errors.update((rnd.index, e) for rnd, _ in flight)
+
+    for i in range(max(len(rnd.phases) for rnd, _ in held)):
+        landed()
+        requests, flight = [], []
+        for rnd, out in held:
+            if rnd.index in errors or len(rnd.phases) <= i:
+                continue
+            try:
+                requests += rnd.phases[i]()
+                flight.append((rnd, out))
+            except Exception as e:  # noqa: BLE001 - handed on through the unit's future
+                errors[rnd.index] = e
+        fut, settle = _issue(state, requests, flat=i) if requests else (None, None)
+    landed()
+    for rnd, out in held:
+        if rnd.index not in errors:
+            try:
+                rnd.finish()
+            except Exception as e:  # noqa: BLE001 - handed on through the unit's future
+                errors[rnd.index] = e
+        if rnd.index in errors:
+            out.set_exception(errors[rnd.index])
+        else:
+            out.set_result(None)
 
 
 def _in_turn(state, after, issue, fail):
@@ -583,7 +760,8 @@ def _inline(state, buf, last: bool) -> bool:
     return state._blocking or (last and not buf.is_cuda)
 
 
-def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
+# ---- a unit's round, per kind of codec ------------------------------------------------------------
+def _summable(state, u: _Unit, buf, where, round: int) -> _Round:
     """Dense, sketch and powersgd: one all-reduce of the payload (values, table or P factors)
     and the unit's uncompressed parameters; a second one of the answers for two-round codecs
     (sketch p2 > 0: the candidates' values; powersgd: the Q factors)."""
@@ -602,19 +780,13 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
         payload[:size].fill_(math.nan)
     if dense:
         payload[size:].copy_(_gather(buf, dense))
-    W, inv, group = state.world_size, _averaged(state), state.process_group
+    W, inv = state.world_size, _averaged(state)
 
-    def all_reduce(t, name, kind):
-        """Sums t over the ranks in the codec's wire dtype for the phase (a cast copy when not
-        float32); returns the work and what makes t the sum once it is done."""
+    def summed(t, name, kind):
+        """t summed over the ranks in the codec's wire dtype for the phase (through a cast copy
+        when that is not float32)."""
         wire = codec.sum_dtype(kind)
-        if wire == torch.float32:
-            state._count(t.numel() * 4, 0)
-            return dist.all_reduce(t, group=group, async_op=True), lambda: None
-        w = u.room16(name, t.numel(), wire, t)
-        w.copy_(t)
-        state._count(t.numel() * w.element_size(), 0)
-        return dist.all_reduce(w, group=group, async_op=True), lambda: t.copy_(w)
+        return _Sum(t, wire, None if wire == torch.float32 else u.room16(name, t.numel(), wire, t))
 
     def check():
         """After the first all-reduce, on every rank alike: a rank whose gradient was not finite
@@ -644,25 +816,19 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
 
     state._count(0, (u.n_compressed + u.n_dense) * 4)
     answers = None
-    done = lambda: None  # noqa: E731 - what makes the latest all-reduced tensor whole
 
     def gradient():
-        nonlocal done
-        work, done = all_reduce(payload, "payload", "gradient")
-        return work.get_future()
+        return [summed(payload, "payload", "gradient")]
 
     def answer():
         """The query depends on the first sum: it is made (and the second all-reduce issued) once
-        that sum is in, in the state's chain (_phases)."""
-        nonlocal answers, done
-        done()
+        that sum is in."""
+        nonlocal answers
         add(payload[:size])
         answers = codec.answer_sum(reply("query"), u.room("answer", codec.sum_size("answer"), buf))
-        work, done = all_reduce(answers, "answers", "answer")
-        return work.get_future()
+        return [summed(answers, "answers", "answer")]
 
-    def finish(_):
-        done()
+    def finish():
         if u.dense:
             check()
             # The dense aggregator's update is the sum times float32(1/W) and applying it changes
@@ -683,17 +849,16 @@ def _summable(state, u: _Unit, buf, where, round: int, last: bool = False):
             _scatter(buf, dense, payload[size:].mul_(inv))
         _settled(buf)
 
-    phases = [gradient, answer] if codec.two_rounds else [gradient]
-    return _phases(state, phases, finish, _inline(state, buf, last))
+    return _Round(u.index, [gradient, answer] if codec.two_rounds else [gradient], finish)
 
 
-def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
+def _gathered(state, u: _Unit, buf, where, round: int) -> _Round:
     """topk, signsgd, terngrad, qsgd: an all-gather of the message lengths, then of the messages padded
     to the longest, and an all-reduce of the uncompressed parameters; every rank aggregates all
     W messages."""
     codec = u.codec
     comp, dense = u.segments(where, True), u.segments(where, False)
-    W, inv, group = state.world_size, _averaged(state), state.process_group
+    inv = _averaged(state)
     failed = None
     try:
         msg = codec.encode(_gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round, state.rank)
@@ -703,18 +868,15 @@ def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
     on = buf.device if state.backend == "nccl" else torch.device("cpu")
     # Lengths first (messages vary: sparse lists with delta-coded indices), then every message
     # padded to the longest one of this step, not to the codec's worst case.
-    mine_len = torch.tensor([len(msg)], dtype=torch.int64, device=on)
-    lens = [torch.empty_like(mine_len) for _ in range(W)]
-    everyone, values, sizes = None, None, None
+    lens = _Gather(torch.tensor([len(msg)], dtype=torch.int64, device=on))
+    messages = values = sizes = None
+    state._count(0, (u.n_compressed + u.n_dense) * 4)
 
-    def lengths():
-        return dist.all_gather(lens, mine_len, group=group, async_op=True).get_future()
-
-    def messages():
-        """Once the lengths are in, in the state's chain (_phases): the messages padded to the
-        longest, and the uncompressed parameters."""
-        nonlocal everyone, values, sizes
-        sizes = [int(n.item()) for n in lens]
+    def padded():
+        """Once the lengths are in: the messages padded to the longest, and the uncompressed
+        parameters."""
+        nonlocal messages, values, sizes
+        sizes = [int(n.item()) for n in lens.everyone]
         if failed is not None:
             raise failed
         for r, n in enumerate(sizes):
@@ -725,26 +887,35 @@ def _gathered(state, u: _Unit, buf, where, round: int, last: bool = False):
                 raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {limit})")
         mine = torch.zeros(max(sizes), dtype=torch.uint8)
         mine[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8)
-        mine = mine.to(on)
-        everyone = [torch.empty_like(mine) for _ in range(W)]
-        futures = [dist.all_gather(everyone, mine, group=group, async_op=True).get_future()]
-        if dense:
-            values = _gather(buf, dense).contiguous().clone()
-            futures.append(dist.all_reduce(values, group=group, async_op=True).get_future())
-        state._count(8 + mine.numel() + u.n_dense * 4, (u.n_compressed + u.n_dense) * 4)
-        return torch.futures.collect_all(futures)
+        messages = _Gather(mine.to(on))
+        if not dense:
+            return [messages]
+        values = _Sum(_gather(buf, dense).contiguous().clone())
+        return [messages, values]
 
-    def finish(all_done):
-        for f in all_done.value():  # collect_all drops the collectives' CUDA events: order after them here
-            f.wait()
-        for r, t in enumerate(everyone):
+    def finish():
+        for r, t in enumerate(messages.everyone):
             u.aggregator.add(t.cpu()[:sizes[r]].numpy())
         _scatter(buf, comp, codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf)))
         if dense:
-            _scatter(buf, dense, values.mul_(inv))
+            _scatter(buf, dense, values.t.mul_(inv))
         _settled(buf)
 
-    return _phases(state, [lengths, messages], finish, _inline(state, buf, last))
+    return _Round(u.index, [lambda: [lens], padded], finish)
+
+
+def _uncompressed(state, u: _Unit, buf, where) -> _Round:
+    """A unit with nothing to compress: its parameters all-reduced as they are."""
+    segs = u.segments(where, False)
+    values = _Sum(_gather(buf, segs).contiguous().clone())
+    state._count(0, values.t.numel() * 4)
+    inv = _averaged(state)
+
+    def finish():
+        _scatter(buf, segs, values.t.mul_(inv))
+        _settled(buf)
+
+    return _Round(u.index, [lambda: [values]], finish)
 
 
 def _compressed(state, bucket, buf):
@@ -753,22 +924,16 @@ def _compressed(state, bucket, buf):
             state._warm[bucket.index()] = state._entries(bucket)[0]
         state._fix_units()
     units, where = state._units_of(bucket, buf)
-    futures = []
+    rounds = []
     for u in units:
-        if u.codec is None:  # nothing to compress: the unit's parameters all-reduced as they are
-            segs = u.segments(where, False)
-            values = _gather(buf, segs).contiguous().clone()
-            state._count(values.numel() * 4, values.numel() * 4)
-            inv = _averaged(state)
-            fut = dist.all_reduce(values, group=state.process_group, async_op=True).get_future()
-            def averaged(_, v=values, s=segs):
-                _scatter(buf, s, v.mul_(inv))
-                _settled(buf)
-
-            futures.append(fut.then(averaged))
+        if u.codec is None:
+            rounds.append(_uncompressed(state, u, buf, where))
         else:
-            path = _summable if u.summable else _gathered
-            futures.append(path(state, u, buf, where, state.iteration, bucket.is_last()))
+            rounds.append((_summable if u.summable else _gathered)(state, u, buf, where, state.iteration))
+    if state.coalesce and not state._blocking:
+        futures = state._hold(rounds, bucket.is_last())
+    else:
+        futures = [_phases(state, rnd, _inline(state, buf, bucket.is_last())) for rnd in rounds]
     out = torch.futures.Future()
 
     def result(_):

@@ -273,13 +273,16 @@ def under_fp16_wrapper(rank, world, specs, steps, wrap="fp16"):
     return out
 
 
-def uneven_inputs(rank, world, spec, steps):
+def uneven_inputs(rank, world, spec, steps, coalesce=False):
     """Join with uneven inputs: rank r trains steps + r batches; ranks that finish early shadow
-    the others' collectives (DDP runs the hook on zero buckets). Returns the final parameters."""
+    the others' collectives (DDP runs the hook on zero buckets). coalesce: CompressionState's,
+    with a bucket per layer. Returns the final parameters."""
     from torch.distributed.algorithms.join import Join
     m = model()
-    d = DDP(m)
-    d.register_comm_hook(CompressionState(spec), compression_hook)
+    if coalesce:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 4_000
+    d = DDP(m, bucket_cap_mb=0.004 if coalesce else 25)
+    d.register_comm_hook(CompressionState(spec, coalesce=coalesce), compression_hook)
     opt = torch.optim.SGD(d.parameters(), lr=0.05)
     with Join([d]):
         train(d, opt, rank, steps + rank)
@@ -297,12 +300,14 @@ class _TwoHeads(nn.Module):
         return self.a(h) if step % 2 == 0 else self.b(h)
 
 
-def unused_parameters(rank, world, spec, steps):
+def unused_parameters(rank, world, spec, steps, coalesce=False):
     """find_unused_parameters=True with a head used every other step: returns the parameters and
-    whether every loss was finite."""
+    whether every loss was finite. coalesce: CompressionState's, with a bucket per layer."""
     m = _TwoHeads()
-    d = DDP(m, find_unused_parameters=True)
-    d.register_comm_hook(CompressionState(spec), compression_hook)
+    if coalesce:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 4_000
+    d = DDP(m, find_unused_parameters=True, bucket_cap_mb=0.004 if coalesce else 25)
+    d.register_comm_hook(CompressionState(spec, coalesce=coalesce), compression_hook)
     opt = torch.optim.SGD(d.parameters(), lr=0.05)
     finite = True
     for step in range(steps):
@@ -553,21 +558,46 @@ def deep_model(seed=0):
     return nn.Sequential(*layers, nn.Linear(48, 10))
 
 
-def many_buckets(rank, world, specs, steps, blocking, device="cpu"):
-    """Trains deep_model() under DDP with about a bucket per layer; blocking: every bucket finishes
-    inside its hook call, collectives issued from the autograd thread alone (the order before
-    the overlap). Returns per spec (parameters as bytes, units)."""
+def many_buckets(rank, world, specs, steps, mode, device="cpu"):
+    """Trains deep_model() under DDP with about a bucket per layer. mode: "overlap" (the
+    default: later phases issued from callbacks), "blocking" (every bucket finishes inside its
+    hook call, collectives issued from the autograd thread alone: the order before the overlap)
+    or "coalesce" (CompressionState(coalesce=True)). Returns per spec (parameters as bytes,
+    units, collectives the hook issued in the last step)."""
     dist._DEFAULT_FIRST_BUCKET_BYTES = 4_000
     out = {}
     for spec in specs:
         m = deep_model().to(device)
         ddp = DDP(m, bucket_cap_mb=0.004, device_ids=[torch.device(device).index] if device != "cpu" else None)
-        state = CompressionState(spec)
-        state._blocking = blocking
+        state = CompressionState(spec, coalesce=mode == "coalesce")
+        state._blocking = mode == "blocking"
         ddp.register_comm_hook(state, compression_hook)
-        train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), rank, steps, device=device)
-        out[spec] = (flat(m).cpu().numpy().tobytes(), len(state._units))
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        train(ddp, opt, rank, steps - 1, device=device)
+        with counting_collectives() as issued:
+            train(ddp, opt, rank, 1, first=steps - 1, device=device)
+        out[spec] = (flat(m).cpu().numpy().tobytes(), len(state._units), issued[0])
     return out
+
+
+class counting_collectives:
+    """Counts the all-reduces and all-gathers called through torch.distributed meanwhile (the
+    hook's; DDP's own reducer calls the backend directly)."""
+
+    def __enter__(self):
+        self.saved = dist.all_reduce, dist.all_gather
+        issued = self.issued = [0]
+
+        def counted(f):
+            def call(*args, **kwargs):
+                issued[0] += 1
+                return f(*args, **kwargs)
+            return call
+        dist.all_reduce, dist.all_gather = (counted(f) for f in self.saved)
+        return issued
+
+    def __exit__(self, *exc):
+        dist.all_reduce, dist.all_gather = self.saved
 
 
 def returns_before_its_collectives_complete(rank, world, specs, path, device="cpu"):
@@ -603,13 +633,13 @@ def returns_before_its_collectives_complete(rank, world, specs, path, device="cp
     return out
 
 
-def non_finite_in_an_early_bucket(rank, world, specs, device="cpu"):
+def non_finite_in_an_early_bucket(rank, world, specs, device="cpu", coalesce=False):
     """Per spec, two buckets a step; in the first compressed step rank 1's first bucket (not the
     last of the step) holds a NaN. Returns (spec, error of the first bucket's future or None,
     the last bucket's output or None, whether the next step ends identical on every rank)."""
     out = []
     for spec in specs:
-        state = CompressionState(spec, start_iter=2)
+        state = CompressionState(spec, start_iter=2, coalesce=coalesce)
         params = [torch.zeros(48, 40, device=device), torch.zeros(40, 40, device=device)]
         for step in range(4):
             grads = [quarter_integers(p.shape, 10 * step + rank + i).to(device) for i, p in enumerate(params)]

@@ -197,19 +197,21 @@ def test_a_configuration_that_differs_is_refused_at_the_first_hook_call_on_every
         assert message is not None and "differs from ranks" in message, message
 
 
-def test_join_with_uneven_inputs_ends_with_every_rank_identical():
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_join_with_uneven_inputs_ends_with_every_rank_identical(coalesce):
     """Ranks with fewer batches join early and shadow the others' collectives: no rank hangs,
     gathered and summable codecs alike, and every rank ends with the same parameters."""
     for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=2000,k=400,fetch=1"]:
-        results = ddp.run(jobs.uneven_inputs, spec, 6, timeout=120)
+        results = ddp.run(jobs.uneven_inputs, spec, 6, coalesce, timeout=120)
         assert all(r == results[0] for r in results), spec
 
 
-def test_unused_parameters_train_finite_and_identical():
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_unused_parameters_train_finite_and_identical(coalesce):
     """find_unused_parameters=True, a head used every other step (PyTorch's PowerSGD turns such
     parameters to NaN): finite losses and parameters, every rank identical."""
     for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9"]:
-        results = ddp.run(jobs.unused_parameters, spec, 16)
+        results = ddp.run(jobs.unused_parameters, spec, 16, coalesce)
         assert all(finite for _, finite in results), spec
         assert all(params == results[0][0] for params, _ in results), spec
 
@@ -268,6 +270,13 @@ def test_bad_states_are_refused_before_training():
     assert all(name == "InvalidArgument" for name, _, _ in e.value.errors.values())
 
 
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_a_coalesce_that_is_not_a_bool_is_refused(bad):
+    from sketchsgd.torch import CompressionState
+    with pytest.raises(TypeError, match="coalesce"):
+        CompressionState("powersgd:rank=2", coalesce=bad)
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cuda_build,
                                reason="no CUDA device (or a build without CUDA)")
 
@@ -320,10 +329,10 @@ def test_many_buckets_end_bit_identical_to_finishing_each_bucket_in_its_call():
     model ends bit for bit where finishing every bucket inside its hook call takes it, on every
     rank, for two-round, gathered and one-round codecs."""
     specs = OVERLAPPED + ["signsgd:ef=1", "dense", "sketch:rows=1,cols=800,k=100,fetch=1"]
-    overlapped = ddp.run(jobs.many_buckets, specs, 8, False)
-    blocking = ddp.run(jobs.many_buckets, specs, 8, True)
+    overlapped = ddp.run(jobs.many_buckets, specs, 8, "overlap")
+    blocking = ddp.run(jobs.many_buckets, specs, 8, "blocking")
     for spec in specs:
-        params, units = overlapped[0][spec]
+        params, units, _ = overlapped[0][spec]
         assert units >= 4, (spec, units)
         for r in range(4):
             assert overlapped[r][spec][0] == params, f"{spec}: rank {r} differs from rank 0"
@@ -344,12 +353,37 @@ def test_the_hook_returns_before_its_first_collective_completes(tmp_path):
         assert results[1][spec][0] == overlapped, f"{spec}: the ranks differ"
 
 
-def test_a_non_finite_gradient_in_an_early_bucket_reaches_every_rank():
-    """A NaN in rank 1's first bucket (its second phase runs in a callback): that bucket's future
-    raises NonFiniteError on every rank, the step's last bucket still completes, no rank hangs,
-    and the next step ends identical everywhere."""
+# Collectives a coalesced step of deep_model() issues (5 units: 10-15 when each issues its own):
+# one a phase for summable codecs; a gathered codec's lengths, then its messages beside the
+# all-reduce of the biases (sent whole).
+COALESCED = {"powersgd:rank=2": 2, "sketch:rows=3,cols=500,k=100,p2=2": 2, "dense": 1,
+             "sketch:rows=1,cols=800,k=100,fetch=1": 1, "topk:k=200,momentum=0.9": 3, "signsgd:ef=1": 3}
+
+
+def test_a_coalesced_step_issues_one_collective_a_phase_and_ends_where_the_overlapped_one_does():
+    """coalesce=True with about a bucket per layer: the step issues the collectives of one bucket
+    instead of each unit's, and with 2 ranks (a sum of two is the same in either order) the
+    model ends bit for bit where the overlapped hook takes it, on both ranks."""
+    overlapped = ddp.run(jobs.many_buckets, list(COALESCED), 6, "overlap", world=2)
+    coalesced = ddp.run(jobs.many_buckets, list(COALESCED), 6, "coalesce", world=2)
+    for spec, collectives in COALESCED.items():
+        params, units, per_unit = overlapped[0][spec]
+        assert units >= 4, (spec, units)
+        assert per_unit >= units, (spec, per_unit)
+        for r in range(2):
+            assert coalesced[r][spec][0] == params, f"{spec}: rank {r} differs from the overlapped run"
+            assert coalesced[r][spec][2] == collectives, (spec, coalesced[r][spec][2])
+
+
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_a_non_finite_gradient_in_an_early_bucket_reaches_every_rank(coalesce):
+    """A NaN in rank 1's first bucket (its second phase runs in a callback, or with the step's
+    other units at its last bucket): that bucket's future raises NonFiniteError on every rank,
+    the step's last bucket still completes, no rank hangs, and the next step ends identical
+    everywhere."""
     specs = OVERLAPPED + ["sketch:rows=1,cols=500,k=60,fetch=1", "dense"]
-    for rank, outcomes in enumerate(ddp.run(jobs.non_finite_in_an_early_bucket, specs, world=3, timeout=120)):
+    for rank, outcomes in enumerate(ddp.run(jobs.non_finite_in_an_early_bucket, specs, "cpu", coalesce, world=3,
+                                            timeout=120)):
         assert len(outcomes) == len(specs)
         for spec, errors, last_done, same in outcomes:
             assert len(errors) == 1 and "NonFiniteError" in errors[0], (rank, spec, errors)
@@ -365,13 +399,31 @@ def test_many_buckets_on_cuda_overlap_as_finishing_each_bucket_in_its_call():
     overlapped and blocking runs agree to rounding (the sketch's GPU table sums with float
     atomics, so its last bits vary from run to run), the deterministic codecs bit for bit."""
     specs = OVERLAPPED + ["dense", "sketch:rows=1,cols=800,k=100,fetch=1"]
-    overlapped = ddp.run(jobs.many_buckets, specs, 8, False, "cuda:0", world=2)
-    blocking = ddp.run(jobs.many_buckets, specs, 8, True, "cuda:0", world=2)
+    overlapped = ddp.run(jobs.many_buckets, specs, 8, "overlap", "cuda:0", world=2)
+    blocking = ddp.run(jobs.many_buckets, specs, 8, "blocking", "cuda:0", world=2)
     for spec in specs:
-        params, units = overlapped[0][spec]
+        params, units, _ = overlapped[0][spec]
         assert units >= 4, (spec, units)
         assert overlapped[1][spec][0] == params and blocking[1][spec][0] == blocking[0][spec][0], spec
         a, b = (torch.frombuffer(bytearray(run[0][spec][0]), dtype=torch.float32) for run in (overlapped, blocking))
+        assert torch.isfinite(a).all(), spec
+        if spec.startswith("sketch"):
+            assert (a - b).norm() <= 1e-4 * b.norm(), spec
+        else:
+            assert torch.equal(a, b), spec
+
+
+@needs_gpu
+def test_a_coalesced_step_on_cuda_ends_where_the_overlapped_one_does():
+    """coalesce=True with CUDA buckets over gloo, two ranks on one GPU: the phases run on the
+    autograd thread at the last bucket; the ranks agree bit for bit, and the model agrees with
+    the overlapped hook's (to rounding for the sketch, whose GPU table sums with float atomics)."""
+    overlapped = ddp.run(jobs.many_buckets, list(COALESCED), 6, "overlap", "cuda:0", world=2)
+    coalesced = ddp.run(jobs.many_buckets, list(COALESCED), 6, "coalesce", "cuda:0", world=2)
+    for spec, collectives in COALESCED.items():
+        assert coalesced[1][spec][0] == coalesced[0][spec][0], spec
+        assert coalesced[0][spec][2] == collectives, (spec, coalesced[0][spec][2])
+        a, b = (torch.frombuffer(bytearray(run[0][spec][0]), dtype=torch.float32) for run in (coalesced, overlapped))
         assert torch.isfinite(a).all(), spec
         if spec.startswith("sketch"):
             assert (a - b).norm() <= 1e-4 * b.norm(), spec
