@@ -168,7 +168,10 @@ def ddp_command(hook, buckets, workers, master, out, args):
     cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--hook", hook, "--workers",
            str(workers), "--epochs", "1", "--max-steps", str(args.steps + 11), "--progress", "100000", "--master",
            master, "--json", out, "--workload", args.workload]
-    return cmd + (["--first-bucket-mb", "1"] if buckets == "default" else [])  # DDP's default caps: two buckets here
+    if buckets == "one":
+        return cmd
+    # DDP's default caps: two buckets here; "coalesced": our hooks' collectives go out together
+    return cmd + ["--first-bucket-mb", "1"] + (["--coalesce"] if buckets == "coalesced" else [])
 
 
 def finish(bed, procs, outs, tmp, args):
@@ -262,7 +265,8 @@ def crossover(points, base):
 
 
 def plot(results, floor, png, workload="mlp"):
-    """Step time against link rate, log-log: a colour per hook, dashed with DDP's default buckets;
+    """Step time against link rate, log-log: a colour per hook, dashed with DDP's default buckets
+    (dash-dotted coalesced);
     unshaped links drawn right of the fastest rate."""
     try:
         import matplotlib
@@ -282,8 +286,9 @@ def plot(results, floor, png, workload="mlp"):
         rs = [r for r in RATES if r in pts]
         rs.sort(key=x)
         ax.plot([x(r) for r in rs], [pts[r] for r in rs], marker="o", color=colours(hooks.index(hook) % 10),
-                linestyle="--" if buckets == "default" else "-",
-                label=f"{hook}" + (" (DDP's default buckets)" if buckets == "default" else ""))
+                linestyle={"default": "--", "coalesced": "-."}.get(buckets, "-"),
+                label=f"{hook}" + {"default": " (DDP's default buckets)",
+                                   "coalesced": " (default buckets, coalesced)"}.get(buckets, ""))
     if floor:
         ax.axhline(floor, color="black", linestyle=":", label="compute floor (no communication)")
     ax.set_xscale("log")
@@ -310,7 +315,8 @@ def main():
                     help="the DDP job (examples/workloads.py); the parameter-server demo is the MLP's")
     ap.add_argument("--hooks", help="DDP hooks separated by ';' (examples/ddp_train.py; default: the workload's "
                                     "references and frontier points)")
-    ap.add_argument("--buckets", default="one,default", help="one: the model in one DDP bucket; default: DDP's caps")
+    ap.add_argument("--buckets", default="one,default", help="one: the model in one DDP bucket; default: DDP's caps; coalesced: "
+                    "DDP's caps, our hooks' collectives issued together at the last bucket (coalesce=True)")
     ap.add_argument("--steps", type=int, default=40, help="steady steps timed per job (after 11 warm-up steps)")
     ap.add_argument("--ps", action="store_true", help="also the parameter-server demo")
     ap.add_argument("--ps-codecs", default=";".join(PS_CODECS), help="codecs separated by ';'")
@@ -388,6 +394,8 @@ def main():
                     done += 1
                     if buckets == "default" and hook.startswith(("powersgd", "torch:powersgd")):
                         continue  # PyTorch 1.13's PowerSGD aborts on gloo when buckets interleave
+                    if buckets == "coalesced" and (hook in ("none", "fp16") or hook.startswith(("powersgd", "torch:"))):
+                        continue  # an option of our hooks alone
                     log(f"[{done}/{jobs}] {rate}, {buckets} bucket(s), {hook}")
                     s = run_ddp(bed, hook, buckets, args, tmp)
                     if s:
