@@ -96,6 +96,7 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
   agg_ = make_aggregator();
   outer_ = std::make_unique<OuterStep>(cfg_.outer, cfg_.dim, Device::cpu());
   workers_.resize(cfg_.world);
+  next_.resize(cfg_.world);
   pending_pull_.assign(cfg_.world, false);
   reset_round();
 }
@@ -143,6 +144,8 @@ void Engine::restore(const Checkpoint& c) {
   model_ = c.params;
   snapshot_ = Frame();
   round_ = c.round;
+  next_.assign(cfg_.world, Worker{});  // check-ins were for the round the server was at
+  next_of_.clear();
   early_.clear();
   last_outcome_.clear();
   reset_round();
@@ -192,7 +195,10 @@ void Engine::reset_round() {
   metrics_.bytes_up.assign(cfg_.world, 0);
   metrics_.dense_bytes = cfg_.dim * 4 + kHeaderBytes;
   merge_ms_ = 0;
-  if (federated()) sampled_ = sample_clients(cfg_.population, cfg_.world, cfg_.sample_seed, round_);
+  if (federated()) {
+    sampled_ = sample_clients(cfg_.population, cfg_.world, cfg_.sample_seed, round_);
+    next_sampled_ = sample_clients(cfg_.population, cfg_.world, cfg_.sample_seed, round_ + 1);
+  }
 }
 
 void Engine::release_slots() {
@@ -201,6 +207,21 @@ void Engine::release_slots() {
     workers_[r] = Worker{};
     pending_pull_[r] = false;
   }
+}
+
+void Engine::seat_waiting(std::vector<Outgoing>& out) {
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    if (!next_[r].registered) continue;
+    workers_[r] = next_[r];
+    workers_[r].behind = false;
+    rank_of_[workers_[r].peer] = r;
+    if (next_[r].behind)
+      resend_outcome(r, round_ - 1, out);  // as a fixed worker gets it
+    else
+      on_pull(r, out);
+  }
+  next_.assign(cfg_.world, Worker{});
+  next_of_.clear();
 }
 
 // ---- sending
@@ -220,10 +241,12 @@ Frame Engine::to(uint32_t rank, Type t, uint64_t round) const {
   return envelope(t, cfg_.job, round, rank, workers_[rank].session);
 }
 
-void Engine::finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out) {
+void Engine::finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out,
+                            std::string why) {
   ++late_;
-  const std::string why = "job " + std::to_string(cfg_.job) + " finished at round " +
-                          std::to_string(round_) + " (its last round)";
+  if (why.empty())
+    why = "job " + std::to_string(cfg_.job) + " finished at round " + std::to_string(round_) +
+          " (its last round)";
   out.push_back(Outgoing{peer,
                          {envelope(Type::Finished, cfg_.job, round_, e.rank, e.session),
                           Frame::own(encode_text(why))}});
@@ -282,6 +305,8 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
     }
     const auto it = rank_of_.find(peer);
     if (it == rank_of_.end()) {
+      if (const auto w = next_of_.find(peer); w != next_of_.end())
+        return on_waiting(w->second, e, now);
       if (e.type == Type::Bye) return;
       if (finished() && e.type == Type::Push) return finished_reply(peer, e, out);
       // A worker whose server restarted learns here that it must register again.
@@ -378,21 +403,30 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   if (h.spec != cfg_.spec)
     return mismatch("codec '" + h.spec + "', the job runs '" + cfg_.spec + "'");
   uint32_t rank = e.rank;
+  bool ahead = false;
   if (federated()) {
     const auto slot = slot_of(peer, e, out);
     if (!slot) return;
-    rank = *slot;
+    rank = slot->index;
+    ahead = slot->ahead;
   }
+  // One connection, one registration (a client checked in ahead is not yet any rank).
   const auto held = rank_of_.find(peer);
-  if (held != rank_of_.end() && held->second != rank)
-    return mismatch("this connection is already rank " + std::to_string(held->second));
+  if (held != rank_of_.end() && (ahead || held->second != rank))
+    return mismatch("this connection is already rank " + std::to_string(held->second) +
+                    " of round " + std::to_string(round_));
+  const auto waits = next_of_.find(peer);
+  if (waits != next_of_.end() && (!ahead || waits->second != rank))
+    return mismatch("this connection is already slot " + std::to_string(waits->second) +
+                    " of round " + std::to_string(round_ + 1));
 
-  Worker& w = workers_[rank];
+  auto& index = ahead ? next_of_ : rank_of_;
+  Worker& w = (ahead ? next_ : workers_)[rank];
   if (w.registered && w.peer != peer) {
     if (w.alive && now - w.last_seen < cfg_.heartbeat * cfg_.dead_after)
       return refuse(peer, e, true, "rank " + std::to_string(rank) + " is held by a live connection",
                     out);
-    rank_of_.erase(w.peer);
+    index.erase(w.peer);
     hooks_.log("rank " + std::to_string(rank) + " re-registered on a new connection");
   } else if (!w.registered && !federated()) {
     hooks_.log("rank " + std::to_string(rank) + " registered");
@@ -403,16 +437,51 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.registered = true;
   w.alive = true;
   w.last_seen = now;
-  rank_of_[peer] = rank;
+  w.behind = false;
+  index[peer] = rank;
   const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness,
                          cfg_.outer.momentum, uint8_t(cfg_.outer.nesterov)};
-  send(rank, {to(rank, Type::Welcome, round_), Frame::own(encode(info))}, out);
+  out.push_back(Outgoing{peer,
+                         {envelope(Type::Welcome, cfg_.job, round_ + ahead, rank, w.session),
+                          Frame::own(encode(info))}});
   // A federated client comes for the model: it follows the Welcome (a round trip saved a client).
-  if (federated()) on_pull(rank, out);
+  // Checked in ahead, it is this round's model, which the round's outcome brings up to date when
+  // the client's round opens, so the download is off that round's path.
+  if (federated() && !ahead) on_pull(rank, out);
+  if (ahead && has_model()) {
+    Frames fr = model_frames();
+    fr[0] = envelope(Type::Model, cfg_.job, round_, rank, w.session);
+    out.push_back(Outgoing{peer, std::move(fr)});
+    w.behind = true;
+  }
 }
 
-std::optional<uint32_t> Engine::slot_of(const PeerId& peer, const Envelope& e,
-                                        std::vector<Outgoing>& out) {
+void Engine::on_waiting(uint32_t slot, const Envelope& e, Clock::time_point now) {
+  Worker& w = next_[slot];
+  SKETCHSGD_REQUIRE(e.rank == slot, ProtocolError, "connection of slot ", slot, " of round ",
+                    round_ + 1, " sent a message as rank ", e.rank);
+  if (e.session != w.session) {
+    if (e.type == Type::Heartbeat) return;
+    ++replays_;
+    return drop(w.peer, "slot " + std::to_string(slot) + " of round " + std::to_string(round_ + 1) +
+                            ": session token of another registration");
+  }
+  w.last_seen = now;
+  w.alive = true;
+  if (e.type == Type::Heartbeat) return;
+  if (e.type == Type::Bye) {  // it will not come after all: its slot may be taken again
+    hooks_.log("client in slot " + std::to_string(slot) + " of round " +
+               std::to_string(round_ + 1) + " left before its round");
+    next_of_.erase(w.peer);
+    w = Worker{};
+    return;
+  }
+  throw ProtocolError(std::string(to_string(e.type)) + " from slot " + std::to_string(slot) +
+                      " of round " + std::to_string(round_ + 1) + " before its round opened");
+}
+
+std::optional<Engine::Slot> Engine::slot_of(const PeerId& peer, const Envelope& e,
+                                            std::vector<Outgoing>& out) {
   const std::string client = "client " + std::to_string(e.rank);
   const std::string at = " (the job is at round " + std::to_string(round_) + ")";
   if (e.rank >= cfg_.population) {
@@ -423,12 +492,19 @@ std::optional<uint32_t> Engine::slot_of(const PeerId& peer, const Envelope& e,
   } else if (e.round < round_) {
     refuse(peer, e, false,
            client + " came for round " + std::to_string(e.round) + ", which is over" + at, out);
-  } else if (e.round > round_) {
+  } else if (cfg_.max_rounds && e.round >= cfg_.max_rounds) {
+    finished_reply(peer, e, out,
+                   "job " + std::to_string(cfg_.job) + " ends before round " +
+                       std::to_string(e.round) + " (its last is " +
+                       std::to_string(cfg_.max_rounds - 1) + ")");
+  } else if (e.round > round_ + 1) {
     refuse(peer, e, true, "round " + std::to_string(e.round) + " is not open yet" + at, out);
   } else {
-    const auto it = std::lower_bound(sampled_.begin(), sampled_.end(), e.rank);
-    if (it != sampled_.end() && *it == e.rank) return uint32_t(it - sampled_.begin());
-    refuse(peer, e, false, client + " is not sampled in round " + std::to_string(round_), out);
+    const bool ahead = e.round > round_;
+    const auto& sample = ahead ? next_sampled_ : sampled_;
+    const auto it = std::lower_bound(sample.begin(), sample.end(), e.rank);
+    if (it != sample.end() && *it == e.rank) return Slot{uint32_t(it - sample.begin()), ahead};
+    refuse(peer, e, false, client + " is not sampled in round " + std::to_string(e.round), out);
   }
   return std::nullopt;
 }
@@ -471,9 +547,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
     // Idempotent: a worker that missed the outcome of the previous round gets it again; older
     // pushes are ignored.
     if (e.round + 1 == round_ && !last_outcome_.empty()) {
-      Frames fr = last_outcome_;
-      fr[0] = to(rank, decode_envelope(fr[0].bytes(), fr.size() - 1).type, e.round);
-      send(rank, std::move(fr), out);
+      resend_outcome(rank, e.round, out);
     } else {
       on_pull(rank, out);  // further behind (outcomes lost): resynchronise with the model
     }
@@ -679,6 +753,12 @@ void Engine::end_round(Type outcome, Frames payload, Clock::time_point now,
   replay_held(now);
 }
 
+void Engine::resend_outcome(uint32_t rank, uint64_t round, std::vector<Outgoing>& out) const {
+  Frames fr = last_outcome_;
+  fr[0] = to(rank, decode_envelope(fr[0].bytes(), fr.size() - 1).type, round);
+  send(rank, std::move(fr), out);
+}
+
 void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std::string reason) {
   hooks_.log("round " + std::to_string(round_) + " aborted: " + reason);
   agg_->abandon();  // drop the partial merge, keep state across rounds (FetchSGD)
@@ -687,7 +767,7 @@ void Engine::abort_round(Clock::time_point now, std::vector<Outgoing>& out, std:
   end_round(Type::Abort, {Frame::own(encode_text(reason.substr(0, kMaxText)))}, now, out);
 }
 
-void Engine::finish_round(std::vector<Outgoing>&) {
+void Engine::finish_round(std::vector<Outgoing>& out) {
   metrics_.round = round_;
   metrics_.merge_ms = merge_ms_;
   for (uint32_t r = 0; r < cfg_.world; ++r) {
@@ -706,6 +786,7 @@ void Engine::finish_round(std::vector<Outgoing>&) {
       (round_ % cfg_.checkpoint_every == 0 || finished()))
     hooks_.checkpoint(checkpoint(), finished());
   reset_round();
+  if (federated() && !finished()) seat_waiting(out);
 }
 
 void Engine::tick(Clock::time_point now, std::vector<Outgoing>& out) {

@@ -56,6 +56,7 @@ Frame Session::envelope(Type t, uint64_t round) const {
 void Session::hello(Outbox& out) {
   registered_ = false;
   synced_ = false;
+  behind_ = false;
   session_ = 0;
   hello_at_.reset();
   slot_ = opts_.rank;  // a Hello names the worker's rank, or the federated client's id
@@ -160,7 +161,8 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       if (m.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
       round_ = m.env.round;
       if (model_changed_round_ || pending_.empty()) next_push_ = round_;
-      synced_ = true;
+      behind_ = opts_.population != 0 && round_ < opts_.join_round;  // checked in ahead
+      synced_ = !behind_;
       init_.clear();
       init_.shrink_to_fit();
       return true;
@@ -173,10 +175,25 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
 void Session::handle_registration(const Frames& frames, Clock::time_point now, Outbox& out) {
   const auto m = parse(frames);
   if (!m || m->env.type == Type::Heartbeat) return;
-  if (!control(*m, now, out))
-    opts_.log("ignored " + std::string(to_string(m->env.type)) + " before registration");
-  else if (m->env.type == Type::Model)
+  const Type t = m->env.type;
+  if (behind_ && (t == Type::Update || t == Type::Abort) && m->env.round == round_) {
+    // The outcome of the round before ours: our round has opened, with this model.
+    if (t == Type::Update) apply_update(*m);
+    next_push_ = ++round_;
+    behind_ = round_ < opts_.join_round;
+    synced_ = !behind_;
+  } else if (!control(*m, now, out)) {
+    opts_.log("ignored " + std::string(to_string(t)) + " before registration");
+  } else if (t == Type::Model) {
     model_changed_round_ = false;  // the first model is where we start, not a resync
+  }
+}
+
+uint64_t Session::apply_update(const Parsed& m) {
+  const UpdateInfo info = decode_update_info(m.frames[1].bytes());
+  const auto u = m.frames[2].bytes();
+  outer_->apply(codec_, u, params_.span(), info.lr);
+  return u.size();
 }
 
 void Session::push(std::span<const float> grad, Outbox& out, StepResult& res) {
@@ -229,9 +246,7 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
     }
     case Type::Update: {
       const UpdateInfo info = decode_update_info(m->frames[1].bytes());
-      const auto u = m->frames[2].bytes();
-      outer_->apply(codec_, u, params_.span(), info.lr);
-      res.bytes_down += u.size();
+      res.bytes_down += apply_update(*m);
       res.lr = info.lr;
       res.contributors = info.contributors;
       res.outcome = StepResult::Outcome::Updated;

@@ -87,10 +87,17 @@ TEST(Federated, OnlyTheSampledClientsRegisterEachForTheSlotOfItsPlace) {
   FakeWorker stranger(kPopulation, cfg);
   stranger.hello(net);
   EXPECT_NE(refusal(net, stranger.peer).find("outside the population [0, 50)"), std::string::npos);
-  FakeWorker early(sample_clients(kPopulation, kPerRound, cfg.sample_seed, 1)[0], cfg, 1);
+  FakeWorker early(sample_clients(kPopulation, kPerRound, cfg.sample_seed, 2)[0], cfg, 2);
   early.hello(net);
-  EXPECT_NE(refusal(net, early.peer, &retry).find("round 1 is not open yet"), std::string::npos);
+  EXPECT_NE(refusal(net, early.peer, &retry).find("round 2 is not open yet"), std::string::npos);
   EXPECT_TRUE(retry);
+  uint32_t next_outsider = 0;
+  const auto next = sample_clients(kPopulation, kPerRound, cfg.sample_seed, 1);
+  while (std::find(next.begin(), next.end(), next_outsider) != next.end()) ++next_outsider;
+  FakeWorker not_next(next_outsider, cfg, 1);
+  not_next.hello(net);
+  EXPECT_NE(refusal(net, not_next.peer, &retry).find("is not sampled in round 1"), std::string::npos);
+  EXPECT_FALSE(retry);
   FakeWorker fixed(sample[0], cfg);
   fixed.population = 0;  // a worker of a fixed-worker job
   fixed.hello(net);
@@ -205,6 +212,160 @@ TEST(Federated, TheSampleAndTheServerSketchesSurviveACheckpoint) {
   amnesiac.engine.restore(lost);
   for (int t = 0; t < 2; ++t) run_round(amnesiac, cfg, {});
   EXPECT_NE(std::memcmp(amnesiac.engine.model().data(), straight.engine.model().data(), kDim * 4), 0);
+}
+
+/// The clients sampled for the engine's next round, checked in: welcomed, with the model of the
+/// current round.
+std::vector<FakeWorker> check_in_ahead(Net& net, const JobConfig& cfg) {
+  std::vector<FakeWorker> cs;
+  const uint64_t round = net.engine.round() + 1;
+  const auto sample = sample_clients(cfg.population, cfg.world, cfg.sample_seed, round);
+  for (uint32_t id : sample) {
+    cs.emplace_back(id, cfg, round);
+    cs.back().peer = "client-" + std::to_string(id) + "-ahead-" + std::to_string(round);
+  }
+  for (auto& c : cs) {
+    c.join(net, {});
+    EXPECT_EQ(c.rank, uint32_t(&c - cs.data())) << "client " << c.id << ": not its slot";
+    EXPECT_TRUE(c.take_model(net)) << "client " << c.id << ": no model with its Welcome";
+    EXPECT_EQ(c.round, round - 1);
+    EXPECT_EQ(std::memcmp(c.params.data(), net.engine.model().data(), c.params.size() * 4), 0);
+    EXPECT_FALSE(net.next(c.peer)) << "client " << c.id << " got more than the model";
+  }
+  return cs;
+}
+
+// A client of the next round checks in while this one runs and gets this round's model; when its
+// round opens it gets this round's update, as a fixed worker would, so the model's download is
+// off its round's path.
+TEST(Federated, TheNextRoundsClientsCheckInWhileThisOneRunsAndCatchUpWhenItOpens) {
+  const JobConfig cfg = federated("sketch:k=30,cols=200,fetch=1");
+  const auto init = test::initial_params(kDim, 3);
+  Net straight(cfg);
+  for (int t = 0; t < 4; ++t) run_round(straight, cfg, init);
+
+  Net net(cfg);
+  auto cs = arrive(net, cfg, init);
+  for (uint64_t t = 0; t < 4; ++t) {
+    auto next = check_in_ahead(net, cfg);
+    EXPECT_EQ(net.engine.live_workers(), kPerRound) << "check-ins took round " << t << "'s slots";
+    // While waiting they may beat (and are not refused for it), not push.
+    for (auto& c : next) net.deliver(c.peer, {c.mine(Type::Heartbeat, t + 1)});
+    for (auto& c : next) EXPECT_FALSE(net.next(c.peer)) << "client " << c.id << " heartbeat refused";
+    const uint64_t rejected = net.engine.rejected();
+    FakeWorker eager(next[0].id, cfg, t + 1);  // its codec, not next[0]'s
+    eager.peer = next[0].peer;
+    eager.session = next[0].session;
+    eager.rank = next[0].rank;
+    eager.push(net, test::synthetic_grad(init, next[0].id, t + 1, 5));
+    EXPECT_EQ(net.engine.rejected(), rejected + 1) << "a push before its round opened was taken";
+    for (auto& c : cs) c.push(net, test::synthetic_grad(c.params, c.id, t, 5));
+    for (auto& c : cs) EXPECT_EQ(c.settle(net), Type::Update) << "client " << c.id;
+    for (auto& c : next) {
+      ASSERT_EQ(c.settle(net), Type::Update) << "client " << c.id << ": nothing when its round opened";
+      EXPECT_EQ(c.round, t + 1);
+      EXPECT_EQ(std::memcmp(c.params.data(), net.engine.model().data(), kDim * 4), 0);
+    }
+    EXPECT_EQ(net.engine.live_workers(), kPerRound);
+    cs = std::move(next);
+  }
+  EXPECT_EQ(net.engine.round(), 4u);
+  EXPECT_EQ(std::memcmp(net.engine.model().data(), straight.engine.model().data(), kDim * 4), 0)
+      << "checking in ahead changed the training";
+}
+
+TEST(Federated, ACheckedInClientHoldsItsSlotUntilItLeavesOrFallsSilent) {
+  JobConfig cfg = federated("dense");
+  cfg.max_rounds = 3;
+  Net net(cfg);
+  const auto init = test::initial_params(kDim, 3);
+  auto cs = arrive(net, cfg, init);
+  auto next = check_in_ahead(net, cfg);
+  // Another connection of a checked-in client waits while the first is alive.
+  FakeWorker again(next[1].id, cfg, 1);
+  again.peer = "again";
+  bool retry = false;
+  again.hello(net);
+  EXPECT_NE(refusal(net, again.peer, &retry).find("held by a live connection"), std::string::npos);
+  EXPECT_TRUE(retry);
+  // One connection is one registration: a client of this round cannot check in for the next.
+  FakeWorker twice(next[2].id, cfg, 1);
+  twice.peer = cs[0].peer;
+  twice.hello(net);
+  EXPECT_NE(refusal(net, twice.peer).find("already rank 0 of round 0"), std::string::npos);
+  // Once it says Bye its slot is free; a silent one's is free once it is dead.
+  net.deliver(next[1].peer, {next[1].mine(Type::Bye, 1)});
+  again.join(net, {});
+  EXPECT_EQ(again.rank, 1u);
+  EXPECT_TRUE(again.take_model(net));
+  for (int i = 0; i < 4; ++i) {  // 3 × 100 ms without a heartbeat from next[2]
+    net.tick(100ms);
+    for (auto& c : cs) net.deliver(c.peer, {c.mine(Type::Heartbeat, 0)});
+  }
+  FakeWorker third(next[2].id, cfg, 1);
+  third.peer = "third";
+  third.join(net, {});
+  EXPECT_EQ(third.rank, 2u);
+  EXPECT_TRUE(third.take_model(net));
+  // The replaced connections get nothing when round 1 opens; their successors get the model.
+  for (auto& c : cs) c.push(net, test::synthetic_grad(c.params, c.id, 0, 5));
+  for (auto& c : cs) EXPECT_EQ(c.settle(net), Type::Update);
+  EXPECT_FALSE(net.next(next[1].peer));
+  EXPECT_FALSE(net.next(next[2].peer));
+  EXPECT_EQ(again.settle(net), Type::Update);
+  EXPECT_EQ(third.settle(net), Type::Update);
+  EXPECT_EQ(next[0].settle(net), Type::Update);
+  EXPECT_EQ(std::memcmp(third.params.data(), net.engine.model().data(), kDim * 4), 0);
+  // A check-in for a round past the job's last is told the job ends first.
+  FakeWorker late(sample_clients(kPopulation, kPerRound, cfg.sample_seed, 3)[0], cfg, 3);
+  late.hello(net);
+  const auto m = net.next(late.peer);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.type, Type::Finished);
+  EXPECT_NE(decode_text(m->second[1].bytes()).find("ends before round 3"), std::string::npos);
+}
+
+TEST(Federated, AClientCheckedInBeforeThereIsAModelGetsItWhenItsRoundOpens) {
+  const JobConfig cfg = federated("topk:k=30");
+  const auto init = test::initial_params(kDim, 3);
+  Net net(cfg);
+  FakeWorker early(sample_clients(kPopulation, kPerRound, cfg.sample_seed, 1)[2], cfg, 1);
+  early.join(net, {});  // no initial parameters: it cannot give the server a model
+  EXPECT_EQ(early.rank, 2u);
+  EXPECT_FALSE(net.next(early.peer)) << "a model before there is one";
+  run_round(net, cfg, init);
+  ASSERT_TRUE(early.take_model(net));
+  EXPECT_EQ(early.round, 1u);
+  EXPECT_EQ(std::memcmp(early.params.data(), net.engine.model().data(), kDim * 4), 0);
+}
+
+TEST(Federated, ClientsCheckedInAfterAnAbortedRoundStartFromTheModelItLeftUnchanged) {
+  JobConfig cfg = federated("dense");
+  cfg.policy = Policy::Abort;
+  const auto init = test::initial_params(kDim, 3);
+  Net net(cfg);
+  auto cs = arrive(net, cfg, init, kPerRound - 1);  // the last sampled client never comes
+  auto next = check_in_ahead(net, cfg);
+  for (auto& c : cs) c.push(net, test::synthetic_grad(c.params, c.id, 0, 5));
+  net.tick(cfg.deadline + 1ms);
+  for (auto& c : cs) EXPECT_EQ(c.settle(net), Type::Abort);
+  for (auto& c : next) {
+    EXPECT_EQ(c.settle(net), Type::Abort) << "client " << c.id;
+    EXPECT_EQ(c.round, 1u);
+    EXPECT_EQ(std::memcmp(c.params.data(), init.data(), kDim * 4), 0);
+  }
+  EXPECT_EQ(std::memcmp(net.engine.model().data(), init.data(), kDim * 4), 0);
+}
+
+TEST(Federated, ARestoredServerForgetsCheckInsAndTheClientsRegisterAgain) {
+  const JobConfig cfg = federated("dense");
+  const auto init = test::initial_params(kDim, 3);
+  Net net(cfg);
+  run_round(net, cfg, init);
+  auto next = check_in_ahead(net, cfg);
+  net.engine.restore(net.engine.checkpoint());  // at round 1, as a restarted server would be
+  net.deliver(next[0].peer, {next[0].mine(Type::Heartbeat, 2)});
+  EXPECT_NE(refusal(net, next[0].peer).find("not registered"), std::string::npos);
 }
 
 TEST(Federated, TheJobRefusesSettingsItCannotRun) {

@@ -134,35 +134,55 @@ TEST(ShardedLoopback, LaterShardsWaitingForTheFirstToRegisterSendNothingTheServe
 
 /// A federated job's rounds (C of N clients sampled a round, each a new stateless Client on
 /// synthetic gradients of seed 5, the round's first bringing the model in round 0); the model
-/// every client of the last round ended with (each round's clients must agree).
-std::vector<float> federated(const std::string& endpoints, uint32_t population, uint32_t per_round,
-                             uint64_t dim, uint64_t rounds, bool shared_io) {
+/// every client of the last round ended with (each round's clients must agree). ahead: each
+/// round's clients check in once the round before has opened, while it runs.
+std::vector<float> federated(const std::string& endpoints, const std::string& spec,
+                             uint32_t population, uint32_t per_round, uint64_t dim, uint64_t rounds,
+                             bool shared_io, bool ahead = false) {
   const auto init = test::initial_params(dim, 3);
-  std::vector<std::vector<float>> got(per_round);
-  for (uint64_t t = 0; t < rounds; ++t) {
-    const auto who = sample_clients(population, per_round, 1, t);
-    std::vector<std::string> errors(per_round);
+  std::vector<std::vector<std::vector<float>>> got(rounds, std::vector<std::vector<float>>(per_round));
+  std::vector<std::vector<std::string>> errors(rounds, std::vector<std::string>(per_round));
+  std::atomic<int64_t> opened{-1};  // the last round whose clients hold the model
+  auto client = [&](uint64_t t, uint32_t i) {
+    try {
+      const auto who = sample_clients(population, per_round, 1, t);
+      auto o = client_options(endpoints, who[i], per_round, shared_io);
+      o.population = population;
+      o.join_round = t;
+      o.timeout = 30s;
+      for (auto deadline = Clock::now() + 30s; opened.load() + 1 < int64_t(t);) {
+        if (Clock::now() > deadline) throw Error("round " + std::to_string(t - 1) + " never opened");
+        std::this_thread::sleep_for(1ms);
+      }
+      Client c(o, make_compressor(spec, dim),
+               t == 0 ? std::span<const float>(init) : std::span<const float>());
+      for (int64_t seen = opened.load(); seen < int64_t(t) && !opened.compare_exchange_weak(seen, t);) {
+      }
+      // Time for the next round's clients to check in while this one runs (they come once it
+      // has opened, here): a device computing its gradient.
+      if (ahead) std::this_thread::sleep_for(100ms);
+      const auto res = c.step(test::synthetic_grad(c.params(), who[i], t, 5));
+      if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
+      got[t][i].assign(c.params().begin(), c.params().end());
+    } catch (const std::exception& e) {
+      errors[t][i] = e.what();
+    }
+  };
+  for (uint64_t t = 0; t < rounds;) {
+    // ahead: every round's clients at once, each waiting for the round before to open; else one
+    // round's clients, then the next round's.
+    const uint64_t end = ahead ? rounds : t + 1;
     std::vector<std::thread> ts;
-    for (uint32_t i = 0; i < per_round; ++i)
-      ts.emplace_back([&, i] {
-        try {
-          auto o = client_options(endpoints, who[i], per_round, shared_io);
-          o.population = population;
-          o.join_round = t;
-          Client c(o, make_compressor("dense", dim),
-                   t == 0 ? std::span<const float>(init) : std::span<const float>());
-          const auto res = c.step(test::synthetic_grad(c.params(), who[i], t, 5));
-          if (res.outcome != StepResult::Outcome::Updated) throw Error("round not updated");
-          got[i].assign(c.params().begin(), c.params().end());
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-        }
-      });
+    for (uint64_t r = t; r < end; ++r)
+      for (uint32_t i = 0; i < per_round; ++i) ts.emplace_back(client, r, i);
     for (auto& th : ts) th.join();
-    for (uint32_t i = 0; i < per_round; ++i) EXPECT_EQ(errors[i], "") << "round " << t;
-    for (uint32_t i = 1; i < per_round; ++i) EXPECT_EQ(got[i], got[0]) << "round " << t;
+    t = end;
   }
-  return got[0];
+  for (uint64_t t = 0; t < rounds; ++t) {
+    for (uint32_t i = 0; i < per_round; ++i) EXPECT_EQ(errors[t][i], "") << "round " << t;
+    for (uint32_t i = 1; i < per_round; ++i) EXPECT_EQ(got[t][i], got[t][0]) << "round " << t;
+  }
+  return got[rounds - 1][0];
 }
 
 TEST(ShardedLoopback, FederatedClientsOverShardsEndBitIdenticalToOneServer) {
@@ -171,15 +191,41 @@ TEST(ShardedLoopback, FederatedClientsOverShardsEndBitIdenticalToOneServer) {
   auto one_options = test_loopback::options("dense", kPerRound, kDim, kRounds);
   one_options.job.population = kPopulation;
   Running one(one_options);
-  const auto ref = federated(one.server.endpoint(), kPopulation, kPerRound, kDim, kRounds, false);
+  const auto ref = federated(one.server.endpoint(), "dense", kPopulation, kPerRound, kDim, kRounds, false);
   ASSERT_EQ(ref.size(), kDim);
   Shards shards("dense", kPerRound, kDim, kRounds, 3,
                 [](ServerOptions& o) { o.job.population = kPopulation; });
-  const auto got = federated(shards.endpoints(), kPopulation, kPerRound, kDim, kRounds, true);
+  const auto got = federated(shards.endpoints(), "dense", kPopulation, kPerRound, kDim, kRounds, true);
   ASSERT_EQ(got.size(), kDim);
   EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
   EXPECT_EQ(one.finish(), kRounds);
   for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), kRounds);
+}
+
+TEST(ShardedLoopback, FederatedClientsCheckingInAheadEndBitIdenticalToOnesThatComeWithTheirRound) {
+  constexpr uint64_t kDim = 901, kRounds = 4;
+  constexpr uint32_t kPopulation = 12, kPerRound = 3;
+  auto one_options = test_loopback::options("topk:k=40", kPerRound, kDim, kRounds);
+  one_options.job.population = kPopulation;
+  Running one(one_options);
+  const auto ref = federated(one.server.endpoint(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
+  ASSERT_EQ(ref.size(), kDim);
+  EXPECT_EQ(one.finish(), kRounds);
+  Running again(one_options);
+  const auto got = federated(again.server.endpoint(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true, true);
+  ASSERT_EQ(got.size(), kDim);
+  EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
+  EXPECT_EQ(again.finish(), kRounds);
+  // Over two shards: each server takes its check-ins on its own.
+  const auto federated_job = [](ServerOptions& o) { o.job.population = kPopulation; };
+  Shards shards("topk:k=40", kPerRound, kDim, kRounds, 2, federated_job);
+  const auto with_round = federated(shards.endpoints(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
+  for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), kRounds);
+  Shards shards_again("topk:k=40", kPerRound, kDim, kRounds, 2, federated_job);
+  const auto sharded = federated(shards_again.endpoints(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true, true);
+  ASSERT_EQ(sharded.size(), kDim);
+  EXPECT_EQ(std::memcmp(sharded.data(), with_round.data(), kDim * 4), 0);
+  for (auto& sv : shards_again.servers) EXPECT_EQ(sv->finish(), kRounds);
 }
 
 TEST(ShardedLoopback, BoundedStalenessOverShardsKeepsEveryShardInStep) {

@@ -178,7 +178,26 @@ ClientOptions client(uint32_t id, const JobConfig& cfg, uint64_t round) {
   return o;
 }
 
-TEST(Session, FederatedClientsTakeTheirSlotsTrainAndLeaveWithTheirRound) {
+/// A round's sampled clients, made and registering (every one holds the initial model; the first
+/// one in sends it).
+std::vector<std::unique_ptr<Worker>> check_in(Wire& w, const JobConfig& cfg, uint64_t t,
+                                              std::span<const float> init) {
+  std::vector<std::unique_ptr<Worker>> cs;
+  for (uint32_t id : sample_clients(cfg.population, cfg.world, cfg.sample_seed, t))
+    cs.push_back(std::make_unique<Worker>(cfg, client(id, cfg, t), init,
+                                          "c" + std::to_string(id) + "r" + std::to_string(t)));
+  for (auto& c : cs) c->hello(w);
+  for (int pass = 0; pass < 3; ++pass)
+    for (auto& c : cs) c->registration(w);
+  return cs;
+}
+
+class FederatedSessions : public ::testing::TestWithParam<bool> {};
+
+// ahead: each round's clients check in while the round before runs, and take their slots and the
+// model when it ends; the job trains the same model bit for bit.
+TEST_P(FederatedSessions, ClientsTakeTheirSlotsTrainAndLeaveWithTheirRound) {
+  const bool ahead = GetParam();
   JobConfig cfg = job("sketch:k=30,cols=300,fetch=1", 3, 600);
   cfg.population = 40;
   cfg.sample_seed = 4;
@@ -186,15 +205,18 @@ TEST(Session, FederatedClientsTakeTheirSlotsTrainAndLeaveWithTheirRound) {
   const auto init = test::initial_params(cfg.dim, 5);
   test::Job ref(w.engine.config().spec, cfg.dim, cfg.world);
   std::vector<float> expect = init;
+  auto cs = check_in(w, cfg, 0, init);
   for (uint64_t t = 0; t < 4; ++t) {
     const auto sample = sample_clients(cfg.population, cfg.world, cfg.sample_seed, t);
-    std::vector<std::unique_ptr<Worker>> cs;
-    for (uint32_t id : sample)  // every client holds the initial model; the first one in sends it
-      cs.push_back(std::make_unique<Worker>(cfg, client(id, cfg, t), init,
-                                            "c" + std::to_string(id) + "r" + std::to_string(t)));
-    for (auto& c : cs) c->hello(w);
-    for (int pass = 0; pass < 3; ++pass)
-      for (auto& c : cs) c->registration(w);
+    std::vector<std::unique_ptr<Worker>> next;
+    if (ahead) {
+      next = check_in(w, cfg, t + 1, init);
+      for (auto& c : next) {
+        EXPECT_TRUE(c->session.registered()) << c->peer << " not welcomed ahead of its round";
+        EXPECT_FALSE(c->session.synced()) << c->peer << " has a model before its round opened";
+      }
+      EXPECT_EQ(w.engine.live_workers(), cfg.world) << "check-ins took this round's slots";
+    }
     std::vector<std::vector<float>> grads;
     for (uint32_t slot = 0; slot < cs.size(); ++slot) {
       ASSERT_TRUE(cs[slot]->session.synced()) << "client " << sample[slot];
@@ -208,18 +230,63 @@ TEST(Session, FederatedClientsTakeTheirSlotsTrainAndLeaveWithTheirRound) {
     kernels::cpu::axpy(expect.data(), steps[0].data(), cfg.dim, -cfg.lr);
     for (auto& c : cs)
       EXPECT_EQ(std::memcmp(c->session.params().data(), expect.data(), cfg.dim * 4), 0) << c->peer;
-    EXPECT_EQ(w.engine.live_workers(), 0u);
+    if (ahead) {
+      for (auto& c : next) c->registration(w);  // the model of round t + 1, unasked
+      EXPECT_EQ(w.engine.live_workers(), cfg.world);
+      cs = std::move(next);
+    } else {
+      EXPECT_EQ(w.engine.live_workers(), 0u);
+      if (t < 3) cs = check_in(w, cfg, t + 1, init);
+    }
   }
   EXPECT_EQ(std::memcmp(w.engine.model().data(), expect.data(), cfg.dim * 4), 0);
+  EXPECT_EQ(w.engine.rejected(), 0u);
+}
 
-  // A client that was not sampled is refused for good; one early for its round waits its turn.
-  const auto now = sample_clients(cfg.population, cfg.world, cfg.sample_seed, 4);
+INSTANTIATE_TEST_SUITE_P(CheckIn, FederatedSessions, ::testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "Ahead" : "WithTheirRound"; });
+
+TEST(Session, AFederatedClientCheckedInAheadCatchesUpThroughAnAbortedRound) {
+  JobConfig cfg = job("topk:k=30", 3, 600);
+  cfg.population = 40;
+  cfg.sample_seed = 4;
+  cfg.policy = Policy::Abort;
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 5);
+  auto cs = check_in(w, cfg, 0, init);
+  auto next = check_in(w, cfg, 1, {});
+  std::vector<StepResult> res(cs.size());
+  cs[0]->push(w, 11, res[0]);  // the others never push: the round is aborted at its deadline
+  w.tick(cfg.deadline + 1ms);
+  cs[0]->pump(w, res[0]);
+  EXPECT_EQ(res[0].outcome, StepResult::Outcome::Aborted);
+  for (auto& c : next) {
+    EXPECT_FALSE(c->session.synced());
+    c->registration(w);
+    ASSERT_TRUE(c->session.synced()) << c->peer << " did not catch up through the abort";
+    EXPECT_EQ(c->session.round(), 1u);
+    EXPECT_EQ(c->session.next_push(), 1u);
+    EXPECT_EQ(std::memcmp(c->session.params().data(), init.data(), cfg.dim * 4), 0);
+  }
+}
+
+TEST(Session, FederatedClientsOutsideTheSampleOrTwoRoundsEarlyAreRefused) {
+  JobConfig cfg = job("sketch:k=30,cols=300,fetch=1", 3, 600);
+  cfg.population = 40;
+  cfg.sample_seed = 4;
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 5);
+  auto cs = check_in(w, cfg, 0, init);
+  round(w, cs, 11);
+  // At round 1: a client that was not sampled is refused for good; one two rounds early waits
+  // its turn (the server takes check-ins for the next round only).
+  const auto now = sample_clients(cfg.population, cfg.world, cfg.sample_seed, 1);
   uint32_t outsider = 0;
   while (std::find(now.begin(), now.end(), outsider) != now.end()) ++outsider;
-  Worker out(cfg, client(outsider, cfg, 4), {}, "outsider");
+  Worker out(cfg, client(outsider, cfg, 1), {}, "outsider");
   out.hello(w);
   EXPECT_THROW(out.registration(w), ConfigMismatch);
-  Worker early(cfg, client(sample_clients(cfg.population, cfg.world, cfg.sample_seed, 5)[0], cfg, 5),
+  Worker early(cfg, client(sample_clients(cfg.population, cfg.world, cfg.sample_seed, 3)[0], cfg, 3),
                {}, "early");
   early.hello(w);
   early.registration(w);

@@ -28,8 +28,10 @@ class Compressor;
 
 namespace sketchsgd::ps {
 
-inline constexpr uint32_t kMagic = 0x53504B53;   // "SKPS"
-inline constexpr uint16_t kProtocolVersion = 5;  // 5: the shard in Hello (sharded servers)
+inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
+// 5: the shard in Hello (sharded servers); 6: a federated client checks in a round ahead (the
+// model of the round before, then that round's outcome)
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;

@@ -65,7 +65,10 @@ struct JobConfig {
   /// (sample_clients(population, world, sample_seed, round)). A sampled client registers for its
   /// round under its id, gets the slot of its place in the sample as its rank, pushes and
   /// leaves; every slot is free again once the round has ended. A slot whose client has not
-  /// come counts as live until the deadline. 0: `world` fixed workers.
+  /// come counts as live until the deadline. A client of the next round may check in while this
+  /// one runs: it is welcomed then, takes its slot and gets the model the moment its round
+  /// opens, so its connection and registration are off the round's path. 0: `world` fixed
+  /// workers.
   uint32_t population = 0;
   uint64_t sample_seed = 1;
   /// A sharded job's part (ps/shards.hpp): dim and spec are then the shard's range and its
@@ -139,6 +142,9 @@ class Engine {
     bool alive = false;
     uint64_t session = 0;  ///< token issued in its Welcome; its every message must carry it
     Clock::time_point last_seen{};
+    /// Checked in ahead with the model of the round before its own: that round's outcome brings
+    /// it up to date.
+    bool behind = false;
   };
 
   void on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
@@ -163,6 +169,8 @@ class Engine {
   /// keeps it for re-sending, and moves to the next round.
   void end_round(Type outcome, Frames payload, Clock::time_point now, std::vector<Outgoing>& out);
   void finish_round(std::vector<Outgoing>& out);
+  /// The last round's outcome (Update or Abort), again, to a rank.
+  void resend_outcome(uint32_t rank, uint64_t round, std::vector<Outgoing>& out) const;
   /// Merges held messages in rank order, so the float sums (and so the model) do not depend on
   /// arrival order: up to the first expected rank still missing, or all of them when closing.
   void absorb_in_order(bool closing);
@@ -170,18 +178,29 @@ class Engine {
   void reset_round();
 
   bool federated() const { return cfg_.population != 0; }
-  /// A federated Hello's slot: the client's place in this round's sample, or a refusal sent.
-  std::optional<uint32_t> slot_of(const PeerId& peer, const Envelope& e,
-                                  std::vector<Outgoing>& out);
+  /// A federated Hello's slot: the client's place in the sample of this round, or of the next
+  /// (ahead: it checks in while this round runs), or nothing with a refusal sent.
+  struct Slot {
+    uint32_t index;
+    bool ahead;
+  };
+  std::optional<Slot> slot_of(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out);
+  /// Traffic of a client checked in for the next round: heartbeats and Bye, nothing else.
+  void on_waiting(uint32_t slot, const Envelope& e, Clock::time_point now);
   /// A federated round has ended: its clients leave, their slots wait for the next sample.
   void release_slots();
+  /// A federated round has opened: the clients checked in for it take their slots and get the
+  /// round before's outcome (or the model, if they came before there was one).
+  void seat_waiting(std::vector<Outgoing>& out);
   /// An aggregator on the job's device (the CPU, or a GPU for --device cuda).
   std::unique_ptr<Aggregator> make_aggregator() const;
   void send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const;
   /// An envelope to a registered rank, with its session token.
   Frame to(uint32_t rank, Type t, uint64_t round) const;
-  /// "The job finished at round N", to a request that came after the last round.
-  void finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out);
+  /// "The job finished at round N", to a request that came after the last round (or for a round
+  /// past it: `why` says so).
+  void finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out,
+                      std::string why = {});
   void refuse(const PeerId& peer, const Envelope& e, bool retry, const std::string& why,
               std::vector<Outgoing>& out);
   Frames model_frames() const;
@@ -197,8 +216,12 @@ class Engine {
 
   std::vector<Worker> workers_;
   std::map<PeerId, uint32_t> rank_of_;
+  // Federated clients checked in for the next round, by slot, and their connections.
+  std::vector<Worker> next_;
+  std::map<PeerId, uint32_t> next_of_;
   std::vector<bool> pending_pull_;
-  std::vector<uint32_t> sampled_;  // a federated job's clients of this round, in slot order
+  std::vector<uint32_t> sampled_;       // a federated job's clients of this round, in slot order
+  std::vector<uint32_t> next_sampled_;  // and of the next round
 
   // current round
   std::vector<bool> pushed_;    // gradient phase contributors

@@ -31,7 +31,10 @@ struct ClientOptions {
   uint32_t world = 1;  ///< workers, or a federated job's clients per round
   /// A federated job's population (0: a job of `world` fixed workers). The client registers for
   /// round `join_round` (the server refuses it unless it was sampled then), uses the slot the
-  /// server gives it as its rank, and is done once that round has ended. Any client holding
+  /// server gives it as its rank, and is done once that round has ended. It may register while
+  /// the round before runs (the server takes check-ins one round ahead): it gets that round's
+  /// model at once and its update when its own round opens, and the Client's constructor
+  /// returns then. Any client holding
   /// initial parameters may initialise a server that has no model.
   uint32_t population = 0;
   uint64_t join_round = 0;
@@ -115,6 +118,8 @@ class Session {
   struct Parsed;
   std::optional<Parsed> parse(const Frames& frames) const;
   bool control(const Parsed& m, Clock::time_point now, Outbox& out);
+  /// Applies an Update's step to params(); returns the update's bytes.
+  uint64_t apply_update(const Parsed& m);
   Frame envelope(Type t, uint64_t round) const;
 
   ClientOptions opts_;
@@ -131,7 +136,10 @@ class Session {
   std::deque<std::pair<uint64_t, Frame>> pending_;  // pushes without an outcome yet
   std::optional<Clock::time_point> hello_at_;       // a Hello to send again then
   bool registered_ = false;
-  bool synced_ = false;  // a Model has arrived since the last registration
+  bool synced_ = false;  // a Model of the current round has arrived since the last registration
+  // A federated client checked in ahead holds the model of the round before its own; that
+  // round's outcome brings it up to date.
+  bool behind_ = false;
   bool model_changed_round_ = false;
 };
 
