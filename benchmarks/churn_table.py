@@ -21,26 +21,38 @@ from shards_table import MACHINE, ROOT, read_scale as read_lines  # noqa: E402
 DATA = os.path.join(ROOT, "docs/data/churn.jsonl")
 
 
+CHECK_IN = {"ahead": "while the round before runs", "round": "when their round starts"}
+
+
 def table(runs, day):
     rows = []
     for r in runs:
-        rows.append([f"{r['d']:,}", f"`{r['spec']}`", r.get("io", "own"), r["rounds"], f"{r['fixed_ms']:.1f}",
-                     f"{r['federated_ms']:.1f}", f"{r['federated_ms'] / r['fixed_ms']:.1f}×", f"{r['join_ms']:.1f}",
+        ahead = r.get("check_in", "round") == "ahead"
+        rows.append([f"{r['d']:,}", f"`{r['spec']}`", r.get("io", "own"), r.get("work_ms", 0),
+                     CHECK_IN[r.get("check_in", "round")], r["rounds"], f"{r['fixed_ms']:.1f}", f"{r['federated_ms']:.1f}",
+                     f"{r['federated_ms'] / r['fixed_ms']:.1f}×", "—" if ahead else f"{r['join_ms']:.1f}",
                      f"{r['leave_ms']:.1f}", f"{r['server_cpu_ms_fixed']:.1f}", f"{r['server_cpu_ms_federated']:.1f}",
+                     f"{r['client_cpu_ms_fixed']:.2f} / {r['client_cpu_ms_federated']:.2f}",
                      f"{r['rss_start_mb']:.1f} → {r['rss_end_mb']:.1f}"])
     first = runs[0]
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-churn.json"),
-                     "build/default/benchmarks/sketchsgd_bench_churn --out F (options per row: d, codec, io, rounds); "
+                     "build/default/benchmarks/sketchsgd_bench_churn --out F (options per row: d, codec, io, work-ms, rounds); "
                      "/usr/bin/python3 benchmarks/churn_table.py F --write-docs", day, MACHINE,
-                     ["d", "codec", "clients' ZeroMQ context", "rounds", "fixed workers: round ms",
-                      "federated: round ms", "federated / fixed", "join ms (median client)", "leave ms",
-                      "server CPU ms a round, fixed", "server CPU ms a round, federated",
+                     ["d", "codec", "clients' ZeroMQ context", "local work ms", "federated clients check in",
+                      "rounds",
+                      "fixed workers: round ms", "federated: round ms", "federated / fixed",
+                      "join ms (median client)", "leave ms", "server CPU ms a round, fixed",
+                      "server CPU ms a round, federated", "a client's CPU ms a round, fixed / federated",
                       "server memory MB, after warm-up → end (federated)"], rows,
                      data="docs/data/churn.jsonl",
                      note=f"C = {first['per_round']} clients a round from N = {first['population']:,} (federated) "
                           f"against {first['per_round']} fixed workers; the server a sketchsgd-server process, the "
-                          "clients threads of the benchmark (one ZeroMQ context for all of them, or one each); median "
-                          "round after the warm-up rounds (2, or 20 in 300-round rows).")
+                          "clients threads of the benchmark (one ZeroMQ context for all of them, or one each); a "
+                          "round from the end of the one before (its last client's update) to its own end, median "
+                          "after the warm-up rounds (2, or 20 in 300-round rows); local work: each client's (and "
+                          "worker's) time between the model and its push, a sleep (devices compute side by side); "
+                          "join: connecting, registering and the model, for clients that come when their round "
+                          "starts.")
 
 
 def main():
