@@ -238,7 +238,7 @@ def worker(rank, args, port, queue):
                 with torch.no_grad():
                     last_sync()
                 synced = True
-            quality = job.evaluate(model, device, dtype) if rank == 0 else {}
+            quality = job.evaluate(model, device, dtype, args.eval_items) if rank == 0 else {}
             rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, job.metric: quality.get(job.metric),
                          "payload_bytes_per_round": payload() / step, "seconds": time.time() - t0})
             if rank == 0:
@@ -317,6 +317,8 @@ def main():
     p.add_argument("--data", default=workloads.FASHION, help="Fashion-MNIST's folder")
     p.add_argument("--text", default=workloads.TEXT, help="the transformer's text: a folder of *.rst.txt")
     p.add_argument("--max-steps", type=int, default=0, help="steps per epoch at most (quick runs)")
+    p.add_argument("--eval-items", type=int, default=0, help="evaluate on the first N held-out items (quick runs; "
+                   "0: all)")
     p.add_argument("--progress", type=int, default=100, help="a progress line every N steps")
     p.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds")
     p.add_argument("--json", help="write the summary here")
@@ -333,6 +335,8 @@ def main():
             setattr(args, key, value)
     if args.local < 0:
         sys.exit(f"--local {args.local}: steps between syncs, ≥ 1 (0: DDP)")
+    if args.eval_items < 0 or args.max_steps < 0:
+        sys.exit("--eval-items and --max-steps: ≥ 0 (0: all)")
     args.master_addr = "127.0.0.1"
     if args.rank is not None:
         if not args.master or not 0 <= args.rank < args.workers:

@@ -75,8 +75,9 @@ class Workload:
     def model(self, seed: int) -> nn.Module:
         raise NotImplementedError
 
-    def evaluate(self, model, device, dtype) -> dict:
-        """The quality figures, the metric among them."""
+    def evaluate(self, model, device, dtype, limit: int = 0) -> dict:
+        """The quality figures, the metric among them, over the first `limit` held-out items
+        (0: all of them)."""
         raise NotImplementedError
 
     def describe(self, quality: float) -> str:
@@ -119,15 +120,17 @@ class FashionMNIST(Workload):
                                  nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
         return ResNet(self.n)
 
-    def evaluate(self, model, device, dtype):
+    def evaluate(self, model, device, dtype, limit=0):
+        n = min(limit, len(self.xte)) if limit else len(self.xte)
         model.eval()
         right = 0
         with torch.no_grad():
-            for i in range(0, len(self.xte), 1000):
-                out = model(self.xte[i:i + 1000].to(device, dtype))
-                right += (out.argmax(1).cpu() == self.yte[i:i + 1000]).sum().item()
+            for i in range(0, n, 1000):
+                j = min(i + 1000, n)
+                out = model(self.xte[i:j].to(device, dtype))
+                right += (out.argmax(1).cpu() == self.yte[i:j]).sum().item()
         model.train()
-        return {"test_accuracy": right / len(self.xte)}
+        return {"test_accuracy": right / n}
 
     def describe(self, quality):
         return f"test accuracy {100 * quality:.2f} %"
@@ -214,16 +217,17 @@ class Text(Workload):
         torch.manual_seed(seed)
         return ByteLM(self.seq, self.d, self.layers, self.heads)
 
-    def evaluate(self, model, device, dtype):
+    def evaluate(self, model, device, dtype, limit=0):
+        starts = self.eval_starts[:limit] if limit else self.eval_starts
         model.eval()
         total = 0.0
         with torch.no_grad():
-            for i in range(0, len(self.eval_starts), 64):
-                at = self.eval_starts[i:i + 64, None] + torch.arange(self.seq + 1)
+            for i in range(0, len(starts), 64):
+                at = starts[i:i + 64, None] + torch.arange(self.seq + 1)
                 w = self.val[at].to(device)
                 total += self.loss(model(w[:, :-1]), w[:, 1:]).item() * len(at)
         model.train()
-        loss = total / len(self.eval_starts)
+        loss = total / len(starts)
         return {"val_loss": loss, "val_bits_per_byte": loss / math.log(2), "val_perplexity": math.exp(loss)}
 
     def describe(self, quality):

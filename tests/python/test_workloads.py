@@ -84,6 +84,19 @@ def test_the_models_are_seeded_and_of_the_documented_sizes(text, fashion):
     assert 800_000 < sum(p.numel() for p in a.parameters()) < 900_000
 
 
+def test_a_limited_evaluation_scores_the_first_items_alone(text, fashion):
+    """--eval-items N (quick runs): the metric over the first N held-out items, as scored one by one."""
+    m = workloads.make("mlp").model(seed=1)
+    acc = fashion.evaluate(m, "cpu", torch.float32, limit=1500)["test_accuracy"]
+    with torch.no_grad():
+        right = (m(fashion.xte[:1500]).argmax(1) == fashion.yte[:1500]).sum().item()
+    assert acc == right / 1500
+    assert fashion.evaluate(m, "cpu", torch.float32, limit=10**9) == fashion.evaluate(m, "cpu", torch.float32)
+    lm = text.model(seed=1)
+    few, every = text.evaluate(lm, "cpu", torch.float32, limit=64), text.evaluate(lm, "cpu", torch.float32)
+    assert few["val_loss"] != every["val_loss"] and abs(few["val_loss"] - every["val_loss"]) < 0.5
+
+
 def test_bad_workloads_are_refused():
     for name in ["resnet9", "resnet", "vgg"]:
         with pytest.raises(ValueError, match="6n\\+2|unknown"):
@@ -97,7 +110,7 @@ def test_bad_workloads_are_refused():
 def _train(tmp_path, *args):
     out = tmp_path / "summary.json"
     cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--workers", "2", "--epochs", "1",
-           "--max-steps", "14", "--progress", "7", "--timeout", "240", "--json", str(out), *args]
+           "--max-steps", "14", "--eval-items", "100", "--progress", "7", "--timeout", "240", "--json", str(out), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text())
@@ -110,8 +123,8 @@ def _train(tmp_path, *args):
     ("transformer", "fp32", "powersgd:rank=2"),
 ])
 def test_a_short_run_of_each_workload_trains_with_replicas_identical(tmp_path, workload, dtype, hook):
-    """14 steps on 2 gloo ranks (10 plain all-reduces, then the hook): the quality figure is there
-    and finite, every replica holds the same parameters bit for bit, a model in bfloat16 too
+    """14 steps on 2 gloo ranks (10 plain all-reduces, then the hook), evaluated on 100 held-out
+    items (a model in bfloat16 evaluates slowly on the CPU): the quality figure is there and finite, every replica holds the same parameters bit for bit, a model in bfloat16 too
     (its buckets go through the hook's float32 copy), and the hook's steps moved less than
     dense."""
     r = _train(tmp_path, "--workload", workload, "--dtype", dtype, "--hook", hook)
@@ -127,7 +140,8 @@ def test_a_short_run_of_each_workload_trains_with_replicas_identical(tmp_path, w
 
 def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path):
     for args, says in [(["--workload", "resnet7"], "6n+2"), (["--workload", "gpt"], "--workload"),
-                       (["--workload", "transformer", "--text", str(tmp_path)], "python3.11-doc")]:
+                       (["--workload", "transformer", "--text", str(tmp_path)], "python3.11-doc"),
+                       (["--eval-items", "-1"], "--eval-items")]:
         done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), *args],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode != 0 and says in done.stderr, (args, done.stderr)
