@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Where a gathered codec's round goes, phase by phase, through the Python API on one thread: W
 workers' encode (each its own codec and state), the padding a hook's all-gather needs, the
 aggregator's add of the W messages and its finish, and one worker's apply of the update. No
 collectives: the cost a DDP rank pays for the codec itself. --python points at another build of
 the package, to compare two builds in alternating runs.
 
-    /usr/bin/python3 benchmarks/bench_codec_phases.py --spec topk:k=20000,momentum=0.9 --workers 4
-    /usr/bin/python3 benchmarks/bench_codec_phases.py --python /tmp/before/build/python --json before.json
+    .venv/bin/python benchmarks/bench_codec_phases.py --spec topk:k=20000,momentum=0.9 --workers 4
+    .venv/bin/python benchmarks/bench_codec_phases.py --python /tmp/before/build/python --json before.json
 """
 import argparse
 import json
@@ -16,27 +16,33 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from cli import count, one_line  # noqa: E402  (the command-line checks shared with examples/)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", default="topk:k=20000,momentum=0.9")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--dim", type=int, default=1863690, help="default: the demo's MLP")
-    ap.add_argument("--rounds", type=int, default=30, help="timed rounds (after 2 warm-up rounds)")
+    ap.add_argument("--workers", type=count, default=4)
+    ap.add_argument("--dim", type=count, default=1863690, help="default: the demo's MLP")
+    ap.add_argument("--rounds", type=count, default=30, help="timed rounds (after 2 warm-up rounds)")
     ap.add_argument("--python", default=os.path.join(ROOT, "build/default/python"), help="where the sketchsgd package is")
     ap.add_argument("--json", help="write the medians here")
     args = ap.parse_args()
-    if args.workers < 1 or args.dim < 1 or args.rounds < 1:
-        sys.exit("--workers, --dim and --rounds must be ≥ 1")
     sys.path.insert(0, os.path.abspath(args.python))
     import torch
-    import sketchsgd
+    try:
+        import sketchsgd
+    except ImportError as e:
+        ap.error(f"--python {args.python}: the sketchsgd package does not load ({one_line(e)})")
     torch.set_num_threads(1)
-    codecs = [sketchsgd.Compressor(args.spec, args.dim) for _ in range(args.workers)]
+    try:
+        codecs = [sketchsgd.Compressor(args.spec, args.dim) for _ in range(args.workers)]
+    except (sketchsgd.Error, ValueError) as e:
+        ap.error(f"--spec {args.spec}: {one_line(e)}")
     if codecs[0].sum_size("gradient") > 0:
-        sys.exit(f"{args.spec} sums its payload (an all-reduce, no messages to gather): this benchmark is for "
-                 "gathered codecs")
+        ap.error(f"--spec {args.spec}: sums its payload (an all-reduce, no messages to gather): this benchmark is "
+                 "for gathered codecs")
     agg = codecs[0].make_aggregator(args.workers)
     times = {k: [] for k in ("encode", "pad", "add", "finish", "apply")}
     step = torch.empty(args.dim)

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The DDP hooks' own work per step — compression, aggregation and decompression, without
 communication (one process, a group of one: gloo on the CPU, NCCL on a GPU) — for sketchsgd's hook and PyTorch's
 PowerSGD and fp16 hooks (specs torch:powersgd:rank=R, fp16), on the gradient of the demo's MLP (784-1024-1024-10), one bucket.
 
-    /usr/bin/python3 benchmarks/bench_hook.py [--threads 1] [--steps 30] [--rounds 4]
+    .venv/bin/python benchmarks/bench_hook.py [--threads 1] [--steps 30] [--rounds 4]
                                               [--json out.json] [--png out.png]
     python3 benchmarks/bench_hook.py --device cuda      (a CUDA build of the package; times
                                                         with the device synchronised)
@@ -20,6 +20,10 @@ import socket
 import statistics
 import sys
 import time
+
+# The command-line checks shared with examples/ (examples/cli.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import count, one_line  # noqa: E402
 
 HOOKS = [
     ("allreduce (no hook)", "none"),
@@ -44,14 +48,14 @@ HOOKS = [
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=count, default=1)
+    ap.add_argument("--steps", type=count, default=30)
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--width", type=int, default=1024, help="hidden width of the MLP (the demo's: 1024)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--width", type=count, default=1024, help="hidden width of the MLP (the demo's: 1024)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                     help="the model's and so the bucket's precision (sketchsgd widens half buckets)")
-    ap.add_argument("--rounds", type=int, default=1, help="time all hooks in turn this many times")
+    ap.add_argument("--rounds", type=count, default=1, help="time all hooks in turn this many times")
     ap.add_argument("--only", help="comma-separated substrings: time just the hooks whose spec has one")
     ap.add_argument("--json")
     ap.add_argument("--profile", help="also profile 20 steps of each hook (torch.profiler) into this text file: "
@@ -62,7 +66,13 @@ def main():
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            sys.exit("bench_hook.py: --png needs matplotlib (apt-get install python3-matplotlib)")
+            ap.error("--png needs matplotlib (apt-get install python3-matplotlib)")
+    if args.only and not any(o in h for _, h in HOOKS for o in args.only.split(",")):
+        ap.error(f"--only {args.only}: no hook's spec has any of these")
+    for name in ("json", "profile", "png"):
+        path = getattr(args, name)
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            ap.error(f"--{name} {path}: no such folder {os.path.dirname(os.path.abspath(path))}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)  # torch's and our matrix products alike
     sys.path.insert(0, os.path.abspath(args.python))
@@ -71,13 +81,16 @@ def main():
     import torch.nn as nn
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-    from sketchsgd.torch import CompressionState, FlatBucket, compression_hook
+    try:
+        from sketchsgd.torch import CompressionState, FlatBucket, compression_hook
+    except ImportError as e:
+        ap.error(f"--python {args.python}: the sketchsgd package does not load ({one_line(e)})")
 
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     if cuda and not torch.cuda.is_available():
-        sys.exit("bench_hook.py: --device cuda but this PyTorch sees no GPU")
+        ap.error("--device cuda: this PyTorch sees no GPU")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Whole training steps over emulated links: W hosts in network namespaces joined by a switch,
 each host's link shaped by tbf in both directions, the demo's job (or --workload transformer) run
 across them under PyTorch DDP (one rank per host) and over the parameter server (server and
@@ -7,7 +7,7 @@ median steady step (DDP) or round (parameter server) for every hook and link rat
 floor (the same step with no communication), and for each hook the link rate below which it
 beats DDP without a hook. Needs root (ip netns, tc); exits 77 with a message otherwise.
 
-    sudo /usr/bin/python3 benchmarks/bench_network.py [--workload mlp|transformer]
+    sudo .venv/bin/python benchmarks/bench_network.py [--workload mlp|transformer]
         [--rates unshaped,1gbit,100mbit] [--hooks 'none;fp16;...'] [--buckets one,default] [--ps]
         [--steps 40] [--json out.json]
         [--png out.png] [--write-docs]
@@ -32,6 +32,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from cli import count, items, names, positive  # noqa: E402  (the command-line checks shared with examples/)
+
 RATES = ["unshaped", "10gbit", "1gbit", "100mbit", "10mbit"]
 BITS = {"unshaped": None, "10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6, "10mbit": 10e6}
 # PyTorch's references and our frontier points (docs/RESULTS.md).
@@ -309,22 +312,22 @@ def plot(results, floor, png, workload="mlp"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--rates", default="unshaped,1gbit,100mbit", help=f"comma-separated, of {','.join(RATES)}")
+    ap.add_argument("--workers", type=count, default=4)
+    ap.add_argument("--rates", default="unshaped,1gbit,100mbit", type=names(RATES), help=f"comma-separated, of {','.join(RATES)}")
     ap.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS),
                     help="the DDP job (examples/workloads.py); the parameter-server demo is the MLP's")
     ap.add_argument("--hooks", help="DDP hooks separated by ';' (examples/ddp_train.py; default: the workload's "
                                     "references and frontier points)")
-    ap.add_argument("--buckets", default="one,default", help="one: the model in one DDP bucket; default: DDP's caps; coalesced: "
+    ap.add_argument("--buckets", default="one,default", type=names(["one", "default", "coalesced"]), help="one: the model in one DDP bucket; default: DDP's caps; coalesced: "
                     "DDP's caps, our hooks' collectives issued together at the last bucket (coalesce=True)")
-    ap.add_argument("--steps", type=int, default=40, help="steady steps timed per job (after 11 warm-up steps)")
+    ap.add_argument("--steps", type=count, default=40, help="steady steps timed per job (after 11 warm-up steps)")
     ap.add_argument("--ps", action="store_true", help="also the parameter-server demo")
     ap.add_argument("--ps-codecs", default=";".join(PS_CODECS), help="codecs separated by ';'")
-    ap.add_argument("--ps-rounds", type=int, default=30)
-    ap.add_argument("--ps-shards", default="1",
+    ap.add_argument("--ps-rounds", type=count, default=30)
+    ap.add_argument("--ps-shards", default="1", type=items(count),
                     help="comma-separated S: 1 is one server on host 0; S > 1 co-located shards, shard i on host i mod W")
     ap.add_argument("--tcp", help="TCP congestion control in every namespace, e.g. cubic (default: the system's)")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per job at most")
+    ap.add_argument("--timeout", type=positive, default=300, help="seconds per job at most")
     ap.add_argument("--python", default=os.path.join(ROOT, "build/default/python"), help="where the sketchsgd package is")
     ap.add_argument("--demo", default=os.path.join(ROOT, "build/default/demo/sketchsgd-train"))
     ap.add_argument("--json", help="write the results here")
@@ -338,9 +341,14 @@ def main():
                                       "the 2-core dev machine)")
     ap.add_argument("--name", help="the docs' files are network-NAME… (default: the workload's; none for the MLP)")
     args = ap.parse_args()
+    earlier = "report" if args.report else "replot" if args.replot else None  # an earlier run's --json
+    if earlier:
+        try:
+            with open(getattr(args, earlier)) as f:
+                old = json.load(f)
+        except (OSError, ValueError) as e:
+            ap.error(f"--{earlier} {getattr(args, earlier)}: {e}")
     if args.report:
-        with open(args.report) as f:
-            old = json.load(f)
         args.steps, args.workers, args.workload = old["steps"], old["workers"], old.get("workload", "mlp")
         args.ps_rounds = old.get("ps_rounds", args.ps_rounds)
         args.machine = args.machine or old.get("machine")
@@ -349,19 +357,17 @@ def main():
                    {(d["hook"], d["buckets"]): d["payload_bytes"] for d in old["ddp"] if "payload_bytes" in d})
         return
     if args.replot:
-        with open(args.replot) as f:
-            old = json.load(f)
         plot({(d["hook"], d["buckets"]): d["step_ms"] for d in old["ddp"]}, old["floor_ms"], args.png or "network.png",
              old.get("workload", "mlp"))
         return
     args.machine = args.machine or "the 2-core dev machine"
     if args.ps and args.workload != "mlp":
-        sys.exit("--ps runs the demo, whose job is the MLP: leave --ps out with --workload " + args.workload)
-    if any(int(x) < 1 for x in args.ps_shards.split(",")):
-        sys.exit(f"--ps-shards {args.ps_shards}: each S must be ≥ 1")
+        ap.error("--ps runs the demo, whose job is the MLP: leave --ps out with --workload " + args.workload)
+    if args.ps and not os.access(args.demo, os.X_OK):
+        ap.error(f"--demo {args.demo}: no such program (build it: cmake --build --preset default)")
+    if not os.path.isdir(args.python):
+        ap.error(f"--python {args.python}: no such folder (build the package: cmake --build --preset default)")
     rates = [r for r in args.rates.split(",") if r]
-    if unknown := [r for r in rates if r not in BITS]:
-        sys.exit(f"unknown rate(s) {unknown}; use {RATES}")
     if os.geteuid() != 0:
         print("SKIP: bench_network.py needs root (ip netns, tc)", file=sys.stderr)
         sys.exit(77)
@@ -405,7 +411,7 @@ def main():
                         log(f"    {s['step_ms_median']:.1f} ms a step (p10 {s['step_ms_p10']:.1f}, p90 "
                             f"{s['step_ms_p90']:.1f}), {s['steady_payload_bytes_per_round'] / 1e3:.0f} kB a step")
             if args.ps:
-                for shards in (int(x) for x in args.ps_shards.split(",")):
+                for shards in args.ps_shards:
                     for codec in args.ps_codecs.split(";"):
                         name = codec if shards == 1 else f"{codec}, {shards} co-located shards"
                         log(f"  parameter server, {rate}, {name}")
@@ -505,7 +511,7 @@ def write_docs(out, results, ps, floor, rates, args, payloads=None):
                      (crossover(pts, base) if hook != "none" else None) or "—"])
     rows.append(["compute floor (no communication)", ""] + [f"{floor:.1f}" if floor else ""] * len(rates) +
                 ["1.00", "", "", ""])
-    cmd = "sudo /usr/bin/python3 benchmarks/bench_network.py --write-docs" + \
+    cmd = "sudo .venv/bin/python benchmarks/bench_network.py --write-docs" + \
         ("" if args.workload == "mlp" else f" --workload {args.workload}")
     if args.report:  # the run's own command, then this report
         cmd = f"{out.get('command', 'benchmarks/bench_network.py')}; {' '.join(['bench_network.py'] + sys.argv[1:])}"

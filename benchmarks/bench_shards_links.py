@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The sharded parameter server over emulated links: S = 1, 2, 4, 8 server hosts, each on a link of
 its own shaped by tbf (--rate, both directions), and W lightweight workers on one more host whose
 link is left unshaped (as if each worker had a link of its own: the servers' links are where the
@@ -6,7 +6,7 @@ incast is). Runs sketchsgd_bench_shards on the workers' host with each shard's s
 its host; prints its table and appends its JSON lines to --json. Needs root (ip netns, tc); exits
 77 with a message otherwise. Namespaces are removed on every exit path.
 
-    sudo /usr/bin/python3 benchmarks/bench_shards_links.py [--rate 100mbit] [--workers 64]
+    sudo .venv/bin/python benchmarks/bench_shards_links.py [--rate 100mbit] [--workers 64]
         [--shards 1,2,4,8] [--codecs 'dense;...'] [--dim 100000] [--json out.jsonl]
 """
 import argparse
@@ -19,6 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_network import BITS, Testbed, log  # noqa: E402
+from cli import count, items, positive  # noqa: E402  (examples/cli.py: bench_network put it on the path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,19 +27,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", default="100mbit", choices=list(BITS))
-    ap.add_argument("--workers", type=int, default=64)
-    ap.add_argument("--shards", default="1,2,4,8")
+    ap.add_argument("--workers", type=count, default=64)
+    ap.add_argument("--shards", default="1,2,4,8", type=items(count), help="comma-separated")
     ap.add_argument("--codecs", default="dense;topk:k=5000;sketch:rows=1,cols=25000,k=5000,fetch=1")
-    ap.add_argument("--dim", type=int, default=100000)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--dim", type=count, default=100000)
+    ap.add_argument("--rounds", type=count, default=6)
     ap.add_argument("--json", default="")
     ap.add_argument("--bench", default=os.path.join(ROOT, "build/default/benchmarks/sketchsgd_bench_shards"))
-    ap.add_argument("--timeout", type=float, default=1800, help="seconds for the whole benchmark")
+    ap.add_argument("--timeout", type=positive, default=1800, help="seconds for the whole benchmark")
     args = ap.parse_args()
+    if not os.access(args.bench, os.X_OK):
+        ap.error(f"--bench {args.bench}: no such program (build it: cmake --build --preset default)")
     if os.geteuid() != 0:
         print("bench_shards_links.py: needs root (network namespaces, tc)", file=sys.stderr)
         sys.exit(77)
-    most = max(int(s) for s in args.shards.split(","))
+    most = max(args.shards)
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -52,7 +55,7 @@ def main():
         log(f"testbed: {most} server hosts at {args.rate}, {args.workers} workers on host {workers} (unshaped)")
         ip = shutil.which("ip")
         tag = bed.hosts[0][:-1]  # the hosts are TAG0, TAG1, …
-        cmd = [args.bench, "--workers", str(args.workers), "--shards", args.shards, "--codecs", args.codecs,
+        cmd = [args.bench, "--workers", str(args.workers), "--shards", ",".join(map(str, args.shards)), "--codecs", args.codecs,
                "--dim", str(args.dim), "--rounds", str(args.rounds), "--launch", f"{ip} netns exec {tag}{{i}}",
                "--bind", f"tcp://198.18.0.{{i+1}}:{5600 + os.getpid() % 300}", "--label", args.rate,
                "--heartbeat-ms", "10000"]  # a round at S = 1 keeps a worker waiting for seconds

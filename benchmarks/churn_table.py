@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The docs' churn table from sketchsgd_bench_churn's JSON lines (--out): federated rounds (C
 clients sampled from N, each connecting, registering, pulling, pushing and leaving) against rounds
 of C fixed workers. --write-docs first copies the inputs to docs/data/churn.jsonl, so the table can
 be rebuilt from the repository alone.
 
     build/default/benchmarks/sketchsgd_bench_churn --out build/churn.jsonl ...
-    /usr/bin/python3 benchmarks/churn_table.py build/churn.jsonl --write-docs
-    /usr/bin/python3 benchmarks/churn_table.py --write-docs     # from docs/data/churn.jsonl as it is
+    .venv/bin/python benchmarks/churn_table.py build/churn.jsonl --write-docs
+    .venv/bin/python benchmarks/churn_table.py --write-docs     # from docs/data/churn.jsonl as it is
 """
 import argparse
 import datetime
@@ -37,7 +37,7 @@ def table(runs, day):
     first = runs[0]
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-churn.json"),
                      "build/default/benchmarks/sketchsgd_bench_churn --out F (options per row: d, codec, io, work-ms, rounds); "
-                     "/usr/bin/python3 benchmarks/churn_table.py F --write-docs", day, MACHINE,
+                     ".venv/bin/python benchmarks/churn_table.py F --write-docs", day, MACHINE,
                      ["d", "codec", "clients' ZeroMQ context", "local work ms", "federated clients check in",
                       "rounds",
                       "fixed workers: round ms", "federated: round ms", "federated / fixed",
@@ -60,9 +60,12 @@ def main():
     ap.add_argument("runs", nargs="*", help="sketchsgd_bench_churn --out files (default: docs/data/churn.jsonl)")
     ap.add_argument("--write-docs", action="store_true", help="copy the runs to docs/data/ and write the table")
     args = ap.parse_args()
-    runs = read_lines(args.runs or [DATA])
+    try:
+        runs = read_lines(args.runs or [DATA])
+    except (OSError, ValueError) as e:
+        ap.error(f"runs: {e}")
     if not runs:
-        sys.exit("no runs")
+        ap.error("no runs")
     if not args.write_docs:
         for r in runs:
             print(r)

@@ -2,7 +2,7 @@
 """Side-by-side benchmark: sketchsgd's C++ count sketch vs. the PyTorch CSVec reference.
 
 Run with Debian's interpreter (needs python3-torch, python3-numpy):
-    /usr/bin/python3 benchmarks/compare_torch.py --binary build/cpu/benchmarks/sketchsgd_compare
+    .venv/bin/python benchmarks/compare_torch.py --binary build/cpu/benchmarks/sketchsgd_compare
 
 The torch half mirrors CSVec with precomputed hashes: int64 buckets and float32
 signs per (row, coordinate), per-row bincount to accumulate, gather of all r x d
@@ -13,6 +13,10 @@ import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
 import numpy as np
 import torch
+
+# The command-line checks shared with examples/ (examples/cli.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import count, names, natural  # noqa: E402
 
 LARGEPRIME = 2**61 - 1  # the reference's hash modulus
 
@@ -149,17 +153,17 @@ def cpu_model():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dim", type=int, default=6_500_000)
-    ap.add_argument("--rows", type=int, default=5)
-    ap.add_argument("--cols", type=int, default=500_000)
-    ap.add_argument("--k", type=int, default=50_000)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--dim", type=count, default=6_500_000)
+    ap.add_argument("--rows", type=count, default=5)
+    ap.add_argument("--cols", type=count, default=500_000)
+    ap.add_argument("--k", type=count, default=50_000)
+    ap.add_argument("--reps", type=count, default=5)
+    ap.add_argument("--seed", type=natural, default=42)
     ap.add_argument("--binary", default="build/cpu/benchmarks/sketchsgd_compare")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--hashing", default="blocked,random",
+    ap.add_argument("--threads", type=count, default=os.cpu_count())
+    ap.add_argument("--hashing", default="blocked,random", type=names(["random", "precomputed", "blocked"]),
                     help="sketchsgd hashing modes to run side by side (random, precomputed, blocked)")
-    ap.add_argument("--block", type=int, default=1024, help="block size of blocked hashing")
+    ap.add_argument("--block", type=count, default=1024, help="block size of blocked hashing")
     ap.add_argument("--out-json", help="write all results here")
     ap.add_argument("--save-input", metavar="FILE",
                     help="also keep the gradient (raw little-endian f32) here, e.g. for a profiler")
@@ -167,9 +171,11 @@ def main():
 
     # Fail before the minute of torch work, not after it.
     if not (os.path.isfile(args.binary) and os.access(args.binary, os.X_OK)):
-        sys.exit(f"error: binary not found or not executable: {args.binary} (build it, or pass --binary)")
-    if not 0 < args.k <= args.dim:
-        sys.exit("error: need 0 < k <= dim")
+        ap.error(f"--binary {args.binary}: not found or not executable (build it, or pass --binary)")
+    if args.k > args.dim:
+        ap.error(f"--k {args.k}: more than --dim {args.dim}")
+    if not any(m.strip() for m in args.hashing.split(",")):
+        ap.error("--hashing: no mode")
 
     torch.set_num_threads(args.threads)
     machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,

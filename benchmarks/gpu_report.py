@@ -145,13 +145,22 @@ def main():
     ap.add_argument("--png", help="also draw the chart here (needs matplotlib)")
     ap.add_argument("--replot", help="draw --png from an earlier --json instead of measuring")
     a = ap.parse_args()
+    for name in ("bench", "replot"):  # JSON files of earlier runs
+        path = getattr(a, name)
+        if path:
+            try:
+                with open(path) as f:
+                    json.load(f)
+            except (OSError, ValueError) as e:
+                ap.error(f"--{name} {path}: {e}")
     if a.replot:
         if not a.png:
-            sys.exit("error: --replot needs --png")
-        chart(json.load(open(a.replot)), a.png)
+            ap.error("--replot needs --png")
+        with open(a.replot) as f:
+            chart(json.load(f), a.png)
         return
     if not a.bench:
-        sys.exit("error: --bench (or --replot) is required")
+        ap.error("--bench (or --replot) is required")
     global torch
     torch = importlib.import_module("torch")
     D, C, R, K = 1 << 27, 1 << 20, 5, 1_000_000

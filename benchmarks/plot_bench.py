@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Plots Google Benchmark JSON from sketchsgd_bench: coordinates/s against d, one line per
 benchmark, kernels and codecs in separate PNGs.  Usage: plot_bench.py bench.json OUTDIR"""
+import argparse
 import json
+import os
 import re
-import sys
 from collections import defaultdict
 
 import matplotlib
@@ -13,8 +14,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main():
-    src, outdir = sys.argv[1], sys.argv[2]
-    runs = json.load(open(src))["benchmarks"]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", help="sketchsgd_bench --benchmark_format=json output")
+    ap.add_argument("outdir", help="where the PNGs go")
+    args = ap.parse_args()
+    src, outdir = args.bench, args.outdir
+    try:
+        with open(src) as f:
+            runs = json.load(f)["benchmarks"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"{src}: not a Google Benchmark JSON file ({type(e).__name__}: {e})")
+    if not os.path.isdir(outdir):
+        ap.error(f"{outdir}: no such folder")
     series = defaultdict(list)
     for r in runs:
         m = re.match(r"(.+)/d:(\d+)", r["name"])

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The docs' sharding tables and plot from the benchmarks' data: sketchsgd_bench_shards JSON lines
 (on loopback, or over shaped links from bench_shards_links.py) become the table ps-shards and
 docs/images/shards.png (round time against S, one line per codec and link); a bench_network.py
@@ -7,14 +7,15 @@ docs/images/shards.png (round time against S, one line per codec and link); a be
 inputs to docs/data/ (shards-scale.jsonl, shards-network.json) so the tables can be rebuilt from
 the repository alone.
 
-    /usr/bin/python3 benchmarks/shards_table.py --scale build/shards-links.jsonl build/shards-loop.jsonl \\
+    .venv/bin/python benchmarks/shards_table.py --scale build/shards-links.jsonl build/shards-loop.jsonl \\
         --network build/shards-bbr.json build/shards-reno.json --write-docs
-    /usr/bin/python3 benchmarks/shards_table.py --write-docs     # from docs/data/ as they are
+    .venv/bin/python benchmarks/shards_table.py --write-docs     # from docs/data/ as they are
 """
 import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -43,7 +44,7 @@ def scale_table(doc_tables, runs, day):
                      f"{r['rss_mb_sum']:.0f} / {r['rss_mb_max']:.0f}"])
     w, d = runs[0]["workers"], runs[0]["d"]
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-shards.json"),
-                     "sudo /usr/bin/python3 benchmarks/bench_shards_links.py --rounds 6 (100mbit); "
+                     "sudo .venv/bin/python benchmarks/bench_shards_links.py --rounds 6 (100mbit); "
                      "OMP_NUM_THREADS=1 build/default/benchmarks/sketchsgd_bench_shards --rounds 8 (loopback)", day, MACHINE,
                      ["links", "codec", "S", "round ms", "vs S = 1", "MB a round on the busiest server link",
                       "servers' CPU ms a round (all / busiest)", "servers' memory MB (all / largest)"], rows,
@@ -75,7 +76,7 @@ def network_table(doc_tables, nets, day):
             for name, cells in sorted(jobs.items(), key=lambda kv: kv[0].startswith("DDP"))]
     net = nets[0]
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-shards-links.json"),
-                     "sudo /usr/bin/python3 benchmarks/bench_network.py --tcp bbr|reno --hooks 'none;…' --buckets one "
+                     "sudo .venv/bin/python benchmarks/bench_network.py --tcp bbr|reno --hooks 'none;…' --buckets one "
                      "--rates 100mbit --ps --ps-shards 1,4,16", day, MACHINE, cols, rows, data="docs/data/shards-network.json",
                      note=f"{net['workers']} hosts in network namespaces on tbf-shaped links, the demo's MLP "
                           f"(1.86 M parameters), {net['ps_rounds']} rounds of the parameter-server demo (median time "
@@ -117,10 +118,22 @@ def main():
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    if not args.write_docs:
+        ap.error("nothing to do without --write-docs")
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", args.date):
+        ap.error(f"--date {args.date!r}: expected YYYY-MM-DD")
+    for name in ("scale", "network"):  # all readable before any is copied into docs/data
+        for p in getattr(args, name):
+            try:
+                if name == "scale":
+                    read_scale([p])
+                else:
+                    with open(p) as f:
+                        json.load(f)
+            except (OSError, ValueError) as e:
+                ap.error(f"--{name} {p}: {e}")
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import doc_tables
-    if not args.write_docs:
-        sys.exit("nothing to do without --write-docs")
     if args.scale:
         with open(SCALE, "w") as out:
             for p in args.scale:

@@ -59,6 +59,37 @@ struct Plan {
   uint64_t rounds() const { return steps_per_epoch() * epochs / local.push_every; }
 };
 
+/// Every flag's value, checked before anything starts (the processes of --role all get the same
+/// flags): a bad one is an InvalidArgument naming its flag, exit status 2.
+void check_flags(const ps::Flags& f) {
+  const std::string role = f.str("role"), model = f.str("model");
+  SKETCHSGD_REQUIRE(role == "all" || role == "server" || role == "worker", InvalidArgument,
+                    "--role must be all, server or worker, got '", role, "'");
+  SKETCHSGD_REQUIRE(model == "mlp" || model == "cnn", InvalidArgument,
+                    "--model must be mlp or cnn, got '", model, "'");
+  const uint64_t workers = f.u64("workers", 1, 65536);
+  f.u64("rank", 0, workers - 1);
+  f.u64("batch", 1, 60000);
+  f.u64("epochs", 1, UINT32_MAX);
+  f.u64("push-every", 1, UINT32_MAX);
+  f.u64("fetch-every", 0, UINT32_MAX);
+  f.u64("subset", 0, UINT32_MAX);
+  const uint64_t shards = f.u64("shards", 1, 64);
+  f.u64("shard", 0, shards - 1);
+  f.u64("threads", 1, 1024);
+  f.u64("job");
+  f.u64("seed");
+  for (const char* name : {"lr", "outer-lr"})
+    SKETCHSGD_REQUIRE(f.num(name) > 0, InvalidArgument, "--", name, " must be > 0, got ",
+                      f.str(name));
+  for (const char* name : {"local-momentum", "outer-momentum"})
+    SKETCHSGD_REQUIRE(f.num(name) >= 0 && f.num(name) < 1, InvalidArgument, "--", name,
+                      " must be in [0, 1), got ", f.str(name));
+  for (const char* name : {"wd", "clip"})
+    SKETCHSGD_REQUIRE(f.num(name) >= 0, InvalidArgument, "--", name, " must be ≥ 0, got ",
+                      f.str(name));
+}
+
 Plan plan_of(const ps::Flags& f) {
   Plan p{uint32_t(f.u64("subset")),
          uint32_t(f.u64("workers")),
@@ -382,11 +413,19 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     a.insert(a.end(), role.begin(), role.end());  // later flags win
     return a;
   };
-  // Validates device, model and spec before anything starts.
+  // Validates device, model, spec and data before anything starts.
   const torch::Device device = torch_device(f);
   const demo::FlatModel shape(f.str("model"), 1);
-  const auto codec =
-      make_compressor(complete_spec(f.str("codec"), shape.layout()), uint64_t(shape.dim()));
+  std::unique_ptr<Compressor> codec;
+  try {
+    codec = make_compressor(complete_spec(f.str("codec"), shape.layout()), uint64_t(shape.dim()));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("--codec " + f.str("codec") + ": " + e.what());
+  }
+  for (const char* file : {"/train-images-idx3-ubyte.gz", "/t10k-images-idx3-ubyte.gz"})
+    SKETCHSGD_REQUIRE(std::filesystem::exists(f.str("data") + file), InvalidArgument, "--data ",
+                      f.str("data"), ": no ", file + 1,
+                      " (apt-get install dataset-fashion-mnist, or pass --data DIR)");
   char rounds[160] = "";
   if (plan.local_steps())
     std::snprintf(rounds, sizeof rounds, ", %llu rounds (push every %u, fetch every %u)",
@@ -512,12 +551,16 @@ int main(int argc, char** argv) {
   f.add("verbose", "0", "server log lines", "", true);
   try {
     if (!f.parse(argc, argv)) return 0;
-    std::filesystem::create_directories(f.str("out"));
+    check_flags(f);
+    try {
+      std::filesystem::create_directories(f.str("out"));
+    } catch (const std::filesystem::filesystem_error& e) {
+      throw InvalidArgument("--out " + f.str("out") + ": " + e.code().message());
+    }
     const std::string role = f.str("role");
     if (role == "server") return run_server(f);
     if (role == "worker") return run_worker(f);
-    if (role == "all") return run_all(f, argc, argv);
-    throw InvalidArgument("--role must be all, server or worker");
+    return run_all(f, argc, argv);
   } catch (const sketchsgd::JobFinished& e) {
     // A worker that came after the job's last round: told at once, with its own exit code.
     std::fprintf(stderr, "sketchsgd-train: nothing to do: %s\n", e.what());
@@ -527,6 +570,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "sketchsgd-train: libtorch: %s\n", e.what_without_backtrace());
+    return 2;
+  } catch (const std::exception& e) {  // the standard library's (a file system's refusal, …)
+    std::fprintf(stderr, "sketchsgd-train: %s\n", e.what());
     return 2;
   }
 }

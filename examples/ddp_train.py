@@ -2,10 +2,10 @@
 """A training job under PyTorch DDP with a gradient-compression hook: sketchsgd's codecs next to
 PyTorch's own (fp16, PowerSGD) on the same job.
 
-    /usr/bin/python3 examples/ddp_train.py --hook "sketch:rows=1,cols=90000,k=18000,fetch=1"
-    /usr/bin/python3 examples/ddp_train.py --hook powersgd:rank=4
-    /usr/bin/python3 examples/ddp_train.py --workload transformer --hook sketchsgd:powersgd:rank=4,wire=fp16
-    /usr/bin/python3 examples/ddp_train.py --workload resnet8 --dtype bf16 --hook none --epochs 1
+    .venv/bin/python examples/ddp_train.py --hook "sketch:rows=1,cols=90000,k=18000,fetch=1"
+    .venv/bin/python examples/ddp_train.py --hook powersgd:rank=4
+    .venv/bin/python examples/ddp_train.py --workload transformer --hook sketchsgd:powersgd:rank=4,wire=fp16
+    .venv/bin/python examples/ddp_train.py --workload resnet8 --dtype bf16 --hook none --epochs 1
 
 W worker processes on 127.0.0.1 (gloo; on CUDA, NCCL when every worker has its own GPU), or one
 rank per process with --rank and --master (ranks on other hosts or network namespaces). The
@@ -40,18 +40,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import workloads
-
-def broadcast_bf16_on_gloo():
-    """gloo in PyTorch 1.13 has no bfloat16 broadcast, which DDP uses for the parameters at
-    construction and the buffers every step (the hook's all-reduces are float32 already). A
-    broadcast only copies bytes: send bfloat16 tensors as float16 views of the same memory."""
-    plain = dist._broadcast_coalesced
-
-    def broadcast(group, tensors, *rest):
-        return plain(group, [t.view(torch.float16) if t.dtype == torch.bfloat16 else t for t in tensors], *rest)
-
-    dist._broadcast_coalesced = broadcast
-
+from cli import count, momentum, natural, nonnegative, one_line, positive
 
 class Payload:
     """Counts what this worker hands to dist.all_reduce / all_gather (PyTorch's hooks call them)."""
@@ -97,7 +86,11 @@ def register(hook, ddp, args, dim, width=4):
         counter = Payload()
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return (lambda: counter.bytes), args.momentum, None
+    wrapped = hook.startswith("fp16:powersgd")  # inside PyTorch's fp16_compress_wrapper: fp16 on the wire
+    if wrapped:
+        hook = hook[len("fp16:"):]
     if hook.startswith("powersgd"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
         opts = torch_powersgd_options(hook)
         counter = Payload()
@@ -105,7 +98,8 @@ def register(hook, ddp, args, dim, width=4):
                                    start_powerSGD_iter=int(opts.get("start", args.start_iter)),
                                    min_compression_rate=float(opts.get("min_rate", 2)), use_error_feedback=True,
                                    warm_start=True, random_seed=args.seed)
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        ddp.register_comm_hook(state, default_hooks.fp16_compress_wrapper(psgd.powerSGD_hook) if wrapped
+                               else psgd.powerSGD_hook)
         return (lambda: counter.bytes), args.momentum, None
     return _ours(hook, ddp, args, dim)
 
@@ -168,8 +162,6 @@ def worker(rank, args, port, queue):
     try:
         job = workloads.make(args.workload, args.data, args.text, args.width, args.depth)
         dtype = workloads.DTYPES[args.dtype]
-        if dtype == torch.bfloat16 and backend == "gloo" and torch.__version__ < "2":
-            broadcast_bf16_on_gloo()
         model = job.model(args.seed).to(device, dtype)
         dim = sum(p.numel() for p in model.parameters())
         # DDP caps its first bucket at 1 MiB apart from the others; by default here that cap is
@@ -279,84 +271,153 @@ def worker(rank, args, port, queue):
     os._exit(0)
 
 
+def check(p, args):
+    """Every option checked before any rank starts: a bad one ends the run with one line
+    (p.error: exit status 2). Fills in the workload's defaults."""
+    try:
+        given = workloads.defaults(args.workload)
+    except KeyError:
+        p.error(f"--workload {args.workload!r}: mlp, cnn, resnet<6n+2> or transformer")
+    for key, value in given.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.master_addr = "127.0.0.1"
+    if args.rank is not None:
+        if not args.master or not 0 <= args.rank < args.workers:
+            p.error("--rank needs --master ADDR:PORT and 0 <= rank < --workers")
+        args.master_addr, _, port = args.master.rpartition(":")
+        if not args.master_addr or not port.isdigit() or not 1 <= int(port) <= 65535:
+            p.error(f"--master {args.master!r}: expected ADDR:PORT (PORT in 1..65535)")
+    elif args.master:
+        p.error("--master is for one rank of a job (with --rank)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device")
+    if args.backend == "nccl" and args.device != "cuda":
+        p.error("--backend nccl: needs --device cuda")
+    for name in ("json", "csv"):
+        path = getattr(args, name)
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"--{name} {path}: no such folder {os.path.dirname(os.path.abspath(path))}")
+    problem = hook_problem(args)
+    if problem:
+        p.error(problem)
+    try:  # the data is there and the workload's name is right, before any rank starts
+        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth)
+        if args.workload == "transformer":
+            job.model(args.seed)  # the width must suit the heads
+    except FileNotFoundError as e:
+        p.error(f"--{'text' if args.workload == 'transformer' else 'data'}: {one_line(e)}")
+    except ValueError as e:
+        p.error(f"--workload {args.workload}: {one_line(e)}")
+    if job.items() // args.workers // args.batch < 1:
+        p.error(f"--batch {args.batch}: {job.items()} items over {args.workers} workers make no step per epoch")
+
+
+def hook_problem(args):
+    """What is wrong with --hook (with --local and --start-iter), or None: what register() or
+    local_steps() would raise on every rank."""
+    hook = args.hook
+    if args.local:
+        if hook in ("average", "torch:average"):
+            return None
+        spec = hook[len("sketchsgd:"):] if hook.startswith("sketchsgd:") else hook
+        if spec == "none" or spec.startswith("torch:"):
+            return f"--hook {hook}: with --local, a sketchsgd spec (dense: DiLoCo) or torch:average"
+        return _spec_problem(args, spec)
+    if hook == "none":
+        return None
+    if hook in ("average", "torch:average"):
+        return f"--hook {hook}: PyTorch's PeriodicModelAverager needs --local H"
+    if hook.startswith("torch:"):
+        hook = hook[len("torch:"):]
+    elif hook.startswith("sketchsgd:"):
+        return _spec_problem(args, hook[len("sketchsgd:"):])
+    if hook == "fp16":
+        return None
+    if hook.startswith("fp16:powersgd"):
+        hook = hook[len("fp16:"):]
+    if not hook.startswith("powersgd"):
+        return _spec_problem(args, hook)
+    try:
+        opts = torch_powersgd_options(hook)
+        rank, rate = int(opts.get("rank", 1)), float(opts.get("min_rate", 2))
+        start = int(opts.get("start", args.start_iter))
+    except ValueError as e:
+        return f"--hook {args.hook}: {one_line(e)}"
+    if rank < 1 or not math.isfinite(rate):
+        return f"--hook {args.hook}: rank must be an integer >= 1 and min_rate a finite number"
+    if start < 2:  # PyTorch's PowerSGD, with error feedback and warm start
+        return (f"--hook {args.hook}: " if "start" in opts else f"--start-iter {start}: ") + \
+            "PyTorch's PowerSGD starts at step 2 at the earliest"
+    return None
+
+
+def _spec_problem(args, spec):
+    """A sketchsgd spec's problem as CompressionState would raise it on every rank, or None."""
+    if not args.local and args.start_iter < 2:
+        return f"--start-iter {args.start_iter}: sketchsgd's hooks start at step 2 at the earliest " \
+               "(DDP rebuilds its buckets after the first)"
+    try:
+        from sketchsgd.torch import CompressionState
+    except ImportError as e:
+        return f"--hook {args.hook}: the sketchsgd package does not load ({one_line(e)}; PYTHONPATH=build/default/python)"
+    try:
+        CompressionState(spec, coalesce=args.coalesce)
+    except Exception as e:  # the package's errors (InvalidArgument is a ValueError), TypeError
+        return f"--hook {args.hook}: {one_line(e)}"
+    return None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hook", default="sketch:rows=1,cols=90000,k=18000,fetch=1",
-                   help="none | fp16 | powersgd:rank=R[,start=N] (PyTorch's; also as torch:fp16, torch:powersgd:...) | "
+                   help="none | fp16 | powersgd:rank=R[,start=N] | fp16:powersgd:rank=R (PyTorch's; the last inside fp16_compress_wrapper; also as torch:fp16, torch:powersgd:...) | "
                         "any sketchsgd spec, prefixed sketchsgd: where the name is PyTorch's too "
                         "(sketchsgd:powersgd:rank=4) (default: %(default)s)")
     p.add_argument("--workload", default="mlp", help="mlp | cnn | resnet8 | resnet20 (any 6n+2) | transformer")
     p.add_argument("--dtype", default="fp32", choices=sorted(workloads.DTYPES), help="the model's parameters")
-    p.add_argument("--local", type=int, default=0, help="H > 0: local steps, synced every H (--hook: a sketchsgd spec "
+    p.add_argument("--local", type=natural, default=0, help="H > 0: local steps, synced every H (--hook: a sketchsgd spec "
                    "for DiLoCo's pseudo-gradient, dense for DiLoCo itself, or torch:average for PyTorch's "
                    "PeriodicModelAverager); 0: DDP, synced every step")
-    p.add_argument("--outer-lr", type=float, default=0.7, help="--local: DiLoCo's outer learning rate")
-    p.add_argument("--outer-momentum", type=float, default=0.9, help="--local: its Nesterov momentum")
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch", type=int, help="per worker (default: the workload's)")
+    p.add_argument("--outer-lr", type=positive, default=0.7, help="--local: DiLoCo's outer learning rate")
+    p.add_argument("--outer-momentum", type=momentum, default=0.9, help="--local: its Nesterov momentum")
+    p.add_argument("--workers", type=count, default=4)
+    p.add_argument("--epochs", type=count, default=3)
+    p.add_argument("--batch", type=count, help="per worker (default: the workload's)")
     p.add_argument("--optimizer", choices=["sgd", "adamw"], help="default: the workload's")
-    p.add_argument("--lr", type=float, help="default: the workload's")
-    p.add_argument("--momentum", type=float, help="SGD's (default: the workload's)")
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up (default: the workload's)")
-    p.add_argument("--clip", type=float, help="clip the averaged gradient's norm (default: the workload's; 0: off)")
+    p.add_argument("--lr", type=positive, help="default: the workload's")
+    p.add_argument("--momentum", type=momentum, help="SGD's (default: the workload's)")
+    p.add_argument("--weight-decay", type=nonnegative, default=0.0)
+    p.add_argument("--warmup", type=natural, help="steps of linear learning-rate warm-up (default: the workload's)")
+    p.add_argument("--clip", type=nonnegative, help="clip the averaged gradient's norm (default: the workload's; 0: off)")
     p.add_argument("--schedule", choices=["constant", "cosine"], help="the learning rate after the warm-up "
                    "(default: the workload's; cosine decays to 0 at the run's last step)")
-    p.add_argument("--width", type=int, default=128, help="the transformer's model width")
-    p.add_argument("--depth", type=int, default=4, help="the transformer's blocks")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--start-iter", type=int, default=10, help="plain all-reduce steps first (hooks that warm up)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25)
-    p.add_argument("--first-bucket-mb", type=float, default=0, help="DDP's first bucket cap (0: --bucket-cap-mb)")
+    p.add_argument("--width", type=count, default=128, help="the transformer's model width")
+    p.add_argument("--depth", type=count, default=4, help="the transformer's blocks")
+    p.add_argument("--seed", type=natural, default=1)
+    p.add_argument("--start-iter", type=natural, default=10, help="plain all-reduce steps first (hooks that warm up)")
+    p.add_argument("--bucket-cap-mb", type=positive, default=25)
+    p.add_argument("--first-bucket-mb", type=nonnegative, default=0, help="DDP's first bucket cap (0: --bucket-cap-mb)")
     p.add_argument("--coalesce", action="store_true", help="sketchsgd hooks: a step's collectives go out together at "
                    "its last bucket (CompressionState(coalesce=True))")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA with a GPU per worker, else gloo")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--threads", type=count, default=1, help="torch threads per worker")
     p.add_argument("--data", default=workloads.FASHION, help="Fashion-MNIST's folder")
     p.add_argument("--text", default=workloads.TEXT, help="the transformer's text: a folder of *.rst.txt")
-    p.add_argument("--max-steps", type=int, default=0, help="steps per epoch at most (quick runs)")
-    p.add_argument("--eval-items", type=int, default=0, help="evaluate on the first N held-out items (quick runs; "
+    p.add_argument("--max-steps", type=natural, default=0, help="steps per epoch at most (quick runs)")
+    p.add_argument("--eval-items", type=natural, default=0, help="evaluate on the first N held-out items (quick runs; "
                    "0: all)")
-    p.add_argument("--progress", type=int, default=100, help="a progress line every N steps")
-    p.add_argument("--timeout", type=float, default=3600, help="give up after this many seconds")
+    p.add_argument("--progress", type=count, default=100, help="a progress line every N steps")
+    p.add_argument("--timeout", type=positive, default=3600, help="give up after this many seconds")
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--csv", help="write one row per epoch here")
-    p.add_argument("--rank", type=int, help="run only this rank in this process (with --master)")
+    p.add_argument("--rank", type=natural, help="run only this rank in this process (with --master)")
     p.add_argument("--master", help="ADDR:PORT of rank 0's rendezvous (with --rank; default: 127.0.0.1, a free port)")
     args = p.parse_args()
-    try:
-        given = workloads.defaults(args.workload)
-    except KeyError:
-        sys.exit(f"--workload {args.workload!r}: mlp, cnn, resnet<6n+2> or transformer")
-    for key, value in given.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.local < 0:
-        sys.exit(f"--local {args.local}: steps between syncs, ≥ 1 (0: DDP)")
-    if args.eval_items < 0 or args.max_steps < 0:
-        sys.exit("--eval-items and --max-steps: ≥ 0 (0: all)")
-    args.master_addr = "127.0.0.1"
-    if args.rank is not None:
-        if not args.master or not 0 <= args.rank < args.workers:
-            sys.exit("--rank needs --master ADDR:PORT and 0 <= rank < --workers")
-        args.master_addr, _, port = args.master.rpartition(":")
-        if not args.master_addr or not port.isdigit():
-            sys.exit(f"--master {args.master!r}: expected ADDR:PORT")
-    try:  # the data is there and the workload's name is right, before any rank starts
-        workloads.make(args.workload, args.data, args.text, args.width, args.depth)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"--workload {args.workload}: {e}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: no CUDA device")
+    check(p, args)
     plain = args.hook[len("torch:"):] if args.hook.startswith("torch:") else args.hook
-    if plain.startswith("powersgd"):
-        try:
-            torch_powersgd_options(plain)
-        except ValueError as e:
-            sys.exit(f"--hook {args.hook}: {e}")
-    if args.device == "cpu" and plain.startswith("powersgd"):
+    if args.device == "cpu" and plain.startswith(("powersgd", "fp16:powersgd")):
         # PyTorch's powerSGD_hook (2.x) synchronises CUDA wherever a GPU exists, whatever the
         # tensors' device, and fails on CPU tensors: a CPU run hides the GPUs from its ranks.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""

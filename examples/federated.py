@@ -5,9 +5,9 @@ one local batch, or with --local-steps H the change that H local SGD steps made:
 it with a sketchsgd codec and leaves; the server merges the C messages with the codec's
 aggregator (the C++ code the parameter server runs) and steps the model.
 
-    /usr/bin/python3 examples/federated.py --codec "sketch:fetch=1,rows=1,cols=100000,k=20000" --split classes:1
-    /usr/bin/python3 examples/federated.py --codec dense --local-steps 5 --lr 1 --split dirichlet:0.3   # FedAvg
-    /usr/bin/python3 examples/federated.py --codec topk:k=20000 --client-state --server-momentum 0.9
+    .venv/bin/python examples/federated.py --codec "sketch:fetch=1,rows=1,cols=100000,k=20000" --split classes:1
+    .venv/bin/python examples/federated.py --codec dense --local-steps 5 --lr 1 --split dirichlet:0.3   # FedAvg
+    .venv/bin/python examples/federated.py --codec topk:k=20000 --client-state --server-momentum 0.9
 
 Client state. Clients are stateless by default: every participation builds a fresh codec (no
 error feedback, no momentum, PowerSGD from the round's shared random Q), so nothing of a client
@@ -37,6 +37,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ import numpy as np
 import torch
 
 import workloads
+from cli import count, momentum, natural, one_line, positive
 
 SPLITS = ("iid", "classes:K", "dirichlet:ALPHA")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,7 +81,7 @@ def split(labels: torch.Tensor, clients: int, how: str, seed: int) -> list:
     elif kind == "classes":
         pieces = clients * arg
         if pieces > n:
-            raise ValueError(f"split {how}: {pieces} pieces for {n} items")
+            raise ValueError(f"--split {how}: {pieces} pieces for {n} items")
         size = n // pieces
         by_label = np.argsort(y, kind="stable")[:pieces * size].reshape(pieces, size)
         parts = by_label[rng.permutation(pieces).reshape(clients, arg)].reshape(clients, -1)
@@ -314,16 +316,31 @@ def start_server(args, job):
     return proc, endpoint
 
 
-def run(args) -> dict:
-    work = workloads.make(args.workload, fashion=args.fashion)
-    job = Job(args, work)
+def run(args, p=None) -> dict:
+    """The job; what its setup refuses (the data, the codec's spec, a checkpoint of another job)
+    ends it with one line (p.error, exit status 2)."""
+    import sketchsgd
+    p = p or parser()
+    try:
+        work = workloads.make(args.workload, fashion=args.fashion)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(f"--fashion {args.fashion}: {one_line(e)}")
+    try:
+        job = Job(args, work)
+    except sketchsgd.Error as e:
+        p.error(f"--codec {args.codec}: {one_line(e)}")
+    except ValueError as e:  # --split for this population, FetchSGD with --server-momentum
+        p.error(one_line(e))
     server = None
     if args.server == "auto":
         server, endpoint = start_server(args, job)
     else:
         endpoint = args.server
     if args.checkpoint and os.path.exists(args.checkpoint):
-        job.load_state_dict(torch.load(args.checkpoint))
+        try:
+            job.load_state_dict(torch.load(args.checkpoint))
+        except (ValueError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as e:  # another job's; no checkpoint
+            p.error(f"--checkpoint {args.checkpoint}: {one_line(e)}")
         print(f"resumed from {args.checkpoint} at round {job.round}", flush=True)
     start = time.time()
     diverged = None
@@ -373,64 +390,66 @@ def parser():
     p.add_argument("--codec", default="sketch:fetch=1,rows=1,cols=100000,k=20000",
                    help="the upload's codec, a sketchsgd spec (dense: uncompressed)")
     p.add_argument("--workload", default="mlp", choices=["mlp", "cnn"])
-    p.add_argument("--clients", type=int, default=1000, help="N, clients in the population")
-    p.add_argument("--per-round", type=int, default=20, help="C, clients sampled each round")
-    p.add_argument("--split", default="iid", help="iid, classes:K or dirichlet:ALPHA")
-    p.add_argument("--rounds", type=int, default=300)
-    p.add_argument("--batch", type=int, default=32, help="items in a participant's batch")
-    p.add_argument("--local-steps", type=int, default=0,
+    p.add_argument("--clients", type=count, default=1000, help="N, clients in the population")
+    p.add_argument("--per-round", type=count, default=20, help="C, clients sampled each round")
+    p.add_argument("--split", default="iid", type=_split, help="iid, classes:K or dirichlet:ALPHA")
+    p.add_argument("--rounds", type=count, default=300)
+    p.add_argument("--batch", type=count, default=32, help="items in a participant's batch")
+    p.add_argument("--local-steps", type=natural, default=0,
                    help="0: upload one batch's gradient (FedSGD); H ≥ 1: upload w − w' after H local SGD steps (FedAvg)")
-    p.add_argument("--local-lr", type=float, default=0.05, help="learning rate of the local steps")
-    p.add_argument("--lr", type=float, default=0.05, help="the server's learning rate (w −= lr · step)")
-    p.add_argument("--server-momentum", type=float, default=0.0, help="ρ of the server's momentum on the decoded mean")
+    p.add_argument("--local-lr", type=positive, default=0.05, help="learning rate of the local steps")
+    p.add_argument("--lr", type=positive, default=0.05, help="the server's learning rate (w −= lr · step)")
+    p.add_argument("--server-momentum", type=momentum, default=0.0, help="ρ of the server's momentum on the decoded mean")
     p.add_argument("--client-state", action="store_true", help="clients keep their codec's state between participations")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--seed", type=natural, default=1)
+    p.add_argument("--eval-every", type=count, default=25)
     p.add_argument("--checkpoint", default="", help="resume from this file when it exists; write it every --checkpoint-every rounds")
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--stop-after", type=int, default=0, help="stop at this round (a job to resume later)")
+    p.add_argument("--checkpoint-every", type=natural, default=0)
+    p.add_argument("--stop-after", type=natural, default=0, help="stop at this round (a job to resume later)")
     p.add_argument("--server", default="",
                    help="run the rounds on the parameter server: auto (start sketchsgd-server for this job) or the "
                         "endpoint of one started with the job's settings (--world C --population N --sample-seed SEED …)")
     p.add_argument("--server-bin", default=os.path.join(ROOT, "build", "default", "server", "sketchsgd-server"),
                    help="the sketchsgd-server program, for --server auto")
-    p.add_argument("--job", type=int, default=1, help="the parameter server's job id")
-    p.add_argument("--timeout", type=float, default=60.0,
+    p.add_argument("--job", type=natural, default=1, help="the parameter server's job id")
+    p.add_argument("--timeout", type=positive, default=60.0,
                    help="with --server: seconds a client waits for the server; the round's deadline too")
     p.add_argument("--fashion", default=workloads.FASHION)
     p.add_argument("--out", default="", help="write the result here as JSON")
     return p
 
 
-def check(args):
-    for name in ("clients", "per_round", "rounds", "batch", "eval_every"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be ≥ 1")
-    if args.per_round > args.clients:
-        raise SystemExit(f"--per-round {args.per_round} > --clients {args.clients}")
-    for name in ("local_steps", "checkpoint_every", "stop_after"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must be ≥ 0")
-    for name in ("lr", "local_lr"):
-        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
-            raise SystemExit(f"--{name.replace('_', '-')} must be a positive number")
-    if not 0 <= args.server_momentum < 1:
-        raise SystemExit("--server-momentum must be in [0, 1)")
+def _split(text):
+    """--split's type: the text, once parse_split() takes it."""
     try:
-        parse_split(args.split)
+        parse_split(text)
     except ValueError as e:
-        raise SystemExit(str(e))
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def check(args, p=None):
+    """What the option types cannot check alone; a bad value ends the run (p.error: one line,
+    exit status 2)."""
+    p = p or parser()
+    if args.per_round > args.clients:
+        p.error(f"--per-round {args.per_round} > --clients {args.clients}")
     if args.server and (args.client_state or args.checkpoint):
-        raise SystemExit("--server runs stateless clients and keeps its checkpoints itself: "
-                         "no --client-state or --checkpoint with it")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise SystemExit("--timeout must be a positive number of seconds")
+        p.error("--server runs stateless clients and keeps its checkpoints itself: "
+                "no --client-state or --checkpoint with it")
+    if args.server == "auto" and not (os.path.isfile(args.server_bin) and os.access(args.server_bin, os.X_OK)):
+        p.error(f"--server-bin {args.server_bin}: no such program (build it: cmake --build --preset default)")
+    if args.server and args.server != "auto" and "://" not in args.server:
+        p.error(f"--server {args.server!r}: auto or an endpoint (tcp://HOST:PORT)")
+    if args.checkpoint and os.path.isdir(args.checkpoint):
+        p.error(f"--checkpoint {args.checkpoint}: a folder, not a file")
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
-    check(args)
-    result = run(args)
+    p = parser()
+    args = p.parse_args(argv)
+    check(args, p)
+    result = run(args, p)
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -57,6 +57,13 @@ uint64_t Flags::u64(const std::string& name) const {
   return x;
 }
 
+uint64_t Flags::u64(const std::string& name, uint64_t lo, uint64_t hi) const {
+  const uint64_t v = u64(name);
+  SKETCHSGD_REQUIRE(v >= lo && v <= hi, InvalidArgument, "--", name, " must be in [", lo, ", ", hi,
+                    "], got ", v);
+  return v;
+}
+
 double Flags::num(const std::string& name) const {
   const std::string& v = str(name);
   char* end = nullptr;

@@ -23,8 +23,8 @@ build/default/benchmarks/sketchsgd_bench --benchmark_filter="$filter" \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json --benchmark_counters_tabular=true
 
 echo "== side by side with the PyTorch reference (d = 6.5M, r = 5, c = 500,000, k = 50,000)"
-/usr/bin/python3 benchmarks/compare_torch.py --binary build/default/benchmarks/sketchsgd_compare \
+.venv/bin/python benchmarks/compare_torch.py --binary build/default/benchmarks/sketchsgd_compare \
   --out-json "$out/compare.json"
 
 echo "== plots"
-/usr/bin/python3 benchmarks/plot_bench.py "$out/bench.json" "$out"
+.venv/bin/python benchmarks/plot_bench.py "$out/bench.json" "$out"

@@ -1,11 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs sketchsgd-train once per codec with the same model, seeds, workers and epochs, then writes
 build/compare/all.csv, two PNG plots (test accuracy vs epoch, vs total traffic) and a Markdown
 table. --write-docs writes the table's data file (docs/data/tables/ps-codecs.json; with --only,
 the rows of those codecs, the others kept) and the plots into docs/, and regenerates the docs'
 tables (scripts/doc_tables.py); what the figures mean is written in docs/RESULTS.md by people.
 
-    /usr/bin/python3 scripts/compare_codecs.py [--epochs 3] [--only dense,sketch] [--write-docs]
+    .venv/bin/python scripts/compare_codecs.py [--epochs 3] [--only dense,sketch] [--write-docs]
 """
 import argparse
 import csv
@@ -15,6 +15,10 @@ import shutil
 import subprocess
 import sys
 import time
+
+# The command-line checks shared with examples/ (examples/cli.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import count, names, natural  # noqa: E402
 
 # The demo's MLP (784-1024-1024-10) as a layout, for codecs that take one optionally.
 MLP_LAYOUT = "1024x784+1024+1024x1024+1024+10x1024+10"
@@ -63,11 +67,11 @@ CONFIGS = [
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default="build/default/demo/sketchsgd-train")
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--model", default="mlp")
-    ap.add_argument("--subset", type=int, default=0)
-    ap.add_argument("--only", default="", help="comma-separated config names")
+    ap.add_argument("--epochs", type=count, default=3)
+    ap.add_argument("--workers", type=count, default=4)
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    ap.add_argument("--subset", type=natural, default=0)
+    ap.add_argument("--only", default="", type=names(c[0] for c in CONFIGS), help="comma-separated config names")
     ap.add_argument("--out", default="build/compare")
     ap.add_argument("--write-docs", action="store_true", help="write the table's data file and plots into docs/")
     ap.add_argument("--report-only", action="store_true",
@@ -77,12 +81,12 @@ def main():
         try:  # the docs embed the plots: fail now rather than leave stale images after the runs
             import matplotlib  # noqa: F401
         except ImportError:
-            sys.exit("error: --write-docs needs matplotlib (apt-get install python3-matplotlib)")
+            ap.error("--write-docs needs matplotlib (apt-get install python3-matplotlib)")
+    if not args.report_only and not os.access(args.binary, os.X_OK):
+        ap.error(f"--binary {args.binary}: no such program (build it: cmake --build --preset default)")
 
     only = set(filter(None, args.only.split(",")))
     configs = [c for c in CONFIGS if not only or c[0] in only]
-    if only - {c[0] for c in CONFIGS}:
-        sys.exit(f"unknown config(s): {sorted(only - {c[0] for c in CONFIGS})}")
     os.makedirs(args.out, exist_ok=True)
     rows, summaries = [], []
     for i, (name, spec, lr, *rest) in enumerate(configs):
@@ -191,7 +195,7 @@ def write_docs(summaries, args):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import doc_tables
     doc_tables.write("docs/data/tables/ps-codecs.json",
-                     "/usr/bin/python3 scripts/compare_codecs.py --write-docs",
+                     ".venv/bin/python scripts/compare_codecs.py --write-docs",
                      time.strftime("%Y-%m-%d"), "the 2-core dev machine",
                      COLUMNS, table_rows(summaries), key=0,
                      note=f"`{args.model}` model, {args.workers} workers + server over ZeroMQ (loopback), "

@@ -1,11 +1,12 @@
-#!/usr/bin/python3
-"""Runs examples/ddp_train.py once per hook — PyTorch's none, fp16 and PowerSGD (rank 1, 2, 4)
+#!/usr/bin/env python3
+"""Runs examples/ddp_train.py once per hook — PyTorch's none, fp16 and PowerSGD (rank 1, 2, 4;
+alone and inside fp16_compress_wrapper)
 and sketchsgd's codecs at budgets that suit the workload — with the same seed, workers, steps and
 data order, then writes <out>/<name>.json, a PNG (quality vs payload per round) and a Markdown
 table (--write-docs, MLP only: docs/data/tables/ddp-hooks.json, whose rows for the hooks run
 replace theirs; the other workloads' tables come from scripts/frontier.py).
 
-    /usr/bin/python3 scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
+    .venv/bin/python scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
                                             [--seed N] [--report-only] [--write-docs] [--local]
 
 --local runs the workload's local-steps list instead (transformer, mlp; ddp_train.py --local H:
@@ -28,6 +29,10 @@ import subprocess
 import sys
 import time
 
+# The command-line checks shared with examples/ (examples/cli.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import count, natural  # noqa: E402
+
 # name, hook. Budgets for the MLP (d = 1,863,690; dense = 7.45 MB per worker per round): 20x less
 # is 373 kB. sketchsgd payloads include the 2,058 bias values sent uncompressed (8 kB).
 MLP = [
@@ -36,6 +41,10 @@ MLP = [
     ("powersgd-r1", "powersgd:rank=1"),
     ("powersgd-r2", "powersgd:rank=2"),
     ("powersgd-r4", "powersgd:rank=4"),
+    # PyTorch's PowerSGD inside its fp16_compress_wrapper: fp16 on the wire, as our wire=fp16.
+    ("powersgd-r1-fp16", "torch:fp16:powersgd:rank=1"),
+    ("powersgd-r2-fp16", "torch:fp16:powersgd:rank=2"),
+    ("powersgd-r4-fp16", "torch:fp16:powersgd:rank=4"),
     ("dense", "dense"),
     ("fetchsgd", "sketch:rows=1,cols=90000,k=18000,fetch=1"),
     ("sketch-p2", "sketch:rows=1,cols=60000,k=12000,p2=2"),
@@ -65,6 +74,9 @@ POWERSGD = [
     ("powersgd-r1", "powersgd:rank=1"),
     ("powersgd-r2", "powersgd:rank=2"),
     ("powersgd-r4", "powersgd:rank=4"),
+    ("powersgd-r1-fp16", "torch:fp16:powersgd:rank=1"),
+    ("powersgd-r2-fp16", "torch:fp16:powersgd:rank=2"),
+    ("powersgd-r4-fp16", "torch:fp16:powersgd:rank=4"),
     ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
     ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
     ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
@@ -218,7 +230,7 @@ def write_docs(rows, runs, args):
     import doc_tables
     version = next((r["torch"] for _, _, r in runs if "torch" in r), "?")
     doc_tables.write("docs/data/tables/ddp-hooks.json",
-                     "/usr/bin/python3 scripts/compare_ddp.py --write-docs",
+                     ".venv/bin/python scripts/compare_ddp.py --write-docs",
                      time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {version}, gloo", COLUMNS, rows, key=0,
                      note=f"{args.workers} processes, {args.epochs} epochs, seed {args.seed}, one run each.")
     png = os.path.join(args.out, "ddp_accuracy_vs_payload.png")
@@ -258,10 +270,10 @@ def plot(rows, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS))
-    ap.add_argument("--epochs", type=int, help="default: the workload's")
-    ap.add_argument("--max-steps", type=int, help="steps per epoch at most (default: the workload's; 0: all)")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--epochs", type=count, help="default: the workload's")
+    ap.add_argument("--max-steps", type=natural, help="steps per epoch at most (default: the workload's; 0: all)")
+    ap.add_argument("--workers", type=count, default=4)
+    ap.add_argument("--seed", type=natural, default=1)
     ap.add_argument("--only", default="", help="comma-separated names")
     ap.add_argument("--out", help="default: build/compare-ddp[-WORKLOAD][-seedN]")
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
@@ -274,7 +286,7 @@ def main():
     args.local_of = {}
     if args.local:
         if args.workload not in LOCAL:
-            sys.exit(f"--local: lists for {sorted(LOCAL)}")
+            ap.error(f"--local: lists for {sorted(LOCAL)}")
         args.hooks = [(e[0], e[1]) for e in LOCAL[args.workload]]
         args.local_of = {e[0]: (e[2], tuple(e[3]) if len(e) > 3 else ()) for e in LOCAL[args.workload]}
     args.epochs = epochs if args.epochs is None else args.epochs
@@ -283,11 +295,13 @@ def main():
         args.out = ("build/compare-local" if args.local else "build/compare-ddp") + \
             ("" if args.workload == "mlp" else f"-{args.workload}") + ("" if args.seed == 1 else f"-seed{args.seed}")
     if args.write_docs and args.workload != "mlp":
-        sys.exit("--write-docs: the MLP's table only; the other workloads' tables: scripts/frontier.py --write-docs")
+        ap.error("--write-docs: the MLP's table only; the other workloads' tables: scripts/frontier.py --write-docs")
     only = set(filter(None, args.only.split(",")))
     unknown = only - {n for n, _ in args.hooks}
     if unknown:
-        sys.exit(f"unknown hook name(s) for {args.workload}: {sorted(unknown)}")
+        ap.error(f"--only: unknown hook name(s) for {args.workload}: {sorted(unknown)}")
+    if not args.report_only and not os.path.isdir(args.python):
+        ap.error(f"--python {args.python}: no such folder (build the package: cmake --build --preset default)")
     names = [n for n, _ in args.hooks if not only or n in only]
     os.makedirs(args.out, exist_ok=True)
     failed = []

@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The federated frontier: examples/federated.py for FetchSGD and its baselines on the same
 population, sampling, seeds, data and rounds, on an iid split and two non-iid ones; then test
 accuracy against upload bytes per participant, a verdict for each baseline (the best FetchSGD
 point at that upload or less) and a PNG.
 
-    /usr/bin/python3 scripts/compare_federated.py                       # every split, seed 1
-    /usr/bin/python3 scripts/compare_federated.py --split classes:1 --seed 2 --only fetchsgd-100k,topk-50k
-    /usr/bin/python3 scripts/compare_federated.py --report-only --write-docs
+    .venv/bin/python scripts/compare_federated.py                       # every split, seed 1
+    .venv/bin/python scripts/compare_federated.py --split classes:1 --seed 2 --only fetchsgd-100k,topk-50k
+    .venv/bin/python scripts/compare_federated.py --report-only --write-docs
 
 The job: the demo's MLP (d = 1,863,690) on Fashion-MNIST, N = 1,000 clients of 60 images, C = 20
 sampled a round, 300 rounds, batches of 32 (~1 minute a run on 2 cores). Clients are stateless
@@ -30,6 +30,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import frontier  # noqa: E402  (summary, Scale, verdicts, pyplot)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import names, natural  # noqa: E402  (the command-line checks shared with examples/)
 
 SPLITS = ["iid", "dirichlet:0.3", "classes:1"]
 MOMENTUM = ["--server-momentum", "0.9"]
@@ -197,11 +199,11 @@ def report(args):
         when = time.strftime("%Y-%m-%d")
         machine = "the 2-core dev machine, PyTorch 1.13 (CPU)"
         for tag, (r, v, sc) in tables.items():
-            doc_tables.write(f"docs/data/tables/federated-{tag}.json", "/usr/bin/python3 scripts/compare_federated.py --write-docs",
+            doc_tables.write(f"docs/data/tables/federated-{tag}.json", ".venv/bin/python scripts/compare_federated.py --write-docs",
                              when, machine, COLUMNS, r, data=f"build/federated-{tag}*/",
                              note="One run each unless seeds are given; seeds 1-3 where a verdict was contested.")
             doc_tables.write(f"docs/data/tables/federated-{tag}-verdicts.json",
-                             "/usr/bin/python3 scripts/compare_federated.py --write-docs", when, machine,
+                             ".venv/bin/python scripts/compare_federated.py --write-docs", when, machine,
                              frontier.verdict_columns(sc, theirs="baseline", traffic="upload"), v,
                              note=f"Noise: {sc.noise:.2f} points (the largest sd over points run with 3 seeds).")
         if drawn:
@@ -216,9 +218,9 @@ def _md(columns, rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--split", default="", help=f"comma-separated, of {SPLITS} (default: all)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--only", default="", help="comma-separated point names")
+    ap.add_argument("--split", default="", type=names(SPLITS), help=f"comma-separated, of {SPLITS} (default: all)")
+    ap.add_argument("--seed", type=natural, default=1)
+    ap.add_argument("--only", default="", type=names(p[0] for p in POINTS), help="comma-separated point names")
     ap.add_argument("--force", action="store_true", help="run points whose result exists again")
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--report-only", action="store_true")
@@ -226,8 +228,8 @@ def main():
     args = ap.parse_args()
     splits = [s for s in args.split.split(",") if s] or SPLITS
     only = set(filter(None, args.only.split(",")))
-    if set(splits) - set(SPLITS) or only - {p[0] for p in POINTS}:
-        sys.exit(f"unknown split or point: {sorted(set(splits) - set(SPLITS))} {sorted(only - {p[0] for p in POINTS})}")
+    if not args.report_only and not os.path.isdir(args.python):
+        ap.error(f"--python {args.python}: no such folder (build the package: cmake --build --preset default)")
     failed = []
     if not args.report_only:
         for split in splits:

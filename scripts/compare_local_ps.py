@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The same local-steps job two ways: over the ZeroMQ parameter server (sketchsgd-train
 --push-every H: workers push compressed pseudo-gradients, the server applies the outer Nesterov
 step, every worker mirrors it) and over torch.distributed (examples/ddp_train.py --local H:
@@ -6,7 +6,7 @@ sketchsgd.torch.DiLoCo). Same model shape (the MLP), workers, batch, epochs, inn
 momentum 0.9) and outer step (lr 0.7, Nesterov 0.9); the two differ in initialisation and data
 order, so their accuracies agree within the seed noise, not bit for bit.
 
-    /usr/bin/python3 scripts/compare_local_ps.py [--only NAME,...] [--seeds 1,2] [--report-only] [--write-docs]
+    .venv/bin/python scripts/compare_local_ps.py [--only NAME,...] [--seeds 1,2] [--report-only] [--write-docs]
 
 Output: build/local-ps/<name>-<ps|ddp>-seedN/ (sketchsgd-train's folder, ddp_train's JSON) and a
 table (--write-docs: docs/data/tables/local-ps.json). Needs the release build (sketchsgd-train is
@@ -19,6 +19,10 @@ import statistics
 import subprocess
 import sys
 import time
+
+# The command-line checks shared with examples/ (examples/cli.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from cli import items, names, natural  # noqa: E402
 
 # name, codec, H
 POINTS = [
@@ -72,19 +76,19 @@ def fmt(v):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="")
-    ap.add_argument("--seeds", default="1")
+    ap.add_argument("--only", default="", type=names(n for n, _, _ in POINTS))
+    ap.add_argument("--seeds", default="1", type=items(natural), help="comma-separated")
     ap.add_argument("--out", default="build/local-ps")
     ap.add_argument("--python", default="build/default/python")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
-    if only - {n for n, _, _ in POINTS}:
-        sys.exit(f"unknown: {sorted(only - {n for n, _, _ in POINTS})}")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     if not args.report_only and not os.access(TRAIN, os.X_OK):
-        sys.exit(f"no {TRAIN}: build the release preset where libtorch is found (cmake --build --preset default)")
+        ap.error(f"no {TRAIN}: build the release preset where libtorch is found (cmake --build --preset default)")
+    if not args.report_only and not os.path.isdir(args.python):
+        ap.error(f"--python {args.python}: no such folder (build the package: cmake --build --preset default)")
     os.makedirs(args.out, exist_ok=True)
     failed = []
     if not args.report_only:
@@ -115,7 +119,7 @@ def main():
     if args.write_docs:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import doc_tables
-        doc_tables.write("docs/data/tables/local-ps.json", "/usr/bin/python3 scripts/compare_local_ps.py --seeds 1,2 --write-docs",
+        doc_tables.write("docs/data/tables/local-ps.json", ".venv/bin/python scripts/compare_local_ps.py --seeds 1,2 --write-docs",
                          time.strftime("%Y-%m-%d"), "the 2-core dev machine, PyTorch 1.13 (gloo), libtorch 1.13", columns,
                          rows, note="The MLP, 4 workers, batch 32, 3 epochs; inner SGD lr 0.01 momentum 0.9, outer "
                                     "Nesterov lr 0.7 momentum 0.9 in both. The parameter server's traffic counts pushes "

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The demo's job over S = 1 and S = 4 sharded servers, codec by codec: does the sharded job reach
 the same accuracy (dense and PowerSGD shards separate by range and should end on the same bits;
 top-k and the sketch choose their k per shard, in proportion to its range, instead of over the
@@ -6,7 +6,7 @@ whole model)? Each run is sketchsgd-train on this machine (its server processes 
 results in build/shards-demo/NAME-sS/, a run already there with the same arguments is not
 repeated. --write-docs writes the table shards-accuracy.
 
-    /usr/bin/python3 scripts/compare_shards.py [--shards 1,4] [--only NAME,...] [--write-docs]
+    .venv/bin/python scripts/compare_shards.py [--shards 1,4] [--only NAME,...] [--write-docs]
 """
 import argparse
 import datetime
@@ -18,6 +18,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from cli import integer, items, names  # noqa: E402  (the command-line checks shared with examples/)
+
 # name, spec, lr: the demo's default and the parameter-server frontier's points (compare_codecs.py)
 CODECS = [
     ("dense", "dense", 0.01),
@@ -52,15 +55,17 @@ def run(train, name, spec, lr, shards, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shards", default="1,4")
-    ap.add_argument("--only", default="", help="comma-separated names of " + ", ".join(c[0] for c in CODECS))
+    ap.add_argument("--shards", default="1,4", type=items(integer(1, 64)), help="comma-separated")
+    ap.add_argument("--only", default="", type=names(c[0] for c in CODECS), help="comma-separated names of " + ", ".join(c[0] for c in CODECS))
     ap.add_argument("--train", default=os.path.join(ROOT, "build/default/demo/sketchsgd-train"))
     ap.add_argument("--out", default=os.path.join(ROOT, "build/shards-demo"))
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
-    shards = [int(s) for s in args.shards.split(",")]
+    shards = args.shards
     if shards[0] != 1:
-        sys.exit("--shards must start with 1 (the reference)")
+        ap.error("--shards must start with 1 (the reference)")
+    if not os.access(args.train, os.X_OK):
+        ap.error(f"--train {args.train}: no such program (build it: cmake --build --preset default)")
     codecs = [c for c in CODECS if not args.only or c[0] in args.only.split(",")]
     for name, spec, lr in codecs:
         for s in shards:
@@ -92,7 +97,7 @@ def main():
         sys.path.insert(0, os.path.join(ROOT, "scripts"))
         import doc_tables
         doc_tables.write(os.path.join(ROOT, "docs/data/tables/shards-accuracy.json"),
-                         "/usr/bin/python3 scripts/compare_shards.py --write-docs",
+                         ".venv/bin/python scripts/compare_shards.py --write-docs",
                          datetime.date.today().isoformat(), "the 2-core dev machine (AMD EPYC Zen 4 under KVM, 2 threads)",
                          ["codec", "S", "test accuracy, one server (%)", "test accuracy, S shards (%)", "difference",
                           "same bits as one server", "less traffic than dense, one server", "S shards",

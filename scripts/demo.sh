@@ -7,8 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/packages.sh
+source scripts/venv.sh
 ensure_packages cmake ninja-build g++ libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libzmq3-dev cppzmq-dev zlib1g-dev libtorch-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist
+  libzmq3-dev cppzmq-dev zlib1g-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist \
+  python3.11 python3.11-dev python3.11-venv pybind11-dev
+ensure_venv   # the demo links the libtorch of .venv's torch
 
 echo "== build (preset default, target sketchsgd-train)"
 cmake --preset default >/dev/null

@@ -1,11 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """How dense is a pseudo-gradient? One worker trains a workload with its usual optimiser; at a few
 points of the run it takes the change of H steps (H = 1 is one step's update, θ_t − θ_{t+1}) and
 reports which share of its energy (squared L2 norm) the largest 2 % and 10 % of coordinates hold,
 and which share rank-4 approximations of each weight matrix hold (what top-k and PowerSGD would
 keep of it). One process, the workload's defaults, seed 1.
 
-    /usr/bin/python3 scripts/density.py [--workload transformer] [--steps 240] [--write-docs]
+    .venv/bin/python scripts/density.py [--workload transformer] [--steps 240] [--write-docs]
 
 Writes build/density-WORKLOAD.json; --write-docs: docs/data/tables/density-WORKLOAD.json.
 """
@@ -20,6 +20,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import workloads  # noqa: E402
+from cli import count, one_line  # noqa: E402
 
 HS = (1, 4, 16, 64)
 
@@ -43,17 +44,17 @@ def shares(delta):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="transformer")
-    ap.add_argument("--steps", type=int, default=256, help="windows start at each quarter of these steps")
+    ap.add_argument("--steps", type=count, default=256, help="windows start at each quarter of these steps")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
     if args.steps // 4 * 3 + max(HS) > args.steps:
-        sys.exit(f"--steps {args.steps}: at least {4 * max(HS)} (the last window of {max(HS)} steps must fit)")
+        ap.error(f"--steps {args.steps}: at least {4 * max(HS)} (the last window of {max(HS)} steps must fit)")
     torch.manual_seed(1)
     torch.set_num_threads(2)
     try:
         job = workloads.make(args.workload)
     except (ValueError, OSError) as e:
-        sys.exit(f"--workload {args.workload}: {e}")
+        ap.error(f"--workload {args.workload}: {one_line(e)}")
     d = workloads.defaults(args.workload)
     model = job.model(1)
     params = list(model.parameters())
@@ -102,7 +103,7 @@ def main():
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import doc_tables
         doc_tables.write(os.path.join(ROOT, "docs/data/tables", f"density-{args.workload}.json"),
-                         f"/usr/bin/python3 scripts/density.py --workload {args.workload} --steps {args.steps} --write-docs",
+                         f".venv/bin/python scripts/density.py --workload {args.workload} --steps {args.steps} --write-docs",
                          time.strftime("%Y-%m-%d"), "the 2-core dev machine, PyTorch 1.13", columns, table,
                          note=f"Share of the squared L2 norm of θ_t − θ_(t+H), one worker, the workload's optimiser; "
                               f"means over windows starting at steps {', '.join(str(s) for s in sorted(marks))}.")

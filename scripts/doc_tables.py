@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The docs' tables, made from data files: every docs/data/tables/NAME.json becomes the markdown
 table between <!-- table:NAME --> and <!-- end:NAME --> wherever a doc has that block, with a
 caption naming the command, the date and the machine. People write the conclusions around the
 blocks; a table is changed by changing its data file (a producer such as hook_table.py or
 compare_codecs.py writes it) and running this script.
 
-    /usr/bin/python3 scripts/doc_tables.py            # rewrite the blocks in README.md and docs/*.md
-    /usr/bin/python3 scripts/doc_tables.py --check    # exit 1 when a block differs from its data
+    .venv/bin/python scripts/doc_tables.py            # rewrite the blocks in README.md and docs/*.md
+    .venv/bin/python scripts/doc_tables.py --check    # exit 1 when a block differs from its data
 
 A table file: {"command": "...", "date": "YYYY-MM-DD", "machine": "...", "data": "raw file(s), optional",
 "note": "optional caption text", "columns": [...], "rows": [[cell, ...], ...]}.
@@ -88,6 +88,8 @@ def main(argv=None):
     ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                     help="the source tree (default: this script's)")
     args = ap.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.root, "README.md")):
+        ap.error(f"--root {args.root}: not a source tree (no README.md)")
     global ROOT, TABLES
     ROOT = args.root
     TABLES = os.path.join(ROOT, "docs", "data", "tables")
@@ -110,7 +112,7 @@ def main(argv=None):
     if args.check and (stale or orphans):
         if stale:
             print(f"doc_tables.py: tables out of date with docs/data/tables in {', '.join(stale)}: "
-                  "run /usr/bin/python3 scripts/doc_tables.py", file=sys.stderr)
+                  "run .venv/bin/python scripts/doc_tables.py", file=sys.stderr)
         sys.exit(1)
     print(f"doc_tables.py: {len(used)} tables, " + (f"rewrote {', '.join(stale)}" if stale and not args.check else "all current"))
 

@@ -1,12 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The traffic frontier under PyTorch DDP: quality against payload for every hook that
 scripts/compare_ddp.py ran on a workload (seed 1 in build/compare-ddp[-WORKLOAD], more seeds in
 the same folder name with -seedN), PyTorch's PowerSGD included; the run-to-run noise from the
 seeds; and, for every budget where PyTorch's PowerSGD has a point, the best sketchsgd hook at that
 payload or less.
 
-    /usr/bin/python3 scripts/frontier.py [--workload mlp|resnet8|transformer] [--write-docs]
-    /usr/bin/python3 scripts/frontier.py --half build/half [--write-docs]   # bf16 models vs fp32
+    .venv/bin/python scripts/frontier.py [--workload mlp|resnet8|transformer] [--write-docs]
+    .venv/bin/python scripts/frontier.py --half build/half [--write-docs]   # bf16 models vs fp32
 
 Quality is test accuracy (%, higher is better) or, for the transformer, validation loss (nats per
 byte, lower is better). Verdicts: "ahead" when better than PyTorch's point by more than the noise
@@ -30,6 +30,7 @@ import time
 # Lines of the plot: a family of hooks whose points differ by budget only.
 FAMILIES = [
     ("PyTorch PowerSGD", re.compile(r"^powersgd-r\d+$"), "tab:orange", "s"),
+    ("PyTorch PowerSGD in fp16_compress_wrapper", re.compile(r"^powersgd-r\d+-fp16$"), "tab:red", "s"),
     ("sketchsgd PowerSGD (fp32)", re.compile(r"^ours-psgd-r\d+$"), "tab:blue", "o"),
     ("sketchsgd PowerSGD (fp16 wire)", re.compile(r"^ours-psgd-r\d+-fp16$"), "tab:green", "o"),
     ("sketchsgd FetchSGD", re.compile(r"^fetchsgd.*$"), "tab:purple", "D"),
@@ -49,9 +50,22 @@ def load(args):
             metric = r.get("metric", "test_accuracy")
             if metric not in r:
                 continue
+            torch_version = ".".join(str(r.get("torch", "?")).split("+")[0].split(".")[:2])
             e = runs.setdefault(name, {"hook": r.get("hook", name), "payload": r["steady_payload_bytes_per_round"],
-                                       "ratio": r["steady_ratio"], "acc": {}, "metric": metric})
+                                       "ratio": r["steady_ratio"], "acc": {}, "metric": metric,
+                                       "torch": torch_version})
             e["acc"][seed] = 100 * r[metric] if metric == "test_accuracy" else r[metric]
+    return runs
+
+
+def with_earlier(runs, path):
+    """runs, plus the runs of an earlier --write-docs (docs/data/frontier*.json) for the hooks not
+    run again; those files before the torch field were all made with PyTorch 1.13."""
+    with open(path) as f:
+        earlier = json.load(f)
+    for name, e in earlier.items():
+        if name not in runs:
+            runs[name] = dict(e, acc={int(k): v for k, v in e["acc"].items()}, torch=e.get("torch", "1.13"))
     return runs
 
 
@@ -95,10 +109,12 @@ def verdicts(runs, sc, theirs=None, ours=None, label=None):
     sc.level). runs: name -> {"hook", "payload" (the traffic compared), "acc": {seed: quality}};
     label(name) names a point in the table (default: theirs by name, ours by hook)."""
     rows = []
+    versions = {runs[n].get("torch") for n in runs}
     name_of = label or (lambda n: n)
-    hook_of = label or (lambda n: f"`{runs[n]['hook']}`")
+    # With runs of two PyTorch versions in one table, each of ours says which it ran on.
+    hook_of = label or (lambda n: f"`{runs[n]['hook']}`" + (f" (torch {runs[n]['torch']})" if len(versions) > 1 else ""))
     if theirs is None:
-        theirs = [n for n in runs if re.match(r"^powersgd-r\d+$", n)]
+        theirs = [n for n in runs if re.match(r"^powersgd-r\d+(-fp16)?$", n)]
     if ours is None:
         ours = [n for n in runs if n not in ("none", "fp16") and not n.startswith("powersgd")]
     ours = {n: runs[n] for n in ours}
@@ -210,7 +226,7 @@ def half_precision(args):
     if args.write_docs:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import doc_tables
-        doc_tables.write("docs/data/tables/half-precision.json", f"/usr/bin/python3 scripts/frontier.py --half "
+        doc_tables.write("docs/data/tables/half-precision.json", f".venv/bin/python scripts/frontier.py --half "
                          f"{args.half} --write-docs", time.strftime("%Y-%m-%d"), "the 2-core dev machine, gloo",
                          HALF_COLUMNS, rows, note="Half-precision runs: `examples/ddp_train.py --dtype bf16` with the "
                          "workload's compare_ddp.py settings; within the noise: at most twice the fp32 runs' largest "
@@ -221,25 +237,35 @@ def half_precision(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--half", help="a folder of half-precision runs (ddp_train.py --dtype bf16 --json): their table")
-    ap.add_argument("--workload", default="mlp", help="mlp | resnet8 | transformer (what compare_ddp.py ran)")
+    ap.add_argument("--workload", default="mlp", choices=["mlp", "resnet8", "transformer"],
+                    help="what compare_ddp.py ran")
     ap.add_argument("--runs", help="default: build/compare-ddp[-WORKLOAD]")
     ap.add_argument("--out", help="default: build/frontier[-WORKLOAD]")
+    ap.add_argument("--earlier", help="an earlier run's data file (docs/data/frontier[-WORKLOAD].json): its hooks "
+                                      "not run again join the table, marked with their PyTorch version")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    if args.earlier and not os.path.isfile(args.earlier):
+        ap.error(f"--earlier {args.earlier}: no such file")
+    for name in ("half", "runs"):
+        if getattr(args, name) and not os.path.isdir(getattr(args, name)):
+            ap.error(f"--{name} {getattr(args, name)}: no such folder")
     if args.half:
         return half_precision(args)
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"
     args.runs = args.runs or f"build/compare-ddp{suffix}"
     args.out = args.out or f"build/frontier{suffix}"
     runs = load(args)
+    if runs and args.earlier:
+        runs = with_earlier(runs, args.earlier)
     if not runs:
-        sys.exit(f"no results in {args.runs}: run scripts/compare_ddp.py --workload {args.workload} first")
+        ap.error(f"no results in {args.runs}: run scripts/compare_ddp.py --workload {args.workload} first")
     seeded = [summary(e)[1] for e in runs.values() if summary(e)[2] >= 3]
     loss = args.workload == "transformer"
     noise = max(seeded) if seeded else (0.02 if loss else 0.5)
     sc = Scale(args.workload, noise)
     unit = "" if loss else " %"
-    columns = ["hook", "payload (steady)", "vs dense", f"{sc.name}, seed 1", "mean ± sd (seeds)"]
+    columns = ["hook", "payload (steady)", "vs dense", f"{sc.name}, seed 1", "mean ± sd (seeds)", "PyTorch"]
     rows = []
     for n, e in sorted(runs.items(), key=lambda kv: -kv[1]["payload"]):
         m, sd, k = summary(e)
@@ -247,7 +273,8 @@ def main():
         digits = 4 if loss else 2
         rows.append([f"`{e['hook']}`", f"{e['payload']:,.0f} B", f"{e['ratio']:.0f}×",
                      sc.fmt(first) if first is not None else "—",
-                     f"{m:.{digits}f} ± {sd:.{digits}f}{unit} ({k})" if sd is not None else "—"])
+                     f"{m:.{digits}f} ± {sd:.{digits}f}{unit} ({k})" if sd is not None else "—",
+                     e.get("torch", "?")])
     v = verdicts(runs, sc)
     noise_text = f"{noise:.4f}" if loss else f"{noise:.2f} points"
     text = "\n".join("| " + " | ".join(r) + " |" for r in [columns] + rows) + \
@@ -265,7 +292,8 @@ def main():
         data = f"docs/data/frontier{suffix}.json"
         with open(data, "w") as f:
             json.dump(runs, f, indent=1, default=str)
-        cmd = "/usr/bin/python3 scripts/frontier.py " + (f"--workload {args.workload} " if suffix else "") + "--write-docs"
+        cmd = ".venv/bin/python scripts/frontier.py " + (f"--workload {args.workload} " if suffix else "") + \
+            (f"--earlier {args.earlier} " if args.earlier else "") + "--write-docs"
         day = time.strftime("%Y-%m-%d")
         where = "the 2-core dev machine, gloo"
         doc_tables.write(f"docs/data/tables/frontier{suffix}.json", cmd, day, where, columns, rows, data=data,

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The PowerSGD hooks side by side from bench_hook.py --json runs: PyTorch's powerSGD_hook and
 ours at each rank, median (minimum) ms per step and PyTorch's time over ours, one column group per
 run. Prints the markdown table; --out writes it as a table data file (docs/data/tables/NAME.json)
 for scripts/doc_tables.py, which puts it into the docs.
 
-    /usr/bin/python3 scripts/hook_table.py W=1024=docs/data/a.json W=4096=docs/data/b.json \\
+    .venv/bin/python scripts/hook_table.py W=1024=docs/data/a.json W=4096=docs/data/b.json \\
         [--out docs/data/tables/hook-h100.json --command "..." --date YYYY-MM-DD --machine "..."]
 """
 import argparse
@@ -60,20 +60,25 @@ def main():
     ap.add_argument("--machine", help="where they ran")
     ap.add_argument("--note", help="more caption text")
     args = ap.parse_args()
+    if args.out and not (args.command and args.date and args.machine):
+        ap.error("--out needs --command, --date and --machine")
+    if args.date and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", args.date):
+        ap.error(f"--date {args.date!r}: expected YYYY-MM-DD")
     runs = []
     for item in args.runs:
         label, _, path = item.rpartition("=")
         if not label:
-            sys.exit(f"hook_table.py: {item!r}: expected LABEL=path.json")
-        with open(path) as f:
-            runs.append((label, json.load(f)))
+            ap.error(f"{item!r}: expected LABEL=path.json")
+        try:
+            with open(path) as f:
+                runs.append((label, json.load(f)))
+        except (OSError, ValueError) as e:
+            ap.error(f"{item!r}: {e}")
     columns, rows = table(runs)
     print("| " + " | ".join(columns) + " |")
     for r in rows:
         print("| " + " | ".join(r) + " |")
     if args.out:
-        if not (args.command and args.date and args.machine):
-            sys.exit("hook_table.py: --out needs --command, --date and --machine")
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from doc_tables import write
         write(args.out, args.command, args.date, args.machine, columns, rows,

@@ -1,11 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The local-steps frontier: quality against traffic per example seen, for every run of
 scripts/compare_ddp.py --local (DiLoCo with each pseudo-gradient codec, PyTorch's
 PeriodicModelAverager, each at H local steps between syncs) beside the per-step DDP hooks of
 scripts/compare_ddp.py (H = 1, from the per-step frontier's data file docs/data/frontier[-WORKLOAD].json)
 on the same workload, seeds, data order and examples seen.
 
-    /usr/bin/python3 scripts/local_frontier.py [--workload transformer] [--write-docs]
+    .venv/bin/python scripts/local_frontier.py [--workload transformer] [--write-docs]
 
 Traffic is what one worker hands to the collectives per training example it sees: a local run's
 bytes over all its steps (the sync before the evaluation included), a per-step hook's payload
@@ -153,7 +153,7 @@ def plot(pts, out, workload, dense, target):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="transformer", help="transformer | mlp")
+    ap.add_argument("--workload", default="transformer", choices=["transformer", "mlp"])
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"  # compare_ddp.py's folders
@@ -162,9 +162,9 @@ def main():
     args.step_runs = f"build/compare-ddp{suffix}"
     pts, batch, steps = points(args)
     if not any(p["H"] > 1 for p in pts.values()):
-        sys.exit(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
+        ap.error(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
     if "none" not in pts:
-        sys.exit(f"no per-step dense point in {args.step_data}: scripts/frontier.py --workload {args.workload} --write-docs")
+        ap.error(f"no per-step dense point in {args.step_data}: scripts/frontier.py --workload {args.workload} --write-docs")
     lower = args.workload == "transformer"
     seeded = [mean_sd(p)[1] for p in pts.values() if mean_sd(p)[2] >= 3]
     noise = max(seeded) if seeded else (0.02 if lower else 0.3)
@@ -223,7 +223,7 @@ def main():
         data = f"docs/data/local-{args.workload}.json"
         with open(data, "w") as f:
             json.dump(pts, f, indent=1)
-        cmd = f"/usr/bin/python3 scripts/local_frontier.py --workload {args.workload} --write-docs"
+        cmd = f".venv/bin/python scripts/local_frontier.py --workload {args.workload} --write-docs"
         day = time.strftime("%Y-%m-%d")
         where = "the 2-core dev machine, PyTorch 1.13, gloo"
         doc_tables.write(f"docs/data/tables/local-{args.workload}.json", cmd, day, where, columns, rows, data=data,

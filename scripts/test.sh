@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Runs every test from a fresh clone: installs the Debian packages it needs, builds the release
-# preset (CUDA code compiles when nvcc is present; GPU tests skip without a GPU; the training demo
-# and its end-to-end test with libtorch) and the AddressSanitizer + UBSan preset (without the demo),
+# Runs every test from a fresh clone: installs the Debian packages it needs and the project's Python
+# environment (.venv, pinned), builds the release preset (CUDA code compiles when nvcc is present;
+# GPU tests skip without a GPU; the Python package for .venv's interpreter; the training demo and
+# its end-to-end test against .venv's libtorch) and the AddressSanitizer + UBSan preset (without the demo),
 # and runs ctest on both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/packages.sh
+source scripts/venv.sh
 ensure_packages cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libomp-dev \
-  libzmq3-dev cppzmq-dev zlib1g-dev libtorch-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist python3.11-doc \
-  iproute2 python3 python3-dev python3-torch python3-numpy python3-pytest python3-setuptools \
-  python3-wheel python3-pip pybind11-dev
+  libzmq3-dev cppzmq-dev zlib1g-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist python3.11-doc \
+  iproute2 python3.11 python3.11-dev python3.11-venv pybind11-dev
+ensure_venv   # .venv with python/requirements.txt: torch 2.13 (CPU), accelerate, lightning, pytest, ...
 
 jobs=$(nproc)
 for preset in default asan; do

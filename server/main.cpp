@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -22,6 +23,16 @@ std::atomic<bool> g_shutting_down{false};
 void on_signal(int sig) {
   if (g_shutting_down.exchange(true) || !g_server) _exit(128 + sig);
   g_server->stop();
+}
+
+/// What parse returns; its InvalidArgument told as one of the flag --name's.
+template <class Parse>
+auto named(const std::string& name, Parse&& parse) {
+  try {
+    return parse();
+  } catch (const sketchsgd::InvalidArgument& e) {
+    throw sketchsgd::InvalidArgument("--" + name + ": " + e.what());
+  }
 }
 }  // namespace
 
@@ -118,14 +129,13 @@ int main(int argc, char** argv) {
     }
     o.bind = f.str("bind");
     o.job.job = f.u64("job");
-    o.job.world = uint32_t(f.u64("world"));
-    SKETCHSGD_REQUIRE(f.u64("population") <= UINT32_MAX, sketchsgd::InvalidArgument,
-                      "--population must be below 2^32");
-    o.job.population = uint32_t(f.u64("population"));
+    o.job.world = uint32_t(f.u64("world", 1, 65536));
+    o.job.population = uint32_t(f.u64("population", 0, UINT32_MAX));
     o.job.sample_seed = f.u64("sample-seed");
     o.job.dim = f.u64("dim");
     SKETCHSGD_REQUIRE(o.job.dim > 0, sketchsgd::InvalidArgument, "--dim is required (see --help)");
     o.job.spec = f.str("codec");
+    named("codec " + o.job.spec, [&] { return sketchsgd::share_spec(o.job.spec); });
     const uint64_t shards = f.u64("shards"), shard = f.u64("shard");
     SKETCHSGD_REQUIRE(shards >= 1 && shard < shards && shards <= 1024, sketchsgd::InvalidArgument,
                       "--shard ", shard, " of --shards ", shards,
@@ -138,20 +148,23 @@ int main(int argc, char** argv) {
     }
     o.job.lr = float(f.num("lr"));
     o.job.outer.momentum = float(f.num("outer-momentum"));
-    o.job.outer.nesterov = f.u64("outer-nesterov") != 0 && o.job.outer.momentum > 0;
-    o.job.policy = parse_policy(f.str("policy"));
-    o.job.min_workers = uint32_t(f.u64("min-workers"));
-    o.job.deadline = Millis(f.u64("deadline-ms"));
-    o.job.heartbeat = Millis(f.u64("heartbeat-ms"));
-    o.job.dead_after = uint32_t(f.u64("dead-after"));
-    o.job.staleness = uint32_t(f.u64("staleness"));
-    o.job.device = sketchsgd::Device::parse(f.str("device"));
+    SKETCHSGD_REQUIRE(o.job.outer.momentum >= 0 && o.job.outer.momentum < 1,
+                      sketchsgd::InvalidArgument, "--outer-momentum must be in [0, 1), got ",
+                      f.str("outer-momentum"));
+    o.job.outer.nesterov = f.u64("outer-nesterov", 0, 1) != 0 && o.job.outer.momentum > 0;
+    o.job.policy = named("policy", [&] { return parse_policy(f.str("policy")); });
+    o.job.min_workers = uint32_t(f.u64("min-workers", 0, o.job.world));
+    o.job.deadline = Millis(f.u64("deadline-ms", 1, UINT32_MAX));
+    o.job.heartbeat = Millis(f.u64("heartbeat-ms", 1, UINT32_MAX));
+    o.job.dead_after = uint32_t(f.u64("dead-after", 1, UINT32_MAX));
+    o.job.staleness = uint32_t(f.u64("staleness", 0, 64));
+    o.job.device = named("device", [&] { return sketchsgd::Device::parse(f.str("device")); });
     o.checkpoint = f.str("checkpoint");
     o.job.checkpoint_every = f.u64("checkpoint-every");
     o.job.max_rounds = f.u64("rounds");
-    o.finish_grace = Millis(f.u64("finish-grace-ms"));
-    o.finish_wait = Millis(f.u64("finish-wait-ms"));
-    o.linger = Millis(f.u64("linger-ms"));
+    o.finish_grace = Millis(f.u64("finish-grace-ms", 0, UINT32_MAX));
+    o.finish_wait = Millis(f.u64("finish-wait-ms", 0, UINT32_MAX));
+    o.linger = Millis(f.u64("linger-ms", 0, UINT32_MAX));
     o.metrics = f.str("metrics");
     o.quiet = f.on("quiet");
     o.status = !f.on("no-status") && !o.quiet;
@@ -169,6 +182,9 @@ int main(int argc, char** argv) {
     }                          // within --linger-ms, whatever the peers do
     return 0;
   } catch (const sketchsgd::Error& e) {
+    std::fprintf(stderr, "sketchsgd-server: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {  // the standard library's (memory, a file system, …)
     std::fprintf(stderr, "sketchsgd-server: %s\n", e.what());
     return 2;
   }

@@ -8,8 +8,14 @@ signSGD), from C++/CUDA.
 For DDP, see sketchsgd.torch (CompressionState, compression_hook).
 """
 
-from . import _core
-from ._core import (
+import torch as _torch
+
+from . import _version
+
+_version.check(_torch.__version__)
+
+from . import _core  # noqa: E402
+from ._core import (  # noqa: E402
     ConfigMismatch,
     CudaError,
     Error,
@@ -25,7 +31,7 @@ from ._core import (
     message_info,
     sample_clients,
 )
-from ._compressor import Aggregator, Compressor
+from ._compressor import Aggregator, Compressor  # noqa: E402
 
 cuda_build = _core.cuda_build
 

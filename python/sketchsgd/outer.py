@@ -146,8 +146,9 @@ class DiLoCo:
 
     def state_dict(self, gather: bool = True) -> dict:
         """The anchor, the outer optimizer, the counters and the codec state (error feedback).
-        gather=True is a collective, as CompressionState.state_dict(): call it on every rank, and
-        rank 0's dict holds every rank's codec state; gather=False: this rank's alone.
+        gather=True, as CompressionState.state_dict(): rank 0's dict holds every rank's codec
+        state, with no collective (rank 0 may save alone while the others wait in a barrier);
+        gather=False: this rank's alone.
 
         Between syncs each rank's model and inner optimizer are its own, so a checkpoint that
         must resume exactly is a file per rank (model, inner optimizer, state_dict(gather=False)),

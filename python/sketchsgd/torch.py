@@ -45,11 +45,13 @@ no update anywhere, and the next one goes on alike on every rank.
 import hashlib
 import math
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 
 from . import _core
+from ._checkpoint import Exchange
 from ._compressor import Compressor
 
 __all__ = ["CompressionState", "DiLoCo", "FlatBucket", "compression_hook"]
@@ -147,10 +149,12 @@ class CompressionState:
     """
 
     def __init__(self, spec: str, process_group=None, start_iter: int = 2, compress_1d: bool = False,
-                 dense_below: int = 0, coalesce: bool = False):
-        self._configure(spec, process_group, start_iter, compress_1d, dense_below, coalesce, check_ranks=True)
+                 dense_below: int = 0, coalesce: bool = False, checkpoint_timeout: float = 30.0):
+        self._configure(spec, process_group, start_iter, compress_1d, dense_below, coalesce, check_ranks=True,
+                        checkpoint_timeout=checkpoint_timeout)
 
-    def _configure(self, spec, process_group, start_iter, compress_1d, dense_below, coalesce, check_ranks: bool):
+    def _configure(self, spec, process_group, start_iter, compress_1d, dense_below, coalesce, check_ranks: bool,
+                   checkpoint_timeout: float = 30.0):
         """The state for these arguments. With torch.distributed initialised it binds to the
         process group now (and, check_ranks, compares the configuration over it: a collective);
         else at the first hook call, which every rank makes for the same bucket (Lightning's
@@ -161,6 +165,14 @@ class CompressionState:
             raise ValueError(f"dense_below={dense_below!r}: must be an int ≥ 0")
         if not isinstance(coalesce, bool):
             raise TypeError(f"coalesce={coalesce!r}: expected True or False")
+        if isinstance(checkpoint_timeout, bool) or not isinstance(checkpoint_timeout, (int, float)) or \
+                not 0 < checkpoint_timeout < math.inf:
+            raise ValueError(f"checkpoint_timeout={checkpoint_timeout!r}: seconds, a finite number > 0")
+        self.checkpoint_timeout = float(checkpoint_timeout)
+        self._exchange = None    # worker states for rank 0's checkpoints (_checkpoint.Exchange)
+        self._open = False       # a step's hook calls have begun and its last has not ended
+        self._inflight = []      # this step's futures (a snapshot waits for them)
+        self._step_lock = threading.Lock()
         self.process_group = process_group
         self.world_size = self.rank = self.backend = None
         self.spec = spec.strip() if isinstance(spec, str) else spec
@@ -219,6 +231,10 @@ class CompressionState:
         self.rank = dist.get_rank(self.process_group)
         self.backend = dist.get_backend(self.process_group)
         self._check_wire()
+        if self.world_size > 1:
+            digest = hashlib.sha256(self._config().encode()).hexdigest()[:16]
+            self._exchange = Exchange(self, self.process_group, self.rank, self.world_size, digest,
+                                      self.checkpoint_timeout)
 
     def _check_wire(self):
         if getattr(self, "_wire", None) == "bf16" and self.backend == "gloo":
@@ -346,7 +362,15 @@ class CompressionState:
         s["last_payload_bytes"] = self._step_bytes
         s["last_dense_bytes"] = self._dense_step_bytes
         self._step_bytes = self._dense_step_bytes = 0
-        self.iteration += 1
+        with self._step_lock:
+            self.iteration += 1
+            self._open = False
+
+    def _begin_call(self):
+        """A hook call begins: the first of a step opens it (checkpoints wait or refuse meanwhile)."""
+        with self._step_lock:
+            if not self._open:
+                self._open, self._inflight = True, []
 
     def stats(self) -> dict:
         """Payload bytes this rank contributed to the collectives (an all-reduce of n floats
@@ -365,12 +389,16 @@ class CompressionState:
         (the same on every rank) and this rank's worker state (error feedback, momentum), the
         statistics.
 
-        gather=True (the default) is a collective over the process group, so call it on every
-        rank at the same step, as Accelerate's save_state and Lightning's checkpointing call a
-        state_dict(): it adds "workers", every rank's worker state in the dict of the group's
-        rank 0 (the one those tools write) and this rank's in the others'. That one file then
-        restores every rank: load_state_dict() takes its own rank's part. gather=False: this
-        rank's alone, no collective (each rank saving a file of its own)."""
+        gather=True (the default): the dict of the group's rank 0 also holds every other rank's
+        worker state ("workers"), so the one file rank 0 writes restores every rank
+        (load_state_dict() takes its own rank's part). It is no collective: the other ranks hand
+        their state over from a thread while they wait (PyTorch's tutorial: rank 0 alone saves,
+        the others wait in a barrier), or leave it in the store when they call state_dict()
+        themselves at that step (Accelerate, Lightning: then they may go on at once). A rank that
+        has begun the next step without either makes rank 0 raise ProtocolError naming it, at
+        once; a rank that never answers, TimeoutError after checkpoint_timeout seconds. The
+        other ranks' dicts hold their own. gather=False: this rank's alone, nothing asked of or
+        left for the others."""
         if not isinstance(gather, bool):
             raise TypeError(f"gather={gather!r}: expected True or False")
         self._bind()
@@ -386,40 +414,41 @@ class CompressionState:
              "warm": {i: [list(e) for e in es] for i, es in self._warm.items()},
              "units": units if self._units is not None else None, "stats": dict(self._stats)}
         if gather:
-            d["workers"] = self._gather_workers(units)
+            mine = self._worker_states(units)
+            if self._exchange is None:
+                d["workers"] = {self.rank: mine}
+            elif self.rank == 0:
+                d["workers"] = self._exchange.collect(mine, self.iteration)
+            else:
+                self._exchange.offer(mine, self.iteration)
+                d["workers"] = {self.rank: mine}
         return d
 
-    def _gather_workers(self, units: dict) -> dict:
-        """rank -> unit index -> worker state (uint8): every rank's on the group's rank 0, this
-        rank's elsewhere. Two collectives every rank joins alike: the sizes (all-gathered), then
-        the states padded to the largest (gathered to rank 0 alone: W states in one process)."""
-        self._chain.wait()  # after every collective a step chained
-        keys = sorted(units)
-        mine = [units[i]["codec"]["state"] if units[i]["codec"] is not None else torch.empty(0, dtype=torch.uint8)
-                for i in keys]
-        on = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
-        sizes = torch.tensor([t.numel() for t in mine] or [0], dtype=torch.int64, device=on)
-        every = [torch.empty_like(sizes) for _ in range(self.world_size)]
-        dist.all_gather(every, sizes, group=self.process_group)
-        every = [s.cpu() for s in every]
-        longest = max(int(s.sum()) for s in every)
-        if longest == 0:  # no worker state anywhere (fetch=1, plain dense, …): nothing to send
-            return {r: {i: torch.empty(0, dtype=torch.uint8) for i in keys} for r in range(self.world_size)}
-        flat = torch.zeros(longest, dtype=torch.uint8)
-        if mine:
-            flat[:int(sizes.sum())] = torch.cat([t.reshape(-1).cpu() for t in mine])
-        root = 0 if self.process_group is None else _global_rank(self.process_group, 0)
-        got = [torch.empty(longest, dtype=torch.uint8, device=on) for _ in range(self.world_size)] \
-            if self.rank == 0 else None
-        dist.gather(flat.to(on), got, dst=root, group=self.process_group)
-        parts = {r: g.cpu() for r, g in enumerate(got)} if self.rank == 0 else {self.rank: flat}
-        out = {}
-        for r, blob in parts.items():
-            at, out[r] = 0, {}
-            for i, n in zip(keys, every[r].tolist()):
-                out[r][i] = blob[at:at + n].clone()
-                at += n
-        return out
+    @staticmethod
+    def _worker_states(units: dict) -> dict:
+        """unit index -> this rank's worker state (uint8) from a state_dict's units."""
+        return {i: u["codec"]["state"].reshape(-1).cpu() if u["codec"] is not None else torch.empty(0, dtype=torch.uint8)
+                for i, u in units.items()}
+
+    def worker_snapshot(self, iteration: int, timeout: float):
+        """This rank's worker states at the end of step `iteration` (for rank 0's checkpoint,
+        called from the exchange's thread): waits while this rank is still in an earlier step;
+        a string saying why when it has begun a later one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._step_lock:
+                if self.iteration == iteration and not self._open:
+                    torch.futures.wait_all(self._inflight)
+                    return self._worker_states(self.state_dict(gather=False)["units"] or {})
+                if self.iteration > iteration or (self.iteration == iteration and self._open):
+                    return (f"state_dict() on rank 0 at step {iteration}: rank {self.rank} has begun step "
+                            f"{self.iteration + int(self._open) - 1} (its worker state has changed). Let every "
+                            "rank wait until rank 0 has saved (dist.barrier() after the save, as in PyTorch's "
+                            "tutorial), or call state_dict() on every rank before the next step")
+            if time.monotonic() > deadline:
+                return (f"state_dict() on rank 0 at step {iteration}: rank {self.rank} is still at step "
+                        f"{self.iteration} after {timeout:g} s")
+            time.sleep(0.005)
 
     def load_state_dict(self, d: dict) -> None:
         """Restores state_dict() (this rank's own, or one holding every rank's worker state: the
@@ -450,7 +479,7 @@ class CompressionState:
             held = f"ranks {sorted(workers)}" if workers is not None else f"rank {d['rank']} only"
             raise _core.ConfigMismatch(
                 f"rank {self.rank} given a state_dict holding the worker state of {held}: load the group's rank 0's "
-                "state_dict() (gathered: called on every rank) or each rank its own state_dict")
+                "state_dict() (gathered: it holds every rank's) or each rank its own state_dict")
         self.iteration = int(d["iteration"])
         self._warm = {int(i): [tuple(e) for e in es] for i, es in d["warm"].items()}
         self._units, self._pending = None, {}
@@ -478,9 +507,8 @@ class CompressionState:
 
 
 def _global_rank(group, rank: int) -> int:
-    """The global rank of a group's rank (its name differs between PyTorch 1.13 and 2.x)."""
-    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
-    return get(group, rank)
+    """The global rank of a group's rank."""
+    return dist.get_global_rank(group, rank)
 
 
 class FlatBucket:
@@ -960,6 +988,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
         state._bind()
         state._check_ranks()
     state._check_bucket(buf)
+    state._begin_call()
     # Collectives go out in one order on every rank: after those chained by earlier buckets
     # (their second phases, issued as their first ones complete; _phases).
     state._chain.wait()
@@ -967,6 +996,7 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     warm = state.iteration < state.start_iter
     try:
         fut = (_warm_up if warm else _compressed)(state, bucket, wide)
+        state._inflight.append(fut)
     finally:
         if bucket.is_last():
             state._end_step(not warm)
@@ -981,5 +1011,10 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     return fut.then(narrowed)
 
 
-# The outer loop (local steps, compressed pseudo-gradients) is built on the hook above.
-from .outer import DiLoCo  # noqa: E402
+def __getattr__(name):
+    """sketchsgd.torch.DiLoCo: the outer loop (sketchsgd.outer), built on the hook above, loaded
+    on first use so that each module imports the other's names without a cycle."""
+    if name == "DiLoCo":
+        from .outer import DiLoCo
+        return DiLoCo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

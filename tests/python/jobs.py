@@ -103,9 +103,7 @@ def resume(rank, world, spec, before, after):
 
     m2, ddp2, state2, opt2 = hooked(spec)
     saved.seek(0)
-    # PyTorch ≥ 2.6 loads with weights_only=True by default (1.13's restricted loader refuses
-    # even floats, so the check runs only on PyTorch 2).
-    ckpt = torch.load(saved, **({"weights_only": True} if int(torch.__version__.split(".")[0]) >= 2 else {}))
+    ckpt = torch.load(saved, weights_only=True)  # PyTorch's default since 2.6
     m2.load_state_dict(ckpt["model"])
     opt2.load_state_dict(ckpt["opt"])
     state2.load_state_dict(ckpt["hook"])
@@ -123,7 +121,7 @@ def pickled(rank, world, spec, before, after):
     train(ddp, opt, rank, after, first=before)
     straight = flat(m)
     saved.seek(0)
-    ckpt = torch.load(saved, **({"weights_only": False} if int(torch.__version__.split(".")[0]) >= 2 else {}))
+    ckpt = torch.load(saved, weights_only=False)
     assert ckpt["hook"].process_group is None and ckpt["hook"].iteration == before
     m2, ddp2, _, opt2 = hooked(spec, ckpt["hook"])
     m2.load_state_dict(ckpt["model"])
@@ -166,12 +164,58 @@ def rank0_checkpoint(rank, world, spec, before, after, path):
     straight = flat(m)
 
     m2, ddp2, state2, opt2 = hooked(spec)
-    loaded = torch.load(path, **({"weights_only": True} if int(torch.__version__.split(".")[0]) >= 2 else {}))
+    loaded = torch.load(path, weights_only=True)
     m2.load_state_dict(loaded["model"])
     opt2.load_state_dict(loaded["opt"])
     state2.load_state_dict(loaded["hook"])
     train(ddp2, opt2, rank, after, first=before)
     return straight.numpy().tobytes(), flat(m2).numpy().tobytes(), sorted(loaded["hook"]["workers"])
+
+
+def tutorial_checkpoint(rank, world, spec, before, after, path):
+    """PyTorch's DDP tutorial, word for word: `if rank == 0: torch.save(...)` with the hook's
+    state_dict() called there alone, then dist.barrier(); every rank loads the file into a new
+    DDP model and goes on. Returns the uninterrupted and the resumed parameters, the ranks whose
+    worker state the file holds and the seconds rank 0's save took."""
+    import time
+    m, ddp, state, opt = hooked(spec)
+    train(ddp, opt, rank, before)
+    took = None
+    if rank == 0:
+        start = time.monotonic()
+        torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}, path)
+        took = time.monotonic() - start
+    dist.barrier()
+    train(ddp, opt, rank, after, first=before)
+    straight = flat(m)
+
+    m2, ddp2, state2, opt2 = hooked(spec)
+    loaded = torch.load(path, weights_only=True)
+    m2.load_state_dict(loaded["model"])
+    opt2.load_state_dict(loaded["opt"])
+    state2.load_state_dict(loaded["hook"])
+    train(ddp2, opt2, rank, after, first=before)
+    return straight.numpy().tobytes(), flat(m2).numpy().tobytes(), sorted(loaded["hook"]["workers"]), took
+
+
+def save_after_others_moved_on(rank, world, spec, before):
+    """Rank 0 saves alone while the other ranks have begun the next step (no barrier): their
+    worker state has changed, so rank 0's state_dict() raises at once, naming them; rank 0 then
+    takes its step and every rank goes on. Returns (error type, message, seconds) on rank 0."""
+    import time
+    m, ddp, state, opt = hooked(spec)
+    train(ddp, opt, rank, before)
+    out = None
+    if rank == 0:
+        time.sleep(1.0)  # the others are inside the next step's hook by now, waiting for rank 0
+        start = time.monotonic()
+        try:
+            state.state_dict()
+            out = ("no error", "", time.monotonic() - start)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            out = (type(e).__name__, str(e), time.monotonic() - start)
+    train(ddp, opt, rank, 1, first=before)
+    return out
 
 
 def state_before_the_process_group(rank, world, spec, steps):
@@ -487,9 +531,10 @@ def outer_resume(rank, world, spec, before, after, folder, per_rank):
     m, outer, opt = fresh()
     local_steps(m, outer, opt, rank, before)
     path = f"{folder}/{rank if per_rank else 0}.pt"
-    ckpt = {"model": m.state_dict(), "opt": opt.state_dict(), "outer": outer.state_dict(gather=not per_rank)}
-    if per_rank or rank == 0:
-        torch.save(ckpt, path)
+    if per_rank:
+        torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "outer": outer.state_dict(gather=False)}, path)
+    elif rank == 0:  # PyTorch's tutorial: rank 0 alone saves, the others wait in the barrier
+        torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "outer": outer.state_dict()}, path)
     dist.barrier()
     local_steps(m, outer, opt, rank, after, first=before)
     m2, outer2, opt2 = fresh()

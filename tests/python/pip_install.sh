@@ -8,7 +8,7 @@ trap 'rm -rf "$work"' EXIT
 src=$(cd "$(dirname "$0")/../.." && pwd)
 # A copy without build trees, so the in-tree build leaves nothing in the checkout.
 mkdir "$work/src"
-tar -C "$src" --exclude=./build --exclude=./python/build --exclude='*.egg-info' --exclude=.git -cf - . |
+tar -C "$src" --exclude=./build --exclude=./.venv --exclude=./python/build --exclude='*.egg-info' --exclude=.git -cf - . |
   tar -C "$work/src" -xf -
 SKETCHSGD_CUDA=OFF "$python" -m pip install --quiet --no-build-isolation --no-deps --no-index \
   --target "$work/site" "$work/src/python"

@@ -318,3 +318,25 @@ def test_layout_codecs_take_tensor_shapes():
     # Optional: a sketch sends the 1-D tensor whole beside its table.
     s = sketchsgd.Compressor("sketch:rows=3,cols=100,k=10", layout=[(30, 20), (5,)])
     assert s.spec.endswith(",layout=30x20+5") and s.sum_size("gradient") == 300 + 5
+
+
+@pytest.mark.parametrize("module", ["sketchsgd", "sketchsgd.torch", "sketchsgd.outer", "sketchsgd.ps"])
+def test_each_module_imports_first_in_a_fresh_interpreter(module):
+    """No import cycle: each module is the first one imported in a new process
+    (sketchsgd.ps needs the build with the server; without it, it says so)."""
+    import subprocess
+    import sys
+    code = f"import {module}; from sketchsgd.torch import DiLoCo; from sketchsgd.outer import nesterov"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 or (module == "sketchsgd.ps" and "server" in done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("version,ok", [("2.13.0+cpu", True), ("2.4.0", True), ("2.11.0a0+git123", True),
+                                        ("10.0", True), ("1.13.1", False), ("2.3.1+cu121", False), ("nonsense", False)])
+def test_the_supported_torch_versions(version, ok):
+    from sketchsgd import _version
+    if ok:
+        _version.check(version)
+    else:
+        with pytest.raises(ImportError, match=r"PyTorch >= 2\.4"):
+            _version.check(version)

@@ -159,8 +159,8 @@ def test_a_pickled_state_resumes_identically():
 
 
 def test_a_checkpoint_written_by_rank_0_alone_restores_every_rank(tmp_path):
-    """Accelerate's register_for_checkpointing and Lightning: state_dict() on every rank (a
-    collective gathering each rank's error feedback and momentum into rank 0's), rank 0 writes,
+    """Accelerate's register_for_checkpointing and Lightning: state_dict() on every rank (rank
+    0's holds each rank's error feedback and momentum), rank 0 writes,
     every rank loads that file: the job continues bit for bit as the uninterrupted one, also for
     codecs whose worker state differs between ranks."""
     for spec in ["topk:k=400,momentum=0.9", "powersgd:rank=2", "sketch:rows=3,cols=1500,k=300,p2=2",
@@ -170,6 +170,28 @@ def test_a_checkpoint_written_by_rank_0_alone_restores_every_rank(tmp_path):
         for r, (straight, resumed, held) in enumerate(results):
             assert held == [0, 1, 2, 3], f"{spec}: rank 0's file holds the worker state of ranks {held}"
             assert straight == resumed, f"{spec}: rank {r} resumed differently"
+
+
+def test_pytorchs_tutorial_save_from_rank_0_alone_restores_every_rank(tmp_path):
+    """`if rank == 0: torch.save({..., "hook": state.state_dict()})` then dist.barrier(), as
+    PyTorch's DDP tutorial saves: no collective, so no hang; the other ranks hand their worker
+    state over from the barrier, and the file restores every rank bit for bit."""
+    for spec in ["topk:k=400,momentum=0.9", "powersgd:rank=2", "sketch:rows=3,cols=1500,k=300,p2=2"]:
+        path = str(tmp_path / f"{spec.partition(':')[0]}.pt")
+        results = ddp.run(jobs.tutorial_checkpoint, spec, 4, 3, path, world=3)
+        assert results[0][3] < 10, f"{spec}: rank 0's save took {results[0][3]:.1f} s"
+        for r, (straight, resumed, held, _) in enumerate(results):
+            assert held == [0, 1, 2], f"{spec}: the file holds the worker state of ranks {held}"
+            assert straight == resumed, f"{spec}: rank {r} resumed differently"
+
+
+def test_a_save_after_the_others_began_the_next_step_is_refused_at_once():
+    """Without the barrier the other ranks start the next step, which changes their worker
+    state: rank 0's state_dict() raises ProtocolError within seconds, saying what to do, and the
+    job goes on."""
+    name, message, took = ddp.run(jobs.save_after_others_moved_on, "topk:k=400,momentum=0.9", 4, world=3)[0]
+    assert name == "ProtocolError" and "has begun step" in message and "barrier" in message, (name, message)
+    assert took < 10, took
 
 
 def test_another_ranks_worker_state_is_refused():

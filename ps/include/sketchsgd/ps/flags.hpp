@@ -32,6 +32,8 @@ class Flags {
 
   const std::string& str(const std::string& name) const { return get(name).value; }
   uint64_t u64(const std::string& name) const;
+  /// u64 in [lo, hi]: none is cut to a narrower type unseen; the error names the flag.
+  uint64_t u64(const std::string& name, uint64_t lo, uint64_t hi) const;
   double num(const std::string& name) const;
   bool on(const std::string& name) const { return str(name) == "1" || str(name) == "true"; }
   std::string help() const;

@@ -1,0 +1,140 @@
+"""Every command-line entry point (examples/, scripts/, benchmarks/, sketchsgd-train,
+sketchsgd-server) refuses a bad value the same way: exit status 2, one line on stderr that names
+the option (argparse's usage lines may come before it), no traceback and nothing started (nothing
+on stdout). Each case fails while the arguments are checked, so the processes are short; they run
+side by side, in a scratch folder (relative defaults such as build/demo land there). The C++
+programs come from the build tree (PYTHONPATH=<build>/python): their cases are skipped where
+they are not built."""
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _build():
+    """The build tree: the parent of the PYTHONPATH entry that holds the sketchsgd package."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and os.path.isdir(os.path.join(entry, "sketchsgd")):
+            return os.path.dirname(os.path.abspath(entry))
+    return os.path.join(ROOT, "build", "default")
+
+
+BUILD = _build()
+TRAIN = os.path.join(BUILD, "demo", "sketchsgd-train")
+SERVER = os.path.join(BUILD, "server", "sketchsgd-server")
+
+# (program: a script under ROOT or a C++ program's path, its arguments, what the error line names)
+CASES = [
+    ("examples/ddp_train.py", ["--progress", "0"], "--progress"),
+    ("examples/ddp_train.py", ["--workers", "0"], "--workers"),
+    ("examples/ddp_train.py", ["--lr", "nan"], "--lr"),
+    # Valid-looking, but no codec takes it: refused once, not by every rank.
+    ("examples/ddp_train.py", ["--hook", "sketch:rows=0"], "--hook"),
+    ("examples/ddp_train.py", ["--local", "4", "--hook", "none"], "--hook"),
+    ("examples/ddp_train.py", ["--json", "/nonexistent/run.json"], "--json"),
+    ("examples/federated.py", ["--clients", "0"], "--clients"),
+    ("examples/federated.py", ["--split", "classes:0"], "--split"),
+    ("examples/federated.py", ["--per-round", "2000"], "--per-round"),
+    ("scripts/compare_codecs.py", ["--epochs", "0"], "--epochs"),
+    ("scripts/compare_codecs.py", ["--only", "dense,bogus"], "--only"),
+    ("scripts/compare_ddp.py", ["--workers", "0"], "--workers"),
+    ("scripts/compare_ddp.py", ["--only", "bogus"], "--only"),
+    ("scripts/compare_federated.py", ["--split", "iid,bogus"], "--split"),
+    ("scripts/compare_local_ps.py", ["--seeds", "1,x"], "--seeds"),
+    ("scripts/compare_shards.py", ["--shards", "2,4"], "--shards"),
+    ("scripts/compare_shards.py", ["--shards", "1,0"], "--shards"),
+    ("scripts/density.py", ["--steps", "0"], "--steps"),
+    ("scripts/doc_tables.py", ["--root", "/nonexistent"], "--root"),
+    ("scripts/frontier.py", ["--workload", "gpt"], "--workload"),
+    ("scripts/frontier.py", ["--half", "/nonexistent"], "--half"),
+    ("scripts/hook_table.py", ["--date", "2024-13", "a=/nonexistent.json"], "--date"),
+    ("scripts/hook_table.py", ["a=/nonexistent.json"], "a=/nonexistent.json"),
+    ("scripts/local_frontier.py", ["--workload", "gpt"], "--workload"),
+    ("benchmarks/bench_codec_phases.py", ["--dim", "-1"], "--dim"),
+    ("benchmarks/bench_hook.py", ["--steps", "0"], "--steps"),
+    ("benchmarks/bench_hook.py", ["--device", "tpu"], "--device"),
+    ("benchmarks/bench_network.py", ["--rates", "1gbit,bogus"], "--rates"),
+    ("benchmarks/bench_network.py", ["--ps-shards", "1,0"], "--ps-shards"),
+    ("benchmarks/bench_network.py", ["--timeout", "nan"], "--timeout"),
+    ("benchmarks/bench_shards_links.py", ["--shards", "1,x"], "--shards"),
+    ("benchmarks/churn_table.py", ["/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    ("benchmarks/compare_torch.py", ["--hashing", "blocked,bogus"], "--hashing"),
+    ("benchmarks/gpu_report.py", ["--replot", "/nonexistent.json"], "--replot"),
+    ("benchmarks/plot_bench.py", ["/nonexistent.json", "/"], "/nonexistent.json"),
+    ("benchmarks/shards_table.py", ["--write-docs", "--date", "today"], "--date"),
+    (TRAIN, ["--workers", "0"], "--workers"),
+    (TRAIN, ["--epochs", "-1"], "--epochs"),
+    (TRAIN, ["--lr", "nan"], "--lr"),
+    (TRAIN, ["--codec", "nonsense"], "--codec"),
+    (TRAIN, ["--data", "/nonexistent"], "--data"),
+    (TRAIN, ["--bogus", "1"], "--bogus"),
+    (TRAIN, ["--epochs"], "--epochs"),
+    (SERVER, ["--world", "0", "--dim", "100"], "--world"),
+    (SERVER, ["--dim", "0"], "--dim"),
+    (SERVER, ["--dim", "100", "--lr", "nan"], "--lr"),
+    (SERVER, ["--dim", "100", "--codec", "nonsense"], "--codec"),
+    (SERVER, ["--dim", "100", "--policy", "sometimes"], "--policy"),
+    (SERVER, ["--dim", "100", "--outer-momentum", "1.5"], "--outer-momentum"),
+    (SERVER, ["--dim", "100", "--bogus"], "--bogus"),
+    (SERVER, ["--dim", "100", "--world"], "--world"),
+]
+
+
+def _name(program):
+    return os.path.basename(program)
+
+
+def _argv(program, args):
+    if program in (TRAIN, SERVER):
+        extra = ["--bind", "tcp://127.0.0.1:*"] if program == SERVER else []  # never the default port
+        return [program, *extra, *args]
+    return [sys.executable, os.path.join(ROOT, program), *args]
+
+
+def _run(argv, cwd):
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60)
+        return done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:
+        return None, e.stdout or "", e.stderr or ""
+
+
+_OUTCOMES = {}
+
+
+def _outcome(i):
+    """Case i's (exit status, stdout, stderr). The first call runs every case whose program
+    exists, side by side (most are a Python start-up and an import of torch)."""
+    if not _OUTCOMES:
+        todo = [j for j, (program, _, _) in enumerate(CASES) if program not in (TRAIN, SERVER) or
+                os.access(program, os.X_OK)]
+        with tempfile.TemporaryDirectory(prefix="sketchsgd-cli-") as scratch, \
+                ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+            futures = {j: pool.submit(_run, _argv(CASES[j][0], CASES[j][1]), scratch) for j in todo}
+            _OUTCOMES.update({j: f.result() for j, f in futures.items()})
+    return _OUTCOMES[i]
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{_name(p)} {' '.join(a)}" for p, a, _ in CASES])
+def test_a_bad_value_is_refused_with_one_line_and_status_2(i):
+    program, args, names = CASES[i]
+    if program in (TRAIN, SERVER) and not os.access(program, os.X_OK):
+        pytest.skip(f"{program} is not built")
+    rc, out, err = _outcome(i)
+    shown = f"{_name(program)} {' '.join(args)}: exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    assert rc == 2, shown
+    assert "Traceback" not in out + err, shown
+    assert out == "", shown  # nothing started: no progress line, no endpoint
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines, shown
+    if program in (TRAIN, SERVER):
+        assert len(lines) == 1, shown
+    else:  # argparse: its usage (a first line "usage: …", indented continuations), then the error
+        assert [line for line in lines if not line.startswith(("usage:", " "))] == lines[-1:], shown
+        assert lines[-1].startswith(f"{_name(program)}: error: "), shown
+    assert names in lines[-1], shown
