@@ -149,41 +149,25 @@ def rank0_state_everywhere(rank, world, spec, steps, gather):
     return "loaded", "", repr(state.state_dict(gather=False)) == repr(before)
 
 
-def rank0_checkpoint(rank, world, spec, before, after, path):
-    """Accelerate's and Lightning's convention: every rank calls state_dict() (model, optimiser
-    and the hook's state), rank 0 alone writes the file, every rank loads that one file into a
-    new DDP model and goes on. Returns the parameters of the uninterrupted run and of the
-    resumed one, and whether the file held every rank's worker state."""
-    m, ddp, state, opt = hooked(spec)
-    train(ddp, opt, rank, before)
-    ckpt = {"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
-    if rank == 0:
-        torch.save(ckpt, path)
-    dist.barrier()
-    train(ddp, opt, rank, after, first=before)
-    straight = flat(m)
-
-    m2, ddp2, state2, opt2 = hooked(spec)
-    loaded = torch.load(path, weights_only=True)
-    m2.load_state_dict(loaded["model"])
-    opt2.load_state_dict(loaded["opt"])
-    state2.load_state_dict(loaded["hook"])
-    train(ddp2, opt2, rank, after, first=before)
-    return straight.numpy().tobytes(), flat(m2).numpy().tobytes(), sorted(loaded["hook"]["workers"])
-
-
-def tutorial_checkpoint(rank, world, spec, before, after, path):
-    """PyTorch's DDP tutorial, word for word: `if rank == 0: torch.save(...)` with the hook's
-    state_dict() called there alone, then dist.barrier(); every rank loads the file into a new
-    DDP model and goes on. Returns the uninterrupted and the resumed parameters, the ranks whose
-    worker state the file holds and the seconds rank 0's save took."""
+def rank0_checkpoint(rank, world, spec, before, after, path, tutorial=False):
+    """One file for the job, written by rank 0 after `before` steps, then dist.barrier().
+    tutorial=False: Accelerate's and Lightning's convention, every rank calls state_dict() (model,
+    optimiser and the hook's state); tutorial=True: PyTorch's DDP tutorial word for word, `if
+    rank == 0: torch.save(...)` with the hook's state_dict() called there alone. Every rank loads
+    that file into a new DDP model and goes on. Returns the parameters of the uninterrupted run
+    and of the resumed one, the ranks whose worker state the file holds and the seconds rank 0's
+    save took."""
     import time
     m, ddp, state, opt = hooked(spec)
     train(ddp, opt, rank, before)
-    took = None
+
+    def checkpoint():
+        return {"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
+
+    ckpt, took = None if tutorial else checkpoint(), None
     if rank == 0:
         start = time.monotonic()
-        torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}, path)
+        torch.save(ckpt or checkpoint(), path)
         took = time.monotonic() - start
     dist.barrier()
     train(ddp, opt, rank, after, first=before)
