@@ -7,6 +7,16 @@
 # for that interpreter. SKETCHSGD_BASE_PYTHON picks another 3.11 interpreter. The build tree's
 # package (build/default/python) is put on the venv's path by a .pth file, so every script runs
 # as `.venv/bin/python script.py` with no PYTHONPATH.
+# pip install into the venv, quiet but for errors (the machine's pip configuration names index
+# folders that do not exist, and pip warns about each one).
+_pip() {
+  local venv=$1
+  shift
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 |
+    { grep -v "is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
+
 ensure_venv() {
   local root base stamp want
   root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,8 +31,7 @@ ensure_venv() {
   want=$(sha256sum "$root/python/requirements.txt" | cut -d' ' -f1)
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "== installing python/requirements.txt into $VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$root/python/requirements.txt" \
-      || { echo "pip could not install python/requirements.txt" >&2; return 1; }
+    _pip "$VENV" -r "$root/python/requirements.txt" || { echo "pip could not install python/requirements.txt" >&2; return 1; }
     echo "$want" >"$stamp"
   fi
   # The CUDA build links cuBLAS; a toolkit without it (nvcc alone) takes NVIDIA's wheel.
@@ -31,7 +40,7 @@ ensure_venv() {
     if ! ls "$cuda"/lib64/libcublas.so* "$cuda"/targets/*/lib/libcublas.so* >/dev/null 2>&1 &&
        ! "$VENV/bin/python" -m pip show -q nvidia-cublas >/dev/null 2>&1; then
       echo "== the CUDA toolkit has no cuBLAS: installing python/requirements-cuda.txt into $VENV"
-      "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$root/python/requirements-cuda.txt" \
+      _pip "$VENV" -r "$root/python/requirements-cuda.txt" \
         || { echo "pip could not install python/requirements-cuda.txt" >&2; return 1; }
     fi
   fi
