@@ -192,8 +192,6 @@ class CompressionState:
         # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
         # decide themselves what stays uncompressed.
         self._uses_layout = next(c["layout"] for c in _core.codecs() if c["name"] == self._name) == "required"
-        self._wire = options.get("wire")
-        self._check_wire()
         if "layout" in options:
             raise ValueError("sketchsgd hook: the hook gives the codec its layout (the bucket's tensors): "
                              "leave layout= out of the spec")
@@ -230,15 +228,11 @@ class CompressionState:
         self.world_size = dist.get_world_size(self.process_group)
         self.rank = dist.get_rank(self.process_group)
         self.backend = dist.get_backend(self.process_group)
-        self._check_wire()
         if self.world_size > 1:
             digest = hashlib.sha256(self._config().encode()).hexdigest()[:16]
             self._exchange = Exchange(self, self.process_group, self.rank, self.world_size, digest,
                                       self.checkpoint_timeout)
 
-    def _check_wire(self):
-        if getattr(self, "_wire", None) == "bf16" and self.backend == "gloo":
-            raise ValueError("sketchsgd hook: wire=bf16 needs NCCL (gloo cannot sum bfloat16); use wire=fp16")
 
     def _check_ranks(self):
         """Once: every rank's configuration is this one (a collective)."""

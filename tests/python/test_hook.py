@@ -25,6 +25,7 @@ SPECS = [
     "powersgd:rank=2",
     "powersgd:rank=1,wire=fp16",
     "sketch:rows=1,cols=3000,k=400,fetch=1,wire=fp16",
+    "powersgd:rank=2,wire=bf16",  # gloo sums bfloat16 from PyTorch 2 on
 ]
 
 
