@@ -399,7 +399,7 @@ def main():
                 for hook in hooks:
                     done += 1
                     if buckets == "default" and hook.startswith(("powersgd", "torch:powersgd")):
-                        continue  # PyTorch 1.13's PowerSGD aborts on gloo when buckets interleave
+                        continue  # PyTorch's PowerSGD fails on gloo when buckets interleave (1.13 always, 2.13 at times)
                     if buckets == "coalesced" and (hook in ("none", "fp16") or hook.startswith(("powersgd", "torch:"))):
                         continue  # an option of our hooks alone
                     log(f"[{done}/{jobs}] {rate}, {buckets} bucket(s), {hook}")

@@ -165,8 +165,9 @@ def worker(rank, args, port, queue):
         model = job.model(args.seed).to(device, dtype)
         dim = sum(p.numel() for p in model.parameters())
         # DDP caps its first bucket at 1 MiB apart from the others; by default here that cap is
-        # the others' too, so the models are one bucket: PyTorch's PowerSGD hook on gloo aborts
-        # when two buckets' collectives interleave (sketchsgd's hook works with any number).
+        # the others' too, so the models are one bucket: PyTorch's PowerSGD hook on gloo fails
+        # when two buckets' collectives interleave (every time in 1.13, at times in 2.13; sketchsgd's hook
+        # works with any number).
         dist._DEFAULT_FIRST_BUCKET_BYTES = int((args.first_bucket_mb or args.bucket_cap_mb) * 1024 * 1024)
         width = torch.finfo(dtype).bits // 8
         synced, after_step = True, None
