@@ -66,7 +66,7 @@ def main():
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            ap.error("--png needs matplotlib (apt-get install python3-matplotlib)")
+            ap.error("--png needs matplotlib (the project environment has it: scripts/venv.sh)")
     if args.only and not any(o in h for _, h in HOOKS for o in args.only.split(",")):
         ap.error(f"--only {args.only}: no hook's spec has any of these")
     for name in ("json", "profile", "png"):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side benchmark: sketchsgd's C++ count sketch vs. the PyTorch CSVec reference.
 
-Run with Debian's interpreter (needs python3-torch, python3-numpy):
+Run with the project environment's interpreter (PyTorch, NumPy: scripts/venv.sh):
     .venv/bin/python benchmarks/compare_torch.py --binary build/cpu/benchmarks/sketchsgd_compare
 
 The torch half mirrors CSVec with precomputed hashes: int64 buckets and float32

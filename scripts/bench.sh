@@ -8,7 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/packages.sh
-ensure_packages cmake ninja-build g++ libbenchmark-dev libgtest-dev libomp-dev python3-torch python3-numpy python3-matplotlib
+source scripts/venv.sh
+ensure_packages cmake ninja-build g++ libbenchmark-dev libgtest-dev libomp-dev libopenblas-dev \
+  python3.11 python3.11-dev python3.11-venv
+ensure_venv   # PyTorch, NumPy and matplotlib for the side-by-side and the plots
 
 filter='.*'
 [ "${1:-}" = "--quick" ] && filter='/d:(1048576|4194304)$|Construct'
@@ -23,8 +26,8 @@ build/default/benchmarks/sketchsgd_bench --benchmark_filter="$filter" \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json --benchmark_counters_tabular=true
 
 echo "== side by side with the PyTorch reference (d = 6.5M, r = 5, c = 500,000, k = 50,000)"
-.venv/bin/python benchmarks/compare_torch.py --binary build/default/benchmarks/sketchsgd_compare \
+"$PY" benchmarks/compare_torch.py --binary build/default/benchmarks/sketchsgd_compare \
   --out-json "$out/compare.json"
 
 echo "== plots"
-.venv/bin/python benchmarks/plot_bench.py "$out/bench.json" "$out"
+"$PY" benchmarks/plot_bench.py "$out/bench.json" "$out"
