@@ -34,15 +34,15 @@ def _tag(config: str) -> int:
         return next(_tags.setdefault(config, itertools.count()))
 
 
-def _arrived(store, key: str, seconds: float) -> bool:
-    """Whether key is in the store within that many seconds. Polls with check(), since the
-    store's own wait() logs two warning lines each time it times out."""
+def _arrived(store, key: str, seconds: float, longest: float = 0.05) -> bool:
+    """Whether key is in the store within that many seconds. Polls with check(), pauses doubling
+    up to `longest`, since the store's own wait() logs two warning lines each time it times out."""
     deadline, pause = time.monotonic() + seconds, 0.002
     while not store.check([key]):
         if time.monotonic() >= deadline:
             return False
         time.sleep(pause)
-        pause = min(2 * pause, 0.1)
+        pause = min(2 * pause, longest)
     return True
 
 
@@ -107,7 +107,8 @@ class Exchange:
         n = 0
         while True:
             try:
-                if not _arrived(self.store, f"{self.prefix}/ask/{n}", 1.0):
+                # Two look-ups a second for the whole job: a request waits 0.5 s at most.
+                if not _arrived(self.store, f"{self.prefix}/ask/{n}", 5.0, longest=0.5):
                     if owner_ref() is None:
                         return
                     continue
