@@ -60,13 +60,18 @@ def load(args):
 
 def with_earlier(runs, path):
     """runs, plus the runs of an earlier --write-docs (docs/data/frontier*.json) for the hooks not
-    run again; those files before the torch field were all made with PyTorch 1.13."""
+    run again (those files before the torch field were all made with PyTorch 1.13); and the
+    earlier runs that the new ones replace, whose seeds still measure the job's noise."""
     with open(path) as f:
         earlier = json.load(f)
+    replaced = []
     for name, e in earlier.items():
-        if name not in runs:
-            runs[name] = dict(e, acc={int(k): v for k, v in e["acc"].items()}, torch=e.get("torch", "1.13"))
-    return runs
+        e = dict(e, acc={int(k): v for k, v in e["acc"].items()}, torch=e.get("torch", "1.13"))
+        if "@" in name or name in runs:  # "name@1.13": a run replaced before, kept for its seeds
+            replaced.append((name.split("@")[0], e))
+        else:
+            runs[name] = e
+    return runs, replaced
 
 
 def summary(e):
@@ -255,12 +260,12 @@ def main():
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"
     args.runs = args.runs or f"build/compare-ddp{suffix}"
     args.out = args.out or f"build/frontier{suffix}"
-    runs = load(args)
+    runs, replaced = load(args), []
     if runs and args.earlier:
-        runs = with_earlier(runs, args.earlier)
+        runs, replaced = with_earlier(runs, args.earlier)
     if not runs:
         ap.error(f"no results in {args.runs}: run scripts/compare_ddp.py --workload {args.workload} first")
-    seeded = [summary(e)[1] for e in runs.values() if summary(e)[2] >= 3]
+    seeded = [summary(e)[1] for e in [*runs.values(), *(e for _, e in replaced)] if summary(e)[2] >= 3]
     loss = args.workload == "transformer"
     noise = max(seeded) if seeded else (0.02 if loss else 0.5)
     sc = Scale(args.workload, noise)
@@ -278,7 +283,7 @@ def main():
     v = verdicts(runs, sc)
     noise_text = f"{noise:.4f}" if loss else f"{noise:.2f} points"
     text = "\n".join("| " + " | ".join(r) + " |" for r in [columns] + rows) + \
-        f"\n\nRun-to-run noise (largest sd over hooks run with 3 seeds): {noise_text}.\n\n" + \
+        f"\n\nRun-to-run noise (largest sd over hooks run with 3 seeds, earlier runs included): {noise_text}.\n\n" + \
         "\n".join("| " + " | ".join(r) + " |" for r in [verdict_columns(sc)] + v) + "\n"
     print(text)
     png = plot(runs, args.out, args.workload, sc)
@@ -290,8 +295,9 @@ def main():
         if png:
             shutil.copy(png, f"docs/images/frontier{suffix}.png")
         data = f"docs/data/frontier{suffix}.json"
+        kept = {**runs, **{f"{n}@{e['torch']}": e for n, e in replaced}}
         with open(data, "w") as f:
-            json.dump(runs, f, indent=1, default=str)
+            json.dump(kept, f, indent=1, default=str)
         cmd = ".venv/bin/python scripts/frontier.py " + (f"--workload {args.workload} " if suffix else "") + \
             (f"--earlier {args.earlier} " if args.earlier else "") + "--write-docs"
         day = time.strftime("%Y-%m-%d")
