@@ -1,133 +1,88 @@
-"""Every rank's worker state in the checkpoint of whichever rank writes it, without a collective.
+"""A CompressionState's state_dict and its restoration; every rank's worker state gathered into
+rank 0's without a collective (sketchsgd._exchange)."""
 
-Error feedback and momentum differ between ranks, so a checkpoint that restores every rank must
-hold all of them. Gathering them with a collective makes state_dict() something every rank must
-call at the same moment, and PyTorch's own DDP tutorial saves from rank 0 alone
-(`if rank == 0: torch.save(...state_dict()...)`, then a barrier): with a collective that hangs
-until the process group's timeout. So the states travel through the process group's store
-(the TCPStore every rank already reaches): the group's rank 0 posts a request naming its step,
-and every other rank answers from a daemon thread with its state at that step, while its main
-thread waits wherever it is (a barrier, say). A rank that calls state_dict() itself (Accelerate
-and Lightning call it on every rank) leaves its state in the store for that step at once, so it
-may go on training. A rank that has begun the next step without either cannot give the saved
-step's state back: it answers so, and rank 0 raises a clear error at once; one that never
-answers is a TimeoutError after `timeout` seconds.
-"""
-
-import io
-import itertools
-import threading
 import time
-import weakref
 
 import torch
-import torch.distributed as dist
 
 from . import _core
 
-_tags = {}  # configuration digest -> counter: the n-th state of a configuration, the same on every rank
-_tags_lock = threading.Lock()
+
+def save(state, gather: bool) -> dict:
+    """CompressionState.state_dict() (its docstring says what it holds)."""
+    if not isinstance(gather, bool):
+        raise TypeError(f"gather={gather!r}: expected True or False")
+    state._bind()
+    warm, units = state.units.state_dict()
+    d = {"version": 1, "config": state._config(), "rank": state.rank, "world_size": state.world_size,
+         "iteration": state.iteration, "warm": warm, "units": units, "stats": dict(state._stats)}
+    if gather:
+        mine = worker_states(units or {})
+        if state._exchange is None:
+            d["workers"] = {state.rank: mine}
+        elif state.rank == 0:
+            d["workers"] = state._exchange.collect(mine, state.iteration)
+        else:
+            state._exchange.offer(mine, state.iteration)
+            d["workers"] = {state.rank: mine}
+    return d
 
 
-def _tag(config: str) -> int:
-    with _tags_lock:
-        return next(_tags.setdefault(config, itertools.count()))
+def worker_states(units: dict) -> dict:
+    """unit index -> this rank's worker state (uint8) from a state_dict's units."""
+    return {i: u["codec"]["state"].reshape(-1).cpu() if u["codec"] is not None else torch.empty(0, dtype=torch.uint8)
+            for i, u in units.items()}
 
 
-def _arrived(store, key: str, seconds: float, longest: float = 0.05) -> bool:
-    """Whether key is in the store within that many seconds. Polls with check(), pauses doubling
-    up to `longest`, since the store's own wait() logs two warning lines each time it times out."""
-    deadline, pause = time.monotonic() + seconds, 0.002
-    while not store.check([key]):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(pause)
-        pause = min(2 * pause, longest)
-    return True
+def snapshot(state, iteration: int, timeout: float):
+    """This rank's worker states at the end of step `iteration` (for rank 0's checkpoint, called
+    from the exchange's thread): waits while this rank is still in an earlier step; a string
+    saying why when it has begun a later one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with state._step_lock:
+            if state.iteration == iteration and not state._open:
+                torch.futures.wait_all(state._inflight)
+                return worker_states(save(state, gather=False)["units"] or {})
+            if state.iteration > iteration or (state.iteration == iteration and state._open):
+                return (f"state_dict() on rank 0 at step {iteration}: rank {state.rank} has begun step "
+                        f"{state.iteration + int(state._open) - 1} (its worker state has changed). Let every "
+                        "rank wait until rank 0 has saved (dist.barrier() after the save, as in PyTorch's "
+                        "tutorial), or call state_dict() on every rank before the next step")
+        if time.monotonic() > deadline:
+            return (f"state_dict() on rank 0 at step {iteration}: rank {state.rank} is still at step "
+                    f"{state.iteration} after {timeout:g} s")
+        time.sleep(0.005)
 
 
-def _to_bytes(obj) -> bytes:
-    out = io.BytesIO()
-    torch.save(obj, out)
-    return out.getvalue()
-
-
-def _from_bytes(blob: bytes):
-    return torch.load(io.BytesIO(blob), weights_only=True)
-
-
-class Exchange:
-    """Rank 0's collect() asks the group's other ranks for their worker state; the others serve
-    those requests from a daemon thread. owner.worker_snapshot(iteration, timeout) gives this
-    rank's state at that step (a dict of tensors) or a string saying why it cannot."""
-
-    def __init__(self, owner, group, rank: int, world: int, digest: str, timeout: float):
-        self.rank, self.world, self.timeout = rank, world, timeout
-        ranks = "all" if group is None else ",".join(str(r) for r in dist.get_process_group_ranks(group))
-        self.prefix = f"sketchsgd/checkpoint/{digest}/{_tag(digest)}/{ranks}"
-        self.store = dist.distributed_c10d._get_default_store()
-        self._asked = 0
-        self._offered = None  # the key of this rank's latest offer, unless rank 0 took it
-        if rank != 0:
-            owner_ref = weakref.ref(owner)
-            threading.Thread(target=self._serve, args=(owner_ref,), name="sketchsgd-checkpoint",
-                             daemon=True).start()
-
-    def _answer_key(self, iteration: int, rank: int) -> str:
-        return f"{self.prefix}/answer/{iteration}/{rank}"
-
-    def offer(self, mine: dict, iteration: int) -> None:
-        """On another rank calling state_dict() itself: its state for rank 0's request at this
-        step, left in the store now (its previous offer, if rank 0 never took it, removed)."""
-        key = self._answer_key(iteration, self.rank)
-        if self._offered not in (None, key):
-            self.store.delete_key(self._offered)
-        self.store.set(key, _to_bytes(mine))
-        self._offered = key
-
-    def collect(self, mine: dict, iteration: int) -> dict:
-        """On the group's rank 0: rank -> worker state, every rank's at this step."""
-        n, self._asked = self._asked, self._asked + 1
-        self.store.set(f"{self.prefix}/ask/{n}", str(iteration))
-        out, deadline = {0: mine}, time.monotonic() + self.timeout
-        for r in range(1, self.world):
-            key = self._answer_key(iteration, r)
-            if not _arrived(self.store, key, deadline - time.monotonic()):
-                raise _core.TimeoutError(
-                    f"state_dict(): rank {r} gave no worker state within {self.timeout:g} s (is it alive, and "
-                    "does its CompressionState exist?)")
-            answer = _from_bytes(self.store.get(key))
-            self.store.delete_key(key)
-            if isinstance(answer, str):
-                raise _core.ProtocolError(answer)
-            out[r] = answer
-        return out
-
-    def _serve(self, owner_ref):
-        n = 0
-        while True:
-            try:
-                # Two look-ups a second for the whole job: a request waits 0.5 s at most.
-                if not _arrived(self.store, f"{self.prefix}/ask/{n}", 5.0, longest=0.5):
-                    if owner_ref() is None:
-                        return
-                    continue
-                iteration = int(self.store.get(f"{self.prefix}/ask/{n}"))
-            except Exception:  # noqa: BLE001 - the store is gone (rank 0 ended the job): so is this thread
-                return
-            answer_key = self._answer_key(iteration, self.rank)
-            n += 1
-            if self.store.check([answer_key]):  # offered by this rank's own state_dict()
-                continue
-            owner = owner_ref()
-            if owner is None:
-                return
-            try:
-                answer = owner.worker_snapshot(iteration, self.timeout)
-            except Exception as e:  # noqa: BLE001 - rank 0 reports it
-                answer = f"state_dict(): rank {self.rank} could not give its worker state: {e}"
-            del owner
-            try:
-                self.store.set(answer_key, _to_bytes(answer))
-            except Exception:  # noqa: BLE001 - the store is gone: the job is over
-                return
+def load(state, d: dict) -> None:
+    """CompressionState.load_state_dict()."""
+    if not isinstance(d, dict) or d.get("version") != 1:
+        raise ValueError("not a sketchsgd CompressionState state_dict")
+    state._bind()
+    if d["config"] != state._config():
+        raise _core.ConfigMismatch(f"state_dict of {d['config']} loaded into {state._config()}")
+    if "world_size" in d and d["world_size"] != state.world_size:
+        raise _core.ConfigMismatch(f"state_dict of a job of {d['world_size']} ranks loaded into one of "
+                                   f"{state.world_size}")
+    units = d["units"] or {}
+    # Worker state (error feedback, momentum) belongs to its rank: this rank's part of a gathered
+    # state_dict, or a state_dict this rank saved. Older state_dicts carry no rank and are taken
+    # as they are.
+    workers = d.get("workers")
+    if workers is not None and state.rank in workers:
+        mine = workers[state.rank]
+        missing = [i for i, u in units.items() if u["codec"] is not None and i not in mine]
+        if missing:
+            raise ValueError(f"state_dict: no worker state of rank {state.rank} for units {missing}")
+        units = {i: dict(u, codec=None if u["codec"] is None else dict(u["codec"], state=mine[i]))
+                 for i, u in units.items()}
+    elif "rank" in d and d["rank"] != state.rank and any(
+            u["codec"] is not None and u["codec"]["state"].numel() for u in units.values()):
+        held = f"ranks {sorted(workers)}" if workers is not None else f"rank {d['rank']} only"
+        raise _core.ConfigMismatch(
+            f"rank {state.rank} given a state_dict holding the worker state of {held}: load the group's rank 0's "
+            "state_dict() (gathered: it holds every rank's) or each rank its own state_dict")
+    state.iteration = int(d["iteration"])
+    state.units.load(d["warm"], units if d["units"] is not None else None)
+    state._stats = dict(d["stats"])

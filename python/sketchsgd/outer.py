@@ -8,8 +8,8 @@ sketchsgd codec as the pseudo-gradient's compressor, on torch.distributed.
         inner.step(); inner.zero_grad()      # the model is a plain module: no per-step sync
         outer.step()                         # every 16th call: one compressed sync
 
-Every `every` inner steps the pseudo-gradient Δ = θ_anchor − θ (float32) goes through the DDP
-hook's machinery (sketchsgd.torch.compression_hook on one flat bucket of the parameters): summable
+Every `every` inner steps the pseudo-gradient Δ = θ_anchor − θ (float32) goes through
+sketchsgd.torch.average() (the DDP hook's rounds, blocking, the parameters one unit): summable
 codecs all-reduce, gathered ones all-gather, and each rank's codec keeps what it did not send
 (error feedback) for the next sync. The outer optimizer (SGD, Nesterov momentum 0.9, lr 0.7 by
 default; any torch optimizer) applies the mean Δ to the float32 anchor, which every rank then
@@ -19,7 +19,8 @@ copies into its model: after a sync, every replica holds the same parameters, bi
 import torch
 import torch.distributed as dist
 
-from .torch import CompressionState, FlatBucket, _global_rank, compression_hook
+from ._hook import average
+from ._state import CompressionState
 
 __all__ = ["DiLoCo", "nesterov"]
 
@@ -60,16 +61,13 @@ class DiLoCo:
             raise TypeError(f"model: parameters of dtype {sorted(map(str, bad))}; float32, float16 or bfloat16 expected")
         if len({p.device for p in self.params}) != 1:
             raise ValueError("model: parameters on more than one device")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("DiLoCo needs torch.distributed initialised (dist.init_process_group) first")
         self.state = CompressionState(spec, process_group, compress_1d=compress_1d, dense_below=dense_below)
-        # No DDP bucket rebuild to wait for: the pseudo-gradient is compressed from the first sync;
-        # the sync waits for its result, so the hook finishes on this thread (errors keep their type).
-        self.state.start_iter = 0
-        self.state._blocking = True
         self.every, self.warmup, self.process_group = every, warmup, process_group
         with torch.no_grad():
             flat = self._flat([p.float() for p in self.params])
-            root = 0 if process_group is None else _global_rank(process_group, 0)
-            dist.broadcast(flat, src=root, group=process_group)
+            self.state.comm.broadcast(flat, root=0)
             self._unflatten(flat, self.params)
         self.anchor = [p.detach().float().clone() for p in self.params]
         self.outer = outer_optimizer(self.anchor)
@@ -119,11 +117,8 @@ class DiLoCo:
         outer optimizer, the anchor copied into the model. A non-finite pseudo-gradient on any
         rank raises NonFiniteError on every rank and changes neither anchor nor model."""
         deltas = [a - p.float() for a, p in zip(self.anchor, self.params)]
-        mean = compression_hook(self.state, FlatBucket(0, self.params, deltas)).wait()
-        at = 0
-        for a in self.anchor:
-            a.grad = mean[at:at + a.numel()].view_as(a).clone()
-            at += a.numel()
+        for a, mean in zip(self.anchor, average(self.state, deltas)):
+            a.grad = mean.clone()
         self.outer.step()
         for a in self.anchor:
             a.grad = None

@@ -52,7 +52,7 @@ def every_codec(rank, world, specs, steps, device="cpu", bucket_cap_mb=0.002):
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         losses = train(ddp, opt, rank, steps, device=device)
         out[spec] = (losses[0], sum(losses[-5:]) / 5, flat(m).cpu().numpy().tobytes(), state.stats(),
-                     len(state._units))
+                     len(state.units.fixed))
     return out
 
 
@@ -605,7 +605,7 @@ def many_buckets(rank, world, specs, steps, mode, device="cpu"):
         train(ddp, opt, rank, steps - 1, device=device)
         with counting_collectives() as issued:
             train(ddp, opt, rank, 1, first=steps - 1, device=device)
-        out[spec] = (flat(m).cpu().numpy().tobytes(), len(state._units), issued[0])
+        out[spec] = (flat(m).cpu().numpy().tobytes(), len(state.units.fixed), issued[0])
     return out
 
 

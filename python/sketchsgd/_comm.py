@@ -1,0 +1,157 @@
+"""The communicator: a round's collectives on torch.distributed (gloo or NCCL), the only module of
+the package that calls them. A round asks for Sum (an all-reduce, in a wire dtype of its own)
+and Gather (an all-gather); the communicator issues them alone or, coalesced, laid end to end in
+one collective per kind and dtype, casts, counts the bytes, and knows the backends' rules (where
+NCCL and gloo want a tensor)."""
+
+import hashlib
+import threading
+
+import torch
+import torch.distributed as dist
+
+
+class Sum:
+    """An all-reduce: t becomes the sum over the ranks; on the wire in dtype `wire` through
+    `cast` (a tensor like t of that dtype, the round's own) when that is not t's dtype."""
+
+    def __init__(self, t, wire=None, cast=None):
+        self.t, self.wire, self.cast = t, wire if wire is not None else t.dtype, cast
+
+
+class Gather:
+    """An all-gather: afterwards `everyone` holds every rank's t, in rank order."""
+
+    def __init__(self, t, everyone=None):
+        self.t, self.everyone = t, everyone
+
+
+def settled(buf):
+    """Ends a callback that wrote buf on a GPU: waits for its stream. DDP gets the bucket through
+    futures combined by collect_all, which carry no CUDA events, so nothing else would order
+    DDP's reads of the bucket after this work (replicas drifted apart on a GPU without it)."""
+    if buf.is_cuda:
+        torch.cuda.current_stream(buf.device).synchronize()
+
+
+def mean_factor(world: int) -> float:
+    """float32(1/W), what the C++ aggregators multiply by, so every path averages alike."""
+    return (torch.tensor(1.0, dtype=torch.float32) / world).item()
+
+
+class Communicator:
+    """Collectives over one process group (None: the default one), and the bytes this rank gave
+    them in the current step: payload (what went out) and dense (what fp32 all-reduces of the
+    same tensors would have sent)."""
+
+    def __init__(self, group=None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("CompressionState needs torch.distributed initialised (dist.init_process_group) "
+                               "before its first hook call or checkpoint")
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.backend = dist.get_backend(group)
+        self.payload = self.dense = 0
+        self._lock = threading.Lock()  # bytes are counted from completion callbacks too
+        self._rooms = {}               # coalesced phases' buffers, reused every step
+
+    def count(self, payload: int, dense: int):
+        with self._lock:
+            self.payload += payload
+            self.dense += dense
+
+    def take_counts(self):
+        """(payload, dense) bytes of the step, which starts again from zero."""
+        with self._lock:
+            counts, self.payload, self.dense = (self.payload, self.dense), 0, 0
+        return counts
+
+    def host(self, like):
+        """Where a collective of host data (message bytes, lengths) goes: NCCL moves only device
+        tensors, gloo takes CPU ones."""
+        return like.device if self.backend == "nccl" else torch.device("cpu")
+
+    def same_everywhere(self, text: str):
+        """The ranks whose text differs from this rank's (a collective over digests)."""
+        digest = torch.tensor(list(hashlib.sha256(text.encode()).digest()), dtype=torch.uint8)
+        if self.backend == "nccl":
+            digest = digest.cuda()
+        everyone = [torch.empty_like(digest) for _ in range(self.world)]
+        dist.all_gather(everyone, digest, group=self.group)
+        return [r for r, d in enumerate(everyone) if not torch.equal(d, digest)]
+
+    def broadcast(self, t, root: int = 0):
+        """t from the group's rank root, in place."""
+        dist.broadcast(t, src=dist.get_global_rank(self.group, root) if self.group is not None else root,
+                       group=self.group)
+
+    def all_reduce_mean(self, buf):
+        """buf's mean over the ranks (fp32 all-reduce, then float32(1/W)): a future of buf."""
+        self.count(buf.numel() * 4, buf.numel() * 4)
+        inv = mean_factor(self.world)
+        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0].mul_(inv))
+
+    def issue(self, requests, flat=None):
+        """Issues the collectives of requests; returns (future, settle): settle() once the future
+        has completed makes every request's result whole. Alone (flat None), each request is one
+        collective on its own tensor. flat (a phase's key, coalesced): one all-reduce per wire
+        dtype and one all-gather per dtype, over the requests laid end to end in a buffer kept
+        under that key (the requests come in unit order, the same on every rank)."""
+        group, W = self.group, self.world
+        works, after = [], []
+        kinds = {}
+        for r in requests:
+            kinds.setdefault((type(r), r.wire if isinstance(r, Sum) else r.t.dtype, r.t.device), []).append(r)
+        for (kind, dtype, device), rs in kinds.items():
+            n = sum(r.t.numel() for r in rs)
+            self.count(n * torch.empty(0, dtype=dtype).element_size(), 0)
+            if len(rs) == 1 or flat is None:
+                for r in rs:
+                    if kind is Gather:
+                        r.everyone = [torch.empty_like(r.t) for _ in range(W)]
+                        works.append(dist.all_gather(r.everyone, r.t, group=group, async_op=True))
+                    elif r.wire == r.t.dtype:
+                        works.append(dist.all_reduce(r.t, group=group, async_op=True))
+                    else:
+                        r.cast.copy_(r.t)
+                        works.append(dist.all_reduce(r.cast, group=group, async_op=True))
+                        after.append(lambda r=r: r.t.copy_(r.cast))
+                continue
+            buf = self._room((flat, kind.__name__, dtype, device), n, dtype, device)
+            at = 0
+            for r in rs:
+                buf[at:at + r.t.numel()].copy_(r.t)
+                at += r.t.numel()
+            if kind is Sum:
+                works.append(dist.all_reduce(buf, group=group, async_op=True))
+
+                def back(rs=rs, buf=buf):
+                    at = 0
+                    for r in rs:
+                        r.t.copy_(buf[at:at + r.t.numel()])
+                        at += r.t.numel()
+                after.append(back)
+            else:
+                outs = [self._room((flat, "everyone", r, dtype, device), n, dtype, device) for r in range(W)]
+                works.append(dist.all_gather(outs, buf, group=group, async_op=True))
+                at = 0
+                for r in rs:
+                    r.everyone = [o[at:at + r.t.numel()] for o in outs]
+                    at += r.t.numel()
+        fut = works[0].get_future() if len(works) == 1 else torch.futures.collect_all([w.get_future() for w in works])
+
+        def settle():
+            if len(works) > 1:  # collect_all drops the collectives' CUDA events: order after them here
+                for f in fut.value():
+                    f.wait()
+            for a in after:
+                a()
+        return fut, settle
+
+    def _room(self, key, n: int, dtype, device):
+        t = self._rooms.get(key)
+        if t is None or t.numel() != n:
+            t = self._rooms[key] = torch.empty(n, dtype=dtype, device=device)
+        return t

@@ -1,0 +1,146 @@
+"""The drivers of a CompressionState's rounds: compression_hook (DDP's communication hook: warm-up,
+overlap or coalescing, half-precision buckets) and average() (blocking, for a caller's own
+tensors: the outer loop's pseudo-gradient). Both cut a buffer into units and run each unit's
+round (sketchsgd._rounds) through the state's scheduler."""
+
+import torch
+import torch.distributed as dist
+
+from . import _rounds
+from ._schedule import combined
+from ._state import CompressionState
+
+
+def _rounds_of(state, index: int, ids, tensors, buf):
+    """The rounds of the units a buffer holds (its tensors: ids and views, in buffer order)."""
+    units = state.units
+    entries, where = units.entries(ids, tensors, buf.numel(), index)
+    units.fix(index, entries)
+    rounds = []
+    for u in units.held(index, entries, buf.device, state.comm.world):
+        if u.codec is None:
+            rounds.append(_rounds.uncompressed(state.comm, u, buf, where))
+        else:
+            family = _rounds.summable if u.summable else _rounds.gathered
+            rounds.append(family(state.comm, u, buf, where, state.iteration))
+    return rounds
+
+
+def _widened(state, index: int, buf):
+    """A float32 copy of a half-precision bucket, the same tensor every step: the codecs and the
+    collectives see float32 whatever the model's precision."""
+    t = state._wide.get(index)
+    if t is None or t.numel() != buf.numel() or t.device != buf.device:
+        t = state._wide[index] = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
+    return t.copy_(buf)
+
+
+def _compressed(state, bucket, buf):
+    ids = [id(p) for p in bucket.parameters()]
+    rounds = _rounds_of(state, bucket.index(), ids, bucket.gradients(), buf)
+    if state.coalesce and not state._blocking:
+        futures = state.scheduler.hold(rounds, bucket.is_last())
+    else:
+        # The last bucket of a step on the CPU finishes on this thread (Scheduler.run says why).
+        inline = state._blocking or (bucket.is_last() and not buf.is_cuda)
+        futures = [state.scheduler.run(rnd, inline) for rnd in rounds]
+    return combined(futures, buf)
+
+
+def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the bucket's averaged gradient through the state's codec. A
+    float16 or bfloat16 bucket (a model in half precision) goes through a float32 copy, and the
+    averaged result is rounded back into it."""
+    buf = bucket.buffer()
+    state._begin(buf)
+    wide = buf if buf.dtype == torch.float32 else _widened(state, bucket.index(), buf)
+    warm = state.iteration < state.start_iter
+    try:
+        if warm:  # plain all-reduces past DDP's bucket rebuild; they fix each bucket's layout
+            ids = [id(p) for p in bucket.parameters()]
+            state.units.warm[bucket.index()] = state.units.entries(ids, bucket.gradients(), buf.numel(),
+                                                                   bucket.index())[0]
+            fut = state.comm.all_reduce_mean(wide)
+        else:
+            fut = _compressed(state, bucket, wide)
+        state._inflight.append(fut)
+    finally:
+        if bucket.is_last():
+            state._end_step(not warm)
+    if wide is buf:
+        return fut
+
+    def narrowed(f):
+        buf.copy_(f.value())
+        if buf.is_cuda:
+            torch.cuda.current_stream(buf.device).synchronize()
+        return buf
+
+    return fut.then(narrowed)
+
+
+def average(state: CompressionState, tensors) -> list:
+    """The mean over the process group's ranks of each of tensors (float32, float16 or bfloat16,
+    on one device), through the state's codec, as float32 tensors of their shapes; blocking.
+    Each call is a step of the state: it compresses from the first call (no warm-up: the
+    tensors are the same every call), the tensors are one unit, error feedback is carried to
+    the next call. Every
+    rank calls it with tensors of the same shapes. A non-finite value on any rank raises
+    NonFiniteError on every rank, with no result and the codec states as before."""
+    tensors = list(tensors)
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError("average(): expected a non-empty list of tensors")
+    if len({t.device for t in tensors}) != 1:
+        raise ValueError("average(): tensors on more than one device")
+    for t in tensors:
+        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"average(): a tensor of dtype {t.dtype}; float32, float16 or bfloat16 expected")
+    buf = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    state._begin(buf)
+    try:
+        views, at = [], 0
+        for t in tensors:
+            views.append(buf[at:at + t.numel()].view(t.shape))
+            at += t.numel()
+        rounds = _rounds_of(state, 0, list(range(len(tensors))), views, buf)
+        fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
+        state._inflight.append(fut)
+    finally:
+        state._end_step(True)
+    fut.wait()
+    return views
+
+
+class FlatBucket:
+    """What a DDP hook reads of a dist.GradBucket, over given parameters: one flat buffer with a
+    gradient view per parameter. For calling a hook outside DDP (benchmarks, tests, a training
+    loop of one's own); pass the same parameter objects every step, as DDP does."""
+
+    def __init__(self, index: int, params, grads=None, last: bool = True):
+        self._index, self._last, self._params = index, last, list(params)
+        sources = list(grads) if grads is not None else None
+        n = sum(p.numel() for p in self._params)
+        like = sources[0] if sources else self._params[0]
+        self._buf = torch.zeros(n, dtype=like.dtype, device=like.device)
+        self._grads, at = [], 0
+        for i, p in enumerate(self._params):
+            view = self._buf[at:at + p.numel()].view(p.shape)
+            if sources is not None:
+                view.copy_(sources[i])
+            self._grads.append(view)
+            at += p.numel()
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buf
+
+    def gradients(self):
+        return self._grads
+
+    def parameters(self):
+        return self._params
+
+    def is_last(self):
+        return self._last

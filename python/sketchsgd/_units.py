@@ -1,0 +1,159 @@
+"""Units of compression: which tensors a call's buffer holds, how they group into units, and each
+unit's codec and aggregator replica.
+
+A unit is the tensors of one bucket as it stood when the state began to compress (the end of a
+DDP warm-up; the first call of a state that compresses at once), as (key, numel, compressed) in
+buffer order. Keys number tensors in the order they were first shown, so they are the same in a
+resumed job. A later call's buffer holds one or more whole units: the same bucket after the
+warm-up, or DDP's initial single bucket right after a resume.
+"""
+
+import torch
+
+from . import _core
+from ._compressor import Compressor
+
+
+def checked_spec(spec: str) -> str:
+    """The canonical form of a spec, checked by the C++ registry (InvalidArgument naming the
+    problem)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise TypeError(f"spec: expected a codec spec string such as 'sketch:k=1000', got {spec!r}")
+    return _core.share_spec(spec)
+
+
+def gather(buf, segments, out=None):
+    """The values of segments ((offset, numel) of buf) end to end: a view when there is one."""
+    if len(segments) == 1:
+        o, n = segments[0]
+        return buf[o:o + n]
+    return torch.cat([buf[o:o + n] for o, n in segments], out=out)
+
+
+def scatter(buf, segments, values):
+    """gather()'s inverse: values written back into buf's segments."""
+    at = 0
+    for o, n in segments:
+        buf[o:o + n].copy_(values[at:at + n])
+        at += n
+
+
+class Unit:
+    """One unit: its entries, its codec (this rank's worker state) and this rank's replica of the
+    aggregator, and tensors reused every step."""
+
+    def __init__(self, index: int, entries):
+        self.index = index
+        self.entries = [tuple(e) for e in entries]
+        self.n_compressed = sum(n for _, n, c in self.entries if c)
+        self.n_dense = sum(n for _, n, c in self.entries if not c)
+        self.codec = self.aggregator = None
+        self.summable = self.dense = False
+        self._room = {}  # name -> tensor reused every step (large fresh buffers cost page faults)
+
+    def build(self, spec: str, device, world: int, pending=None, shapes=None):
+        if self.n_compressed and self.codec is None:
+            self.dense = spec.partition(":")[0] == "dense"
+            layout = [shapes[k] for k, _, c in self.entries if c] if shapes is not None else None
+            self.codec = Compressor(spec, self.n_compressed, device, layout=layout)
+            self.aggregator = self.codec.make_aggregator(world)
+            self.summable = self.codec.sum_size("gradient") > 0
+            if pending is not None:
+                self.codec.load_state_dict(pending["codec"])
+                self.aggregator.load_state_dict(pending["aggregator"])
+
+    def room(self, name: str, n: int, like, dtype=torch.float32):
+        """A tensor of n values on like's device, the same one every step: a unit's futures
+        complete before it is called again, so nothing still reads it."""
+        key = name if dtype == torch.float32 else (name, dtype)
+        t = self._room.get(key)
+        if t is None or t.numel() != n or t.device != like.device:
+            t = self._room[key] = torch.empty(n, dtype=dtype, device=like.device)
+        return t
+
+    def segments(self, where, compressed: bool):
+        """(offset, numel) in the buffer of this unit's compressed or dense tensors, adjacent ones
+        merged (a unit that is the whole buffer is one view: no copies)."""
+        return _core.merge_runs([(where[k], n) for k, n, c in self.entries if c == compressed])
+
+
+class Units:
+    """The state's book of tensors and units. spec: the state's spec; whole(dims, numel): whether
+    a tensor goes uncompressed (the library's small-tensor rule), None for codecs that take the
+    layout and decide themselves (powersgd)."""
+
+    def __init__(self, spec: str, whole):
+        self.spec, self._whole_rule = spec, whole
+        self.keys = {}      # identity -> key, in the order first shown
+        self.shapes = {}    # key -> shape
+        self.whole = {}     # key -> sent uncompressed
+        self.warm = {}      # bucket index -> entries, from the latest warm-up call
+        self.fixed = None   # unit index -> Unit, once compression began
+        self.pending = {}   # unit index -> states from load_state_dict()
+
+    def entries(self, ids, tensors, numel: int, index: int):
+        """(key, numel, compressed) per tensor of a buffer of numel values, and key -> offset.
+        ids: each tensor's identity (a parameter's id(), or its position)."""
+        if len(ids) != len(tensors):
+            raise RuntimeError(f"bucket {index}: {len(tensors)} gradients for {len(ids)} parameters")
+        entries, where, offset = [], {}, 0
+        for i, g in zip(ids, tensors):
+            key = self.keys.setdefault(i, len(self.keys))
+            self.shapes[key] = tuple(g.shape)
+            n = g.numel()
+            dense = self.whole.get(key)
+            if dense is None:
+                dense = self.whole[key] = self._whole_rule is not None and self._whole_rule(g.dim(), n)
+            entries.append((key, n, not dense))
+            where[key] = offset
+            offset += n
+        if offset != numel:
+            raise RuntimeError(f"bucket {index}: gradients hold {offset} values, its buffer {numel}")
+        return entries, where
+
+    def fix(self, index: int, entries):
+        """Compression begins: the warm-up's buckets become units (a state without a warm-up:
+        this first call's)."""
+        if self.fixed is None:
+            if not self.warm:
+                self.warm[index] = entries
+            self.fixed = {i: Unit(i, e) for i, e in sorted(self.warm.items())}
+            self.warm = {}
+
+    def held(self, index: int, entries, device, world: int):
+        """The units a call's buffer holds (whole), built on first use."""
+        keys = {k for k, _, _ in entries}
+        held = [u for u in self.fixed.values() if u.entries and u.entries[0][0] in keys]
+        if sorted(k for u in held for k, _, _ in u.entries) != sorted(keys) or any(
+                (k, n, c) not in entries for u in held for k, n, c in u.entries):
+            raise RuntimeError(f"sketchsgd hook: bucket {index} does not hold whole buckets of the "
+                               "warm-up (DDP changed its buckets later: raise start_iter, or a resumed model differs)")
+        total = sum(u.n_compressed for u in self.fixed.values())
+        for u in held:
+            if u.codec is None and u.n_compressed:
+                spec = _core.share_spec(self.spec, u.n_compressed / total)
+                u.build(spec, device, world, self.pending.pop(u.index, None),
+                        self.shapes if self._whole_rule is None else None)
+        return held
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self):
+        """(warm, units) of a state_dict: every unit's entries, codec and aggregator state."""
+        units = {}
+        for i, u in (self.fixed or {}).items():
+            units[i] = {"entries": [list(e) for e in u.entries],
+                        "codec": u.codec.state_dict() if u.codec else None,
+                        "aggregator": u.aggregator.state_dict() if u.codec else None}
+            if u.codec is None and i in self.pending:
+                units[i].update(self.pending[i])
+        return ({i: [list(e) for e in es] for i, es in self.warm.items()},
+                units if self.fixed is not None else None)
+
+    def load(self, warm, units):
+        """state_dict()'s (warm, units); codecs are rebuilt from them on first use."""
+        self.warm = {int(i): [tuple(e) for e in es] for i, es in warm.items()}
+        self.fixed, self.pending = None, {}
+        if units is not None:
+            self.fixed = {int(i): Unit(int(i), u["entries"]) for i, u in units.items()}
+            self.pending = {int(i): {"codec": u["codec"], "aggregator": u["aggregator"]}
+                            for i, u in units.items() if u["codec"] is not None}
