@@ -281,4 +281,17 @@ std::string complete_spec(std::string_view spec, const Layout& layout) {
   return with_layout(spec, layout);
 }
 
+std::vector<std::string> example_specs(const Layout& layout) {
+  std::vector<std::string> out;
+  for (const CodecEntry* e : Registry::instance().entries()) {
+    SKETCHSGD_REQUIRE(!e->examples.empty(), InvalidArgument, "codec ", e->name,
+                      " registers no examples (CodecEntry::examples)");
+    for (const auto& spec : e->examples) {
+      if (e->layout != LayoutUse::Required) out.push_back(spec);
+      if (e->layout != LayoutUse::None && !layout.empty()) out.push_back(with_layout(spec, layout));
+    }
+  }
+  return out;
+}
+
 }  // namespace sketchsgd

@@ -499,6 +499,13 @@ SKETCHSGD_WIDE void expand_wide(const float* a, size_t r, const float* bt, size_
 
 }  // namespace
 
+void times_upper_transposed(const float* a, const float* r, float* out, size_t rows, size_t k) {
+  std::fill(out, out + rows * k, 0.0f);
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t l = 0; l < k; ++l)
+      for (size_t j = l; j < k; ++j) out[i * k + l] += a[i * k + j] * r[l * k + j];
+}
+
 bool lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
                     size_t rows, size_t cols, size_t r, const float* a, const float* b) {
   if (rows == 0 || cols == 0) return true;

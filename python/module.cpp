@@ -104,11 +104,21 @@ PYBIND11_MODULE(_core, m) {
                               py::arg("options") = options,
                               py::arg("layout") = e->layout == LayoutUse::Required   ? "required"
                                                   : e->layout == LayoutUse::Optional ? "optional"
-                                                                                     : "none"));
+                                                                                     : "none",
+                              py::arg("examples") = e->examples));
         }
         return out;
       },
-      "The registry: a dict per codec with its name, summary and options.");
+      "The registry: a dict per codec with its name, summary, options, layout use and example "
+      "specs.");
+  m.def(
+      "example_specs",
+      [](const std::string& layout) {
+        return example_specs(layout.empty() ? Layout() : Layout::parse(layout));
+      },
+      py::arg("layout") = "",
+      "Every codec's example specs; with a layout (\"40x45+200\"), codecs that require one get "
+      "it and those that take one are listed without and with it.");
   m.def("sample_clients", &sample_clients, py::arg("population"), py::arg("per_round"),
         py::arg("seed"), py::arg("round"),
         "A federated round's participants: per_round distinct clients of [0, population) in "

@@ -64,7 +64,9 @@ SKETCHSGD_REGISTER_CODEC(kDense, {"dense",
                                     return std::make_unique<Dense>(
                                         dim, std::move(spec), float(o.number("momentum")),
                                         WireFloat(o.integer("wire")), device);
-                                  }});
+                                  },
+                                  LayoutUse::None,
+                                  {"dense", "dense:momentum=0.5", "dense:wire=fp16"}});
 
 }  // namespace
 }  // namespace sketchsgd

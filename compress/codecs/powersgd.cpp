@@ -200,13 +200,9 @@ class PowerSGD final : public SummableCodec {
     for (const auto& x : plan_.matrices) {
       const bool owed = deferred_ && defers(x);
       if (owed) {  // a = P̂·Rᵀ (R upper triangular)
-        shifted_.assign(x.rows * x.rank, 0.0f);
-        const float* ph = deferred_p_.data() + x.p_at;
-        const float* rr = rr_.data() + x.r_at;
-        for (uint64_t i = 0; i < x.rows; ++i)
-          for (uint64_t l = 0; l < x.rank; ++l)
-            for (uint64_t k = l; k < x.rank; ++k)
-              shifted_[i * x.rank + l] += ph[i * x.rank + k] * rr[l * x.rank + k];
+        shifted_.resize(x.rows * x.rank);
+        kernels::cpu::times_upper_transposed(deferred_p_.data() + x.p_at, rr_.data() + x.r_at,
+                                             shifted_.data(), x.rows, x.rank);
       }
       const float* qx = qo_.data() + x.q_at;
       finite &= kernels::cpu::lowrank_absorb(
@@ -363,7 +359,8 @@ SKETCHSGD_REGISTER_CODEC(
                          " (min_rate): use dense");
        return std::make_unique<PowerSGD>(dim, std::move(spec), plan, p, device);
      },
-     LayoutUse::Required});
+     LayoutUse::Required,
+     {"powersgd:rank=2", "powersgd:rank=1,warm=0", "powersgd:rank=1,momentum=0.9,wire=fp16"}});
 
 }  // namespace
 }  // namespace sketchsgd

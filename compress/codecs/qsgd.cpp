@@ -150,7 +150,8 @@ SKETCHSGD_REGISTER_CODEC(
        return std::make_unique<Qsgd>(dim, std::move(spec), q, o.integer("bucket"), o.layout(),
                                      o.flag("ef"), float(o.number("momentum")), device);
      },
-     LayoutUse::Optional});
+     LayoutUse::Optional,
+     {"qsgd:ef=1", "qsgd:bits=2,bucket=64,norm=max,momentum=0.5"}});
 
 }  // namespace
 }  // namespace sketchsgd

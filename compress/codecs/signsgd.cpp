@@ -158,7 +158,8 @@ SKETCHSGD_REGISTER_CODEC(
                                         ScaleRuns(dim, o.integer("chunk"), o.layout()),
                                         float(o.number("momentum")), device);
      },
-     LayoutUse::Optional});
+     LayoutUse::Optional,
+     {"signsgd:ef=1", "signsgd", "signsgd:ef=1,chunk=64,momentum=0.9"}});
 
 }  // namespace
 }  // namespace sketchsgd

@@ -349,7 +349,9 @@ SKETCHSGD_REGISTER_CODEC(
            "sketch: fetch=1 has no second round (workers keep no state to query); set p2=0");
        return std::make_unique<SketchCodec>(dim, std::move(spec), s, device);
      },
-     LayoutUse::Optional});
+     LayoutUse::Optional,
+     {"sketch:rows=3", "sketch:rows=3,p2=2,hashing=random", "sketch:rows=1,fetch=1,index=delta",
+      "sketch:rows=3,wire=fp16"}});
 
 }  // namespace
 }  // namespace sketchsgd

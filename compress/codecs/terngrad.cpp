@@ -147,7 +147,8 @@ SKETCHSGD_REGISTER_CODEC(
                                          float(o.number("clip")), o.integer("seed"), o.flag("ef"),
                                          float(o.number("momentum")), device);
      },
-     LayoutUse::Optional});
+     LayoutUse::Optional,
+     {"terngrad:ef=1", "terngrad:chunk=64,clip=2.5,momentum=0.5"}});
 
 }  // namespace
 }  // namespace sketchsgd

@@ -238,7 +238,8 @@ SKETCHSGD_REGISTER_CODEC(
        SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ", dim);
        return std::make_unique<TopK>(dim, std::move(spec), t, o.layout(), device);
      },
-     LayoutUse::Optional});
+     LayoutUse::Optional,
+     {"topk:momentum=0.9", "topk:momentum=0.9,global=1,index=delta,wire=bf16"}});
 
 }  // namespace
 }  // namespace sketchsgd

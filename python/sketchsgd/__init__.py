@@ -27,6 +27,7 @@ from ._core import (  # noqa: E402
     WireError,
     codecs,
     describe,
+    example_specs,
     gpu_count,
     message_info,
     sample_clients,
@@ -38,5 +39,5 @@ cuda_build = _core.cuda_build
 __all__ = [
     "Aggregator", "Compressor", "ConfigMismatch", "CudaError", "Error", "InvalidArgument",
     "JobFinished", "NonFiniteError", "ProtocolError", "TimeoutError", "WireError", "codecs",
-    "cuda_build", "describe", "gpu_count", "message_info", "sample_clients",
+    "cuda_build", "describe", "example_specs", "gpu_count", "message_info", "sample_clients",
 ]

@@ -49,9 +49,7 @@ TEST(Aggregator, ProtocolErrorsChangeNothing) {
 }
 
 TEST(Codecs, NonFiniteGradientRejectedStateUnchanged) {
-  for (const char* spec :
-       {"dense", "topk:k=10", "terngrad", "signsgd:ef=1", "sketch:cols=50,k=10", "qsgd:ef=1",
-        "powersgd:rank=2,layout=25x40", "powersgd:rank=2,momentum=0.9,layout=25x40"}) {
+  for (const auto& spec : example_specs(Layout::parse("25x40"))) {
     auto a = make_compressor(spec, 1000), b = make_compressor(spec, 1000);
     auto g = test::gaussian(1000, 17);
     auto bad = g;
@@ -78,9 +76,7 @@ TEST(Aggregator, OutlivesTheCompressorThatMadeIt) {
 // state included.
 TEST(Codecs, ApplyStepEqualsApplyThenAxpyBitForBit) {
   constexpr uint64_t dim = 4000;
-  for (const char* spec :
-       {"dense", "topk:k=50", "terngrad", "signsgd", "signsgd:ef=1", "qsgd", "sketch:cols=500,k=50",
-        "sketch:cols=500,k=50,p2=2", "sketch:cols=500,k=50,fetch=1"}) {
+  for (const auto& spec : example_specs(Layout::parse("40x90+400"))) {
     test::Job a(spec, dim, 2), b(spec, dim, 2);
     std::vector<float> pa = test::gaussian(dim, 3), pb = pa, pc = pa;
     for (uint64_t t = 0; t < 3; ++t) {

@@ -23,14 +23,9 @@
 namespace {
 
 constexpr uint64_t kDim = 300;
-const char* const kSpecs[] = {
-    "dense",   "topk:k=20,global=1",    "terngrad:chunk=50",
-    "signsgd", "signsgd:ef=1,chunk=64", "sketch:rows=3,cols=40,k=10,p2=2",
-    "powersgd:rank=2,layout=10x25+50", "powersgd:rank=1,wire=fp16,layout=10x25+50",
-    "topk:k=20,index=delta,wire=bf16", "sketch:rows=2,cols=40,k=10,wire=fp16,index=delta",
-    "sketch:rows=2,cols=40,k=10,p2=2,layout=10x25+50", "sketch:rows=1,cols=40,k=10,fetch=1,layout=10x25+50",
-    "signsgd:ef=1,layout=10x25+50", "terngrad:chunk=20,layout=10x25+50",
-    "qsgd:bits=2,bucket=64", "qsgd:bits=8,norm=max,layout=10x25+50"};
+// Every registered codec's examples, over a layout of kDim values where a codec takes one: a new
+// codec is fuzzed once it registers its examples.
+const sketchsgd::Layout kLayout = sketchsgd::Layout::parse("10x25+50");
 
 // The input with a consistent payload length (bytes 32..39) and CRC-32C (bytes 40..43).
 std::vector<uint8_t> sealed(std::span<const uint8_t> in) {
@@ -88,7 +83,7 @@ namespace {
 void decode_everything(std::span<const uint8_t> bytes) {
   static std::vector<std::unique_ptr<sketchsgd::Compressor>> codecs = [] {
     std::vector<std::unique_ptr<sketchsgd::Compressor>> v;
-    for (const char* s : kSpecs) v.push_back(sketchsgd::make_compressor(s, kDim));
+    for (const auto& s : sketchsgd::example_specs(kLayout)) v.push_back(sketchsgd::make_compressor(s, kDim));
     return v;
   }();
   std::vector<float> step(kDim);

@@ -3,9 +3,10 @@ import numpy as np
 
 import ddp
 import jobs
+import sketchsgd
 
-SPECS = ["dense", "powersgd:rank=2,wire=fp16", "topk:k=400", "sketch:rows=1,cols=2000,k=400,fetch=1,momentum=0",
-         "signsgd:ef=1", "qsgd:bits=4"]
+# Each codec's first registered example: every family (summable, gathered), every codec.
+SPECS = [c["examples"][0] for c in sketchsgd.codecs()]
 
 
 def test_every_codec_syncs_replicas_bit_for_bit_and_trains():

@@ -12,6 +12,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/server/engine.hpp>
+#include "support/helpers.hpp"
 #include "support/ps_job.hpp"
 #include "support/ps_net.hpp"
 #include "support/ps_synthetic.hpp"
@@ -58,7 +59,7 @@ std::vector<FakeWorker> rejoin(Net& net, const JobConfig& cfg) {
   return ws;
 }
 
-class EngineCodecs : public ::testing::TestWithParam<const char*> {};
+class EngineCodecs : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineCodecs, RoundsMatchTheInProcessReferenceBitForBit) {
   constexpr uint64_t kDim = 3000;
@@ -92,13 +93,8 @@ TEST_P(EngineCodecs, RoundsMatchTheInProcessReferenceBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, EngineCodecs,
-                         ::testing::Values("dense", "topk:k=60", "topk:k=60,global=1", "terngrad",
-                                           "qsgd", "signsgd", "signsgd:ef=1",
-                                           "sketch:k=60,cols=600", "sketch:k=60,cols=600,p2=3",
-                                           "sketch:k=60,cols=600,fetch=1",
-                                           "sketch:k=60,cols=600,hashing=random",
-                                           "sketch:k=60,cols=600,p2=3,hashing=random",
-                                           "sketch:k=60,cols=600,fetch=1,hashing=random"));
+                         ::testing::ValuesIn(example_specs(Layout::parse("30x90+300"))),
+                         test::spec_name<::testing::TestParamInfo<std::string>>);
 
 std::string refusal(Net& net, const PeerId& peer) {
   auto m = net.next(peer);

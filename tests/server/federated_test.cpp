@@ -11,6 +11,7 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/sample.hpp>
 #include <sketchsgd/server/engine.hpp>
+#include "support/helpers.hpp"
 #include "support/ps_job.hpp"
 #include "support/ps_net.hpp"
 #include "support/ps_synthetic.hpp"
@@ -114,7 +115,7 @@ TEST(Federated, OnlyTheSampledClientsRegisterEachForTheSlotOfItsPlace) {
   EXPECT_EQ(net.engine.live_workers(), kPerRound);
 }
 
-class FederatedCodecs : public ::testing::TestWithParam<const char*> {};
+class FederatedCodecs : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FederatedCodecs, RoundsOfNewStatelessClientsMatchTheInProcessReference) {
   const JobConfig cfg = federated(GetParam());
@@ -137,8 +138,8 @@ TEST_P(FederatedCodecs, RoundsOfNewStatelessClientsMatchTheInProcessReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, FederatedCodecs,
-                         ::testing::Values("dense", "topk:k=30", "signsgd", "sketch:k=30,cols=200,fetch=1",
-                                           "sketch:k=30,cols=200,p2=2", "powersgd:rank=2,layout=10x30"));
+                         ::testing::ValuesIn(example_specs(Layout::parse("10x25+50"))),
+                         test::spec_name<::testing::TestParamInfo<std::string>>);
 
 TEST(Federated, AClientOfAClosedRoundIsToldItIsOverNotServed) {
   const JobConfig cfg = federated("topk:k=30");

@@ -14,6 +14,7 @@
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/client.hpp>
+#include "support/helpers.hpp"
 #include "support/ps_loopback.hpp"
 #include "support/ps_synthetic.hpp"
 #include "support/round.hpp"
@@ -27,7 +28,7 @@ using test_loopback::client_options;
 using test_loopback::options;
 using test_loopback::Running;
 
-class Loopback : public ::testing::TestWithParam<const char*> {};
+class Loopback : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Loopback, WorkersAndServerEndBitIdenticalToTheReference) {
   constexpr uint64_t kDim = 5000, kRounds = 5;
@@ -118,10 +119,8 @@ TEST(LoopbackSharedIo, ClientsComeAndGoOnTheSharedContext) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, Loopback,
-                         ::testing::Values("dense", "topk:k=50", "sketch:k=50,cols=500",
-                                           "sketch:k=50,cols=500,p2=2", "signsgd", "terngrad",
-                                           "qsgd:ef=1"));
+INSTANTIATE_TEST_SUITE_P(Codecs, Loopback, ::testing::ValuesIn(example_specs()),
+                         test::spec_name<::testing::TestParamInfo<std::string>>);
 
 TEST(LoopbackStaleness, FastWorkerRunsAheadBoundedAndAllEndEqual) {
   constexpr uint64_t kDim = 2000, kRounds = 10;

@@ -2,10 +2,20 @@
 #pragma once
 
 #include <cstdint>
+#include <cctype>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace sketchsgd::test {
+
+/// A codec-parametrised test's name: the spec's letters and digits, everything else '_'.
+template <class Info>
+std::string spec_name(const Info& info) {
+  std::string name;
+  for (char c : std::string(info.param)) name += std::isalnum(uint8_t(c)) ? c : '_';
+  return name;
+}
 
 inline std::vector<float> gaussian(size_t n, uint64_t seed, float sigma = 1.0f) {
   std::mt19937_64 rng(seed);

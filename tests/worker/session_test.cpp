@@ -14,6 +14,7 @@
 #include <sketchsgd/kernels/sample.hpp>
 #include <sketchsgd/server/engine.hpp>
 #include <sketchsgd/worker/session.hpp>
+#include "support/helpers.hpp"
 #include "support/ps_job.hpp"
 #include "support/ps_synthetic.hpp"
 #include "support/round.hpp"
@@ -142,7 +143,7 @@ void round(Wire& w, std::vector<std::unique_ptr<Worker>>& ws, uint64_t seed) {
     ASSERT_EQ(res[i].outcome, StepResult::Outcome::Updated) << "rank " << i;
 }
 
-class SessionCodecs : public ::testing::TestWithParam<const char*> {};
+class SessionCodecs : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SessionCodecs, TrainBitForBitLikeTheInProcessReference) {
   const JobConfig cfg = job(GetParam(), 3, 2000);
@@ -167,9 +168,8 @@ TEST_P(SessionCodecs, TrainBitForBitLikeTheInProcessReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, SessionCodecs,
-                         ::testing::Values("sketch:k=30,cols=300,p2=2", "sketch:k=30,cols=300,fetch=1",
-                                           "sketch:k=30,cols=300,p2=2,hashing=random",
-                                           "topk:k=30", "signsgd", "terngrad"));
+                         ::testing::ValuesIn(example_specs(Layout::parse("40x45+200"))),
+                         test::spec_name<::testing::TestParamInfo<std::string>>);
 
 ClientOptions client(uint32_t id, const JobConfig& cfg, uint64_t round) {
   ClientOptions o = options(id, cfg.world);

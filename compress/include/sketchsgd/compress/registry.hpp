@@ -68,6 +68,12 @@ struct CodecEntry {
   /// Whether the codec takes `layout=` (the tensors of the vector; layout.hpp): not at all, as
   /// an option (topk: per-layer budgets, small tensors whole), or as a requirement (powersgd).
   LayoutUse layout = LayoutUse::None;
+  /// Specs that between them take every path of the codec (each family of options that changes
+  /// its wire format, its state or its phases), budgets left automatic (dim / 100) and without
+  /// `layout=`, so they fit any vector of 100 values or more. Every codec-parametrised test, the
+  /// fuzz target and the comparisons iterate over them (example_specs()): a new codec registers
+  /// its examples and is tested with the others.
+  std::vector<std::string> examples = {};
 };
 
 class Registry {
@@ -107,6 +113,12 @@ std::vector<std::string> split_spec(std::string_view spec, std::span<const uint6
 /// The spec with `layout=` added when its codec requires one and it has none yet (what a program
 /// that knows its model's shapes passes to server and workers alike); otherwise as is.
 std::string complete_spec(std::string_view spec, const Layout& layout);
+
+/// Every registered codec's examples (CodecEntry::examples), codecs in name order. With a layout
+/// (the test's tensors), a codec that requires one gets it, and one that takes it as an option
+/// is given each example twice, without and with it; without, codecs that require a layout are
+/// left out.
+std::vector<std::string> example_specs(const Layout& layout = {});
 
 struct CodecRegistrar {
   explicit CodecRegistrar(CodecEntry entry) { Registry::instance().add(std::move(entry)); }

@@ -107,6 +107,9 @@ void orthonormalize(float* a, size_t n, size_t r, float* rr = nullptr);
 bool lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
                     size_t rows, size_t cols, size_t r, const float* a = nullptr,
                     const float* b = nullptr);
+/// out = a·rᵀ (a: rows × k, r: k × k upper triangular, out: rows × k; row-major): a deferred
+/// subtraction's left factor carried over to the columns of q before orthonormalisation.
+void times_upper_transposed(const float* a, const float* r, float* out, size_t rows, size_t k);
 /// Takes back lowrank_absorb's m += x and u = ρ·u + g over n values where g is finite, to
 /// rounding (a deferred subtraction stays done).
 void lowrank_unabsorb(float* m, const float* g, float* u, float rho, size_t n);
