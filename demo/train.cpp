@@ -276,7 +276,7 @@ int run_worker(const ps::Flags& f) {
   std::ofstream csv;
   if (rank == 0) {
     csv.open(f.str("out") + "/results.csv");
-    csv << "epoch,round,test_acc,train_loss,wall_s\n";
+    csv << "epoch,round,test_accuracy,train_loss,wall_s\n";
   }
   // With local steps the worker trains its own copy (SGD with momentum at --lr) and LocalSteps
   // pushes the change every --push-every steps; otherwise every step's gradient is pushed and
@@ -499,7 +499,7 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
      << f.str("model") << "\",\"workers\":" << plan.workers << ",\"epochs\":" << plan.epochs
      << ",\"rounds\":" << t.rounds << ",\"push_every\":" << plan.local.push_every
      << ",\"fetch_every\":" << plan.local.fetch_every << ",\"shards\":" << shards_of(f)
-     << ",\"steps\":" << plan.steps() << ",\"test_acc\":" << acc << ",\"bytes_up\":" << t.up
+     << ",\"steps\":" << plan.steps() << ",\"test_accuracy\":" << acc << ",\"bytes_up\":" << t.up
      << ",\"bytes_down\":" << t.down << ",\"dense_bytes\":" << t.dense
      << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall << "}\n";
   return 0;

@@ -113,13 +113,13 @@ def main():
             per_round = s["bytes_up"] + s["bytes_down"]
             for r in csv.DictReader(f):
                 frac = int(r["round"]) / max(s["rounds"], 1)
-                rows.append({"name": name, "epoch": int(r["epoch"]), "test_acc": float(r["test_acc"]),
+                rows.append({"name": name, "epoch": int(r["epoch"]), "test_accuracy": float(r["test_accuracy"]),
                              "train_loss": float(r["train_loss"]), "bytes": per_round * frac})
-        print(f"  {100 * s['test_acc']:.2f}% test accuracy, {s['traffic_ratio']:.1f}x less traffic, "
+        print(f"  {100 * s['test_accuracy']:.2f}% test accuracy, {s['traffic_ratio']:.1f}x less traffic, "
               f"{time.time() - t0:.0f} s", flush=True)
 
     with open(os.path.join(args.out, "all.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["name", "epoch", "test_acc", "train_loss", "bytes"])
+        w = csv.DictWriter(f, fieldnames=["name", "epoch", "test_accuracy", "train_loss", "bytes"])
         w.writeheader()
         w.writerows(rows)
     plot(rows, args.out)
@@ -143,7 +143,7 @@ def plot(rows, out):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for n in names:
             pts = [r for r in rows if r["name"] == n]
-            ax.plot([p[xkey] for p in pts], [100 * p["test_acc"] for p in pts], marker="o", label=n)
+            ax.plot([p[xkey] for p in pts], [100 * p["test_accuracy"] for p in pts], marker="o", label=n)
         if xkey == "bytes":
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
@@ -163,7 +163,7 @@ def dense_accuracy(summaries):
     """Dense's test accuracy: from this run, or (a run with --only) from the docs' table."""
     dense = next((s for s in summaries if s["name"] == "dense" and not s.get("failed")), None)
     if dense:
-        return dense["test_acc"]
+        return dense["test_accuracy"]
     try:
         with open("docs/data/tables/ps-codecs.json") as f:
             row = next(r for r in json.load(f)["rows"] if r[0] == "dense")
@@ -179,8 +179,8 @@ def table_rows(summaries):
         if s.get("failed"):
             rows.append([s["name"], f"`{s['codec']}`", s["lr"], "**failed: training diverged (NaN)**", "", "", "", ""])
             continue
-        gap = f"{100 * (s['test_acc'] - dense):+.2f}" if dense is not None else "n/a"
-        rows.append([s["name"], f"`{s['codec']}`", s["lr"], f"{100 * s['test_acc']:.2f}%", gap,
+        gap = f"{100 * (s['test_accuracy'] - dense):+.2f}" if dense is not None else "n/a"
+        rows.append([s["name"], f"`{s['codec']}`", s["lr"], f"{100 * s['test_accuracy']:.2f}%", gap,
                      f"{(s['bytes_up'] + s['bytes_down']) / 1e6:.0f}", f"{s['traffic_ratio']:.1f}x", f"{s['wall_s']:.0f}"])
     return rows
 

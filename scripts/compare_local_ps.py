@@ -57,7 +57,7 @@ def results(name, seeds, out):
         if os.path.exists(p):
             with open(p) as f:
                 r = json.load(f)
-            ps.append(100 * r["test_acc"])
+            ps.append(100 * r["test_accuracy"])
             ratio_ps = r["traffic_ratio"]
         d = os.path.join(out, f"{name}-ddp-seed{s}.json")
         if os.path.exists(d):

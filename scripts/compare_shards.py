@@ -88,10 +88,10 @@ def main():
             a, b = res[1], res[s]
             same = filecmp.cmp(os.path.join(args.out, f"{name}-s1", "params.rank0"),
                                os.path.join(args.out, f"{name}-s{s}", "params.rank0"), shallow=False)
-            rows.append([f"`{spec}`", s, f"{100 * a['test_acc']:.2f}", f"{100 * b['test_acc']:.2f}",
-                         f"{100 * (b['test_acc'] - a['test_acc']):+.2f}", "yes" if same else "no",
+            rows.append([f"`{spec}`", s, f"{100 * a['test_accuracy']:.2f}", f"{100 * b['test_accuracy']:.2f}",
+                         f"{100 * (b['test_accuracy'] - a['test_accuracy']):+.2f}", "yes" if same else "no",
                          f"{a['traffic_ratio']:.1f}×", f"{b['traffic_ratio']:.1f}×", f"{a['wall_s']:.0f} / {b['wall_s']:.0f}"])
-            print(f"{name:10s} S=1 {100 * a['test_acc']:.2f} %  S={s} {100 * b['test_acc']:.2f} %  "
+            print(f"{name:10s} S=1 {100 * a['test_accuracy']:.2f} %  S={s} {100 * b['test_accuracy']:.2f} %  "
                   f"bit-identical: {same}  traffic {a['traffic_ratio']:.1f}x / {b['traffic_ratio']:.1f}x")
     if args.write_docs and rows:
         sys.path.insert(0, os.path.join(ROOT, "scripts"))

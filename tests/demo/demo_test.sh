@@ -25,7 +25,7 @@ out = sys.argv[1]
 rows = list(csv.DictReader(open(f"{out}/results.csv")))
 assert len(rows) == 2, rows
 l1, l2 = float(rows[0]["train_loss"]), float(rows[1]["train_loss"])
-acc = float(rows[1]["test_acc"])
+acc = float(rows[1]["test_accuracy"])
 s = json.load(open(f"{out}/summary.json"))
 assert l2 < l1, f"loss did not fall: {l1} -> {l2}"
 assert acc > 0.6, f"test accuracy {acc} after 2 epochs"
@@ -57,10 +57,10 @@ import csv, json, sys
 out = sys.argv[1]
 rows = list(csv.DictReader(open(f"{out}/results.csv")))
 s = json.load(open(f"{out}/summary.json"))
-assert len(rows) == 2 and float(rows[1]["test_acc"]) > 0.6, rows
+assert len(rows) == 2 and float(rows[1]["test_accuracy"]) > 0.6, rows
 assert s["rounds"] == 50 and s["push_every"] == 8 and s["fetch_every"] == 8 and s["steps"] == 400, s
 assert s["traffic_ratio"] > 8, s  # 8 steps a push; 4-bit pushes, the update dense (QSGD's)
-print(f"local steps: accuracy {float(rows[1]['test_acc']):.3f}, {s['traffic_ratio']:.0f}x less traffic than per-step dense")
+print(f"local steps: accuracy {float(rows[1]['test_accuracy']):.3f}, {s['traffic_ratio']:.0f}x less traffic than per-step dense")
 PY
 cmp "$out/local/params.rank0" "$out/local/params.rank1"
 echo "local steps: workers hold identical parameters"
