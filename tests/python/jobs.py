@@ -458,6 +458,26 @@ def local_steps(m, outer, opt, rank, steps, first=0, poison_at=None):
     return losses
 
 
+def averaged(rank, world):
+    """sketchsgd.torch.average() with bad arguments (the errors' texts), then dense and topk on
+    rank-dependent tensors over three calls: (errors, dense means, topk outputs, topk stats)."""
+    from sketchsgd.torch import average
+    state = CompressionState("dense")
+    errors = []
+    for bad in ([], [torch.ones(3, dtype=torch.int64)], [torch.ones(3), "x"]):
+        try:
+            average(state, bad)
+        except (TypeError, ValueError) as e:
+            errors.append(f"{type(e).__name__}: {e}")
+    tensors = [torch.full((4, 3), float(rank)), torch.arange(5, dtype=torch.float16) * (rank + 1)]
+    dense = [[t.numpy().copy() for t in average(state, tensors)] for _ in range(3)]
+    topk = CompressionState("topk:k=2")
+    outs = []
+    for _ in range(3):
+        outs.append(torch.cat([t.reshape(-1) for t in average(topk, [torch.full((6, 4), 1.0 + rank)])]).numpy())
+    return errors, dense, outs, topk.stats()
+
+
 def outer_loop(rank, world, spec, every, steps):
     """Trains with DiLoCo(spec, every); returns (first loss, mean of the last 5, params after
     the last sync, stats)."""

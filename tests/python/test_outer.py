@@ -82,3 +82,23 @@ def test_bad_arguments_are_refused():
                    "no module": "TypeError", "no parameters": "ValueError", "float64": "TypeError",
                    "outer not an optimizer": "TypeError", "bad spec": "InvalidArgument",
                    "foreign state_dict": "ValueError", "truncated state_dict": "ValueError"}, got
+
+
+def test_average_is_the_mean_through_the_codec_and_refuses_bad_tensors():
+    """sketchsgd.torch.average(), DiLoCo's entry: the dense mean of each tensor as float32 of its
+    shape (a float16 one widened), the same on every rank; top-k with error feedback sends what a
+    call left over in the next ones; bad arguments are refused with a clear error."""
+    results = ddp.run(jobs.averaged)
+    for errors, dense, outs, stats in results:
+        assert len(errors) == 3 and all("average()" in e for e in errors), errors
+        for call in dense:
+            np.testing.assert_array_equal(call[0], np.full((4, 3), 1.5, dtype=np.float32))  # mean of 0..3
+            np.testing.assert_array_equal(call[1], np.arange(5, dtype=np.float32) * 2.5)
+            assert call[0].dtype == np.float32 and call[1].dtype == np.float32
+        # 24 equal values, k=2 a call: each call sends 2 coordinates (the mean 2.5 plus what
+        # earlier calls owed there), and the ones sent are zeroed in the error: after 3 calls 6
+        # coordinates have moved.
+        assert all(np.count_nonzero(o) == 2 for o in outs), outs
+        assert np.count_nonzero(sum(outs)) == 6
+        assert stats["compressed_steps"] == 3 and stats["ratio"] > 1
+    assert all(np.array_equal(r[2][-1], results[0][2][-1]) for r in results)
