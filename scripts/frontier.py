@@ -61,12 +61,19 @@ def load(args):
 def with_earlier(runs, path):
     """runs, plus the runs of an earlier --write-docs (docs/data/frontier*.json) for the hooks not
     run again (those files before the torch field were all made with PyTorch 1.13); and the
-    earlier runs that the new ones replace, whose seeds still measure the job's noise."""
+    earlier runs on another PyTorch that the new ones replace, whose seeds still measure the
+    job's noise (an earlier run on the same PyTorch adds the seeds the run folders lack)."""
     with open(path) as f:
         earlier = json.load(f)
     replaced = []
     for name, e in earlier.items():
         e = dict(e, acc={int(k): v for k, v in e["acc"].items()}, torch=e.get("torch", "1.13"))
+        base = name.split("@")[0]
+        if base in runs and runs[base]["torch"] == e["torch"]:
+            # The same hook on the same PyTorch: seeds the run folders no longer hold join it.
+            for seed, v in e["acc"].items():
+                runs[base]["acc"].setdefault(seed, v)
+            continue
         if "@" in name or name in runs:  # "name@1.13": a run replaced before, kept for its seeds
             replaced.append((name.split("@")[0], e))
         else:
