@@ -9,6 +9,8 @@ replace theirs; the other workloads' tables come from scripts/frontier.py).
     .venv/bin/python scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
                                             [--seed N] [--report-only] [--write-docs] [--local]
 
+The runs (names, hooks, flags) and their budgets are data: scripts/experiments.json.
+
 --local runs the workload's local-steps list instead (transformer, mlp; ddp_train.py --local H:
 DiLoCo with each pseudo-gradient codec, PyTorch's PeriodicModelAverager) into
 build/compare-local[-<workload>]; scripts/local_frontier.py tabulates them beside the per-step
@@ -33,156 +35,18 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from cli import count, natural  # noqa: E402
 
-# name, hook. Budgets for the MLP (d = 1,863,690; dense = 7.45 MB per worker per round): 20x less
-# is 373 kB. sketchsgd payloads include the 2,058 bias values sent uncompressed (8 kB).
-MLP = [
-    ("none", "none"),
-    ("fp16", "fp16"),
-    ("powersgd-r1", "powersgd:rank=1"),
-    ("powersgd-r2", "powersgd:rank=2"),
-    ("powersgd-r4", "powersgd:rank=4"),
-    # PyTorch's PowerSGD inside its fp16_compress_wrapper: fp16 on the wire, as our wire=fp16.
-    ("powersgd-r1-fp16", "torch:fp16:powersgd:rank=1"),
-    ("powersgd-r2-fp16", "torch:fp16:powersgd:rank=2"),
-    ("powersgd-r4-fp16", "torch:fp16:powersgd:rank=4"),
-    ("dense", "dense"),
-    ("fetchsgd", "sketch:rows=1,cols=90000,k=18000,fetch=1"),
-    ("sketch-p2", "sketch:rows=1,cols=60000,k=12000,p2=2"),
-    ("topk", "topk:k=20000,momentum=0.9"),
-    ("ef-signsgd", "signsgd:ef=1,momentum=0.9"),
-    ("signsgd", "signsgd:momentum=0.9"),
-    ("terngrad", "terngrad:momentum=0.9"),
-    ("qsgd-4bit", "qsgd:bits=4,momentum=0.9"),
-    ("qsgd-2bit-ef", "qsgd:bits=2,ef=1,momentum=0.9"),
-    ("ours-psgd-r1", "sketchsgd:powersgd:rank=1"),
-    ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
-    ("ours-psgd-r4", "sketchsgd:powersgd:rank=4"),
-    ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
-    ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
-    ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
-    # FetchSGD with compact tables: the sketch-space momentum's tables summed in fp16, at the same
-    # sketch (half the bytes) and at twice the sketch for the same bytes.
-    ("fetchsgd-fp16", "sketch:rows=1,cols=90000,k=18000,fetch=1,wire=fp16"),
-    ("fetchsgd-2x-fp16", "sketch:rows=1,cols=180000,k=36000,fetch=1,wire=fp16"),
-]
-
-# The points every new workload compares: no hook, PyTorch's fp16 and PowerSGD hooks, and our
-# PowerSGD at the same ranks (fp32, and fp16 on the wire).
-POWERSGD = [
-    ("none", "none"),
-    ("fp16", "fp16"),
-    ("powersgd-r1", "powersgd:rank=1"),
-    ("powersgd-r2", "powersgd:rank=2"),
-    ("powersgd-r4", "powersgd:rank=4"),
-    ("powersgd-r1-fp16", "torch:fp16:powersgd:rank=1"),
-    ("powersgd-r2-fp16", "torch:fp16:powersgd:rank=2"),
-    ("powersgd-r4-fp16", "torch:fp16:powersgd:rank=4"),
-    ("ours-psgd-r2", "sketchsgd:powersgd:rank=2"),
-    ("ours-psgd-r1-fp16", "sketchsgd:powersgd:rank=1,wire=fp16"),
-    ("ours-psgd-r2-fp16", "sketchsgd:powersgd:rank=2,wire=fp16"),
-    ("ours-psgd-r4-fp16", "sketchsgd:powersgd:rank=4,wire=fp16"),
-]
-
-# ResNet-8 (77,754 parameters, 311 kB dense; SGD with momentum 0.9, so codecs with momentum of
-# their own take it and SGD's is 0). PyTorch's PowerSGD spans ~11 kB (rank 1) to ~36 kB (rank 4):
-# every codec has a point or two in or near that range. The 3x3 convolutions are matrices
-# (out, in·9); batch norm's 672 values travel whole.
-RESNET = POWERSGD + [
-    ("fetchsgd-fp16", "sketch:rows=1,cols=10000,k=2000,fetch=1,wire=fp16"),
-    ("fetchsgd-2x-fp16", "sketch:rows=1,cols=20000,k=4000,fetch=1,wire=fp16"),
-    ("topk", "topk:k=2000,momentum=0.9"),
-    ("topk-fp16-delta", "topk:k=4000,momentum=0.9,wire=fp16,index=delta"),
-    ("qsgd-4bit", "qsgd:bits=4,momentum=0.9"),
-    ("qsgd-2bit-ef", "qsgd:bits=2,ef=1,momentum=0.9"),
-    ("ef-signsgd", "signsgd:ef=1,momentum=0.9"),
-    ("terngrad", "terngrad:momentum=0.9"),
-]
-
-# The transformer (0.87 M parameters, 3.47 MB dense; AdamW for every hook, so no codec has
-# momentum of its own). PyTorch's PowerSGD spans ~65 kB (rank 1) to ~175 kB (rank 4), of which
-# 28 kB are the 6,912 LayerNorm and bias values that every method sends whole.
-TRANSFORMER = POWERSGD + [
-    ("fetchsgd-fp16", "sketch:rows=1,cols=40000,k=8000,fetch=1,momentum=0,wire=fp16"),
-    ("fetchsgd-2x-fp16", "sketch:rows=1,cols=80000,k=16000,fetch=1,momentum=0,wire=fp16"),
-    ("topk-fp16-delta", "topk:k=16000,wire=fp16,index=delta"),
-    ("topk-4k-fp16-delta", "topk:k=4000,wire=fp16,index=delta"),
-    ("qsgd-4bit", "qsgd:bits=4"),
-    ("qsgd-2bit-ef", "qsgd:bits=2,ef=1"),
-    ("ef-signsgd", "signsgd:ef=1"),
-]
-
-# Local steps (--local): name, hook, H[, extra flags]. The pseudo-gradient's compressor is a
-# sketchsgd spec ("dense": DiLoCo with fp32 pseudo-gradients; Nesterov SGD lr 0.7 momentum 0.9
-# outside) or PyTorch's PeriodicModelAverager (torch:average) at the same H. Per-step DDP's
-# points (H = 1) are the runs of the list above, in the per-step output folder.
-# The outer step as plain averaging (lr 1, no momentum: PeriodicModelAverager's rule) for the
-# compressed pseudo-gradients, whose error feedback carries what a sync did not send.
-AVERAGE = ["--outer-lr", "1", "--outer-momentum", "0"]
-TRANSFORMER_LOCAL = [
-    ("average-h4", "torch:average", 4),
-    ("average-h16", "torch:average", 16),
-    ("average-h64", "torch:average", 64),
-    # Equal-traffic baselines for the compressed points: averaging twice or once more in 300 steps.
-    ("average-h128", "torch:average", 128),
-    ("average-h256", "torch:average", 256),
-    ("diloco-h4", "dense", 4),
-    ("diloco-h16", "dense", 16),
-    ("diloco-h64", "dense", 64),
-    ("avg-dense-h16", "dense", 16, AVERAGE),
-    ("avg-fp16-h16", "dense:wire=fp16", 16, AVERAGE),
-    ("avg-qsgd4-h4", "qsgd:bits=4", 4, AVERAGE),
-    ("avg-qsgd4-h16", "qsgd:bits=4", 16, AVERAGE),
-    ("avg-topk-2pct-h4", "topk:k=17000,wire=fp16,index=delta", 4, AVERAGE),
-    ("avg-topk-2pct-h16", "topk:k=17000,wire=fp16,index=delta", 16, AVERAGE),
-    ("avg-topk-05pct-h4", "topk:k=4300,wire=fp16,index=delta", 4, AVERAGE),
-    ("avg-topk-05pct-h16", "topk:k=4300,wire=fp16,index=delta", 16, AVERAGE),
-    ("avg-psgd-r4-h4", "sketchsgd:powersgd:rank=4,wire=fp16", 4, AVERAGE),
-    ("avg-fetchsgd-h4", "sketch:rows=1,cols=40000,k=8000,fetch=1,momentum=0,wire=fp16", 4, AVERAGE),
-    # With DiLoCo's Nesterov outer step instead.
-    ("qsgd4-h16", "qsgd:bits=4", 16),
-    ("psgd-r4-h16", "sketchsgd:powersgd:rank=4,wire=fp16", 16),
-]
-
-# The MLP (3 epochs, 1,404 steps a worker; SGD lr 0.01 momentum 0.9 inside): H = 64 leaves 22
-# syncs, and a sparse pseudo-gradient reaches 1000x less traffic than per-step DDP.
-MLP_LOCAL = [
-    ("average-h16", "torch:average", 16),
-    ("average-h64", "torch:average", 64),
-    ("diloco-h16", "dense", 16),
-    ("diloco-h64", "dense", 64),
-    ("qsgd4-h64", "qsgd:bits=4", 64),
-    ("topk-2pct-h64", "topk:k=37000,wire=fp16,index=delta", 64),
-    ("avg-qsgd4-h64", "qsgd:bits=4", 64, AVERAGE),
-    ("avg-topk-2pct-h64", "topk:k=37000,wire=fp16,index=delta", 64, AVERAGE),
-    ("avg-topk-2pct-h16", "topk:k=37000,wire=fp16,index=delta", 16, AVERAGE),
-    # Equal-traffic baselines for the sparse points (6 syncs in 1,404 steps) and sparser codecs.
-    ("average-h256", "torch:average", 256),
-    ("diloco-h256", "dense", 256),
-    ("average-h1024", "torch:average", 1024),
-    ("diloco-h1024", "dense", 1024),
-    ("topk-2pct-h16", "topk:k=37000,wire=fp16,index=delta", 16),
-    ("topk-05pct-h64", "topk:k=9300,wire=fp16,index=delta", 64),
-    ("qsgd4-h16", "qsgd:bits=4", 16),
-]
-
-LOCAL = {"transformer": TRANSFORMER_LOCAL, "mlp": MLP_LOCAL}
-
-WORKLOADS = {  # hooks, and the run length: (epochs, steps per epoch at most; 0: all)
-    "mlp": (MLP, 3, 0),
-    "resnet8": (RESNET, 1, 0),
-    "transformer": (TRANSFORMER, 1, 300),
-}
+import experiments  # noqa: E402  (the runs of each workload, their budgets and why: experiments.json)
 
 
-def run(name, hook, args, local=0, extra=()):
+def run(e, args):
+    """One run of the matrix (experiments.json: name, hook, optional flags and every)."""
+    name, hook = e["name"], e["hook"]
     out = os.path.join(args.out, f"{name}.json")
     cmd = [sys.executable, "examples/ddp_train.py", "--workload", args.workload, "--hook", hook, "--epochs",
            str(args.epochs), "--max-steps", str(args.max_steps), "--workers", str(args.workers), "--seed",
-           str(args.seed), "--json", out, "--progress", "100", *extra]
-    if local:
-        cmd += ["--local", str(local)]
-    if name == "signsgd":
-        cmd += ["--lr", "0.0005"]  # majority vote of signs: a step of ±lr per coordinate
+           str(args.seed), "--json", out, "--progress", "100", *e.get("flags", ())]
+    if "every" in e:
+        cmd += ["--local", str(e["every"])]
     env = dict(os.environ, PYTHONPATH=os.path.abspath(args.python))
     t = time.time()
     print(f"== {name}: {hook}", flush=True)
@@ -269,7 +133,7 @@ def plot(rows, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS))
+    ap.add_argument("--workload", default="mlp", choices=sorted(experiments.workloads("ddp")))
     ap.add_argument("--epochs", type=count, help="default: the workload's")
     ap.add_argument("--max-steps", type=natural, help="steps per epoch at most (default: the workload's; 0: all)")
     ap.add_argument("--workers", type=count, default=4)
@@ -282,13 +146,13 @@ def main():
     ap.add_argument("--local", action="store_true",
                     help="the local-steps list (DiLoCo with each codec, PeriodicModelAverager) instead of per-step hooks")
     args = ap.parse_args()
-    args.hooks, epochs, steps = WORKLOADS[args.workload]
-    args.local_of = {}
+    per_step = experiments.workload("ddp", args.workload)
+    epochs, steps, args.runs = per_step["epochs"], per_step["max_steps"], per_step["runs"]
     if args.local:
-        if args.workload not in LOCAL:
-            ap.error(f"--local: lists for {sorted(LOCAL)}")
-        args.hooks = [(e[0], e[1]) for e in LOCAL[args.workload]]
-        args.local_of = {e[0]: (e[2], tuple(e[3]) if len(e) > 3 else ()) for e in LOCAL[args.workload]}
+        if args.workload not in experiments.workloads("local"):
+            ap.error(f"--local: lists for {sorted(experiments.workloads('local'))}")
+        args.runs = experiments.workload("local", args.workload)["runs"]
+    args.hooks = [(e["name"], e["hook"]) for e in args.runs]
     args.epochs = epochs if args.epochs is None else args.epochs
     args.max_steps = steps if args.max_steps is None else args.max_steps
     if args.out is None:
@@ -306,9 +170,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     failed = []
     if not args.report_only:
-        for name, hook in args.hooks:
-            if name in names and not run(name, hook, args, *args.local_of.get(name, (0, ()))):
-                failed.append(name)
+        for e in args.runs:
+            if e["name"] in names and not run(e, args):
+                failed.append(e["name"])
     report(names, args)
     if failed:  # the others ran and are reported; the exit status says some did not
         sys.exit(f"failed: {', '.join(failed)}")

@@ -27,14 +27,12 @@ import statistics
 import sys
 import time
 
-# Lines of the plot: a family of hooks whose points differ by budget only.
-FAMILIES = [
-    ("PyTorch PowerSGD", re.compile(r"^powersgd-r\d+$"), "tab:orange", "s"),
-    ("PyTorch PowerSGD in fp16_compress_wrapper", re.compile(r"^powersgd-r\d+-fp16$"), "tab:red", "s"),
-    ("sketchsgd PowerSGD (fp32)", re.compile(r"^ours-psgd-r\d+$"), "tab:blue", "o"),
-    ("sketchsgd PowerSGD (fp16 wire)", re.compile(r"^ours-psgd-r\d+-fp16$"), "tab:green", "o"),
-    ("sketchsgd FetchSGD", re.compile(r"^fetchsgd.*$"), "tab:purple", "D"),
-]
+import experiments  # noqa: E402  (scripts/: the runs and their plot families)
+
+# Lines of the plot: a family of hooks whose points differ by budget only (experiments.json).
+FAMILIES = experiments.families("ddp")
+FAMILY = experiments.family_of("ddp")  # run name -> family
+PYTORCH = ("torch-powersgd", "torch-powersgd-fp16")  # the families the verdicts compare against
 
 
 def load(args):
@@ -126,7 +124,7 @@ def verdicts(runs, sc, theirs=None, ours=None, label=None):
     # With runs of two PyTorch versions in one table, each of ours says which it ran on.
     hook_of = label or (lambda n: f"`{runs[n]['hook']}`" + (f" (torch {runs[n]['torch']})" if len(versions) > 1 else ""))
     if theirs is None:
-        theirs = [n for n in runs if re.match(r"^powersgd-r\d+(-fp16)?$", n)]
+        theirs = [n for n in runs if FAMILY.get(n) in PYTORCH]
     if ours is None:
         ours = [n for n in runs if n not in ("none", "fp16") and not n.startswith("powersgd")]
     ours = {n: runs[n] for n in ours}
@@ -173,8 +171,9 @@ def plot(runs, out, workload, sc):
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
     placed = set()
-    for label, pattern, color, marker in FAMILIES:
-        pts = sorted((e["payload"], *summary(e)[:2], n) for n, e in runs.items() if pattern.match(n))
+    for f in FAMILIES:
+        label, color, marker = f["label"], f["colour"], f["marker"]
+        pts = sorted((e["payload"], *summary(e)[:2], n) for n, e in runs.items() if FAMILY.get(n) == f["family"])
         if not pts:
             continue
         placed.update(p[3] for p in pts)

@@ -24,13 +24,13 @@ docs/images, the runs in docs/data/local-WORKLOAD.json and the tables' data file
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import experiments  # noqa: E402
 import frontier  # noqa: E402  (load: runs by name over the seed folders)
 
 # Per-step points shown beside the local runs (names of compare_ddp.py's per-step list): label,
@@ -39,31 +39,18 @@ PER_STEP = {"none": ("DDP dense", True), "fp16": ("DDP fp16 (PyTorch)", True),
             "powersgd-r1": ("PyTorch PowerSGD r1", True), "powersgd-r2": ("PyTorch PowerSGD r2", True),
             "powersgd-r4": ("PyTorch PowerSGD r4", True),
             "ours-psgd-r4-fp16": ("sketchsgd PowerSGD r4 fp16", False), "qsgd-4bit": ("sketchsgd QSGD 4-bit", False)}
-# Lines of the plot: (label, name pattern, colour, marker, baseline?)
-FAMILIES = [
-    ("DiLoCo, fp32 pseudo-gradient", re.compile(r"^diloco-h\d+$"), "tab:gray", "s", True),
-    ("PyTorch PeriodicModelAverager", re.compile(r"^average-h\d+$"), "tab:orange", "s", True),
-    ("averaging, our dense (= PeriodicModelAverager)", re.compile(r"^avg-dense-h\d+$"), "tab:brown", "s", True),
-    ("DiLoCo + sketchsgd QSGD 4-bit", re.compile(r"^qsgd4-h\d+$"), "tab:green", "o", False),
-    ("DiLoCo + sketchsgd PowerSGD r4 fp16", re.compile(r"^psgd-r4-h\d+$"), "tab:blue", "o", False),
-    ("DiLoCo + sketchsgd top-k 2 %", re.compile(r"^topk-2pct-h\d+$"), "tab:red", "o", False),
-    ("DiLoCo + sketchsgd top-k 0.5 %", re.compile(r"^topk-05pct-h\d+$"), "lightcoral", "o", False),
-    ("averaging + sketchsgd fp16", re.compile(r"^avg-fp16-h\d+$"), "tab:cyan", "^", False),
-    ("averaging + sketchsgd QSGD 4-bit", re.compile(r"^avg-qsgd4-h\d+$"), "tab:olive", "^", False),
-    ("averaging + sketchsgd PowerSGD r4 fp16", re.compile(r"^avg-psgd-r4-h\d+$"), "tab:pink", "^", False),
-    ("averaging + sketchsgd top-k 2 % (error feedback)", re.compile(r"^avg-topk-2pct-h\d+$"), "darkred", "^", False),
-    ("averaging + sketchsgd top-k 0.5 % (error feedback)", re.compile(r"^avg-topk-05pct-h\d+$"), "salmon", "^", False),
-    ("averaging + sketchsgd FetchSGD", re.compile(r"^avg-fetchsgd-h\d+$"), "tab:purple", "D", False),
-]
+# Lines of the plot, and each local run's family and H: experiments.json.
+FAMILIES = experiments.families("local")
+FAMILY = experiments.family_of("local")
+EVERY = {r["name"]: r["every"] for w in experiments.workloads("local") for r in experiments.workload("local", w)["runs"]}
 
 
 def family(name):
-    return next((f for f in FAMILIES if f[1].match(name)), None)
+    return next((f for f in FAMILIES if f["family"] == FAMILY.get(name)), None)
 
 
 def h_of(name):
-    m = re.search(r"-h(\d+)$", name)
-    return int(m.group(1)) if m else 1
+    return EVERY.get(name, 1)
 
 
 def points(args):
@@ -80,9 +67,9 @@ def points(args):
         fam = family(name)
         # Everything the run sent over its steps: a run that ends between syncs syncs once more
         # before the evaluation, which the steady figure (taken inside the loop) leaves out.
-        out[name] = {"label": fam[0] if fam else name, "H": h_of(name), "hook": e["hook"],
+        out[name] = {"label": fam["label"] if fam else name, "H": h_of(name), "hook": e["hook"],
                      "per_example": r["payload_bytes_per_round"] / batch, "less": r["ratio"], "loss": e["acc"],
-                     "baseline": bool(fam and fam[4])}
+                     "baseline": bool(fam and fam["baseline"])}
     if batch is None:
         return out, batch, steps
     with open(args.step_data) as f:
@@ -120,8 +107,10 @@ def plot(pts, out, workload, dense, target):
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(11.5, 5.2))
-    for label, pattern, colour, marker, _ in FAMILIES:
-        line = sorted((p["per_example"], *mean_sd(p)[:2], p["H"]) for n, p in pts.items() if pattern.match(n))
+    for f in FAMILIES:
+        label, colour, marker = f["label"], f["colour"], f["marker"]
+        line = sorted((p["per_example"], *mean_sd(p)[:2], p["H"]) for n, p in pts.items()
+                      if FAMILY.get(n) == f["family"])
         if not line:
             continue
         ax.plot([x for x, _, _, _ in line], [y for _, y, _, _ in line], marker=marker, color=colour, label=label)
