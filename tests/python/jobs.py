@@ -489,6 +489,11 @@ def outer_loop(rank, world, spec, every, steps):
     return losses[0], sum(losses[-5:]) / 5, flat(m).numpy().tobytes(), outer.stats()
 
 
+def outer_loops(rank, world, specs, every, steps):
+    """outer_loop() for each spec, in one set of processes: spec -> its result."""
+    return {spec: outer_loop(rank, world, spec, every, steps) for spec in specs}
+
+
 def outer_error_feedback(rank, world, syncs):
     """DiLoCo with top-10 of a 10x10 weight, plain averaging outside (SGD lr 1): each inner step
     moves this rank's weight by -0.01 (rank + 1) g, g a fixed ramp from 1 to 0.5, so every
