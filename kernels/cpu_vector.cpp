@@ -49,8 +49,12 @@ void scatter_axpy(float* y, const uint32_t* idx, const float* val, size_t n, flo
 }
 
 void scale(float* y, size_t n, float a) {
+  scale(y, y, n, a);
+}
+
+void scale(float* y, const float* x, size_t n, float a) {
 #pragma omp parallel for simd schedule(static) if (n > kParallel)
-  for (size_t i = 0; i < n; ++i) y[i] *= a;
+  for (size_t i = 0; i < n; ++i) y[i] = a * x[i];
 }
 
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho) {

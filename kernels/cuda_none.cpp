@@ -48,7 +48,7 @@ void find_nonfinite(const float*, size_t, unsigned long long*, Stream) {
 void axpy(float*, const float*, size_t, float, Stream) {
   absent();
 }
-void scale(float*, size_t, float, Stream) {
+void scale(float*, const float*, size_t, float, Stream) {
   absent();
 }
 void momentum_accumulate(float*, float*, const float*, size_t, float, Stream) {

@@ -49,10 +49,15 @@ void gemm(const Device& d, bool trans_a, bool trans_b, size_t m, size_t n, size_
 }
 
 void scale(const Device& d, std::span<float> y, float a) {
+  scale(d, y, y, a);
+}
+
+void scale(const Device& d, std::span<float> y, std::span<const float> x, float a) {
+  SKETCHSGD_ASSERT(y.size() == x.size(), "scale of ", x.size(), " values into ", y.size());
   if (d.is_gpu())
-    cu::scale(y.data(), y.size(), a, d.stream);
+    cu::scale(y.data(), x.data(), y.size(), a, d.stream);
   else
-    cpu::scale(y.data(), y.size(), a);
+    cpu::scale(y.data(), x.data(), y.size(), a);
 }
 
 void copy(const Device& d, std::span<float> dst, std::span<const float> src) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/compress/round.hpp>
 #include <sketchsgd/config.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/core/gpu.hpp>
@@ -55,6 +56,45 @@ MessageKind kind_of(const std::string& name) {
 Device device_of(int gpu, uintptr_t stream) {
   return gpu < 0 ? Device::cpu() : Device::cuda(gpu, reinterpret_cast<gpu::Stream>(stream));
 }
+
+const char* format_name(WireFloat f) {
+  return f == WireFloat::F16 ? "fp16" : f == WireFloat::BF16 ? "bf16" : "fp32";
+}
+
+/// A Round's requests for Python: ("sum", room, format) or ("gather", bytes as a memoryview of
+/// the round's memory, valid until its next call).
+py::list requests(const std::vector<Round::Request>& reqs) {
+  py::list out;
+  for (const auto& r : reqs) {
+    if (r.op == Round::Op::Sum)
+      out.append(py::make_tuple("sum", r.room, format_name(r.format)));
+    else  // writable: torch.frombuffer warns on read-only memory; nothing writes to it
+      out.append(py::make_tuple(
+          "gather", py::memoryview::from_memory(const_cast<uint8_t*>(r.bytes.data()),
+                                                py::ssize_t(r.bytes.size()), false)));
+  }
+  return out;
+}
+
+/// Runs of a buffer as Python gives them: (offset, numel) pairs.
+using Runs = std::vector<std::pair<uint64_t, uint64_t>>;
+std::vector<Layout::Run> runs(const Runs& pairs) {
+  std::vector<Layout::Run> out;
+  out.reserve(pairs.size());
+  for (const auto& [offset, numel] : pairs) out.push_back({offset, numel});
+  return out;
+}
+
+/// Every rank's gathered bytes, as buffers the caller keeps alive for the call.
+struct Gathered {
+  std::vector<View> views;
+  std::vector<std::span<const uint8_t>> spans;
+  explicit Gathered(const py::list& buffers) {
+    views.reserve(buffers.size());
+    for (const auto& b : buffers) views.emplace_back(b.cast<py::buffer>());
+    for (const auto& v : views) spans.push_back(v.bytes());
+  }
+};
 
 }  // namespace
 
@@ -196,6 +236,52 @@ PYBIND11_MODULE(_core, m) {
         a.load_state(v.bytes());
       });
 
+  py::class_<Round>(m, "Round")
+      .def(py::init([](Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole,
+                       uintptr_t payload, uint64_t payload_n, uintptr_t answer, uint64_t answer_n) {
+             return std::make_unique<Round>(
+                 codec, aggregator, rank, whole,
+                 Round::Rooms{floats(payload, payload_n), floats(answer, answer_n)});
+           }),
+           py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def_static(
+          "whole_only",
+          [](uint32_t world, uint64_t whole, uintptr_t payload, uint64_t n, int gpu,
+             uintptr_t stream) {
+            return std::make_unique<Round>(world, whole, device_of(gpu, stream),
+                                           floats(payload, n));
+          },
+          "A round of a unit with nothing compressed.")
+      .def_static("payload_size", &Round::payload_size)
+      .def_static("answer_size", &Round::answer_size)
+      .def_property_readonly("phases", &Round::phases)
+      .def("start",
+           [](Round& r, uintptr_t buffer, uint64_t n, const Runs& kept, const Runs& whole,
+              uint64_t round) {
+             std::vector<Round::Request> out;
+             {
+               py::gil_scoped_release release;
+               out = r.start(floats(buffer, n), {runs(kept), runs(whole)}, round);
+             }
+             return requests(out);
+           })
+      .def("next",
+           [](Round& r, const py::list& gathered) {
+             const Gathered g(gathered);
+             std::vector<Round::Request> out;
+             {
+               py::gil_scoped_release release;
+               out = r.next(g.spans);
+             }
+             return requests(out);
+           })
+      .def("finish", [](Round& r, const py::list& gathered, uintptr_t buffer, uint64_t n,
+                        const Runs& kept, const Runs& whole) {
+        const Gathered g(gathered);
+        py::gil_scoped_release release;
+        r.finish(g.spans, floats(buffer, n), {runs(kept), runs(whole)});
+      });
+
   py::class_<Compressor>(m, "Compressor")
       .def(py::init([](const std::string& spec, uint64_t dim, int gpu, uintptr_t stream) {
              return make_compressor(spec, dim, device_of(gpu, stream));
@@ -214,8 +300,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("two_rounds", &Compressor::two_rounds)
       .def("sum_format",
            [](const Compressor& c, const std::string& k) {
-             const WireFloat f = c.sum_format(kind_of(k));
-             return f == WireFloat::F16 ? "fp16" : f == WireFloat::BF16 ? "bf16" : "fp32";
+             return format_name(c.sum_format(kind_of(k)));
            })
       .def_property_readonly("last_message_bytes", &Compressor::last_message_bytes)
       .def_property_readonly("compression_ratio", &Compressor::compression_ratio)

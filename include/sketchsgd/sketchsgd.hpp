@@ -6,6 +6,7 @@
 #include <sketchsgd/compress/compressor.hpp>
 #include <sketchsgd/compress/layout.hpp>
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/compress/round.hpp>
 #include <sketchsgd/compress/wire.hpp>
 #include <sketchsgd/config.hpp>
 #include <sketchsgd/core/bytes.hpp>

@@ -30,8 +30,8 @@ __global__ void round_half_kernel(float* x, uint64_t n, bool bf16, unsigned long
   }
 }
 
-__global__ void scale_kernel(float* y, uint64_t n, float a) {
-  for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[i] *= a;
+__global__ void scale_kernel(float* y, const float* x, uint64_t n, float a) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[i] = a * x[i];
 }
 
 __global__ void momentum_kernel(float* u, float* v, const float* g, uint64_t n, float rho) {
@@ -125,9 +125,9 @@ void round_half(float* x, size_t n, bool bf16, unsigned long long* first, Stream
   SKETCHSGD_LAUNCH_CHECK();
 }
 
-void scale(float* y, size_t n, float a, Stream stream) {
+void scale(float* y, const float* x, size_t n, float a, Stream stream) {
   if (n == 0) return;
-  scale_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(y, n, a);
+  scale_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(y, x, n, a);
   SKETCHSGD_LAUNCH_CHECK();
 }
 

@@ -16,14 +16,8 @@ def _rounds_of(state, index: int, ids, tensors, buf):
     units = state.units
     entries, where = units.entries(ids, tensors, buf.numel(), index)
     units.fix(index, entries)
-    rounds = []
-    for u in units.held(index, entries, buf.device, state.comm.world):
-        if u.codec is None:
-            rounds.append(_rounds.uncompressed(state.comm, u, buf, where))
-        else:
-            family = _rounds.summable if u.summable else _rounds.gathered
-            rounds.append(family(state.comm, u, buf, where, state.iteration))
-    return rounds
+    return [_rounds.round_of(state.comm, u, buf, where, state.iteration)
+            for u in units.held(index, entries, buf.device, state.comm.world)]
 
 
 def _widened(state, index: int, buf):
@@ -86,7 +80,7 @@ def average(state: CompressionState, tensors) -> list:
     tensors are the same every call), the tensors are one unit, error feedback is carried to
     the next call. Every
     rank calls it with tensors of the same shapes. A non-finite value on any rank raises
-    NonFiniteError on every rank, with no result and the codec states as before."""
+    NonFiniteError on every rank, with no result (that rank's codec state as before)."""
     tensors = list(tensors)
     if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
         raise TypeError("average(): expected a non-empty list of tensors")

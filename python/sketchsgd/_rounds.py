@@ -1,169 +1,78 @@
-"""A unit's round per family of codec: what it encodes, which collectives each phase asks for,
-and how the results become the averaged gradient in the buffer. Each takes the communicator for
-its rank, world and byte counts, and returns a _schedule.Round for a scheduler to run."""
-
-import math
+"""A unit's round on a communicator: the C++ Round (sketchsgd/compress/round.hpp), which holds the
+unit's phases for every family of codec (what is encoded, which collectives each phase asks for,
+a rank's failure told to the others, the mean), driven through _comm's requests. The round reads
+the unit's tensors from the caller's buffer and writes the mean back; this module only hands its
+requests to the communicator and the results back."""
 
 import torch
 
 from . import _core
-from ._comm import Gather, Sum, mean_factor, settled
+from ._comm import Gather, Sum, settled
 from ._schedule import Round
-from ._units import Unit, gather, scatter
+from ._tensors import Streams
+from ._units import Unit
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def summable(comm, u: Unit, buf, where, round: int) -> Round:
-    """Dense, sketch and powersgd: one all-reduce of the payload (values, table or P factors)
-    and the unit's uncompressed parameters; a second one of the answers for two-round codecs
-    (sketch p2 > 0: the candidates' values; powersgd: the Q factors)."""
-    codec = u.codec
-    comp, dense = u.segments(where, True), u.segments(where, False)
-    size = codec.sum_size("gradient")
-    payload = u.room("payload", size + u.n_dense, buf)
-    failed = None
-    try:
-        codec.encode_sum(gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round,
-                         out=payload[:size])
-    except _core.NonFiniteError as e:
-        # The other ranks are about to all-reduce: join them rather than leave them waiting, and
-        # tell them through the sum (NaN from here; nothing finite sums to NaN).
-        failed = e
-        payload[:size].fill_(math.nan)
-    if dense:
-        payload[size:].copy_(gather(buf, dense))
-    W, inv = comm.world, mean_factor(comm.world)
+class Core:
+    """A unit's C++ Round and the rooms its sums are written into (float32, on the codec's device;
+    the round keeps their addresses, so they live as long as it does)."""
 
-    def summed(t, name, kind):
-        """t summed over the ranks in the codec's wire dtype for the phase (through a cast copy
-        when that is not float32)."""
-        wire = codec.sum_dtype(kind)
-        return Sum(t, wire, None if wire == torch.float32 else u.room(name, t.numel(), t, wire))
-
-    def check():
-        """After the first all-reduce, on every rank alike: a rank whose gradient was not finite
-        stops the step everywhere (no second round, no update)."""
-        if failed is not None:
-            raise failed
-        if size and math.isnan(payload[0].item()):
-            raise _core.NonFiniteError("sketchsgd hook: another rank's gradient was not finite (that rank raised "
-                                       "NonFiniteError with the coordinate); this step has no update")
-
-    def add(total):
-        """The aggregator takes a phase's sum. It checks the sum is finite, so the first phase's
-        check() reads the payload (a host synchronisation) only when that fails."""
-        if failed is not None:
-            raise failed
-        try:
-            u.aggregator.add_sum(total, W, round)
-        except _core.WireError:
-            check()
-            raise
-
-    def reply(kind):
-        """The aggregator's query or update: its values on the device where they are a float
-        vector (powersgd: no host copy between the phases), else its message."""
-        n = codec.reply_size(kind)
-        return u.aggregator.finish_values(u.room(kind, n, buf)) if n else u.aggregator.finish()
-
-    comm.count(0, (u.n_compressed + u.n_dense) * 4)
-    answers = None
-
-    def gradient():
-        return [summed(payload, "payload", "gradient")]
-
-    def answer():
-        """The query depends on the first sum: it is made (and the second all-reduce issued) once
-        that sum is in."""
-        nonlocal answers
-        add(payload[:size])
-        answers = codec.answer_sum(reply("query"), u.room("answer", codec.sum_size("answer"), buf))
-        return [summed(answers, "answers", "answer")]
-
-    def finish():
-        if u.dense:
-            check()
-            # The dense aggregator's update is the sum times float32(1/W) and applying it changes
-            # no state: the same here, without the host round trip of a dense Update message.
-            step = payload[:size].mul_(inv)
+    def __init__(self, comm, u: Unit, like):
+        codec = u.codec._c if u.codec is not None else None
+        payload = u.room("payload", _core.Round.payload_size(codec, u.n_dense), like)
+        answer = u.room("answers", _core.Round.answer_size(codec), like)
+        self.rooms = (payload, answer)
+        if codec is None:
+            self.streams = Streams(like.device)
+            gpu = like.device.index if like.device.type == "cuda" else -1
+            self.round = _core.Round.whole_only(comm.world, u.n_dense, payload.data_ptr(), payload.numel(), gpu,
+                                                self.streams.handle)
         else:
-            add(answers if answers is not None else payload[:size])
-            update = reply("update")
-            if len(comp) == 1:  # straight into the bucket
-                o, n = comp[0]
-                codec.apply(update, buf[o:o + n])
-                step = None
-            else:
-                step = codec.apply(update, u.room("step", u.n_compressed, buf))
-        if step is not None:
-            scatter(buf, comp, step)
-        if dense:
-            scatter(buf, dense, payload[size:].mul_(inv))
-        settled(buf)
-
-    return Round(u.index, [gradient, answer] if codec.two_rounds else [gradient], finish)
+            self.streams = u.codec._streams
+            self.round = _core.Round(codec, u.aggregator._a, comm.rank, u.n_dense, payload.data_ptr(),
+                                     payload.numel(), answer.data_ptr(), answer.numel())
 
 
-def gathered(comm, u: Unit, buf, where, round: int) -> Round:
-    """topk, signsgd, terngrad, qsgd: an all-gather of the message lengths, then of the messages padded
-    to the longest, and an all-reduce of the uncompressed parameters; every rank aggregates all
-    W messages."""
-    codec = u.codec
-    comp, dense = u.segments(where, True), u.segments(where, False)
-    inv = mean_factor(comm.world)
-    failed = None
-    try:
-        msg = codec.encode(gather(buf, comp, u.room("x", u.n_compressed, buf)).contiguous(), round, comm.rank)
-    except _core.NonFiniteError as e:  # join the lengths' all-gather with none: every rank stops
-        failed, msg = e, b""
-    limit = codec.max_message_bytes("gradient")
+def round_of(comm, u: Unit, buf, where, round: int) -> Round:
+    """The unit's round for this step: its tensors read from buf (at the offsets `where`) when it
+    starts, the averaged result written back into them when it finishes."""
+    core = u.core
+    if core is None:
+        core = u.core = Core(comm, u, buf)
+    kept, whole = u.segments(where, True), u.segments(where, False)
     on = comm.host(buf)
-    # Lengths first (messages vary: sparse lists with delta-coded indices), then every message
-    # padded to the longest one of this step, not to the codec's worst case.
-    lens = Gather(torch.tensor([len(msg)], dtype=torch.int64, device=on))
-    messages = values = sizes = None
     comm.count(0, (u.n_compressed + u.n_dense) * 4)
+    asked = []  # the current phase's requests
 
-    def padded():
-        """Once the lengths are in: the messages padded to the longest, and the uncompressed
-        parameters."""
-        nonlocal messages, values, sizes
-        sizes = [int(n.item()) for n in lens.everyone]
-        if failed is not None:
-            raise failed
-        for r, n in enumerate(sizes):
-            if n == 0:
-                raise _core.NonFiniteError(f"sketchsgd hook: rank {r}'s gradient was not finite (that rank raised "
-                                           "NonFiniteError with the coordinate); this step has no update")
-            if not 0 < n <= limit:
-                raise _core.WireError(f"rank {r} sent a message of {n} bytes (limit {limit})")
-        mine = torch.zeros(max(sizes), dtype=torch.uint8)
-        mine[:len(msg)] = torch.frombuffer(bytearray(msg), dtype=torch.uint8)
-        messages = Gather(mine.to(on))
-        if not dense:
-            return [messages]
-        values = Sum(gather(buf, dense).contiguous().clone())
-        return [messages, values]
+    def requests(reqs):
+        asked[:] = []
+        for op, *args in reqs:
+            if op == "sum":
+                t, wire = core.rooms[args[0]], _DTYPES[args[1]]
+                cast = None if wire == torch.float32 else u.room(("cast", args[0]), t.numel(), t, wire)
+                asked.append(Sum(t, wire, cast))
+            else:
+                asked.append(Gather(torch.frombuffer(args[0], dtype=torch.uint8).to(on)))
+        return list(asked)
 
-    def finish():
-        for r, t in enumerate(messages.everyone):
-            u.aggregator.add(t.cpu()[:sizes[r]].numpy())
-        scatter(buf, comp, codec.apply(u.aggregator.finish(), u.room("step", u.n_compressed, buf)))
-        if dense:
-            scatter(buf, dense, values.t.mul_(inv))
-        settled(buf)
+    def gathered():
+        return [t.cpu().numpy() for g in asked if isinstance(g, Gather) for t in g.everyone]
 
-    return Round(u.index, [lambda: [lens], padded], finish)
+    def first():
+        with core.streams.ordered():
+            return requests(core.round.start(buf.data_ptr(), buf.numel(), kept, whole, round))
 
-
-def uncompressed(comm, u: Unit, buf, where) -> Round:
-    """A unit with nothing to compress: its parameters all-reduced as they are."""
-    segs = u.segments(where, False)
-    values = Sum(gather(buf, segs).contiguous().clone())
-    comm.count(0, values.t.numel() * 4)
-    inv = mean_factor(comm.world)
+    def second():
+        got = gathered()
+        with core.streams.ordered():
+            return requests(core.round.next(got))
 
     def finish():
-        scatter(buf, segs, values.t.mul_(inv))
+        got = gathered()
+        with core.streams.ordered():
+            core.round.finish(got, buf.data_ptr(), buf.numel(), kept, whole)
         settled(buf)
 
-    return Round(u.index, [lambda: [values]], finish)
+    return Round(u.index, [first, second][:core.round.phases], finish)

@@ -22,22 +22,6 @@ def checked_spec(spec: str) -> str:
     return _core.share_spec(spec)
 
 
-def gather(buf, segments, out=None):
-    """The values of segments ((offset, numel) of buf) end to end: a view when there is one."""
-    if len(segments) == 1:
-        o, n = segments[0]
-        return buf[o:o + n]
-    return torch.cat([buf[o:o + n] for o, n in segments], out=out)
-
-
-def scatter(buf, segments, values):
-    """gather()'s inverse: values written back into buf's segments."""
-    at = 0
-    for o, n in segments:
-        buf[o:o + n].copy_(values[at:at + n])
-        at += n
-
-
 class Unit:
     """One unit: its entries, its codec (this rank's worker state) and this rank's replica of the
     aggregator, and tensors reused every step."""
@@ -48,16 +32,14 @@ class Unit:
         self.n_compressed = sum(n for _, n, c in self.entries if c)
         self.n_dense = sum(n for _, n, c in self.entries if not c)
         self.codec = self.aggregator = None
-        self.summable = self.dense = False
+        self.core = None  # its _rounds.Core, made on first use
         self._room = {}  # name -> tensor reused every step (large fresh buffers cost page faults)
 
     def build(self, spec: str, device, world: int, pending=None, shapes=None):
         if self.n_compressed and self.codec is None:
-            self.dense = spec.partition(":")[0] == "dense"
             layout = [shapes[k] for k, _, c in self.entries if c] if shapes is not None else None
             self.codec = Compressor(spec, self.n_compressed, device, layout=layout)
             self.aggregator = self.codec.make_aggregator(world)
-            self.summable = self.codec.sum_size("gradient") > 0
             if pending is not None:
                 self.codec.load_state_dict(pending["codec"])
                 self.aggregator.load_state_dict(pending["aggregator"])

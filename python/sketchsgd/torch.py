@@ -8,8 +8,8 @@ communication hook, a blocking average() of one's own tensors, and DiLoCo's oute
     mean = average(CompressionState("topk:k=1000"), [t1, t2])   # blocking, error feedback kept
 
 The modules behind it: _state (CompressionState: configuration, statistics; _checkpoint its
-checkpoints), _units (which tensors a bucket holds, each unit's codec), _rounds (a unit's round
-per family of codec), _comm (the collectives), _schedule (their order: overlapped, inline or
+checkpoints), _units (which tensors a bucket holds, each unit's codec), _rounds (a unit's C++
+round on the communicator), _comm (the collectives), _schedule (their order: overlapped, inline or
 coalesced), _hook (the drivers), outer (DiLoCo).
 
 Per bucket, the gradients of tensors with two or more dimensions are compressed; 1-D tensors

@@ -325,7 +325,7 @@ TEST(Cuda, VectorKernelsMatchCpuBitForBit) {
   cpu::axpy(v.data(), g.data(), n, -0.125f);
   cu::axpy(dv.get(), dg.get(), n, -0.125f);
   cpu::scale(v.data(), n, 0.3f);
-  cu::scale(dv.get(), n, 0.3f);
+  cu::scale(dv.get(), dv.get(), n, 0.3f);
   EXPECT_BITS_EQ(dv.host(), v);
 
   std::vector<uint32_t> idx(20000);

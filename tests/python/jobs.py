@@ -370,18 +370,18 @@ def every_codec_on_own_gpu(rank, world, specs, steps):
 
 def finish_errors(rank, world, specs):
     """Per spec, steps of two buckets (the first not the last of the step, then the last): two
-    steps as they are, then one with the codec's apply failing. Returns (spec, last, raised by
-    the call, message from wait, apply ran on this thread) for both buckets of that step."""
+    steps as they are, then one with the round's finish failing. Returns (spec, last, raised by
+    the call, message from wait, finish ran on this thread) for both buckets of that step."""
     import threading
 
-    from sketchsgd import _compressor
+    from sketchsgd import _rounds
 
-    out, real = [], _compressor.Compressor.apply
+    out, real = [], _rounds.settled
     threads = []
 
     def failing(self, *a, **k):
         threads.append(threading.get_ident())
-        raise RuntimeError("apply failed on purpose")
+        raise RuntimeError("finish failed on purpose")
 
     for spec in specs:
         state = CompressionState(spec, start_iter=2)
@@ -389,7 +389,7 @@ def finish_errors(rank, world, specs):
         for step in range(3):
             grads = [quarter_integers(p.shape, 10 * step + rank + i) for i, p in enumerate(params)]
             if step == 2:
-                _compressor.Compressor.apply = failing
+                _rounds.settled = failing
             try:
                 for i, last in ((0, False), (1, True)):
                     threads.clear()
@@ -406,7 +406,7 @@ def finish_errors(rank, world, specs):
                     if step == 2:
                         out.append((spec, last, raised, message, threads == [threading.get_ident()]))
             finally:
-                _compressor.Compressor.apply = real
+                _rounds.settled = real
     return out
 
 

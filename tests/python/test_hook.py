@@ -89,9 +89,9 @@ def test_an_error_while_finishing_arrives_through_the_future():
         assert len(outcomes) == 2 * len(specs)
         for spec, last, raised, message, here in outcomes:
             assert raised is None, (rank, spec, last, raised)
-            assert message is not None and "apply failed on purpose" in message, (rank, spec, last, message)
+            assert message is not None and "finish failed on purpose" in message, (rank, spec, last, message)
             if last:
-                assert here, (rank, spec)  # the last bucket: applied on the hook's own thread
+                assert here, (rank, spec)  # the last bucket: finished on the hook's own thread
 
 
 def test_a_non_finite_gradient_on_one_rank_raises_on_every_rank_and_hangs_none():

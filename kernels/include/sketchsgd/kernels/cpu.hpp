@@ -127,6 +127,8 @@ size_t find_nonfinite(const float* x, size_t n);
 void axpy(float* y, const float* x, size_t n, float a);
 /// y *= a
 void scale(float* y, size_t n, float a);
+/// y = a · x (y may be x)
+void scale(float* y, const float* x, size_t n, float a);
 /// Momentum then error accumulation in one pass: u = ρ·u + g; v += u.
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho);
 /// Per-chunk |max|, mean |x| and standard deviation.

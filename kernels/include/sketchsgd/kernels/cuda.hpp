@@ -76,7 +76,8 @@ void axpy(float* y, const float* x, size_t n, float a, Stream stream = nullptr);
 /// x rounded in place to fp16 (bf16 = false) or bf16 values, as the wire carries them; the
 /// first value that became ±Inf (or was not finite) min-ed into *first.
 void round_half(float* x, size_t n, bool bf16, unsigned long long* first, Stream stream = nullptr);
-void scale(float* y, size_t n, float a, Stream stream = nullptr);
+/// y = a · x (y may be x)
+void scale(float* y, const float* x, size_t n, float a, Stream stream = nullptr);
 /// u = ρ·u + g; v += u, in one pass (the fused momentum + error-feedback update).
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho,
                          Stream stream = nullptr);

@@ -20,6 +20,8 @@ namespace sketchsgd::ops {
 size_t find_nonfinite(const Device& d, Scratch& s, std::span<const float> x);
 void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a);
 void scale(const Device& d, std::span<float> y, float a);
+/// y = a · x (y may be x)
+void scale(const Device& d, std::span<float> y, std::span<const float> x, float a);
 /// dst = src, both in the device's memory (on a GPU ordered on its stream, not waited for).
 void copy(const Device& d, std::span<float> dst, std::span<const float> src);
 /// Rounds x in place to the nearest fp16 (bf16: bfloat16) values; the index of the first value

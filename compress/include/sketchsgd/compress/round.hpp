@@ -1,0 +1,135 @@
+// One unit's exchange among the W ranks of a collective group, for drivers that own the network
+// (the DDP hook, DiLoCo's average, an FSDP hook): the codec's phases written once per family as
+// requests the driver runs, then the mean. A rank holds a Round per unit, with its codec (the
+// rank's worker state) and a replica of the aggregator; every rank's replica sees the same sums
+// and messages, so every rank computes the same update.
+//
+//   start(buffer, at, round) → requests;
+//   [next(gathered) → requests;]
+//   finish(gathered, buffer, at)
+//
+// The unit's tensors lie in the driver's buffer (a DDP bucket, a shard) at runs of offsets: the
+// compressed ones (the codec's vector, end to end) and the ones sent whole; the round reads them
+// there and writes the mean back there.
+//
+// A request is Sum (an all-reduce, in place, of one of the driver's rooms, summed in the codec's
+// wire format: the driver casts to it and back) or Gather (an all-gather of bytes of the same
+// length on every rank; every rank's copy comes back to the next call, in rank order). Families:
+//   summable (dense, sketch, powersgd): Sum(codec payload ++ whole tensors); for two-round codecs
+//     then Sum(answer);
+//   gathered (topk, signsgd, terngrad, qsgd): Gather(message length), then Gather(the message
+//     padded to the longest) and Sum(whole tensors);
+//   nothing compressed: Sum(whole tensors).
+// The tensors sent whole (small ones, by the layout rule: Layout::sent_whole) travel beside the
+// codec's payload (summable: in its Sum and wire format; gathered: an fp32 Sum) and are averaged
+// with float32(1/W), as the aggregators average.
+//
+// A rank whose gradient is not finite still runs every collective of the phase it is in, so that
+// no other rank waits for it, and tells the others: a summable payload of NaN (nothing finite sums
+// to NaN), a message length of 0. Every rank then raises NonFiniteError, with no update anywhere
+// and that rank's codec state as before (the others' encodes went through: their error feedback
+// holds the step). A step that failed leaves no phase open: the next start() begins afresh.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <vector>
+
+#include <sketchsgd/compress/compressor.hpp>
+#include <sketchsgd/compress/layout.hpp>
+
+namespace sketchsgd {
+
+class Round {
+ public:
+  enum class Op : uint8_t { Sum, Gather };
+  /// The driver's float32 rooms the round's sums are written into, in the codec's device memory;
+  /// they must outlive the round. Lengths: payload_size() and answer_size().
+  struct Rooms {
+    std::span<float> payload, answer;
+  };
+  struct Request {
+    Op op;
+    /// Sum: which room (0 payload, 1 answer) and the format to sum it in.
+    int room = 0;
+    WireFloat format = WireFloat::F32;
+    /// Gather: this rank's bytes (host memory, valid until the next call).
+    std::span<const uint8_t> bytes;
+
+    static Request sum(int room, WireFloat format) { return {Op::Sum, room, format, {}}; }
+    static Request gather(std::span<const uint8_t> bytes) {
+      return {Op::Gather, 0, WireFloat::F32, bytes};
+    }
+  };
+
+  /// Where the unit's tensors lie in the buffer, in the unit's order: the compressed ones
+  /// (codec.dim() values in all) and the ones sent whole.
+  struct Runs {
+    std::span<const Layout::Run> kept, whole;
+  };
+
+  /// A unit with compressed tensors (codec.dim() values) and `whole` values sent whole. The
+  /// codec and aggregator (of this rank; aggregator.world_size() ranks) outlive the round.
+  Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole, Rooms rooms);
+  /// A unit of whole tensors only (`whole` values, world ranks).
+  Round(uint32_t world, uint64_t whole, const Device& device, std::span<float> payload);
+
+  static uint64_t payload_size(const Compressor* codec, uint64_t whole);
+  static uint64_t answer_size(const Compressor* codec);
+  /// Collective steps a round takes: 2 for gathered and two-round codecs, else 1.
+  int phases() const;
+
+  /// A new step's first requests, from the unit's values in buffer (the codec's device memory;
+  /// read here, not kept).
+  std::vector<Request> start(std::span<const float> buffer, Runs at, uint64_t round);
+  /// After the requests' collectives completed (Sums in place; gathered: every rank's bytes per
+  /// Gather request, request by request, rank by rank): the next phase's requests.
+  std::vector<Request> next(std::span<const std::span<const uint8_t>> gathered);
+  /// After the last phase: the mean estimate of the compressed tensors and the whole tensors'
+  /// mean written into buffer at the runs, with the codec's state change. Raises NonFiniteError
+  /// (this or another rank's input was not finite) or WireError (a rank sent what does not
+  /// decode).
+  void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> buffer,
+              Runs at);
+
+ private:
+  bool summable() const { return codec_ && sum_size_ > 0; }
+  /// The failure this rank signalled at start, if any.
+  void rethrow_own() const;
+  /// After a sum: this rank's failure, or another's (NaN in the payload's first value).
+  void check_sum() const;
+  void add_sum(std::span<const float> sum);
+  /// The aggregator's Query or Update: into a float room when it is a float vector (no host copy
+  /// between phases), else a message.
+  void reply(MessageKind kind, Buffer<float>& room, Message& message);
+  std::vector<Request> padded(std::span<const std::span<const uint8_t>> lengths);
+  /// out's runs of buffer = float32(1/W) · sum, end to end.
+  void mean_into(std::span<const float> sum, std::span<float> buffer,
+                 std::span<const Layout::Run> out) const;
+  void require(std::span<const float> v, uint64_t n, const char* what) const;
+  /// Checks runs lie in a buffer of n values and hold `values` in all (what: which runs).
+  void require(std::span<const Layout::Run> runs, uint64_t n, uint64_t values,
+               const char* what) const;
+
+  Compressor* codec_ = nullptr;
+  Aggregator* aggregator_ = nullptr;
+  uint32_t world_, rank_;
+  uint64_t whole_, sum_size_ = 0;
+  bool dense_ = false;
+  Device device_;
+  Rooms rooms_;
+  float inv_;  // float32(1/W), as the aggregators average
+
+  uint64_t round_ = 0;
+  int phase_ = 0;
+  std::exception_ptr failed_;      // this rank's NonFiniteError, held to the end of the step
+  Message message_;                // gathered: this rank's message
+  uint8_t length_[8] = {};         // its length, little-endian
+  std::vector<uint8_t> padded_;    // the message padded to the longest of the step
+  std::vector<uint64_t> sizes_;    // every rank's message length
+  Buffer<float> query_, update_;   // float-vector replies
+  Buffer<float> x_, step_;         // the compressed values end to end, where they are not already
+};
+
+}  // namespace sketchsgd

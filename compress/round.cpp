@@ -1,0 +1,285 @@
+#include <sketchsgd/compress/round.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/ops.hpp>
+
+namespace sketchsgd {
+
+Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole,
+             Rooms rooms)
+    : codec_(&codec),
+      aggregator_(&aggregator),
+      world_(aggregator.world_size()),
+      rank_(rank),
+      whole_(whole),
+      sum_size_(codec.sum_size(MessageKind::Gradient)),
+      dense_(codec.id() == CodecId::Dense),
+      device_(codec.device()),
+      rooms_(rooms),
+      inv_(1.0f / static_cast<float>(world_)) {
+  SKETCHSGD_REQUIRE(rank < world_, InvalidArgument, "round: rank ", rank, " in a group of ",
+                    world_);
+  require(rooms.payload, payload_size(&codec, whole), "payload room");
+  require(rooms.answer, answer_size(&codec), "answer room");
+}
+
+Round::Round(uint32_t world, uint64_t whole, const Device& device, std::span<float> payload)
+    : world_(world),
+      rank_(0),
+      whole_(whole),
+      device_(device),
+      rooms_{payload, {}},
+      inv_(1.0f / static_cast<float>(world)) {
+  SKETCHSGD_REQUIRE(world >= 1, InvalidArgument, "round: a group of 0 ranks");
+  SKETCHSGD_REQUIRE(whole > 0, InvalidArgument, "round: a unit with nothing to send");
+  require(payload, whole, "payload room");
+}
+
+uint64_t Round::payload_size(const Compressor* codec, uint64_t whole) {
+  return (codec ? codec->sum_size(MessageKind::Gradient) : 0) + whole;
+}
+
+uint64_t Round::answer_size(const Compressor* codec) {
+  return codec && codec->sum_size(MessageKind::Gradient) > 0 ? codec->sum_size(MessageKind::Answer)
+                                                             : 0;
+}
+
+int Round::phases() const {
+  if (!codec_) return 1;
+  return summable() && !codec_->two_rounds() ? 1 : 2;
+}
+
+void Round::require(std::span<const float> v, uint64_t n, const char* what) const {
+  SKETCHSGD_REQUIRE(v.size() == n, InvalidArgument, "round: ", what, " of ", v.size(),
+                    " values, expected ", n);
+  if (n) device_.require_accessible(v.data(), v.size_bytes(), what);
+}
+
+void Round::require(std::span<const Layout::Run> runs, uint64_t n, uint64_t values,
+                    const char* what) const {
+  uint64_t total = 0;
+  for (const auto& r : runs) {
+    SKETCHSGD_REQUIRE(r.offset <= n && r.numel <= n - r.offset, InvalidArgument, "round: ", what,
+                      " run [", r.offset, ", +", r.numel, ") past a buffer of ", n, " values");
+    total += r.numel;
+  }
+  SKETCHSGD_REQUIRE(total == values, InvalidArgument, "round: ", what, " runs hold ", total,
+                    " values, expected ", values);
+}
+
+namespace {
+/// The runs of buffer end to end in out.
+void gather_runs(const Device& d, std::span<const float> buffer, std::span<const Layout::Run> runs,
+                 std::span<float> out) {
+  uint64_t at = 0;
+  for (const auto& r : runs) {
+    ops::copy(d, out.subspan(at, r.numel), buffer.subspan(r.offset, r.numel));
+    at += r.numel;
+  }
+}
+
+/// The compressed values as one span: the buffer's own where they are one run.
+template <class Span>
+Span one_run(Span buffer, std::span<const Layout::Run> runs) {
+  return runs.size() == 1 ? buffer.subspan(runs[0].offset, runs[0].numel) : Span();
+}
+}  // namespace
+
+std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at, uint64_t round) {
+  require(buffer, buffer.size(), "buffer");
+  require(at.whole, buffer.size(), whole_, "whole");
+  require(at.kept, buffer.size(), codec_ ? codec_->dim() : 0, "compressed");
+  // A failed step may have left a phase open (a rank's sum refused after the query): drop it.
+  if (aggregator_ &&
+      (aggregator_->count() > 0 || aggregator_->expecting() != MessageKind::Gradient))
+    aggregator_->abandon();
+  round_ = round;
+  phase_ = 0;
+  failed_ = nullptr;
+  const auto scope = device_.activate();
+  const std::span<float> payload = rooms_.payload;
+  gather_runs(device_, buffer, at.whole, payload.subspan(sum_size_));
+  if (!codec_) return {Request::sum(0, WireFloat::F32)};
+  std::span<const float> x = one_run(buffer, at.kept);
+  if (x.empty()) {
+    if (x_.size() != codec_->dim()) x_ = Buffer<float>(codec_->dim(), device_);
+    gather_runs(device_, buffer, at.kept, x_.span());
+    x = x_.span();
+  }
+  if (summable()) {
+    try {
+      codec_->encode_sum(x, round, payload.first(sum_size_));
+    } catch (const NonFiniteError&) {
+      // Join the others' all-reduce rather than leave them waiting, and tell them through it:
+      // x · NaN is NaN for every x, and nothing finite sums to NaN.
+      failed_ = std::current_exception();
+      ops::scale(device_, payload.first(sum_size_), std::numeric_limits<float>::quiet_NaN());
+    }
+    return {Request::sum(0, codec_->sum_format(MessageKind::Gradient))};
+  }
+  try {
+    message_ = codec_->encode(x, round, rank_);
+  } catch (const NonFiniteError&) {  // a length of 0: every rank stops after the lengths
+    failed_ = std::current_exception();
+    message_ = Message();
+  }
+  uint64_t n = message_.bytes().size();
+  for (auto& b : length_) {
+    b = uint8_t(n & 0xFF);
+    n >>= 8;
+  }
+  return {Request::gather(length_)};
+}
+
+std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>> gathered) {
+  SKETCHSGD_REQUIRE(phase_ + 1 < phases(), ProtocolError, "round: next() after the last phase");
+  if (!summable()) {
+    auto out = padded(gathered);
+    ++phase_;
+    return out;
+  }
+  // A two-round codec: the query from the first sum, and this rank's answer to it.
+  add_sum(rooms_.payload.first(sum_size_));
+  Message query;
+  reply(MessageKind::Query, query_, query);
+  if (codec_->reply_size(MessageKind::Query))
+    codec_->answer_values(query_.span().first(codec_->reply_size(MessageKind::Query)),
+                          rooms_.answer);
+  else
+    codec_->answer_sum(query.bytes(), rooms_.answer);
+  ++phase_;
+  return {Request::sum(1, codec_->sum_format(MessageKind::Answer))};
+}
+
+std::vector<Round::Request> Round::padded(std::span<const std::span<const uint8_t>> lengths) {
+  SKETCHSGD_REQUIRE(lengths.size() == world_, InvalidArgument, "round: ", lengths.size(),
+                    " lengths gathered in a group of ", world_);
+  rethrow_own();
+  const uint64_t limit = kHeaderBytes + codec_->max_payload(MessageKind::Gradient);
+  sizes_.assign(world_, 0);
+  uint64_t longest = 0;
+  for (uint32_t r = 0; r < world_; ++r) {
+    SKETCHSGD_REQUIRE(lengths[r].size() == sizeof(length_), WireError, "rank ", r,
+                      " sent a length of ",
+                      lengths[r].size(), " bytes");
+    uint64_t n = 0;
+    for (size_t b = sizeof(length_); b-- > 0;) n = (n << 8) | lengths[r][b];
+    SKETCHSGD_REQUIRE(n != 0, NonFiniteError, "rank ", r,
+                      "'s gradient was not finite (that rank raised NonFiniteError with the "
+                      "coordinate); this step has no update");
+    SKETCHSGD_REQUIRE(n <= limit, WireError, "rank ", r, " sent a message of ", n,
+                      " bytes (limit ", limit, ")");
+    sizes_[r] = n;
+    longest = std::max(longest, n);
+  }
+  // Every message padded to the longest of this step, not to the codec's worst case.
+  const auto mine = message_.bytes();
+  padded_.assign(longest, 0);
+  std::copy(mine.begin(), mine.end(), padded_.begin());
+  std::vector<Request> out{Request::gather(padded_)};
+  if (whole_) out.push_back(Request::sum(0, WireFloat::F32));
+  return out;
+}
+
+void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> buffer,
+                   Runs at) {
+  SKETCHSGD_REQUIRE(phase_ + 1 == phases(), ProtocolError, "round: finish() before the last phase");
+  require(buffer, buffer.size(), "buffer");
+  require(at.whole, buffer.size(), whole_, "whole");
+  require(at.kept, buffer.size(), codec_ ? codec_->dim() : 0, "compressed");
+  const auto scope = device_.activate();
+  const std::span<float> payload = rooms_.payload;
+  if (!codec_) {
+    mean_into(payload, buffer, at.whole);
+    return;
+  }
+  // The codec's step: straight into the buffer where the compressed tensors are one run.
+  std::span<float> step = one_run(buffer, at.kept);
+  const bool scatter = step.empty();
+  if (scatter) {
+    if (step_.size() != codec_->dim()) step_ = Buffer<float>(codec_->dim(), device_);
+    step = step_.span();
+  }
+  if (summable() && dense_) {
+    // The dense aggregator's update is the sum times float32(1/W), and applying it changes no
+    // state: the same straight from the sum into the buffer, without the aggregator's passes
+    // (finite check, sum, reply) and the apply's copy.
+    check_sum();
+    mean_into(payload.first(sum_size_), buffer, at.kept);
+  } else {
+    if (summable()) {
+      add_sum(codec_->two_rounds() ? rooms_.answer : payload.first(sum_size_));
+      Message update;
+      reply(MessageKind::Update, update_, update);
+      if (const uint64_t n = codec_->reply_size(MessageKind::Update))
+        codec_->apply_values(update_.span().first(n), step);
+      else
+        codec_->apply(update.bytes(), step);
+    } else {
+      SKETCHSGD_REQUIRE(gathered.size() == world_, InvalidArgument, "round: ", gathered.size(),
+                        " messages gathered in a group of ", world_);
+      for (uint32_t r = 0; r < world_; ++r) {
+        SKETCHSGD_REQUIRE(gathered[r].size() >= sizes_[r], WireError, "rank ", r, "'s message: ",
+                          gathered[r].size(), " bytes gathered of ", sizes_[r]);
+        aggregator_->add(gathered[r].first(sizes_[r]));
+      }
+      codec_->apply(aggregator_->finish().bytes(), step);
+    }
+    if (scatter) {
+      uint64_t from = 0;
+      for (const auto& r : at.kept) {
+        ops::copy(device_, buffer.subspan(r.offset, r.numel), step.subspan(from, r.numel));
+        from += r.numel;
+      }
+    }
+  }
+  mean_into(payload.subspan(sum_size_), buffer, at.whole);
+}
+
+void Round::mean_into(std::span<const float> sum, std::span<float> buffer,
+                      std::span<const Layout::Run> out) const {
+  uint64_t from = 0;
+  for (const auto& r : out) {
+    ops::scale(device_, buffer.subspan(r.offset, r.numel), sum.subspan(from, r.numel), inv_);
+    from += r.numel;
+  }
+}
+
+void Round::rethrow_own() const {
+  if (failed_) std::rethrow_exception(failed_);
+}
+
+void Round::check_sum() const {
+  rethrow_own();
+  if (sum_size_ && std::isnan(ops::value_at(device_, std::span<const float>(rooms_.payload), 0)))
+    throw NonFiniteError(
+        "another rank's gradient was not finite (that rank raised NonFiniteError with the "
+        "coordinate); this step has no update");
+}
+
+void Round::add_sum(std::span<const float> sum) {
+  rethrow_own();
+  try {
+    aggregator_->add_sum(sum, world_, round_);
+  } catch (const WireError&) {
+    // The aggregator refuses a sum that is not finite: say whose fault it was when a rank
+    // signalled it (reading the payload, a host synchronisation, only now).
+    check_sum();
+    throw;
+  }
+}
+
+void Round::reply(MessageKind kind, Buffer<float>& room, Message& message) {
+  if (const uint64_t n = codec_->reply_size(kind)) {
+    if (room.size() != n) room = Buffer<float>(n, device_);
+    aggregator_->finish_values(room.span());
+  } else {
+    message = aggregator_->finish();
+  }
+}
+
+}  // namespace sketchsgd
