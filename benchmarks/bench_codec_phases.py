@@ -16,7 +16,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 from cli import count, one_line  # noqa: E402  (the command-line checks shared with examples/)
 
 

@@ -22,7 +22,6 @@ import sys
 import time
 
 # The command-line checks shared with examples/ (examples/cli.py).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from cli import count, one_line  # noqa: E402
 
 HOOKS = [

@@ -32,7 +32,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 from cli import count, items, names, positive  # noqa: E402  (the command-line checks shared with examples/)
 
 RATES = ["unshaped", "10gbit", "1gbit", "100mbit", "10mbit"]
@@ -478,7 +477,6 @@ def link_ms(payload, rate, workers, is_gathered):
 
 
 def write_docs(out, results, ps, floor, rates, args, payloads=None):
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import doc_tables
     job = WORKLOADS[args.workload]
     name = args.name if args.name is not None else ("" if args.workload == "mlp" else args.workload)

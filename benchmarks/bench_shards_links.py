@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_network import BITS, Testbed, log  # noqa: E402
 from cli import count, items, positive  # noqa: E402  (examples/cli.py: bench_network put it on the path)
 

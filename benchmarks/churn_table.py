@@ -12,9 +12,7 @@ import argparse
 import datetime
 import os
 import shutil
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
 import doc_tables  # noqa: E402
 from shards_table import MACHINE, ROOT, read_scale as read_lines  # noqa: E402
 

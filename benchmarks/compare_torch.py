@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 # The command-line checks shared with examples/ (examples/cli.py).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from cli import count, names, natural  # noqa: E402
 
 LARGEPRIME = 2**61 - 1  # the reference's hash modulus

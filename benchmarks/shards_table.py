@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCALE = os.path.join(ROOT, "docs/data/shards-scale.jsonl")
@@ -132,7 +131,6 @@ def main():
                         json.load(f)
             except (OSError, ValueError) as e:
                 ap.error(f"--{name} {p}: {e}")
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import doc_tables
     if args.scale:
         with open(SCALE, "w") as out:

@@ -17,7 +17,6 @@ import sys
 import time
 
 # The command-line checks shared with examples/ (examples/cli.py).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from cli import count, names, natural  # noqa: E402
 
 # The demo's MLP (784-1024-1024-10) as a layout, for codecs that take one optionally.
@@ -192,7 +191,6 @@ def markdown(summaries, args):
 
 
 def write_docs(summaries, args):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import doc_tables
     doc_tables.write("docs/data/tables/ps-codecs.json",
                      ".venv/bin/python scripts/compare_codecs.py --write-docs",

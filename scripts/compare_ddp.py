@@ -32,7 +32,6 @@ import sys
 import time
 
 # The command-line checks shared with examples/ (examples/cli.py).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from cli import count, natural  # noqa: E402
 
 import experiments  # noqa: E402  (the runs of each workload, their budgets and why: experiments.json)
@@ -90,7 +89,6 @@ def report(names, args):
 def write_docs(rows, runs, args):
     """The table's data file (the rows of the hooks run, the others kept) and, for a full run, the
     plot; then the docs' tables. What the figures mean is written in docs/RESULTS.md."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import doc_tables
     version = next((r["torch"] for _, _, r in runs if "torch" in r), "?")
     doc_tables.write("docs/data/tables/ddp-hooks.json",

@@ -28,9 +28,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import frontier  # noqa: E402  (summary, Scale, verdicts, pyplot)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from cli import names, natural  # noqa: E402  (the command-line checks shared with examples/)
 
 SPLITS = ["iid", "dirichlet:0.3", "classes:1"]

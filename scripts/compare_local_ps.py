@@ -21,7 +21,6 @@ import sys
 import time
 
 # The command-line checks shared with examples/ (examples/cli.py).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 from cli import items, names, natural  # noqa: E402
 
 # name, codec, H
@@ -117,7 +116,6 @@ def main():
     text = "\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in [columns] + rows)
     print(text)
     if args.write_docs:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import doc_tables
         doc_tables.write("docs/data/tables/local-ps.json", ".venv/bin/python scripts/compare_local_ps.py --seeds 1,2 --write-docs",
                          time.strftime("%Y-%m-%d"), "the 2-core dev machine, PyTorch 1.13 (gloo), libtorch 1.13", columns,

@@ -14,11 +14,9 @@ import filecmp
 import json
 import os
 import subprocess
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 from cli import integer, items, names  # noqa: E402  (the command-line checks shared with examples/)
 
 # name, spec, lr: the demo's default and the parameter-server frontier's points (compare_codecs.py)
@@ -94,7 +92,6 @@ def main():
             print(f"{name:10s} S=1 {100 * a['test_accuracy']:.2f} %  S={s} {100 * b['test_accuracy']:.2f} %  "
                   f"bit-identical: {same}  traffic {a['traffic_ratio']:.1f}x / {b['traffic_ratio']:.1f}x")
     if args.write_docs and rows:
-        sys.path.insert(0, os.path.join(ROOT, "scripts"))
         import doc_tables
         doc_tables.write(os.path.join(ROOT, "docs/data/tables/shards-accuracy.json"),
                          ".venv/bin/python scripts/compare_shards.py --write-docs",

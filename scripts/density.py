@@ -12,13 +12,11 @@ Writes build/density-WORKLOAD.json; --write-docs: docs/data/tables/density-WORKL
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 import workloads  # noqa: E402
 from cli import count, one_line  # noqa: E402
 
@@ -100,7 +98,6 @@ def main():
         table.append([h, f"{100 * mean('top2'):.1f} %", f"{100 * mean('top10'):.1f} %", f"{100 * mean('rank4'):.1f} %"])
     print("\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in [columns] + table))
     if args.write_docs:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import doc_tables
         doc_tables.write(os.path.join(ROOT, "docs/data/tables", f"density-{args.workload}.json"),
                          f".venv/bin/python scripts/density.py --workload {args.workload} --steps {args.steps} --write-docs",

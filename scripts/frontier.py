@@ -235,7 +235,6 @@ def half_precision(args):
     text = "\n".join("| " + " | ".join(row) + " |" for row in [HALF_COLUMNS] + rows)
     print(text)
     if args.write_docs:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import doc_tables
         doc_tables.write("docs/data/tables/half-precision.json", f".venv/bin/python scripts/frontier.py --half "
                          f"{args.half} --write-docs", time.strftime("%Y-%m-%d"), "the 2-core dev machine, gloo",
@@ -296,7 +295,6 @@ def main():
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
     if args.write_docs:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import doc_tables
         if png:
             shutil.copy(png, f"docs/images/frontier{suffix}.png")

@@ -35,6 +35,9 @@
 # Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The machine's own Python (no project venv): the examples', scripts' and benchmarks' modules
+# import each other through this path, as scripts/venv.sh arranges in .venv.
+export PYTHONPATH=$PWD/examples:$PWD/scripts:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}
 BUILD=${BUILD:-build/gpu}
 PY=${PYTHON:-python3}
 # Not these: the GPU machine has them (or must use its own).

@@ -9,7 +9,6 @@ for scripts/doc_tables.py, which puts it into the docs.
 """
 import argparse
 import json
-import os
 import re
 import sys
 
@@ -79,7 +78,6 @@ def main():
     for r in rows:
         print("| " + " | ".join(r) + " |")
     if args.out:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from doc_tables import write
         write(args.out, args.command, args.date, args.machine, columns, rows,
               data=", ".join(i.rpartition("=")[2] for i in args.runs), note=args.note)

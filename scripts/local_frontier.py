@@ -26,10 +26,8 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import experiments  # noqa: E402
 import frontier  # noqa: E402  (load: runs by name over the seed folders)
 

@@ -5,8 +5,9 @@
 # Why a venv of Debian's Python 3.11: the CPU build of torch 2.13.0 the requirements pin is a
 # CPython 3.11 wheel, and Debian's python3.11-dev gives CMake the headers to build the extension
 # for that interpreter. SKETCHSGD_BASE_PYTHON picks another 3.11 interpreter. The build tree's
-# package (build/default/python) is put on the venv's path by a .pth file, so every script runs
-# as `.venv/bin/python script.py` with no PYTHONPATH.
+# package (build/default/python) and the folders examples/, scripts/ and benchmarks/ (whose
+# modules import each other) are put on the venv's path by a .pth file, so every script runs as
+# `.venv/bin/python script.py` with no PYTHONPATH.
 # pip install into the venv, quiet but for errors (the machine's pip configuration names index
 # folders that do not exist, and pip warns about each one).
 _pip() {
@@ -44,10 +45,10 @@ ensure_venv() {
         || { echo "pip could not install python/requirements-cuda.txt" >&2; return 1; }
     fi
   fi
-  "$VENV/bin/python" - "$root/build/default/python" <<'PY'
+  "$VENV/bin/python" - "$root/build/default/python" "$root/examples" "$root/scripts" "$root/benchmarks" <<'PY'
 import os, site, sys
 pth = os.path.join(site.getsitepackages()[0], "sketchsgd-build.pth")
-open(pth, "w").write(sys.argv[1] + "\n")
+open(pth, "w").write("".join(p + "\n" for p in sys.argv[1:]))
 PY
   PY=$VENV/bin/python
   export PY

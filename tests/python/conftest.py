@@ -1,15 +1,8 @@
-"""The package under test comes from the build tree (PYTHONPATH=<build>/python, set by ctest) or
-an installed sketchsgd; the DDP helpers sit beside the tests."""
+"""The package under test and the modules of examples/, scripts/ and benchmarks/ are found through
+PYTHONPATH (set by ctest) or the project's environment (scripts/venv.sh puts them on .venv's
+path); the DDP helpers sit beside the tests, where pytest looks first. Processes the tests start
+find the helpers through PYTHONPATH."""
 import os
-import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, here)
-try:
-    import sketchsgd  # noqa: F401
-except ImportError:
-    build = os.path.join(here, "..", "..", "build", "default", "python")
-    sys.path.insert(0, os.path.abspath(build))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(build), here, os.environ.get("PYTHONPATH")]))
-else:
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))

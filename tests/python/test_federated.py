@@ -2,14 +2,12 @@
 clients, the server's state across a checkpoint, and its refusals."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 import federated  # noqa: E402
 import workloads  # noqa: E402
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "examples"))
 import workloads  # noqa: E402
 
 
