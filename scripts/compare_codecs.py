@@ -12,12 +12,12 @@ import csv
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 # The command-line checks shared with examples/ (examples/cli.py).
 from cli import count, names, natural  # noqa: E402
+import launch  # noqa: E402  (how a job of the matrix runs)
 
 # The demo's MLP (784-1024-1024-10) as a layout, for codecs that take one optionally.
 MLP_LAYOUT = "1024x784+1024+1024x1024+1024+10x1024+10"
@@ -94,13 +94,12 @@ def main():
         summary = os.path.join(out, "summary.json")
         t0 = time.time()
         if not args.report_only:
-            print(f"[{i + 1}/{len(configs)}] {name}: {spec}, lr {lr}, seed {seed}", flush=True)
             if os.path.exists(summary):
                 os.remove(summary)
             cmd = [args.binary, "--codec", spec, "--lr", str(lr), "--epochs", str(args.epochs),
                    "--workers", str(args.workers), "--model", args.model, "--subset", str(args.subset),
                    "--seed", str(seed), "--out", out]
-            subprocess.run(cmd)
+            launch.job(f"[{i + 1}/{len(configs)}] {name}: {spec}, lr {lr}, seed {seed}", cmd)
         s = json.load(open(summary)) if os.path.exists(summary) else None
         if s is None or s.get("codec") != spec:  # (the demo echoes the spec it was given)
             print(f"  {name}: no result (the run failed: diverged or crashed)", flush=True)

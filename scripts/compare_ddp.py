@@ -27,12 +27,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 # The command-line checks shared with examples/ (examples/cli.py).
 from cli import count, natural  # noqa: E402
+import launch  # noqa: E402  (how a job of the matrix runs)
 
 import experiments  # noqa: E402  (the runs of each workload, their budgets and why: experiments.json)
 
@@ -46,12 +46,7 @@ def run(e, args):
            str(args.seed), "--json", out, "--progress", "100", *e.get("flags", ())]
     if "every" in e:
         cmd += ["--local", str(e["every"])]
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(args.python))
-    t = time.time()
-    print(f"== {name}: {hook}", flush=True)
-    done = subprocess.run(cmd, env=env)
-    print(f"   {time.time() - t:.0f} s" + (f"; FAILED (exit {done.returncode})" if done.returncode else ""), flush=True)
-    return done.returncode == 0
+    return launch.job(f"{name}: {hook}", cmd, python=args.python)
 
 
 def quality(r):

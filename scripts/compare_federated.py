@@ -24,12 +24,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
 import frontier  # noqa: E402  (summary, Scale, verdicts, pyplot)
 from cli import names, natural  # noqa: E402  (the command-line checks shared with examples/)
+import launch  # noqa: E402  (how a job of the matrix runs)
 
 SPLITS = ["iid", "dirichlet:0.3", "classes:1"]
 MOMENTUM = ["--server-momentum", "0.9"]
@@ -85,11 +85,7 @@ def run(name, codec, extra, split, seed, args):
         return True
     cmd = [sys.executable, "examples/federated.py", "--codec", codec, "--split", split, "--seed", str(seed),
            *JOB, *extra, "--out", out]
-    print(f"== {split} seed {seed} {name}: {codec} {' '.join(extra)}", flush=True)
-    t = time.time()
-    done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=os.path.abspath(args.python)))
-    print(f"   {time.time() - t:.0f} s" + (f"; FAILED (exit {done.returncode})" if done.returncode else ""), flush=True)
-    return done.returncode == 0
+    return launch.job(f"{split} seed {seed} {name}: {codec} {' '.join(extra)}", cmd, python=args.python)
 
 
 def load(split):

@@ -16,12 +16,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 # The command-line checks shared with examples/ (examples/cli.py).
 from cli import items, names, natural  # noqa: E402
+import launch  # noqa: E402  (how a job of the matrix runs)
 
 # name, codec, H
 POINTS = [
@@ -38,7 +38,7 @@ def run_ps(name, codec, h, seed, out):
     cmd = [TRAIN, "--workers", "4", "--epochs", "3", "--batch", "32", "--lr", "0.01", "--local-momentum", "0.9",
            "--outer-lr", "0.7", "--outer-momentum", "0.9", "--push-every", str(h), "--codec", codec,
            "--seed", str(seed), "--out", folder]
-    return subprocess.run(cmd).returncode == 0
+    return launch.job(f"{name} on the parameter server, seed {seed}", cmd)
 
 
 def run_ddp(name, codec, h, seed, out, python):
@@ -46,7 +46,7 @@ def run_ddp(name, codec, h, seed, out, python):
     cmd = [sys.executable, "examples/ddp_train.py", "--workload", "mlp", "--workers", "4", "--epochs", "3",
            "--batch", "32", "--lr", "0.01", "--momentum", "0.9", "--outer-lr", "0.7", "--outer-momentum", "0.9",
            "--local", str(h), "--hook", codec, "--seed", str(seed), "--json", path, "--progress", "500"]
-    return subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=os.path.abspath(python))).returncode == 0
+    return launch.job(f"{name} under DDP, seed {seed}", cmd, python=python)
 
 
 def results(name, seeds, out):

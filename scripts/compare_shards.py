@@ -13,11 +13,10 @@ import datetime
 import filecmp
 import json
 import os
-import subprocess
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from cli import integer, items, names  # noqa: E402  (the command-line checks shared with examples/)
+import launch  # noqa: E402  (how a job of the matrix runs)
 
 # name, spec, lr: the demo's default and the parameter-server frontier's points (compare_codecs.py)
 CODECS = [
@@ -38,16 +37,10 @@ def run(train, name, spec, lr, shards, out):
                 print(f"  {name}, S = {shards}: done before ({out})", flush=True)
                 return True
     os.makedirs(out, exist_ok=True)
-    t0 = time.time()
-    print(f"  {name}, S = {shards}: running …", flush=True)
-    with open(os.path.join(out, "log.txt"), "w") as log:
-        rc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, timeout=1800).returncode
-    if rc != 0:
-        print(f"    failed (exit {rc}; see {out}/log.txt)", flush=True)
+    if not launch.job(f"{name}, S = {shards}", args, log=os.path.join(out, "log.txt"), timeout=1800):
         return False
     with open(stamp, "w") as f:
         json.dump(args[1:], f)
-    print(f"    {time.time() - t0:.0f} s", flush=True)
     return True
 
 
