@@ -1,0 +1,89 @@
+"""Compression under FSDP2 (torch.distributed.fsdp.fully_shard): each replica's reduce-scattered
+gradient shard averaged across the replicas through a sketchsgd codec — hybrid sharding (HSDP)
+with the slow, cross-replica all-reduce compressed.
+
+    mesh = init_device_mesh("cuda", (replicas, shards), mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh["shard"])       # shard within a replica only
+    fully_shard(model, mesh=mesh["shard"])
+    state = CompressionState("powersgd:rank=4", process_group=mesh["replicate"].get_group())
+    sketchsgd.fsdp.compress_replicas(model, state)
+
+FSDP2 reduce-scatters each group's gradients over the shard group and then calls its all-reduce
+hook with this rank's flat shard (FSDPModule.set_all_reduce_hook); with a 1-D mesh nothing else
+averages across replicas, so the hook does: the shard (its parameters' padded shards end to end,
+each with its shape) goes through the state's codec like a DDP bucket — small and 1-D tensors
+whole, error feedback per rank and per shard — and is averaged over the state's process group,
+the ranks that hold the same shard. Every FSDP group is a unit of its own; each hook call is a
+step of the state, blocking (it runs in FSDP's reduce stream on a GPU), compressing from the
+first call. FSDP then divides and casts the shard as it would after its own all-reduce.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import _hook
+from ._state import CompressionState
+
+
+def _groups(module):
+    """(FSDP module, its parameter group) for every FSDP2 module under module that holds
+    parameters, in module order."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6
+        raise TypeError("sketchsgd.fsdp needs FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch ≥ 2.6)") from None
+    found = []
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            groups = m._get_fsdp_state()._fsdp_param_groups
+            if len(groups) > 1:
+                raise ValueError(f"{type(m).__name__}: several FSDP parameter groups (a per-parameter mesh); "
+                                 "sketchsgd.fsdp takes one mesh per module")
+            if groups:
+                found.append((m, groups[0]))
+    return found
+
+
+def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
+    """Sets an all-reduce hook on every FSDP2 module under module (module included): its
+    reduce-scattered gradient shard is averaged over state's process group through state's
+    codec. Call it once, after fully_shard and before the first backward, on every rank, with a
+    state of its own per model; state's process group is this rank's replica group (the ranks
+    holding the same shard), and fully_shard's mesh the shard group alone (1-D: FSDP2's own HSDP
+    all-reduce would average the replicas a second time)."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(state, CompressionState):
+        raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("sketchsgd.fsdp.compress_replicas: initialise torch.distributed first")
+    groups = _groups(module)
+    if not groups:
+        raise ValueError("sketchsgd.fsdp.compress_replicas: no FSDP2 module with parameters under this module "
+                         "(apply torch.distributed.fsdp.fully_shard first)")
+    if getattr(state, "_fsdp", False):
+        raise ValueError("sketchsgd.fsdp.compress_replicas: this CompressionState already serves a model")
+    state._bind()
+    replicas = set(dist.get_process_group_ranks(state.process_group or dist.group.WORLD))
+    for m, g in groups:
+        if g._is_hsdp:
+            raise ValueError(f"{type(m).__name__}: fully_shard was given a 2-D (HSDP) mesh, whose own all-reduce "
+                             "averages the replicas; give it the shard dimension alone (mesh['shard'])")
+        shard = set(dist.get_process_group_ranks(g.mesh_info.shard_process_group))
+        if len(shard & replicas) != 1:
+            raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(replicas)}) and the "
+                             f"shard group (ranks {sorted(shard)}) must meet in this rank alone: pass the "
+                             "replica group, mesh['replicate'].get_group()")
+    state._fsdp = True
+    for index, (m, g) in enumerate(groups):
+        shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params]
+        # The units are fixed before the first call, as a DDP warm-up fixes its buckets: every
+        # group's tensors (keys (group, position), shapes and sizes) known up front.
+        metas = [torch.empty(s, device="meta") for s in shapes]
+        state.units.warm[index] = state.units.entries([(index, j) for j in range(len(shapes))], metas,
+                                                      sum(math.prod(s) for s in shapes), index)[0]
+        m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: _hook.reduce_shard(state, index, shard,
+                                                                                            shapes))

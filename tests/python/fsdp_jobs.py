@@ -1,0 +1,94 @@
+"""What each rank runs in test_fsdp.py: a small MLP under FSDP2 on a CPU mesh of replicas × shards
+(gloo), its replicas averaged by sketchsgd.fsdp or by FSDP2's own HSDP all-reduce."""
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from sketchsgd.torch import CompressionState
+
+
+def _mesh(world, replicas):
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 65), torch.nn.ReLU(), torch.nn.Linear(65, 48),
+                               torch.nn.ReLU(), torch.nn.Linear(48, 10))
+
+
+def _shard(model, mesh):
+    from torch.distributed.fsdp import fully_shard
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _batch(rank, step, n=16):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(n, 32, generator=g)
+    return x, (x[:, :10].sum(1) > 0).long() + 2 * (x[:, 10:20].sum(1) > 0).long()
+
+
+def _train(model, rank, steps, lr=0.1):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _local(model):
+    """This rank's shards of the parameters, end to end."""
+    return np.concatenate([p.to_local().detach().reshape(-1).numpy() for p in model.parameters()])
+
+
+def trains(rank, world, spec, replicas, steps):
+    """Trains with the replicas averaged through spec (None: FSDP2's own HSDP all-reduce on a 2-D
+    mesh). Returns (losses, local shards, stats)."""
+    from sketchsgd import fsdp
+    mesh = _mesh(world, replicas)
+    if spec is None:
+        model = _shard(_model(), mesh)
+        return _train(model, rank, steps), _local(model), None
+    model = _shard(_model(), mesh["shard"])
+    state = CompressionState(spec, process_group=mesh["replicate"].get_group())
+    fsdp.compress_replicas(model, state)
+    return _train(model, rank, steps), _local(model), state.stats()
+
+
+def refusals(rank, world):
+    """Every misuse compress_replicas() refuses, each as (name, error type, message)."""
+    from sketchsgd import fsdp
+    mesh = _mesh(world, 2)
+    out = []
+
+    def attempt(name, fn):
+        try:
+            fn()
+            out.append((name, None, ""))
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            out.append((name, type(e).__name__, str(e)))
+
+    replicas = mesh["replicate"].get_group()
+    attempt("not a module", lambda: fsdp.compress_replicas("model", CompressionState("topk:k=10", replicas)))
+    attempt("no FSDP", lambda: fsdp.compress_replicas(_model(), CompressionState("topk:k=10", replicas)))
+    hsdp = _shard(_model(), mesh)
+    attempt("2-D mesh", lambda: fsdp.compress_replicas(hsdp, CompressionState("topk:k=10", replicas)))
+    sharded = _shard(_model(), mesh["shard"])
+    attempt("world group", lambda: fsdp.compress_replicas(sharded, CompressionState("topk:k=10")))
+    attempt("not a state", lambda: fsdp.compress_replicas(sharded, "topk:k=10"))
+    state = CompressionState("topk:k=10", replicas)
+    fsdp.compress_replicas(sharded, state)
+    attempt("a state twice", lambda: fsdp.compress_replicas(_shard(_model(), mesh["shard"]), state))
+    dist.barrier()
+    return out
