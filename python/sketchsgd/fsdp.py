@@ -16,7 +16,8 @@ each with its shape) goes through the state's codec like a DDP bucket — small 
 whole, error feedback per rank and per shard — and is averaged over the state's process group,
 the ranks that hold the same shard. Every FSDP group is a unit of its own; each hook call is a
 step of the state, blocking (it runs in FSDP's reduce stream on a GPU), compressing from the
-first call. FSDP then divides and casts the shard as it would after its own all-reduce.
+first call. FSDP then divides and casts the shard as it would after its own all-reduce. A shard
+that is not finite on any rank makes backward() raise NonFiniteError on every rank (_Backward).
 """
 
 import math
@@ -24,7 +25,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import _hook
+from . import _core, _hook
 from ._state import CompressionState
 
 
@@ -45,6 +46,46 @@ def _groups(module):
             if groups:
                 found.append((m, groups[0]))
     return found
+
+
+class _Backward:
+    """The hook calls of one backward. A rank whose shard is not finite cannot tell the ranks of
+    other replica groups through its round (those share no collective with it), and they would go
+    on to apply their shards' updates, or wait for it at the next collective: so a failure is held
+    until the backward ends, when one all-reduce of a flag over the job's ranks makes every rank
+    raise NonFiniteError (no update anywhere). Its replica group saw it in the round and skips the
+    backward's later rounds alike."""
+
+    def __init__(self, state):
+        self.state, self.failed, self.queued, self.device = state, None, False, None
+
+    def reduce(self, index, shard, shapes):
+        self.device = shard.device
+        if not self.queued:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self.end)
+                self.queued = True
+            except RuntimeError:  # not inside a backward (FSDP reduced outside one): raise at once
+                _hook.reduce_shard(self.state, index, shard, shapes)
+                return
+        if self.failed is not None:
+            return
+        try:
+            _hook.reduce_shard(self.state, index, shard, shapes)
+        except _core.NonFiniteError as e:
+            self.failed = e
+
+    def end(self):
+        failed, self.failed, self.queued = self.failed, None, False
+        flag = torch.tensor([int(failed is not None)], dtype=torch.int32,
+                            device=self.device if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if failed is not None:
+            raise failed
+        if flag.item():
+            raise _core.NonFiniteError("sketchsgd.fsdp: a gradient shard of another replica group was not finite "
+                                       "(its ranks raised NonFiniteError with the coordinate); this step has no "
+                                       "update")
 
 
 def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
@@ -78,6 +119,7 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
                              f"shard group (ranks {sorted(shard)}) must meet in this rank alone: pass the "
                              "replica group, mesh['replicate'].get_group()")
     state._fsdp = True
+    backward = _Backward(state)
     for index, (m, g) in enumerate(groups):
         shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params]
         # The units are fixed before the first call, as a DDP warm-up fixes its buckets: every
@@ -85,5 +127,4 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
         metas = [torch.empty(s, device="meta") for s in shapes]
         state.units.warm[index] = state.units.entries([(index, j) for j in range(len(shapes))], metas,
                                                       sum(math.prod(s) for s in shapes), index)[0]
-        m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: _hook.reduce_shard(state, index, shard,
-                                                                                            shapes))
+        m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: backward.reduce(index, shard, shapes))

@@ -92,3 +92,43 @@ def refusals(rank, world):
     attempt("a state twice", lambda: fsdp.compress_replicas(_shard(_model(), mesh["shard"]), state))
     dist.barrier()
     return out
+
+
+def non_finite(rank, world, spec, steps, bad_step):
+    """At bad_step, rank 1's gradient is NaN in rows 0-7 of the first layer: after the shard
+    group's reduce-scatter only rank 0's shard holds them, so only replica group {0, 2} sees them
+    in its round. Returns (per step: the error backward() raised, by type and message, or None;
+    this rank's shards at the end)."""
+    from sketchsgd import fsdp
+    mesh = _mesh(world, 2)
+    model = _shard(_model(), mesh["shard"])
+    state = CompressionState(spec, process_group=mesh["replicate"].get_group())
+    fsdp.compress_replicas(model, state)
+    poisoned = {"on": False}
+
+    def poison(grad):
+        grad = grad.clone()
+        grad[:, :8] = float("nan")
+        return grad
+
+    def arm(module, inputs, output):  # returns None: the output stays as it is
+        if poisoned["on"]:
+            output.register_hook(poison)
+
+    model[0].register_forward_hook(arm)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    errors = []
+    for step in range(steps):
+        poisoned["on"] = rank == 1 and step == bad_step
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        try:
+            loss.backward()
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            errors.append((type(e).__name__, str(e)))
+            opt.zero_grad()
+            continue
+        errors.append(None)
+        opt.step()
+    return errors, _local(model)

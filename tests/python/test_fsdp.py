@@ -58,3 +58,17 @@ def test_the_module_imports_in_a_fresh_interpreter():
     subprocess.run([sys.executable, "-c", "import sketchsgd.fsdp"], check=True)
     import sketchsgd.fsdp
     assert callable(sketchsgd.fsdp.compress_replicas)
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=2", "topk:k=400"])
+def test_a_non_finite_shard_raises_on_every_rank_and_training_goes_on(spec):
+    """A NaN that reaches one replica group's shard alone: backward() raises NonFiniteError on all
+    four ranks (none applies an update, none waits), and the steps after it run and agree."""
+    out = ddp.run(fsdp_jobs.non_finite, spec, 6, 2)
+    for rank, (errors, local) in enumerate(out):
+        assert [e is not None for e in errors] == [False, False, True, False, False, False], (rank, errors)
+        assert errors[2][0] == "NonFiniteError", (rank, errors[2])
+        assert np.isfinite(local).all(), rank
+    assert "another replica group" in out[1][0][2][1], out[1][0][2]
+    for shard in (0, 1):
+        assert np.array_equal(out[shard][1], out[shard + 2][1]), f"{spec}: replicas of shard {shard} differ"
