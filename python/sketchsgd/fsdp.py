@@ -20,6 +20,7 @@ first call. FSDP then divides and casts the shard as it would after its own all-
 that is not finite on any rank makes backward() raise NonFiniteError on every rank (_Backward).
 """
 
+import io
 import math
 
 import torch
@@ -128,3 +129,35 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
         state.units.warm[index] = state.units.entries([(index, j) for j in range(len(shapes))], metas,
                                                       sum(math.prod(s) for s in shapes), index)[0]
         m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: backward.reduce(index, shard, shapes))
+
+
+def state_dict(state: CompressionState) -> dict:
+    """The state's part of a torch.distributed.checkpoint (DCP) state_dict, beside the model's:
+    {"rank<r>": bytes} with r this rank's global rank. Error feedback belongs to a rank and its
+    shards, so each rank's is a key of its own, which DCP neither deduplicates across ranks nor
+    needs a tensor of known size to load into. Every rank calls it (no collective):
+
+        sd = {"model": model.state_dict(), "sketchsgd": sketchsgd.fsdp.state_dict(state)}
+        dcp.save(sd, checkpoint_id=path)
+        ...
+        dcp.load(sd, checkpoint_id=path)          # sd made as above, from the new model and state
+        sketchsgd.fsdp.load_state_dict(state, sd["sketchsgd"])
+    """
+    if not isinstance(state, CompressionState):
+        raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
+    out = io.BytesIO()
+    torch.save(state.state_dict(gather=False), out)
+    return {f"rank{dist.get_rank()}": out.getvalue()}
+
+
+def load_state_dict(state: CompressionState, d: dict) -> None:
+    """Restores this rank's part of state_dict() (after compress_replicas, before the next
+    backward); ConfigMismatch when it was saved by another configuration, ValueError when it holds
+    no part of this rank."""
+    if not isinstance(state, CompressionState):
+        raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
+    key = f"rank{dist.get_rank()}"
+    if not isinstance(d, dict) or not isinstance(d.get(key), (bytes, bytearray)):
+        raise ValueError(f"sketchsgd.fsdp.load_state_dict: no '{key}' entry (a dict from sketchsgd.fsdp.state_dict() "
+                         "of a job with this rank expected)")
+    state.load_state_dict(torch.load(io.BytesIO(d[key]), weights_only=True))

@@ -34,10 +34,10 @@ def _batch(rank, step, n=16):
     return x, (x[:, :10].sum(1) > 0).long() + 2 * (x[:, 10:20].sum(1) > 0).long()
 
 
-def _train(model, rank, steps, lr=0.1):
+def _train(model, rank, steps, lr=0.1, first=0):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
-    for step in range(steps):
+    for step in range(first, first + steps):
         x, y = _batch(rank, step)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
@@ -90,6 +90,10 @@ def refusals(rank, world):
     state = CompressionState("topk:k=10", replicas)
     fsdp.compress_replicas(sharded, state)
     attempt("a state twice", lambda: fsdp.compress_replicas(_shard(_model(), mesh["shard"]), state))
+    attempt("no part of this rank", lambda: fsdp.load_state_dict(state, {"rank99": b""}))
+    other = CompressionState("topk:k=11", replicas)
+    fsdp.compress_replicas(_shard(_model(), mesh["shard"]), other)
+    attempt("another configuration", lambda: fsdp.load_state_dict(state, fsdp.state_dict(other)))
     dist.barrier()
     return out
 
@@ -132,3 +136,33 @@ def non_finite(rank, world, spec, steps, bad_step):
         errors.append(None)
         opt.step()
     return errors, _local(model)
+
+
+def resume(rank, world, spec, before, after, path):
+    """Trains `before` steps, saves model and state with torch.distributed.checkpoint, trains
+    `after` more; then a new model and state load the checkpoint and train the same `after`
+    steps. Returns (losses, shards) of both continuations."""
+    import torch.distributed.checkpoint as dcp
+
+    from sketchsgd import fsdp
+    mesh = _mesh(world, 2)
+    group = mesh["replicate"].get_group()
+
+    def build():
+        model = _shard(_model(), mesh["shard"])
+        state = CompressionState(spec, process_group=group)
+        fsdp.compress_replicas(model, state)
+        return model, state
+
+    model, state = build()
+    _train(model, rank, before)
+    dcp.save({"model": model.state_dict(), "sketchsgd": fsdp.state_dict(state)}, checkpoint_id=path)
+    continued = _train(model, rank, after, first=before), _local(model)
+    model, state = build()
+    _train(model, rank, 1, first=1000)  # the new state's codecs built and moved: the load must replace it all
+    sd = {"model": model.state_dict(), "sketchsgd": fsdp.state_dict(state)}
+    dcp.load(sd, checkpoint_id=path)
+    model.load_state_dict(sd["model"])
+    fsdp.load_state_dict(state, sd["sketchsgd"])
+    resumed = _train(model, rank, after, first=before), _local(model)
+    return continued, resumed

@@ -50,6 +50,8 @@ def test_misuse_is_refused_with_a_clear_error():
         assert got["2-D mesh"][0] == "ValueError" and "mesh['shard']" in got["2-D mesh"][1], got
         assert got["world group"][0] == "ValueError" and "replicate" in got["world group"][1], got
         assert got["a state twice"][0] == "ValueError", got
+        assert got["no part of this rank"][0] == "ValueError" and f"rank{rank}" in got["no part of this rank"][1], got
+        assert got["another configuration"][0] == "ConfigMismatch", got
 
 
 def test_the_module_imports_in_a_fresh_interpreter():
@@ -72,3 +74,12 @@ def test_a_non_finite_shard_raises_on_every_rank_and_training_goes_on(spec):
     assert "another replica group" in out[1][0][2][1], out[1][0][2]
     for shard in (0, 1):
         assert np.array_equal(out[shard][1], out[shard + 2][1]), f"{spec}: replicas of shard {shard} differ"
+
+
+@pytest.mark.parametrize("spec", ["powersgd:rank=2", "topk:k=400"])
+def test_a_dcp_checkpoint_resumes_every_rank_bit_for_bit(spec, tmp_path):
+    """Model and compression state saved with torch.distributed.checkpoint; a new model and state
+    loaded from it train on exactly as the saved ones did (every rank's error feedback back)."""
+    for rank, (continued, resumed) in enumerate(ddp.run(fsdp_jobs.resume, spec, 4, 4, str(tmp_path / "ckpt"))):
+        assert continued[0] == resumed[0], (spec, rank, continued[0], resumed[0])
+        assert np.array_equal(continued[1], resumed[1]), (spec, rank)
