@@ -35,7 +35,9 @@ class DiLoCo:
     torch.distributed is initialised and before training (it broadcasts rank 0's parameters, so
     every replica starts alike).
 
-    model:           the module trained locally (a plain module, or DDP used under no_sync()).
+    model:           the module trained locally (a plain module, DDP used under no_sync(), or
+                     a model sharded by FSDP2 within each replica: each rank then syncs its
+                     shard with the ranks of process_group, the replicas of that shard).
     spec:            any sketchsgd codec spec for the pseudo-gradient ("dense" is DiLoCo itself).
     every:           inner steps between syncs (H).
     outer_optimizer: a function of the anchor parameters that returns a torch optimizer.
@@ -53,13 +55,13 @@ class DiLoCo:
                 raise ValueError(f"{name}={value!r}: must be an int ≥ {low}")
         if not callable(outer_optimizer):
             raise TypeError("outer_optimizer: expected a function of the parameters returning a torch optimizer")
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if not self.params:
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        if not self._params:
             raise ValueError("model: no parameters that require gradients")
-        bad = {p.dtype for p in self.params} - {torch.float32, torch.float16, torch.bfloat16}
+        bad = {p.dtype for p in self._params} - {torch.float32, torch.float16, torch.bfloat16}
         if bad:
             raise TypeError(f"model: parameters of dtype {sorted(map(str, bad))}; float32, float16 or bfloat16 expected")
-        if len({p.device for p in self.params}) != 1:
+        if len({p.device for p in self._params}) != 1:
             raise ValueError("model: parameters on more than one device")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DiLoCo needs torch.distributed initialised (dist.init_process_group) first")
@@ -75,7 +77,15 @@ class DiLoCo:
             raise TypeError(f"outer_optimizer returned {type(self.outer).__name__}, not a torch optimizer")
         self.inner_steps = self.syncs = 0
         self._warmup_bytes = 0
-        self._width = self.params[0].element_size()
+        self._width = self._params[0].element_size()
+
+    @property
+    def params(self):
+        """The parameters this rank trains and syncs: each one itself, or of a sharded model
+        (FSDP2: DTensors) this rank's shard, which its replicas in the process group hold too.
+        Looked up at each use: FSDP2 may give a parameter a new local tensor (its lazy init)."""
+        with torch.no_grad():
+            return [p.to_local() if hasattr(p, "to_local") else p for p in self._params]
 
     # ---- flat vectors ---------------------------------------------------------------------------
     def _flat(self, tensors):

@@ -166,3 +166,26 @@ def resume(rank, world, spec, before, after, path):
     fsdp.load_state_dict(state, sd["sketchsgd"])
     resumed = _train(model, rank, after, first=before), _local(model)
     return continued, resumed
+
+
+def diloco(rank, world, spec, every, steps):
+    """DiLoCo over a sharded model (torchft's pattern): FSDP2 within each replica (a 1-D shard
+    mesh), every `every` inner steps each rank's shard of the pseudo-gradient compressed across
+    its replica group. Returns (first and last losses, this rank's shards, stats)."""
+    from sketchsgd.torch import DiLoCo
+    mesh = _mesh(world, 2)
+    torch.manual_seed(rank)  # the replicas start apart: DiLoCo takes each shard's first replica's
+    model = _shard(torch.nn.Sequential(torch.nn.Linear(32, 65), torch.nn.ReLU(), torch.nn.Linear(65, 48),
+                                       torch.nn.ReLU(), torch.nn.Linear(48, 10)), mesh["shard"])
+    outer = DiLoCo(model, spec, every=every, process_group=mesh["replicate"].get_group())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        outer.step()
+        losses.append(loss.item())
+    return (np.mean(losses[:every]), np.mean(losses[-every:])), _local(model), outer.stats()

@@ -83,3 +83,17 @@ def test_a_dcp_checkpoint_resumes_every_rank_bit_for_bit(spec, tmp_path):
     for rank, (continued, resumed) in enumerate(ddp.run(fsdp_jobs.resume, spec, 4, 4, str(tmp_path / "ckpt"))):
         assert continued[0] == resumed[0], (spec, rank, continued[0], resumed[0])
         assert np.array_equal(continued[1], resumed[1]), (spec, rank)
+
+
+@pytest.mark.parametrize("spec", ["dense", "powersgd:rank=2", "topk:k=400"])
+def test_diloco_over_a_sharded_model_syncs_each_shard_across_its_replicas(spec):
+    """DiLoCo with FSDP2 inside each replica: after the last sync the replicas of each shard hold
+    the same parameters bit for bit (they started apart), the loss falls, and a sync moves a
+    shard's pseudo-gradient, not the model's."""
+    out = ddp.run(fsdp_jobs.diloco, spec, 4, 24)
+    for rank, ((first, last), local, stats) in enumerate(out):
+        assert last < first, (spec, rank, first, last)
+        assert stats["syncs"] == 6, stats
+    for shard in (0, 1):
+        assert np.array_equal(out[shard][1], out[shard + 2][1]), f"{spec}: replicas of shard {shard} differ"
+    assert not np.array_equal(out[0][1][:100], out[1][1][:100])  # two shards, not one model twice
