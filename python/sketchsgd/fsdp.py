@@ -1,23 +1,30 @@
-"""Compression under FSDP2 (torch.distributed.fsdp.fully_shard): each replica's reduce-scattered
-gradient shard averaged across the replicas through a sketchsgd codec — hybrid sharding (HSDP)
-with the slow, cross-replica all-reduce compressed.
+"""Compression under FSDP2 (torch.distributed.fsdp.fully_shard), where the slow links are:
 
-    mesh = init_device_mesh("cuda", (replicas, shards), mesh_dim_names=("replicate", "shard"))
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh["shard"])       # shard within a replica only
-    fully_shard(model, mesh=mesh["shard"])
-    state = CompressionState("powersgd:rank=4", process_group=mesh["replicate"].get_group())
-    sketchsgd.fsdp.compress_replicas(model, state)
+- compress_replicas: hybrid sharding (HSDP). Each replica shards the model over its shard group
+  (fast links); each FSDP module's reduce-scattered gradient shard is averaged across the
+  replicas through a codec.
 
-FSDP2 reduce-scatters each group's gradients over the shard group and then calls its all-reduce
-hook with this rank's flat shard (FSDPModule.set_all_reduce_hook); with a 1-D mesh nothing else
-averages across replicas, so the hook does: the shard (its parameters' padded shards end to end,
-each with its shape) goes through the state's codec like a DDP bucket — small and 1-D tensors
-whole, error feedback per rank and per shard — and is averaged over the state's process group,
-the ranks that hold the same shard. Every FSDP group is a unit of its own; each hook call is a
-step of the state, blocking (it runs in FSDP's reduce stream on a GPU), compressing from the
-first call. FSDP then divides and casts the shard as it would after its own all-reduce. A shard
+      mesh = init_device_mesh("cuda", (replicas, shards), mesh_dim_names=("replicate", "shard"))
+      for block in model.blocks:
+          fully_shard(block, mesh=mesh["shard"])       # shard within a replica only
+      fully_shard(model, mesh=mesh["shard"])
+      state = CompressionState("powersgd:rank=4", process_group=mesh["replicate"].get_group())
+      sketchsgd.fsdp.compress_replicas(model, state)
+
+  FSDP2 reduce-scatters each module's gradients over the shard group and calls its all-reduce
+  hook (FSDPModule.set_all_reduce_hook) with this rank's flat shard; with a 1-D mesh nothing else
+  averages across replicas, so the hook does.
+
+- compress_reduce_scatter: full sharding over slow links. FSDP2's reduce-scatter of each module
+  (FSDPModule.set_custom_reduce_scatter) is replaced: every rank's full gradient of the module
+  goes through the codec, the mean is formed as for a DDP bucket, and each rank keeps its shard.
+
+Either way a module's tensors (parameters, or their padded shards, with their shapes) go through
+the codec like a DDP bucket's — small and 1-D tensors whole, error feedback per rank — through
+the C++ round (sketchsgd._rounds). Every FSDP module is a unit of its own; each call is a step of
+the state, blocking (in FSDP's reduce stream on a GPU), compressing from the first call. A tensor
 that is not finite on any rank makes backward() raise NonFiniteError on every rank (_Backward).
+Checkpoints: state_dict() and load_state_dict() beside the model's in torch.distributed.checkpoint.
 """
 
 import io
@@ -25,6 +32,11 @@ import math
 
 import torch
 import torch.distributed as dist
+
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+except ImportError:  # before FSDP2's custom collectives (PyTorch 2.9): compress_reduce_scatter refuses
+    ReduceScatter = object
 
 from . import _core, _hook
 from ._state import CompressionState
@@ -60,7 +72,9 @@ class _Backward:
     def __init__(self, state):
         self.state, self.failed, self.queued, self.device = state, None, False, None
 
-    def reduce(self, index, shard, shapes):
+    def reduce(self, index, shard, shapes) -> bool:
+        """shard averaged in place over the state's group; False where this backward has failed
+        (shard as it was; the end of the backward raises)."""
         self.device = shard.device
         if not self.queued:
             try:
@@ -68,13 +82,15 @@ class _Backward:
                 self.queued = True
             except RuntimeError:  # not inside a backward (FSDP reduced outside one): raise at once
                 _hook.reduce_shard(self.state, index, shard, shapes)
-                return
+                return True
         if self.failed is not None:
-            return
+            return False
         try:
             _hook.reduce_shard(self.state, index, shard, shapes)
         except _core.NonFiniteError as e:
             self.failed = e
+            return False
+        return True
 
     def end(self):
         failed, self.failed, self.queued = self.failed, None, False
@@ -89,6 +105,36 @@ class _Backward:
                                        "update")
 
 
+def _register(what: str, module, state):
+    """The checks both entry points share; returns module's FSDP groups and the state's ranks."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(state, CompressionState):
+        raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"sketchsgd.fsdp.{what}: initialise torch.distributed first")
+    groups = _groups(module)
+    if not groups:
+        raise ValueError(f"sketchsgd.fsdp.{what}: no FSDP2 module with parameters under this module "
+                         "(apply torch.distributed.fsdp.fully_shard first)")
+    if getattr(state, "_fsdp", False):
+        raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState already serves a model")
+    state._bind()
+    for m, g in groups:
+        if g._is_hsdp:
+            raise ValueError(f"{type(m).__name__}: fully_shard was given a 2-D (HSDP) mesh, whose own all-reduce "
+                             "averages the replicas; give it the shard dimension alone (mesh['shard'])")
+    return groups, set(dist.get_process_group_ranks(state.process_group or dist.group.WORLD))
+
+
+def _units(state, index: int, shapes) -> None:
+    """FSDP group index's tensors become a unit before the first call, as a DDP warm-up fixes its
+    buckets (keys (group, position), shapes and sizes known up front)."""
+    metas = [torch.empty(s, device="meta") for s in shapes]
+    state.units.warm[index] = state.units.entries([(index, j) for j in range(len(shapes))], metas,
+                                                  sum(math.prod(s) for s in shapes), index)[0]
+
+
 def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
     """Sets an all-reduce hook on every FSDP2 module under module (module included): its
     reduce-scattered gradient shard is averaged over state's process group through state's
@@ -96,24 +142,8 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
     state of its own per model; state's process group is this rank's replica group (the ranks
     holding the same shard), and fully_shard's mesh the shard group alone (1-D: FSDP2's own HSDP
     all-reduce would average the replicas a second time)."""
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
-    if not isinstance(state, CompressionState):
-        raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("sketchsgd.fsdp.compress_replicas: initialise torch.distributed first")
-    groups = _groups(module)
-    if not groups:
-        raise ValueError("sketchsgd.fsdp.compress_replicas: no FSDP2 module with parameters under this module "
-                         "(apply torch.distributed.fsdp.fully_shard first)")
-    if getattr(state, "_fsdp", False):
-        raise ValueError("sketchsgd.fsdp.compress_replicas: this CompressionState already serves a model")
-    state._bind()
-    replicas = set(dist.get_process_group_ranks(state.process_group or dist.group.WORLD))
+    groups, replicas = _register("compress_replicas", module, state)
     for m, g in groups:
-        if g._is_hsdp:
-            raise ValueError(f"{type(m).__name__}: fully_shard was given a 2-D (HSDP) mesh, whose own all-reduce "
-                             "averages the replicas; give it the shard dimension alone (mesh['shard'])")
         shard = set(dist.get_process_group_ranks(g.mesh_info.shard_process_group))
         if len(shard & replicas) != 1:
             raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(replicas)}) and the "
@@ -123,12 +153,66 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
     backward = _Backward(state)
     for index, (m, g) in enumerate(groups):
         shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params]
-        # The units are fixed before the first call, as a DDP warm-up fixes its buckets: every
-        # group's tensors (keys (group, position), shapes and sizes) known up front.
-        metas = [torch.empty(s, device="meta") for s in shapes]
-        state.units.warm[index] = state.units.entries([(index, j) for j in range(len(shapes))], metas,
-                                                      sum(math.prod(s) for s in shapes), index)[0]
+        _units(state, index, shapes)
         m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: backward.reduce(index, shard, shapes))
+
+
+class _ReduceScatter(ReduceScatter):
+    """FSDP2's reduce-scatter of one FSDP group, compressed: the input (every rank's full gradient
+    of the group: W chunks, chunk r the parameters' padded shards r end to end) is averaged over
+    the group through the state's codec, and this rank keeps its chunk."""
+
+    def __init__(self, backward, index: int, shapes):
+        self.backward, self.index, self.shapes = backward, index, shapes
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if op == dist.ReduceOp.AVG:
+            scale = None
+        elif op == dist.ReduceOp.SUM:
+            scale = float(world)
+        else:
+            raise NotImplementedError(f"sketchsgd.fsdp: a reduce-scatter with op {op} (set_gradient_divide_factor); "
+                                      "the compressed reduce-scatter computes the mean (AVG) or the sum")
+        if not self.backward.reduce(self.index, input_tensor, self.shapes):
+            output_tensor.zero_()  # the backward raises at its end on every rank: no update
+            return None
+        mine = input_tensor.view(world, -1)[rank]
+        if scale is None:
+            output_tensor.copy_(mine)
+        else:
+            torch.mul(mine, scale, out=output_tensor)
+        return None
+
+
+def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState) -> None:
+    """Replaces FSDP2's reduce-scatter of every FSDP2 module under module by a compressed one:
+    each rank's full gradient of the module goes through state's codec, the mean over the shard
+    group is formed as in a DDP bucket (summable codecs: one all-reduce of the payload; gathered:
+    an all-gather of the messages) and each rank keeps its shard of it. For a model sharded over
+    slow links. state's process group is fully_shard's shard group; error feedback covers each
+    rank's full gradient of a module (as under DDP), not its shard. Call it once, after
+    fully_shard and before the first backward, on every rank."""
+    groups, ranks = _register("compress_reduce_scatter", module, state)
+    for m, g in groups:
+        if ReduceScatter is object or not hasattr(m, "set_custom_reduce_scatter"):
+            raise TypeError("sketchsgd.fsdp.compress_reduce_scatter needs FSDP2's custom reduce-scatter "
+                            "(FSDPModule.set_custom_reduce_scatter, PyTorch ≥ 2.9)")
+        shard = set(dist.get_process_group_ranks(g.mesh_info.shard_process_group))
+        if shard != ranks:
+            raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(ranks)}) is not the "
+                             f"shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the "
+                             "default group for a 1-D mesh over every rank)")
+    state._fsdp = True
+    backward = _Backward(state)
+    for index, (m, g) in enumerate(groups):
+        world = g.mesh_info.shard_mesh_size
+        shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params] * world
+        _units(state, index, shapes)
+        m.set_custom_reduce_scatter(_ReduceScatter(backward, index, shapes))
 
 
 def state_dict(state: CompressionState) -> dict:

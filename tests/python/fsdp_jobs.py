@@ -8,6 +8,12 @@ import torch.distributed as dist
 from sketchsgd.torch import CompressionState
 
 
+def each(rank, world, job, specs, *args):
+    """job (a function of this module, by name) for each spec in turn in one set of processes:
+    {spec: its result} (starting processes and groups costs more than a small job)."""
+    return {spec: globals()[job](rank, world, spec, *args) for spec in specs}
+
+
 def _mesh(world, replicas):
     from torch.distributed.device_mesh import init_device_mesh
     return init_device_mesh("cpu", (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
@@ -94,20 +100,29 @@ def refusals(rank, world):
     other = CompressionState("topk:k=11", replicas)
     fsdp.compress_replicas(_shard(_model(), mesh["shard"]), other)
     attempt("another configuration", lambda: fsdp.load_state_dict(state, fsdp.state_dict(other)))
+    attempt("reduce-scatter over the replicas", lambda: fsdp.compress_reduce_scatter(
+        _shard(_model(), mesh["shard"]), CompressionState("topk:k=10", replicas)))
     dist.barrier()
     return out
 
 
-def non_finite(rank, world, spec, steps, bad_step):
+def non_finite(rank, world, spec, steps, bad_step, mode="replicas"):
     """At bad_step, rank 1's gradient is NaN in rows 0-7 of the first layer: after the shard
     group's reduce-scatter only rank 0's shard holds them, so only replica group {0, 2} sees them
     in its round. Returns (per step: the error backward() raised, by type and message, or None;
-    this rank's shards at the end)."""
+    this rank's shards at the end). mode "reduce_scatter": full sharding over every rank, the
+    reduce-scatter compressed (every rank shares the failed round)."""
     from sketchsgd import fsdp
-    mesh = _mesh(world, 2)
-    model = _shard(_model(), mesh["shard"])
-    state = CompressionState(spec, process_group=mesh["replicate"].get_group())
-    fsdp.compress_replicas(model, state)
+    if mode == "replicas":
+        mesh = _mesh(world, 2)
+        model = _shard(_model(), mesh["shard"])
+        state = CompressionState(spec, process_group=mesh["replicate"].get_group())
+        fsdp.compress_replicas(model, state)
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        model = _shard(_model(), init_device_mesh("cpu", (world,)))
+        state = CompressionState(spec)
+        fsdp.compress_reduce_scatter(model, state)
     poisoned = {"on": False}
 
     def poison(grad):
@@ -156,6 +171,7 @@ def resume(rank, world, spec, before, after, path):
 
     model, state = build()
     _train(model, rank, before)
+    path = f"{path}/{spec.replace(':', '_').replace(',', '_').replace('=', '_')}"
     dcp.save({"model": model.state_dict(), "sketchsgd": fsdp.state_dict(state)}, checkpoint_id=path)
     continued = _train(model, rank, after, first=before), _local(model)
     model, state = build()
@@ -189,3 +205,17 @@ def diloco(rank, world, spec, every, steps):
         outer.step()
         losses.append(loss.item())
     return (np.mean(losses[:every]), np.mean(losses[-every:])), _local(model), outer.stats()
+
+
+def full_shard(rank, world, spec, steps):
+    """Full sharding over every rank (a 1-D mesh), the reduce-scatter through spec (None: FSDP2's
+    own). Returns (losses, this rank's shards, stats)."""
+    from sketchsgd import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    model = _shard(_model(), mesh)
+    state = None
+    if spec is not None:
+        state = CompressionState(spec)
+        fsdp.compress_reduce_scatter(model, state)
+    return _train(model, rank, steps), _local(model), state.stats() if state else None

@@ -15,30 +15,29 @@ except ImportError:
 STEPS = 12
 
 
-def test_dense_is_fsdp2s_own_hsdp_bit_for_bit():
+REPLICA_SPECS = ["powersgd:rank=2", "sketch:rows=1,cols=2000,k=400,fetch=1", "topk:k=400", "signsgd:ef=1",
+                 "qsgd:bits=4", "terngrad"]
+
+
+def test_compressed_replicas_train_and_dense_is_fsdp2s_own_hsdp():
     """With the dense codec the hook is FSDP2's HSDP all-reduce: the same losses and shards, bit
-    for bit (two replicas: a + b and a float32(1/2) scale are exact whichever the order)."""
-    native = ddp.run(fsdp_jobs.trains, None, 2, STEPS)
-    ours = ddp.run(fsdp_jobs.trains, "dense", 2, STEPS)
+    for bit (two replicas: a + b and a float32(1/2) scale are exact whichever the order). Every
+    other codec family (summable one- and two-phase, gathered): the loss falls, the two replicas
+    of each shard (ranks 0 and 2, 1 and 3) hold the same parameters bit for bit, and the replicas'
+    traffic is the codec's, not dense fp32's."""
+    out = ddp.run(fsdp_jobs.each, "trains", [None, "dense"] + REPLICA_SPECS, 2, STEPS)
     for rank in range(4):
-        assert native[rank][0] == ours[rank][0], f"rank {rank}: losses differ"
-        assert np.array_equal(native[rank][1], ours[rank][1]), f"rank {rank}: shards differ"
-
-
-@pytest.mark.parametrize("spec", ["powersgd:rank=2", "sketch:rows=1,cols=2000,k=400,fetch=1", "topk:k=400",
-                                  "signsgd:ef=1", "qsgd:bits=4", "terngrad"])
-def test_every_family_trains_and_the_replicas_of_a_shard_agree(spec):
-    """Each codec family (summable one- and two-phase, gathered): the loss falls, the two
-    replicas of each shard (ranks 0 and 2, 1 and 3) hold the same parameters bit for bit, and
-    the replicas' traffic is the codec's, not dense fp32's."""
-    out = ddp.run(fsdp_jobs.trains, spec, 2, STEPS)
-    for rank, (losses, local, stats) in enumerate(out):
-        assert np.isfinite(local).all(), (spec, rank)
-        assert np.mean(losses[-3:]) < np.mean(losses[:3]), (spec, rank, losses)
-        assert stats["steps"] == 3 * STEPS, stats  # a step per FSDP group and backward
-        assert stats["payload_bytes"] < stats["dense_bytes"], (spec, stats)
-    for shard in (0, 1):
-        assert np.array_equal(out[shard][1], out[shard + 2][1]), f"{spec}: replicas of shard {shard} differ"
+        assert out[rank][None][0] == out[rank]["dense"][0], f"rank {rank}: losses differ"
+        assert np.array_equal(out[rank][None][1], out[rank]["dense"][1]), f"rank {rank}: shards differ"
+    for spec in REPLICA_SPECS:
+        for rank in range(4):
+            losses, local, stats = out[rank][spec]
+            assert np.isfinite(local).all(), (spec, rank)
+            assert np.mean(losses[-3:]) < np.mean(losses[:3]), (spec, rank, losses)
+            assert stats["steps"] == 3 * STEPS, stats  # a step per FSDP module and backward
+            assert stats["payload_bytes"] < stats["dense_bytes"], (spec, stats)
+        for shard in (0, 1):
+            assert np.array_equal(out[shard][spec][1], out[shard + 2][spec][1]), f"{spec}: replicas of shard {shard}"
 
 
 def test_misuse_is_refused_with_a_clear_error():
@@ -52,6 +51,7 @@ def test_misuse_is_refused_with_a_clear_error():
         assert got["a state twice"][0] == "ValueError", got
         assert got["no part of this rank"][0] == "ValueError" and f"rank{rank}" in got["no part of this rank"][1], got
         assert got["another configuration"][0] == "ConfigMismatch", got
+        assert got["reduce-scatter over the replicas"][0] == "ValueError", got
 
 
 def test_the_module_imports_in_a_fresh_interpreter():
@@ -62,38 +62,68 @@ def test_the_module_imports_in_a_fresh_interpreter():
     assert callable(sketchsgd.fsdp.compress_replicas)
 
 
-@pytest.mark.parametrize("spec", ["powersgd:rank=2", "topk:k=400"])
-def test_a_non_finite_shard_raises_on_every_rank_and_training_goes_on(spec):
+def test_a_non_finite_shard_raises_on_every_rank_and_training_goes_on():
     """A NaN that reaches one replica group's shard alone: backward() raises NonFiniteError on all
-    four ranks (none applies an update, none waits), and the steps after it run and agree."""
-    out = ddp.run(fsdp_jobs.non_finite, spec, 6, 2)
-    for rank, (errors, local) in enumerate(out):
-        assert [e is not None for e in errors] == [False, False, True, False, False, False], (rank, errors)
-        assert errors[2][0] == "NonFiniteError", (rank, errors[2])
-        assert np.isfinite(local).all(), rank
-    assert "another replica group" in out[1][0][2][1], out[1][0][2]
-    for shard in (0, 1):
-        assert np.array_equal(out[shard][1], out[shard + 2][1]), f"{spec}: replicas of shard {shard} differ"
+    four ranks (none applies an update, none waits), and the steps after it run and agree. The
+    same with the reduce-scatter compressed (every rank shares the failed round)."""
+    specs = ["powersgd:rank=2", "topk:k=400"]
+    replicas = ddp.run(fsdp_jobs.each, "non_finite", specs, 6, 2)
+    full = ddp.run(fsdp_jobs.each, "non_finite", ["topk:k=400"], 6, 2, "reduce_scatter")
+    for out, spec in [(replicas, s) for s in specs] + [(full, "topk:k=400")]:
+        for rank in range(4):
+            errors, local = out[rank][spec]
+            assert [e is not None for e in errors] == [False, False, True, False, False, False], (rank, errors)
+            assert errors[2][0] == "NonFiniteError", (rank, errors[2])
+            assert np.isfinite(local).all(), rank
+    for spec in specs:
+        assert "another replica group" in replicas[1][spec][0][2][1], replicas[1][spec][0][2]
+        for shard in (0, 1):
+            assert np.array_equal(replicas[shard][spec][1], replicas[shard + 2][spec][1]), (spec, shard)
 
 
-@pytest.mark.parametrize("spec", ["powersgd:rank=2", "topk:k=400"])
-def test_a_dcp_checkpoint_resumes_every_rank_bit_for_bit(spec, tmp_path):
+def test_a_dcp_checkpoint_resumes_every_rank_bit_for_bit(tmp_path):
     """Model and compression state saved with torch.distributed.checkpoint; a new model and state
     loaded from it train on exactly as the saved ones did (every rank's error feedback back)."""
-    for rank, (continued, resumed) in enumerate(ddp.run(fsdp_jobs.resume, spec, 4, 4, str(tmp_path / "ckpt"))):
-        assert continued[0] == resumed[0], (spec, rank, continued[0], resumed[0])
-        assert np.array_equal(continued[1], resumed[1]), (spec, rank)
+    specs = ["powersgd:rank=2", "topk:k=400"]
+    for rank, results in enumerate(ddp.run(fsdp_jobs.each, "resume", specs, 4, 4, str(tmp_path))):
+        for spec, (continued, resumed) in results.items():
+            assert continued[0] == resumed[0], (spec, rank, continued[0], resumed[0])
+            assert np.array_equal(continued[1], resumed[1]), (spec, rank)
 
 
-@pytest.mark.parametrize("spec", ["dense", "powersgd:rank=2", "topk:k=400"])
-def test_diloco_over_a_sharded_model_syncs_each_shard_across_its_replicas(spec):
+def test_diloco_over_a_sharded_model_syncs_each_shard_across_its_replicas():
     """DiLoCo with FSDP2 inside each replica: after the last sync the replicas of each shard hold
-    the same parameters bit for bit (they started apart), the loss falls, and a sync moves a
-    shard's pseudo-gradient, not the model's."""
-    out = ddp.run(fsdp_jobs.diloco, spec, 4, 24)
-    for rank, ((first, last), local, stats) in enumerate(out):
-        assert last < first, (spec, rank, first, last)
-        assert stats["syncs"] == 6, stats
-    for shard in (0, 1):
-        assert np.array_equal(out[shard][1], out[shard + 2][1]), f"{spec}: replicas of shard {shard} differ"
-    assert not np.array_equal(out[0][1][:100], out[1][1][:100])  # two shards, not one model twice
+    the same parameters bit for bit (they started apart), the loss falls, and there are two
+    shards, not one model twice."""
+    specs = ["dense", "powersgd:rank=2", "topk:k=400"]
+    out = ddp.run(fsdp_jobs.each, "diloco", specs, 4, 24)
+    for spec in specs:
+        for rank in range(4):
+            (first, last), local, stats = out[rank][spec]
+            assert last < first, (spec, rank, first, last)
+            assert stats["syncs"] == 6, stats
+        for shard in (0, 1):
+            assert np.array_equal(out[shard][spec][1], out[shard + 2][spec][1]), f"{spec}: replicas of shard {shard}"
+        assert not np.array_equal(out[0][spec][1][:100], out[1][spec][1][:100])
+
+
+FULL_SPECS = ["powersgd:rank=1", "sketch:rows=1,cols=4000,k=800,fetch=1", "topk:k=800", "signsgd:ef=1"]
+
+
+def test_a_compressed_reduce_scatter_trains_and_dense_is_fsdp2s_own():
+    """compress_reduce_scatter with the dense codec on 2 ranks is FSDP2's reduce-scatter, bit for
+    bit (a + b, then × float32(1/2), exact in either order). Over 4 ranks, each family trains:
+    the loss falls on every rank, the shards stay finite, and fewer bytes go out than the dense
+    fp32 gradient."""
+    two = ddp.run(fsdp_jobs.each, "full_shard", [None, "dense"], STEPS, world=2)
+    for rank in range(2):
+        assert two[rank][None][0] == two[rank]["dense"][0], f"rank {rank}: losses differ"
+        assert np.array_equal(two[rank][None][1], two[rank]["dense"][1]), f"rank {rank}: shards differ"
+    four = ddp.run(fsdp_jobs.each, "full_shard", [None] + FULL_SPECS, STEPS)
+    for spec in FULL_SPECS:
+        for rank in range(4):
+            losses, local, stats = four[rank][spec]
+            assert np.isfinite(local).all(), (spec, rank)
+            assert np.mean(losses[-3:]) < np.mean(losses[:3]), (spec, rank, losses)
+            assert losses[0] == four[rank][None][0][0]  # the same model and data at the start
+            assert stats["steps"] == 3 * STEPS and stats["payload_bytes"] < stats["dense_bytes"], (spec, stats)
