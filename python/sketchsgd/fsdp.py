@@ -105,8 +105,10 @@ class _Backward:
                                        "update")
 
 
-def _register(what: str, module, state):
-    """The checks both entry points share; returns module's FSDP groups and the state's ranks."""
+def _register(what: str, module, state, wrong_group):
+    """The checks both entry points share; wrong_group(shard ranks, state's ranks) says what is
+    wrong with the state's group, or None. Returns module's FSDP groups and the state's
+    _Backward."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(state, CompressionState):
@@ -124,7 +126,13 @@ def _register(what: str, module, state):
         if g._is_hsdp:
             raise ValueError(f"{type(m).__name__}: fully_shard was given a 2-D (HSDP) mesh, whose own all-reduce "
                              "averages the replicas; give it the shard dimension alone (mesh['shard'])")
-    return groups, set(dist.get_process_group_ranks(state.process_group or dist.group.WORLD))
+        ranks = set(dist.get_process_group_ranks(state.process_group or dist.group.WORLD))
+        shard = set(dist.get_process_group_ranks(g.mesh_info.shard_process_group))
+        problem = wrong_group(shard, ranks)
+        if problem:
+            raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(ranks)}) {problem}")
+    state._fsdp = True
+    return groups, _Backward(state)
 
 
 def _units(state, index: int, shapes) -> None:
@@ -142,15 +150,11 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
     state of its own per model; state's process group is this rank's replica group (the ranks
     holding the same shard), and fully_shard's mesh the shard group alone (1-D: FSDP2's own HSDP
     all-reduce would average the replicas a second time)."""
-    groups, replicas = _register("compress_replicas", module, state)
-    for m, g in groups:
-        shard = set(dist.get_process_group_ranks(g.mesh_info.shard_process_group))
-        if len(shard & replicas) != 1:
-            raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(replicas)}) and the "
-                             f"shard group (ranks {sorted(shard)}) must meet in this rank alone: pass the "
-                             "replica group, mesh['replicate'].get_group()")
-    state._fsdp = True
-    backward = _Backward(state)
+    groups, backward = _register(
+        "compress_replicas", module, state,
+        lambda shard, ranks: None if len(shard & ranks) == 1 else
+        f"and the shard group (ranks {sorted(shard)}) must meet in this rank alone: pass the replica group, "
+        "mesh['replicate'].get_group()")
     for index, (m, g) in enumerate(groups):
         shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params]
         _units(state, index, shapes)
@@ -196,18 +200,14 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState) ->
     slow links. state's process group is fully_shard's shard group; error feedback covers each
     rank's full gradient of a module (as under DDP), not its shard. Call it once, after
     fully_shard and before the first backward, on every rank."""
-    groups, ranks = _register("compress_reduce_scatter", module, state)
-    for m, g in groups:
-        if ReduceScatter is object or not hasattr(m, "set_custom_reduce_scatter"):
-            raise TypeError("sketchsgd.fsdp.compress_reduce_scatter needs FSDP2's custom reduce-scatter "
-                            "(FSDPModule.set_custom_reduce_scatter, PyTorch ≥ 2.9)")
-        shard = set(dist.get_process_group_ranks(g.mesh_info.shard_process_group))
-        if shard != ranks:
-            raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(ranks)}) is not the "
-                             f"shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the "
-                             "default group for a 1-D mesh over every rank)")
-    state._fsdp = True
-    backward = _Backward(state)
+    if ReduceScatter is object or not hasattr(torch.distributed.fsdp.FSDPModule, "set_custom_reduce_scatter"):
+        raise TypeError("sketchsgd.fsdp.compress_reduce_scatter needs FSDP2's custom reduce-scatter "
+                        "(FSDPModule.set_custom_reduce_scatter, PyTorch ≥ 2.9)")
+    groups, backward = _register(
+        "compress_reduce_scatter", module, state,
+        lambda shard, ranks: None if shard == ranks else
+        f"is not the shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the default group "
+        "for a 1-D mesh over every rank)")
     for index, (m, g) in enumerate(groups):
         world = g.mesh_info.shard_mesh_size
         shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params] * world
