@@ -10,6 +10,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from sketchsgd.torch import CompressionState, FlatBucket, compression_hook
 
 
+def each(rank, world, job, specs, *args):
+    """job (a function of this module, by name) for each spec in turn in one set of processes:
+    {spec: its result} (starting the processes costs more than a small job)."""
+    return {spec: globals()[job](rank, world, spec, *args) for spec in specs}
+
+
 def model(seed=0, bias=True):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(64, 96, bias=bias), nn.ReLU(), nn.Linear(96, 10, bias=bias))

@@ -141,9 +141,10 @@ def test_powersgd_hook_equals_the_cpp_codec_given_the_bucket_as_layout():
 
 
 def test_state_dict_round_trip_resumes_identically():
-    for spec in ["sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=3000,k=400,fetch=1",
-                 "powersgd:rank=2"]:
-        for straight, resumed, iteration in ddp.run(jobs.resume, spec, 5, 4):
+    specs = ["sketch:rows=3,cols=1500,k=300,p2=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=3000,k=400,fetch=1",
+             "powersgd:rank=2"]
+    for results in ddp.run(jobs.each, "resume", specs, 5, 4):
+        for spec, (straight, resumed, iteration) in results.items():
             assert straight == resumed, spec
             assert iteration == 9
 
@@ -151,10 +152,9 @@ def test_state_dict_round_trip_resumes_identically():
 def test_a_pickled_state_resumes_identically():
     """torch.save(state) / torch.load of the CompressionState itself (process group dropped, the
     default one bound on load), each rank its own: the run continues bit for bit."""
-    for spec in ["sketch:rows=1,cols=2000,k=400,fetch=1", "powersgd:rank=2"]:
-        results = ddp.run(jobs.pickled, spec, 4, 4)
-        for r in range(4):
-            straight, resumed = results[r]
+    specs = ["sketch:rows=1,cols=2000,k=400,fetch=1", "powersgd:rank=2"]
+    for r, results in enumerate(ddp.run(jobs.each, "pickled", specs, 4, 4)):
+        for spec, (straight, resumed) in results.items():
             assert straight == resumed, f"{spec}: rank {r}"
 
 
@@ -163,11 +163,11 @@ def test_a_checkpoint_written_by_rank_0_alone_restores_every_rank(tmp_path):
     0's holds each rank's error feedback and momentum), rank 0 writes,
     every rank loads that file: the job continues bit for bit as the uninterrupted one, also for
     codecs whose worker state differs between ranks."""
-    for spec in ["topk:k=400,momentum=0.9", "powersgd:rank=2", "sketch:rows=3,cols=1500,k=300,p2=2",
-                 "sketch:rows=1,cols=2000,k=400,fetch=1"]:
-        path = str(tmp_path / f"{spec.partition(':')[0]}.pt")
-        results = ddp.run(jobs.rank0_checkpoint, spec, 4, 4, path)
-        for r, (straight, resumed, held, _) in enumerate(results):
+    specs = ["topk:k=400,momentum=0.9", "powersgd:rank=2", "sketch:rows=3,cols=1500,k=300,p2=2",
+             "sketch:rows=1,cols=2000,k=400,fetch=1"]
+    # One file, written and read by each spec's job in turn.
+    for r, results in enumerate(ddp.run(jobs.each, "rank0_checkpoint", specs, 4, 4, str(tmp_path / "state.pt"))):
+        for spec, (straight, resumed, held, _) in results.items():
             assert held == [0, 1, 2, 3], f"{spec}: rank 0's file holds the worker state of ranks {held}"
             assert straight == resumed, f"{spec}: rank {r} resumed differently"
 
@@ -176,11 +176,12 @@ def test_pytorchs_tutorial_save_from_rank_0_alone_restores_every_rank(tmp_path):
     """`if rank == 0: torch.save({..., "hook": state.state_dict()})` then dist.barrier(), as
     PyTorch's DDP tutorial saves: no collective, so no hang; the other ranks hand their worker
     state over from the barrier, and the file restores every rank bit for bit."""
-    for spec in ["topk:k=400,momentum=0.9", "powersgd:rank=2", "sketch:rows=3,cols=1500,k=300,p2=2"]:
-        path = str(tmp_path / f"{spec.partition(':')[0]}.pt")
-        results = ddp.run(jobs.rank0_checkpoint, spec, 4, 3, path, True, world=3)
-        assert results[0][3] < 10, f"{spec}: rank 0's save took {results[0][3]:.1f} s"
-        for r, (straight, resumed, held, _) in enumerate(results):
+    specs = ["topk:k=400,momentum=0.9", "powersgd:rank=2", "sketch:rows=3,cols=1500,k=300,p2=2"]
+    everyone = ddp.run(jobs.each, "rank0_checkpoint", specs, 4, 3, str(tmp_path / "state.pt"), True, world=3)
+    for spec in specs:
+        assert everyone[0][spec][3] < 10, f"{spec}: rank 0's save took {everyone[0][spec][3]:.1f} s"
+        for r, results in enumerate(everyone):
+            straight, resumed, held, _ = results[spec]
             assert held == [0, 1, 2], f"{spec}: the file holds the worker state of ranks {held}"
             assert straight == resumed, f"{spec}: rank {r} resumed differently"
 
@@ -223,17 +224,20 @@ def test_a_configuration_that_differs_is_refused_at_the_first_hook_call_on_every
 def test_join_with_uneven_inputs_ends_with_every_rank_identical(coalesce):
     """Ranks with fewer batches join early and shadow the others' collectives: no rank hangs,
     gathered and summable codecs alike, and every rank ends with the same parameters."""
-    for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=2000,k=400,fetch=1"]:
-        results = ddp.run(jobs.uneven_inputs, spec, 6, coalesce, timeout=120)
-        assert all(r == results[0] for r in results), spec
+    specs = ["powersgd:rank=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=2000,k=400,fetch=1"]
+    results = ddp.run(jobs.each, "uneven_inputs", specs, 6, coalesce, timeout=240)
+    for spec in specs:
+        assert all(r[spec] == results[0][spec] for r in results), spec
 
 
 @pytest.mark.parametrize("coalesce", [False, True])
 def test_unused_parameters_train_finite_and_identical(coalesce):
     """find_unused_parameters=True, a head used every other step (PyTorch's PowerSGD turns such
     parameters to NaN): finite losses and parameters, every rank identical."""
-    for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9"]:
-        results = ddp.run(jobs.unused_parameters, spec, 16, coalesce)
+    specs = ["powersgd:rank=2", "topk:k=400,momentum=0.9"]
+    everyone = ddp.run(jobs.each, "unused_parameters", specs, 16, coalesce)
+    for spec in specs:
+        results = [r[spec] for r in everyone]
         assert all(finite for _, finite in results), spec
         assert all(params == results[0][0] for params, _ in results), spec
 
