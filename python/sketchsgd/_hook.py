@@ -108,27 +108,30 @@ def average(state: CompressionState, tensors) -> list:
     return views
 
 
-def reduce_shard(state: CompressionState, index: int, shard, shapes) -> None:
+def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool = False) -> None:
     """FSDP2's all-reduce hook (sketchsgd.fsdp): FSDP group `index`'s reduce-scattered shard (flat;
     its parameters' padded shards end to end, of the given shapes) averaged in place over the
-    state's process group through its codec, blocking; a half-precision shard through a float32
-    copy. A step of the state, as average() is."""
+    state's process group through its codec (dense: an fp32 all-reduce, a warm-up step), blocking;
+    a half-precision shard through a float32 copy. A step of the state, as average() is."""
     if shard.numel() != sum(math.prod(s) for s in shapes):
         raise RuntimeError(f"sketchsgd.fsdp: FSDP group {index} reduced {shard.numel()} values, its parameters' "
                            f"shards hold {sum(math.prod(s) for s in shapes)}")
     buf = shard if shard.dtype == torch.float32 else _widened(state, index, shard)
     state._begin(buf)
     try:
-        views, at = [], 0
-        for s in shapes:
-            n = math.prod(s)
-            views.append(buf[at:at + n].view(s))
-            at += n
-        rounds = _rounds_of(state, index, [(index, j) for j in range(len(shapes))], views, buf)
-        fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
+        if dense:
+            fut = state.comm.all_reduce_mean(buf)
+        else:
+            views, at = [], 0
+            for s in shapes:
+                n = math.prod(s)
+                views.append(buf[at:at + n].view(s))
+                at += n
+            rounds = _rounds_of(state, index, [(index, j) for j in range(len(shapes))], views, buf)
+            fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
         state._inflight.append(fut)
     finally:
-        state._end_step(True)
+        state._end_step(not dense)
     fut.wait()
     if buf is not shard:
         shard.copy_(buf)

@@ -17,12 +17,14 @@
 
 - compress_reduce_scatter: full sharding over slow links. FSDP2's reduce-scatter of each module
   (FSDPModule.set_custom_reduce_scatter) is replaced: every rank's full gradient of the module
-  goes through the codec, the mean is formed as for a DDP bucket, and each rank keeps its shard.
+  goes through the codec (each parameter whole, its padding rows included), the mean is formed
+  as for a DDP bucket, and each rank keeps its shard.
 
-Either way a module's tensors (parameters, or their padded shards, with their shapes) go through
-the codec like a DDP bucket's — small and 1-D tensors whole, error feedback per rank — through
+Either way a module's tensors (their padded shards under compress_replicas, whole padded
+parameters under compress_reduce_scatter, with their shapes) go through the codec like a DDP bucket's — small and 1-D tensors whole, error feedback per rank — through
 the C++ round (sketchsgd._rounds). Every FSDP module is a unit of its own; each call is a step of
-the state, blocking (in FSDP's reduce stream on a GPU), compressing from the first call. A tensor
+the state, blocking (in FSDP's reduce stream on a GPU), compressing from the first backward
+(or after `warmup` ones in fp32). A tensor
 that is not finite on any rank makes backward() raise NonFiniteError on every rank (_Backward).
 Checkpoints: state_dict() and load_state_dict() beside the model's in torch.distributed.checkpoint.
 """
@@ -69,8 +71,14 @@ class _Backward:
     raise NonFiniteError (no update anywhere). Its replica group saw it in the round and skips the
     backward's later rounds alike."""
 
-    def __init__(self, state):
+    def __init__(self, state, warmup: int, groups: int):
         self.state, self.failed, self.queued, self.device = state, None, False, None
+        self.warmup, self.groups = warmup, groups
+
+    def dense(self) -> bool:
+        """Whether this backward is one of the first `warmup` ones, averaged in fp32 uncompressed.
+        Counted from the state's calls (one per FSDP group a backward), so a resumed state knows."""
+        return self.state.iteration // self.groups < self.warmup
 
     def reduce(self, index, shard, shapes) -> bool:
         """shard averaged in place over the state's group; False where this backward has failed
@@ -81,12 +89,12 @@ class _Backward:
                 torch.autograd.Variable._execution_engine.queue_callback(self.end)
                 self.queued = True
             except RuntimeError:  # not inside a backward (FSDP reduced outside one): raise at once
-                _hook.reduce_shard(self.state, index, shard, shapes)
+                _hook.reduce_shard(self.state, index, shard, shapes, self.dense())
                 return True
         if self.failed is not None:
             return False
         try:
-            _hook.reduce_shard(self.state, index, shard, shapes)
+            _hook.reduce_shard(self.state, index, shard, shapes, self.dense())
         except _core.NonFiniteError as e:
             self.failed = e
             return False
@@ -105,10 +113,12 @@ class _Backward:
                                        "update")
 
 
-def _register(what: str, module, state, wrong_group):
+def _register(what: str, module, state, warmup, wrong_group):
     """The checks both entry points share; wrong_group(shard ranks, state's ranks) says what is
     wrong with the state's group, or None. Returns module's FSDP groups and the state's
     _Backward."""
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r}: must be an int ≥ 0 (backward passes averaged uncompressed first)")
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
     if not isinstance(state, CompressionState):
@@ -132,7 +142,7 @@ def _register(what: str, module, state, wrong_group):
         if problem:
             raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(ranks)}) {problem}")
     state._fsdp = True
-    return groups, _Backward(state)
+    return groups, _Backward(state, warmup, len(groups))
 
 
 def _units(state, index: int, shapes) -> None:
@@ -143,15 +153,16 @@ def _units(state, index: int, shapes) -> None:
                                                   sum(math.prod(s) for s in shapes), index)[0]
 
 
-def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
+def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
     """Sets an all-reduce hook on every FSDP2 module under module (module included): its
     reduce-scattered gradient shard is averaged over state's process group through state's
     codec. Call it once, after fully_shard and before the first backward, on every rank, with a
     state of its own per model; state's process group is this rank's replica group (the ranks
     holding the same shard), and fully_shard's mesh the shard group alone (1-D: FSDP2's own HSDP
-    all-reduce would average the replicas a second time)."""
+    all-reduce would average the replicas a second time). The first `warmup` backward passes
+    average in fp32 uncompressed (state.start_iter is DDP's: FSDP has no buckets to rebuild)."""
     groups, backward = _register(
-        "compress_replicas", module, state,
+        "compress_replicas", module, state, warmup,
         lambda shard, ranks: None if len(shard & ranks) == 1 else
         f"and the shard group (ranks {sorted(shard)}) must meet in this rank alone: pass the replica group, "
         "mesh['replicate'].get_group()")
@@ -162,12 +173,18 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState) -> None:
 
 
 class _ReduceScatter(ReduceScatter):
-    """FSDP2's reduce-scatter of one FSDP group, compressed: the input (every rank's full gradient
-    of the group: W chunks, chunk r the parameters' padded shards r end to end) is averaged over
-    the group through the state's codec, and this rank keeps its chunk."""
+    """FSDP2's reduce-scatter of one FSDP group, compressed. Its input is every rank's full
+    gradient of the group in FSDP's order: W chunks, chunk r the parameters' padded shards r end to
+    end. The codec sees it parameter by parameter instead (one copy): parameter j's W shards
+    stacked are its padded full gradient, so a per-matrix codec (PowerSGD) factors each weight
+    matrix whole, as under DDP, rather than W slices of it at W times the factors' bytes. The
+    mean over the group is formed through the state's codec, and this rank keeps its chunk."""
 
-    def __init__(self, backward, index: int, shapes):
-        self.backward, self.index, self.shapes = backward, index, shapes
+    def __init__(self, backward, index: int, shapes, world: int):
+        self.backward, self.index, self.world = backward, index, world
+        self.sizes = [math.prod(s) for s in shapes]  # a parameter's padded shard, in values
+        self.shapes = [(world * s[0], *s[1:]) if s else (world,) for s in shapes]
+        self.whole = None  # the parameter-major copy, reused
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -181,38 +198,47 @@ class _ReduceScatter(ReduceScatter):
         else:
             raise NotImplementedError(f"sketchsgd.fsdp: a reduce-scatter with op {op} (set_gradient_divide_factor); "
                                       "the compressed reduce-scatter computes the mean (AVG) or the sum")
-        if not self.backward.reduce(self.index, input_tensor, self.shapes):
+        if world != self.world or input_tensor.numel() != world * sum(self.sizes):
+            raise RuntimeError(f"sketchsgd.fsdp: FSDP group {self.index} reduce-scattered {input_tensor.numel()} "
+                               f"values over {world} ranks; its parameters' shards hold {sum(self.sizes)} per rank "
+                               f"over {self.world}")
+        chunks = input_tensor.view(world, -1).split(self.sizes, dim=1)  # [j]: (W, n_j), parameter j's shards
+        whole = self.whole
+        if whole is None or whole.dtype != input_tensor.dtype or whole.device != input_tensor.device:
+            whole = self.whole = torch.empty_like(input_tensor)
+        torch.cat([c.reshape(-1) for c in chunks], out=whole)
+        if not self.backward.reduce(self.index, whole, self.shapes):
             output_tensor.zero_()  # the backward raises at its end on every rank: no update
             return None
-        mine = input_tensor.view(world, -1)[rank]
-        if scale is None:
-            output_tensor.copy_(mine)
-        else:
-            torch.mul(mine, scale, out=output_tensor)
+        # This rank's chunk: row `rank` of each parameter's (W, n_j) block of the mean.
+        torch.cat([m.view(world, -1)[rank] for m in whole.split([world * n for n in self.sizes])], out=output_tensor)
+        if scale is not None:
+            output_tensor.mul_(scale)
         return None
 
 
-def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState) -> None:
+def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
     """Replaces FSDP2's reduce-scatter of every FSDP2 module under module by a compressed one:
     each rank's full gradient of the module goes through state's codec, the mean over the shard
     group is formed as in a DDP bucket (summable codecs: one all-reduce of the payload; gathered:
     an all-gather of the messages) and each rank keeps its shard of it. For a model sharded over
     slow links. state's process group is fully_shard's shard group; error feedback covers each
     rank's full gradient of a module (as under DDP), not its shard. Call it once, after
-    fully_shard and before the first backward, on every rank."""
+    fully_shard and before the first backward, on every rank. The first `warmup` backward passes
+    average in fp32 uncompressed."""
     if ReduceScatter is object or not hasattr(torch.distributed.fsdp.FSDPModule, "set_custom_reduce_scatter"):
         raise TypeError("sketchsgd.fsdp.compress_reduce_scatter needs FSDP2's custom reduce-scatter "
                         "(FSDPModule.set_custom_reduce_scatter, PyTorch ≥ 2.9)")
     groups, backward = _register(
-        "compress_reduce_scatter", module, state,
+        "compress_reduce_scatter", module, state, warmup,
         lambda shard, ranks: None if shard == ranks else
         f"is not the shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the default group "
         "for a 1-D mesh over every rank)")
     for index, (m, g) in enumerate(groups):
-        world = g.mesh_info.shard_mesh_size
-        shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params] * world
-        _units(state, index, shapes)
-        m.set_custom_reduce_scatter(_ReduceScatter(backward, index, shapes))
+        scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in g.fsdp_params],
+                                 g.mesh_info.shard_mesh_size)
+        _units(state, index, scatter.shapes)
+        m.set_custom_reduce_scatter(scatter)
 
 
 def state_dict(state: CompressionState) -> dict:

@@ -93,6 +93,7 @@ def refusals(rank, world):
     sharded = _shard(_model(), mesh["shard"])
     attempt("world group", lambda: fsdp.compress_replicas(sharded, CompressionState("topk:k=10")))
     attempt("not a state", lambda: fsdp.compress_replicas(sharded, "topk:k=10"))
+    attempt("negative warm-up", lambda: fsdp.compress_replicas(sharded, CompressionState("topk:k=10", replicas), -1))
     state = CompressionState("topk:k=10", replicas)
     fsdp.compress_replicas(sharded, state)
     attempt("a state twice", lambda: fsdp.compress_replicas(_shard(_model(), mesh["shard"]), state))
@@ -207,9 +208,9 @@ def diloco(rank, world, spec, every, steps):
     return (np.mean(losses[:every]), np.mean(losses[-every:])), _local(model), outer.stats()
 
 
-def full_shard(rank, world, spec, steps):
+def full_shard(rank, world, spec, steps, warmup=0):
     """Full sharding over every rank (a 1-D mesh), the reduce-scatter through spec (None: FSDP2's
-    own). Returns (losses, this rank's shards, stats)."""
+    own) after `warmup` uncompressed steps. Returns (losses, this rank's shards, stats)."""
     from sketchsgd import fsdp
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (world,))
@@ -217,5 +218,5 @@ def full_shard(rank, world, spec, steps):
     state = None
     if spec is not None:
         state = CompressionState(spec)
-        fsdp.compress_reduce_scatter(model, state)
+        fsdp.compress_reduce_scatter(model, state, warmup=warmup)
     return _train(model, rank, steps), _local(model), state.stats() if state else None

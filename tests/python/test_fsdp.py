@@ -1,6 +1,7 @@
 """sketchsgd.fsdp: FSDP2 (fully_shard on a CPU mesh, gloo, 4 ranks = 2 replicas × 2 shards) with
 the replicas' gradient shards averaged through every codec family."""
 import numpy as np
+import torch
 import pytest
 
 import ddp
@@ -45,6 +46,7 @@ def test_misuse_is_refused_with_a_clear_error():
         got = {name: (kind, message) for name, kind, message in outcomes}
         assert got["not a module"][0] == "TypeError", got
         assert got["not a state"][0] == "TypeError", got
+        assert got["negative warm-up"][0] == "ValueError" and "warmup" in got["negative warm-up"][1], got
         assert got["no FSDP"][0] == "ValueError" and "fully_shard" in got["no FSDP"][1], got
         assert got["2-D mesh"][0] == "ValueError" and "mesh['shard']" in got["2-D mesh"][1], got
         assert got["world group"][0] == "ValueError" and "replicate" in got["world group"][1], got
@@ -127,3 +129,19 @@ def test_a_compressed_reduce_scatter_trains_and_dense_is_fsdp2s_own():
             assert np.mean(losses[-3:]) < np.mean(losses[:3]), (spec, rank, losses)
             assert losses[0] == four[rank][None][0][0]  # the same model and data at the start
             assert stats["steps"] == 3 * STEPS and stats["payload_bytes"] < stats["dense_bytes"], (spec, stats)
+    # PowerSGD factors each weight whole (its rows padded to a multiple of W, as FSDP pads its
+    # shards), not W slices of it: (rows + columns) values a weight, and the biases whole.
+    per_step = sum((-(-m.out_features // 4) * 4) * 2 + m.in_features for m in fsdp_jobs._model()
+                   if isinstance(m, torch.nn.Linear))
+    assert four[0]["powersgd:rank=1"][2]["payload_bytes"] == 4 * per_step * STEPS
+
+
+def test_warm_up_steps_average_uncompressed_then_the_codec_takes_over():
+    """warmup=2: the first two backward passes are FSDP2's own mean (2 ranks: exact), so the
+    losses through step 2 equal uncompressed FSDP2's; from step 3 the codec's; the counters say
+    which steps compressed."""
+    out = ddp.run(fsdp_jobs.each, "full_shard", [None, "topk:k=200"], 5, 2, world=2)
+    for rank in range(2):
+        plain, (losses, _, stats) = out[rank][None][0], out[rank]["topk:k=200"]
+        assert losses[:3] == plain[:3] and losses[3] != plain[3], (rank, losses, plain)
+        assert stats["steps"] == 3 * 5 and stats["compressed_steps"] == 3 * 3, stats
