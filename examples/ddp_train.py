@@ -17,6 +17,15 @@ precision (half-precision DDP buckets). Payload = bytes one worker contributes t
 collectives (an all-reduce of n floats counts 4n bytes whatever the algorithm, an all-gather the
 worker's own part), the same accounting for every hook.
 
+--fsdp full|hsdp shards the model with FSDP2 instead (fully_shard on each transformer block, or
+each top-level layer, and the root): full over every rank, --hook compressing the reduce-scatter
+(sketchsgd.fsdp.compress_reduce_scatter); hsdp as --replicas R replicas of W/R shards, --hook
+compressing the replicas' all-reduce (compress_replicas). --hook none is FSDP2's own fp32
+reduction, bf16 or fp16 its MixedPrecisionPolicy(reduce_dtype=...). Payload under FSDP: the
+gradient bytes a rank sends over the links being compressed (full: its reduce-scatter input;
+hsdp: its shard's all-reduce across the replicas; a codec's: its payload), not the parameter
+all-gathers, which no hook changes.
+
 Momentum: PyTorch's hooks average the gradient and SGD applies momentum after; sketchsgd codecs
 with momentum of their own (momentum=…, or fetch=1) apply it before compressing (where the error
 feedback needs it), so SGD's momentum is then 0.
@@ -105,14 +114,60 @@ def register(hook, ddp, args, dim, width=4):
 
 
 def _ours(hook, ddp, args, dim):
-    import sketchsgd
     from sketchsgd.torch import CompressionState, compression_hook
     state = CompressionState(hook, start_iter=args.start_iter, coalesce=args.coalesce)
     ddp.register_comm_hook(state, compression_hook)
-    canonical = sketchsgd.Compressor(hook, dim).spec if _fits(hook, dim) else hook
+    return (lambda: state.stats()["payload_bytes"]), _sgd_momentum(hook, dim, args), state
+
+
+def _sgd_momentum(spec, dim, args):
+    """SGD's momentum beside a sketchsgd codec: 0 where the codec has momentum of its own."""
+    import sketchsgd
+    canonical = sketchsgd.Compressor(spec, dim).spec if _fits(spec, dim) else spec
     opts = dict(kv.split("=") for kv in canonical.partition(":")[2].split(",") if "=" in kv)
-    own_momentum = float(opts.get("momentum", 0)) > 0 or opts.get("fetch") == "1"
-    return (lambda: state.stats()["payload_bytes"]), (0.0 if own_momentum else args.momentum), state
+    own = float(opts.get("momentum", 0)) > 0 or opts.get("fetch") == "1"
+    return 0.0 if own else args.momentum
+
+
+def sharded(args, model, W, device):
+    """--fsdp: model sharded with FSDP2 and its gradients reduced as --hook says. Returns (the
+    model, a function giving the payload bytes so far, SGD momentum, a function counting a step:
+    FSDP2's own reductions are counted per step from its padded shards)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    R = args.replicas if args.fsdp == "hsdp" else 1
+    mesh = init_device_mesh(device.type, (R, W // R), mesh_dim_names=("replicate", "shard"))
+    plain = args.hook[len("torch:"):] if args.hook.startswith("torch:") else args.hook
+    spec = None if plain in ("none", "bf16", "fp16") else \
+        args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
+    # FSDP2's own HSDP (a 2-D mesh) where it reduces; the shard dimension alone where a codec
+    # averages the replicas, which would otherwise be averaged twice.
+    where = mesh["shard"] if spec is not None or R == 1 else mesh
+    reduce_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plain)
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    parts = list(model.blocks) if hasattr(model, "blocks") else \
+        [m for m in model.children() if any(True for _ in m.parameters())]
+    for m in parts:
+        fully_shard(m, mesh=where, mp_policy=policy)
+    fully_shard(model, mesh=where, mp_policy=policy)
+    dim = sum(p.numel() for p in model.parameters())
+    if spec is not None:
+        import sketchsgd.fsdp
+        from sketchsgd.torch import CompressionState
+        if R == 1:
+            state = CompressionState(spec)
+            sketchsgd.fsdp.compress_reduce_scatter(model, state, warmup=args.start_iter)
+        else:
+            state = CompressionState(spec, process_group=mesh["replicate"].get_group())
+            sketchsgd.fsdp.compress_replicas(model, state, warmup=args.start_iter)
+        return model, (lambda: state.stats()["payload_bytes"]), _sgd_momentum(spec, dim, args), None
+    # FSDP2's padded shard of a parameter: ceil(rows / S) rows; full sharding reduce-scatters S of
+    # them, HSDP all-reduces one across the replicas.
+    S = W // R
+    padded = sum(-(-p.shape[0] // S) * (p.numel() // p.shape[0]) for p in model.parameters())
+    per_step = padded * (S if R == 1 else 1) * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
+    steps = {"n": 0}
+    return model, (lambda: steps["n"] * per_step), args.momentum, steps
 
 
 def local_steps(args, model):
@@ -174,6 +229,8 @@ def worker(rank, args, port, queue):
         if args.local:  # trained locally, synced every --local steps
             ddp, momentum, extra = model, args.momentum, None
             payload, after_step, last_sync = local_steps(args, model)
+        elif args.fsdp:
+            ddp, payload, momentum, extra = sharded(args, model, W, device)
         else:
             ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_cap_mb)
             payload, momentum, extra = register(args.hook, ddp, args, dim, width)
@@ -231,13 +288,17 @@ def worker(rank, args, port, queue):
                 with torch.no_grad():
                     last_sync()
                 synced = True
-            quality = job.evaluate(model, device, dtype, args.eval_items) if rank == 0 else {}
+            # A sharded model's forward gathers its parameters: every rank evaluates.
+            quality = job.evaluate(model, device, dtype, args.eval_items) if rank == 0 or args.fsdp else {}
             rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, job.metric: quality.get(job.metric),
                          "payload_bytes_per_round": payload() / step, "seconds": time.time() - t0})
             if rank == 0:
                 print(f"epoch {epoch + 1}: loss {loss_sum / per_epoch:.4f}, {job.describe(quality[job.metric])}",
                       flush=True)
-        flat = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+        if args.fsdp:
+            model.reshard()  # the root keeps its parameters gathered after a forward without backward
+        flat = torch.cat([(p.full_tensor() if args.fsdp else p).detach().reshape(-1).cpu()
+                          for p in model.parameters()])
         digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum())])
         gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(W)]
         dist.all_gather(gathered, digest.double().to(device) if backend == "nccl" else digest.double())
@@ -253,7 +314,7 @@ def worker(rank, args, port, queue):
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
                        "optimizer": args.optimizer, "batch": args.batch, "schedule": args.schedule,
-                       "local": args.local,
+                       "local": args.local, "fsdp": args.fsdp, "replicas": args.replicas if args.fsdp == "hsdp" else None,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
                        "backend": backend, "device": str(device), "torch": torch.__version__,
                        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
@@ -299,6 +360,14 @@ def check(p, args):
         path = getattr(args, name)
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"--{name} {path}: no such folder {os.path.dirname(os.path.abspath(path))}")
+    if args.fsdp:
+        if args.local:
+            p.error("--fsdp with --local: DiLoCo over a sharded model is sketchsgd.outer.DiLoCo with the replica "
+                    "group (docs/PYTORCH.md); this example runs FSDP per step")
+        if args.fsdp == "hsdp" and not (2 <= args.replicas <= args.workers and args.workers % args.replicas == 0):
+            p.error(f"--replicas {args.replicas}: 2..--workers, dividing --workers {args.workers}")
+        if args.fsdp == "full" and args.workers < 2:
+            p.error("--fsdp full: 2 workers at least")
     problem = hook_problem(args)
     if problem:
         p.error(problem)
@@ -318,6 +387,14 @@ def hook_problem(args):
     """What is wrong with --hook (with --local and --start-iter), or None: what register() or
     local_steps() would raise on every rank."""
     hook = args.hook
+    if args.fsdp:
+        plain = hook[len("torch:"):] if hook.startswith("torch:") else hook
+        if plain in ("none", "bf16", "fp16"):
+            return None
+        if hook.startswith("torch:") or plain.startswith(("powersgd", "fp16:", "average")):
+            return (f"--hook {hook}: under --fsdp, none, bf16 or fp16 (FSDP2's reduce_dtype) or a sketchsgd spec "
+                    "(sketchsgd:powersgd:...): PyTorch's hooks are DDP's")
+        return _spec_problem(args, hook[len("sketchsgd:"):] if hook.startswith("sketchsgd:") else hook)
     if args.local:
         if hook in ("average", "torch:average"):
             return None
@@ -355,7 +432,7 @@ def hook_problem(args):
 
 def _spec_problem(args, spec):
     """A sketchsgd spec's problem as CompressionState would raise it on every rank, or None."""
-    if not args.local and args.start_iter < 2:
+    if not args.local and not args.fsdp and args.start_iter < 2:
         return f"--start-iter {args.start_iter}: sketchsgd's hooks start at step 2 at the earliest " \
                "(DDP rebuilds its buckets after the first)"
     try:
@@ -380,6 +457,10 @@ def main():
     p.add_argument("--local", type=natural, default=0, help="H > 0: local steps, synced every H (--hook: a sketchsgd spec "
                    "for DiLoCo's pseudo-gradient, dense for DiLoCo itself, or torch:average for PyTorch's "
                    "PeriodicModelAverager); 0: DDP, synced every step")
+    p.add_argument("--fsdp", choices=["full", "hsdp"], help="shard with FSDP2 instead of DDP: full (over every "
+                   "rank; --hook compresses the reduce-scatter) or hsdp (--replicas R; --hook compresses the "
+                   "replicas' all-reduce); --hook none, bf16 or fp16: FSDP2's own reduction in that dtype")
+    p.add_argument("--replicas", type=count, default=2, help="--fsdp hsdp: replicas, each sharded over W/R ranks")
     p.add_argument("--outer-lr", type=positive, default=0.7, help="--local: DiLoCo's outer learning rate")
     p.add_argument("--outer-momentum", type=momentum, default=0.9, help="--local: its Nesterov momentum")
     p.add_argument("--workers", type=count, default=4)
@@ -396,7 +477,8 @@ def main():
     p.add_argument("--width", type=count, default=128, help="the transformer's model width")
     p.add_argument("--depth", type=count, default=4, help="the transformer's blocks")
     p.add_argument("--seed", type=natural, default=1)
-    p.add_argument("--start-iter", type=natural, default=10, help="plain all-reduce steps first (hooks that warm up)")
+    p.add_argument("--start-iter", type=natural, default=10, help="plain all-reduce steps first (hooks that warm up; "
+                   "under --fsdp a codec's fp32 warm-up)")
     p.add_argument("--bucket-cap-mb", type=positive, default=25)
     p.add_argument("--first-bucket-mb", type=nonnegative, default=0, help="DDP's first bucket cap (0: --bucket-cap-mb)")
     p.add_argument("--coalesce", action="store_true", help="sketchsgd hooks: a step's collectives go out together at "

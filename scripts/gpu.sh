@@ -317,6 +317,16 @@ python_check() {
   "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --epochs 1 --max-steps 64 \
     --local 8 --hook sketchsgd:powersgd:rank=4,wire=fp16 --json "$REPORT/ddp-cuda-diloco.json" 2>&1 | tee "$REPORT/ddp-cuda-diloco.log" ||
     fail "DiLoCo on CUDA"
+  step "FSDP2 on CUDA (gloo, 4 ranks on one GPU; bf16 transformer, 100 steps): compressed reduce-scatter, HSDP 2 x 2 with compressed replicas, FSDP2's bf16 reduce_dtype"
+  for run in "full sketchsgd:powersgd:rank=4,wire=bf16" "hsdp topk:k=8000,wire=bf16,index=delta" "full bf16"; do
+    set -- $run
+    "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --dtype bf16 --epochs 1 \
+      --max-steps 100 --fsdp "$1" --hook "$2" --json "$REPORT/fsdp-cuda-$1-${2%%:*}.json" 2>&1 |
+      tee "$REPORT/fsdp-cuda-$1-${2%%:*}.log" || fail "FSDP2 on CUDA ($1, $2)"
+  done
+  step "a codec's work under FSDP2 against DDP on the GPU (NCCL group of one)"
+  "$PY" benchmarks/bench_fsdp.py --device cuda --threads 8 --steps 50 --json "$REPORT/fsdp-work-cuda.json" ||
+    fail "FSDP2 codec work (CUDA)"
   step "the hooks' own work per step on the GPU (NCCL group of one; demo MLP, then 4x wider)"
   for width in ${HOOK_WIDTHS:-1024 4096}; do
     "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 100 --threads 8 \

@@ -69,7 +69,8 @@ class _Backward:
     on to apply their shards' updates, or wait for it at the next collective: so a failure is held
     until the backward ends, when one all-reduce of a flag over the job's ranks makes every rank
     raise NonFiniteError (no update anywhere). Its replica group saw it in the round and skips the
-    backward's later rounds alike."""
+    backward's later rounds alike. Where the state's group is every rank (full sharding on a 1-D
+    mesh), all saw it in the round, and no flag is sent."""
 
     def __init__(self, state, warmup: int, groups: int):
         self.state, self.failed, self.queued, self.device = state, None, False, None
@@ -102,6 +103,11 @@ class _Backward:
 
     def end(self):
         failed, self.failed, self.queued = self.failed, None, False
+        if self.state.comm.world == dist.get_world_size():
+            # The state's group is every rank: each saw the failure in its round.
+            if failed is not None:
+                raise failed
+            return
         flag = torch.tensor([int(failed is not None)], dtype=torch.int32,
                             device=self.device if dist.get_backend() == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)

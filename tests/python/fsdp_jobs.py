@@ -154,20 +154,27 @@ def non_finite(rank, world, spec, steps, bad_step, mode="replicas"):
     return errors, _local(model)
 
 
-def resume(rank, world, spec, before, after, path):
+def resume(rank, world, spec, before, after, path, mode="replicas", warmup=0):
     """Trains `before` steps, saves model and state with torch.distributed.checkpoint, trains
     `after` more; then a new model and state load the checkpoint and train the same `after`
-    steps. Returns (losses, shards) of both continuations."""
+    steps. Returns (losses, shards) of both continuations. mode: compressed replicas (2 × 2) or
+    reduce-scatter (a 1-D mesh), after `warmup` uncompressed steps."""
     import torch.distributed.checkpoint as dcp
 
     from sketchsgd import fsdp
-    mesh = _mesh(world, 2)
-    group = mesh["replicate"].get_group()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = _mesh(world, 2) if mode == "replicas" else None
+    flat = init_device_mesh("cpu", (world,)) if mode != "replicas" else None
 
     def build():
-        model = _shard(_model(), mesh["shard"])
-        state = CompressionState(spec, process_group=group)
-        fsdp.compress_replicas(model, state)
+        if mode == "replicas":
+            model = _shard(_model(), mesh["shard"])
+            state = CompressionState(spec, process_group=mesh["replicate"].get_group())
+            fsdp.compress_replicas(model, state, warmup=warmup)
+        else:
+            model = _shard(_model(), flat)
+            state = CompressionState(spec)
+            fsdp.compress_reduce_scatter(model, state, warmup=warmup)
         return model, state
 
     model, state = build()

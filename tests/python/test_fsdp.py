@@ -85,10 +85,16 @@ def test_a_non_finite_shard_raises_on_every_rank_and_training_goes_on():
 
 def test_a_dcp_checkpoint_resumes_every_rank_bit_for_bit(tmp_path):
     """Model and compression state saved with torch.distributed.checkpoint; a new model and state
-    loaded from it train on exactly as the saved ones did (every rank's error feedback back)."""
+    loaded from it train on exactly as the saved ones did (every rank's error feedback back):
+    compressed replicas, and a compressed reduce-scatter past its fp32 warm-up."""
     specs = ["powersgd:rank=2", "topk:k=400"]
-    for rank, results in enumerate(ddp.run(fsdp_jobs.each, "resume", specs, 4, 4, str(tmp_path))):
-        for spec, (continued, resumed) in results.items():
+    (tmp_path / "replicas").mkdir()
+    (tmp_path / "full").mkdir()
+    replicas = ddp.run(fsdp_jobs.each, "resume", specs, 4, 4, str(tmp_path / "replicas"))
+    full = ddp.run(fsdp_jobs.each, "resume", ["powersgd:rank=2", "signsgd:ef=1"], 4, 4, str(tmp_path / "full"),
+                   "reduce_scatter", 2)
+    for rank in range(4):
+        for spec, (continued, resumed) in list(replicas[rank].items()) + list(full[rank].items()):
             assert continued[0] == resumed[0], (spec, rank, continued[0], resumed[0])
             assert np.array_equal(continued[1], resumed[1]), (spec, rank)
 

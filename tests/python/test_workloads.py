@@ -137,8 +137,25 @@ def test_a_short_run_of_each_workload_trains_with_replicas_identical(tmp_path, w
     assert r["dim"] * width / r["payload_bytes_per_round"] == pytest.approx(r["ratio"])  # dense in the model's dtype
 
 
+@pytest.mark.parametrize("mode,hook,least", [("full", "sketchsgd:powersgd:rank=2,wire=fp16", 30), ("hsdp", "bf16", 1.99)])
+def test_the_transformer_trains_under_fsdp2_with_each_reduction(tmp_path, mode, hook, least):
+    """--fsdp full (4 ranks; 4 fp32 warm-up steps, then the codec compresses the reduce-scatter)
+    and hsdp (2 × 2, FSDP2's own HSDP with bf16 reduce_dtype): a finite validation loss, every
+    rank's model the same, and the gradient bytes a rank sends per step that much below the fp32
+    model's (HSDP: a rank's half of it). Compressed replicas: test_fsdp.py."""
+    r = _train(tmp_path, "--workload", "transformer", "--fsdp", mode, "--workers", "4", "--hook", hook,
+               "--start-iter", "4")
+    assert r["replicas_identical"] and r["fsdp"] == mode and r["replicas"] == (2 if mode == "hsdp" else None), r
+    assert 0 < r["val_loss"] < 8
+    share = 2 if mode == "hsdp" else 1  # under HSDP a rank reduces its half of the model
+    assert r["dim"] * 4 / share / r["steady_payload_bytes_per_round"] > least, r
+
+
 def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path):
     for args, says in [(["--workload", "resnet7"], "6n+2"), (["--workload", "gpt"], "--workload"),
+                       (["--fsdp", "hsdp", "--replicas", "3"], "--replicas"),
+                       (["--fsdp", "full", "--hook", "powersgd:rank=2"], "DDP's"),
+                       (["--fsdp", "full", "--local", "4", "--hook", "dense"], "--local"),
                        (["--workload", "transformer", "--text", str(tmp_path)], "python3.11-doc"),
                        (["--eval-items", "-1"], "--eval-items")]:
         done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), *args],
