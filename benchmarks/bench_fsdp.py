@@ -3,12 +3,15 @@
 process, a group of one (gloo on the CPU, NCCL on a GPU), the demo's MLP (784-W-W-10). Under DDP
 the codec runs in the communication hook on one bucket; under FSDP2 (fully_shard on each layer
 and the root) in sketchsgd.fsdp's hook on each layer's gradient (compress_replicas: in a group
-of one, FSDP2 calls no reduce-scatter, so compress_reduce_scatter's path, which adds a copy into
-parameter order and one out, cannot be timed alone). Each codec's work is a backward pass with
-it less the same backward without it (DDP's plain all-reduce; FSDP2's own reduction), medians of
-interleaved rounds.
+of one FSDP2 calls no reduce-scatter, so compress_reduce_scatter's path, which adds a copy into
+parameter order and one out, cannot be timed alone). Timed: the wall time inside the hook calls
+of a backward pass (DDP: compression_hook, through a wrapper; FSDP2: sketchsgd._hook.reduce_shard,
+which both FSDP entry points drive, wrapped here for the measurement), medians over the steps
+of interleaved rounds. Timing a whole backward with the codec less one without it mixes in
+FSDP2's and DDP's own reductions, which differ.
 
     .venv/bin/python benchmarks/bench_fsdp.py [--threads 1] [--steps 30] [--rounds 3] [--json out.json]
+                                              [--table]   (docs/data/tables/fsdp-work.json from the run)
 """
 import argparse
 import copy
@@ -17,6 +20,7 @@ import json
 import os
 import socket
 import statistics
+import sys
 import time
 
 from cli import count, one_line  # noqa: E402
@@ -34,7 +38,10 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--only", help="comma-separated substrings of the specs to time")
     ap.add_argument("--json")
+    ap.add_argument("--table", action="store_true", help="write the docs' table data file (needs --json: its raw data)")
     args = ap.parse_args()
+    if args.table and not args.json:
+        ap.error("--table: give --json too (the table's raw data)")
     specs = [s for s in SPECS if not args.only or any(o in s for o in args.only.split(","))]
     if not specs:
         ap.error(f"--only {args.only}: no spec has any of these")
@@ -48,6 +55,7 @@ def main():
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
     try:
+        import sketchsgd._hook
         import sketchsgd.fsdp
         from sketchsgd.torch import CompressionState, compression_hook
     except ImportError as e:
@@ -69,11 +77,29 @@ def main():
     x, y = torch.randn(32, 784, device=dev), torch.randint(0, 10, (32,), device=dev)
 
     dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30  # one bucket, as FSDP2's layers are one unit each
+    inside = {"ms": 0.0}
+
+    def timed(fn):
+        def call(*a, **k):
+            sync()
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            if hasattr(out, "wait"):
+                out.wait()
+            sync()
+            inside["ms"] += 1e3 * (time.perf_counter() - t)
+            return out
+        return call
+
+    sketchsgd._hook.reduce_shard = timed(sketchsgd._hook.reduce_shard)
+    ddp_hook = timed(compression_hook)
+
+    def hook(state, bucket):  # DDP reads the hook's parameter names
+        return ddp_hook(state, bucket)
 
     def ddp(spec):
         m = DDP(copy.deepcopy(base), bucket_cap_mb=1024)
-        if spec is not None:
-            m.register_comm_hook(CompressionState(spec, start_iter=2), compression_hook)
+        m.register_comm_hook(CompressionState(spec, start_iter=2), hook)
         return m
 
     def fsdp(spec):
@@ -82,38 +108,42 @@ def main():
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(m, mesh=mesh)
-        if spec is not None:
-            sketchsgd.fsdp.compress_replicas(m, CompressionState(spec))
+        sketchsgd.fsdp.compress_replicas(m, CompressionState(spec))
         return m
 
-    models = {(kind, spec): make(spec) for kind, make in (("ddp", ddp), ("fsdp", fsdp)) for spec in [None] + specs}
+    models = {(kind, spec): make(spec) for kind, make in (("ddp", ddp), ("fsdp", fsdp)) for spec in specs}
     times = {key: [] for key in models}
     for rnd in range(args.rounds):
         for key, m in models.items():
             for step in range((12 if rnd == 0 else 2) + args.steps):
                 loss = nn.functional.cross_entropy(m(x), y)
                 m.zero_grad()
-                sync()
-                t = time.perf_counter()
+                inside["ms"] = 0.0
                 loss.backward()
-                sync()
                 if step >= (12 if rnd == 0 else 2):
-                    times[key].append(1e3 * (time.perf_counter() - t))
+                    times[key].append(inside["ms"])
         print(f"round {rnd + 1}/{args.rounds} timed", flush=True)
     med = {key: statistics.median(t) for key, t in times.items()}
     results = []
     print(f"{'spec':45s} {'DDP ms':>8s} {'FSDP2 ms':>9s} {'FSDP2/DDP':>9s}")
     for spec in specs:
-        d, f = med[("ddp", spec)] - med[("ddp", None)], med[("fsdp", spec)] - med[("fsdp", None)]
-        results.append({"spec": spec, "ddp_ms": d, "fsdp_ms": f, "ratio": f / d if d > 0 else None})
-        print(f"{spec:45s} {d:8.2f} {f:9.2f} {f / d if d > 0 else float('nan'):9.2f}")
-    print(f"(backward alone: DDP {med[('ddp', None)]:.2f} ms, FSDP2 {med[('fsdp', None)]:.2f} ms)")
+        d, f = med[("ddp", spec)], med[("fsdp", spec)]
+        results.append({"spec": spec, "ddp_ms": d, "fsdp_ms": f, "ratio": f / d})
+        print(f"{spec:45s} {d:8.2f} {f:9.2f} {f / d:9.2f}")
     dist.destroy_process_group()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "device": str(dev), "width": w, "rounds": args.rounds,
-                       "steps": args.steps, "backward_ms": {"ddp": med[("ddp", None)], "fsdp": med[("fsdp", None)]},
-                       "results": results}, f, indent=1)
+                       "steps": args.steps, "results": results}, f, indent=1)
+    if args.table:
+        import doc_tables
+        rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp_ms']:.2f}", f"{r['ratio']:.2f}"] for r in results]
+        doc_tables.write("docs/data/tables/fsdp-work.json", "benchmarks/bench_fsdp.py " + " ".join(sys.argv[1:]),
+                         time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {torch.__version__}, {dev.type}",
+                         ["codec", "DDP: ms a step", "FSDP2: ms a step", "FSDP2 / DDP"], rows, data=args.json,
+                         note=f"MLP 784-{w}-{w}-10, {args.threads} thread(s), {args.rounds} interleaved rounds of "
+                              f"{args.steps} steps; median ms a step inside the hook calls (DDP: one bucket; "
+                              "FSDP2: one call per layer, 3 layers).")
 
 
 if __name__ == "__main__":

@@ -111,13 +111,9 @@ def report(matrix, write_docs):
 
 
 def plot(points, mean, noise, png):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(no matplotlib: no plot)")
-        return
+    import matplotlib  # in the project environment (python/requirements.txt)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for mode, colour, marker in (("full", "tab:blue", "o"), ("hsdp", "tab:green", "^")):
         for m, name, x, y in points:
