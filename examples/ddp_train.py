@@ -131,8 +131,8 @@ def _sgd_momentum(spec, dim, args):
 
 def sharded(args, model, W, device):
     """--fsdp: model sharded with FSDP2 and its gradients reduced as --hook says. Returns (the
-    model, a function giving the payload bytes so far, SGD momentum, a function counting a step:
-    FSDP2's own reductions are counted per step from its padded shards)."""
+    model, a function giving the payload bytes so far, SGD momentum, and for FSDP2's own
+    reductions a step counter {"n": steps}, their bytes counted per step from its padded shards)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     R = args.replicas if args.fsdp == "hsdp" else 1
@@ -314,7 +314,7 @@ def worker(rank, args, port, queue):
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
                        "optimizer": args.optimizer, "batch": args.batch, "schedule": args.schedule,
-                       "local": args.local, "fsdp": args.fsdp, "replicas": args.replicas if args.fsdp == "hsdp" else None,
+                       "local": args.local, "fsdp": args.fsdp, "replicas": args.replicas,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
                        "backend": backend, "device": str(device), "torch": torch.__version__,
                        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
@@ -360,6 +360,10 @@ def check(p, args):
         path = getattr(args, name)
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"--{name} {path}: no such folder {os.path.dirname(os.path.abspath(path))}")
+    if args.replicas is not None and args.fsdp != "hsdp":
+        p.error("--replicas: with --fsdp hsdp")
+    if args.fsdp == "hsdp" and args.replicas is None:
+        args.replicas = 2
     if args.fsdp:
         if args.local:
             p.error("--fsdp with --local: DiLoCo over a sharded model is sketchsgd.outer.DiLoCo with the replica "
@@ -412,6 +416,8 @@ def hook_problem(args):
         return _spec_problem(args, hook[len("sketchsgd:"):])
     if hook == "fp16":
         return None
+    if hook == "bf16":
+        return "--hook bf16: FSDP2's reduce_dtype, with --fsdp (under DDP: fp16, PyTorch's hook, or a sketchsgd spec)"
     if hook.startswith("fp16:powersgd"):
         hook = hook[len("fp16:"):]
     if not hook.startswith("powersgd"):
@@ -460,7 +466,7 @@ def main():
     p.add_argument("--fsdp", choices=["full", "hsdp"], help="shard with FSDP2 instead of DDP: full (over every "
                    "rank; --hook compresses the reduce-scatter) or hsdp (--replicas R; --hook compresses the "
                    "replicas' all-reduce); --hook none, bf16 or fp16: FSDP2's own reduction in that dtype")
-    p.add_argument("--replicas", type=count, default=2, help="--fsdp hsdp: replicas, each sharded over W/R ranks")
+    p.add_argument("--replicas", type=count, help="--fsdp hsdp: replicas, each sharded over W/R ranks (default 2)")
     p.add_argument("--outer-lr", type=positive, default=0.7, help="--local: DiLoCo's outer learning rate")
     p.add_argument("--outer-momentum", type=momentum, default=0.9, help="--local: its Nesterov momentum")
     p.add_argument("--workers", type=count, default=4)

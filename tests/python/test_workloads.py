@@ -156,6 +156,7 @@ def test_bad_arguments_are_refused_before_any_rank_starts(tmp_path):
                        (["--fsdp", "hsdp", "--replicas", "3"], "--replicas"),
                        (["--fsdp", "full", "--hook", "powersgd:rank=2"], "DDP's"),
                        (["--fsdp", "full", "--local", "4", "--hook", "dense"], "--local"),
+                       (["--replicas", "2"], "--fsdp hsdp"), (["--hook", "bf16"], "--fsdp"),
                        (["--workload", "transformer", "--text", str(tmp_path)], "python3.11-doc"),
                        (["--eval-items", "-1"], "--eval-items")]:
         done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), *args],
