@@ -13,26 +13,39 @@ namespace sketchsgd::payload {
 
 void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const float> val,
                   SparseFormat f) {
-  Bytes values;  // first, so a value that does not fit stops before anything is written
-  ByteWriter vw(values);
-  write_values(vw, val, f.values, "sparse value");
-  w.put(uint32_t(idx.size()));
-  if (!f.delta) {
-    w.put_array(idx);
-  } else {
-    uint32_t next = 0;  // the smallest index the next one may be
-    for (uint32_t i : idx) {
-      for (uint32_t v = i - next;; v >>= 7) {
-        if (v < 0x80) {
-          w.put(uint8_t(v));
-          break;
-        }
-        w.put(uint8_t(0x80 | (v & 0x7F)));
-      }
-      next = i + 1;
-    }
+  Bytes values;  // 16-bit ones first, so a value that does not fit stops before anything is written
+  if (f.values != WireFloat::F32) {
+    ByteWriter vw(values);
+    write_values(vw, val, f.values, "sparse value");
   }
-  w.put_array(std::span<const uint8_t>(values));
+  w.put(uint32_t(idx.size()));
+  if (!f.delta)
+    w.put_array(idx);
+  else
+    kernels::cpu::delta_encode(idx.data(), idx.size(),
+                               w.grow(kernels::cpu::delta_bytes(idx.data(), idx.size())));
+  if (f.values == WireFloat::F32)
+    w.put_array(val);
+  else
+    w.put_array(std::span<const uint8_t>(values));
+}
+
+void write_sparse(const Device& d, Scratch& s, ByteWriter& w, std::span<const uint32_t> idx,
+                  std::span<const float> val, SparseFormat f) {
+  if (ops::host_memory(d)) return write_sparse(w, idx, val, f);
+  if (f.values != WireFloat::F32) {  // checked and converted on the host (no GPU codec asks yet)
+    std::vector<uint32_t> hi(idx.size());
+    std::vector<float> hv(val.size());
+    detail::copy_bytes(hi.data(), idx.data(), idx.size_bytes(), d);
+    detail::copy_bytes(hv.data(), val.data(), val.size_bytes(), d);
+    return write_sparse(w, hi, hv, f);
+  }
+  w.put(uint32_t(idx.size()));
+  const auto coded = f.delta ? ops::delta_encode(d, s, idx)
+                             : std::span(reinterpret_cast<const uint8_t*>(idx.data()),
+                                         idx.size_bytes());
+  detail::copy_bytes(w.grow(coded.size()), coded.data(), coded.size(), d);
+  detail::copy_bytes(w.grow(val.size_bytes()), val.data(), val.size_bytes(), d);
 }
 
 namespace {

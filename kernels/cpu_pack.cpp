@@ -200,4 +200,18 @@ size_t qsgd_unpack(const uint8_t* codes, size_t n, size_t chunk, const float* no
   return kNone;
 }
 
+size_t delta_bytes(const uint32_t* idx, size_t n) {
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) bytes += elem::varint_bytes(elem::index_gap(idx, i));
+  return bytes;
+}
+
+void delta_encode(const uint32_t* idx, size_t n, uint8_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t gap = elem::index_gap(idx, i);
+    elem::put_varint(out, gap);
+    out += elem::varint_bytes(gap);
+  }
+}
+
 }  // namespace sketchsgd::kernels::cpu

@@ -30,7 +30,7 @@ void estimate_all(const SketchLayout&, const float*, float*, Stream) {
   absent();
 }
 void estimate_topk(const SketchLayout&, const float*, size_t, uint32_t*, float*, Workspace&,
-                   Stream) {
+                   Stream, Order) {
   absent();
 }
 void zero_buckets(const SketchLayout&, float*, const uint32_t*, size_t, Stream) {
@@ -39,7 +39,7 @@ void zero_buckets(const SketchLayout&, float*, const uint32_t*, size_t, Stream) 
 void l2_estimate(const SketchLayout&, const float*, double*, Workspace&, Stream) {
   absent();
 }
-void topk(const float*, size_t, size_t, uint32_t*, float*, Workspace&, Stream) {
+void topk(const float*, size_t, size_t, uint32_t*, float*, Workspace&, Stream, Order) {
   absent();
 }
 void find_nonfinite(const float*, size_t, unsigned long long*, Stream) {
@@ -79,6 +79,9 @@ void count_negative(const uint32_t*, size_t, uint32_t*, Stream) {
   absent();
 }
 void ternarize(const float*, size_t, size_t, const float*, uint64_t, uint64_t, uint8_t*, Stream) {
+  absent();
+}
+size_t delta_encode(const uint32_t*, size_t, uint8_t*, Workspace&, Stream) {
   absent();
 }
 void pack_ternary(const float*, size_t, uint8_t*, Stream) {

@@ -175,10 +175,9 @@ void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
   }
   uint32_t* di = s.room<uint32_t>(d, k, 0);
   float* dv = s.room<float>(d, k, 1);
-  cu::topk(x.data(), x.size(), k, di, dv, s.workspace(), d.stream);
+  cu::topk(x.data(), x.size(), k, di, dv, s.workspace(), d.stream, order);
   detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
   detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
-  if (order == kernels::Order::Index) cpu::sort_pairs(idx.data(), val.data(), k);
 }
 
 std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::span<const float> x,
@@ -192,6 +191,18 @@ std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::s
   cu::chunk_stats(x.data(), x.size(), chunk, dev, d.stream);
   detail::copy_bytes(out.data(), dev, out.size() * sizeof(kernels::ChunkStats), d);
   return out;
+}
+
+std::span<const uint8_t> delta_encode(const Device& d, Scratch& s,
+                                      std::span<const uint32_t> idx) {
+  if (!d.is_gpu()) {
+    const size_t n = cpu::delta_bytes(idx.data(), idx.size());
+    uint8_t* out = s.room<uint8_t>(d, n, 0);
+    cpu::delta_encode(idx.data(), idx.size(), out);
+    return {out, n};
+  }
+  uint8_t* out = s.room<uint8_t>(d, 5 * idx.size(), 0);
+  return {out, cu::delta_encode(idx.data(), idx.size(), out, s.workspace(), d.stream)};
 }
 
 std::vector<uint32_t> pack_signs(const Device& d, Scratch& s, std::span<const float> x) {
@@ -333,11 +344,11 @@ void estimate_all(const Device& d, const kernels::SketchLayout& l, const float* 
 }
 
 void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
-                   std::span<uint32_t> idx, std::span<float> val) {
+                   std::span<uint32_t> idx, std::span<float> val, kernels::Order order) {
   if (d.is_gpu())
-    cu::estimate_topk(l, table, idx.size(), idx.data(), val.data(), s.workspace(), d.stream);
+    cu::estimate_topk(l, table, idx.size(), idx.data(), val.data(), s.workspace(), d.stream, order);
   else
-    cpu::estimate_topk(l, table, idx.size(), idx.data(), val.data());
+    cpu::estimate_topk(l, table, idx.size(), idx.data(), val.data(), order);
 }
 
 void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
@@ -349,10 +360,15 @@ void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, 
   // Result buffers kept across calls (a server asks every round).
   uint32_t* di = s.room<uint32_t>(d, k, 0);
   float* dv = s.room<float>(d, k, 1);
-  cu::estimate_topk(l, table, k, di, dv, s.workspace(), d.stream);
+  cu::estimate_topk(l, table, k, di, dv, s.workspace(), d.stream, order);
   detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
   detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
-  if (order == kernels::Order::Index) cpu::sort_pairs(idx.data(), val.data(), k);
+}
+
+void extract_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
+                  std::span<float* const> reset, std::span<uint32_t> idx, std::span<float> val) {
+  estimate_topk(d, s, l, table, idx, val, kernels::Order::Index);
+  for (float* t : reset) zero_buckets(d, l, t, idx);
 }
 
 void extract_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
@@ -360,15 +376,10 @@ void extract_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, c
                   std::vector<float>& val) {
   idx.resize(k);
   val.resize(k);
-  if (!d.is_gpu()) {
-    cpu::estimate_topk(l, table, k, idx.data(), val.data(), kernels::Order::Index);
-    for (float* t : reset) cpu::zero_buckets(l, t, idx.data(), k);
-    return;
-  }
+  if (!d.is_gpu()) return extract_topk(d, s, l, table, reset, std::span(idx), std::span(val));
   uint32_t* di = s.room<uint32_t>(d, k, 0);
   float* dv = s.room<float>(d, k, 1);
-  cu::estimate_topk(l, table, k, di, dv, s.workspace(), d.stream);
-  for (float* t : reset) cu::zero_buckets(l, t, di, k, d.stream);
+  extract_topk(d, s, l, table, reset, {di, k}, {dv, k});
   detail::copy_bytes(idx.data(), di, k * sizeof(uint32_t), d);
   detail::copy_bytes(val.data(), dv, k * sizeof(float), d);
 }

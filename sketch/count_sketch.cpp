@@ -189,15 +189,10 @@ std::vector<float> CountSketch::estimate_all() const {
   return out.to_vector();
 }
 
-void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val) const {
+void CountSketch::top_k(std::span<uint32_t> idx, std::span<float> val, TopKOrder order) const {
   const auto scope = device_.activate();
-  SKETCHSGD_REQUIRE(idx.size() == val.size(), InvalidArgument, "top_k: ", idx.size(),
-                    " index slots but ", val.size(), " value slots");
-  SKETCHSGD_REQUIRE(idx.size() <= config_.dim, InvalidArgument, "top_k: k = ", idx.size(),
-                    " exceeds dim ", config_.dim);
-  device_.require_accessible(idx.data(), idx.size_bytes(), "top_k: indices");
-  device_.require_accessible(val.data(), val.size_bytes(), "top_k: values");
-  ops::estimate_topk(device_, scratch_, layout(), table_.data(), idx, val);
+  check_results(idx, val, "top_k");
+  ops::estimate_topk(device_, scratch_, layout(), table_.data(), idx, val, order);
 }
 
 TopK CountSketch::top_k(uint64_t k, TopKOrder order) const {
@@ -209,10 +204,7 @@ TopK CountSketch::top_k(uint64_t k, TopKOrder order) const {
   return out;
 }
 
-TopK CountSketch::extract_top_k(uint64_t k, std::span<CountSketch* const> also) {
-  const auto scope = device_.activate();
-  SKETCHSGD_REQUIRE(k <= config_.dim, InvalidArgument, "extract_top_k: k = ", k, " exceeds dim ",
-                    config_.dim);
+std::vector<float*> CountSketch::reset_tables(std::span<CountSketch* const> also) {
   std::vector<float*> reset{table_.data()};
   for (CountSketch* s : also) {
     SKETCHSGD_REQUIRE(
@@ -222,9 +214,34 @@ TopK CountSketch::extract_top_k(uint64_t k, std::span<CountSketch* const> also) 
         "on the same device and stream");
     reset.push_back(s->table_.data());
   }
+  return reset;
+}
+
+TopK CountSketch::extract_top_k(uint64_t k, std::span<CountSketch* const> also) {
+  const auto scope = device_.activate();
+  SKETCHSGD_REQUIRE(k <= config_.dim, InvalidArgument, "extract_top_k: k = ", k, " exceeds dim ",
+                    config_.dim);
   TopK out;
-  ops::extract_topk(device_, scratch_, layout(), table_.data(), k, reset, out.indices, out.values);
+  ops::extract_topk(device_, scratch_, layout(), table_.data(), k, reset_tables(also), out.indices,
+                    out.values);
   return out;
+}
+
+void CountSketch::extract_top_k(std::span<uint32_t> idx, std::span<float> val,
+                                std::span<CountSketch* const> also) {
+  const auto scope = device_.activate();
+  check_results(idx, val, "extract_top_k");
+  ops::extract_topk(device_, scratch_, layout(), table_.data(), reset_tables(also), idx, val);
+}
+
+void CountSketch::check_results(std::span<uint32_t> idx, std::span<float> val,
+                                const char* what) const {
+  SKETCHSGD_REQUIRE(idx.size() == val.size(), InvalidArgument, what, ": ", idx.size(),
+                    " index slots but ", val.size(), " value slots");
+  SKETCHSGD_REQUIRE(idx.size() <= config_.dim, InvalidArgument, what, ": k = ", idx.size(),
+                    " exceeds dim ", config_.dim);
+  device_.require_accessible(idx.data(), idx.size_bytes(), what);
+  device_.require_accessible(val.data(), val.size_bytes(), what);
 }
 
 double CountSketch::l2_estimate() const {

@@ -130,17 +130,24 @@ class SketchAggregator final : public SummableAggregator {
       momentum_->scale(o_.momentum);
       *momentum_ += sum_;
       *error_ += *momentum_;
-      TopK top;
-      if (!o_.whole.empty()) {  // select on the host, past the whole tensors, and reset
-        top = select(*error_, o_.k);
-        const auto kept = ops::on_device(device_, std::span<const uint32_t>(top.indices), top_idx_);
-        momentum_->zero_buckets(kept);
-        error_->zero_buckets(kept);
-      } else {
+      if (o_.whole.empty()) {  // selected and reset in the sketches' memory
+        const auto [idx, val] = top_room();
         CountSketch* also[] = {&*momentum_};
-        top = error_->extract_top_k(o_.k, also);
+        error_->extract_top_k(idx, val, also);
+        return device_update(phase, idx, val);
       }
+      // Selected on the host, past the whole tensors, and reset.
+      TopK top = select(*error_, o_.k);
+      const auto kept = ops::on_device(device_, std::span<const uint32_t>(top.indices), top_idx_);
+      momentum_->zero_buckets(kept);
+      error_->zero_buckets(kept);
       return update(phase, std::move(top.indices), std::move(top.values));
+    }
+    if (o_.candidates == 0 && o_.whole.empty()) {
+      const auto [idx, val] = top_room();
+      sum_.top_k(idx, val, TopKOrder::Index);
+      ops::scale(device_, val, inv);
+      return device_update(phase, idx, val);
     }
     if (o_.candidates == 0) {
       TopK top = select(sum_, o_.k);
@@ -153,6 +160,22 @@ class SketchAggregator final : public SummableAggregator {
     return Message::build(h, 4 + 4 * candidates_.size(), [&](ByteWriter& w) {
       w.put(uint32_t(candidates_.size()));
       w.put_array(std::span<const uint32_t>(candidates_));
+    });
+  }
+
+  /// Room for k selected pairs in the sketch's memory.
+  std::pair<std::span<uint32_t>, std::span<float>> top_room() {
+    if (top_idx_.size() < o_.k) top_idx_ = Buffer<uint32_t>(o_.k, device_);
+    if (top_val_.size() < o_.k) top_val_ = Buffer<float>(o_.k, device_);
+    return {top_idx_.span().first(o_.k), top_val_.span().first(o_.k)};
+  }
+
+  /// The update from pairs in index order in the sketch's memory: on a GPU built there and
+  /// copied once into the message (no host sort, no pair-by-pair writing).
+  Message device_update(Header h, std::span<const uint32_t> idx, std::span<const float> val) {
+    h.kind = MessageKind::Update;
+    return Message::build(h, payload::sparse_bytes(idx.size(), o_.update), [&](ByteWriter& w) {
+      payload::write_sparse(device_, scratch_, w, idx, val, o_.update);
     });
   }
 
@@ -210,7 +233,9 @@ class SketchAggregator final : public SummableAggregator {
   CountSketch sum_;  // the phase's summed table, as a sketch
   std::vector<float> whole_mean_;
   std::vector<float> host_;   // summed values from the GPU
-  Buffer<uint32_t> top_idx_;  // FetchSGD with whole tensors: the selection in the sketch's memory
+  Buffer<uint32_t> top_idx_;  // the selection in the sketch's memory
+  Buffer<float> top_val_;
+  Scratch scratch_;  // the update's delta coding on a GPU
   std::vector<uint32_t> candidates_;
   std::optional<CountSketch> momentum_, error_;  // FetchSGD only
 };
@@ -221,7 +246,11 @@ class SketchCodec final : public SummableCodec {
       : SummableCodec(CodecId::Sketch, dim, std::move(spec), device, o.wire, WireFloat::F32),
         o_(o),
         fb_(dim, o.fetch ? 0.0f : o.momentum, !o.fetch, device),
-        sketch_(o.sketch, device) {}
+        sketch_(o.sketch, device) {
+    // FetchSGD's worker keeps no state and the accumulate checks every value it adds (taking
+    // the table back on a bad one): no separate pass over the gradient first.
+    checks_finite_itself(stateless());
+  }
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
     return std::make_unique<SketchAggregator>(*this, world, o_);
@@ -236,9 +265,19 @@ class SketchCodec final : public SummableCodec {
     if (kind == MessageKind::Query) return o_.candidates ? 4 + 4 * o_.candidates : 0;
     return kind == MessageKind::Update ? payload::sparse_bytes(o_.update_entries(), o_.update) : 0;
   }
+  bool stateless() const { return o_.fetch && o_.whole.empty(); }
+
   /// The sketch of v, the whole tensors left out.
   void sketch(std::span<const float> v) {
     sketch_.zero();
+    if (stateless()) {
+      try {
+        return sketch_.accumulate(v);
+      } catch (const NonFiniteError&) {
+        require_finite(v, "encode");  // raised as every codec's encode raises
+        throw;
+      }
+    }
     if (o_.whole.empty()) return sketch_.accumulate(v);
     for (const auto& run : o_.sketched)
       sketch_.accumulate(v.subspan(run.offset, run.numel), run.offset, 1.0f);

@@ -1,6 +1,8 @@
 // CUDA bit packing, formats identical to the CPU's: 32 signs per word (one thread per word, wide
 // loads), four 2-bit ternary codes per byte (one thread per 16 codes, one 32-bit store).
 // TernGrad draws from Philox keyed exactly as on the CPU.
+#include <cub/device/device_scan.cuh>
+
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
 #include <sketchsgd/kernels/elementwise.hpp>
@@ -155,6 +157,19 @@ __global__ void unpack_ternary_kernel(const uint8_t* codes, uint32_t n, uint32_t
   }
 }
 
+/// Delta coding, pass 1: each index's varint length.
+__global__ void varint_sizes_kernel(const uint32_t* idx, uint64_t n, uint32_t* sizes) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride())
+    sizes[i] = elem::varint_bytes(elem::index_gap(idx, i));
+}
+
+/// Pass 2: each varint at its offset (the exclusive scan of the lengths).
+__global__ void varint_write_kernel(const uint32_t* idx, uint64_t n, const uint32_t* at,
+                                    uint8_t* out) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride())
+    elem::put_varint(out + at[i], elem::index_gap(idx, i));
+}
+
 /// Sizes must fit the 32-bit index arithmetic of the kernels (dim < 2^32 everywhere).
 void check_size(size_t n, size_t chunk) {
   SKETCHSGD_REQUIRE(n < (uint64_t(1) << 32) && chunk > 0 && chunk < (uint64_t(1) << 32),
@@ -193,6 +208,31 @@ void ternarize(const float* x, size_t n, size_t chunk, const float* scales, uint
   ternarize_kernel<<<grid_for(n, 16), kThreads, 0, stream>>>(
       x, uint32_t(n), uint32_t(chunk), scales, seed, stream_id, codes, aligned16(x));
   SKETCHSGD_LAUNCH_CHECK();
+}
+
+size_t delta_encode(const uint32_t* idx, size_t n, uint8_t* out, Workspace& ws, Stream stream) {
+  if (n == 0) return 0;
+  SKETCHSGD_REQUIRE(n < (uint64_t(1) << 29), InvalidArgument, "delta_encode: ", n,
+                    " indices (the offsets are 32-bit: at most 2^29 of up to 5 bytes)");
+  size_t temp = 0;
+  SKETCHSGD_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp, (uint32_t*)nullptr,
+                                                     (uint32_t*)nullptr, int64_t(n + 1)));
+  // sizes[0 … n) then a 0, scanned into at[0 … n]: at[n] is the total.
+  const size_t words = (2 * (n + 1) * sizeof(uint32_t) + 255) / 256 * 256;
+  char* base = static_cast<char*>(ws.get(words + temp, stream));
+  auto* sizes = reinterpret_cast<uint32_t*>(base);
+  uint32_t* at = sizes + n + 1;
+  SKETCHSGD_CUDA_CHECK(cudaMemsetAsync(sizes + n, 0, sizeof(uint32_t), stream));
+  varint_sizes_kernel<<<grid_for(n), kThreads, 0, stream>>>(idx, n, sizes);
+  SKETCHSGD_LAUNCH_CHECK();
+  SKETCHSGD_CUDA_CHECK(
+      cub::DeviceScan::ExclusiveSum(base + words, temp, sizes, at, int64_t(n + 1), stream));
+  varint_write_kernel<<<grid_for(n), kThreads, 0, stream>>>(idx, n, at, out);
+  SKETCHSGD_LAUNCH_CHECK();
+  SKETCHSGD_CUDA_CHECK(
+      cudaMemcpyAsync(ws.host(), at + n, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
+  SKETCHSGD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *static_cast<const uint32_t*>(ws.host());
 }
 
 void pack_ternary(const float* x, size_t n, uint8_t* codes, Stream stream) {

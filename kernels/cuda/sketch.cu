@@ -2,6 +2,7 @@
 // code the CPU kernels run, so buckets and signs are bit-identical and estimates from one table
 // agree exactly. Accumulation uses fire-and-forget atomic adds (RED) into the L2-resident table.
 #include <cub/block/block_reduce.cuh>
+#include <cuda/ptx>
 
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
@@ -121,49 +122,124 @@ __device__ __forceinline__ float4 permute_lanes(float4 v, uint32_t key) {
   }
 }
 
+/// Row r's share of the group of 4 coordinates at j (values v, aligned windows): the signed,
+/// scaled values in the window's lane order and the column of the group's first lane.
+struct GroupShare {
+  float4 value;
+  uint32_t col;
+};
+__device__ __forceinline__ GroupShare group_share(const Hashes& h, uint32_t r, uint64_t j, float4 v,
+                                                  float scale) {
+  const uint32_t w = __ldg(h.windows + r * h.blocks + (j >> h.b.shift));
+  uint32_t col = hash::window_start(w, h.cols, true) + (uint32_t(j) & (h.b.size() - 1));
+  if (col >= h.cols) col -= h.cols;
+  const hash::RowHash sh = h.row[r];
+  const float4 sv = make_float4(hash::apply_sign(hash::sign_bit(sh, uint32_t(j)), scale * v.x),
+                                hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 1)), scale * v.y),
+                                hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 2)), scale * v.z),
+                                hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 3)), scale * v.w));
+  return {permute_lanes(sv, w & 3u), col};
+}
+
+/// table[col … col + 3] += value: one vector atomic (sm_90), else four.
+__device__ __forceinline__ void add_group(float* dst, float4 d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(dst), d);
+#else
+  atomicAdd(dst, d.x);
+  atomicAdd(dst + 1, d.y);
+  atomicAdd(dst + 2, d.z);
+  atomicAdd(dst + 3, d.w);
+#endif
+}
+
+/// The group of 4 at x4[g], or zeros with its first non-finite index (relative to x, from
+/// `base`) min-ed into *first_bad: a bad group is skipped whole, as the rollback pass skips it.
+__device__ __forceinline__ bool load_group(const float4* x4, uint64_t g, uint64_t base,
+                                           unsigned long long* first_bad, float4& v) {
+  v = x4[g];
+  if (is_finite(v.x) && is_finite(v.y) && is_finite(v.z) && is_finite(v.w)) return true;
+  const uint64_t i = base + 4 * g +
+                     (!is_finite(v.x) ? 0 : !is_finite(v.y) ? 1 : !is_finite(v.z) ? 2 : 3);
+  atomicMin(first_bad, (unsigned long long)i);
+  v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  return false;
+}
+
 /// Blocked accumulate, aligned windows: one thread per group of 4 coordinates (one block, one
 /// 16-byte column group per row). One 16-byte load of x, then per row one vector atomic add
 /// (sm_90) of the signed values in the window's lane order. A group holding a non-finite value
-/// is skipped whole and its first bad index reported (the rollback pass skips the same groups).
+/// is skipped whole and its first bad index reported (the rollback pass skips the same groups);
+/// x is the caller's slice from position base.
 __global__ void accumulate_groups_kernel(Hashes h, float* table, const float* x, uint64_t groups,
-                                         uint64_t offset, float scale,
+                                         uint64_t offset, uint64_t base, float scale,
                                          unsigned long long* first_bad) {
   const float4* x4 = reinterpret_cast<const float4*>(x);
-  const uint32_t mask = h.b.size() - 1;
   for (uint64_t g = thread_index(); g < groups; g += grid_stride()) {
-    const float4 v = x4[g];
-    if (!is_finite(v.x) || !is_finite(v.y) || !is_finite(v.z) || !is_finite(v.w)) {
-      const uint64_t i = 4 * g + (!is_finite(v.x)   ? 0
-                                  : !is_finite(v.y) ? 1
-                                  : !is_finite(v.z) ? 2
-                                                    : 3);
-      atomicMin(first_bad, (unsigned long long)i);
-      continue;
-    }
-    const uint64_t j = offset + 4 * g;
-    const uint64_t block = j >> h.b.shift;
-    const uint32_t t = uint32_t(j) & mask;
+    float4 v;
+    if (!load_group(x4, g, base, first_bad, v)) continue;
     for (uint32_t r = 0; r < h.rows; ++r) {
-      const uint32_t w = __ldg(h.windows + r * h.blocks + block);
-      uint32_t col = hash::window_start(w, h.cols, true) + t;  // the group's first column
-      if (col >= h.cols) col -= h.cols;
-      const hash::RowHash sh = h.row[r];
-      const float4 sv =
-          make_float4(hash::apply_sign(hash::sign_bit(sh, uint32_t(j)), scale * v.x),
-                      hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 1)), scale * v.y),
-                      hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 2)), scale * v.z),
-                      hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 3)), scale * v.w));
-      float* dst = table + uint64_t(r) * h.cols + col;
-      const float4 d = permute_lanes(sv, w & 3u);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      atomicAdd(reinterpret_cast<float4*>(dst), d);
-#else
-      atomicAdd(dst, d.x);
-      atomicAdd(dst + 1, d.y);
-      atomicAdd(dst + 2, d.z);
-      atomicAdd(dst + 3, d.w);
-#endif
+      const GroupShare s = group_share(h, r, offset + 4 * g, v, scale);
+      add_group(table + uint64_t(r) * h.cols + s.col, s.value);
     }
+  }
+}
+
+/// Coordinates per tile of accumulate_tiles_kernel: a group of 4 per thread.
+constexpr uint32_t kTile = 4 * kThreads;
+/// Rows the tiles kernel stages in shared memory (4 KiB each); more take the groups kernel.
+constexpr uint32_t kTileRows = 8;
+
+/// Blocked accumulate by tiles (sm_90): the tile's signed values go into shared memory row by
+/// row, in the windows' column order, and one thread has the TMA unit add each row's contiguous
+/// runs to the table (cp.reduce.async.bulk .add.f32): a few bulk reductions of up to 4 KiB per
+/// (row, tile) where the groups kernel issues a 16-byte atomic per (row, group), the L2's limit
+/// there. A run is a whole window (blocks shorter than the tile) or the tile's part of one, split
+/// in two where the window wraps past the last column. Tiles start on a run boundary (the
+/// caller's split). Before sm_90 each thread adds its groups as the groups kernel does.
+__global__ void __launch_bounds__(kThreads)
+    accumulate_tiles_kernel(Hashes h, float* table, const float* x, uint64_t tiles,
+                            uint64_t offset, uint64_t base, float scale,
+                            unsigned long long* first_bad) {
+  extern __shared__ __align__(128) float4 stage[];  // rows × kTile floats
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const uint32_t run = min(h.b.size(), kTile);  // floats per window run
+  for (uint64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const uint64_t g = tile * (kTile / 4) + threadIdx.x;
+    float4 v;
+    load_group(x4, g, base, first_bad, v);
+    const uint64_t j = offset + 4 * g;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (uint32_t r = 0; r < h.rows; ++r)
+      stage[r * (kTile / 4) + threadIdx.x] = group_share(h, r, j, v, scale).value;
+    ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // visible to the TMA unit
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const float* staged = reinterpret_cast<const float*>(stage);
+      const uint64_t j0 = offset + tile * kTile;
+      for (uint32_t r = 0; r < h.rows; ++r)
+        for (uint32_t p = 0; p < kTile; p += run) {
+          const uint32_t col = group_share(h, r, j0 + p, make_float4(0, 0, 0, 0), 0.0f).col;
+          const uint32_t first = min(run, h.cols - col);  // up to the last column
+          float* row = table + uint64_t(r) * h.cols;
+          const float* src = staged + r * kTile + p;
+          ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared,
+                                          ::cuda::ptx::op_add, row + col, src, first * 4u);
+          if (first < run)
+            ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared,
+                                            ::cuda::ptx::op_add, row, src + first,
+                                            (run - first) * 4u);
+        }
+      ::cuda::ptx::cp_async_bulk_commit_group();
+      ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>());  // stage reusable
+    }
+    __syncthreads();
+#else
+    for (uint32_t r = 0; r < h.rows; ++r) {
+      const GroupShare s = group_share(h, r, j, v, scale);
+      add_group(table + uint64_t(r) * h.cols + s.col, s.value);
+    }
+#endif
   }
 }
 
@@ -283,8 +359,24 @@ void accumulate(const SketchLayout& s, float* table, const float* x, size_t n, u
                       reinterpret_cast<uintptr_t>(table) % 16 == 0;
   const size_t head = groups ? n / 4 * 4 : 0;
   if (head) {
-    accumulate_groups_kernel<<<grid_for(head / 4, 2), kThreads, 0, stream>>>(
-        h, table, x, head / 4, offset, scale, first_bad);
+    // Whole tiles from the first run boundary, groups before and after them.
+    const uint32_t run = std::min<uint32_t>(h.b.size(), kTile);
+    const size_t lead = std::min<size_t>(head, (run - offset % run) % run);
+    const uint64_t tiles = s.rows <= kTileRows ? (head - lead) / kTile : 0;
+    const size_t tail = lead + tiles * kTile;
+    if (lead)
+      accumulate_groups_kernel<<<grid_for(lead / 4, 2), kThreads, 0, stream>>>(
+          h, table, x, lead / 4, offset, 0, scale, first_bad);
+    if (tiles) {
+      const size_t smem = size_t(s.rows) * kTile * sizeof(float);
+      const unsigned grid = unsigned(std::min<uint64_t>(tiles, uint64_t(sm_count()) * 8));
+      accumulate_tiles_kernel<<<grid, kThreads, smem, stream>>>(
+          h, table, x + lead, tiles, offset + lead, lead, scale, first_bad);
+      SKETCHSGD_LAUNCH_CHECK();
+    }
+    if (tail < head)
+      accumulate_groups_kernel<<<grid_for((head - tail) / 4, 2), kThreads, 0, stream>>>(
+          h, table, x + tail, (head - tail) / 4, offset + tail, tail, scale, first_bad);
     SKETCHSGD_LAUNCH_CHECK();
   }
   if (head < n) {
@@ -314,7 +406,7 @@ void estimate_all(const SketchLayout& s, const float* table, float* out, Stream 
 }
 
 void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val,
-                   Workspace& ws, Stream stream) {
+                   Workspace& ws, Stream stream, Order order) {
   SKETCHSGD_REQUIRE(k <= s.dim, InvalidArgument, "estimate_topk: k = ", k,
                     " exceeds dim = ", s.dim);
   // Random buckets: an estimate costs r scattered gathers and a median, so compute them once
@@ -326,11 +418,11 @@ void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t
     // Blocked, aligned: every estimate written once by the grouped kernel (16-byte loads, signs
     // and window words shared by 4 coordinates), then the selection reads floats.
     select::topk_filled([&](float* out, Stream st) { estimate_all(s, table, out, st); }, s.dim, k,
-                        idx, val, ws, stream);
+                        idx, val, ws, stream, order);
     return;
   }
   with_estimator(
-      s, table, [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, s.block == 0); });
+      s, table, [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, s.block == 0, order); });
 }
 
 void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n,
@@ -352,11 +444,11 @@ void l2_estimate(const SketchLayout& s, const float* table, double* out, Workspa
 }
 
 void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspace& ws,
-          Stream stream) {
+          Stream stream, Order order) {
   SKETCHSGD_REQUIRE(k <= n, InvalidArgument, "topk: k = ", k, " exceeds n = ", n);
   SKETCHSGD_REQUIRE(n < (uint64_t(1) << 32), InvalidArgument, "topk: n = ", n,
                     " needs 32-bit indices");
-  select::topk(select::Values{x}, n, k, idx, val, ws, stream, false);
+  select::topk(select::Values{x}, n, k, idx, val, ws, stream, false, order);
 }
 
 }  // namespace sketchsgd::kernels::cuda

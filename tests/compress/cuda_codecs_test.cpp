@@ -121,6 +121,8 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
   const uint64_t dim = 500009;
   for (const char* spec :
        {"sketch:rows=5,cols=50000,k=5000", "sketch:rows=1,cols=50000,k=5000,fetch=1",
+        // The update delta-coded on the device.
+        "sketch:rows=5,cols=50000,k=5000,index=delta", "sketch:rows=3,cols=50000,k=4000,fetch=1,index=delta",
         "sketch:rows=3,cols=50000,k=2000,p2=2",
         // A layout (500 x 1000 + 9): the bias whole, the selection past it, resets uploaded.
         "sketch:rows=1,cols=50000,k=5000,fetch=1,layout=500x1000+9"}) {

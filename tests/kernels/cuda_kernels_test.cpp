@@ -140,6 +140,10 @@ TEST(Cuda, EstimateTopkFindsPlantedHeavyHittersLikeCpu) {
     cu::estimate_topk(s, dt.get(), k, gi.get(), gv.get(), ws);
     EXPECT_EQ(gi.host(), ci) << "k=" << k;
     EXPECT_BITS_EQ(gv.host(), cv);
+    cpu::estimate_topk(s, table.data(), k, ci.data(), cv.data(), kernels::Order::Index);
+    cu::estimate_topk(s, dt.get(), k, gi.get(), gv.get(), ws, nullptr, kernels::Order::Index);
+    EXPECT_EQ(gi.host(), ci) << "by index: k=" << k;
+    EXPECT_BITS_EQ(gv.host(), cv);
     if (k == 1000) {
       auto found = gi.host();
       std::sort(found.begin(), found.end());
@@ -239,6 +243,11 @@ void expect_topk_like_cpu(const std::vector<float>& x, size_t k, cu::Workspace& 
   Dev<float> gv(k);
   cu::topk(dx.get(), x.size(), k, gi.get(), gv.get(), ws);
   EXPECT_EQ(gi.host(), ci) << "n=" << x.size() << " k=" << k;
+  EXPECT_BITS_EQ(gv.host(), cv);
+  // By index: the same k, sorted on the device.
+  cpu::topk(x.data(), x.size(), k, ci.data(), cv.data(), kernels::Order::Index);
+  cu::topk(dx.get(), x.size(), k, gi.get(), gv.get(), ws, nullptr, kernels::Order::Index);
+  EXPECT_EQ(gi.host(), ci) << "by index: n=" << x.size() << " k=" << k;
   EXPECT_BITS_EQ(gv.host(), cv);
 }
 
@@ -372,6 +381,33 @@ TEST(Cuda, VectorKernelsMatchCpuBitForBit) {
       ASSERT_NEAR(gs[c].abs_mean, cs[c].abs_mean, 1e-6f * cs[c].abs_mean) << c;
       ASSERT_NEAR(gs[c].stddev, cs[c].stddev, 1e-6f * cs[c].stddev) << c;
     }
+  }
+}
+
+/// The update's delta-coded indices: the device's lengths, scan and writes give the CPU's bytes,
+/// for gaps of every varint length.
+TEST(Cuda, DeltaCodingMatchesTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  cu::Workspace ws;
+  for (size_t n : {size_t(1), size_t(5), size_t(100003)}) {
+    std::vector<uint32_t> idx;
+    const uint64_t budget = (uint64_t(1) << 32) / n;  // the last index stays below 2^32
+    for (uint64_t next = 0; idx.size() < n;) {
+      const uint64_t gap = (rng() & ((uint64_t(1) << (rng() % 33)) - 1)) % budget;
+      idx.push_back(uint32_t(next + gap));
+      next += gap + 1;
+    }
+    std::vector<uint8_t> want(cpu::delta_bytes(idx.data(), n));
+    cpu::delta_encode(idx.data(), n, want.data());
+    Dev<uint32_t> di(idx);
+    Dev<uint8_t> out(5 * n);
+    ASSERT_EQ(cu::delta_encode(di.get(), n, out.get(), ws), want.size()) << n;
+    auto got = out.host();
+    got.resize(want.size());
+    EXPECT_EQ(got, want) << n;
   }
 }
 

@@ -99,6 +99,17 @@ TEST(TopK, AllEqualMagnitudesPickSmallestIndices) {
   }
 }
 
+TEST(DeltaCoding, GapsAsLittleEndianBase128Varints) {
+  // Gaps 5, 0, 127 (one byte each), 128 (two), 2^21 (four), then one near 2^32 (five).
+  const std::vector<uint32_t> idx = {5, 6, 134, 263, 263 + (1u << 21) + 1, 0xFFFFFFFFu};
+  const std::vector<uint8_t> want = {5,    0,    127,  0x80, 0x01, 0x80, 0x80,
+                                     0x80, 0x01, 0xF6, 0xFD, 0xFF, 0xFE, 0x0F};
+  ASSERT_EQ(kernels::cpu::delta_bytes(idx.data(), idx.size()), want.size());
+  std::vector<uint8_t> got(want.size());
+  kernels::cpu::delta_encode(idx.data(), idx.size(), got.data());
+  EXPECT_EQ(got, want);
+}
+
 TEST(Signs, PackUnpackExactWithPadding) {
   for (size_t n : {1u, 31u, 32u, 33u, 1000u, 65537u}) {
     auto x = test::gaussian(n, n);

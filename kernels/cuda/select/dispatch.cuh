@@ -12,7 +12,8 @@
 // by the key prefix fixed so far. After the last level the threshold key is exact; ties at it are
 // broken by smallest index (sorting the tie buffer, or an order-preserving block scan over the
 // input when it overflowed), and the k winners are sorted by (|v| desc, index asc): the same total
-// order as the CPU kernels.
+// order as the CPU kernels; or by index (what a sparse message carries), a radix sort over only the
+// index bits n needs.
 #pragma once
 
 #include <cub/device/device_radix_sort.cuh>
@@ -71,7 +72,11 @@ inline size_t temp_bytes(uint64_t n, uint64_t k) {
   SKETCHSGD_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(nullptr, b, k64, p32, int64_t(k)));
   SKETCHSGD_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, c, (uint32_t*)nullptr,
                                                      (uint32_t*)nullptr, int(kTieBlocks)));
-  return std::max({a, b, c});
+  size_t d = 0;  // the winners by index, into the caller's arrays
+  SKETCHSGD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, d, (const uint32_t*)nullptr,
+                                                       (uint32_t*)nullptr, (const float*)nullptr,
+                                                       (float*)nullptr, int64_t(k)));
+  return std::max({a, b, c, d});
 }
 
 inline const State& read_state(const Buffers& b, Workspace& ws, Stream stream) {
@@ -81,10 +86,17 @@ inline const State& read_state(const Buffers& b, Workspace& ws, Stream stream) {
   return *static_cast<const State*>(ws.host());
 }
 
+/// Bits an index below n needs (the index sort skips the rest).
+inline int index_bits(uint64_t n) {
+  int bits = 1;
+  while (bits < 32 && (uint64_t(1) << bits) < n) ++bits;
+  return bits;
+}
+
 /// Levels 0 … 2 after the level-0 histogram, the ties, and the final ordering.
 template <class V>
 void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Buffers& b,
-            uint64_t cap, Workspace& ws, Stream stream) {
+            uint64_t cap, Workspace& ws, Stream stream, Order order) {
   const uint64_t n = full.n;
   choose_kernel<1024><<<1, 1024, 0, stream>>>(b.st, b.hist, 0);
   SKETCHSGD_LAUNCH_CHECK();
@@ -142,6 +154,12 @@ void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Bu
     src_n = from_full ? n : appended;
   }
 
+  if (order == Order::Index) {  // indices are distinct: the order is total
+    size_t bytes = b.temp_bytes;
+    SKETCHSGD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(b.temp, bytes, b.out_idx, idx, b.out_val,
+                                                         val, int64_t(k), 0, index_bits(n), stream));
+    return;
+  }
   // The k winners in the total order (|v| desc, index asc).
   order_keys_kernel<<<grid_for(k), kThreads, 0, stream>>>(b.out_idx, b.out_val, k, b.keys[0],
                                                           b.pos[0]);
@@ -161,13 +179,13 @@ void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Bu
 /// over the input: worth it when a value costs more than reading 8 bytes.
 template <class V>
 void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream,
-          bool materialize);
+          bool materialize, Order order);
 
 /// The same with the values written first by fill(float* out, stream) (n floats of workspace):
 /// for values a dedicated kernel computes faster than one at a time.
 template <class Fill>
 void topk_filled(Fill fill, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws,
-                 Stream stream) {
+                 Stream stream, Order order) {
   if (k == 0 || n == 0) return;
   const size_t tb = temp_bytes(n, k);
   uint64_t total = 0;
@@ -183,12 +201,12 @@ void topk_filled(Fill fill, uint64_t n, uint64_t k, uint32_t* idx, float* val, W
   const Full<Values> full{Values{store}, n};
   histogram_kernel<<<grid_for(n, kPer), kThreads, 0, stream>>>(full, b.hist, nullptr);
   SKETCHSGD_LAUNCH_CHECK();
-  finish(full, k, idx, val, b, capacity(n, k), ws, stream);
+  finish(full, k, idx, val, b, capacity(n, k), ws, stream, order);
 }
 
 template <class V>
 void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace& ws, Stream stream,
-          bool materialize) {
+          bool materialize, Order order) {
   if (k == 0 || n == 0) return;
   const size_t tb = temp_bytes(n, k);
   uint64_t total = 0;
@@ -208,9 +226,9 @@ void topk(V value, uint64_t n, uint64_t k, uint32_t* idx, float* val, Workspace&
   histogram_kernel<<<grid_for(n, kPer), kThreads, 0, stream>>>(full, b.hist, store);
   SKETCHSGD_LAUNCH_CHECK();
   if (materialize)
-    finish(Full<Values>{Values{store}, n}, k, idx, val, b, cap, ws, stream);
+    finish(Full<Values>{Values{store}, n}, k, idx, val, b, cap, ws, stream, order);
   else
-    finish(full, k, idx, val, b, cap, ws, stream);
+    finish(full, k, idx, val, b, cap, ws, stream, order);
 }
 
 }  // namespace sketchsgd::kernels::cuda::select

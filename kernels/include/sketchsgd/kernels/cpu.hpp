@@ -175,6 +175,10 @@ void qsgd_pack(const float* x, size_t n, size_t chunk, const float* norms, uint3
 /// write (or non-zero padding) without writing anything, else kNone.
 size_t qsgd_unpack(const uint8_t* codes, size_t n, size_t chunk, const float* norms, uint32_t bits,
                    float weight, float* out, bool accumulate);
+/// Bytes the delta coding of n strictly increasing indices takes (elem::varint_bytes).
+size_t delta_bytes(const uint32_t* idx, size_t n);
+/// Writes that coding into out (delta_bytes(idx, n) bytes).
+void delta_encode(const uint32_t* idx, size_t n, uint8_t* out);
 
 }  // namespace cpu
 }  // namespace sketchsgd::kernels

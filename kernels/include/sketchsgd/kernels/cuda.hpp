@@ -41,10 +41,11 @@ void estimate(const SketchLayout& s, const float* table, const uint32_t* idx, si
 /// out[j] for every coordinate j < dim.
 void estimate_all(const SketchLayout& s, const float* table, float* out, Stream stream = nullptr);
 /// The k coordinates of largest estimated magnitude, ordered as cpu::estimate_topk (|value|
-/// descending, index ascending): a radix select on the estimates computed on the fly, never an
-/// r × d or d-sized intermediate. Synchronises on the stream to read back candidate counts.
+/// descending, index ascending) or by index: a radix select on the estimates computed on the fly,
+/// never an r × d or d-sized intermediate. Synchronises on the stream to read back candidate
+/// counts.
 void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t* idx, float* val,
-                   Workspace& ws, Stream stream = nullptr);
+                   Workspace& ws, Stream stream = nullptr, Order order = Order::Magnitude);
 /// Zeroes in every row the bucket each of the n coordinates idx hashes to.
 void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n,
                   Stream stream = nullptr);
@@ -56,7 +57,7 @@ void l2_estimate(const SketchLayout& s, const float* table, double* out, Workspa
 /// The k largest |x[j]|, ordered as cpu::topk. Radix select, 11 bits per pass, candidates
 /// compacted between passes; reads x about twice. Synchronises on the stream (candidate counts).
 void topk(const float* x, size_t n, size_t k, uint32_t* idx, float* val, Workspace& ws,
-          Stream stream = nullptr);
+          Stream stream = nullptr, Order order = Order::Magnitude);
 
 // ---- dense matrices (row-major, as cpu::gemm; cuBLAS) -----------------------------------------
 void gemm(bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha, const float* a,
@@ -100,6 +101,11 @@ void count_negative(const uint32_t* words, size_t n, uint32_t* neg, Stream strea
 void ternarize(const float* x, size_t n, size_t chunk, const float* scales, uint64_t seed,
                uint64_t stream_id, uint8_t* codes, Stream stream = nullptr);
 void pack_ternary(const float* x, size_t n, uint8_t* codes, Stream stream = nullptr);
+/// cpu::delta_encode of n strictly increasing indices into out (room for 5 · n bytes): a length
+/// per index, a scan, then every varint written at its offset. Returns the bytes written
+/// (synchronises on the stream to read it).
+size_t delta_encode(const uint32_t* idx, size_t n, uint8_t* out, Workspace& ws,
+                    Stream stream = nullptr);
 /// Writes nothing when any code is invalid; *first_bad (device, preset to UINT64_MAX) receives
 /// the first invalid position. Validation and decoding are two launches on the stream.
 void unpack_ternary(const uint8_t* codes, size_t n, size_t chunk, const float* scales, float weight,

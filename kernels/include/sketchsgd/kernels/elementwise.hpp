@@ -123,4 +123,18 @@ SKETCHSGD_HD float gram_schmidt_inverse(double norm2) {
   return norm > 0.0 && is_finite(inv) && inv != 0.0f ? inv : 0.0f;
 }
 
+/// Delta-coded sparse indices (strictly increasing): entry i carries the gap idx[i] − idx[i−1] − 1
+/// (idx[0] itself first) as a little-endian base-128 varint of 1-5 bytes, the high bit of a byte
+/// saying that another follows.
+SKETCHSGD_HD uint32_t index_gap(const uint32_t* idx, uint64_t i) {
+  return i == 0 ? idx[0] : idx[i] - idx[i - 1] - 1;
+}
+SKETCHSGD_HD uint32_t varint_bytes(uint32_t v) {
+  return 1u + (v >= (1u << 7)) + (v >= (1u << 14)) + (v >= (1u << 21)) + (v >= (1u << 28));
+}
+SKETCHSGD_HD void put_varint(uint8_t* out, uint32_t v) {
+  for (; v >= 0x80u; v >>= 7) *out++ = uint8_t(0x80u | (v & 0x7Fu));
+  *out = uint8_t(v);
+}
+
 }  // namespace sketchsgd::elem

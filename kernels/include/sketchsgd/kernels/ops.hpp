@@ -76,6 +76,9 @@ void topk(const Device& d, Scratch& s, std::span<const float> x, size_t k,
 /// Per-chunk statistics of x.
 std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::span<const float> x,
                                              size_t chunk);
+/// The delta coding of strictly increasing indices (cpu::delta_encode's format), in d's memory
+/// (scratch slot 0).
+std::span<const uint8_t> delta_encode(const Device& d, Scratch& s, std::span<const uint32_t> idx);
 /// 32 signs per word (cpu::pack_signs's format).
 std::vector<uint32_t> pack_signs(const Device& d, Scratch& s, std::span<const float> x);
 /// out (+)= scales[j / chunk] · sign bit j (scales empty: 1).
@@ -131,17 +134,21 @@ void estimate(const Device& d, const kernels::SketchLayout& l, const float* tabl
               std::span<const uint32_t> idx, std::span<float> out);
 void estimate_all(const Device& d, const kernels::SketchLayout& l, const float* table,
                   std::span<float> out);
-/// The k = idx.size() largest estimates by magnitude into idx and val (device memory).
+/// The k = idx.size() largest estimates into idx and val (device memory), by magnitude or index.
 void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
-                   std::span<uint32_t> idx, std::span<float> val);
+                   std::span<uint32_t> idx, std::span<float> val,
+                   kernels::Order order = kernels::Order::Magnitude);
 /// The same on the host, in the order asked for.
 void estimate_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
                    size_t k, kernels::Order order, std::vector<uint32_t>& idx,
                    std::vector<float>& val);
-/// The k largest estimates on the host, and every bucket they hash to zeroed in each of `reset`
-/// (tables of the same layout; FetchSGD's selection). On the CPU in index order, where a one-row
-/// sketch selects without estimating every coordinate; on a GPU by magnitude, selected and reset
-/// on the device so that only the k results come back.
+/// The k = idx.size() largest estimates in index order (device memory), and every bucket they
+/// hash to zeroed in each of `reset` (tables of the same layout; FetchSGD's selection). Index
+/// order: what the update carries, and where a one-row sketch on the CPU selects without
+/// estimating every coordinate.
+void extract_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
+                  std::span<float* const> reset, std::span<uint32_t> idx, std::span<float> val);
+/// The same with the k results on the host.
 void extract_topk(const Device& d, Scratch& s, const kernels::SketchLayout& l, const float* table,
                   size_t k, std::span<float* const> reset, std::vector<uint32_t>& idx,
                   std::vector<float>& val);

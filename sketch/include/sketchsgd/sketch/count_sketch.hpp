@@ -90,13 +90,17 @@ class CountSketch {
   /// The k coordinates of largest estimated magnitude (k ≤ dim), on the host. Index order is
   /// the cheaper one for one-row sketches on the CPU (see kernels::cpu::estimate_topk).
   TopK top_k(uint64_t k, TopKOrder order = TopKOrder::Magnitude) const;
-  /// The same into idx and val (k = idx.size() = val.size(), in the sketch's memory), by
-  /// magnitude.
-  void top_k(std::span<uint32_t> idx, std::span<float> val) const;
-  /// FetchSGD's selection: the k coordinates of largest estimated magnitude, on the host (in index
-  /// order on the CPU, by magnitude on a GPU), with every bucket they hash to zeroed in this
-  /// sketch and in `also` (compatible sketches on the same device).
+  /// The same into idx and val (k = idx.size() = val.size(), in the sketch's memory): on a GPU
+  /// nothing comes back to the host.
+  void top_k(std::span<uint32_t> idx, std::span<float> val,
+             TopKOrder order = TopKOrder::Magnitude) const;
+  /// FetchSGD's selection: the k coordinates of largest estimated magnitude, on the host in index
+  /// order, with every bucket they hash to zeroed in this sketch and in `also` (compatible
+  /// sketches on the same device).
   TopK extract_top_k(uint64_t k, std::span<CountSketch* const> also = {});
+  /// The same into idx and val (k = idx.size() = val.size(), in the sketch's memory).
+  void extract_top_k(std::span<uint32_t> idx, std::span<float> val,
+                     std::span<CountSketch* const> also = {});
   /// Estimate of ‖x‖₂: sqrt of the median over rows of the row's sum of squares.
   double l2_estimate() const;
 
@@ -114,6 +118,10 @@ class CountSketch {
 
  private:
   void check_indices(std::span<const uint32_t> indices, const char* what) const;
+  /// Result slots of a selection: equal lengths, k ≤ dim, in this sketch's memory.
+  void check_results(std::span<uint32_t> idx, std::span<float> val, const char* what) const;
+  /// This table and the others' that a FetchSGD selection zeroes (checked compatible).
+  std::vector<float*> reset_tables(std::span<CountSketch* const> also);
 
   SketchConfig config_;
   Device device_;
