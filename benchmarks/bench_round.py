@@ -11,8 +11,15 @@ warm-up rounds; the GPU synchronised around each timed call.
     .venv/bin/python benchmarks/bench_round.py --python /tmp/old/build/default/python --json old.json
 
 --python points at another build of the package, to compare two builds in alternating runs.
+--report RUNS --table NAME makes the docs' table docs/data/tables/NAME.json from runs' JSON (a
+comma-separated list: each row the median over them), --before OLD,... adding the other build's
+round and its ratio:
+
+    .venv/bin/python benchmarks/bench_round.py --report new-1.json,new-2.json --before old-1.json,old-2.json \
+        --table sketch-round-cpu --machine "the 2-core dev machine"
 """
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -46,7 +53,18 @@ def main():
     ap.add_argument("--threads", type=count, default=None, help="torch's and OpenMP's threads (CPU)")
     ap.add_argument("--python", default=os.path.join(ROOT, "build/default/python"), help="where the sketchsgd package is")
     ap.add_argument("--json", help="write the medians here")
+    ap.add_argument("--report", type=items(str), help="make a table of these runs' JSON instead of running")
+    ap.add_argument("--before", type=items(str), help="with --report: runs of the build before, for a ratio")
+    ap.add_argument("--table", help="with --report: the table's name (docs/data/tables/NAME.json)")
+    ap.add_argument("--machine", default="the 2-core dev machine", help="with --report: the table's machine")
     args = ap.parse_args()
+    if args.report or args.before or args.table:
+        if not (args.report and args.table):
+            ap.error("--report and --table go together (--before is optional)")
+        for f in args.report + (args.before or []):
+            if not os.path.isfile(f):
+                ap.error(f"no such run file: {f}")
+        return report(args)
     if max(args.k) > args.dim:
         ap.error(f"--k {max(args.k)} exceeds --dim {args.dim}")
     sys.path.insert(0, os.path.abspath(args.python))
@@ -99,6 +117,46 @@ def main():
             json.dump({"device": args.device, "name": name, "torch": torch.__version__, "dim": args.dim,
                        "rows": args.rows, "cols": args.cols, "rounds": args.rounds, "command": " ".join(sys.argv),
                        "results": rows}, f, indent=1)
+
+
+def medians(files):
+    """Per (k, index, fetch): the median round and encode_sum over the runs, and the first run."""
+    runs = [json.load(open(f)) for f in files]
+    out = {}
+    for r in runs[0]["results"]:
+        key = (r["k"], r["index"], r["fetch"])
+        same = [x for run in runs for x in run["results"] if (x["k"], x["index"], x["fetch"]) == key]
+        out[key] = dict(r, round_ms=statistics.median(x["round_ms"] for x in same),
+                        encode_sum_ms=statistics.median(x["encode_sum_ms"] for x in same))
+    return runs[0], out
+
+
+def report(args):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import doc_tables
+    first, new = medians(args.report)
+    old = medians(args.before)[1] if args.before else {}
+    columns = ["k", "index", "codec", "worker encode_sum ms", "server round ms"]
+    if old:
+        columns += ["encode_sum: before / now", "round: before / now"]
+    columns += ["update bytes"]
+    rows = []
+    for key, r in new.items():
+        row = [f"{r['k']:,}", r["index"], "FetchSGD" if r["fetch"] else "sketch", f"{r['encode_sum_ms']:.3f}",
+               f"**{r['round_ms']:.3f}**"]
+        if old:
+            b = old[key]
+            row += [f"{b['encode_sum_ms'] / r['encode_sum_ms']:.2f}×", f"{b['round_ms'] / r['round_ms']:.2f}×"]
+        rows.append(row + [f"{r['update_bytes']:,}"])
+    runs = len(args.report)
+    note = (f"d = {first['dim']:,}, r = {first['rows']}, c = {first['cols']:,}, {first['device']} "
+            f"({first['name']}, torch {first['torch']}); medians of {first['rounds']} rounds"
+            + (f", the median over {runs} runs" if runs > 1 else "")
+            + (f" alternating with the build before ({len(args.before)} runs)" if old else "") + ".")
+    doc_tables.write(os.path.join(ROOT, "docs/data/tables", args.table + ".json"), first["command"],
+                     datetime.date.today().isoformat(), args.machine, columns, rows,
+                     data=", ".join(args.report + (args.before or [])), note=note)
+    print(f"wrote docs/data/tables/{args.table}.json")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #include "payload.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/core/gpu.hpp>
 #include <sketchsgd/core/half.hpp>
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
@@ -44,8 +46,15 @@ void write_sparse(const Device& d, Scratch& s, ByteWriter& w, std::span<const ui
   const auto coded = f.delta ? ops::delta_encode(d, s, idx)
                              : std::span(reinterpret_cast<const uint8_t*>(idx.data()),
                                          idx.size_bytes());
-  detail::copy_bytes(w.grow(coded.size()), coded.data(), coded.size(), d);
-  detail::copy_bytes(w.grow(val.size_bytes()), val.data(), val.size_bytes(), d);
+  // Both parts into pinned memory (one wait), then into the message: a device-to-pageable copy
+  // runs at a fraction of the speed.
+  const size_t n = coded.size(), m = val.size_bytes();
+  auto* staged = static_cast<uint8_t*>(s.workspace().host(n + m));
+  gpu::copy_async(staged, coded.data(), n, d.stream);
+  gpu::copy_async(staged + n, val.data(), m, d.stream);
+  gpu::synchronize(d.stream);
+  std::memcpy(w.grow(n), staged, n);
+  std::memcpy(w.grow(m), staged + n, m);
 }
 
 namespace {

@@ -135,8 +135,14 @@ void* Workspace::get(size_t bytes, Stream stream) {
   return ptr_;
 }
 
-void* Workspace::host() {
-  if (!host_) SKETCHSGD_CUDA_CHECK(cudaMallocHost(&host_, 256));
+void* Workspace::host(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 256);
+  if (bytes <= host_size_) return host_;
+  if (host_ && cudaFreeHost(host_) != cudaSuccess) (void)cudaGetLastError();
+  host_ = nullptr;
+  host_size_ = 0;
+  SKETCHSGD_CUDA_CHECK(cudaMallocHost(&host_, bytes));
+  host_size_ = bytes;
   return host_;
 }
 

@@ -48,7 +48,7 @@ Workspace::~Workspace() = default;
 void* Workspace::get(size_t, Stream) {
   absent();
 }
-void* Workspace::host() {
+void* Workspace::host(size_t) {
   absent();
 }
 

@@ -297,11 +297,16 @@ def worker(rank, args, port, queue):
                       flush=True)
         if args.fsdp:
             model.reshard()  # the root keeps its parameters gathered after a forward without backward
-        flat = torch.cat([(p.full_tensor() if args.fsdp else p).detach().reshape(-1).cpu()
+        # Under FSDP a rank's digest is of its own shards (to_local: DTensor.full_tensor's gloo
+        # all-gather of CUDA tensors died with a bus error on torch 2.11), summed below per replica.
+        flat = torch.cat([(p.to_local() if args.fsdp else p).detach().reshape(-1).cpu()
                           for p in model.parameters()])
         digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum())])
         gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(W)]
         dist.all_gather(gathered, digest.double().to(device) if backend == "nccl" else digest.double())
+        if args.fsdp:  # mesh (replicate, shard) in rank order: a replica's ranks are consecutive
+            per = W // (args.replicas if args.fsdp == "hsdp" else 1)
+            gathered = [sum(g.cpu() for g in gathered[i:i + per]) for i in range(0, W, per)]
         same = all(torch.equal(g.cpu(), gathered[0].cpu()) for g in gathered)
         dist.barrier()  # gloo's shutdown can hang unless every rank got here
         if rank == 0:

@@ -27,6 +27,10 @@
 #                                      HOOK_ROUNDS=3 times the hooks in turn three times;
 #                                      PYTEST_ARGS="tests/python/test_outer.py" narrows the tests;
 #                                      GPU_EXTRAS=0: the tests only)
+#   bash scripts/gpu.sh round          there, after prepare and demo-prepare here: the sketch
+#                                      server's round, the accumulate and the hooks' fp16/bf16
+#                                      wires on NCCL at device speed (GPU tests, memcheck, kernel
+#                                      benchmarks, bench_round.py, bench_hook.py), in one call
 #   bash scripts/gpu.sh network [ARGS] there, after `python`: bench_network.py (DDP over network
 #                                      namespaces, a CPU rank per host) with that package, on the
 #                                      machine's 16 cores; ARGS go to it (ip and tc staged by
@@ -264,20 +268,20 @@ demo() {
   cat "$REPORT/summary.txt"
 }
 
-python_check() {
-  set -e
+# Builds the package for the machine's Python and PyTorch into $PYBUILD (its python/ on PYTHONPATH).
+python_build() {
   local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_PY:-build/gpu-python}
-  REPORT=${REPORT:-build/gpu-python-out}
-  [ -d "$deps/pybind11" ] || { echo "no $deps/pybind11: run 'scripts/gpu.sh demo-prepare' first" >&2; exit 1; }
+  PYBUILD=$build
+  [ -d "$deps/pybind11" ] || { echo "no $deps/pybind11: run 'scripts/gpu.sh demo-prepare' first" >&2; return 1; }
   mkdir -p "$REPORT"
   use_deps "$deps"
-  "$PY" -c 'import torch; assert torch.cuda.is_available(), "this PyTorch sees no GPU"; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
+  "$PY" -c 'import torch; assert torch.cuda.is_available(), "this PyTorch sees no GPU"; print("torch", torch.__version__, torch.cuda.get_device_name(0))' || return 1
   step "configure + build $build"
   # The machine's compiler (/opt/gcc) links its own libstdc++ statically, and a second copy of
   # the C++ runtime beside the interpreter's (torch's) crashed in locale code: link the
   # libstdc++ that the Python process loads, found -L first.
   local stdcxx
-  stdcxx=$("$PY" -c 'import torch; print(next(l.split()[-1] for l in open("/proc/self/maps") if "libstdc++.so" in l))')
+  stdcxx=$("$PY" -c 'import torch; print(next(l.split()[-1] for l in open("/proc/self/maps") if "libstdc++.so" in l))') || return 1
   mkdir -p "$build/stdcxx"
   ln -sf "$stdcxx" "$build/stdcxx/libstdc++.so"
   echo "libstdc++ of $PY: $stdcxx"
@@ -285,15 +289,23 @@ python_check() {
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSKETCHSGD_SERVER=OFF -DSKETCHSGD_DEMO=OFF \
     -DSKETCHSGD_TESTS=OFF -DSKETCHSGD_BENCHMARKS=OFF -DSKETCHSGD_PYTHON=ON "-DCMAKE_PREFIX_PATH=$deps" \
     "-DCMAKE_SHARED_LINKER_FLAGS=-L$PWD/$build/stdcxx" "-DCMAKE_MODULE_LINKER_FLAGS=-L$PWD/$build/stdcxx" \
-    -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$deps/pybind11/lib/cmake/pybind11" > "$REPORT/configure.log"
-  cmake --build "$build" --target sketchsgd_python
+    -DPython_EXECUTABLE="$(command -v "$PY")" -Dpybind11_DIR="$deps/pybind11/lib/cmake/pybind11" > "$REPORT/configure.log" || return 1
+  cmake --build "$build" --target sketchsgd_python || return 1
   if ! ldd "$build/libsketchsgd.so" | grep -q 'libstdc++'; then
-    fail "libsketchsgd.so carries a static libstdc++ (see configure.log)"
-    finish python
+    echo "libsketchsgd.so carries a static libstdc++ (see configure.log)" >&2
+    return 1
   fi
   # The machine's pytest if it has one (the staged Debian one clashes with its plugins).
   "$PY" -c 'import pytest' 2>/dev/null || export PYTHONPATH=$deps/python${PYTHONPATH:+:$PYTHONPATH}
   export PYTHONPATH=$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}
+}
+
+python_check() {
+  REPORT=${REPORT:-build/gpu-python-out}
+  mkdir -p "$REPORT"
+  python_build || { fail "build the Python package"; finish python; }
+  set -e
+  local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=$PYBUILD
   step "Python tests (GPU variants must run)"
   export SKETCHSGD_FASHION=$deps/data SKETCHSGD_TEXT=$deps/text  # the workloads' data (deps is absolute)
   # PYTEST_ARGS narrows the run (default: every Python test).
@@ -337,6 +349,46 @@ python_check() {
   finish python
 }
 
+# The sketch server's round, the accumulate and the hooks' half-precision wires at device speed,
+# in one call: the C++ GPU tests and memcheck of the kernels they use, the sketch kernels'
+# benchmarks, the Python package (built here as `python` builds it) with its CUDA compressor
+# tests, bench_round.py at d = 2^27 and bench_hook.py on NCCL with fp16 and bf16 wires, memcheck
+# last (MEMCHECK_S caps it). Needs `prepare` and `demo-prepare` (their data and text folders may
+# stay behind: none is read); BUILD may name a copy of build/gpu with only the test and benchmark
+# programs and the libraries.
+round_check() {
+  REPORT=${REPORT:-$BUILD/gpu-round}
+  mkdir -p "$REPORT"
+  use_build
+  step "device"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  step "GPU tests"
+  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_filter='Cuda*:Crc32c.*:DeltaCoding.*' 2>&1 |
+    tee "$REPORT/tests.log" || fail "GPU tests (see tests.log)"
+  grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
+  step "sketch kernels (GoogleTest benchmarks)"
+  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_filter='BM_CopyDeviceToDevice|BM_Accumulate/134217728/5|BM_UnsketchTopk/134217728/5' \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out="$REPORT/kernels.json" \
+    --benchmark_out_format=json || fail "GPU benchmarks"
+  python_build || { fail "build the Python package"; finish round; }
+  step "Python: the CUDA compressor tests"
+  "$PY" -m pytest -q -p no:cacheprovider -k cuda tests/python/test_compressor.py 2>&1 | tee "$REPORT/pytest.log" ||
+    fail "Python CUDA tests"
+  step "the server's round and the accumulate at d = 2^27 (bench_round.py)"
+  "$PY" benchmarks/bench_round.py --device cuda --dim 134217728 --rounds 10 --python "$PYBUILD/python" \
+    --json "$REPORT/round.json" || fail "bench_round.py"
+  step "the hooks on NCCL (a group of one) with fp16 and bf16 wires, against PyTorch's rank 4"
+  "$PY" benchmarks/bench_hook.py --device cuda --width 4096 --steps 50 --threads 8 --python "$PYBUILD/python" \
+    --only 'none,torch:powersgd:rank=4,wire=' --json "$REPORT/hook-wires.json" || fail "hooks with half wires"
+  step "compute-sanitizer memcheck (the round's kernels; at most ${MEMCHECK_S:-150} s)"
+  timeout "${MEMCHECK_S:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
+    "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
+    --gtest_filter='Cuda.DeltaCoding*:Cuda.TopkBreaksTies*:Cuda.AccumulateSkips*:CudaBlocked.*:CudaSketch.ExtractTopK*' \
+    > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see memcheck.log)"
+  tail -n 3 "$REPORT/memcheck.log"
+  finish round
+}
+
 network() {
   local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_PY:-build/gpu-python}
   REPORT=${REPORT:-build/gpu-network-out}
@@ -360,9 +412,10 @@ case "$cmd" in
   demo-prepare) demo_prepare ;;
   demo) demo "$@" ;;
   python) python_check ;;
+  round) round_check ;;
   network) network "$@" ;;
   *)
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$cmd" ] || [ "$cmd" = help ] || [ "$cmd" = -h ] || [ "$cmd" = --help ] || exit 2
     ;;
 esac

@@ -54,7 +54,10 @@ def _groups(module):
     found = []
     for m in module.modules():
         if isinstance(m, FSDPModule):
-            groups = m._get_fsdp_state()._fsdp_param_groups
+            fsdp = m._get_fsdp_state()
+            groups = getattr(fsdp, "_fsdp_param_groups", None)
+            if groups is None:  # torch ≤ 2.11: one group or none, and no list of them
+                groups = [g for g in [fsdp._fsdp_param_group] if g is not None]
             if len(groups) > 1:
                 raise ValueError(f"{type(m).__name__}: several FSDP parameter groups (a per-parameter mesh); "
                                  "sketchsgd.fsdp takes one mesh per module")

@@ -154,8 +154,9 @@ TEST(Cuda, EstimateTopkFindsPlantedHeavyHittersLikeCpu) {
 
 /// Blocked hashing on the GPU against the CPU: the same window words; tables to rounding through
 /// the vector-atomic path (aligned windows, whole groups) and the per-coordinate path (unaligned
-/// windows, a slice off a group boundary, tiny blocks); estimates, top-k and FetchSGD's reset
-/// bit for bit from one table; the first non-finite coordinate found on the vector path.
+/// windows, a slice off a group boundary, tiny blocks) and the tiles' bulk reductions (runs of a
+/// window, of several windows, wrapping past the last column); estimates, top-k and FetchSGD's
+/// reset bit for bit from one table; the first non-finite coordinate found on the vector path.
 TEST(CudaBlocked, KernelsMatchTheCpu) {
   REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -185,8 +186,11 @@ TEST(CudaBlocked, KernelsMatchTheCpu) {
     auto x = test::gaussian(s.dim, seed + 1);
     test::plant(x, 500, 4.0f, seed + 2);
     Dev<float> dx(x);
-    // The whole vector, and a slice that starts off a group boundary (the per-coordinate path).
-    for (auto [off, len] : {std::pair<uint64_t, uint64_t>{0, s.dim}, {s.dim / 3 | 1, s.dim / 3}}) {
+    // The whole vector (tiles), a slice that starts off a group boundary (the per-coordinate
+    // path), and one on a group boundary but off a window run (groups, then tiles, then groups).
+    for (auto [off, len] : {std::pair<uint64_t, uint64_t>{0, s.dim},
+                            {s.dim / 3 | 1, s.dim / 3},
+                            {4 * 333, s.dim / 2}}) {
       std::vector<float> table(s.rows * s.cols, 0.0f);
       ASSERT_EQ(cpu::accumulate(s, table.data(), x.data() + off, len, off, -0.75f), kernels::kNone);
       Dev<float> dt(std::vector<float>(table.size(), 0.0f));

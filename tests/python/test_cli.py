@@ -51,6 +51,8 @@ CASES = [
     ("benchmarks/bench_fsdp.py", ["--only", "nothing"], "--only"),
     ("benchmarks/bench_fsdp.py", ["--table"], "--table"),
     ("scripts/compare_fsdp.py", ["--only", "full:nothing"], "--only"),
+    ("benchmarks/bench_round.py", ["--k", "0"], "--k"),
+    ("benchmarks/bench_round.py", ["--report", "x.json"], "--report"),
     ("examples/federated.py", ["--clients", "0"], "--clients"),
     ("examples/federated.py", ["--split", "classes:0"], "--split"),
     ("examples/federated.py", ["--per-round", "2000"], "--per-round"),

@@ -280,6 +280,21 @@ def test_cuda_tensors_go_straight_to_the_cuda_codec():
 
 
 @needs_gpu
+@pytest.mark.parametrize("spec", ["sketch:rows=5,cols=3000,k=400", "sketch:rows=5,cols=3000,k=400,index=delta",
+                                  "sketch:rows=3,cols=3000,k=400,fetch=1,index=delta"])
+def test_sketch_server_round_on_cuda_gives_the_cpus_update(spec):
+    """The update built on the device (selection in index order, delta coding, one staged copy)
+    is the CPU aggregator's byte for byte, round after round (FetchSGD's sketches carried on)."""
+    cpu, gpu = sketchsgd.Compressor(spec, DIM), sketchsgd.Compressor(spec, DIM, device="cuda")
+    a, b = cpu.make_aggregator(2), gpu.make_aggregator(2)
+    for i in range(3):
+        table = cpu.encode_sum(grad(20 + i)) + cpu.encode_sum(grad(40 + i))
+        a.add_sum(table, 2, i)
+        b.add_sum(table.cuda(), 2, i)
+        assert b.finish() == a.finish()
+
+
+@needs_gpu
 def test_powersgd_on_cuda_tensors_matches_the_cpu():
     """cuBLAS against OpenBLAS through the two summable phases: the same to float rounding."""
     spec, layout = "powersgd:rank=3,momentum=0.9", [(40, 30), (30,), (10, 40), (10,)]

@@ -48,7 +48,8 @@ bool accessible(const void* p, int gpu);
 /// Scratch device memory for kernels that need temporary room (selection, reductions), reused
 /// across calls: it grows to the largest request (stream-ordered allocation) and never shrinks,
 /// so the hot path allocates nothing. One workspace serves one stream at a time. It also holds a
-/// small pinned host buffer for the few counters kernels read back.
+/// pinned host buffer: the few counters kernels read back, and results staged on their way into
+/// pageable memory (a copy to pinned memory runs several times faster).
 class Workspace {
  public:
   Workspace() = default;
@@ -58,8 +59,8 @@ class Workspace {
 
   /// At least bytes of device memory, valid until the next get() on this workspace.
   void* get(size_t bytes, Stream stream);
-  /// Pinned host memory of 256 bytes for read-backs.
-  void* host();
+  /// Pinned host memory of at least bytes (256 at least), valid until the next larger request.
+  void* host(size_t bytes = 256);
   size_t bytes() const { return size_; }
 
  private:
@@ -67,6 +68,7 @@ class Workspace {
   size_t size_ = 0;
   int device_ = -1;  // where ptr_ lives, so the destructor frees it there
   void* host_ = nullptr;
+  size_t host_size_ = 0;
 };
 
 }  // namespace sketchsgd::gpu
