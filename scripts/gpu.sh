@@ -93,12 +93,17 @@ prepare() {
   echo "self-contained GPU build in $BUILD ($(du -sh "$BUILD" | cut -f1)); extra libraries: $(ls "$BUILD/extra" | tr '\n' ' ')"
 }
 
-check() {
-  REPORT=${REPORT:-$BUILD/gpu-check}
+# $REPORT (default $BUILD/NAME) made, the build's libraries found, and which device this is.
+device_report() {
+  REPORT=${REPORT:-$BUILD/$1}
   mkdir -p "$REPORT"
   use_build
   step "device"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+}
+
+check() {
+  device_report gpu-check
   if [ ! -x "$BUILD/tests/sketchsgd_tests" ] || [ ! -x "$BUILD/benchmarks/sketchsgd_bench_gpu" ]; then
     step "build (preset gpu)"
     { cmake --preset gpu && cmake --build --preset gpu; } || { fail "build"; finish check; }
@@ -357,11 +362,7 @@ python_check() {
 # stay behind: none is read); BUILD may name a copy of build/gpu with only the test and benchmark
 # programs and the libraries.
 round_check() {
-  REPORT=${REPORT:-$BUILD/gpu-round}
-  mkdir -p "$REPORT"
-  use_build
-  step "device"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  device_report gpu-round
   step "GPU tests"
   "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_filter='Cuda*:Crc32c.*:DeltaCoding.*' 2>&1 |
     tee "$REPORT/tests.log" || fail "GPU tests (see tests.log)"
