@@ -127,6 +127,11 @@ class Exchange:
             except Exception as e:  # noqa: BLE001 - rank 0 reports it
                 answer = f"state_dict(): rank {self.rank} could not give its worker state: {e}"
             del owner
+            # This rank's own state_dict() may have offered its state after the look-up above and
+            # then begun its next step, which the snapshot refuses: its offer (stored before that
+            # step began) is the answer; never overwrite it with the refusal.
+            if isinstance(answer, str) and self.store.check([answer_key]):
+                continue
             try:
                 self.store.set(answer_key, _to_bytes(answer))
             except Exception:  # noqa: BLE001 - the store is gone: the job is over
