@@ -20,6 +20,8 @@ std::string_view to_string(CodecId id) {
       return "powersgd";
     case CodecId::QSGD:
       return "qsgd";
+    case CodecId::SparseLoCo:
+      return "sparseloco";
   }
   return "unknown";
 }

@@ -1,6 +1,7 @@
 // CPU bit packing: 1-bit signs (32 per word) and 2-bit ternary codes (4 per byte).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/elementwise.hpp>
@@ -212,6 +213,25 @@ void delta_encode(const uint32_t* idx, size_t n, uint8_t* out) {
     elem::put_varint(out, gap);
     out += elem::varint_bytes(gap);
   }
+}
+
+void level_pack(const float* x, size_t n, float scale, uint32_t bits, uint8_t* codes, float* q) {
+  const uint32_t levels = 1u << (bits - 1), sign = levels, per = 8 / bits;
+  std::memset(codes, 0, (n * bits + 7) / 8);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t c = elem::level_code(x[i], scale, levels, sign);
+    codes[i / per] |= uint8_t(c << (bits * (i % per)));
+    if (q) q[i] = elem::level_value(c, scale, levels, sign);
+  }
+}
+
+void level_unpack(const uint8_t* codes, size_t n, float scale, uint32_t bits, float weight,
+                  float* out) {
+  const uint32_t levels = 1u << (bits - 1), sign = levels, per = 8 / bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  for (size_t i = 0; i < n; ++i)
+    out[i] = weight * elem::level_value((codes[i / per] >> (bits * (i % per))) & mask, scale,
+                                        levels, sign);
 }
 
 }  // namespace sketchsgd::kernels::cpu

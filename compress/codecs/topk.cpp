@@ -15,6 +15,7 @@
 #include <sketchsgd/kernels/ops.hpp>
 #include "../codec_info.hpp"
 #include "../payload.hpp"
+#include "../sparse_sum.hpp"
 
 namespace sketchsgd {
 namespace {
@@ -51,24 +52,11 @@ class TopKAggregator final : public Aggregator {
   void absorb(ByteReader& r, const Header&) override {
     auto s = payload::read_sparse(r, info_.dim, k_, format_);
     r.expect_end();
-    starts_.push_back(idx_.size());
-    idx_.insert(idx_.end(), s.indices.begin(), s.indices.end());
-    val_.insert(val_.end(), s.values.begin(), s.values.end());
+    sum_.add(s.indices, s.values);
   }
 
   Message reduce(const Header& phase, uint32_t contributors) override {
-    // Equal indices in the order of their values' bits: sums do not depend on arrival order.
-    payload::merge_by_index(idx_, val_, starts_);
-    std::vector<uint32_t> idx;
-    std::vector<float> val;
-    for (size_t i = 0; i < idx_.size();) {
-      size_t j = i;
-      float acc = 0.0f;
-      for (; j < idx_.size() && idx_[j] == idx_[i]; ++j) acc += val_[j];
-      idx.push_back(idx_[i]);
-      val.push_back(acc / float(contributors));
-      i = j;
-    }
+    auto [idx, val] = sum_.mean(contributors);
     if (global_ && idx.size() > k_) {
       std::vector<uint32_t> pos(k_);
       std::vector<float> top(k_);
@@ -84,18 +72,12 @@ class TopKAggregator final : public Aggregator {
                           [&](ByteWriter& w) { payload::write_sparse(w, idx, val, format_); });
   }
 
-  void clear() override {
-    idx_.clear();
-    val_.clear();
-    starts_.clear();
-  }
+  void clear() override { sum_.clear(); }
 
   uint64_t k_;
   bool global_;
   payload::SparseFormat format_;
-  std::vector<uint32_t> idx_;
-  std::vector<float> val_;
-  std::vector<size_t> starts_;  // where each message's (increasing) indices begin
+  SparseSum sum_;
 };
 
 class TopK final : public Compressor {

@@ -110,7 +110,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"signsgd:ef=1,layout=40x45+200", 1.0f},
                     Case{"terngrad:layout=40x45+200", 1.0f}, Case{"qsgd", 1.0f},
                     Case{"qsgd:bits=2,bucket=128", 1.0f}, Case{"qsgd:bits=4,ef=1", 1.0f},
-                    Case{"qsgd:bits=8,norm=max,layout=40x45+200", 1.0f}),
+                    Case{"qsgd:bits=8,norm=max,layout=40x45+200", 1.0f},
+                    Case{"sparseloco:chunk=100,k=10,decay=1", 2.0f},
+                    Case{"sparseloco:chunk=200,k=10,bits=4", 2.0f}),
     [](const testing::TestParamInfo<Case>& info) {
       std::string name;
       for (const char* c = info.param.spec; *c; ++c) name += std::isalnum(*c) ? *c : '_';

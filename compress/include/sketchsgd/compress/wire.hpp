@@ -25,8 +25,9 @@ enum class CodecId : uint8_t {
   Sketch = 5,
   PowerSGD = 6,
   QSGD = 7,
+  SparseLoCo = 8,
 };
-inline constexpr uint8_t kLastCodecId = 7;
+inline constexpr uint8_t kLastCodecId = 8;
 enum class MessageKind : uint8_t {
   Gradient = 1,  ///< worker → server: the encoded gradient of one round
   Query = 2,     ///< server → workers: coordinates whose exact values the second round needs

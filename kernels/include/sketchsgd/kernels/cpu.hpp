@@ -175,6 +175,12 @@ void qsgd_pack(const float* x, size_t n, size_t chunk, const float* norms, uint3
 /// write (or non-zero padding) without writing anything, else kNone.
 size_t qsgd_unpack(const uint8_t* codes, size_t n, size_t chunk, const float* norms, uint32_t bits,
                    float weight, float* out, bool accumulate);
+/// The n values x as level codes (elem::level_code) of `bits` bits (2, 4 or 8) under one scale,
+/// packed little-endian into ⌈n · bits / 8⌉ bytes; q (optional) gets the values they decode to.
+void level_pack(const float* x, size_t n, float scale, uint32_t bits, uint8_t* codes, float* q);
+/// out[i] = weight · the value of code i (level_pack's format; every code is valid).
+void level_unpack(const uint8_t* codes, size_t n, float scale, uint32_t bits, float weight,
+                  float* out);
 /// Bytes the delta coding of n strictly increasing indices takes (elem::varint_bytes).
 size_t delta_bytes(const uint32_t* idx, size_t n);
 /// Writes that coding into out (delta_bytes(idx, n) bytes).

@@ -114,6 +114,22 @@ SKETCHSGD_HD float qsgd_value(uint32_t code, float norm_over_levels, uint32_t si
   return (code & sign_bit) ? -v : v;
 }
 
+/// Level codes of values already selected as large (SparseLoCo's b-bit values): a sign bit and a
+/// magnitude level m in [0, L), L = levels = 2^(bits−1), for |x| ≈ scale · (m + 1) / L, rounded to
+/// the nearest level (|x| ≤ scale: the chunk's largest selected magnitude). No zero level: a
+/// selected value is never sent as nothing.
+SKETCHSGD_HD uint32_t level_code(float x, float scale, uint32_t levels, uint32_t sign_bit) {
+  const float a = scale > 0.0f ? (x < 0.0f ? -x : x) / scale * float(levels) : 0.0f;
+  uint32_t m = uint32_t(a + 0.5f);  // a ≥ 0: the nearest level
+  m = m < 1u ? 1u : (m > levels ? levels : m);
+  return (m - 1u) | (x < 0.0f ? sign_bit : 0u);
+}
+/// The value of a level code: ± scale · (m + 1) / L.
+SKETCHSGD_HD float level_value(uint32_t code, float scale, uint32_t levels, uint32_t sign_bit) {
+  const float v = scale * float((code & (sign_bit - 1u)) + 1u) / float(levels);
+  return (code & sign_bit) ? -v : v;
+}
+
 /// Gram-Schmidt's pivot for a column of squared norm norm2 (accumulated in double): 1/|a| as a
 /// float, or 0 when the column has vanished (zero, or too small or large for a finite, non-zero
 /// float inverse); the column then becomes zero rather than NaN.
