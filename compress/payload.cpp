@@ -57,6 +57,13 @@ void write_sparse(const Device& d, Scratch& s, ByteWriter& w, std::span<const ui
   std::memcpy(w.grow(m), staged + n, m);
 }
 
+Message sparse_update(Header phase, std::span<const uint32_t> idx, std::span<const float> val,
+                      SparseFormat f) {
+  phase.kind = MessageKind::Update;
+  return Message::build(phase, sparse_bytes(idx.size(), f),
+                        [&](ByteWriter& w) { write_sparse(w, idx, val, f); });
+}
+
 namespace {
 std::vector<uint32_t> read_delta_indices(ByteReader& r, uint64_t dim, uint32_t n) {
   std::vector<uint32_t> idx(n);

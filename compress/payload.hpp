@@ -34,6 +34,9 @@ void write_sparse(ByteWriter& w, std::span<const uint32_t> idx, std::span<const 
 /// part comes to the host once, straight into the message.
 void write_sparse(const Device& d, Scratch& s, ByteWriter& w, std::span<const uint32_t> idx,
                   std::span<const float> val, SparseFormat f = {});
+/// The phase's Update message carrying a sparse list (indices strictly increasing).
+Message sparse_update(Header phase, std::span<const uint32_t> idx, std::span<const float> val,
+                      SparseFormat f);
 /// Reads a sparse list with count ≤ max_count, indices strictly increasing and < dim (a varint
 /// longer than 5 bytes or past 2^32 is refused), values finite.
 Sparse read_sparse(ByteReader& r, uint64_t dim, uint64_t max_count, SparseFormat f = {});

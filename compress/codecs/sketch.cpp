@@ -57,12 +57,10 @@ struct SketchOptions {
   uint64_t update_entries() const { return k + whole_size; }
 };
 
-Message sparse_update(Header h, std::vector<uint32_t> idx, std::vector<float> val,
+Message sorted_update(const Header& h, std::vector<uint32_t> idx, std::vector<float> val,
                       payload::SparseFormat f) {
   payload::sort_by_index(idx, val);
-  h.kind = MessageKind::Update;
-  return Message::build(h, payload::sparse_bytes(idx.size(), f),
-                        [&](ByteWriter& w) { payload::write_sparse(w, idx, val, f); });
+  return payload::sparse_update(h, idx, val, f);
 }
 
 class SketchAggregator final : public SummableAggregator {
@@ -202,7 +200,7 @@ class SketchAggregator final : public SummableAggregator {
 
   /// The update: the heavy hitters outside the whole tensors, and the whole tensors' mean.
   Message update(const Header& phase, std::vector<uint32_t> idx, std::vector<float> val) const {
-    if (o_.whole.empty()) return sparse_update(phase, std::move(idx), std::move(val), o_.update);
+    if (o_.whole.empty()) return sorted_update(phase, std::move(idx), std::move(val), o_.update);
     payload::sort_by_index(idx, val);
     std::vector<uint32_t> out_idx;
     std::vector<float> out_val;
@@ -226,7 +224,7 @@ class SketchAggregator final : public SummableAggregator {
       out_idx.push_back(idx[i]);
       out_val.push_back(val[i]);
     }
-    return sparse_update(phase, std::move(out_idx), std::move(out_val), o_.update);
+    return sorted_update(phase, std::move(out_idx), std::move(out_val), o_.update);
   }
 
   SketchOptions o_;

@@ -94,10 +94,7 @@ class SparseLoCoAggregator final : public Aggregator {
 
   Message reduce(const Header& phase, uint32_t contributors) override {
     const auto [idx, val] = sum_.mean(contributors);
-    Header h = phase;
-    h.kind = MessageKind::Update;
-    return Message::build(h, payload::sparse_bytes(idx.size(), format_),
-                          [&](ByteWriter& w) { payload::write_sparse(w, idx, val, format_); });
+    return payload::sparse_update(phase, idx, val, format_);
   }
 
   void clear() override { sum_.clear(); }

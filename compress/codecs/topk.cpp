@@ -66,10 +66,7 @@ class TopKAggregator final : public Aggregator {
       idx.swap(pos);
       val.swap(top);
     }
-    Header h = phase;
-    h.kind = MessageKind::Update;
-    return Message::build(h, payload::sparse_bytes(idx.size(), format_),
-                          [&](ByteWriter& w) { payload::write_sparse(w, idx, val, format_); });
+    return payload::sparse_update(phase, idx, val, format_);
   }
 
   void clear() override { sum_.clear(); }
