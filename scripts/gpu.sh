@@ -6,7 +6,9 @@
 #   bash scripts/gpu.sh prepare        here: build preset `gpu` (CUDA sm_90, the server where
 #                                      ZeroMQ is found) and copy the shared libraries its programs
 #                                      need beyond glibc, libstdc++ and the CUDA runtime into
-#                                      build/gpu/extra (carry build/gpu)
+#                                      build/gpu/extra (carry build/gpu); build/gpu-carry: the
+#                                      programs and libraries alone, to carry with the deps
+#                                      (BUILD=build/gpu-carry there)
 #   bash scripts/gpu.sh check          there: the GoogleTest suite (fails if a GPU test skipped;
 #                                      the two-GPU one may skip on one GPU), compute-sanitizer
 #                                      memcheck, the GPU benchmarks against PyTorch, one table and
@@ -68,6 +70,12 @@ use_build() {
     if [ -f "$z" ] && [ ! -f "${z%.gz}" ]; then gunzip -k "$z"; fi
   done
   export LD_LIBRARY_PATH="$b:$b/ps:$b/server:$b/worker:$b/extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # A carry copy (build/gpu-carry) leaves OpenBLAS to the staged deps' copy.
+  local deps=$PWD/${DEPS:-build/gpu-demo-deps}
+  if [ ! -e "$b/extra/libopenblas.so.0" ] && [ -f "$deps/lib/libopenblas.so.0.gz" ]; then
+    [ -f "$deps/lib/libopenblas.so.0" ] || gunzip -k "$deps/lib/libopenblas.so.0.gz"
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$deps/lib"
+  fi
   export SKETCHSGD_SERVER_BIN="$b/server/sketchsgd-server"
   export SKETCHSGD_WORKER_BIN="$b/tests/sketchsgd_test_worker"
 }
@@ -91,6 +99,21 @@ prepare() {
     if [ -f "$big" ] && [ "${big%.gz}" = "$big" ]; then gzip -9 -f "$big"; fi
   done
   echo "self-contained GPU build in $BUILD ($(du -sh "$BUILD" | cut -f1)); extra libraries: $(ls "$BUILD/extra" | tr '\n' ' ')"
+  # What a device call carries beside build/gpu-demo-deps (64 MiB in all): the programs and the
+  # libraries, OpenBLAS left to the deps' copy. Run there with BUILD=$BUILD-carry.
+  local carry=$BUILD-carry d
+  rm -rf "$carry"
+  mkdir -p "$carry/tests" "$carry/benchmarks" "$carry/extra"
+  cp -a "$BUILD"/tests/sketchsgd_tests "$BUILD"/tests/sketchsgd_test_worker "$carry/tests/"
+  cp -a "$BUILD"/benchmarks/sketchsgd_bench_gpu "$BUILD"/libsketchsgd.so* "$carry/" 2>/dev/null || true
+  mv "$carry"/sketchsgd_bench_gpu "$carry/benchmarks/"
+  for d in server worker ps; do
+    mkdir -p "$carry/$d"
+    cp -a "$BUILD/$d"/lib*.so* "$carry/$d/" 2>/dev/null || true
+    [ -x "$BUILD/$d/sketchsgd-server" ] && cp -a "$BUILD/$d/sketchsgd-server" "$carry/$d/"
+  done
+  find "$BUILD/extra" -maxdepth 1 -type f ! -name 'libopenblas*' -exec cp -a {} "$carry/extra/" \;
+  echo "the same to carry, without OpenBLAS (build/gpu-demo-deps has it): $carry ($(du -sh "$carry" | cut -f1))"
 }
 
 # $REPORT (default $BUILD/NAME) made, the build's libraries found, and which device this is.
@@ -359,8 +382,8 @@ python_check() {
 # benchmarks, the Python package (built here as `python` builds it) with its CUDA compressor
 # tests, bench_round.py at d = 2^27 and bench_hook.py on NCCL with fp16 and bf16 wires, memcheck
 # last (MEMCHECK_S caps it). Needs `prepare` and `demo-prepare` (their data and text folders may
-# stay behind: none is read); BUILD may name a copy of build/gpu with only the test and benchmark
-# programs and the libraries.
+# stay behind: none is read). Carry build/gpu-carry and build/gpu-demo-deps, and run it with
+# BUILD=build/gpu-carry.
 round_check() {
   device_report gpu-round
   step "GPU tests"
@@ -416,7 +439,7 @@ case "$cmd" in
   round) round_check ;;
   network) network "$@" ;;
   *)
-    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     [ -z "$cmd" ] || [ "$cmd" = help ] || [ "$cmd" = -h ] || [ "$cmd" = --help ] || exit 2
     ;;
 esac
