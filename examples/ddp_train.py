@@ -120,6 +120,28 @@ def _ours(hook, ddp, args, dim):
     return (lambda: state.stats()["payload_bytes"]), _sgd_momentum(hook, dim, args), state
 
 
+def simulated(hook, model, args, dim, group):
+    """--simulate, per step: no DDP; after each backward the gradients are averaged through
+    sketchsgd.torch.average() on the simulated group (the whole model one unit, as DDP with one
+    bucket), plain fp32 for the first --start-iter steps as the hooks warm up. Returns (a
+    function giving the payload bytes so far, SGD momentum, the averaging to run after each
+    backward)."""
+    from sketchsgd.torch import CompressionState, average
+    spec = "dense" if hook == "none" else hook[len("sketchsgd:"):] if hook.startswith("sketchsgd:") else hook
+    warm, state = CompressionState("dense", process_group=group), CompressionState(spec, process_group=group)
+    params = [p for p in model.parameters() if p.requires_grad]
+    steps = {"n": 0}
+
+    def after_backward():
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        means = average(warm if steps["n"] < args.start_iter else state, grads)
+        steps["n"] += 1
+        for p, m in zip(params, means):
+            p.grad = m.to(p.dtype).view_as(p)
+    return ((lambda: warm.stats()["payload_bytes"] + state.stats()["payload_bytes"]),
+            _sgd_momentum(spec, dim, args) if spec != "dense" else args.momentum, after_backward)
+
+
 def _sgd_momentum(spec, dim, args):
     """SGD's momentum beside a sketchsgd codec: 0 where the codec has momentum of its own."""
     import sketchsgd
@@ -170,7 +192,7 @@ def sharded(args, model, W, device):
     return model, (lambda: steps["n"] * per_step), args.momentum, steps
 
 
-def local_steps(args, model):
+def local_steps(args, model, group=None):
     """--local H: the model trains without a per-step sync. Every H steps, sketchsgd's DiLoCo (the
     --hook spec compresses the pseudo-gradient; "dense" is DiLoCo itself; Nesterov SGD as the
     outer optimizer) or PyTorch's PeriodicModelAverager (--hook torch:average). Returns (payload
@@ -190,7 +212,7 @@ def local_steps(args, model):
     spec = args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
     if spec == "none" or spec.startswith("torch:"):
         raise ValueError(f"--local with --hook {args.hook}: give a sketchsgd spec (dense: DiLoCo) or torch:average")
-    outer = DiLoCo(model, spec, every=args.local, outer_optimizer=lambda p: torch.optim.SGD(
+    outer = DiLoCo(model, spec, every=args.local, process_group=group, outer_optimizer=lambda p: torch.optim.SGD(
         p, lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.outer_momentum > 0))
     return (lambda: outer.stats()["payload_bytes"]), outer.step, outer.sync
 
@@ -204,20 +226,29 @@ def _fits(spec, dim):
         return False
 
 
-def worker(rank, args, port, queue):
-    os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(port))
-    torch.set_num_threads(args.threads)
+def worker(rank, args, port, queue, group=None):
+    """One rank: a process of its own (torch.distributed), or with --simulate a thread whose
+    collectives are `group`'s (sketchsgd.simulate), every rank on the one device."""
     W = args.workers
     cuda = args.device == "cuda"
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if group is None:
+        os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(port))
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda", (0 if group else rank) % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    backend = args.backend or ("nccl" if cuda and torch.cuda.device_count() >= W else "gloo")
-    dist.init_process_group(backend, rank=rank, world_size=W, timeout=datetime.timedelta(minutes=10))
+    backend = "local" if group else args.backend or ("nccl" if cuda and torch.cuda.device_count() >= W else "gloo")
+    if group is None:
+        dist.init_process_group(backend, rank=rank, world_size=W, timeout=datetime.timedelta(minutes=10))
+    after_backward = None
     try:
-        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth)
+        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied)
         dtype = workloads.DTYPES[args.dtype]
-        model = job.model(args.seed).to(device, dtype)
+        if group is not None:
+            with group.lock:  # torch's generator is the process's: one rank at a time seeds and draws
+                model = job.model(args.seed).to(device, dtype)
+        else:
+            model = job.model(args.seed).to(device, dtype)
         dim = sum(p.numel() for p in model.parameters())
         # DDP caps its first bucket at 1 MiB apart from the others; by default here that cap is
         # the others' too, so the models are one bucket: PyTorch's PowerSGD hook on gloo fails
@@ -228,7 +259,10 @@ def worker(rank, args, port, queue):
         synced, after_step = True, None
         if args.local:  # trained locally, synced every --local steps
             ddp, momentum, extra = model, args.momentum, None
-            payload, after_step, last_sync = local_steps(args, model)
+            payload, after_step, last_sync = local_steps(args, model, group)
+        elif group is not None:
+            ddp, extra = model, None
+            payload, momentum, after_backward = simulated(args.hook, model, args, dim, group)
         elif args.fsdp:
             ddp, payload, momentum, extra = sharded(args, model, W, device)
         else:
@@ -259,6 +293,8 @@ def worker(rank, args, port, queue):
                 loss = job.loss(ddp(x), y)
                 opt.zero_grad()
                 loss.backward()
+                if after_backward is not None:
+                    after_backward()
                 if args.clip:
                     nn.utils.clip_grad_norm_(ddp.parameters(), args.clip)
                 opt.step()
@@ -303,12 +339,16 @@ def worker(rank, args, port, queue):
                           for p in model.parameters()])
         digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum())])
         gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(W)]
-        dist.all_gather(gathered, digest.double().to(device) if backend == "nccl" else digest.double())
+        if group is not None:
+            group.all_gather(gathered, digest.double())
+        else:
+            dist.all_gather(gathered, digest.double().to(device) if backend == "nccl" else digest.double())
         if args.fsdp:  # mesh (replicate, shard) in rank order: a replica's ranks are consecutive
             per = W // (args.replicas if args.fsdp == "hsdp" else 1)
             gathered = [sum(g.cpu() for g in gathered[i:i + per]) for i in range(0, W, per)]
         same = all(torch.equal(g.cpu(), gathered[0].cpu()) for g in gathered)
-        dist.barrier()  # gloo's shutdown can hang unless every rank got here
+        if group is None:
+            dist.barrier()  # gloo's shutdown can hang unless every rank got here
         if rank == 0:
             dense = dim * width  # DDP's all-reduce of the gradient in the model's dtype
             mean = payload() / step
@@ -320,15 +360,20 @@ def worker(rank, args, port, queue):
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
                        "optimizer": args.optimizer, "batch": args.batch, "schedule": args.schedule,
                        "local": args.local, "fsdp": args.fsdp, "replicas": args.replicas,
+                       "simulated": group is not None,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
                        "backend": backend, "device": str(device), "torch": torch.__version__,
                        "step_ms_median": float(np.median(step_ms)) if step_ms else None,
                        "step_ms_p10": float(np.percentile(step_ms, 10)) if step_ms else None,
                        "step_ms_p90": float(np.percentile(step_ms, 90)) if step_ms else None})
     except BaseException:
+        if group is not None:  # a thread: LocalGroup.run() ends the other ranks and raises this
+            raise
         import traceback
         traceback.print_exc()
         os._exit(1)
+    if group is not None:
+        return
     # Results out, then leave without Python's teardown: in torch 1.13 a gloo process group freed
     # at exit can deadlock (its destructor joins a worker thread, holding the GIL, while that
     # thread frees a tensor that needs the GIL).
@@ -344,11 +389,18 @@ def check(p, args):
     try:
         given = workloads.defaults(args.workload)
     except KeyError:
-        p.error(f"--workload {args.workload!r}: mlp, cnn, resnet<6n+2> or transformer")
+        p.error(f"--workload {args.workload!r}: mlp, cnn, resnet<6n+2>, transformer or lm")
     for key, value in given.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.master_addr = "127.0.0.1"
+    if args.simulate is not None:
+        if args.rank is not None or args.master:
+            p.error("--simulate: the workers are threads of this process; --rank and --master are for processes")
+        if args.fsdp or args.backend:
+            p.error(f"--simulate with --{'fsdp' if args.fsdp else 'backend'}: the simulated group has collectives of "
+                    "its own (no torch.distributed process group, so no FSDP2)")
+        args.workers = args.simulate
     if args.rank is not None:
         if not args.master or not 0 <= args.rank < args.workers:
             p.error("--rank needs --master ADDR:PORT and 0 <= rank < --workers")
@@ -381,11 +433,11 @@ def check(p, args):
     if problem:
         p.error(problem)
     try:  # the data is there and the workload's name is right, before any rank starts
-        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth)
-        if args.workload == "transformer":
+        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied)
+        if args.workload in ("transformer", "lm"):
             job.model(args.seed)  # the width must suit the heads
     except FileNotFoundError as e:
-        p.error(f"--{'text' if args.workload == 'transformer' else 'data'}: {one_line(e)}")
+        p.error(f"--{'text' if args.workload in ('transformer', 'lm') else 'data'}: {one_line(e)}")
     except ValueError as e:
         p.error(f"--workload {args.workload}: {one_line(e)}")
     if job.items() // args.workers // args.batch < 1:
@@ -396,6 +448,9 @@ def hook_problem(args):
     """What is wrong with --hook (with --local and --start-iter), or None: what register() or
     local_steps() would raise on every rank."""
     hook = args.hook
+    if args.simulate and (hook.startswith(("torch:", "powersgd", "fp16:")) or hook in ("fp16", "bf16", "average")):
+        return (f"--hook {hook}: under --simulate, none or a sketchsgd spec (sketchsgd:powersgd:...): PyTorch's "
+                "hooks and its averager need torch.distributed's processes")
     if args.fsdp:
         plain = hook[len("torch:"):] if hook.startswith("torch:") else hook
         if plain in ("none", "bf16", "fp16"):
@@ -463,7 +518,7 @@ def main():
                    help="none | fp16 | powersgd:rank=R[,start=N] | fp16:powersgd:rank=R (PyTorch's; the last inside fp16_compress_wrapper; also as torch:fp16, torch:powersgd:...) | "
                         "any sketchsgd spec, prefixed sketchsgd: where the name is PyTorch's too "
                         "(sketchsgd:powersgd:rank=4) (default: %(default)s)")
-    p.add_argument("--workload", default="mlp", help="mlp | cnn | resnet8 | resnet20 (any 6n+2) | transformer")
+    p.add_argument("--workload", default="mlp", help="mlp | cnn | resnet8 | resnet20 (any 6n+2) | transformer | lm")
     p.add_argument("--dtype", default="fp32", choices=sorted(workloads.DTYPES), help="the model's parameters")
     p.add_argument("--local", type=natural, default=0, help="H > 0: local steps, synced every H (--hook: a sketchsgd spec "
                    "for DiLoCo's pseudo-gradient, dense for DiLoCo itself, or torch:average for PyTorch's "
@@ -475,6 +530,8 @@ def main():
     p.add_argument("--outer-lr", type=positive, default=0.7, help="--local: DiLoCo's outer learning rate")
     p.add_argument("--outer-momentum", type=momentum, default=0.9, help="--local: its Nesterov momentum")
     p.add_argument("--workers", type=count, default=4)
+    p.add_argument("--simulate", type=count, metavar="W", help="W workers as threads of this one process on one "
+                   "device (sketchsgd.simulate; sets --workers): none or a sketchsgd spec per step, or --local")
     p.add_argument("--epochs", type=count, default=3)
     p.add_argument("--batch", type=count, help="per worker (default: the workload's)")
     p.add_argument("--optimizer", choices=["sgd", "adamw"], help="default: the workload's")
@@ -485,8 +542,10 @@ def main():
     p.add_argument("--clip", type=nonnegative, help="clip the averaged gradient's norm (default: the workload's; 0: off)")
     p.add_argument("--schedule", choices=["constant", "cosine"], help="the learning rate after the warm-up "
                    "(default: the workload's; cosine decays to 0 at the run's last step)")
-    p.add_argument("--width", type=count, default=128, help="the transformer's model width")
-    p.add_argument("--depth", type=count, default=4, help="the transformer's blocks")
+    p.add_argument("--width", type=count, default=128, help="the language models' width (transformer, lm)")
+    p.add_argument("--depth", type=count, default=4, help="the language models' blocks")
+    p.add_argument("--vocab", type=count, default=8192, help="lm: the BPE vocabulary (512..65536 tokens)")
+    p.add_argument("--untied", action="store_true", help="lm: an input embedding of its own (row-sparse gradients)")
     p.add_argument("--seed", type=natural, default=1)
     p.add_argument("--start-iter", type=natural, default=10, help="plain all-reduce steps first (hooks that warm up; "
                    "under --fsdp a codec's fp32 warm-up)")
@@ -498,7 +557,7 @@ def main():
     p.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl on CUDA with a GPU per worker, else gloo")
     p.add_argument("--threads", type=count, default=1, help="torch threads per worker")
     p.add_argument("--data", default=workloads.FASHION, help="Fashion-MNIST's folder")
-    p.add_argument("--text", default=workloads.TEXT, help="the transformer's text: a folder of *.rst.txt")
+    p.add_argument("--text", default=workloads.TEXT, help="the language models' text: a folder of *.rst.txt")
     p.add_argument("--max-steps", type=natural, default=0, help="steps per epoch at most (quick runs)")
     p.add_argument("--eval-items", type=natural, default=0, help="evaluate on the first N held-out items (quick runs; "
                    "0: all)")
@@ -515,6 +574,9 @@ def main():
         # PyTorch's powerSGD_hook (2.x) synchronises CUDA wherever a GPU exists, whatever the
         # tensors' device, and fails on CPU tensors: a CPU run hides the GPUs from its ranks.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if args.simulate:
+        simulate(args)
+        return
     if args.rank is not None:  # one rank of a job spread over hosts; worker() exits the process
         print(f"ddp_train: rank {args.rank} of {args.workers}, {args.workload}, hook {args.hook}", flush=True)
         worker(args.rank, args, int(args.master.rpartition(":")[2]), _Report(args))
@@ -543,6 +605,27 @@ def main():
     if summary is None:
         sys.exit("a worker failed" if time.time() < deadline else f"no result within --timeout {args.timeout} s")
     report(summary, args)
+
+
+class _Collected(list):
+    """What rank 0 of a simulated job puts: the summary."""
+    put = list.append
+
+
+def simulate(args):
+    """--simulate W: the W ranks as threads of this process (sketchsgd.simulate.LocalGroup)."""
+    from sketchsgd.simulate import LocalGroup
+    torch.set_num_threads(args.threads)
+    print(f"ddp_train: {args.workers} simulated workers (threads of one process on {args.device}), {args.workload} "
+          f"({args.dtype}), hook {args.hook}, {args.epochs} epochs", flush=True)
+    out = _Collected()
+    try:
+        LocalGroup(args.workers, timeout=args.timeout).run(lambda rank: worker(rank.rank, args, None, out, rank))
+    except Exception:  # noqa: BLE001 - the failing rank's error, once (the others ended with it)
+        import traceback
+        traceback.print_exc()
+        sys.exit("a simulated worker failed")
+    report(out[0], args)
 
 
 def report(summary, args):

@@ -7,6 +7,14 @@ evaluation, each with fixed seeds, data order and evaluation set.
 | cnn         | two 5x5 convolutions and two dense layers        | Fashion-MNIST                | test accuracy    |
 | resnet8/20  | CIFAR-style ResNet (6n+2 layers, 3 stages, BN)   | Fashion-MNIST                | test accuracy    |
 | transformer | byte-level decoder-only LM (pre-LN, 4 blocks of width 128), 0.85 M params | Python's docs (reST sources) | validation loss  |
+| lm          | GPT-2 (transformers' GPT2LMHeadModel, random init), BPE vocabulary of 8,192, 4 blocks of width 128, 1.85 M params (2.90 M untied) | the same text, tokenised | validation loss per token |
+
+lm's tokenizer is a byte-level BPE (GPT-2's pre-tokenizer) that `tokenizers` trains here on the
+training documents alone (deterministic: the same vocabulary every time), cached with the token
+ids under $SKETCHSGD_CACHE (default ~/.cache/sketchsgd) by a digest of the text and the options;
+documents end with an <|endoftext|> token. Its validation loss is per token; val_bits_per_byte
+divides the same windows' nats by their target tokens' bytes, comparable with the byte-level
+transformer's.
 
 The text is what Debian's python3.11-doc installs: every `*.rst.txt` under its `_sources`, files in
 path order, every tenth file held out for validation (whole documents, so validation text is
@@ -31,6 +39,7 @@ import torch.nn.functional as F
 # the files staged by scripts/gpu.sh demo-prepare).
 FASHION = os.environ.get("SKETCHSGD_FASHION", "/usr/share/datasets/fashion-mnist")
 TEXT = os.environ.get("SKETCHSGD_TEXT", "/usr/share/doc/python3.11/html/_sources")
+CACHE = os.environ.get("SKETCHSGD_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "sketchsgd"))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -182,6 +191,26 @@ class ResNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+def documents(data: str):
+    """The text's documents as bytes, (training, validation): every tenth file held out."""
+    files = sorted(glob.glob(os.path.join(data, "**", "*.rst.txt"), recursive=True))
+    if len(files) < 20:
+        raise FileNotFoundError(f"no reStructuredText sources in {data} (apt-get install python3.11-doc)")
+    train, val = [], []
+    for i, path in enumerate(files):
+        with open(path, "rb") as f:
+            (val if i % 10 == 0 else train).append(f.read())
+    return train, val
+
+
+def _eval_starts(n: int, seq: int, windows: int, data: str):
+    """Validation: windows spread evenly over the held-out tokens, the same in every run."""
+    step = (n - seq - 1) // windows
+    if step < 1:
+        raise ValueError(f"{data}: too little validation text for {windows} windows of {seq}")
+    return torch.arange(windows) * step
+
+
 class Text(Workload):
     """Byte-level language modelling on Python's documentation sources."""
 
@@ -189,21 +218,11 @@ class Text(Workload):
 
     def __init__(self, data: str = TEXT, seq: int = 64, d: int = 128, layers: int = 4, heads: int = 4,
                  eval_windows: int = 256):
-        files = sorted(glob.glob(os.path.join(data, "**", "*.rst.txt"), recursive=True))
-        if len(files) < 20:
-            raise FileNotFoundError(f"no reStructuredText sources in {data} (apt-get install python3.11-doc)")
-        train, val = [], []
-        for i, path in enumerate(files):
-            with open(path, "rb") as f:
-                (val if i % 10 == 0 else train).append(f.read())
+        train, val = documents(data)
         self.train = torch.from_numpy(np.frombuffer(b"".join(train), np.uint8).astype(np.int64))
         self.val = torch.from_numpy(np.frombuffer(b"".join(val), np.uint8).astype(np.int64))
         self.seq, self.d, self.layers, self.heads = seq, d, layers, heads
-        # Validation: windows spread evenly over the held-out documents, the same in every run.
-        step = (len(self.val) - seq - 1) // eval_windows
-        if step < 1:
-            raise ValueError(f"{data}: too little validation text for {eval_windows} windows of {seq}")
-        self.eval_starts = torch.arange(eval_windows) * step
+        self.eval_starts = _eval_starts(len(self.val), seq, eval_windows, data)
 
     def items(self):
         return (len(self.train) - 1) // (self.seq + 1)
@@ -281,6 +300,116 @@ class ByteLM(nn.Module):
         return self.head(self.ln(h))
 
 
+def bpe(train, val, vocab: int, cache: str = CACHE):
+    """A byte-level BPE tokenizer of `vocab` tokens trained on the training documents, and both
+    parts' token ids (uint16 arrays, each document followed by <|endoftext|>), from the cache when
+    this text and vocabulary were tokenised before (written atomically: ranks may race)."""
+    import hashlib
+
+    import tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    if not 512 <= vocab <= 65536:
+        raise ValueError(f"vocabulary of {vocab}: 512..65536 tokens")
+    key = hashlib.sha256(f"{tokenizers.__version__} {vocab} {len(train)} {len(val)}".encode())
+    for doc in train + val:
+        key.update(hashlib.sha256(doc).digest())
+    where = os.path.join(cache, f"lm-{key.hexdigest()[:16]}")
+    names = [os.path.join(where, n) for n in ("tokenizer.json", "train.npy", "val.npy")]
+    if all(os.path.exists(n) for n in names):
+        return Tokenizer.from_file(names[0]), np.load(names[1]), np.load(names[2])
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = [d.decode("utf-8", errors="replace") for d in train]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab, min_frequency=2, show_progress=False, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    eot = tok.token_to_id("<|endoftext|>")
+
+    def ids(docs):
+        out = [np.append(np.asarray(e.ids, np.uint16), np.uint16(eot))
+               for e in tok.encode_batch([d.decode("utf-8", errors="replace") for d in docs])]
+        return np.concatenate(out)
+    parts = [tok.to_str(), ids(train), ids(val)]
+    os.makedirs(where, exist_ok=True)
+    for name, part in zip(names, parts):
+        tmp = f"{name}.{os.getpid()}.tmp"
+        if isinstance(part, str):
+            with open(tmp, "w") as f:
+                f.write(part)
+        else:
+            with open(tmp, "wb") as f:
+                np.save(f, part)
+        os.replace(tmp, name)
+    return tok, parts[1], parts[2]
+
+
+class LM(Text):
+    """A GPT-2 language model (Hugging Face transformers' classes, randomly initialised: nothing
+    downloaded) over a BPE vocabulary trained here on the same documents' training part."""
+
+    name = "lm"
+
+    def __init__(self, data: str = TEXT, vocab: int = 8192, seq: int = 64, d: int = 128, layers: int = 4,
+                 heads: int = 4, untied: bool = False, eval_windows: int = 256, cache: str = CACHE):
+        if not 512 <= vocab <= 65536:
+            raise ValueError(f"vocabulary of {vocab}: 512..65536 tokens")
+        train, val = documents(data)
+        tok, tr, va = bpe(train, val, vocab, cache)
+        self.vocab, self.untied, self.eot = tok.get_vocab_size(), untied, tok.token_to_id("<|endoftext|>")
+        self.train, self.val = torch.from_numpy(tr.astype(np.int64)), torch.from_numpy(va.astype(np.int64))
+        # A byte-level token's string has a character per byte; <|endoftext|> stands for none.
+        self.token_bytes = torch.tensor([0 if i == self.eot else len(tok.id_to_token(i)) for i in range(self.vocab)])
+        self.seq, self.d, self.layers, self.heads = seq, d, layers, heads
+        self.eval_starts = _eval_starts(len(self.val), seq, eval_windows, data)
+
+    def model(self, seed):
+        torch.manual_seed(seed)
+        return GPT(self.vocab, self.seq, self.d, self.layers, self.heads, self.untied, self.eot)
+
+    def evaluate(self, model, device, dtype, limit=0):
+        starts = self.eval_starts[:limit] if limit else self.eval_starts
+        model.eval()
+        nats = tokens = nbytes = 0.0
+        with torch.no_grad():
+            for i in range(0, len(starts), 64):
+                at = starts[i:i + 64, None] + torch.arange(self.seq + 1)
+                w = self.val[at]
+                y = w[:, 1:]
+                nats += self.loss(model(w[:, :-1].to(device)), y.to(device)).item() * y.numel()
+                tokens += y.numel()
+                nbytes += self.token_bytes[y].sum().item()
+        model.train()
+        loss = nats / tokens
+        return {"val_loss": loss, "val_bits_per_byte": nats / nbytes / math.log(2), "val_perplexity": math.exp(loss)}
+
+    def describe(self, quality):
+        return f"validation loss {quality:.4f} nats/token (perplexity {math.exp(quality):.1f})"
+
+
+class GPT(nn.Module):
+    """transformers' GPT2LMHeadModel as a function of token ids to logits (no dropout; the input
+    embedding tied to the output layer as in GPT-2, or untied: its gradient then touches only
+    the rows of the batch's tokens)."""
+
+    def __init__(self, vocab, seq, d, layers, heads, untied, eot):
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+        if d % heads:
+            raise ValueError(f"d={d} is not a multiple of heads={heads}")
+        config = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=d, n_layer=layers, n_head=heads,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=not untied,
+                            bos_token_id=eot, eos_token_id=eot)
+        self.gpt = GPT2LMHeadModel(config)
+
+    @property
+    def blocks(self):  # what --fsdp shards one by one
+        return self.gpt.transformer.h
+
+    def forward(self, x):
+        return self.gpt(input_ids=x, use_cache=False).logits
+
+
 # Per workload: the optimiser and its defaults (lr, SGD momentum), chosen once on fp32 without a
 # hook and used for every method.
 DEFAULTS = {
@@ -293,6 +422,8 @@ DEFAULTS = {
                "schedule": "cosine"},
     "transformer": {"optimizer": "adamw", "lr": 2e-3, "momentum": 0.0, "batch": 16, "warmup": 30, "clip": 1.0,
                     "schedule": "constant"},
+    "lm": {"optimizer": "adamw", "lr": 2e-3, "momentum": 0.0, "batch": 8, "warmup": 100, "clip": 1.0,
+           "schedule": "cosine"},
 }
 
 
@@ -300,9 +431,12 @@ def defaults(name: str) -> dict:
     return DEFAULTS["resnet" if name.startswith("resnet") else name]
 
 
-def make(name: str, fashion: str = FASHION, text: str = TEXT, width: int = 128, depth: int = 4) -> Workload:
-    """The workload called name (mlp, cnn, resnet8, resnet20, transformer; width and depth are the
-    transformer's)."""
+def make(name: str, fashion: str = FASHION, text: str = TEXT, width: int = 128, depth: int = 4,
+         vocab: int = 8192, untied: bool = False) -> Workload:
+    """The workload called name (mlp, cnn, resnet8, resnet20, transformer, lm; width and depth are
+    the language models', vocab and untied lm's)."""
     if name == "transformer":
         return Text(text, d=width, layers=depth)
+    if name == "lm":
+        return LM(text, vocab=vocab, d=width, layers=depth, untied=untied)
     return FashionMNIST(name, fashion)

@@ -1,8 +1,9 @@
-"""The communicator: a round's collectives on torch.distributed (gloo or NCCL), the only module of
-the package that calls them. A round asks for Sum (an all-reduce, in a wire dtype of its own)
-and Gather (an all-gather); the communicator issues them alone or, coalesced, laid end to end in
-one collective per kind and dtype, casts, counts the bytes, and knows the backends' rules (where
-NCCL and gloo want a tensor)."""
+"""The communicator: a round's collectives on torch.distributed (gloo or NCCL) or on a simulated
+group's threads (sketchsgd.simulate), the only module of the package that calls them. A round
+asks for Sum (an all-reduce, in a wire dtype of its own) and Gather (an all-gather); the
+communicator issues them alone or, coalesced, laid end to end in one collective per kind and
+dtype, casts, counts the bytes, and knows the backends' rules (where NCCL and gloo want a
+tensor)."""
 
 import hashlib
 import threading
@@ -39,19 +40,54 @@ def mean_factor(world: int) -> float:
     return (torch.tensor(1.0, dtype=torch.float32) / world).item()
 
 
-class Communicator:
-    """Collectives over one process group (None: the default one), and the bytes this rank gave
-    them in the current step: payload (what went out) and dense (what fp32 all-reduces of the
-    same tensors would have sent)."""
+def simulated(group) -> bool:
+    """Whether group is a rank of a simulated group (sketchsgd.simulate), not a process group."""
+    from .simulate import Rank
+    return isinstance(group, Rank)
 
-    def __init__(self, group=None):
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("CompressionState needs torch.distributed initialised (dist.init_process_group) "
-                               "before its first hook call or checkpoint")
+
+def ready(group) -> bool:
+    """Whether collectives over group can run now (torch.distributed initialised, or simulated)."""
+    return simulated(group) or (dist.is_available() and dist.is_initialized())
+
+
+class _Dist:
+    """torch.distributed's collectives over one process group, as a simulated rank offers them."""
+
+    def __init__(self, group):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.backend = dist.get_backend(group)
+        self.name = "all" if group is None else ",".join(str(r) for r in dist.get_process_group_ranks(group))
+
+    @property
+    def store(self):
+        return dist.distributed_c10d._get_default_store()
+
+    def all_reduce(self, t, async_op=True):
+        return dist.all_reduce(t, group=self.group, async_op=async_op)
+
+    def all_gather(self, out, t, async_op=True):
+        return dist.all_gather(out, t, group=self.group, async_op=async_op)
+
+    def broadcast(self, t, root: int = 0):
+        dist.broadcast(t, src=dist.get_global_rank(self.group, root) if self.group is not None else root,
+                       group=self.group)
+
+
+class Communicator:
+    """Collectives over one process group (None: the default one; or a simulated group's rank),
+    and the bytes this rank gave them in the current step: payload (what went out) and dense
+    (what fp32 all-reduces of the same tensors would have sent)."""
+
+    def __init__(self, group=None):
+        if not ready(group):
+            raise RuntimeError("CompressionState needs torch.distributed initialised (dist.init_process_group) "
+                               "before its first hook call or checkpoint")
+        self.group = group
+        self.ops = group if simulated(group) else _Dist(group)
+        self.world, self.rank, self.backend = self.ops.world, self.ops.rank, self.ops.backend
         self.payload = self.dense = 0
         self._lock = threading.Lock()  # bytes are counted from completion callbacks too
         self._rooms = {}               # coalesced phases' buffers, reused every step
@@ -70,7 +106,7 @@ class Communicator:
     def host(self, like):
         """Where a collective of host data (message bytes, lengths) goes: NCCL moves only device
         tensors, gloo takes CPU ones."""
-        return like.device if self.backend == "nccl" else torch.device("cpu")
+        return like.device if self.backend in ("nccl", "local") else torch.device("cpu")
 
     def same_everywhere(self, text: str):
         """The ranks whose text differs from this rank's (a collective over digests)."""
@@ -78,19 +114,22 @@ class Communicator:
         if self.backend == "nccl":
             digest = digest.cuda()
         everyone = [torch.empty_like(digest) for _ in range(self.world)]
-        dist.all_gather(everyone, digest, group=self.group)
+        self.ops.all_gather(everyone, digest, async_op=False)
         return [r for r, d in enumerate(everyone) if not torch.equal(d, digest)]
 
     def broadcast(self, t, root: int = 0):
         """t from the group's rank root, in place."""
-        dist.broadcast(t, src=dist.get_global_rank(self.group, root) if self.group is not None else root,
-                       group=self.group)
+        self.ops.broadcast(t, root)
+
+    def sum(self, t):
+        """t summed over the ranks in place, blocking, its bytes not counted (the caller's)."""
+        self.ops.all_reduce(t, async_op=False)
 
     def all_reduce_mean(self, buf):
         """buf's mean over the ranks (fp32 all-reduce, then float32(1/W)): a future of buf."""
         self.count(buf.numel() * 4, buf.numel() * 4)
         inv = mean_factor(self.world)
-        fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
+        fut = self.ops.all_reduce(buf).get_future()
         return fut.then(lambda f: f.value()[0].mul_(inv))
 
     def issue(self, requests, flat=None):
@@ -99,7 +138,7 @@ class Communicator:
         collective on its own tensor. flat (a phase's key, coalesced): one all-reduce per wire
         dtype and one all-gather per dtype, over the requests laid end to end in a buffer kept
         under that key (the requests come in unit order, the same on every rank)."""
-        group, W = self.group, self.world
+        ops, W = self.ops, self.world
         works, after = [], []
         kinds = {}
         for r in requests:
@@ -111,12 +150,12 @@ class Communicator:
                 for r in rs:
                     if kind is Gather:
                         r.everyone = [torch.empty_like(r.t) for _ in range(W)]
-                        works.append(dist.all_gather(r.everyone, r.t, group=group, async_op=True))
+                        works.append(ops.all_gather(r.everyone, r.t))
                     elif r.wire == r.t.dtype:
-                        works.append(dist.all_reduce(r.t, group=group, async_op=True))
+                        works.append(ops.all_reduce(r.t))
                     else:
                         r.cast.copy_(r.t)
-                        works.append(dist.all_reduce(r.cast, group=group, async_op=True))
+                        works.append(ops.all_reduce(r.cast))
                         after.append(lambda r=r: r.t.copy_(r.cast))
                 continue
             buf = self._room((flat, kind.__name__, dtype, device), n, dtype, device)
@@ -125,7 +164,7 @@ class Communicator:
                 buf[at:at + r.t.numel()].copy_(r.t)
                 at += r.t.numel()
             if kind is Sum:
-                works.append(dist.all_reduce(buf, group=group, async_op=True))
+                works.append(ops.all_reduce(buf))
 
                 def back(rs=rs, buf=buf):
                     at = 0
@@ -135,7 +174,7 @@ class Communicator:
                 after.append(back)
             else:
                 outs = [self._room((flat, "everyone", r, dtype, device), n, dtype, device) for r in range(W)]
-                works.append(dist.all_gather(outs, buf, group=group, async_op=True))
+                works.append(ops.all_gather(outs, buf))
                 at = 0
                 for r in rs:
                     r.everyone = [o[at:at + r.t.numel()] for o in outs]

@@ -21,17 +21,16 @@ import time
 import weakref
 
 import torch
-import torch.distributed as dist
 
 from . import _core
 
-_tags = {}  # configuration digest -> counter: the n-th state of a configuration, the same on every rank
-_tags_lock = threading.Lock()
+_tags = {}  # (configuration digest, group, rank) -> counter: the n-th state of a configuration, the same on
+_tags_lock = threading.Lock()  # every rank (a simulated group's ranks share the process: keyed by rank too)
 
 
-def _tag(config: str) -> int:
+def _tag(key) -> int:
     with _tags_lock:
-        return next(_tags.setdefault(config, itertools.count()))
+        return next(_tags.setdefault(key, itertools.count()))
 
 
 def _arrived(store, key: str, seconds: float, longest: float = 0.05) -> bool:
@@ -61,14 +60,14 @@ class Exchange:
     those requests from a daemon thread. owner.worker_snapshot(iteration, timeout) gives this
     rank's state at that step (a dict of tensors) or a string saying why it cannot."""
 
-    def __init__(self, owner, group, rank: int, world: int, digest: str, timeout: float):
-        self.rank, self.world, self.timeout = rank, world, timeout
-        ranks = "all" if group is None else ",".join(str(r) for r in dist.get_process_group_ranks(group))
-        self.prefix = f"sketchsgd/checkpoint/{digest}/{_tag(digest)}/{ranks}"
-        self.store = dist.distributed_c10d._get_default_store()
+    def __init__(self, owner, ops, digest: str, timeout: float):
+        """ops: the communicator's collectives (_comm), for the group's ranks and store."""
+        self.rank, self.world, self.timeout = ops.rank, ops.world, timeout
+        self.prefix = f"sketchsgd/checkpoint/{digest}/{_tag((digest, ops.name, ops.rank))}/{ops.name}"
+        self.store = ops.store
         self._asked = 0
         self._offered = None  # the key of this rank's latest offer, unless rank 0 took it
-        if rank != 0:
+        if self.rank != 0:
             owner_ref = weakref.ref(owner)
             threading.Thread(target=self._serve, args=(owner_ref,), name="sketchsgd-checkpoint",
                              daemon=True).start()

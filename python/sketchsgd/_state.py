@@ -7,10 +7,9 @@ import math
 import threading
 
 import torch
-import torch.distributed as dist
 
 from . import _checkpoint, _core
-from ._comm import Communicator
+from ._comm import Communicator, ready
 from ._exchange import Exchange
 from ._schedule import Scheduler
 from ._units import Units, checked_spec
@@ -74,7 +73,7 @@ class CompressionState:
         self._wide = {}          # bucket index -> float32 copy of a half-precision bucket
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
-        if dist.is_available() and dist.is_initialized():
+        if ready(process_group):
             self._bind()
             if check_ranks:
                 self._check_ranks()
@@ -115,8 +114,7 @@ class CompressionState:
         self.scheduler = Scheduler(self.comm)
         if self.comm.world > 1:
             digest = hashlib.sha256(self._config().encode()).hexdigest()[:16]
-            self._exchange = Exchange(self, self.process_group, self.comm.rank, self.comm.world, digest,
-                                      self.checkpoint_timeout)
+            self._exchange = Exchange(self, self.comm.ops, digest, self.checkpoint_timeout)
 
     def _check_ranks(self):
         """Once: every rank's configuration is this one (a collective)."""
@@ -137,7 +135,7 @@ class CompressionState:
             raise ValueError("sketchsgd hook: CUDA gradients, but this sketchsgd build has no CUDA")
         if self.backend == "nccl" and buf.device.type != "cuda":
             raise ValueError("sketchsgd hook: NCCL needs CUDA tensors; use gloo for a model on the CPU")
-        if self.backend not in ("gloo", "nccl"):
+        if self.backend not in ("gloo", "nccl", "local"):
             raise ValueError(f"sketchsgd hook: backend {self.backend!r} is not supported (gloo or nccl)")
         self._checked = True
 

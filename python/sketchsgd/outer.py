@@ -17,8 +17,7 @@ copies into its model: after a sync, every replica holds the same parameters, bi
 """
 
 import torch
-import torch.distributed as dist
-
+from ._comm import ready
 from ._hook import average
 from ._state import CompressionState
 
@@ -38,6 +37,8 @@ class DiLoCo:
     model:           the module trained locally (a plain module, DDP used under no_sync(), or
                      a model sharded by FSDP2 within each replica: each rank then syncs its
                      shard with the ranks of process_group, the replicas of that shard).
+    process_group:   the ranks that sync (None: every rank; or a simulated group's rank,
+                     sketchsgd.simulate: W workers in one process).
     spec:            any sketchsgd codec spec for the pseudo-gradient ("dense" is DiLoCo itself).
     every:           inner steps between syncs (H).
     outer_optimizer: a function of the anchor parameters that returns a torch optimizer.
@@ -63,8 +64,9 @@ class DiLoCo:
             raise TypeError(f"model: parameters of dtype {sorted(map(str, bad))}; float32, float16 or bfloat16 expected")
         if len({p.device for p in self._params}) != 1:
             raise ValueError("model: parameters on more than one device")
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("DiLoCo needs torch.distributed initialised (dist.init_process_group) first")
+        if not ready(process_group):
+            raise RuntimeError("DiLoCo needs torch.distributed initialised (dist.init_process_group) first, or a "
+                               "simulated group's rank as process_group (sketchsgd.simulate)")
         self.state = CompressionState(spec, process_group, compress_1d=compress_1d, dense_below=dense_below)
         self.every, self.warmup, self.process_group = every, warmup, process_group
         with torch.no_grad():
@@ -115,7 +117,7 @@ class DiLoCo:
     def _average(self):
         """A warm-up step: the replicas' parameters averaged (fp32), which becomes the anchor."""
         flat = self._flat([p.float() for p in self.params])
-        dist.all_reduce(flat, group=self.process_group)
+        self.state.comm.sum(flat)
         flat.mul_(1.0 / self.state.world_size)
         self._warmup_bytes += flat.numel() * 4
         self._unflatten(flat, self.params)

@@ -1,6 +1,7 @@
 """Rank functions of the DDP tests (module level, so spawned processes can import them)."""
 
 import io
+import threading
 
 import torch
 import torch.distributed as dist
@@ -16,9 +17,13 @@ def each(rank, world, job, specs, *args):
     return {spec: globals()[job](rank, world, spec, *args) for spec in specs}
 
 
+_seeding = threading.Lock()  # simulated ranks are threads, and torch's generator is the process's
+
+
 def model(seed=0, bias=True):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(64, 96, bias=bias), nn.ReLU(), nn.Linear(96, 10, bias=bias))
+    with _seeding:
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(64, 96, bias=bias), nn.ReLU(), nn.Linear(96, 10, bias=bias))
 
 
 def batch(rank, step, n=32):
@@ -484,20 +489,21 @@ def averaged(rank, world):
     return errors, dense, outs, topk.stats()
 
 
-def outer_loop(rank, world, spec, every, steps):
+def outer_loop(rank, world, spec, every, steps, group=None):
     """Trains with DiLoCo(spec, every); returns (first loss, mean of the last 5, params after
-    the last sync, stats)."""
+    the last sync, stats). group: a simulated group's rank (sketchsgd.simulate), else the
+    default process group."""
     from sketchsgd.torch import DiLoCo
     m = model(seed=rank)  # different on every rank: DiLoCo starts them from rank 0's
-    outer = DiLoCo(m, spec, every=every)
+    outer = DiLoCo(m, spec, every=every, process_group=group)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     losses = local_steps(m, outer, opt, rank, steps)
     return losses[0], sum(losses[-5:]) / 5, flat(m).numpy().tobytes(), outer.stats()
 
 
-def outer_loops(rank, world, specs, every, steps):
+def outer_loops(rank, world, specs, every, steps, group=None):
     """outer_loop() for each spec, in one set of processes: spec -> its result."""
-    return {spec: outer_loop(rank, world, spec, every, steps) for spec in specs}
+    return {spec: outer_loop(rank, world, spec, every, steps, group) for spec in specs}
 
 
 def outer_error_feedback(rank, world, syncs):
@@ -531,7 +537,7 @@ def outer_every_step_vs_ddp(rank, world, steps):
     return flat(m).numpy(), flat(m2).numpy()
 
 
-def outer_resume(rank, world, spec, before, after, folder, per_rank):
+def outer_resume(rank, world, spec, before, after, folder, per_rank, group=None):
     """Saves model, inner optimizer and outer state after `before` steps and resumes from them
     in a new model. per_rank: each rank its own file (Adam inside, mid-interval); else rank 0's
     file alone, gathered, right after a sync (plain SGD inside). Returns the uninterrupted and
@@ -541,7 +547,7 @@ def outer_resume(rank, world, spec, before, after, folder, per_rank):
     def fresh():
         m = model()
         opt = torch.optim.Adam(m.parameters(), lr=0.01) if per_rank else torch.optim.SGD(m.parameters(), lr=0.05)
-        return m, DiLoCo(m, spec, every=3), opt
+        return m, DiLoCo(m, spec, every=3, process_group=group), opt
 
     m, outer, opt = fresh()
     local_steps(m, outer, opt, rank, before)
@@ -550,7 +556,7 @@ def outer_resume(rank, world, spec, before, after, folder, per_rank):
         torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "outer": outer.state_dict(gather=False)}, path)
     elif rank == 0:  # PyTorch's tutorial: rank 0 alone saves, the others wait in the barrier
         torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "outer": outer.state_dict()}, path)
-    dist.barrier()
+    group.barrier() if group is not None else dist.barrier()
     local_steps(m, outer, opt, rank, after, first=before)
     m2, outer2, opt2 = fresh()
     loaded = torch.load(path)
@@ -561,13 +567,13 @@ def outer_resume(rank, world, spec, before, after, folder, per_rank):
     return flat(m).numpy().tobytes(), flat(m2).numpy().tobytes()
 
 
-def outer_non_finite(rank, world, spec):
+def outer_non_finite(rank, world, spec, group=None):
     """Rank 1's model turns NaN before the second sync: every rank raises NonFiniteError there,
     its anchor unchanged; after each rank restores its model the next sync goes on alike."""
     from sketchsgd import NonFiniteError
     from sketchsgd.torch import DiLoCo
     m = model()
-    outer = DiLoCo(m, spec, every=2)
+    outer = DiLoCo(m, spec, every=2, process_group=group)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
     local_steps(m, outer, opt, rank, 2)
     anchor = flat(m).clone()

@@ -2,6 +2,7 @@
 (examples/ddp_train.py): fixed splits and data order, a causal language model, half-precision
 models with replicas identical."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -96,6 +97,65 @@ def test_a_limited_evaluation_scores_the_first_items_alone(text, fashion):
     assert few["val_loss"] != every["val_loss"] and abs(few["val_loss"] - every["val_loss"]) < 0.5
 
 
+@pytest.fixture(scope="module")
+def lm_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def lm(lm_cache):
+    return workloads.LM(cache=lm_cache)
+
+
+def test_the_lm_tokenizer_is_trained_once_deterministically_and_round_trips(lm, lm_cache, tmp_path):
+    """The BPE vocabulary is trained on the training documents alone and cached: a second load
+    reads the cache, a training elsewhere gives the same tokens; every training document's
+    tokens decode to its text, followed by <|endoftext|>."""
+    from tokenizers import Tokenizer
+    assert lm.vocab == 8192 and 0 <= lm.eot < lm.vocab
+    (cached,) = os.listdir(lm_cache)
+    again = workloads.LM(cache=lm_cache)
+    assert torch.equal(again.train, lm.train) and torch.equal(again.val, lm.val)
+    elsewhere = workloads.LM(cache=str(tmp_path))
+    assert torch.equal(elsewhere.train, lm.train) and torch.equal(elsewhere.val, lm.val)
+    tok = Tokenizer.from_file(os.path.join(lm_cache, cached, "tokenizer.json"))
+    train, val = workloads.documents(workloads.TEXT)
+    ends = torch.nonzero(lm.train == lm.eot).reshape(-1)
+    assert len(ends) == len(train) and len(torch.nonzero(lm.val == lm.eot)) == len(val)
+    for i in (0, 7, len(train) - 1):
+        first = 0 if i == 0 else int(ends[i - 1]) + 1
+        assert tok.decode(lm.train[first:int(ends[i])].tolist()) == train[i].decode("utf-8", errors="replace")
+    # A token's bytes: its byte-level string has one character per byte.
+    assert int(lm.token_bytes[lm.eot]) == 0 and int((lm.token_bytes >= 1).sum()) == lm.vocab - 1
+    assert len(b"".join(train)) == int(lm.token_bytes[lm.train].sum())
+
+
+def test_the_lm_is_gpt2_causal_seeded_tied_or_untied_and_scores_bits_per_byte(lm, lm_cache):
+    tied, untied = lm.model(seed=1), workloads.LM(cache=lm_cache, untied=True).model(seed=1)
+    assert sum(p.numel() for p in tied.parameters()) == 1_850_112
+    assert sum(p.numel() for p in untied.parameters()) == 2_898_688  # + its own 8,192 x 128 input embedding
+    assert all(torch.equal(p, q) for p, q in zip(tied.parameters(), lm.model(seed=1).parameters()))
+    assert len(tied.blocks) == 4
+    x = torch.randint(0, lm.vocab, (2, lm.seq))
+    y = x.clone()
+    y[:, 40] = (y[:, 40] + 1) % lm.vocab
+    with torch.no_grad():
+        a, b = tied.eval()(x), tied(y)
+    assert a.shape == (2, lm.seq, lm.vocab)
+    assert torch.equal(a[:, :40], b[:, :40]) and not torch.equal(a[:, 40:], b[:, 40:])
+    # The untied input embedding's gradient touches only the rows of the batch's tokens.
+    xb, yb = lm.batch(torch.tensor([0, 1]), "cpu", torch.float32)
+    lm.loss(untied(xb), yb).backward()
+    rows = torch.nonzero(untied.gpt.transformer.wte.weight.grad.abs().sum(1)).reshape(-1)
+    assert set(rows.tolist()) == set(xb.unique().tolist())
+    q = lm.evaluate(tied, "cpu", torch.float32, limit=16)
+    starts = lm.eval_starts[:16, None] + torch.arange(lm.seq + 1)
+    targets = lm.val[starts][:, 1:]
+    nbytes = int(lm.token_bytes[targets].sum())
+    assert abs(q["val_bits_per_byte"] - q["val_loss"] * targets.numel() / nbytes / math.log(2)) < 1e-9
+    assert 8.5 < q["val_loss"] < 9.5  # about ln(8192) = 9.01 before training
+
+
 def test_bad_workloads_are_refused():
     for name in ["resnet9", "resnet", "vgg"]:
         with pytest.raises(ValueError, match="6n\\+2|unknown"):
@@ -104,13 +164,16 @@ def test_bad_workloads_are_refused():
         workloads.make("transformer", text="/nonexistent")
     with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
         workloads.make("mlp", fashion="/nonexistent")
+    for vocab in (100, 70000):
+        with pytest.raises(ValueError, match="512..65536"):
+            workloads.make("lm", vocab=vocab)
 
 
-def _train(tmp_path, *args):
+def _train(tmp_path, *args, env=None):
     out = tmp_path / "summary.json"
     cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--workers", "2", "--epochs", "1",
            "--max-steps", "14", "--eval-items", "100", "--progress", "7", "--timeout", "240", "--json", str(out), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text())
 
@@ -149,6 +212,29 @@ def test_the_transformer_trains_under_fsdp2_with_each_reduction(tmp_path, mode, 
     assert 0 < r["val_loss"] < 8
     share = 2 if mode == "hsdp" else 1  # under HSDP a rank reduces its half of the model
     assert r["dim"] * 4 / share / r["steady_payload_bytes_per_round"] > least, r
+
+
+@pytest.mark.parametrize("args", [["--hook", "sparseloco:chunk=1024,k=16"],
+                                  ["--hook", "topk:k=3000", "--local", "4"]])
+def test_a_simulated_job_is_the_gloo_job(tmp_path, args):
+    """--simulate 3 (three threads of one process) against --workers 3 (gloo processes), per step
+    and with local steps: the same bytes, and the same accuracy to float32's summation order."""
+    common = ["--workload", "mlp", "--workers", "3", "--max-steps", "20", "--eval-items", "2000", *args]
+    gloo = _train(tmp_path, *common)
+    sim = _train(tmp_path, *common, "--simulate", "3")
+    assert sim["simulated"] and not gloo["simulated"] and sim["workers"] == 3 and sim["replicas_identical"]
+    assert sim["payload_bytes_per_round"] == gloo["payload_bytes_per_round"]
+    assert abs(sim["test_accuracy"] - gloo["test_accuracy"]) <= 2 / 2000
+
+
+def test_the_lm_trains_as_simulated_workers_with_sparseloco(tmp_path, lm_cache):
+    """The GPT-2 workload, 3 simulated workers, DiLoCo's outer step as plain averaging of
+    sparseloco's pseudo-gradients every 4 steps: replicas identical, the loss below its start."""
+    r = _train(tmp_path, "--workload", "lm", "--simulate", "3", "--local", "4", "--hook", "sparseloco:chunk=1024,k=16",
+               "--outer-lr", "1", "--outer-momentum", "0", "--warmup", "2", "--eval-items", "16",
+               env={"SKETCHSGD_CACHE": lm_cache})
+    assert r["replicas_identical"] and r["metric"] == "val_loss" and r["simulated"], r
+    assert r["val_loss"] < math.log(8192) - 0.2 and r["ratio"] > 100, r
 
 
 @pytest.mark.parametrize("hook,least", [("sketchsgd:powersgd:rank=2,wire=fp16", 20.0), ("torch:average", 2.7)])

@@ -1,0 +1,125 @@
+"""sketchsgd.simulate: W workers as threads of one process, their codecs' rounds meeting in memory,
+against the same jobs on W gloo processes."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import ddp
+import jobs
+import sketchsgd
+from sketchsgd import NonFiniteError
+from sketchsgd.simulate import LocalGroup
+from sketchsgd.torch import CompressionState, average
+
+# Each codec's first registered example: every family (summable, gathered), every codec.
+SPECS = [c["examples"][0] for c in sketchsgd.codecs()]
+
+
+def test_diloco_on_a_simulated_group_is_the_gloo_job():
+    """DiLoCo with every codec, 4 workers, 24 steps, syncs every 4: the simulated group's
+    replicas agree, and their bytes, losses and parameters are the gloo job's (to float32's
+    summation order: gloo's all-reduce adds the ranks in an order of its own, where the
+    simulated group adds them in rank order)."""
+    procs = ddp.run(jobs.outer_loops, SPECS, 4, 24)
+    sim = LocalGroup(4).run(lambda r: jobs.outer_loops(r.rank, 4, SPECS, 4, 24, group=r))
+    for spec in SPECS:
+        gloo, local = [r[spec] for r in procs], [r[spec] for r in sim]
+        assert all(r[2] == local[0][2] for r in local), f"{spec}: simulated replicas differ"
+        assert [r[3] for r in local] == [r[3] for r in gloo], f"{spec}: statistics differ"
+        a, b = (np.frombuffer(x[0][2], np.float32) for x in (gloo, local))
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=spec)
+        np.testing.assert_allclose([r[1] for r in local], [r[1] for r in gloo], rtol=1e-5, err_msg=spec)
+
+
+def test_average_is_the_mean_in_rank_order_on_every_rank():
+    world = 3
+
+    def job(rank):
+        state = CompressionState("dense", process_group=rank)
+        x = torch.arange(12, dtype=torch.float32).view(3, 4) * (rank.rank + 1) + 0.1
+        return average(state, [x, torch.full((5,), float(rank.rank))]), state.stats()
+    results = LocalGroup(world).run(job)
+    inv = torch.tensor(1.0) / world
+    want = (sum(torch.arange(12, dtype=torch.float32).view(3, 4) * (r + 1) + 0.1 for r in range(world))) * inv
+    for (m, w), stats in results:
+        assert torch.equal(m, want) and torch.equal(w, torch.full((5,), 1.0))
+        assert stats["payload_bytes"] == 17 * 4 and stats["steps"] == 1
+
+
+def test_a_nan_on_one_rank_raises_on_every_rank_and_the_group_goes_on():
+    for spec in ["powersgd:rank=2", "topk:k=300", "dense", "sparseloco:chunk=256,k=16"]:
+        results = LocalGroup(3).run(lambda r: jobs.outer_non_finite(r.rank, 3, spec, group=r))
+        for rank, (raised, kept, _) in enumerate(results):
+            assert raised is not None, (spec, rank)
+            assert kept, f"{spec}: rank {rank}'s anchor changed"
+        assert all(r[2] == results[0][2] for r in results), f"{spec}: replicas differ after the next sync"
+
+
+def test_a_failing_rank_ends_every_rank_at_once_and_run_raises_its_error():
+    group = LocalGroup(4, timeout=120)
+    seen = {}
+
+    def job(rank):
+        if rank.rank == 2:
+            raise KeyError("rank 2's own failure")
+        try:
+            rank.barrier()
+        except RuntimeError as e:
+            seen[rank.rank] = str(e)
+            raise
+    with pytest.raises(KeyError, match="rank 2's own failure"):
+        group.run(job)
+    assert sorted(seen) == [0, 1, 3] and all("another rank failed" in m for m in seen.values()), seen
+    assert group.run(lambda r: r.rank * 2) == [0, 2, 4, 6]  # the group is whole again
+
+
+def test_a_rank_that_never_comes_times_the_group_out():
+    group = LocalGroup(2, timeout=0.5)
+    gate = threading.Event()
+
+    def job(rank):
+        if rank.rank == 1:
+            gate.wait(5)
+            return None
+        rank.barrier()
+    with pytest.raises(RuntimeError, match="did not come within 0.5 s"):
+        group.run(job)
+    gate.set()
+
+
+def test_rank_0s_gathered_checkpoint_resumes_every_simulated_rank(tmp_path):
+    """Rank 0 alone saves right after a sync (the others wait in the group's barrier, their
+    error feedback handed over from their exchange threads); every rank resumes from that file
+    bit for bit. Per-rank files mid-interval likewise."""
+    for spec, per_rank in [("topk:k=300", False), ("sparseloco:chunk=256,k=16", False), ("powersgd:rank=2", True)]:
+        folder = tmp_path / f"{spec.partition(':')[0]}-{per_rank}"
+        folder.mkdir()
+        before = 4 if per_rank else 6
+        results = LocalGroup(3).run(lambda r: jobs.outer_resume(r.rank, 3, spec, before, 5, str(folder), per_rank,
+                                                                group=r))
+        for r, (straight, resumed) in enumerate(results):
+            assert straight == resumed, f"{spec}: rank {r}"
+
+
+def test_bad_arguments_are_refused():
+    for world in [0, -1, 2.0, True, "4"]:
+        with pytest.raises(ValueError, match="world="):
+            LocalGroup(world)
+    for timeout in [0, -1, float("inf"), float("nan"), "5", True]:
+        with pytest.raises(ValueError, match="timeout="):
+            LocalGroup(2, timeout=timeout)
+    group = LocalGroup(2)
+
+    def job(rank):
+        out = [torch.empty(3)]
+        rank.all_gather(out, torch.zeros(3))
+    with pytest.raises(ValueError, match="1 outputs for 2 ranks"):
+        group.run(job)
+    # A rank's CompressionState whose spec differs from the others': refused on every rank.
+    with pytest.raises(ValueError, match="differs from ranks"):
+        group.run(lambda r: CompressionState("topk:k=10" if r.rank else "topk:k=20", process_group=r))
+    with pytest.raises(NonFiniteError):
+        group.run(lambda r: average(CompressionState("topk:k=2", process_group=r),
+                                    [torch.full((4, 4), float("nan") if r.rank else 1.0)]))
