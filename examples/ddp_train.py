@@ -226,6 +226,12 @@ def _fits(spec, dim):
         return False
 
 
+def optimizer(args, model, momentum):
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum, weight_decay=args.weight_decay)
+
+
 def worker(rank, args, port, queue, group=None):
     """One rank: a process of its own (torch.distributed), or with --simulate a thread whose
     collectives are `group`'s (sketchsgd.simulate), every rank on the one device."""
@@ -257,7 +263,13 @@ def worker(rank, args, port, queue, group=None):
         dist._DEFAULT_FIRST_BUCKET_BYTES = int((args.first_bucket_mb or args.bucket_cap_mb) * 1024 * 1024)
         width = torch.finfo(dtype).bits // 8
         synced, after_step = True, None
-        if args.local:  # trained locally, synced every --local steps
+        opt = None
+        if args.local and args.hook.startswith("torchft:"):  # torchft's DiLoCo hooks into the optimizer
+            import torchft_peer
+            ddp, momentum, extra = model, args.momentum, None
+            opt = optimizer(args, model, momentum)
+            payload, after_step, last_sync = torchft_peer.local_steps(args, model, opt, rank)
+        elif args.local:  # trained locally, synced every --local steps
             ddp, momentum, extra = model, args.momentum, None
             payload, after_step, last_sync = local_steps(args, model, group)
         elif group is not None:
@@ -268,10 +280,7 @@ def worker(rank, args, port, queue, group=None):
         else:
             ddp = DDP(model, device_ids=[device.index] if cuda else None, bucket_cap_mb=args.bucket_cap_mb)
             payload, momentum, extra = register(args.hook, ddp, args, dim, width)
-        if args.optimizer == "adamw":
-            opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-        else:
-            opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum, weight_decay=args.weight_decay)
+        opt = opt or optimizer(args, ddp, momentum)
         per_epoch = job.items() // W // args.batch
         if args.max_steps:
             per_epoch = min(per_epoch, args.max_steps)
@@ -448,7 +457,8 @@ def hook_problem(args):
     """What is wrong with --hook (with --local and --start-iter), or None: what register() or
     local_steps() would raise on every rank."""
     hook = args.hook
-    if args.simulate and (hook.startswith(("torch:", "powersgd", "fp16:")) or hook in ("fp16", "bf16", "average")):
+    if args.simulate and (hook.startswith(("torch:", "torchft:", "powersgd", "fp16:")) or
+                          hook in ("fp16", "bf16", "average")):
         return (f"--hook {hook}: under --simulate, none or a sketchsgd spec (sketchsgd:powersgd:...): PyTorch's "
                 "hooks and its averager need torch.distributed's processes")
     if args.fsdp:
@@ -459,6 +469,13 @@ def hook_problem(args):
             return (f"--hook {hook}: under --fsdp, none, bf16 or fp16 (FSDP2's reduce_dtype) or a sketchsgd spec "
                     "(sketchsgd:powersgd:...): PyTorch's hooks are DDP's")
         return _spec_problem(args, hook[len("sketchsgd:"):] if hook.startswith("sketchsgd:") else hook)
+    if hook.startswith("torchft:"):
+        if not args.local:
+            return f"--hook {hook}: torchft's DiLoCo trains with local steps: give --local H"
+        if args.rank is not None or args.fsdp:
+            return f"--hook {hook}: run by this launcher (no --rank: it starts the replicas' Lighthouse), without --fsdp"
+        import torchft_peer
+        return torchft_peer.problem(hook, args.local)
     if args.local:
         if hook in ("average", "torch:average"):
             return None
@@ -583,6 +600,11 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    lighthouse = None
+    if args.hook.startswith("torchft:"):  # the replicas' quorum server, for the job's length
+        import torchft_peer
+        lighthouse = torchft_peer.lighthouse(args.workers)
+        args.lighthouse = lighthouse.address()
     print(f"ddp_train: {args.workers} workers, {args.workload} ({args.dtype}), hook {args.hook}, {args.epochs} epochs", flush=True)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -602,6 +624,8 @@ def main():
             print(f"worker pid {proc.pid} did not exit; killed", file=sys.stderr)
             proc.kill()
             proc.join()
+    if lighthouse is not None:
+        lighthouse.shutdown()
     if summary is None:
         sys.exit("a worker failed" if time.time() < deadline else f"no result within --timeout {args.timeout} s")
     report(summary, args)

@@ -214,12 +214,12 @@ def test_the_transformer_trains_under_fsdp2_with_each_reduction(tmp_path, mode, 
     assert r["dim"] * 4 / share / r["steady_payload_bytes_per_round"] > least, r
 
 
-@pytest.mark.parametrize("args", [["--hook", "sparseloco:chunk=1024,k=16"],
-                                  ["--hook", "topk:k=3000", "--local", "4"]])
-def test_a_simulated_job_is_the_gloo_job(tmp_path, args):
-    """--simulate 3 (three threads of one process) against --workers 3 (gloo processes), per step
-    and with local steps: the same bytes, and the same accuracy to float32's summation order."""
-    common = ["--workload", "mlp", "--workers", "3", "--max-steps", "20", "--eval-items", "2000", *args]
+def test_a_simulated_job_is_the_gloo_job(tmp_path):
+    """--simulate 3 (three threads of one process) against --workers 3 (gloo processes), a codec
+    per step: the same bytes, and the same accuracy to float32's summation order (DiLoCo on a
+    simulated group against gloo: tests/python/test_simulate.py)."""
+    common = ["--workload", "mlp", "--workers", "3", "--max-steps", "20", "--eval-items", "2000", "--hook",
+              "sparseloco:chunk=1024,k=16"]
     gloo = _train(tmp_path, *common)
     sim = _train(tmp_path, *common, "--simulate", "3")
     assert sim["simulated"] and not gloo["simulated"] and sim["workers"] == 3 and sim["replicas_identical"]
@@ -237,12 +237,14 @@ def test_the_lm_trains_as_simulated_workers_with_sparseloco(tmp_path, lm_cache):
     assert r["val_loss"] < math.log(8192) - 0.2 and r["ratio"] > 100, r
 
 
-@pytest.mark.parametrize("hook,least", [("sketchsgd:powersgd:rank=2,wire=fp16", 20.0), ("torch:average", 2.7)])
+@pytest.mark.parametrize("hook,least", [("sketchsgd:powersgd:rank=2,wire=fp16", 20.0), ("torch:average", 2.7),
+                                       ("torchft:diloco", 3.4), ("torchft:streaming:fragments=2", 2.5)])
 def test_local_steps_sync_every_h_and_end_identical(tmp_path, hook, least):
-    """--local 4 for 14 steps: DiLoCo with a codec (syncs after steps 4, 8, 12) or PyTorch's
-    PeriodicModelAverager (after 1, 5, 9, 13); the example syncs once more before evaluating,
-    so the replicas end identical, with the traffic of those syncs against 14 per-step DDP
-    all-reduces."""
+    """--local 4 for 14 steps: DiLoCo with a codec (syncs after steps 4, 8, 12), PyTorch's
+    PeriodicModelAverager (after 1, 5, 9, 13) or torchft's DiLoCo (fp32 pseudo-gradients after
+    steps 4, 8, 12; Streaming DiLoCo a half of the model at a time, after 2, 4, 6, ...); the
+    example syncs once more before evaluating (torchft's: an fp32 average), so the replicas end
+    identical, with the traffic of those syncs against 14 per-step DDP all-reduces."""
     r = _train(tmp_path, "--workload", "resnet8", "--local", "4", "--hook", hook)
     assert r["replicas_identical"] and r["local"] == 4, r
     assert r["ratio"] > least, r["ratio"]
