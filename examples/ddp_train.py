@@ -212,8 +212,9 @@ def local_steps(args, model, group=None):
     spec = args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
     if spec == "none" or spec.startswith("torch:"):
         raise ValueError(f"--local with --hook {args.hook}: give a sketchsgd spec (dense: DiLoCo) or torch:average")
-    outer = DiLoCo(model, spec, every=args.local, process_group=group, outer_optimizer=lambda p: torch.optim.SGD(
-        p, lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.outer_momentum > 0))
+    outer = DiLoCo(model, spec, every=args.local, process_group=group, anchor_device=args.outer_device,
+                   outer_optimizer=lambda p: torch.optim.SGD(p, lr=args.outer_lr, momentum=args.outer_momentum,
+                                                             nesterov=args.outer_momentum > 0))
     return (lambda: outer.stats()["payload_bytes"]), outer.step, outer.sync
 
 
@@ -243,12 +244,15 @@ def worker(rank, args, port, queue, group=None):
     device = torch.device("cuda", (0 if group else rank) % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        if args.tf32:
+            torch.set_float32_matmul_precision("high")
     backend = "local" if group else args.backend or ("nccl" if cuda and torch.cuda.device_count() >= W else "gloo")
     if group is None:
         dist.init_process_group(backend, rank=rank, world_size=W, timeout=datetime.timedelta(minutes=10))
     after_backward = None
     try:
-        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied)
+        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied,
+                             args.heads, args.seq)
         dtype = workloads.DTYPES[args.dtype]
         if group is not None:
             with group.lock:  # torch's generator is the process's: one rank at a time seeds and draws
@@ -426,6 +430,13 @@ def check(p, args):
         path = getattr(args, name)
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"--{name} {path}: no such folder {os.path.dirname(os.path.abspath(path))}")
+    if args.outer_device and not args.local:
+        p.error("--outer-device: DiLoCo's, with --local H")
+    if args.outer_device == "cuda" and args.device != "cuda":
+        p.error("--outer-device cuda: needs --device cuda")
+    if args.outer_device == "cpu" and args.device == "cuda" and (args.backend == "nccl" or (
+            not args.simulate and args.backend is None and torch.cuda.device_count() >= args.workers)):
+        p.error("--outer-device cpu: not with NCCL, which moves device tensors only (--backend gloo)")
     if args.replicas is not None and args.fsdp != "hsdp":
         p.error("--replicas: with --fsdp hsdp")
     if args.fsdp == "hsdp" and args.replicas is None:
@@ -442,7 +453,8 @@ def check(p, args):
     if problem:
         p.error(problem)
     try:  # the data is there and the workload's name is right, before any rank starts
-        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied)
+        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied,
+                             args.heads, args.seq)
         if args.workload in ("transformer", "lm"):
             job.model(args.seed)  # the width must suit the heads
     except FileNotFoundError as e:
@@ -546,6 +558,11 @@ def main():
     p.add_argument("--replicas", type=count, help="--fsdp hsdp: replicas, each sharded over W/R ranks (default 2)")
     p.add_argument("--outer-lr", type=positive, default=0.7, help="--local: DiLoCo's outer learning rate")
     p.add_argument("--outer-momentum", type=momentum, default=0.9, help="--local: its Nesterov momentum")
+    p.add_argument("--outer-device", choices=["cpu", "cuda"], help="--local: where DiLoCo's anchor, outer optimizer "
+                   "and codec live (default: the model's device; cpu: off the GPU, and CPU-only codecs such as "
+                   "sparseloco)")
+    p.add_argument("--tf32", action="store_true", help="on CUDA: float32 matrix products in TF32 "
+                   "(torch.set_float32_matmul_precision('high'))")
     p.add_argument("--workers", type=count, default=4)
     p.add_argument("--simulate", type=count, metavar="W", help="W workers as threads of this one process on one "
                    "device (sketchsgd.simulate; sets --workers): none or a sketchsgd spec per step, or --local")
@@ -561,6 +578,8 @@ def main():
                    "(default: the workload's; cosine decays to 0 at the run's last step)")
     p.add_argument("--width", type=count, default=128, help="the language models' width (transformer, lm)")
     p.add_argument("--depth", type=count, default=4, help="the language models' blocks")
+    p.add_argument("--heads", type=count, default=4, help="the language models' attention heads")
+    p.add_argument("--seq", type=count, default=64, help="the language models' window (tokens)")
     p.add_argument("--vocab", type=count, default=8192, help="lm: the BPE vocabulary (512..65536 tokens)")
     p.add_argument("--untied", action="store_true", help="lm: an input embedding of its own (row-sparse gradients)")
     p.add_argument("--seed", type=natural, default=1)

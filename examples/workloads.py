@@ -432,11 +432,11 @@ def defaults(name: str) -> dict:
 
 
 def make(name: str, fashion: str = FASHION, text: str = TEXT, width: int = 128, depth: int = 4,
-         vocab: int = 8192, untied: bool = False) -> Workload:
-    """The workload called name (mlp, cnn, resnet8, resnet20, transformer, lm; width and depth are
-    the language models', vocab and untied lm's)."""
+         vocab: int = 8192, untied: bool = False, heads: int = 4, seq: int = 64) -> Workload:
+    """The workload called name (mlp, cnn, resnet8, resnet20, transformer, lm; width, depth, heads
+    and seq (the window) are the language models', vocab and untied lm's)."""
     if name == "transformer":
-        return Text(text, d=width, layers=depth)
+        return Text(text, seq=seq, d=width, layers=depth, heads=heads)
     if name == "lm":
-        return LM(text, vocab=vocab, d=width, layers=depth, untied=untied)
+        return LM(text, vocab=vocab, seq=seq, d=width, layers=depth, heads=heads, untied=untied)
     return FashionMNIST(name, fashion)

@@ -5,11 +5,11 @@ the same folder name with -seedN), PyTorch's PowerSGD included; the run-to-run n
 seeds; and, for every budget where PyTorch's PowerSGD has a point, the best sketchsgd hook at that
 payload or less.
 
-    .venv/bin/python scripts/frontier.py [--workload mlp|resnet8|transformer] [--write-docs]
+    .venv/bin/python scripts/frontier.py [--workload mlp|resnet8|transformer|lm] [--write-docs]
     .venv/bin/python scripts/frontier.py --half build/half [--write-docs]   # bf16 models vs fp32
 
-Quality is test accuracy (%, higher is better) or, for the transformer, validation loss (nats per
-byte, lower is better). Verdicts: "ahead" when better than PyTorch's point by more than the noise
+Quality is test accuracy (%, higher is better) or, for the language models, validation loss (nats
+per byte or per token, lower is better). Verdicts: "ahead" when better than PyTorch's point by more than the noise
 (the largest sd over hooks run with 3 seeds), "level" within it, else "behind" (the MLP's table
 keeps its first rule: ahead from +0.3 points, level within the noise, ours "within 0.1 points").
 
@@ -33,6 +33,7 @@ import experiments  # noqa: E402  (scripts/: the runs and their plot families)
 FAMILIES = experiments.families("ddp")
 FAMILY = experiments.family_of("ddp")  # run name -> family
 PYTORCH = ("torch-powersgd", "torch-powersgd-fp16")  # the families the verdicts compare against
+LOSSES = {"transformer": "nats/byte", "lm": "nats/token"}  # workloads scored by validation loss, its unit
 
 
 def load(args):
@@ -90,7 +91,7 @@ class Scale:
     """How a workload's quality reads: its direction, format and the verdicts' margins."""
 
     def __init__(self, workload, noise, first_rule=True):
-        self.loss = workload == "transformer"
+        self.loss = workload in LOSSES
         self.sign = -1 if self.loss else 1  # better = sign * (ours - theirs) > 0
         self.noise = noise
         # The MLP's per-step table keeps its first rule (it was made with it); the rest use the noise.
@@ -191,8 +192,10 @@ def plot(runs, out, workload, sc):
     ax.set_xscale("log")
     ax.set_xlabel("payload per worker per round, steady state (bytes, log)")
     what = {"mlp": "Fashion-MNIST MLP, 3 epochs", "resnet8": "ResNet-8 on Fashion-MNIST, 1 epoch",
-            "transformer": "byte-level transformer LM, 300 steps"}.get(workload, workload)
-    ax.set_ylabel(("validation loss (nats/byte" if sc.loss else "test accuracy (%") + "; mean over seeds, bars: ±1 sd)")
+            "transformer": "byte-level transformer LM, 300 steps", "lm": "GPT-2 LM (BPE), 2,432 steps"}.get(workload,
+                                                                                                      workload)
+    ax.set_ylabel((f"validation loss ({LOSSES[workload]}" if sc.loss else "test accuracy (%") +
+                  "; mean over seeds, bars: ±1 sd)")
     ax.set_title(f"Traffic frontier under DDP: {what}, 4 gloo workers", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right" if sc.loss else "lower right")
@@ -247,7 +250,7 @@ def half_precision(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--half", help="a folder of half-precision runs (ddp_train.py --dtype bf16 --json): their table")
-    ap.add_argument("--workload", default="mlp", choices=["mlp", "resnet8", "transformer"],
+    ap.add_argument("--workload", default="mlp", choices=["mlp", "resnet8", "transformer", "lm"],
                     help="what compare_ddp.py ran")
     ap.add_argument("--runs", help="default: build/compare-ddp[-WORKLOAD]")
     ap.add_argument("--out", help="default: build/frontier[-WORKLOAD]")
@@ -271,7 +274,7 @@ def main():
     if not runs:
         ap.error(f"no results in {args.runs}: run scripts/compare_ddp.py --workload {args.workload} first")
     seeded = [summary(e)[1] for e in [*runs.values(), *(e for _, e in replaced)] if summary(e)[2] >= 3]
-    loss = args.workload == "transformer"
+    loss = args.workload in LOSSES
     noise = max(seeded) if seeded else (0.02 if loss else 0.5)
     sc = Scale(args.workload, noise)
     unit = "" if loss else " %"

@@ -33,6 +33,11 @@
 #                                      server's round, the accumulate and the hooks' fp16/bf16
 #                                      wires on NCCL at device speed (GPU tests, memcheck, kernel
 #                                      benchmarks, bench_round.py, bench_hook.py), in one call
+#   bash scripts/gpu.sh lm             there, after demo-prepare here: the lm workload at GPT-2
+#                                      small's size (124 M parameters), 4 workers simulated on
+#                                      the GPU: per-step dense against DiLoCo + sparseloco
+#                                      (LM_STEPS=600 steps each; lm-runs: the runs alone, with
+#                                      the package on PYTHONPATH, DEVICE and LM_SIZE to try it small)
 #   bash scripts/gpu.sh network [ARGS] there, after `python`: bench_network.py (DDP over network
 #                                      namespaces, a CPU rank per host) with that package, on the
 #                                      machine's 16 cores; ARGS go to it (ip and tc staged by
@@ -413,6 +418,38 @@ round_check() {
   finish round
 }
 
+# The lm workload's frontier point at GPT-2 small's size: 12 blocks of width 768, 12 heads, a
+# window of 1,024 tokens and GPT-2's vocabulary size (50,257 BPE tokens trained here on the staged
+# text): 124 M parameters. Four workers simulated on one GPU (ddp_train.py --simulate 4: threads of
+# one process, TF32 products), batch 4 windows a worker, 4 x 150 steps: per-step dense averaging
+# against DiLoCo with sparseloco's pseudo-gradient every 30 steps (plain averaging outside, as
+# SparseLoCo; its codec on the host: --outer-device cpu). The text is 2.6 M tokens, so 600 steps
+# are ~4 epochs: the point compares methods at equal steps, not a converged GPT-2.
+lm_runs() {
+  REPORT=${REPORT:-build/gpu-lm-out}
+  mkdir -p "$REPORT"
+  local steps=${LM_STEPS:-600} size
+  read -r -a size <<< "${LM_SIZE:---width 768 --depth 12 --heads 12 --seq 1024 --vocab 50257 --batch 4}"
+  local common=(--workload lm "${size[@]}" --epochs 4 --max-steps $((steps / 4)) --warmup 30 --eval-items 64
+                --progress 25 --device "${DEVICE:-cuda}" --simulate 4 --threads "${THREADS:-8}" --timeout 1200)
+  [ "${DEVICE:-cuda}" = cuda ] && common+=(--tf32)
+  step "lm at GPT-2 small's size, 4 simulated workers: per-step dense"
+  "$PY" examples/ddp_train.py "${common[@]}" --hook none --json "$REPORT/lm-dense.json" 2>&1 |
+    tee "$REPORT/lm-dense.log" || fail "lm, dense per step"
+  step "lm at GPT-2 small's size, 4 simulated workers: DiLoCo + sparseloco every 30 steps"
+  "$PY" examples/ddp_train.py "${common[@]}" --local 30 --hook sparseloco:chunk=4096,k=64 --outer-lr 1 \
+    --outer-momentum 0 --outer-device cpu --json "$REPORT/lm-sparseloco.json" 2>&1 |
+    tee "$REPORT/lm-sparseloco.log" || fail "lm, DiLoCo + sparseloco"
+  finish lm
+}
+
+lm_point() {
+  device_report gpu-lm
+  export SKETCHSGD_TEXT=$PWD/${DEPS:-build/gpu-demo-deps}/text
+  python_build || { fail "build the Python package"; finish lm; }
+  lm_runs
+}
+
 network() {
   local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_PY:-build/gpu-python}
   REPORT=${REPORT:-build/gpu-network-out}
@@ -437,6 +474,8 @@ case "$cmd" in
   demo) demo "$@" ;;
   python) python_check ;;
   round) round_check ;;
+  lm) lm_point ;;
+  lm-runs) lm_runs ;;
   network) network "$@" ;;
   *)
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"

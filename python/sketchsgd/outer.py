@@ -39,6 +39,12 @@ class DiLoCo:
                      shard with the ranks of process_group, the replicas of that shard).
     process_group:   the ranks that sync (None: every rank; or a simulated group's rank,
                      sketchsgd.simulate: W workers in one process).
+    anchor_device:   where the anchor, the outer optimizer's state, the pseudo-gradient and its
+                     codec live (None: the parameters' device). "cpu" for a model on a GPU keeps
+                     three float32 copies of the model off the GPU (as torchft keeps its backup
+                     on the host) and lets a CPU-only codec (sparseloco) compress it, at the cost
+                     of a copy of the parameters to the host each sync; not with NCCL, which
+                     moves device tensors only.
     spec:            any sketchsgd codec spec for the pseudo-gradient ("dense" is DiLoCo itself).
     every:           inner steps between syncs (H).
     outer_optimizer: a function of the anchor parameters that returns a torch optimizer.
@@ -48,7 +54,7 @@ class DiLoCo:
     """
 
     def __init__(self, model, spec: str = "dense", every: int = 16, outer_optimizer=nesterov, warmup: int = 0,
-                 process_group=None, compress_1d: bool = False, dense_below: int = 0):
+                 process_group=None, compress_1d: bool = False, dense_below: int = 0, anchor_device=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
         for name, value, low in (("every", every, 1), ("warmup", warmup, 0)):
@@ -73,7 +79,11 @@ class DiLoCo:
             flat = self._flat([p.float() for p in self.params])
             self.state.comm.broadcast(flat, root=0)
             self._unflatten(flat, self.params)
-        self.anchor = [p.detach().float().clone() for p in self.params]
+        try:
+            where = torch.device(anchor_device) if anchor_device is not None else self._params[0].device
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"anchor_device={anchor_device!r}: not a device ({e})") from None
+        self.anchor = [p.detach().float().to(where, copy=True) for p in self.params]
         self.outer = outer_optimizer(self.anchor)
         if not isinstance(self.outer, torch.optim.Optimizer):
             raise TypeError(f"outer_optimizer returned {type(self.outer).__name__}, not a torch optimizer")
@@ -128,7 +138,7 @@ class DiLoCo:
         """One outer step now: the mean compressed pseudo-gradient applied to the anchor by the
         outer optimizer, the anchor copied into the model. A non-finite pseudo-gradient on any
         rank raises NonFiniteError on every rank and changes neither anchor nor model."""
-        deltas = [a - p.float() for a, p in zip(self.anchor, self.params)]
+        deltas = [a - p.to(a.device, torch.float32) for a, p in zip(self.anchor, self.params)]
         for a, mean in zip(self.anchor, average(self.state, deltas)):
             a.grad = mean.clone()
         self.outer.step()

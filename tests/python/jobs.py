@@ -452,12 +452,12 @@ def non_finite_on_one_rank(rank, world, specs):
 
 
 # ---- the outer loop (sketchsgd.torch.DiLoCo) ----------------------------------------------------
-def local_steps(m, outer, opt, rank, steps, first=0, poison_at=None):
+def local_steps(m, outer, opt, rank, steps, first=0, poison_at=None, device="cpu"):
     """Inner steps on this rank's own batches, outer.step() after each; returns the losses."""
     losses = []
     for step in range(first, first + steps):
         x, y = batch(rank, step)
-        loss = nn.functional.cross_entropy(m(x), y)
+        loss = nn.functional.cross_entropy(m(x.to(device)), y.to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -604,6 +604,7 @@ def outer_bad_arguments(rank, world):
         "bad spec": lambda: DiLoCo(model(), spec="topk:k=-3"),
         "foreign state_dict": lambda: DiLoCo(model()).load_state_dict({"version": 7}),
         "truncated state_dict": lambda: DiLoCo(model()).load_state_dict({"version": 1, "every": 16}),
+        "anchor_device=nowhere": lambda: DiLoCo(model(), anchor_device="nowhere"),
     }
     out = {}
     for what, make in cases.items():

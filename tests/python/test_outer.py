@@ -82,7 +82,8 @@ def test_bad_arguments_are_refused():
     assert got == {"every=0": "ValueError", "warmup=-1": "ValueError", "every=2.5": "ValueError",
                    "no module": "TypeError", "no parameters": "ValueError", "float64": "TypeError",
                    "outer not an optimizer": "TypeError", "bad spec": "InvalidArgument",
-                   "foreign state_dict": "ValueError", "truncated state_dict": "ValueError"}, got
+                   "foreign state_dict": "ValueError", "truncated state_dict": "ValueError",
+                   "anchor_device=nowhere": "ValueError"}, got
 
 
 def test_average_is_the_mean_through_the_codec_and_refuses_bad_tensors():

@@ -123,3 +123,21 @@ def test_bad_arguments_are_refused():
     with pytest.raises(NonFiniteError):
         group.run(lambda r: average(CompressionState("topk:k=2", process_group=r),
                                     [torch.full((4, 4), float("nan") if r.rank else 1.0)]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cuda_build, reason="needs a GPU")
+def test_models_on_the_gpu_with_the_anchor_and_a_cpu_only_codec_on_the_host():
+    """DiLoCo(anchor_device="cpu"): the model trains on the GPU, the anchor, the outer optimizer
+    and sparseloco (a CPU codec) stay on the host; the replicas end identical and train."""
+    from sketchsgd.torch import DiLoCo
+
+    def job(rank):
+        with rank.lock:
+            m = jobs.model(seed=rank.rank).cuda()
+        outer = DiLoCo(m, "sparseloco:chunk=256,k=32", every=4, process_group=rank, anchor_device="cpu")
+        assert all(a.device.type == "cpu" for a in outer.anchor)
+        losses = jobs.local_steps(m, outer, torch.optim.SGD(m.parameters(), lr=0.05), rank.rank, 16, device="cuda")
+        return losses, jobs.flat(m).cpu().numpy().tobytes()
+    results = LocalGroup(3).run(job)
+    assert all(r[1] == results[0][1] for r in results)
+    assert all(sum(r[0][-4:]) < sum(r[0][:4]) for r in results)
