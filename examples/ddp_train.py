@@ -227,6 +227,19 @@ def _fits(spec, dim):
         return False
 
 
+def _exit_with_launcher():
+    """A spawned rank ends when its launcher does, however it ended (killed too): an orphan would
+    train on alone, holding its cores."""
+    import threading
+    launcher = os.getppid()
+
+    def watch():
+        while os.getppid() == launcher:
+            time.sleep(2)
+        os._exit(1)
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def optimizer(args, model, momentum):
     if args.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -241,6 +254,8 @@ def worker(rank, args, port, queue, group=None):
     if group is None:
         os.environ.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(port))
         torch.set_num_threads(args.threads)
+        if args.rank is None:
+            _exit_with_launcher()
     device = torch.device("cuda", (0 if group else rank) % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
