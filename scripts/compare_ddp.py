@@ -6,7 +6,7 @@ data order, then writes <out>/<name>.json, a PNG (quality vs payload per round) 
 table (--write-docs, MLP only: docs/data/tables/ddp-hooks.json, whose rows for the hooks run
 replace theirs; the other workloads' tables come from scripts/frontier.py).
 
-    .venv/bin/python scripts/compare_ddp.py [--workload mlp|resnet8|transformer] [--only none,fetchsgd]
+    .venv/bin/python scripts/compare_ddp.py [--workload mlp|resnet8|transformer|lm] [--only none,fetchsgd]
                                             [--seed N] [--report-only] [--write-docs] [--local]
 
 The runs (names, hooks, flags) and their budgets are data: scripts/experiments.json.
@@ -17,7 +17,7 @@ build/compare-local[-<workload>]; scripts/local_frontier.py tabulates them besid
 runs.
 
 Each workload's run length: mlp 3 epochs, resnet8 1 epoch (the rate decayed to 0 on a cosine),
-transformer 300 steps (~1.5, 1.5 and 3 minutes a run on 2 cores). Output: build/compare-ddp (mlp) or build/compare-ddp-<workload>,
+transformer 300 steps, lm 2 x 1,216 steps (~1.5, 1.5, 3 and 20 minutes a run on 2 cores). Output: build/compare-ddp (mlp) or build/compare-ddp-<workload>,
 with -seedN appended for seeds other than 1 (where scripts/frontier.py looks for them).
 
 The sketchsgd package is taken from build/default/python (build it first: bash scripts/test.sh or
@@ -35,6 +35,7 @@ from cli import count, natural  # noqa: E402
 import launch  # noqa: E402  (how a job of the matrix runs)
 
 import experiments  # noqa: E402  (the runs of each workload, their budgets and why: experiments.json)
+from frontier import LOSSES  # noqa: E402  (the workloads scored by validation loss, and its unit)
 
 
 def run(e, args):
@@ -70,7 +71,7 @@ def report(names, args):
     rows = [[f"`{hook}`", quality(r), f"{r['steady_payload_bytes_per_round']:,.0f} B",
              f"{r['steady_ratio']:.1f}×", f"{r['ratio']:.1f}×", "yes" if r["replicas_identical"] else "NO",
              f"{r['seconds']:.0f} s"] for _, hook, r in runs]
-    columns = COLUMNS if args.workload != "transformer" else [c if c != "test accuracy" else "validation loss" for c in COLUMNS]
+    columns = COLUMNS if args.workload not in LOSSES else [c if c != "test accuracy" else "validation loss" for c in COLUMNS]
     table = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] +
                       ["| " + " | ".join(r) + " |" for r in rows])
     print(table)
@@ -114,7 +115,7 @@ def plot(rows, args):
         ax.annotate(name, (r["steady_payload_bytes_per_round"], y), fontsize=8, xytext=(4, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_xlabel("payload per worker per round, steady state (bytes, log)")
-    ax.set_ylabel("test accuracy (%)" if args.workload != "transformer" else "validation loss (nats/byte)")
+    ax.set_ylabel(f"validation loss ({LOSSES[args.workload]})" if args.workload in LOSSES else "test accuracy (%)")
     ax.set_title(f"DDP, {args.workload}, {args.workers} gloo workers: sketchsgd (circles) vs PyTorch (squares)",
                  fontsize=9)
     ax.grid(alpha=0.3)

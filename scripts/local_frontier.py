@@ -70,13 +70,18 @@ def points(args):
                      "baseline": bool(fam and fam["baseline"]), "torch": r.get("torch", "?")}
     if batch is None:
         return out, batch, steps
-    with open(args.step_data) as f:
-        per_step = json.load(f)
-    # Seeds run since the per-step frontier was written (compare_ddp.py --only none --seed N).
+    per_step = {}
+    if os.path.exists(args.step_data):
+        with open(args.step_data) as f:
+            per_step = json.load(f)
+    # Seeds run since the per-step frontier was written (compare_ddp.py --only none --seed N), and
+    # the per-step runs themselves where no frontier was written (a workload with few of them).
     for name, e in frontier.load(argparse.Namespace(runs=args.step_runs)).items():
-        if name in per_step:
-            for seed, q in e["acc"].items():
-                per_step[name]["acc"].setdefault(str(seed), q)
+        if name not in per_step:
+            per_step[name] = {**e, "acc": {str(s): q for s, q in e["acc"].items()}}
+            continue
+        for seed, q in e["acc"].items():
+            per_step[name]["acc"].setdefault(str(seed), q)
     for name, (label, theirs) in PER_STEP.items():
         if name in per_step:
             e = per_step[name]
@@ -152,7 +157,8 @@ def main():
     if not any(p["H"] > 1 for p in pts.values()):
         ap.error(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
     if "none" not in pts:
-        ap.error(f"no per-step dense point in {args.step_data}: scripts/frontier.py --workload {args.workload} --write-docs")
+        ap.error(f"no per-step dense point in {args.step_data} or {args.step_runs}: scripts/compare_ddp.py --workload "
+                 f"{args.workload} --only none")
     lower = args.workload in frontier.LOSSES
     seeded = [mean_sd(p)[1] for p in pts.values() if mean_sd(p)[2] >= 3]
     noise = max(seeded) if seeded else (0.02 if lower else 0.3)
