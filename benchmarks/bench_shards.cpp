@@ -9,6 +9,11 @@
 // backward pass, one gradient for all (so sparse codecs pick the same coordinates everywhere),
 // and all of them share this machine's cores and, without --launch, the servers' too. Round time:
 // from the moment the workers start a round to the moment the last has applied its update.
+//
+// With --replicas each shard also has a backup (sketchsgd-server --replica-of its primary, the
+// same launch prefix): every round then waits for the backups' acknowledgements; with --failover
+// shard 0's primary is killed (SIGKILL) before a round half-way through, and that round's time
+// (the workers notice the silence, move to the backup, which takes over) is reported apart.
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,13 +46,24 @@ struct Result {
   double cpu_ms_max = 0;  ///< the busiest server's
   double rss_mb_sum = 0;  ///< all servers' resident memory after the last round
   double rss_mb_max = 0;
+  double failover_ms = 0;  ///< the round during which shard 0's primary was killed
 };
 
-/// {i} and {i+1} replaced by shard i's index and the one after it.
+/// {i} replaced by shard i's index, {i+N} by i + N.
 std::string fill(std::string s, uint32_t i) {
-  for (size_t at; (at = s.find("{i+1}")) != std::string::npos;)
-    s.replace(at, 5, std::to_string(i + 1));
-  for (size_t at; (at = s.find("{i}")) != std::string::npos;) s.replace(at, 3, std::to_string(i));
+  for (size_t at; (at = s.find("{i")) != std::string::npos;) {
+    const size_t end = s.find('}', at);
+    if (end == std::string::npos) throw InvalidArgument("unclosed {i in '" + s + "'");
+    const std::string plus = s.substr(at + 2, end - at - 2);  // "" or "+N"
+    uint64_t n = 0;
+    if (!plus.empty()) {
+      if (plus[0] != '+' || plus.size() < 2 ||
+          plus.find_first_not_of("0123456789", 1) != std::string::npos)
+        throw InvalidArgument("'{i" + plus + "}' in '" + s + "': {i} or {i+N}");
+      n = std::stoull(plus.substr(1));
+    }
+    s.replace(at, end - at + 1, std::to_string(i + n));
+  }
   return s;
 }
 
@@ -69,13 +85,28 @@ double link_mb(const std::string& metrics, uint32_t world, int rounds) {
   return bytes / rounds / 1e6;
 }
 
-Result run(const std::string& server_bin, const std::vector<std::string>& launch,
-           const std::string& bind, const std::string& spec, uint64_t d, uint32_t world,
-           uint32_t shards, int warm, int rounds, uint64_t heartbeat_ms,
-           const std::filesystem::path& tmp) {
-  std::vector<demo::Process> servers;
-  std::string endpoints;
-  for (uint32_t i = 0; i < shards; ++i) {
+struct Setup {
+  std::string server_bin;
+  std::vector<std::string> launch, backup_launch;
+  std::string bind, backup_bind;
+  uint64_t d = 0;
+  uint32_t world = 0;
+  int warm = 0, rounds = 0;
+  uint64_t heartbeat_ms = 0;
+  std::filesystem::path tmp;
+};
+
+Result run(const Setup& st, const std::string& spec, uint32_t shards, bool replicas,
+           bool failover) {
+  const auto& [server_bin, launch_primary, backup_launch, bind_primary, backup_bind, d, world,
+               warm, rounds, heartbeat_ms, tmp] = st;
+  std::vector<demo::Process> servers;  // the primaries, then their backups
+  std::vector<std::string> endpoints(shards);
+  for (uint32_t k = 0; k < (replicas ? 2 * shards : shards); ++k) {
+    const uint32_t i = k % shards;
+    const bool backup = k >= shards;
+    const auto& launch = backup ? backup_launch : launch_primary;
+    const auto& bind = backup ? backup_bind : bind_primary;
     std::vector<std::string> cmd;
     for (const auto& w : launch) cmd.push_back(fill(w, i));
     // A long linger: the last round's updates take seconds to cross a slow link.
@@ -107,16 +138,20 @@ Result run(const std::string& server_bin, const std::vector<std::string>& launch
                                            "--linger-ms",
                                            "60000",
                                            "--metrics",
-                                           (tmp / ("m" + std::to_string(i))).string(),
+                                           (tmp / ("m" + std::to_string(k))).string(),
                                            "--quiet"};
     cmd.insert(cmd.end(), args.begin(), args.end());
-    std::filesystem::remove(tmp / ("m" + std::to_string(i)));
+    if (backup) cmd.insert(cmd.end(), {"--replica-of", endpoints[i]});
+    std::filesystem::remove(tmp / ("m" + std::to_string(k)));
     servers.push_back(demo::Process::spawn(cmd));
     const std::string e = servers.back().line(std::chrono::seconds(30));
     if (e.rfind("tcp://", 0) != 0)
-      throw std::runtime_error("server " + std::to_string(i) + " did not start");
-    endpoints += (endpoints.empty() ? "" : ",") + e;
+      throw std::runtime_error("server " + std::to_string(k) + " did not start");
+    endpoints[i] += (backup ? "|" : "") + e;
   }
+  std::string all;
+  for (const auto& e : endpoints) all += (all.empty() ? "" : ",") + e;
+  const int kill_at = failover ? warm + rounds / 2 : -1;
 
   const auto g = bench::xorshift_gradient(d);
   const std::vector<float> init(d, 0.0f);
@@ -130,7 +165,7 @@ Result run(const std::string& server_bin, const std::vector<std::string>& launch
       std::unique_ptr<Client> c;
       try {
         ClientOptions o;
-        o.server = endpoints;
+        o.server = all;
         o.rank = r;
         o.world = world;
         o.heartbeat = std::chrono::milliseconds(heartbeat_ms);
@@ -155,25 +190,38 @@ Result run(const std::string& server_bin, const std::vector<std::string>& launch
       }
     });
   std::vector<double> round_ms;
-  std::vector<double> cpu0(shards), rss(shards);
+  Result res;
+  const size_t n = servers.size();
+  std::vector<double> cpu0(n), rss(n);
+  // The killed primary's CPU stops counting at its death; its backup's carries on.
+  std::vector<double> cpu_dead(n, -1);
   for (int t = 0; t < total; ++t) {
     if (t == warm)
-      for (uint32_t i = 0; i < shards; ++i) cpu0[i] = bench::cpu_ms(servers[i].pid());
+      for (size_t i = 0; i < n; ++i) cpu0[i] = bench::cpu_ms(servers[i].pid());
     if (t == total - 1)  // before the last round: a server may be gone once its update is out
-      for (uint32_t i = 0; i < shards; ++i) rss[i] = bench::rss_mb(servers[i].pid());
+      for (size_t i = 0; i < n; ++i)
+        if (cpu_dead[i] < 0) rss[i] = bench::rss_mb(servers[i].pid());
+    if (t == kill_at) {
+      cpu_dead[0] = bench::cpu_ms(servers[0].pid());
+      servers[0].kill9();
+    }
     const auto start = Clock::now();
     sync.arrive_and_wait();
     sync.arrive_and_wait();
     if (t < warm) continue;
     Clock::time_point last = start;
     for (const auto& w : done) last = std::max(last, w[t]);
-    round_ms.push_back(ms(last - start));
-    std::fprintf(stderr, "\r  S=%u round %d/%d: %.0f ms   ", shards, t + 1, total, round_ms.back());
+    if (t == kill_at)
+      res.failover_ms = ms(last - start);
+    else
+      round_ms.push_back(ms(last - start));
+    std::fprintf(stderr, "\r  S=%u%s round %d/%d: %.0f ms   ", shards, replicas ? " +replicas" : "",
+                 t + 1, total, ms(last - start));
   }
   std::fprintf(stderr, "\n");
-  Result res;
-  for (uint32_t i = 0; i < shards; ++i) {
-    const double cpu = (bench::cpu_ms(servers[i].pid()) - cpu0[i]) / rounds;
+  for (size_t i = 0; i < n; ++i) {
+    const double now = cpu_dead[i] >= 0 ? cpu_dead[i] : bench::cpu_ms(servers[i].pid());
+    const double cpu = (now - cpu0[i]) / rounds;
     res.cpu_ms_sum += cpu;
     res.cpu_ms_max = std::max(res.cpu_ms_max, cpu);
     res.rss_mb_sum += rss[i];
@@ -183,12 +231,14 @@ Result run(const std::string& server_bin, const std::vector<std::string>& launch
   for (uint32_t r = 0; r < world; ++r)
     if (!errors[r].empty())
       throw std::runtime_error("worker " + std::to_string(r) + ": " + errors[r]);
-  for (uint32_t i = 0; i < shards; ++i) {
+  for (size_t i = 0; i < n; ++i) {
+    if (cpu_dead[i] >= 0) continue;
     if (const int rc = servers[i].wait(std::chrono::seconds(30)); rc != 0)
       throw std::runtime_error("server " + std::to_string(i) + " exited with " +
                                std::to_string(rc));
-    res.link_mb =
-        std::max(res.link_mb, link_mb((tmp / ("m" + std::to_string(i))).string(), world, rounds));
+    if (i < shards && !(failover && i == 0))  // the primaries' links (the backups' metrics
+      res.link_mb =                          // hold only the rounds they ran themselves)
+          std::max(res.link_mb, link_mb((tmp / ("m" + std::to_string(i))).string(), world, rounds));
   }
   res.round_ms = median(round_ms);
   return res;
@@ -211,6 +261,12 @@ int main(int argc, char** argv) {
   f.add("heartbeat-ms", "2000",
         "liveness interval: a worker reconnects after 3 silent ones, so on slow links it must "
         "exceed a third of the longest wait for an update");
+  f.add("backup-launch", "", "with --replicas: shard {i}'s backup's command prefix (default: --launch)");
+  f.add("backup-bind", "", "with --replicas: shard {i}'s backup's endpoint (default: --bind)");
+  f.add("replicas", "0", "0: no backups; 1: a backup per shard; 0,1: both, one after the other");
+  f.add("failover", "0",
+        "with a backup: kill shard 0's primary before a round half-way and time that round", "",
+        true);
   f.add("label", "loopback", "what the links are, for the JSON lines");
   f.add("out", "", "append JSON lines here");
   f.add("server", "", "the sketchsgd-server program (default: beside this one, ../server/)");
@@ -219,37 +275,70 @@ int main(int argc, char** argv) {
     std::ofstream out;
     if (!f.str("out").empty()) out.open(f.str("out"), std::ios::app);
     const std::string server_bin = bench::server_program(f.str("server"), argv[0]);
-    std::vector<std::string> launch;
-    std::stringstream words(f.str("launch"));
-    for (std::string w; words >> w;) launch.push_back(w);
+    const auto words = [&](const std::string& flag) {
+      std::vector<std::string> v;
+      std::stringstream in(f.str(flag));
+      for (std::string w; in >> w;) v.push_back(w);
+      return v;
+    };
+    const auto launch = words("launch");
+    const auto backup_launch = f.str("backup-launch").empty() ? launch : words("backup-launch");
+    const std::string backup_bind =
+        f.str("backup-bind").empty() ? f.str("bind") : f.str("backup-bind");
     const auto tmp = std::filesystem::temp_directory_path() /
                      ("sketchsgd-bench-shards-" + std::to_string(::getpid()));
     std::filesystem::create_directories(tmp);
-    const uint64_t d = f.u64("dim");
-    const auto world = uint32_t(f.u64("workers"));
-    std::printf("%-44s %3s %10s %8s %12s %11s %11s %11s\n", "codec", "S", "round_ms", "speedup",
-                "link_MB/rnd", "cpu_ms_sum", "cpu_ms_max", "rss_MB_sum");
+    const Setup st{server_bin,
+                   launch,
+                   backup_launch,
+                   f.str("bind"),
+                   backup_bind,
+                   f.u64("dim"),
+                   uint32_t(f.u64("workers", 1, 4096)),
+                   int(f.u64("warm", 0, 1000)),
+                   int(f.u64("rounds", 1, 100000)),
+                   f.u64("heartbeat-ms", 1, 3600000),
+                   tmp};
+    const uint64_t d = st.d;
+    const auto world = st.world;
+    std::vector<bool> replica_runs;
+    std::stringstream rs(f.str("replicas"));
+    for (std::string v; std::getline(rs, v, ',');) {
+      if (v != "0" && v != "1") throw InvalidArgument("--replicas: 0, 1 or 0,1, got '" + v + "'");
+      replica_runs.push_back(v == "1");
+    }
+    const bool failover = f.on("failover");
+    if (failover && std::find(replica_runs.begin(), replica_runs.end(), true) == replica_runs.end())
+      throw InvalidArgument("--failover needs --replicas 1");
+    if (failover && st.rounds < 3) throw InvalidArgument("--failover needs --rounds 3 or more");
+    std::printf("%-44s %3s %3s %10s %8s %12s %11s %11s %11s %11s\n", "codec", "S", "rep",
+                "round_ms", "speedup", "link_MB/rnd", "cpu_ms_sum", "cpu_ms_max", "rss_MB_sum",
+                "failover_ms");
     std::stringstream codecs(f.str("codecs"));
     for (std::string spec; std::getline(codecs, spec, ';');) {
       double base = 0;
       std::stringstream ss(f.str("shards"));
       for (std::string s; std::getline(ss, s, ',');) {
         const auto shards = uint32_t(std::stoul(s));
-        const Result r = run(server_bin, launch, f.str("bind"), spec, d, world, shards,
-                             int(f.u64("warm")), int(f.u64("rounds")), f.u64("heartbeat-ms"), tmp);
-        if (shards == 1) base = r.round_ms;
-        std::printf("%-44s %3u %10.1f %8.2f %12.2f %11.1f %11.1f %11.1f\n", spec.c_str(), shards,
-                    r.round_ms, base > 0 ? base / r.round_ms : 0.0, r.link_mb, r.cpu_ms_sum,
-                    r.cpu_ms_max, r.rss_mb_sum);
-        std::fflush(stdout);
-        if (out)
-          out << "{\"links\":\"" << f.str("label") << "\",\"spec\":\"" << spec << "\",\"d\":" << d
-              << ",\"workers\":" << world << ",\"shards\":" << shards
-              << ",\"rounds\":" << f.u64("rounds") << ",\"round_ms\":" << r.round_ms
-              << ",\"link_mb\":" << r.link_mb << ",\"server_cpu_ms_sum\":" << r.cpu_ms_sum
-              << ",\"server_cpu_ms_max\":" << r.cpu_ms_max << ",\"rss_mb_sum\":" << r.rss_mb_sum
-              << ",\"rss_mb_max\":" << r.rss_mb_max << "}\n"
-              << std::flush;
+        for (const bool replicas : replica_runs) {
+          const Result r = run(st, spec, shards, replicas, failover && replicas);
+          if (shards == 1 && !replicas) base = r.round_ms;
+          std::printf("%-44s %3u %3d %10.1f %8.2f %12.2f %11.1f %11.1f %11.1f %11.1f\n",
+                      spec.c_str(), shards, int(replicas), r.round_ms,
+                      base > 0 ? base / r.round_ms : 0.0, r.link_mb, r.cpu_ms_sum, r.cpu_ms_max,
+                      r.rss_mb_sum, r.failover_ms);
+          std::fflush(stdout);
+          if (out)
+            out << "{\"links\":\"" << f.str("label") << "\",\"spec\":\"" << spec
+                << "\",\"d\":" << d << ",\"workers\":" << world << ",\"shards\":" << shards
+                << ",\"replicas\":" << int(replicas) << ",\"rounds\":" << f.u64("rounds")
+                << ",\"round_ms\":" << r.round_ms << ",\"link_mb\":" << r.link_mb
+                << ",\"server_cpu_ms_sum\":" << r.cpu_ms_sum
+                << ",\"server_cpu_ms_max\":" << r.cpu_ms_max << ",\"rss_mb_sum\":" << r.rss_mb_sum
+                << ",\"rss_mb_max\":" << r.rss_mb_max << ",\"failover_ms\":" << r.failover_ms
+                << ",\"heartbeat_ms\":" << st.heartbeat_ms << "}\n"
+                << std::flush;
+        }
       }
     }
     std::filesystem::remove_all(tmp);

@@ -3,12 +3,14 @@
 (on loopback, or over shaped links from bench_shards_links.py) become the table ps-shards and
 docs/images/shards.png (round time against S, one line per codec and link); a bench_network.py
 --ps --ps-shards JSON (one per TCP congestion control) becomes the table ps-shards-links
-(co-located shards against one server and DDP's ring all-reduce). --write-docs first copies the
-inputs to docs/data/ (shards-scale.jsonl, shards-network.json) so the tables can be rebuilt from
+(co-located shards against one server and DDP's ring all-reduce); sketchsgd_bench_shards --replicas
+0,1 (and --failover) lines become the table ps-replicas (each shard with and without a backup, and
+the round a primary died in). --write-docs first copies the inputs to docs/data/
+(shards-scale.jsonl, shards-network.json, shards-replicas.jsonl) so the tables can be rebuilt from
 the repository alone.
 
     .venv/bin/python benchmarks/shards_table.py --scale build/shards-links.jsonl build/shards-loop.jsonl \\
-        --network build/shards-bbr.json build/shards-reno.json --write-docs
+        --network build/shards-bbr.json build/shards-reno.json --replicas build/replicas-*.jsonl --write-docs
     .venv/bin/python benchmarks/shards_table.py --write-docs     # from docs/data/ as they are
 """
 import argparse
@@ -21,7 +23,18 @@ import shutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCALE = os.path.join(ROOT, "docs/data/shards-scale.jsonl")
 NETWORK = os.path.join(ROOT, "docs/data/shards-network.json")
+REPLICAS = os.path.join(ROOT, "docs/data/shards-replicas.jsonl")
 MACHINE = "the 2-core dev machine (AMD EPYC Zen 4 under KVM, 2 threads)"
+
+
+def date_of(table, given, day):
+    """The date a table is written with: this run's when its data were given, else the one it has
+    (rebuilding a table from docs/data as it is does not make its measurements newer)."""
+    path = os.path.join(ROOT, "docs/data/tables", table)
+    if given or not os.path.exists(path):
+        return day
+    with open(path) as f:
+        return json.load(f).get("date", day)
 
 
 def read_scale(paths):
@@ -53,6 +66,38 @@ def scale_table(doc_tables, runs, day):
                           "each shard on a host of its own behind a tbf-shaped 100 Mbit/s link (both directions), "
                           "the workers on an unshaped one; loopback: everything on 127.0.0.1. A server's memory "
                           "includes the ~165 MB an idle sketchsgd-server process holds.")
+
+
+def replicas_table(doc_tables, runs, day):
+    """Per links and codec: the round without backups and with them (runs without a failover), and
+    the round shard 0's primary was killed in (--failover runs, with their heartbeat)."""
+    keys = list(dict.fromkeys((r["links"], r["spec"], r["shards"]) for r in runs))
+    rows = []
+    for links, spec, shards in keys:
+        same = [r for r in runs if (r["links"], r["spec"], r["shards"]) == (links, spec, shards)]
+        plain = next((r for r in same if not r.get("replicas") and not r.get("failover_ms")), None)
+        rep = next((r for r in same if r.get("replicas") and not r.get("failover_ms")), None)
+        fail = next((r for r in same if r.get("failover_ms")), None)
+        ratio = f"{rep['round_ms'] / plain['round_ms']:.2f}×" if plain and rep else ""
+        rows.append([links, f"`{spec}`", shards,
+                     f"{plain['round_ms']:.0f}" if plain else "", f"{rep['round_ms']:.0f}" if rep else "", ratio,
+                     f"{plain['server_cpu_ms_sum']:.0f} / {rep['server_cpu_ms_sum']:.0f}" if plain and rep else "",
+                     f"{fail['failover_ms']:.0f} ({fail['heartbeat_ms']:,} ms)" if fail else ""])
+    w, d = runs[0]["workers"], runs[0]["d"]
+    doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-replicas.json"),
+                     "OMP_NUM_THREADS=1 build/default/benchmarks/sketchsgd_bench_shards --shards 4 --replicas 0,1 "
+                     "--rounds 40 (loopback); … --replicas 1 --failover --heartbeat-ms 200 --rounds 20; "
+                     "sudo .venv/bin/python benchmarks/bench_shards_links.py --shards 4 --replicas 0,1 --rounds 6 "
+                     "(100mbit); … --replicas 1 --failover --heartbeat-ms 3000", day, MACHINE,
+                     ["links", "codec", "S", "round ms, no backups", "round ms, a backup per shard", "with / without",
+                      "servers' CPU ms a round (without / with)", "round with shard 0's primary killed, ms (heartbeat)"],
+                     rows, data="docs/data/shards-replicas.jsonl",
+                     note=f"W = {w} lightweight workers, d = {d:,}, S sketchsgd-server processes and, with backups, "
+                          "S more (`--replica-of`); median round after 2 warm-up rounds, both setups in one run. "
+                          "100mbit: every server (backups too) on a host of its own behind a tbf-shaped 100 Mbit/s "
+                          "link; loopback: everything on 127.0.0.1. The failover runs kill shard 0's primary "
+                          "(SIGKILL) before the middle round and time that round: the workers notice the silence "
+                          "after 3 heartbeats, move to the backup, which takes over, and run the round again.")
 
 
 def network_table(doc_tables, nets, day):
@@ -114,6 +159,8 @@ def main():
     ap.add_argument("--scale", nargs="*", default=[], help="sketchsgd_bench_shards JSON-lines files")
     ap.add_argument("--network", nargs="*", default=[],
                     help="bench_network.py --ps --ps-shards JSONs of the same jobs (one per --tcp)")
+    ap.add_argument("--replicas", nargs="*", default=[],
+                    help="sketchsgd_bench_shards --replicas (and --failover) JSON-lines files")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
@@ -121,10 +168,10 @@ def main():
         ap.error("nothing to do without --write-docs")
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", args.date):
         ap.error(f"--date {args.date!r}: expected YYYY-MM-DD")
-    for name in ("scale", "network"):  # all readable before any is copied into docs/data
+    for name in ("scale", "network", "replicas"):  # all readable before any is copied into docs/data
         for p in getattr(args, name):
             try:
-                if name == "scale":
+                if name in ("scale", "replicas"):
                     read_scale([p])
                 else:
                     with open(p) as f:
@@ -137,6 +184,11 @@ def main():
             for p in args.scale:
                 with open(p) as f:
                     shutil.copyfileobj(f, out)
+    if args.replicas:
+        with open(REPLICAS, "w") as out:
+            for p in args.replicas:
+                with open(p) as f:
+                    shutil.copyfileobj(f, out)
     if args.network:
         nets = []
         for p in args.network:
@@ -145,11 +197,14 @@ def main():
         with open(NETWORK, "w") as f:
             json.dump(nets, f, indent=1)
     runs = read_scale([SCALE])
-    scale_table(doc_tables, runs, args.date)
+    scale_table(doc_tables, runs, date_of("ps-shards.json", args.scale, args.date))
     plot(runs, os.path.join(ROOT, "docs/images/shards.png"))
     with open(NETWORK) as f:
         nets = json.load(f)
-    network_table(doc_tables, nets if isinstance(nets, list) else [nets], args.date)
+    network_table(doc_tables, nets if isinstance(nets, list) else [nets],
+                  date_of("ps-shards-links.json", args.network, args.date))
+    if os.path.exists(REPLICAS):
+        replicas_table(doc_tables, read_scale([REPLICAS]), date_of("ps-replicas.json", args.replicas, args.date))
     doc_tables.main([])
 
 

@@ -38,6 +38,16 @@ std::string_view to_string(Type t) {
       return "bye";
     case Type::Finished:
       return "finished";
+    case Type::Follow:
+      return "follow";
+    case Type::Sync:
+      return "sync";
+    case Type::Commit:
+      return "commit";
+    case Type::Ack:
+      return "ack";
+    case Type::Deposed:
+      return "deposed";
   }
   return "unknown";
 }
@@ -45,10 +55,13 @@ std::string_view to_string(Type t) {
 uint32_t payload_frames(Type t) {
   switch (t) {
     case Type::Update:
+    case Type::Sync:
+    case Type::Commit:
       return 2;
     case Type::Pull:
     case Type::Heartbeat:
     case Type::Bye:
+    case Type::Ack:
       return 0;
     default:
       return 1;
@@ -143,6 +156,7 @@ Bytes encode(const HelloInfo& h) {
   w.put(h.shard.count);
   w.put(h.shard.begin);
   w.put(h.shard.model_dim);
+  w.put(h.epoch);
   return out;
 }
 
@@ -157,6 +171,7 @@ HelloInfo decode_hello(std::span<const uint8_t> frame) {
   h.shard.count = r.get<uint32_t>();
   h.shard.begin = r.get<uint64_t>();
   h.shard.model_dim = r.get<uint64_t>();
+  h.epoch = r.get<uint64_t>();
   r.expect_end();
   return h;
 }
@@ -169,6 +184,7 @@ Bytes encode(const WelcomeInfo& w) {
   b.put(w.staleness);
   b.put(w.momentum);
   b.put(w.nesterov);
+  b.put(w.epoch);
   return out;
 }
 
@@ -180,6 +196,7 @@ WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
   w.staleness = r.get<uint32_t>();
   w.momentum = r.get<float>();
   w.nesterov = r.get<uint8_t>();
+  w.epoch = r.get<uint64_t>();
   r.expect_end();
   try {
     OuterOptions{w.momentum, w.nesterov != 0}.validate();
@@ -233,6 +250,55 @@ UpdateInfo decode_update_info(std::span<const uint8_t> frame) {
   r.expect_end();
   SKETCHSGD_REQUIRE(std::isfinite(u.lr), WireError, "update info: learning rate ", u.lr);
   return u;
+}
+
+Bytes encode(const ReplicaInfo& i) {
+  Bytes out;
+  ByteWriter w(out);
+  w.put(i.epoch);
+  return out;
+}
+
+ReplicaInfo decode_replica_info(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "replica info");
+  ReplicaInfo i;
+  i.epoch = r.get<uint64_t>();
+  r.expect_end();
+  return i;
+}
+
+Bytes encode(const CommitInfo& c) {
+  SKETCHSGD_REQUIRE(c.outcome == Type::Update || c.outcome == Type::Abort, InvalidArgument,
+                    "commit of a round that ended with ", to_string(c.outcome));
+  Bytes out;
+  ByteWriter w(out);
+  w.put(c.epoch);
+  w.put(uint8_t(c.outcome));
+  w.put(c.info.lr);
+  w.put(c.info.contributors);
+  w.put(uint64_t(c.codec_state.size()));
+  w.put_array(std::span<const uint8_t>(c.codec_state));
+  return out;
+}
+
+CommitInfo decode_commit_info(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "commit info");
+  CommitInfo c;
+  c.epoch = r.get<uint64_t>();
+  const auto t = r.get<uint8_t>();
+  SKETCHSGD_REQUIRE(t == uint8_t(Type::Update) || t == uint8_t(Type::Abort), WireError,
+                    "commit info: outcome type ", int(t));
+  c.outcome = Type(t);
+  c.info.lr = r.get<float>();
+  c.info.contributors = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(std::isfinite(c.info.lr), WireError, "commit info: learning rate ", c.info.lr);
+  const auto n = r.get<uint64_t>();
+  SKETCHSGD_REQUIRE(n <= r.left(), WireError, "commit info: codec state of ", n, " bytes, ",
+                    r.left(), " left");
+  const auto state = r.take<uint8_t>(n);
+  c.codec_state.assign(state.begin(), state.end());
+  r.expect_end();
+  return c;
 }
 
 uint64_t max_frame_bytes(const Compressor& codec) {

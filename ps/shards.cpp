@@ -85,10 +85,10 @@ std::vector<ShardPlan> plan_shards(std::string_view spec, uint64_t dim, uint32_t
   return plan;
 }
 
-std::vector<std::string> split_endpoints(std::string_view list) {
+std::vector<std::string> split_endpoints(std::string_view list, char separator) {
   std::vector<std::string> out;
   for (;;) {
-    const size_t comma = list.find(',');
+    const size_t comma = list.find(separator);
     std::string_view item = list.substr(0, comma);
     while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);

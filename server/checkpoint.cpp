@@ -44,7 +44,7 @@ void fsync_dir(const std::string& path) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const Checkpoint& c) {
+Bytes encode(const Checkpoint& c) {
   Bytes b;
   b.reserve(64 + c.spec.size() + (c.params.size() + c.outer.size()) * 4 + c.codec_state.size());
   ByteWriter w(b);
@@ -67,7 +67,11 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   w.put(c.shard.begin);
   w.put(c.shard.model_dim);
   seal(b);
+  return b;
+}
 
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  const Bytes b = encode(c);
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("create", tmp);
@@ -91,6 +95,10 @@ std::optional<Checkpoint> load_checkpoint(const std::string& path) {
     fail("open", path);
   }
   const Bytes b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return decode_checkpoint(b, path);
+}
+
+Checkpoint decode_checkpoint(std::span<const uint8_t> b, const std::string& path) {
   const std::string what = "checkpoint " + path;
   ByteReader r(unseal(b, what.c_str()), "checkpoint");
   SKETCHSGD_REQUIRE(r.get<uint32_t>() == kCheckpointMagic, WireError, "checkpoint ", path,

@@ -402,6 +402,16 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   if (shard != cfg_.shard) return other_shard();
   if (h.spec != cfg_.spec)
     return mismatch("codec '" + h.spec + "', the job runs '" + cfg_.spec + "'");
+  if (h.epoch > epoch_) {
+    // A worker of this very job registered with a server of a later epoch: a backup took over
+    // from this one. (Checked last: a Hello of another job deposes nothing.)
+    const std::string why = "epoch " + std::to_string(epoch_) + " is over: rank " +
+                            std::to_string(e.rank) + " has registered with epoch " +
+                            std::to_string(h.epoch) + " (a backup took over)";
+    refuse(peer, e, true, why, out);
+    if (hooks_.deposed) hooks_.deposed(why);
+    return;
+  }
   uint32_t rank = e.rank;
   bool ahead = false;
   if (federated()) {
@@ -440,7 +450,7 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.behind = false;
   index[peer] = rank;
   const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness,
-                         cfg_.outer.momentum, uint8_t(cfg_.outer.nesterov)};
+                         cfg_.outer.momentum, uint8_t(cfg_.outer.nesterov), epoch_};
   out.push_back(Outgoing{peer,
                          {envelope(Type::Welcome, cfg_.job, round_ + ahead, rank, w.session),
                           Frame::own(encode(info))}});
@@ -787,6 +797,35 @@ void Engine::finish_round(std::vector<Outgoing>& out) {
     hooks_.checkpoint(checkpoint(), finished());
   reset_round();
   if (federated() && !finished()) seat_waiting(out);
+}
+
+Bytes Engine::codec_state() const {
+  return agg_->save_state();
+}
+
+void Engine::follow(uint64_t round, const CommitInfo& c, std::span<const uint8_t> payload) {
+  SKETCHSGD_REQUIRE(has_model(), ProtocolError, "commit of round ", round, " before any state");
+  SKETCHSGD_REQUIRE(round == round_, ProtocolError, "commit of round ", round, " at round ",
+                    round_);
+  // Everything is checked before anything changes, so a bad commit leaves the state whole: the
+  // state goes into a spare aggregator (made once: FetchSGD's is not cheap to make each round),
+  // which becomes the current one only once the update has applied.
+  if (!spare_) spare_ = make_aggregator();
+  spare_->load_state(c.codec_state);
+  Frames outcome{envelope(c.outcome, cfg_.job, round_, 0, 0)};
+  if (c.outcome == Type::Update) {
+    outer_->apply(*codec_, payload, model_, c.info.lr);  // validates before it writes
+    snapshot_ = Frame();
+    outcome.push_back(Frame::own(encode(c.info)));
+  }
+  outcome.push_back(Frame::own(Bytes(payload.begin(), payload.end())));
+  std::swap(agg_, spare_);
+  last_outcome_ = std::move(outcome);
+  ++round_;
+  if (hooks_.checkpoint && cfg_.checkpoint_every &&
+      (round_ % cfg_.checkpoint_every == 0 || finished()))
+    hooks_.checkpoint(checkpoint(), finished());
+  reset_round();
 }
 
 void Engine::tick(Clock::time_point now, std::vector<Outgoing>& out) {

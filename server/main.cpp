@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
         "model's; workers list all S endpoints, comma-separated)",
         "SKETCHSGD_SHARDS");
   f.add("shard", "0", "with --shards: which one this server is, 0..S-1", "SKETCHSGD_SHARD");
+  f.add("replica-of", "",
+        "a backup: the primary's endpoint (the same job flags); it holds the primary's state round "
+        "by round and takes over when workers find the primary gone (workers list both: "
+        "PRIMARY|BACKUP)",
+        "SKETCHSGD_REPLICA_OF");
   f.add("lr", "0.1", "learning rate: everyone does w -= lr * step", "SKETCHSGD_LR");
   f.add("outer-momentum", "0",
         "momentum of the step everyone applies (workers pushing pseudo-gradients: DiLoCo's outer "
@@ -166,6 +171,7 @@ int main(int argc, char** argv) {
     o.finish_wait = Millis(f.u64("finish-wait-ms", 0, UINT32_MAX));
     o.linger = Millis(f.u64("linger-ms", 0, UINT32_MAX));
     o.metrics = f.str("metrics");
+    o.replica_of = f.str("replica-of");
     o.quiet = f.on("quiet");
     o.status = !f.on("no-status") && !o.quiet;
     {
@@ -179,7 +185,11 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       server.run();
       g_shutting_down = true;  // from here on a signal ends the process at once
-    }                          // within --linger-ms, whatever the peers do
+      if (!server.deposed().empty()) {
+        std::fprintf(stderr, "sketchsgd-server: deposed: %s\n", server.deposed().c_str());
+        return kExitDeposed;
+      }
+    }  // within --linger-ms, whatever the peers do
     return 0;
   } catch (const sketchsgd::Error& e) {
     std::fprintf(stderr, "sketchsgd-server: %s\n", e.what());

@@ -13,6 +13,7 @@
 #include <sketchsgd/ps/log.hpp>
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/checkpoint_writer.hpp>
+#include <sketchsgd/server/replication.hpp>
 
 namespace sketchsgd::ps {
 namespace {
@@ -43,6 +44,62 @@ std::string json_line(const RoundMetrics& m, uint32_t world) {
   s += "],\"reason\":\"" + reason + "\"}";
   return s;
 }
+
+/// A backup's link to its primary: a DEALER on an I/O thread that shows liveness (a heartbeat
+/// when idle, once the primary has answered) and connects again when the primary falls silent;
+/// each new socket is reported so the backup asks to follow again.
+struct Upstream {
+  Upstream(zmq::context_t& ctx, const JobConfig& job, std::string endpoint, uint64_t max_frame,
+           IoThread::Log log)
+      : ctx(ctx), job(job), endpoint(std::move(endpoint)), max_frame(max_frame) {
+    auto first = connect();
+    last_recv = Clock::now();
+    IoThread::Hooks hooks;
+    hooks.screen = [this](IoThread&, const Received&) {
+      last_recv = Clock::now();
+      answered = true;
+      return true;
+    };
+    hooks.tick = [this, log](IoThread& io, Clock::time_point now) {
+      if (answered && now - io.last_send() >= this->job.heartbeat) {
+        const Envelope hb{Type::Heartbeat, this->job.job, 0, 0, 0, 0};
+        (void)io.send_now(nullptr, {Frame::own(encode(hb))});
+      }
+      if (now - last_recv > this->job.heartbeat * this->job.dead_after + backoff) {
+        log("primary silent: connecting again");
+        io.replace_socket(connect());
+        last_recv = now;
+        answered = false;
+        backoff = std::min(backoff * 2, Millis(5000));
+      }
+    };
+    IoOptions o;
+    o.poll = std::clamp(job.heartbeat / 4, Millis(5), Millis(50));
+    io = std::make_unique<IoThread>(ctx, std::move(first), o, std::move(hooks), std::move(log));
+  }
+
+  std::unique_ptr<zmq::socket_t> connect() {
+    auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+    apply_limits(*s, SocketLimits{max_frame, 16, Millis(500)});
+    s->set(zmq::sockopt::reconnect_ivl, 100);
+    try {
+      s->connect(endpoint);
+    } catch (const zmq::error_t& e) {
+      throw InvalidArgument("server: cannot connect to the primary '" + endpoint +
+                            "': " + e.what());
+    }
+    return s;
+  }
+
+  zmq::context_t& ctx;
+  JobConfig job;
+  std::string endpoint;
+  uint64_t max_frame;
+  std::atomic<bool> answered{false};  // heartbeats only once the primary knows this link
+  Clock::time_point last_recv;        // I/O thread only
+  Millis backoff{100};                // I/O thread only
+  std::unique_ptr<IoThread> io;       // last: stopped first
+};
 
 }  // namespace
 
@@ -85,7 +142,17 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
       impl_->report_failures("CHECKPOINT FAILED (training goes on): ");
     };
   }
+  hooks.deposed = [this](const std::string& why) {
+    deposed_ = why;
+    stop_ = true;
+  };
   opts_.job.authenticated = !opts_.curve_secret.empty();
+  if (!opts_.replica_of.empty()) {
+    SKETCHSGD_REQUIRE(opts_.curve_secret.empty(), InvalidArgument,
+                      "server: a backup (replica_of) of a CURVE job is not supported");
+    SKETCHSGD_REQUIRE(opts_.job.population == 0 && opts_.job.staleness == 0, InvalidArgument,
+                      "server: replication needs a synchronous job of fixed workers");
+  }
   engine_ = std::make_unique<Engine>(opts_.job, std::move(hooks));
   // Counted in bytes, so heartbeats keep flowing (and being echoed) while big pushes wait for a
   // long merge: room for `inbox` (default 2·W + 16) messages of the job's largest frame.
@@ -193,13 +260,77 @@ uint64_t Server::run() {
   std::vector<Outgoing> out;
   auto last_status = Clock::now();
   std::optional<Clock::time_point> finished_at;
+  auto log = [&s](const std::string& line) { s.log(line); };
+  // Every server may be followed by a backup; a backup follows its primary until a worker comes.
+  Primary primary(*engine_, log);
+  std::unique_ptr<Backup> backup;
+  std::unique_ptr<Upstream> up;
+  if (!opts_.replica_of.empty()) {
+    backup = std::make_unique<Backup>(*engine_, log);
+    // The primary's whole state (model, momentum, FetchSGD's sketches) in one frame.
+    up = std::make_unique<Upstream>(s.ctx, opts_.job, opts_.replica_of,
+                                    3 * engine_->max_frame_bytes() + (1 << 20), log);
+    up->io->post(Outgoing{{}, backup->follow()});
+  }
+  uint64_t ignored = 0;
+  const auto upstream = [&](Clock::time_point deadline) {
+    std::deque<Received> got = up->io->take(deadline);
+    if (const auto failure = up->io->failure()) std::rethrow_exception(failure);
+    std::vector<Frames> replies;
+    for (auto& m : got) {
+      if (m.reconnected) {
+        replies.push_back(backup->follow());
+        continue;
+      }
+      try {
+        backup->handle(m.frames, replies);
+      } catch (const ConfigMismatch&) {
+        throw;
+      } catch (const Error& e) {
+        s.log(std::string("dropped a message of the primary: ") + e.what());
+      }
+    }
+    up->io->release(got);
+    for (auto& f : replies) up->io->post(Outgoing{{}, std::move(f)});
+  };
+  const auto following = [&] { return backup && !backup->promoted(); };
   while (!stop_) {
-    std::deque<Received> batch = io.take(Clock::now() + tick);
+    std::deque<Received> batch;
+    if (following()) {
+      // The primary's traffic wakes this thread at once (its rounds wait for the
+      // acknowledgements); a worker's Hello, which means the workers found the primary gone, is
+      // looked at every tick: taking over is not in a hurry (the workers waited dead_after
+      // heartbeats), and a following backup should not spin on the cores its primary needs.
+      upstream(Clock::now() + tick);
+      batch = io.take(Clock::now());
+      const bool hello = std::any_of(batch.begin(), batch.end(), [job](const Received& m) {
+        try {
+          const Envelope e = decode_envelope(m.frames.at(0).bytes(), m.frames.size() - 1);
+          return e.type == Type::Hello && e.job == job;
+        } catch (const std::exception&) {
+          return false;
+        }
+      });
+      if (hello && backup->synced()) {
+        up->io->post(Outgoing{{}, backup->promote()});
+      } else {
+        // No state to take over with (or no worker yet): stay silent, so that workers go on
+        // looking for the primary.
+        if (!batch.empty() && ignored++ % 100 == 0)
+          s.log("a backup not serving yet: ignored " + std::to_string(batch.size()) +
+                " worker messages");
+        io.release(batch);
+        batch.clear();
+      }
+    } else {
+      batch = io.take(Clock::now() + tick);
+      if (up) upstream(Clock::now());  // answers a deposed primary's rounds
+    }
     if (const auto failure = io.failure()) std::rethrow_exception(failure);
     const auto now = Clock::now();
     try {
-      for (auto& m : batch) engine_->handle(m.peer, m.frames, now, out, m.user);
-      engine_->tick(now, out);
+      for (auto& m : batch) primary.handle(m.peer, m.frames, now, out, m.user);
+      primary.tick(now, out);
     } catch (const std::exception& e) {
       // The engine turns bad input into refusals; anything reaching here is a bug or an
       // exhausted resource. Log it and keep serving rather than end the job.
@@ -208,6 +339,8 @@ uint64_t Server::run() {
     io.release(batch);
     for (auto& o : out) io.post(std::move(o));
     out.clear();
+    if (primary.deposed() && deposed_.empty()) deposed_ = *primary.deposed();
+    if (!deposed_.empty()) break;
     if (opts_.status && now - last_status >= std::chrono::seconds(tty ? 1 : 10)) {
       last_status = now;
       const std::string line = "round " + std::to_string(engine_->round()) + " | live " +
@@ -222,15 +355,24 @@ uint64_t Server::run() {
     // After the last round the server lingers a little, answering late workers "finished", and
     // until the workers have said goodbye: a worker's Bye comes once it holds the last update,
     // which on a slow link takes seconds to arrive and is lost if the socket closes first.
+    // A backup still following waits for its primary's goodbye: should the primary die before
+    // its workers hold the last update, they come here for it.
     if (engine_->finished()) {
       if (!finished_at) finished_at = now;
       const auto since = now - *finished_at;
-      if (since >= opts_.finish_grace &&
-          (engine_->live_workers() == 0 || since >= opts_.finish_wait))
-        break;
+      const bool idle = following() ? backup->primary_done() : engine_->live_workers() == 0;
+      if (since >= opts_.finish_grace && (idle || since >= opts_.finish_wait)) break;
     }
   }
   stop_ = true;
+  if (!deposed_.empty()) {
+    s.log("deposed: " + deposed_);
+  } else {
+    primary.bye(out);  // a backup may stop once the job is over
+    for (auto& o : out) io.post(std::move(o));
+    out.clear();
+  }
+  if (up) up->io->stop();
   io.stop();  // the last round's updates go out first
   if (impl_->writer) impl_->writer->flush();
   impl_->report_failures("CHECKPOINT FAILED: ");

@@ -46,7 +46,10 @@ struct Client::Link {
       : opts(o),
         max_frame(max_frame),
         hb_ms(o.heartbeat.count()),
+        endpoints(split_endpoints(o.server, '|')),
         ctx(o.shared_io ? shared_context() : std::make_shared<zmq::context_t>(1)) {
+    SKETCHSGD_REQUIRE(endpoints.size() <= 8, InvalidArgument, "client: '", o.server, "' lists ",
+                      endpoints.size(), " replicas of one server (at most 8)");
     // The first socket is made here, so a bad endpoint is the caller's error.
     std::unique_ptr<zmq::socket_t> first;
     try {
@@ -75,9 +78,11 @@ struct Client::Link {
         (void)io.send_now(nullptr, {Frame::own(encode(Envelope{Type::Heartbeat, opts.job, 0,
                                                                rank.load(), 0, session.load()}))});
       if (now - last_recv > hb * opts.dead_after + backoff) {
+        // A replicated server's next endpoint: its backup takes over when workers come to it.
+        current = (current + 1) % endpoints.size();
         log("server silent for " +
             std::to_string(std::chrono::duration_cast<Millis>(now - last_recv).count()) +
-            " ms: reconnecting");
+            " ms: reconnecting to " + endpoints[current]);
         io.replace_socket(connect());
         last_recv = now;
         backoff = std::min(backoff * 2, opts.backoff_max);
@@ -99,7 +104,7 @@ struct Client::Link {
       s->set(zmq::sockopt::curve_publickey, opts.curve_public);
       s->set(zmq::sockopt::curve_secretkey, opts.curve_secret);
     }
-    s->connect(opts.server);
+    s->connect(endpoints[current]);
     return s;
   }
 
@@ -110,6 +115,8 @@ struct Client::Link {
   std::atomic<uint32_t> rank{0};        // and its rank (a federated client's slot)
   Clock::time_point last_recv;          // I/O thread only
   Millis backoff{100};                  // I/O thread only
+  std::vector<std::string> endpoints;   // the server, or its primary then its backup
+  size_t current = 0;                   // I/O thread only (after construction)
   std::deque<Received> backlog;         // taken from the I/O thread, not yet handled
   std::shared_ptr<zmq::context_t> ctx;  // this link's own, or the process's (shared_io)
   std::unique_ptr<IoThread> io;         // last: stopped before the context goes

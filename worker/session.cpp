@@ -62,7 +62,7 @@ void Session::hello(Outbox& out) {
   slot_ = opts_.rank;  // a Hello names the worker's rank, or the federated client's id
   ShardId shard = opts_.shard;
   if (shard.model_dim == 0) shard.model_dim = codec_.dim();
-  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population, shard};
+  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population, shard, epoch_};
   out.push_back({envelope(Type::Hello, round_), Frame::own(encode(h))});
 }
 
@@ -107,6 +107,7 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       slot_ = m.env.rank;
       heartbeat_ = Millis(w.heartbeat_ms);
       staleness_ = w.staleness;
+      epoch_ = std::max(epoch_, w.epoch);  // a server of an older one was deposed
       // The job's outer step (its momentum arrives with the model, which the Pull below asks for).
       const OuterOptions oo{w.momentum, w.nesterov != 0};
       if (outer_->options().momentum != oo.momentum || outer_->options().nesterov != oo.nesterov)

@@ -75,6 +75,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     decode_text(raw);
   } catch (const sketchsgd::Error&) {
   }
+  try {
+    decode_commit_info(raw);
+  } catch (const sketchsgd::Error&) {
+  }
+  try {
+    decode_replica_info(raw);
+  } catch (const sketchsgd::Error&) {
+  }
 #endif
   return 0;
 }

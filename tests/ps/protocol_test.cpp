@@ -60,5 +60,33 @@ TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {
         << bad.momentum << " " << int(bad.nesterov);
 }
 
+TEST(Protocol, EpochsAndReplicationMessagesRoundTripAndRejectCorruption) {
+  HelloInfo h{4, 100, "dense", 0, ShardId{0, 1, 0, 100}, 7};
+  EXPECT_EQ(decode_hello(encode(h)).epoch, 7u);
+  EXPECT_EQ(decode_welcome(encode(WelcomeInfo{1, 500, 0, 0.0f, 0, 9})).epoch, 9u);
+  EXPECT_EQ(decode_replica_info(encode(ReplicaInfo{5})).epoch, 5u);
+  for (Type t : {Type::Follow, Type::Sync, Type::Commit, Type::Ack, Type::Deposed}) {
+    const Envelope e{t, 3, 4, 0, 0, 0};
+    EXPECT_EQ(decode_envelope(encode(e), payload_frames(t)).type, t) << to_string(t);
+  }
+  const CommitInfo c{2, Type::Update, UpdateInfo{0.25f, 3}, Bytes{1, 2, 3, 4, 5}};
+  const Bytes cb = encode(c);
+  const CommitInfo c2 = decode_commit_info(cb);
+  EXPECT_EQ(c2.epoch, 2u);
+  EXPECT_EQ(c2.outcome, Type::Update);
+  EXPECT_EQ(c2.info.lr, 0.25f);
+  EXPECT_EQ(c2.info.contributors, 3u);
+  EXPECT_EQ(c2.codec_state, c.codec_state);
+  for (size_t n = 0; n < cb.size(); ++n)
+    EXPECT_THROW(decode_commit_info(std::span<const uint8_t>(cb).first(n)), WireError) << n;
+  Bytes other = cb;
+  other[8] = uint8_t(Type::Push);  // a round ends with an update or an abort
+  EXPECT_THROW(decode_commit_info(other), WireError);
+  Bytes huge = cb;
+  huge[17] = 0xFF;  // a codec state longer than the frame
+  EXPECT_THROW(decode_commit_info(huge), WireError);
+  EXPECT_THROW(encode(CommitInfo{0, Type::Model}), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace sketchsgd::ps

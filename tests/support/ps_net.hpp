@@ -16,6 +16,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/server/engine.hpp>
+#include <sketchsgd/server/replication.hpp>
 
 namespace sketchsgd::ps {
 
@@ -29,15 +30,17 @@ struct Net {
     return h;
   }
 
+  // Through the replication's primary side, as the server runs it: without a backup it is the
+  // engine alone; with one (replication_test), a round's end waits for its acknowledgement.
   void deliver(const PeerId& peer, const Frames& f) {
     std::vector<Outgoing> out;
-    engine.handle(peer, f, now, out);
+    primary.handle(peer, f, now, out);
     route(out);
   }
   void tick(Millis dt) {
     now += dt;
     std::vector<Outgoing> out;
-    engine.tick(now, out);
+    primary.tick(now, out);
     route(out);
   }
   void route(std::vector<Outgoing>& out) {
@@ -53,6 +56,7 @@ struct Net {
   }
 
   Engine engine;
+  Primary primary{engine, [](const std::string&) {}};
   Clock::time_point now = Clock::time_point{} + std::chrono::hours(1);
   std::map<PeerId, std::deque<Frames>> inbox;
 };

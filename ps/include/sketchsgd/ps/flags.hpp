@@ -15,6 +15,8 @@ namespace sketchsgd::ps {
 /// Exit status of a worker program whose server had already finished its job (JobFinished), apart
 /// from 0 (done) and 2 (bad flags or another error).
 inline constexpr int kExitJobFinished = 3;
+/// A server whose backup took over (replicated shards) exits with this status.
+inline constexpr int kExitDeposed = 4;
 
 class Flags {
  public:

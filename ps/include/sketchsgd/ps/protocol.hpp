@@ -30,8 +30,9 @@ namespace sketchsgd::ps {
 
 inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // 5: the shard in Hello (sharded servers); 6: a federated client checks in a round ahead (the
-// model of the round before, then that round's outcome)
-inline constexpr uint16_t kProtocolVersion = 6;
+// model of the round before, then that round's outcome); 7: replicated shards (epochs in Hello and
+// Welcome, the primary-backup messages Follow, Sync, Commit, Ack, Deposed)
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -58,8 +59,14 @@ enum class Type : uint8_t {
   Heartbeat = 12,  ///< either way: liveness when there is no other traffic
   Bye = 13,        ///< worker → server: leaving cleanly
   Finished = 14,   ///< server → worker: the job ended at `round` (text frame: why); go home
+  // Between a primary server and its backup (server/replication.hpp):
+  Follow = 15,   ///< backup → primary: follow me (HelloInfo: the backup's job and epoch)
+  Sync = 16,     ///< primary → backup: ReplicaInfo, then the whole state (a checkpoint's bytes)
+  Commit = 17,   ///< primary → backup: CommitInfo, then round `round`'s update (or abort text)
+  Ack = 18,      ///< backup → primary: holds the state as of `round` (the next round to run)
+  Deposed = 19,  ///< backup → primary: took over (text frame: why); the primary must stop
 };
-inline constexpr uint8_t kMaxType = 14;
+inline constexpr uint8_t kMaxType = 19;
 
 std::string_view to_string(Type t);
 
@@ -106,6 +113,9 @@ struct HelloInfo {
   std::string spec;         ///< canonical codec spec (Compressor::spec())
   uint32_t population = 0;  ///< a federated job's clients (0: a job of `world` fixed workers)
   ShardId shard;            ///< the part of the model this registration is for
+  /// The highest server epoch the worker has registered with (a backup that took over has a
+  /// higher one than the primary it replaced): a server of a lower epoch was deposed.
+  uint64_t epoch = 0;
 };
 Bytes encode(const HelloInfo& h);
 HelloInfo decode_hello(std::span<const uint8_t> frame);
@@ -116,6 +126,7 @@ struct WelcomeInfo {
   uint32_t staleness = 0;        ///< rounds a worker may push ahead of its last update
   float momentum = 0.0f;         ///< the outer step's momentum (OuterOptions), applied by all
   uint8_t nesterov = 0;
+  uint64_t epoch = 0;  ///< the server's epoch (one more each time a backup takes over)
 };
 Bytes encode(const WelcomeInfo& w);
 WelcomeInfo decode_welcome(std::span<const uint8_t> frame);
@@ -134,6 +145,23 @@ struct UpdateInfo {
 };
 Bytes encode(const UpdateInfo& u);
 UpdateInfo decode_update_info(std::span<const uint8_t> frame);
+
+/// A Sync's first frame: the primary's epoch (the state follows as a checkpoint's bytes).
+struct ReplicaInfo {
+  uint64_t epoch = 0;
+};
+Bytes encode(const ReplicaInfo& r);
+ReplicaInfo decode_replica_info(std::span<const uint8_t> frame);
+
+/// A Commit's first frame: how round `round` ended on the primary, so the backup ends it alike.
+struct CommitInfo {
+  uint64_t epoch = 0;
+  Type outcome = Type::Update;  ///< Update (the next frame: its message) or Abort (its reason)
+  UpdateInfo info;              ///< the Update's learning rate and contributors
+  Bytes codec_state;            ///< the aggregator's state after the round (FetchSGD's sketches)
+};
+Bytes encode(const CommitInfo& c);
+CommitInfo decode_commit_info(std::span<const uint8_t> frame);
 
 /// The largest frame a message of a job with this codec carries (both ends set ZMQ_MAXMSGSIZE
 /// from it): a codec message, a refusal's text, or the model with its outer momentum.

@@ -36,7 +36,8 @@ struct ShardPlan {
 std::vector<ShardPlan> plan_shards(std::string_view spec, uint64_t dim, uint32_t count);
 
 /// "tcp://a:1,tcp://b:2" → its endpoints in order (a worker's --server of a sharded job: shard i
-/// at place i). InvalidArgument for an empty item.
-std::vector<std::string> split_endpoints(std::string_view list);
+/// at place i); with separator '|', one shard's primary and backup ("tcp://a:1|tcp://c:1").
+/// InvalidArgument for an empty item.
+std::vector<std::string> split_endpoints(std::string_view list, char separator = ',');
 
 }  // namespace sketchsgd::ps

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,10 @@ struct Checkpoint {
   ShardId shard;                     ///< the part of the model params are (model_dim 0: unknown)
 };
 
+/// The file's bytes (versioned, CRC-32C sealed); a backup server receives its primary's state so.
+Bytes encode(const Checkpoint& c);
+/// Throws WireError when the bytes are truncated or corrupt; `source` names them in the error.
+Checkpoint decode_checkpoint(std::span<const uint8_t> bytes, const std::string& source);
 /// Writes atomically; throws Error with the failing system call and errno text.
 void save_checkpoint(const std::string& path, const Checkpoint& c);
 /// nullopt when no file exists; WireError when it exists but is truncated or corrupt.

@@ -102,6 +102,9 @@ struct Hooks {
   /// last (last = true: the job is done once it is stored). The caller stores it (the server
   /// writes it on a thread of its own); unset: no snapshots are taken.
   std::function<void(Checkpoint, bool last)> checkpoint;
+  /// A worker has registered with a server of a later epoch: a backup took over from this one,
+  /// which must stop (unset: it only refuses such workers).
+  std::function<void(const std::string& why)> deposed;
 };
 
 class Engine {
@@ -119,6 +122,21 @@ class Engine {
   /// Resume from a checkpoint (job and spec must match). The next round is c.round.
   void restore(const Checkpoint& c);
   Checkpoint checkpoint() const;
+
+  // ---- replication (server/replication.hpp): a backup holds the primary's state round by round
+  /// The outcome of round() − 1 as sent to the workers (envelope, then its payload frames);
+  /// empty before the first round ends.
+  const Frames& last_outcome() const { return last_outcome_; }
+  /// The aggregator's state across rounds (FetchSGD's sketches; empty for most codecs).
+  Bytes codec_state() const;
+  /// Ends round `round` (= round()) as the primary did: its update applied with the same outer
+  /// step, its aggregator state taken over. Throws (changing nothing) on a round out of turn or a
+  /// bad update.
+  void follow(uint64_t round, const CommitInfo& c, std::span<const uint8_t> payload);
+  /// One more each time a backup takes over; a worker registered with a later epoch proves this
+  /// server deposed (Hooks::deposed).
+  uint64_t epoch() const { return epoch_; }
+  void set_epoch(uint64_t e) { epoch_ = e; }
 
   uint64_t round() const { return round_; }
   bool has_model() const { return !model_.empty(); }
@@ -210,9 +228,11 @@ class Engine {
   Hooks hooks_;
   std::unique_ptr<Compressor> codec_;  // the server's own: applies updates to model_, never encodes
   std::unique_ptr<Aggregator> agg_;
+  std::unique_ptr<Aggregator> spare_;  // a backup's: where a commit's state is checked first
   std::vector<float> model_;
   std::unique_ptr<OuterStep> outer_;  // on the host, beside model_
   uint64_t round_ = 0;
+  uint64_t epoch_ = 0;
 
   std::vector<Worker> workers_;
   std::map<PeerId, uint32_t> rank_of_;

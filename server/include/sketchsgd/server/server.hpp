@@ -32,6 +32,10 @@ struct ServerOptions {
   /// and how long at most to wait past it for the workers' goodbyes (each says Bye once it
   /// holds the last update; dead workers are not waited for)
   Millis finish_wait{30000};
+  /// A backup: the primary's endpoint. It holds the primary's state round by round and takes
+  /// over when a worker comes to it (server/replication.hpp). Empty: a primary (any server may
+  /// be followed by a backup).
+  std::string replica_of;
 };
 
 class Server {
@@ -51,6 +55,8 @@ class Server {
   const std::string& endpoint() const { return endpoint_; }
   /// The engine, for inspection after run() returns.
   const Engine& engine() const { return *engine_; }
+  /// Why run() returned early: a backup took over from this server (empty: it did not).
+  const std::string& deposed() const { return deposed_; }
 
  private:
   struct Impl;
@@ -58,6 +64,7 @@ class Server {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Impl> impl_;
   std::string endpoint_;
+  std::string deposed_;
   std::atomic<bool> stop_{false};
 };
 

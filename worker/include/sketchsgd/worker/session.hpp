@@ -24,7 +24,9 @@ namespace sketchsgd::ps {
 
 struct ClientOptions {
   /// The server's endpoint, or a sharded job's servers separated by commas (shard i at place i;
-  /// ps/shards.hpp): the Client then pushes each its part of every gradient.
+  /// ps/shards.hpp): the Client then pushes each its part of every gradient. A replicated
+  /// server is its primary and backup separated by '|' ("tcp://a:5555|tcp://b:5555"): when the
+  /// one it talks to falls silent, the client goes on to the next.
   std::string server = "tcp://127.0.0.1:5555";
   uint64_t job = 1;
   uint32_t rank = 0;   ///< the worker's rank, or a federated client's id
@@ -132,6 +134,7 @@ class Session {
   uint64_t next_push_ = 0;
   uint32_t staleness_ = 0;
   uint64_t session_ = 0;  // the token of the current registration
+  uint64_t epoch_ = 0;    // the highest server epoch registered with (replicated servers)
   std::chrono::milliseconds heartbeat_;
   std::deque<std::pair<uint64_t, Frame>> pending_;  // pushes without an outcome yet
   std::optional<Clock::time_point> hello_at_;       // a Hello to send again then

@@ -1,0 +1,113 @@
+// Primary-backup replication of one server's state (the Parameter Server paper's replicated key
+// ranges, in its simplest chain: one primary, one backup), as round logic free of sockets and
+// clocks like the Engine it wraps; server.hpp runs it over the transport.
+//
+//   backup ── Follow ──────────────────────► primary      (on start, and on every new socket)
+//          ◄─ Sync: the whole state ────────             (answered by Ack)
+//          ◄─ Commit: round r's outcome ────             before any worker sees it
+//          ── Ack(r + 1) ───────────────────►            then the Update goes to the workers
+//
+// The primary holds a round's outgoing messages until its backup has acknowledged the round, so
+// every update a worker has seen is on both servers: when workers find the primary silent they
+// register with the backup, which takes over (its epoch one more than the primary's) and runs the
+// next round as the primary would have (the merge is in rank order, so bit for bit). A round the
+// backup never acknowledged was seen by no worker: they push it again there. A primary whose
+// backup took over is told so by the backup (Deposed) or by the first worker that comes to it
+// from the later epoch (Hooks::deposed), and stops; its backup lost, it goes on alone.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sketchsgd/server/engine.hpp>
+
+namespace sketchsgd::ps {
+
+/// The primary's side: every incoming message passes through handle(); the backup's go to the
+/// replication, the workers' to the engine, whose round-ending messages are held until the
+/// backup acknowledges the round. Without a backup it is the engine alone.
+class Primary {
+ public:
+  using Log = std::function<void(const std::string&)>;
+  Primary(Engine& engine, Log log);
+
+  void handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
+              std::vector<Outgoing>& out, std::string_view user = {});
+  /// The engine's clock, and the backup's liveness.
+  void tick(Clock::time_point now, std::vector<Outgoing>& out);
+  /// Tells the backup the job is over (it stops once the job has finished).
+  void bye(std::vector<Outgoing>& out) const;
+
+  bool has_backup() const { return backup_.has_value(); }
+  /// A round waits for the backup's acknowledgement.
+  bool holding() const { return awaiting_.has_value(); }
+  /// Why this server must stop: its backup took over.
+  const std::optional<std::string>& deposed() const { return deposed_; }
+
+ private:
+  struct Deferred {
+    PeerId peer;
+    Frames frames;
+    std::string user;
+  };
+  void on_backup(const PeerId& peer, const Envelope& e, const Frames& frames,
+                 Clock::time_point now, std::vector<Outgoing>& out);
+  /// A worker's message to the engine; what a round's end sends waits for the backup.
+  void pass(const PeerId& peer, const Frames& frames, Clock::time_point now,
+            std::vector<Outgoing>& out, std::string_view user);
+  /// After the engine ran: the backup follows what changed its state before anyone sees it.
+  void replicate(uint64_t round_before, bool model_before, std::vector<Outgoing>& staged,
+                 Clock::time_point now, std::vector<Outgoing>& out);
+  void sync(Clock::time_point now, std::vector<Outgoing>& out);
+  /// The held messages go out, then the messages deferred meanwhile are handled.
+  void release(Clock::time_point now, std::vector<Outgoing>& out);
+  void lose_backup(const std::string& why, Clock::time_point now, std::vector<Outgoing>& out);
+
+  Engine& engine_;
+  Log log_;
+  std::optional<PeerId> backup_;
+  Clock::time_point backup_seen_{};
+  std::optional<uint64_t> awaiting_;  // the round the backup must acknowledge
+  std::vector<Outgoing> held_;        // sent once it has
+  std::deque<Deferred> deferred_;     // worker messages that came meanwhile
+  uint64_t dropped_ = 0;              // deferred messages dropped for room
+  std::optional<std::string> deposed_;
+};
+
+/// The backup's side: the messages of its link to the primary in, its answers out. Holds the
+/// primary's state in the engine until a worker comes (promote()), then serves as the primary.
+class Backup {
+ public:
+  using Log = std::function<void(const std::string&)>;
+  Backup(Engine& engine, Log log);
+
+  /// The Follow to send on every new connection to the primary.
+  Frames follow() const;
+  /// A message from the primary; answers (Ack, or Deposed once promoted) go to `replies`.
+  /// Throws ConfigMismatch when the primary refuses to be followed (another job).
+  void handle(const Frames& frames, std::vector<Frames>& replies);
+  /// Holds a whole state (a Sync came): only then can it take over.
+  bool synced() const { return synced_; }
+  bool promoted() const { return promoted_; }
+  /// Takes over from the primary: the epoch goes one up. Returns the Deposed notice for the
+  /// primary (should it only be paused or cut off, it stops when it reads it); its later
+  /// messages are answered so too.
+  Frames promote();
+  /// The primary said the job is over (Bye).
+  bool primary_done() const { return primary_done_; }
+
+ private:
+  Frames reply(Type t, uint64_t round, Frames payload = {}) const;
+  Frames notice() const;  // Deposed
+
+  Engine& engine_;
+  Log log_;
+  bool synced_ = false;
+  bool promoted_ = false;
+  bool primary_done_ = false;
+};
+
+}  // namespace sketchsgd::ps

@@ -1,0 +1,267 @@
+#include <sketchsgd/server/replication.hpp>
+
+#include <sketchsgd/server/checkpoint.hpp>
+
+namespace sketchsgd::ps {
+namespace {
+
+Frame envelope(Type t, uint64_t job, uint64_t round) {
+  return Frame::own(encode(Envelope{t, job, round, 0, 0, 0}));
+}
+
+/// Why a backup of this description cannot follow the engine's job (empty: it can).
+std::string mismatch(const JobConfig& cfg, const HelloInfo& h) {
+  if (cfg.population != 0 || cfg.staleness != 0)
+    return "replication needs a synchronous job of fixed workers (this one is " +
+           std::string(cfg.population ? "federated" : "bounded-stale") + ")";
+  if (h.world != cfg.world || h.population != cfg.population)
+    return "backup of world " + std::to_string(h.world) + ", the job has " +
+           std::to_string(cfg.world);
+  if (h.dim != cfg.dim || !(h.shard == cfg.shard))
+    return "backup of " + h.shard.describe(h.dim) + ", this server is " +
+           cfg.shard.describe(cfg.dim);
+  if (h.spec != cfg.spec)
+    return "backup of codec '" + h.spec + "', the job runs '" + cfg.spec + "'";
+  return {};
+}
+
+/// Room for worker messages that arrive while a round waits for the backup: a few per worker
+/// (its next push, a pull); heartbeats are never deferred.
+size_t deferred_room(const JobConfig& cfg) {
+  return 4 * size_t(cfg.world) + 64;
+}
+
+}  // namespace
+
+Primary::Primary(Engine& engine, Log log) : engine_(engine), log_(std::move(log)) {}
+
+void Primary::handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
+                     std::vector<Outgoing>& out, std::string_view user) {
+  std::optional<Envelope> e;
+  try {
+    if (!frames.empty()) e = decode_envelope(frames[0].bytes(), frames.size() - 1);
+  } catch (const Error&) {
+    // the engine refuses or drops what it cannot read
+  }
+  const bool replication = e && e->job == engine_.config().job &&
+                           (e->type == Type::Follow || e->type == Type::Ack ||
+                            e->type == Type::Deposed || (backup_ && peer == *backup_));
+  if (replication) return on_backup(peer, *e, frames, now, out);
+  if (awaiting_ && !(e && e->type == Type::Heartbeat)) {
+    // Handled once the round is acknowledged: a re-sent push would get the held outcome.
+    if (deferred_.size() >= deferred_room(engine_.config())) {
+      deferred_.pop_front();
+      if (dropped_++ % 1000 == 0) log_("too many messages while the backup acknowledges: dropped");
+    }
+    deferred_.push_back(Deferred{peer, frames, std::string(user)});
+    return;
+  }
+  pass(peer, frames, now, out, user);
+}
+
+void Primary::pass(const PeerId& peer, const Frames& frames, Clock::time_point now,
+                   std::vector<Outgoing>& out, std::string_view user) {
+  const uint64_t round = engine_.round();
+  const bool model = engine_.has_model();
+  std::vector<Outgoing> staged;
+  engine_.handle(peer, frames, now, staged, user);
+  replicate(round, model, staged, now, out);
+}
+
+void Primary::tick(Clock::time_point now, std::vector<Outgoing>& out) {
+  const JobConfig& cfg = engine_.config();
+  if (backup_ && now - backup_seen_ > cfg.heartbeat * cfg.dead_after)
+    lose_backup("silent for " + std::to_string(std::chrono::duration_cast<Millis>(
+                                                   now - backup_seen_)
+                                                   .count()) +
+                    " ms",
+                now, out);
+  if (awaiting_) return;  // the engine's deadlines wait for the acknowledgement too
+  const uint64_t round = engine_.round();
+  const bool model = engine_.has_model();
+  std::vector<Outgoing> staged;
+  engine_.tick(now, staged);
+  replicate(round, model, staged, now, out);
+}
+
+void Primary::bye(std::vector<Outgoing>& out) const {
+  if (backup_)
+    out.push_back(Outgoing{*backup_, {envelope(Type::Bye, engine_.config().job, engine_.round())}});
+}
+
+void Primary::replicate(uint64_t round_before, bool model_before, std::vector<Outgoing>& staged,
+                        Clock::time_point now, std::vector<Outgoing>& out) {
+  const bool changed = engine_.round() != round_before || engine_.has_model() != model_before;
+  if (!backup_ || !changed) {
+    for (auto& o : staged) out.push_back(std::move(o));
+    return;
+  }
+  for (auto& o : staged) held_.push_back(std::move(o));
+  const Frames& last = engine_.last_outcome();
+  if (model_before && engine_.round() == round_before + 1 && !last.empty()) {
+    // One round ended: its outcome, which the backup applies as the workers do.
+    const Envelope le = decode_envelope(last[0].bytes(), last.size() - 1);
+    CommitInfo c;
+    c.epoch = engine_.epoch();
+    c.outcome = le.type;
+    if (le.type == Type::Update) c.info = decode_update_info(last[1].bytes());
+    c.codec_state = engine_.codec_state();
+    out.push_back(Outgoing{*backup_,
+                           {envelope(Type::Commit, engine_.config().job, round_before),
+                            Frame::own(encode(c)), last.back()}});
+    awaiting_ = engine_.round();
+    return;
+  }
+  sync(now, out);  // the model arrived (rank 0's Init): the whole state
+}
+
+void Primary::sync(Clock::time_point, std::vector<Outgoing>& out) {
+  if (!engine_.has_model()) return;  // nothing to hold yet: synced when rank 0's Init comes
+  out.push_back(Outgoing{*backup_,
+                         {envelope(Type::Sync, engine_.config().job, engine_.round()),
+                          Frame::own(encode(ReplicaInfo{engine_.epoch()})),
+                          Frame::own(encode(engine_.checkpoint()))}});
+  awaiting_ = engine_.round();
+}
+
+void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& frames,
+                        Clock::time_point now, std::vector<Outgoing>& out) {
+  const uint64_t job = engine_.config().job;
+  try {
+    if (e.type == Type::Follow) {
+      const HelloInfo h = decode_hello(frames[1].bytes());
+      if (const std::string why = mismatch(engine_.config(), h); !why.empty()) {
+        log_("refused a backup: " + why);
+        out.push_back(Outgoing{peer,
+                               {envelope(Type::Refuse, job, engine_.round()),
+                                Frame::own(encode(RefuseInfo{false, Type::Follow, why}))}});
+        return;
+      }
+      if (h.epoch > engine_.epoch()) {
+        deposed_ = "a server of epoch " + std::to_string(h.epoch) + " asked to follow epoch " +
+                   std::to_string(engine_.epoch());
+        return;
+      }
+      log_(std::string(backup_ && *backup_ != peer ? "a new backup replaces the last" :
+                                                     "a backup follows") +
+           " at round " + std::to_string(engine_.round()));
+      backup_ = peer;
+      backup_seen_ = now;
+      awaiting_.reset();  // a Sync covers whatever an earlier backup had not acknowledged
+      sync(now, out);
+      if (!awaiting_) release(now, out);
+      return;
+    }
+    if (!backup_ || peer != *backup_) return;  // an Ack or Deposed of a backup since replaced
+    backup_seen_ = now;
+    switch (e.type) {
+      case Type::Ack:
+        if (awaiting_ && e.round == *awaiting_) release(now, out);
+        break;
+      case Type::Deposed:
+        deposed_ = decode_text(frames[1].bytes());
+        break;
+      case Type::Heartbeat:
+        break;  // liveness; the transport echoes it
+      default:
+        throw ProtocolError(std::string(to_string(e.type)) + " from the backup");
+    }
+  } catch (const Error& ex) {
+    log_(std::string("dropped a message of the backup: ") + ex.what());
+  }
+}
+
+void Primary::release(Clock::time_point now, std::vector<Outgoing>& out) {
+  awaiting_.reset();
+  for (auto& o : held_) out.push_back(std::move(o));
+  held_.clear();
+  while (!awaiting_ && !deferred_.empty()) {
+    Deferred d = std::move(deferred_.front());
+    deferred_.pop_front();
+    pass(d.peer, d.frames, now, out, d.user);
+  }
+}
+
+void Primary::lose_backup(const std::string& why, Clock::time_point now,
+                          std::vector<Outgoing>& out) {
+  log_("backup lost (" + why + "): serving without a replica");
+  backup_.reset();
+  if (awaiting_) release(now, out);
+}
+
+Backup::Backup(Engine& engine, Log log) : engine_(engine), log_(std::move(log)) {}
+
+Frames Backup::reply(Type t, uint64_t round, Frames payload) const {
+  Frames f{envelope(t, engine_.config().job, round)};
+  for (auto& p : payload) f.push_back(std::move(p));
+  return f;
+}
+
+Frames Backup::follow() const {
+  const JobConfig& c = engine_.config();
+  ShardId shard = c.shard;
+  if (shard.model_dim == 0) shard.model_dim = c.dim;
+  const HelloInfo h{c.world, c.dim, c.spec, c.population, shard, engine_.epoch()};
+  return reply(Type::Follow, engine_.round(), {Frame::own(encode(h))});
+}
+
+void Backup::handle(const Frames& frames, std::vector<Frames>& replies) {
+  const Envelope e = decode_envelope(frames.at(0).bytes(), frames.size() - 1);
+  SKETCHSGD_REQUIRE(e.job == engine_.config().job, ProtocolError, "message of job ", e.job);
+  if (promoted_ && (e.type == Type::Sync || e.type == Type::Commit)) {
+    replies.push_back(notice());
+    return;
+  }
+  switch (e.type) {
+    case Type::Sync: {
+      const ReplicaInfo info = decode_replica_info(frames[1].bytes());
+      const Checkpoint c = decode_checkpoint(frames[2].bytes(), "the primary's state");
+      engine_.restore(c);  // checks job, codec, dim and shard
+      engine_.set_epoch(info.epoch);
+      if (!synced_) log_("holds the primary's state at round " + std::to_string(c.round));
+      synced_ = true;
+      replies.push_back(reply(Type::Ack, engine_.round()));
+      return;
+    }
+    case Type::Commit: {
+      SKETCHSGD_REQUIRE(synced_, ProtocolError, "commit before the state");
+      const CommitInfo c = decode_commit_info(frames[1].bytes());
+      engine_.follow(e.round, c, frames[2].bytes());
+      replies.push_back(reply(Type::Ack, engine_.round()));
+      return;
+    }
+    case Type::Refuse: {
+      const RefuseInfo r = decode_refuse(frames[1].bytes());
+      if (r.refused == Type::Follow && !r.retry)
+        throw ConfigMismatch("the primary refuses this backup: " + r.reason);
+      log_("the primary refused a " + std::string(to_string(r.refused)) + ": " + r.reason);
+      return;
+    }
+    case Type::Bye:
+      primary_done_ = true;
+      return;
+    case Type::Heartbeat:
+      return;
+    default:
+      throw ProtocolError(std::string(to_string(e.type)) + " from the primary");
+  }
+}
+
+Frames Backup::notice() const {
+  return reply(Type::Deposed, engine_.round(),
+               {Frame::own(encode_text("the backup took over at round " +
+                                       std::to_string(engine_.round()) + " as epoch " +
+                                       std::to_string(engine_.epoch())))});
+}
+
+Frames Backup::promote() {
+  SKETCHSGD_REQUIRE(synced_, ProtocolError,
+                    "a backup without the primary's state cannot take over");
+  promoted_ = true;
+  engine_.set_epoch(engine_.epoch() + 1);
+  log_("took over from the primary at round " + std::to_string(engine_.round()) + " as epoch " +
+       std::to_string(engine_.epoch()));
+  return notice();
+}
+
+}  // namespace sketchsgd::ps

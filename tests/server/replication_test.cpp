@@ -1,0 +1,357 @@
+// Replication in-process, with a fake clock: a backup holds its primary's state round by round
+// (bit for bit, every codec), a round's outcome reaches no worker before the backup has it, the
+// backup takes over wherever the primary dies and the job ends bit for bit as without the failure;
+// deposed primaries, a lost backup, refused and corrupt replication traffic.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/server/replication.hpp>
+#include "support/helpers.hpp"
+#include "support/ps_job.hpp"
+#include "support/ps_net.hpp"
+#include "support/ps_synthetic.hpp"
+#include "support/round.hpp"
+
+namespace sketchsgd::ps {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// A primary with its workers, and a backup whose link to it this test carries by hand.
+struct Pair {
+  explicit Pair(const JobConfig& cfg)
+      : cfg(cfg), primary(cfg), standby(cfg), backup(standby.engine, [](const std::string&) {}) {}
+
+  static inline const PeerId kLink = "backup-link";
+  void follow() {
+    primary.deliver(kLink, backup.follow());
+    pump();
+  }
+  /// Carries what the primary sent its backup, and the answers back.
+  void pump() {
+    while (auto m = primary.next(kLink)) {
+      std::vector<Frames> replies;
+      backup.handle(m->second, replies);
+      for (auto& r : replies) primary.deliver(kLink, r);
+    }
+  }
+  /// The backup's state is the primary's, bit for bit.
+  void expect_same() const {
+    const Engine& a = primary.engine;
+    const Engine& b = standby.engine;
+    ASSERT_EQ(a.round(), b.round());
+    ASSERT_EQ(a.model().size(), b.model().size());
+    EXPECT_EQ(std::memcmp(a.model().data(), b.model().data(), a.model().size_bytes()), 0)
+        << "round " << a.round();
+    EXPECT_EQ(a.codec_state(), b.codec_state()) << "round " << a.round();
+    EXPECT_EQ(a.checkpoint().outer, b.checkpoint().outer);
+  }
+
+  JobConfig cfg;
+  Net primary;
+  Net standby;  // the backup's engine: serves the workers once it has taken over
+  Backup backup;
+};
+
+/// Every worker pushes `msgs` (one encoded gradient each, kept so it can be sent again after a
+/// failover, as Session does) and settles.
+std::vector<std::optional<Type>> push_and_settle(Net& net, std::vector<FakeWorker>& ws,
+                                                 const std::vector<Frame>& msgs,
+                                                 const std::function<void()>& between = {}) {
+  for (size_t i = 0; i < ws.size(); ++i)
+    net.deliver(ws[i].peer, {ws[i].mine(Type::Push, ws[i].round), msgs[i]});
+  std::vector<std::optional<Type>> ended(ws.size());
+  for (int pass = 0; pass < 4; ++pass) {
+    if (between) between();
+    for (size_t i = 0; i < ws.size(); ++i)
+      if (!ended[i]) ended[i] = ws[i].settle(net);
+  }
+  return ended;
+}
+
+std::vector<Frame> encode_all(std::vector<FakeWorker>& ws, std::vector<std::vector<float>>& grads,
+                              uint64_t t) {
+  std::vector<Frame> msgs;
+  for (auto& w : ws) {
+    grads.push_back(test::synthetic_grad(w.params, w.rank, t, 11));
+    msgs.push_back(bytes_frame(w.codec->encode(grads.back(), t, w.rank)));
+  }
+  return msgs;
+}
+
+/// Where the primary dies in the round after which the backup takes over.
+enum class Death {
+  BetweenRounds,    // every worker holds the last update
+  BeforeTheCommit,  // the round ended on the primary; its commit never reached the backup
+  AfterTheAck,      // the backup holds the round; no worker got its update
+};
+
+class Failover : public ::testing::TestWithParam<std::tuple<std::string, Death>> {};
+
+TEST_P(Failover, TheJobEndsBitForBitAsWithoutTheFailure) {
+  constexpr uint64_t kDim = 3000, kRounds = 6, kDies = 3;
+  constexpr uint32_t kWorld = 3;
+  const auto& [spec, death] = GetParam();
+  const JobConfig cfg = test_job::make(spec, kWorld, kDim);
+  Pair p(cfg);
+  p.follow();  // before rank 0's Init: the state follows when the model comes
+  EXPECT_FALSE(p.backup.synced());
+  const auto init = test::initial_params(kDim, 7);
+  std::vector<FakeWorker> ws;
+  for (uint32_t r = 0; r < kWorld; ++r) ws.emplace_back(r, cfg);
+  for (auto& w : ws) {
+    w.join(p.primary, init);
+    p.pump();  // rank 0's Init: the model's Sync holds the rest until the backup has it
+  }
+  for (auto& w : ws) ASSERT_TRUE(w.take_model(p.primary)) << "rank " << w.rank;
+  ASSERT_TRUE(p.backup.synced());
+
+  test::Job ref(cfg.spec, kDim, kWorld);
+  std::vector<float> ref_params = init;
+  Net* serving = &p.primary;
+  for (uint64_t t = 0; t < kRounds; ++t) {
+    std::vector<std::vector<float>> grads;
+    const auto msgs = encode_all(ws, grads, t);
+    if (t < kDies) {
+      const auto ended = push_and_settle(p.primary, ws, msgs, [&] { p.pump(); });
+      for (size_t i = 0; i < ws.size(); ++i) ASSERT_EQ(ended[i], Type::Update) << "rank " << i;
+      p.expect_same();
+    } else if (t == kDies) {
+      // The primary's last round: it dies where the parameter says.
+      for (size_t i = 0; i < ws.size(); ++i)
+        p.primary.deliver(ws[i].peer, {ws[i].mine(Type::Push, t), msgs[i]});
+      for (int pass = 0; pass < 2; ++pass) {  // a second round's queries and answers
+        if (death == Death::AfterTheAck) p.pump();
+        for (auto& w : ws)
+          while (auto m = p.primary.next(w.peer))
+            if (m->first.type == Type::Query) {
+              const Message a = w.codec->answer(m->second[1].bytes(), w.rank);
+              p.primary.deliver(w.peer, {w.mine(Type::Answer, t), bytes_frame(a)});
+            }
+      }
+      if (death == Death::AfterTheAck) EXPECT_EQ(p.standby.engine.round(), t + 1);
+      if (death == Death::BeforeTheCommit) EXPECT_EQ(p.standby.engine.round(), t);
+      if (death == Death::BetweenRounds) {
+        p.pump();
+        for (auto& w : ws) ASSERT_EQ(w.settle(p.primary), Type::Update);
+      }
+      for (auto& w : ws) EXPECT_EQ(w.settle(p.primary), std::nullopt) << "an update leaked";
+      // The workers find the primary gone and register with the backup, which takes over.
+      (void)p.backup.promote();
+      serving = &p.standby;
+      for (auto& w : ws) {
+        w.join(p.standby, {});
+        ASSERT_TRUE(w.take_model(p.standby)) << "rank " << w.rank;
+      }
+      if (death == Death::BeforeTheCommit) {
+        // Nobody saw the round end: its pushes go again, to the backup.
+        const auto ended = push_and_settle(p.standby, ws, msgs);
+        for (size_t i = 0; i < ws.size(); ++i) ASSERT_EQ(ended[i], Type::Update) << "rank " << i;
+      }
+    } else {
+      const auto ended = push_and_settle(*serving, ws, msgs);
+      for (size_t i = 0; i < ws.size(); ++i) ASSERT_EQ(ended[i], Type::Update) << "rank " << i;
+    }
+    const auto steps = ref.round(grads, t);
+    kernels::cpu::axpy(ref_params.data(), steps[0].data(), kDim, -cfg.lr);
+  }
+  ASSERT_EQ(p.standby.engine.round(), kRounds);
+  EXPECT_EQ(p.standby.engine.epoch(), 1u);
+  const auto model = p.standby.engine.model();
+  EXPECT_EQ(std::memcmp(model.data(), ref_params.data(), kDim * 4), 0) << "backup ≠ reference";
+  for (auto& w : ws) {
+    ASSERT_EQ(w.round, kRounds);
+    EXPECT_EQ(std::memcmp(w.params.data(), ref_params.data(), kDim * 4), 0) << "rank " << w.rank;
+  }
+  EXPECT_NE(std::memcmp(ref_params.data(), init.data(), kDim * 4), 0) << "nothing was trained";
+}
+
+std::vector<std::tuple<std::string, Death>> failovers() {
+  std::vector<std::tuple<std::string, Death>> v;
+  for (const auto& s : example_specs(Layout::parse("30x90+300")))
+    v.emplace_back(s, Death::BeforeTheCommit);
+  // Where the primary dies matters to the protocol, not to the codec: one of each kind.
+  for (const char* s : {"sketch:k=20,cols=200,fetch=1", "topk:k=40"}) {
+    v.emplace_back(s, Death::BetweenRounds);
+    v.emplace_back(s, Death::AfterTheAck);
+  }
+  return v;
+}
+
+std::string failover_name(const ::testing::TestParamInfo<std::tuple<std::string, Death>>& info) {
+  const char* when[] = {"BetweenRounds", "BeforeTheCommit", "AfterTheAck"};
+  const ::testing::TestParamInfo<std::string> spec(std::get<0>(info.param), info.index);
+  return test::spec_name(spec) + "_" + when[int(std::get<1>(info.param))];
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, Failover, ::testing::ValuesIn(failovers()), failover_name);
+
+struct Started {
+  Pair pair;
+  std::vector<FakeWorker> ws;
+  std::vector<float> init;
+};
+
+/// Two rounds without a backup, then one follows (it catches up with one Sync).
+std::unique_ptr<Started> started(const std::string& spec = "topk:k=30") {
+  const JobConfig cfg = test_job::make(spec, 2, 600);
+  // Pair is never moved (its parts hold references to each other): built in place.
+  auto s = std::unique_ptr<Started>(new Started{Pair(cfg), {}, test::initial_params(600, 5)});
+  for (uint32_t r = 0; r < 2; ++r) s->ws.emplace_back(r, cfg);
+  for (auto& w : s->ws) w.join(s->pair.primary, s->init);
+  for (auto& w : s->ws) EXPECT_TRUE(w.take_model(s->pair.primary));
+  for (uint64_t t = 0; t < 2; ++t) {
+    std::vector<std::vector<float>> grads;
+    const auto ended = push_and_settle(s->pair.primary, s->ws, encode_all(s->ws, grads, t));
+    for (const auto& e : ended) EXPECT_EQ(e, Type::Update);
+  }
+  s->pair.follow();
+  EXPECT_TRUE(s->pair.backup.synced());
+  s->pair.expect_same();
+  return s;
+}
+
+TEST(Replication, ARoundsOutcomeWaitsForTheBackupsAcknowledgement) {
+  auto s = started();
+  Pair& p = s->pair;
+  std::vector<std::vector<float>> grads;
+  const auto msgs = encode_all(s->ws, grads, 2);
+  const auto ended = push_and_settle(p.primary, s->ws, msgs);
+  for (const auto& e : ended) EXPECT_EQ(e, std::nullopt) << "an update before the backup has it";
+  EXPECT_TRUE(p.primary.primary.holding());
+  EXPECT_EQ(p.primary.engine.round(), 3u);
+  EXPECT_EQ(p.standby.engine.round(), 2u);
+  // A push sent again meanwhile is not answered with the held outcome.
+  p.primary.deliver(s->ws[0].peer, {s->ws[0].mine(Type::Push, 2), msgs[0]});
+  EXPECT_EQ(s->ws[0].settle(p.primary), std::nullopt);
+  p.pump();
+  EXPECT_FALSE(p.primary.primary.holding());
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
+  p.expect_same();
+}
+
+TEST(Replication, ALostBackupReleasesTheHeldRoundAndThePrimaryGoesOnAlone) {
+  auto s = started();
+  Pair& p = s->pair;
+  std::vector<std::vector<float>> grads;
+  (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2));
+  ASSERT_TRUE(p.primary.primary.holding());
+  for (int i = 0; i < 3; ++i) p.primary.tick(p.cfg.heartbeat);  // not yet dead
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), std::nullopt);
+  p.primary.tick(p.cfg.heartbeat);
+  EXPECT_FALSE(p.primary.primary.has_backup());
+  p.primary.inbox[Pair::kLink].clear();  // the commit it never acknowledged
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
+  grads.clear();
+  const auto ended = push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 3));
+  for (const auto& e : ended) EXPECT_EQ(e, Type::Update);
+  EXPECT_EQ(p.primary.inbox[Pair::kLink].size(), 0u) << "commits to a lost backup";
+}
+
+TEST(Replication, APrimaryWhoseBackupTookOverIsDeposedAndSendsNoUpdate) {
+  auto s = started();
+  Pair& p = s->pair;
+  const Frames notice = p.backup.promote();
+  EXPECT_EQ(decode_envelope(notice[0].bytes(), 1).type, Type::Deposed);
+  EXPECT_EQ(p.standby.engine.epoch(), 1u);
+  // Should the notice be lost, the primary's next round is refused so.
+  std::vector<std::vector<float>> grads;
+  (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2), [&] { p.pump(); });
+  ASSERT_TRUE(p.primary.primary.deposed());
+  EXPECT_NE(p.primary.primary.deposed()->find("took over at round 2 as epoch 1"),
+            std::string::npos)
+      << *p.primary.primary.deposed();
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), std::nullopt);
+  EXPECT_EQ(p.standby.engine.round(), 2u);
+}
+
+TEST(Replication, AWorkerOfALaterEpochTellsAPrimaryItWasDeposed) {
+  const JobConfig cfg = test_job::make("dense", 2, 100);
+  std::string why;
+  Hooks h;
+  h.deposed = [&](const std::string& w) { why = w; };
+  Engine e(cfg, h);
+  FakeWorker w(1, cfg);
+  HelloInfo hello{2, 100, e.config().spec, 0, ShardId{0, 1, 0, 100}, 1};
+  std::vector<Outgoing> out;
+  e.handle(w.peer, {env(Type::Hello, cfg.job, 0, 1), Frame::own(encode(hello))}, Clock::now(), out);
+  EXPECT_NE(why.find("epoch 0 is over"), std::string::npos) << why;
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(decode_refuse(out[0].frames[1].bytes()).retry);
+  EXPECT_EQ(e.live_workers(), 0u);
+  // Of the same epoch (or none): welcomed, with the server's epoch.
+  why.clear();
+  e.set_epoch(1);
+  out.clear();
+  e.handle(w.peer, {env(Type::Hello, cfg.job, 0, 1), Frame::own(encode(hello))}, Clock::now(), out);
+  EXPECT_TRUE(why.empty());
+  ASSERT_EQ(decode_envelope(out.at(0).frames[0].bytes(), 1).type, Type::Welcome);
+  EXPECT_EQ(decode_welcome(out[0].frames[1].bytes()).epoch, 1u);
+}
+
+TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
+  const JobConfig cfg = test_job::make("topk:k=10", 2, 100);
+  Pair p(cfg);
+  JobConfig other = cfg;
+  other.spec = make_compressor("topk:k=11", 100)->spec();
+  Net other_net(other);
+  Backup wrong(other_net.engine, [](const std::string&) {});
+  p.primary.deliver(Pair::kLink, wrong.follow());
+  auto m = p.primary.next(Pair::kLink);
+  ASSERT_TRUE(m);
+  std::vector<Frames> replies;
+  EXPECT_THROW(wrong.handle(m->second, replies), ConfigMismatch);
+  EXPECT_FALSE(p.primary.primary.has_backup());
+
+  JobConfig stale = cfg;
+  stale.staleness = 2;
+  Net stale_net(stale);
+  stale_net.deliver(Pair::kLink, p.backup.follow());
+  m = stale_net.next(Pair::kLink);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->first.type, Type::Refuse);
+  EXPECT_NE(decode_refuse(m->second[1].bytes()).reason.find("synchronous"), std::string::npos);
+}
+
+TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {
+  auto s = started("sketch:k=20,cols=200,fetch=1");
+  Pair& p = s->pair;
+  std::vector<std::vector<float>> grads;
+  (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2));
+  auto m = p.primary.next(Pair::kLink);
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->first.type, Type::Commit);
+  const auto before = p.standby.engine.checkpoint();
+  std::vector<Frames> replies;
+  for (size_t cut : {size_t(1), m->second[2].size() / 2}) {
+    Frames bad = m->second;
+    const auto b = bad[2].bytes();
+    bad[2] = bytes_frame(b.first(b.size() - cut));
+    EXPECT_THROW(p.backup.handle(bad, replies), Error);
+  }
+  Frames bad_state = m->second;
+  CommitInfo c = decode_commit_info(bad_state[1].bytes());
+  c.codec_state.resize(c.codec_state.size() / 2);
+  bad_state[1] = Frame::own(encode(c));
+  EXPECT_THROW(p.backup.handle(bad_state, replies), Error);
+  Frames wrong_round = m->second;
+  wrong_round[0] = env(Type::Commit, p.cfg.job, 7, 0);
+  EXPECT_THROW(p.backup.handle(wrong_round, replies), Error);
+  EXPECT_TRUE(replies.empty());
+  const auto after = p.standby.engine.checkpoint();
+  EXPECT_EQ(after.round, before.round);
+  EXPECT_EQ(after.params, before.params);
+  EXPECT_EQ(after.codec_state, before.codec_state);
+  // The intact commit still applies.
+  p.backup.handle(m->second, replies);
+  ASSERT_EQ(replies.size(), 1u);
+  for (auto& r : replies) p.primary.deliver(Pair::kLink, r);
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
+  p.expect_same();
+}
+
+}  // namespace
+}  // namespace sketchsgd::ps
