@@ -35,7 +35,9 @@ class Client:
         """Connects, registers and pulls the model. rank 0 of a fixed job (or any federated
         client) passes init, the initial parameters, for a server that has no model yet. A
         sharded job (sketchsgd-server --shards S) names its S servers in server, comma-separated
-        in shard order: each gets its part of every gradient. A federated client may come for
+        in shard order: each gets its part of every gradient; a replicated server (a backup
+        started with --replica-of) is "PRIMARY|BACKUP": the client moves to the backup when the
+        primary falls silent. A federated client may come for
         join_round while the round before runs: it returns once its round opens (within
         timeout). shared_io: share one ZeroMQ context
         with the process's other clients that set it (many clients in one process: a simulated

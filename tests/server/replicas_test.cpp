@@ -25,7 +25,8 @@ struct Replicated {
   Replicated(Job j, const std::string& name, uint64_t rounds = 12)
       : job(std::move(j)), name(name) {
     job.rounds = rounds;
-    job.server_extra = {"--heartbeat-ms", "100", "--deadline-ms", "20000", "--policy", "wait"};
+    job.server_extra.insert(job.server_extra.end(), {"--heartbeat-ms", "100", "--deadline-ms",
+                                                     "20000", "--policy", "wait"});
     for (const char* f : {"-p.jsonl", "-b.jsonl"}) fs::remove(scratch(name + f));
     primary = job.server("", scratch(name + "-p.jsonl").string());
     primary_at = primary.line(10s);
@@ -91,8 +92,10 @@ TEST_P(ProcessReplicas, AKilledPrimarysBackupTakesOverAndTheJobEndsBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, ProcessReplicas,
-                         ::testing::Values("dense", "topk:k=40", "sketch:k=40,cols=400,p2=2",
-                                           "sketch:k=40,cols=400,fetch=1", "signsgd:ef=1"),
+                         // Every codec fails over in process (replication_test); as processes: one
+                         // of each kind of round (one phase, two phases, server state).
+                         ::testing::Values("dense", "sketch:k=40,cols=400,p2=2",
+                                           "sketch:k=40,cols=400,fetch=1"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)
@@ -133,6 +136,32 @@ TEST(ProcessReplicasFaults, APrimaryPausedWhileItsBackupTookOverStopsWhenItWakes
   for (auto& w : j.workers) ASSERT_EQ(w.wait(60s), 0);
   EXPECT_EQ(j.backup.wait(20s), 0);
   j.expect_reference_everywhere();
+}
+
+TEST(ProcessReplicasFaults, OneShardsPrimaryLostInAShardedJob) {
+  // Two shards, each with a backup; the workers list "P0|B0,P1|B1". Dense shards end on one
+  // server's bits, so the reference holds.
+  std::vector<std::unique_ptr<Replicated>> shards;
+  std::string endpoints;
+  for (uint32_t i = 0; i < 2; ++i) {
+    Job job{"dense", 2};
+    job.server_extra = {"--shards", "2", "--shard", std::to_string(i)};
+    shards.push_back(std::make_unique<Replicated>(job, "sharded" + std::to_string(i)));
+    endpoints += (i ? "," : "") + shards.back()->endpoints;
+  }
+  Replicated& one = *shards[1];
+  std::vector<Proc> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.push_back(one.job.worker(endpoints, r, one.out(r), {"--sleep-ms", "30"}));
+  one.wait_rounds("-p.jsonl", 4);
+  one.primary.kill9();
+  for (auto& w : ws) ASSERT_EQ(w.wait(60s), 0);
+  EXPECT_EQ(one.backup.wait(20s), 0);
+  EXPECT_EQ(shards[0]->primary.wait(20s), 0);
+  EXPECT_EQ(shards[0]->backup.wait(20s), 0);  // its primary said the job is over
+  one.expect_reference_everywhere();
+  EXPECT_EQ(one.rounds_of("-b.jsonl").back(), one.job.rounds - 1);
+  EXPECT_TRUE(shards[0]->rounds_of("-b.jsonl").empty()) << "shard 0's backup took over";
 }
 
 /// A port nobody listens on now (for a server the workers must know before it starts).
