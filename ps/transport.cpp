@@ -91,6 +91,13 @@ CurveKeys curve_keypair() {
   return CurveKeys{pub, sec};
 }
 
+std::string curve_public(const std::string& secret) {
+  char pub[41];
+  SKETCHSGD_REQUIRE(secret.size() == 40 && zmq_curve_public(pub, secret.c_str()) == 0,
+                    InvalidArgument, "not a 40-character Z85 CURVE secret key");
+  return pub;
+}
+
 std::vector<std::pair<uint32_t, std::string>> read_key_list(const std::string& path) {
   std::ifstream in(path);
   SKETCHSGD_REQUIRE(in.good(), InvalidArgument, "cannot read key list ", path);
@@ -134,7 +141,8 @@ struct ZapHandler::Impl {
           if (it != rank_of.end()) {
             status = "200";
             text = "OK";
-            user = std::to_string(it->second);
+            user = it->second == kServerIdentity ? std::string(kServerUser)
+                                                 : std::to_string(it->second);
           }
         }
         if (status != "200")

@@ -1,5 +1,6 @@
 #include <sketchsgd/server/replication.hpp>
 
+#include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/checkpoint.hpp>
 
 namespace sketchsgd::ps {
@@ -46,7 +47,7 @@ void Primary::handle(const PeerId& peer, const Frames& frames, Clock::time_point
   const bool replication = e && e->job == engine_.config().job &&
                            (e->type == Type::Follow || e->type == Type::Ack ||
                             e->type == Type::Deposed || (backup_ && peer == *backup_));
-  if (replication) return on_backup(peer, *e, frames, now, out);
+  if (replication) return on_backup(peer, *e, frames, now, out, user);
   if (awaiting_ && !(e && e->type == Type::Heartbeat)) {
     // Handled once the round is acknowledged: a re-sent push would get the held outcome.
     if (deferred_.size() >= deferred_room(engine_.config())) {
@@ -125,12 +126,16 @@ void Primary::sync(Clock::time_point, std::vector<Outgoing>& out) {
 }
 
 void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& frames,
-                        Clock::time_point now, std::vector<Outgoing>& out) {
+                        Clock::time_point now, std::vector<Outgoing>& out, std::string_view user) {
   const uint64_t job = engine_.config().job;
   try {
     if (e.type == Type::Follow) {
       const HelloInfo h = decode_hello(frames[1].bytes());
-      if (const std::string why = mismatch(engine_.config(), h); !why.empty()) {
+      std::string why = mismatch(engine_.config(), h);
+      if (engine_.config().authenticated && user != kServerUser)
+        why = "only the job's server key may follow (this connection is rank " +
+              std::string(user) + "'s)";
+      if (!why.empty()) {
         log_("refused a backup: " + why);
         out.push_back(Outgoing{peer,
                                {envelope(Type::Refuse, job, engine_.round()),

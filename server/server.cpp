@@ -50,8 +50,12 @@ std::string json_line(const RoundMetrics& m, uint32_t world) {
 /// each new socket is reported so the backup asks to follow again.
 struct Upstream {
   Upstream(zmq::context_t& ctx, const JobConfig& job, std::string endpoint, uint64_t max_frame,
-           IoThread::Log log)
-      : ctx(ctx), job(job), endpoint(std::move(endpoint)), max_frame(max_frame) {
+           std::string curve_secret, IoThread::Log log)
+      : ctx(ctx),
+        job(job),
+        endpoint(std::move(endpoint)),
+        max_frame(max_frame),
+        curve_secret(std::move(curve_secret)) {
     auto first = connect();
     last_recv = Clock::now();
     IoThread::Hooks hooks;
@@ -82,6 +86,13 @@ struct Upstream {
     auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
     apply_limits(*s, SocketLimits{max_frame, 16, Millis(500)});
     s->set(zmq::sockopt::reconnect_ivl, 100);
+    if (!curve_secret.empty()) {
+      // The primary's key pair is this server's own: the workers know one key per server.
+      const std::string pub = curve_public(curve_secret);
+      s->set(zmq::sockopt::curve_serverkey, pub);
+      s->set(zmq::sockopt::curve_publickey, pub);
+      s->set(zmq::sockopt::curve_secretkey, curve_secret);
+    }
     try {
       s->connect(endpoint);
     } catch (const zmq::error_t& e) {
@@ -95,6 +106,7 @@ struct Upstream {
   JobConfig job;
   std::string endpoint;
   uint64_t max_frame;
+  std::string curve_secret;
   std::atomic<bool> answered{false};  // heartbeats only once the primary knows this link
   Clock::time_point last_recv;        // I/O thread only
   Millis backoff{100};                // I/O thread only
@@ -148,8 +160,6 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
   };
   opts_.job.authenticated = !opts_.curve_secret.empty();
   if (!opts_.replica_of.empty()) {
-    SKETCHSGD_REQUIRE(opts_.curve_secret.empty(), InvalidArgument,
-                      "server: a backup (replica_of) of a CURVE job is not supported");
     SKETCHSGD_REQUIRE(opts_.job.population == 0 && opts_.job.staleness == 0, InvalidArgument,
                       "server: replication needs a synchronous job of fixed workers");
   }
@@ -206,7 +216,10 @@ void Server::start() {
   r->set(zmq::sockopt::router_mandatory, 1);
   if (!opts_.curve_secret.empty()) {
     // The ZAP handler must be bound before the socket so that no client slips in unchecked.
-    impl_->zap = std::make_unique<ZapHandler>(impl_->ctx, opts_.curve_clients,
+    // Its own key admitted too: a backup connects with the job's server key pair.
+    auto keys = opts_.curve_clients;
+    keys.emplace_back(kServerIdentity, curve_public(opts_.curve_secret));
+    impl_->zap = std::make_unique<ZapHandler>(impl_->ctx, std::move(keys),
                                               [this](const std::string& s) { impl_->log(s); });
     r->set(zmq::sockopt::curve_server, 1);
     r->set(zmq::sockopt::curve_secretkey, opts_.curve_secret);
@@ -269,7 +282,8 @@ uint64_t Server::run() {
     backup = std::make_unique<Backup>(*engine_, log);
     // The primary's whole state (model, momentum, FetchSGD's sketches) in one frame.
     up = std::make_unique<Upstream>(s.ctx, opts_.job, opts_.replica_of,
-                                    3 * engine_->max_frame_bytes() + (1 << 20), log);
+                                    3 * engine_->max_frame_bytes() + (1 << 20),
+                                    opts_.curve_secret, log);
     up->io->post(Outgoing{{}, backup->follow()});
   }
   uint64_t ignored = 0;

@@ -383,5 +383,59 @@ TEST(LoopbackCurve, OnlyListedKeysConnectAndEachIsBoundToItsRank) {
   EXPECT_THROW(Client(plain, make_compressor("dense", 100), {}), TimeoutError);
 }
 
+TEST(LoopbackCurve, ABackupFollowsWithTheServersOwnKeyPairAndTakesOverForTheListedWorkers) {
+  const CurveKeys server = curve_keypair(), k0 = curve_keypair(), k1 = curve_keypair(),
+                  other = curve_keypair();
+  constexpr uint64_t kDim = 100, kRounds = 8;
+  auto o = options("topk:k=10", 2, kDim, kRounds);
+  o.job.heartbeat = 100ms;
+  o.curve_secret = server.secret_key;
+  o.curve_clients = {{0, k0.public_key}, {1, k1.public_key}};
+  Running primary(o);
+  auto b = o;
+  b.replica_of = primary.server.endpoint();
+  Running backup(b);
+  // A server of another key pair never gets past the primary's handshake.
+  auto x = b;
+  x.curve_secret = other.secret_key;
+  Running stranger(x);
+
+  const std::string endpoints = primary.server.endpoint() + "|" + backup.server.endpoint();
+  const auto init = test::initial_params(kDim, 3);
+  std::vector<std::vector<float>> params(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.emplace_back([&, r] {
+      try {
+        auto c = client_options(endpoints, r, 2);
+        c.curve_server_key = server.public_key;
+        c.curve_public = (r ? k1 : k0).public_key;
+        c.curve_secret = (r ? k1 : k0).secret_key;
+        Client client(c, make_compressor("topk:k=10", kDim),
+                      r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; client.round() < kRounds; ++t) {
+          client.step(test::synthetic_grad(client.params(), r, client.round(), 9));
+          if (r == 0 && t == 2) primary.finish();  // the primary goes away mid-job
+        }
+        params[r].assign(client.params().begin(), client.params().end());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ws) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  backup.finish();
+  stranger.finish();
+  const Engine& e = backup.server.engine();
+  EXPECT_EQ(e.round(), kRounds);
+  EXPECT_EQ(e.epoch(), 1u) << "the backup did not take over";
+  ASSERT_EQ(params[0].size(), kDim);
+  EXPECT_EQ(params[0], params[1]);
+  EXPECT_TRUE(std::equal(params[0].begin(), params[0].end(), e.model().begin()));
+  EXPECT_FALSE(stranger.server.engine().has_model()) << "a stranger's server followed";
+}
+
 }  // namespace
 }  // namespace sketchsgd::ps

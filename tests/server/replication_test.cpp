@@ -8,6 +8,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/replication.hpp>
 #include "support/helpers.hpp"
 #include "support/ps_job.hpp"
@@ -314,6 +315,20 @@ TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
   ASSERT_TRUE(m);
   EXPECT_EQ(m->first.type, Type::Refuse);
   EXPECT_NE(decode_refuse(m->second[1].bytes()).reason.find("synchronous"), std::string::npos);
+
+  // With CURVE only the job's own server key pair may follow, not a worker's.
+  JobConfig curve = cfg;
+  curve.authenticated = true;
+  Engine engine(curve);
+  Primary primary(engine, [](const std::string&) {});
+  std::vector<Outgoing> out;
+  primary.handle(Pair::kLink, p.backup.follow(), Clock::now(), out, "0");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NE(decode_refuse(out[0].frames[1].bytes()).reason.find("server key"), std::string::npos);
+  EXPECT_FALSE(primary.has_backup());
+  out.clear();
+  primary.handle(Pair::kLink, p.backup.follow(), Clock::now(), out, kServerUser);
+  EXPECT_TRUE(primary.has_backup());
 }
 
 TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {

@@ -46,10 +46,18 @@ struct CurveKeys {
   std::string public_key, secret_key;
 };
 CurveKeys curve_keypair();
+/// The public key of a Z85 secret key.
+std::string curve_public(const std::string& secret);
+/// In a ZapHandler's key list: the job's own server key, which a backup server connects with
+/// (it holds the same key pair as its primary, the one the workers know); its User-Id is
+/// kServerUser, never a rank.
+inline constexpr uint32_t kServerIdentity = 0xFFFFFFFF;
+inline constexpr const char* kServerUser = "server";
 /// Reads "RANK PUBLIC_KEY" lines ('#' comments allowed); throws InvalidArgument naming the line.
 std::vector<std::pair<uint32_t, std::string>> read_key_list(const std::string& path);
 /// A ZAP handler (RFC 27) on ctx that accepts only CURVE clients whose public key is listed, and
-/// names each connection's User-Id after the rank its key is bound to. Must be running before the
+/// names each connection's User-Id after the rank its key is bound to (kServerUser for
+/// kServerIdentity). Must be running before the
 /// server socket binds; stops when the context shuts down.
 class ZapHandler {
  public:

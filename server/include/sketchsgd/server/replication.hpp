@@ -54,7 +54,7 @@ class Primary {
     std::string user;
   };
   void on_backup(const PeerId& peer, const Envelope& e, const Frames& frames,
-                 Clock::time_point now, std::vector<Outgoing>& out);
+                 Clock::time_point now, std::vector<Outgoing>& out, std::string_view user);
   /// A worker's message to the engine; what a round's end sends waits for the backup.
   void pass(const PeerId& peer, const Frames& frames, Clock::time_point now,
             std::vector<Outgoing>& out, std::string_view user);
