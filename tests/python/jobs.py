@@ -17,6 +17,12 @@ def each(rank, world, job, specs, *args):
     return {spec: globals()[job](rank, world, spec, *args) for spec in specs}
 
 
+def several(rank, world, calls):
+    """Jobs of this module one after the other in one set of processes: calls are (name, args)
+    pairs; returns their results in order (each job makes its own models and states)."""
+    return [globals()[name](rank, world, *args) for name, args in calls]
+
+
 _seeding = threading.Lock()  # simulated ranks are threads, and torch's generator is the process's
 
 
@@ -213,21 +219,25 @@ def save_after_others_moved_on(rank, world, spec, before):
     return out
 
 
-def state_before_the_process_group(rank, world, spec, steps):
+def state_before_the_process_group(rank, world, specs, steps):
     """Lightning's order: the CompressionState is made before init_process_group (it binds at
-    the first hook call). Returns that run's parameters and those of a state made after."""
+    the first hook call). Per spec: whether it was unbound, the rank it bound to, and whether the
+    run's parameters equal those of a state made after."""
     import ddp as harness
-    early = CompressionState(spec)
-    unbound = early.rank is None and early.world_size is None
+    early = {spec: CompressionState(spec) for spec in specs}
+    unbound = {spec: s.rank is None and s.world_size is None for spec, s in early.items()}
     harness.init(rank, world)
-    out = []
-    for state in (early, CompressionState(spec)):
-        m = model()
-        d = DDP(m)
-        d.register_comm_hook(state, compression_hook)
-        train(d, torch.optim.SGD(d.parameters(), lr=0.05, momentum=0.9), rank, steps)
-        out.append(flat(m).numpy().tobytes())
-    return unbound, early.rank, out[0] == out[1]
+    result = {}
+    for spec in specs:
+        out = []
+        for state in (early[spec], CompressionState(spec)):
+            m = model()
+            d = DDP(m)
+            d.register_comm_hook(state, compression_hook)
+            train(d, torch.optim.SGD(d.parameters(), lr=0.05, momentum=0.9), rank, steps)
+            out.append(flat(m).numpy().tobytes())
+        result[spec] = (unbound[spec], early[spec].rank, out[0] == out[1])
+    return result
 
 
 def first_hook_checks_ranks(rank, world, steps):

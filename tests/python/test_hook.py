@@ -198,20 +198,24 @@ def test_a_save_after_the_others_began_the_next_step_is_refused_at_once():
 def test_another_ranks_worker_state_is_refused():
     """Rank 0's own state_dict (gather=False) loaded on every rank: the others refuse it (their
     error feedback is not rank 0's) and say which to load; the gathered one loads everywhere."""
-    results = ddp.run(jobs.rank0_state_everywhere, "topk:k=400,momentum=0.9", 4, False)
+    spec = "topk:k=400,momentum=0.9"
+    both = ddp.run(jobs.several, [("rank0_state_everywhere", (spec, 4, False)),
+                                  ("rank0_state_everywhere", (spec, 4, True))])
+    results, gathered = [r[0] for r in both], [r[1] for r in both]
     assert results[0] == ("loaded", "", True)
     for name, message, unchanged in results[1:]:
         assert name == "ConfigMismatch" and "rank 0 only" in message and "gathered" in message, message
         assert unchanged
-    gathered = ddp.run(jobs.rank0_state_everywhere, "topk:k=400,momentum=0.9", 4, True)
     assert all(r == ("loaded", "", True) for r in gathered), gathered
 
 
 def test_a_state_made_before_the_process_group_binds_at_the_first_hook_call():
     """Lightning's DDPStrategy(ddp_comm_state=...) holds the state before the process group
     exists: it binds at the first hook call and trains as one made after, bit for bit."""
-    for spec in ["powersgd:rank=2", "topk:k=400,momentum=0.9"]:
-        for r, (unbound, rank, same) in enumerate(ddp.run(jobs.state_before_the_process_group, spec, 4, init=False)):
+    specs = ["powersgd:rank=2", "topk:k=400,momentum=0.9"]
+    for r, results in enumerate(ddp.run(jobs.state_before_the_process_group, specs, 4, init=False)):
+        for spec in specs:
+            unbound, rank, same = results[spec]
             assert unbound and rank == r and same, (spec, r, unbound, rank, same)
 
 
@@ -220,31 +224,33 @@ def test_a_configuration_that_differs_is_refused_at_the_first_hook_call_on_every
         assert message is not None and "differs from ranks" in message, message
 
 
-@pytest.mark.parametrize("coalesce", [False, True])
-def test_join_with_uneven_inputs_ends_with_every_rank_identical(coalesce):
+def test_join_with_uneven_inputs_ends_with_every_rank_identical():
     """Ranks with fewer batches join early and shadow the others' collectives: no rank hangs,
     gathered and summable codecs alike, and every rank ends with the same parameters."""
     specs = ["powersgd:rank=2", "topk:k=400,momentum=0.9", "sketch:rows=1,cols=2000,k=400,fetch=1"]
-    results = ddp.run(jobs.each, "uneven_inputs", specs, 6, coalesce, timeout=240)
-    for spec in specs:
-        assert all(r[spec] == results[0][spec] for r in results), spec
+    both = ddp.run(jobs.several, [("each", ("uneven_inputs", specs, 6, coalesce)) for coalesce in (False, True)],
+                   timeout=240)
+    for coalesce in (0, 1):
+        results = [r[coalesce] for r in both]
+        for spec in specs:
+            assert all(r[spec] == results[0][spec] for r in results), (spec, coalesce)
 
 
-@pytest.mark.parametrize("coalesce", [False, True])
-def test_unused_parameters_train_finite_and_identical(coalesce):
+def test_unused_parameters_train_finite_and_identical():
     """find_unused_parameters=True, a head used every other step (PyTorch's PowerSGD turns such
     parameters to NaN): finite losses and parameters, every rank identical."""
     specs = ["powersgd:rank=2", "topk:k=400,momentum=0.9"]
-    everyone = ddp.run(jobs.each, "unused_parameters", specs, 16, coalesce)
-    for spec in specs:
-        results = [r[spec] for r in everyone]
-        assert all(finite for _, finite in results), spec
-        assert all(params == results[0][0] for params, _ in results), spec
+    both = ddp.run(jobs.several, [("each", ("unused_parameters", specs, 16, coalesce)) for coalesce in (False, True)])
+    for coalesce in (0, 1):
+        for spec in specs:
+            results = [r[coalesce][spec] for r in both]
+            assert all(finite for _, finite in results), (spec, coalesce)
+            assert all(params == results[0][0] for params, _ in results), (spec, coalesce)
 
 
 def test_no_sync_accumulates_like_one_big_batch():
-    with_hook = ddp.run(jobs.no_sync, "dense", 5)
-    plain = ddp.run(jobs.big_batch, 5)
+    both = ddp.run(jobs.several, [("no_sync", ("dense", 5)), ("big_batch", (5,))])
+    with_hook, plain = [r[0] for r in both], [r[1] for r in both]
     for (params, iteration), reference in zip(with_hook, plain):
         assert iteration == 5  # the hook fires once per synchronised step
         assert params == with_hook[0][0]
@@ -324,8 +330,8 @@ def test_our_hook_inside_pytorchs_compress_wrappers(wrap):
     model trains as it does without the wrapper (to the gradients' rounding), and every rank
     ends identical. (DDP refuses bf16_compress_wrapper without CUDA and NCCL.)"""
     specs = ["sketch:rows=1,cols=2000,k=400", "powersgd:rank=2"]
-    wrapped = ddp.run(jobs.under_fp16_wrapper, specs, 30, wrap)
-    plain = ddp.run(jobs.under_fp16_wrapper, specs, 30, None)
+    both = ddp.run(jobs.several, [("under_fp16_wrapper", (specs, 30, wrap)), ("under_fp16_wrapper", (specs, 30, None))])
+    wrapped, plain = [r[0] for r in both], [r[1] for r in both]
     for spec in specs:
         first, last, params = wrapped[0][spec]
         assert last < first - 0.04, f"{spec}: loss {first:.3f} -> {last:.3f}"
@@ -355,8 +361,8 @@ def test_many_buckets_end_bit_identical_to_finishing_each_bucket_in_its_call():
     model ends bit for bit where finishing every bucket inside its hook call takes it, on every
     rank, for two-round, gathered and one-round codecs."""
     specs = OVERLAPPED + ["signsgd:ef=1", "dense", "sketch:rows=1,cols=800,k=100,fetch=1"]
-    overlapped = ddp.run(jobs.many_buckets, specs, 8, "overlap")
-    blocking = ddp.run(jobs.many_buckets, specs, 8, "blocking")
+    both = ddp.run(jobs.several, [("many_buckets", (specs, 8, "overlap")), ("many_buckets", (specs, 8, "blocking"))])
+    overlapped, blocking = [r[0] for r in both], [r[1] for r in both]
     for spec in specs:
         params, units, _ = overlapped[0][spec]
         assert units >= 4, (spec, units)
