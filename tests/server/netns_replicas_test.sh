@@ -77,15 +77,4 @@ wait $b || { echo "backup failed:"; cat "$tmp/b.err"; status=1; }
 grep -q "reconnecting to $backup" "$tmp/w0.log" || { echo "FAIL: rank 0 never moved:"; cat "$tmp/w0.log"; exit 1; }
 
 # Both workers end with the backup's final model (its checkpoint after the last round).
-python3 - "$tmp" <<'EOF'
-import struct, sys
-tmp = sys.argv[1]
-ck = open(f"{tmp}/ckpt", "rb").read()
-dim = struct.unpack_from("<Q", ck, 24)[0]
-spec_len = struct.unpack_from("<I", ck, 32)[0]
-params = ck[36 + spec_len: 36 + spec_len + 4 * dim]
-for r in (0, 1):
-    if open(f"{tmp}/w{r}", "rb").read() != params:
-        sys.exit(f"FAIL: rank {r} differs from the backup's model")
-print("both workers hold the backup's final model")
-EOF
+python3 "$(dirname "$0")/same_model.py" "$tmp/ckpt" "$tmp/w0" "$tmp/w1"

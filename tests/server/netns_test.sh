@@ -65,15 +65,4 @@ grep -q '"contributors":1,' "$tmp/metrics" || { echo "FAIL: no round closed with
 grep -q "resynchronised\|registering again\|reconnecting" "$tmp/w1.log" ||
   { echo "FAIL: rank 1 never noticed the cut"; exit 1; }
 # Both workers end with the server's final model (the checkpoint written after the last round).
-python3 - "$tmp" <<'EOF'
-import struct, sys, zlib
-tmp = sys.argv[1]
-ck = open(f"{tmp}/ckpt", "rb").read()
-dim = struct.unpack_from("<Q", ck, 24)[0]
-spec_len = struct.unpack_from("<I", ck, 32)[0]
-params = ck[36 + spec_len: 36 + spec_len + 4 * dim]
-for r in (0, 1):
-    if open(f"{tmp}/w{r}", "rb").read() != params:
-        sys.exit(f"FAIL: rank {r} differs from the server's model")
-print("both workers hold the server's final model")
-EOF
+python3 "$(dirname "$0")/same_model.py" "$tmp/ckpt" "$tmp/w0" "$tmp/w1"
