@@ -215,6 +215,31 @@ std::unique_ptr<Started> started(const std::string& spec = "topk:k=30") {
   return s;
 }
 
+TEST(Replication, TheOuterStepsMomentumFollowsBitForBit) {
+  // DiLoCo over the parameter server: every holder of the model runs the Nesterov outer step,
+  // whose buffer the backup rebuilds from the updates alone.
+  JobConfig cfg = test_job::make("topk:k=30", 2, 600);
+  cfg.outer = OuterOptions{0.9f, true};
+  Pair p(cfg);
+  p.follow();
+  std::vector<FakeWorker> ws;
+  for (uint32_t r = 0; r < 2; ++r) ws.emplace_back(r, cfg);
+  for (auto& w : ws) {
+    w.join(p.primary, test::initial_params(600, 5));
+    p.pump();
+  }
+  for (auto& w : ws) ASSERT_TRUE(w.take_model(p.primary));
+  for (uint64_t t = 0; t < 5; ++t) {
+    std::vector<std::vector<float>> grads;
+    const auto ended = push_and_settle(p.primary, ws, encode_all(ws, grads, t), [&] { p.pump(); });
+    for (const auto& e : ended) ASSERT_EQ(e, Type::Update);
+    p.expect_same();
+  }
+  const auto outer = p.standby.engine.checkpoint().outer;
+  ASSERT_EQ(outer.size(), 600u);
+  EXPECT_TRUE(std::any_of(outer.begin(), outer.end(), [](float v) { return v != 0; }));
+}
+
 TEST(Replication, ARoundsOutcomeWaitsForTheBackupsAcknowledgement) {
   auto s = started();
   Pair& p = s->pair;
