@@ -77,6 +77,10 @@ void Primary::tick(Clock::time_point now, std::vector<Outgoing>& out) {
                                                    .count()) +
                     " ms",
                 now, out);
+  if (backup_ && awaiting_ && now - awaiting_since_ > cfg.deadline)
+    lose_backup("round " + std::to_string(*awaiting_ - 1) + " not acknowledged within the " +
+                    std::to_string(cfg.deadline.count()) + " ms deadline",
+                now, out);
   if (awaiting_) return;  // the engine's deadlines wait for the acknowledgement too
   const uint64_t round = engine_.round();
   const bool model = engine_.has_model();
@@ -111,18 +115,20 @@ void Primary::replicate(uint64_t round_before, bool model_before, std::vector<Ou
                            {envelope(Type::Commit, engine_.config().job, round_before),
                             Frame::own(encode(c)), last.back()}});
     awaiting_ = engine_.round();
+    awaiting_since_ = now;
     return;
   }
   sync(now, out);  // the model arrived (rank 0's Init): the whole state
 }
 
-void Primary::sync(Clock::time_point, std::vector<Outgoing>& out) {
+void Primary::sync(Clock::time_point now, std::vector<Outgoing>& out) {
   if (!engine_.has_model()) return;  // nothing to hold yet: synced when rank 0's Init comes
   out.push_back(Outgoing{*backup_,
                          {envelope(Type::Sync, engine_.config().job, engine_.round()),
                           Frame::own(encode(ReplicaInfo{engine_.epoch()})),
                           Frame::own(encode(engine_.checkpoint()))}});
   awaiting_ = engine_.round();
+  awaiting_since_ = now;
 }
 
 void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& frames,
@@ -147,8 +153,9 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
                    std::to_string(engine_.epoch());
         return;
       }
-      log_(std::string(backup_ && *backup_ != peer ? "a new backup replaces the last" :
-                                                     "a backup follows") +
+      log_(std::string(!backup_               ? "a backup follows"
+                       : *backup_ != peer     ? "a new backup replaces the last"
+                                              : "the backup asks for the whole state again") +
            " at round " + std::to_string(engine_.round()));
       backup_ = peer;
       backup_seen_ = now;
@@ -211,6 +218,19 @@ Frames Backup::follow() const {
 }
 
 void Backup::handle(const Frames& frames, std::vector<Frames>& replies) {
+  try {
+    apply(frames, replies);
+  } catch (const ConfigMismatch&) {
+    throw;
+  } catch (const Error& e) {
+    // Whatever this state missed or could not take, a whole one replaces it: the primary holds
+    // its round until then.
+    log_(std::string("a message of the primary failed (") + e.what() + "): asking for its state");
+    replies.push_back(follow());
+  }
+}
+
+void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
   const Envelope e = decode_envelope(frames.at(0).bytes(), frames.size() - 1);
   SKETCHSGD_REQUIRE(e.job == engine_.config().job, ProtocolError, "message of job ", e.job);
   if (promoted_ && (e.type == Type::Sync || e.type == Type::Commit)) {

@@ -296,13 +296,7 @@ uint64_t Server::run() {
         replies.push_back(backup->follow());
         continue;
       }
-      try {
-        backup->handle(m.frames, replies);
-      } catch (const ConfigMismatch&) {
-        throw;
-      } catch (const Error& e) {
-        s.log(std::string("dropped a message of the primary: ") + e.what());
-      }
+      backup->handle(m.frames, replies);  // ConfigMismatch (refused for good) ends the server
     }
     up->io->release(got);
     for (auto& f : replies) up->io->post(Outgoing{{}, std::move(f)});

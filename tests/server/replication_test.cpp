@@ -370,27 +370,43 @@ TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {
     Frames bad = m->second;
     const auto b = bad[2].bytes();
     bad[2] = bytes_frame(b.first(b.size() - cut));
-    EXPECT_THROW(p.backup.handle(bad, replies), Error);
+    p.backup.handle(bad, replies);
   }
   Frames bad_state = m->second;
   CommitInfo c = decode_commit_info(bad_state[1].bytes());
   c.codec_state.resize(c.codec_state.size() / 2);
   bad_state[1] = Frame::own(encode(c));
-  EXPECT_THROW(p.backup.handle(bad_state, replies), Error);
+  p.backup.handle(bad_state, replies);
   Frames wrong_round = m->second;
   wrong_round[0] = env(Type::Commit, p.cfg.job, 7, 0);
-  EXPECT_THROW(p.backup.handle(wrong_round, replies), Error);
-  EXPECT_TRUE(replies.empty());
+  p.backup.handle(wrong_round, replies);
   const auto after = p.standby.engine.checkpoint();
   EXPECT_EQ(after.round, before.round);
   EXPECT_EQ(after.params, before.params);
   EXPECT_EQ(after.codec_state, before.codec_state);
-  // The intact commit still applies.
-  p.backup.handle(m->second, replies);
-  ASSERT_EQ(replies.size(), 1u);
-  for (auto& r : replies) p.primary.deliver(Pair::kLink, r);
+  // Each is answered with a Follow: the primary's whole state, again.
+  ASSERT_EQ(replies.size(), 4u);
+  for (const auto& r : replies) EXPECT_EQ(decode_envelope(r[0].bytes(), 1).type, Type::Follow);
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), std::nullopt);
+  p.primary.deliver(Pair::kLink, replies[0]);
+  p.pump();
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
   p.expect_same();
+}
+
+TEST(Replication, ABackupThatNeverAcknowledgesIsDroppedAtTheDeadline) {
+  auto s = started();
+  Pair& p = s->pair;
+  std::vector<std::vector<float>> grads;
+  (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2));
+  ASSERT_TRUE(p.primary.primary.holding());
+  const Frame hb = env(Type::Heartbeat, p.cfg.job, 0, 0);
+  for (auto t = Millis(0); t <= p.cfg.deadline; t += p.cfg.heartbeat) {
+    p.primary.deliver(Pair::kLink, {hb});  // alive, but the commit went nowhere
+    p.primary.tick(p.cfg.heartbeat);
+  }
+  EXPECT_FALSE(p.primary.primary.has_backup());
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ class Primary {
 
   void handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
               std::vector<Outgoing>& out, std::string_view user = {});
-  /// The engine's clock, and the backup's liveness.
+  /// The engine's clock, and the backup's liveness: one silent for dead_after heartbeats, or
+  /// that has not acknowledged a round within the deadline, is dropped and the round released.
   void tick(Clock::time_point now, std::vector<Outgoing>& out);
   /// Tells the backup the job is over (it stops once the job has finished).
   void bye(std::vector<Outgoing>& out) const;
@@ -71,6 +72,7 @@ class Primary {
   std::optional<PeerId> backup_;
   Clock::time_point backup_seen_{};
   std::optional<uint64_t> awaiting_;  // the round the backup must acknowledge
+  Clock::time_point awaiting_since_{};
   std::vector<Outgoing> held_;        // sent once it has
   std::deque<Deferred> deferred_;     // worker messages that came meanwhile
   uint64_t dropped_ = 0;              // deferred messages dropped for room
@@ -86,8 +88,10 @@ class Backup {
 
   /// The Follow to send on every new connection to the primary.
   Frames follow() const;
-  /// A message from the primary; answers (Ack, or Deposed once promoted) go to `replies`.
-  /// Throws ConfigMismatch when the primary refuses to be followed (another job).
+  /// A message from the primary; answers (Ack, or Deposed once promoted) go to `replies`. One
+  /// it cannot apply (corrupt, out of turn) changes nothing and is answered with a Follow: the
+  /// primary sends its whole state again. Throws ConfigMismatch when the primary refuses to be
+  /// followed (another job).
   void handle(const Frames& frames, std::vector<Frames>& replies);
   /// Holds a whole state (a Sync came): only then can it take over.
   bool synced() const { return synced_; }
@@ -100,6 +104,7 @@ class Backup {
   bool primary_done() const { return primary_done_; }
 
  private:
+  void apply(const Frames& frames, std::vector<Frames>& replies);
   Frames reply(Type t, uint64_t round, Frames payload = {}) const;
   Frames notice() const;  // Deposed
 
