@@ -752,6 +752,7 @@ void Engine::end_round(Type outcome, Frames payload, Clock::time_point now,
                        std::vector<Outgoing>& out) {
   last_outcome_ = {envelope(outcome, cfg_.job, round_, 0, 0)};
   last_outcome_.insert(last_outcome_.end(), payload.begin(), payload.end());
+  if (ended_) ended_(round_, last_outcome_);
   for (uint32_t r = 0; r < cfg_.world; ++r) {
     if (!workers_[r].registered) continue;  // "dead" ones too: they may only be slow
     Frames fr = last_outcome_;

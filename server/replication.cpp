@@ -12,9 +12,8 @@ Frame envelope(Type t, uint64_t job, uint64_t round) {
 
 /// Why a backup of this description cannot follow the engine's job (empty: it can).
 std::string mismatch(const JobConfig& cfg, const HelloInfo& h) {
-  if (cfg.population != 0 || cfg.staleness != 0)
-    return "replication needs a synchronous job of fixed workers (this one is " +
-           std::string(cfg.population ? "federated" : "bounded-stale") + ")";
+  if (cfg.population != 0)
+    return "replication needs a job of fixed workers (this one is federated)";
   if (h.world != cfg.world || h.population != cfg.population)
     return "backup of world " + std::to_string(h.world) + ", the job has " +
            std::to_string(cfg.world);
@@ -34,7 +33,24 @@ size_t deferred_room(const JobConfig& cfg) {
 
 }  // namespace
 
-Primary::Primary(Engine& engine, Log log) : engine_(engine), log_(std::move(log)) {}
+Primary::Primary(Engine& engine, Log log) : engine_(engine), log_(std::move(log)) {
+  engine_.observe([this](uint64_t round, const Frames& outcome) {
+    if (!backup_) return;  // nobody to tell: no copies of the state
+    const Envelope le = decode_envelope(outcome[0].bytes(), outcome.size() - 1);
+    CommitInfo c;
+    c.epoch = engine_.epoch();
+    c.outcome = le.type;
+    if (le.type == Type::Update) c.info = decode_update_info(outcome[1].bytes());
+    c.codec_state = engine_.codec_state();
+    commits_.push_back(Outgoing{*backup_,
+                                {envelope(Type::Commit, engine_.config().job, round),
+                                 Frame::own(encode(c)), outcome.back()}});
+  });
+}
+
+Primary::~Primary() {
+  engine_.observe({});
+}
 
 void Primary::handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
                      std::vector<Outgoing>& out, std::string_view user) {
@@ -102,22 +118,16 @@ void Primary::replicate(uint64_t round_before, bool model_before, std::vector<Ou
     return;
   }
   for (auto& o : staged) held_.push_back(std::move(o));
-  const Frames& last = engine_.last_outcome();
-  if (model_before && engine_.round() == round_before + 1 && !last.empty()) {
-    // One round ended: its outcome, which the backup applies as the workers do.
-    const Envelope le = decode_envelope(last[0].bytes(), last.size() - 1);
-    CommitInfo c;
-    c.epoch = engine_.epoch();
-    c.outcome = le.type;
-    if (le.type == Type::Update) c.info = decode_update_info(last[1].bytes());
-    c.codec_state = engine_.codec_state();
-    out.push_back(Outgoing{*backup_,
-                           {envelope(Type::Commit, engine_.config().job, round_before),
-                            Frame::own(encode(c)), last.back()}});
+  if (model_before && engine_.round() == round_before + commits_.size()) {
+    // Rounds ended (one, or several with bounded staleness): their outcomes, which the backup
+    // applies in order as the workers do.
+    for (auto& c : commits_) out.push_back(std::move(c));
+    commits_.clear();
     awaiting_ = engine_.round();
     awaiting_since_ = now;
     return;
   }
+  commits_.clear();
   sync(now, out);  // the model arrived (rank 0's Init): the whole state
 }
 

@@ -160,8 +160,8 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
   };
   opts_.job.authenticated = !opts_.curve_secret.empty();
   if (!opts_.replica_of.empty()) {
-    SKETCHSGD_REQUIRE(opts_.job.population == 0 && opts_.job.staleness == 0, InvalidArgument,
-                      "server: replication needs a synchronous job of fixed workers");
+    SKETCHSGD_REQUIRE(opts_.job.population == 0, InvalidArgument,
+                      "server: replication needs a job of fixed workers (not --population)");
   }
   engine_ = std::make_unique<Engine>(opts_.job, std::move(hooks));
   // Counted in bytes, so heartbeats keep flowing (and being echoed) while big pushes wait for a

@@ -169,7 +169,6 @@ TEST(ProcessCli, BadFlagsExitWithAReasonNotACrash) {
       {"--dim", "100", "--bind", "tcp://256.1.1.1:1"},
       {"--dim", "100", "--curve-secret-file", "/nonexistent"},
       {"--dim", "100", "--replica-of", "nonsense"},
-      {"--dim", "100", "--replica-of", "tcp://127.0.0.1:1", "--staleness", "2"},
       {"--dim", "100", "--replica-of", "tcp://127.0.0.1:1", "--population", "10"},
   };
   for (const auto& args : bad) {

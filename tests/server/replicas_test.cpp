@@ -114,6 +114,23 @@ TEST(ProcessReplicasFaults, ABackupLostFirstLeavesThePrimaryServingAlone) {
   EXPECT_EQ(j.rounds_of("-p.jsonl").size(), j.job.rounds);
 }
 
+TEST(ProcessReplicasFaults, ABoundedStaleJobFailsOverToo) {
+  // Workers run up to 2 rounds ahead; what they computed depends on timing, so no reference:
+  // they must end on the same model, the backup's.
+  Job job{"topk:k=40", 2};
+  job.server_extra = {"--staleness", "2"};
+  Replicated j(job, "stale");
+  j.start_workers();
+  j.wait_rounds("-p.jsonl", 4);
+  j.primary.kill9();
+  for (auto& w : j.workers) ASSERT_EQ(w.wait(60s), 0);
+  EXPECT_EQ(j.backup.wait(20s), 0);
+  const auto w0 = read_params(j.out(0), j.job.dim), w1 = read_params(j.out(1), j.job.dim);
+  ASSERT_EQ(w0.size(), j.job.dim);
+  EXPECT_EQ(w0, w1);
+  EXPECT_EQ(j.rounds_of("-b.jsonl").back(), j.job.rounds - 1);
+}
+
 TEST(ProcessReplicasFaults, BothLostIsATimeoutNotAHang) {
   Replicated j(Job{"topk:k=40", 2}, "both-lost");
   for (uint32_t r = 0; r < 2; ++r)

@@ -240,6 +240,44 @@ TEST(Replication, TheOuterStepsMomentumFollowsBitForBit) {
   EXPECT_TRUE(std::any_of(outer.begin(), outer.end(), [](float v) { return v != 0; }));
 }
 
+TEST(Replication, RoundsThatEndTogetherAreCommittedOneByOne) {
+  // Bounded staleness with a quorum: two workers push rounds 0 and 1, the third is dead; one
+  // tick closes both rounds, and the backup gets both commits in order.
+  JobConfig cfg = test_job::make("topk:k=30", 3, 600);
+  cfg.staleness = 2;
+  cfg.policy = Policy::Quorum;
+  cfg.min_workers = 2;
+  Pair p(cfg);
+  p.follow();
+  std::vector<FakeWorker> ws;
+  for (uint32_t r = 0; r < 3; ++r) ws.emplace_back(r, cfg);
+  for (auto& w : ws) {
+    w.join(p.primary, test::initial_params(600, 5));
+    p.pump();
+  }
+  for (auto& w : ws) ASSERT_TRUE(w.take_model(p.primary));
+  for (uint64_t t = 0; t < 2; ++t)
+    for (uint32_t r = 0; r < 2; ++r) {
+      const auto g = test::synthetic_grad(ws[r].params, r, t, 11);
+      p.primary.deliver(ws[r].peer,
+                        {ws[r].mine(Type::Push, t), bytes_frame(ws[r].codec->encode(g, t, r))});
+    }
+  EXPECT_EQ(p.primary.engine.round(), 0u);
+  size_t commits = 0;
+  for (int i = 0; i < 12 && p.primary.engine.round() < 2; ++i) {
+    p.primary.tick(p.cfg.heartbeat);  // rank 2 falls silent, then dead: the quorum closes
+    p.primary.deliver(Pair::kLink, {env(Type::Heartbeat, p.cfg.job, 0, 0)});
+  }
+  ASSERT_EQ(p.primary.engine.round(), 2u) << "both rounds closed";
+  for (const auto& m : p.primary.inbox[Pair::kLink])
+    commits += decode_envelope(m[0].bytes(), m.size() - 1).type == Type::Commit;
+  EXPECT_EQ(commits, 2u);
+  EXPECT_TRUE(p.primary.primary.holding());
+  p.pump();
+  EXPECT_FALSE(p.primary.primary.holding());
+  p.expect_same();
+}
+
 TEST(Replication, ARoundsOutcomeWaitsForTheBackupsAcknowledgement) {
   auto s = started();
   Pair& p = s->pair;
@@ -332,14 +370,14 @@ TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
   EXPECT_THROW(wrong.handle(m->second, replies), ConfigMismatch);
   EXPECT_FALSE(p.primary.primary.has_backup());
 
-  JobConfig stale = cfg;
-  stale.staleness = 2;
-  Net stale_net(stale);
-  stale_net.deliver(Pair::kLink, p.backup.follow());
-  m = stale_net.next(Pair::kLink);
+  JobConfig federated = cfg;
+  federated.population = 10;
+  Net federated_net(federated);
+  federated_net.deliver(Pair::kLink, p.backup.follow());
+  m = federated_net.next(Pair::kLink);
   ASSERT_TRUE(m);
   EXPECT_EQ(m->first.type, Type::Refuse);
-  EXPECT_NE(decode_refuse(m->second[1].bytes()).reason.find("synchronous"), std::string::npos);
+  EXPECT_NE(decode_refuse(m->second[1].bytes()).reason.find("federated"), std::string::npos);
 
   // With CURVE only the job's own server key pair may follow, not a worker's.
   JobConfig curve = cfg;

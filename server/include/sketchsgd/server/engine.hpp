@@ -133,6 +133,12 @@ class Engine {
   /// step, its aggregator state taken over. Throws (changing nothing) on a round out of turn or a
   /// bad update.
   void follow(uint64_t round, const CommitInfo& c, std::span<const uint8_t> payload);
+  /// Called as each round ends (its number and outcome as last_outcome() then holds it), the
+  /// aggregator's state already that after the round: a primary's commits, one per round even
+  /// when one message ends several (bounded staleness).
+  void observe(std::function<void(uint64_t round, const Frames& outcome)> ended) {
+    ended_ = std::move(ended);
+  }
   /// One more each time a backup takes over; a worker registered with a later epoch proves this
   /// server deposed (Hooks::deposed).
   uint64_t epoch() const { return epoch_; }
@@ -233,6 +239,7 @@ class Engine {
   std::unique_ptr<OuterStep> outer_;  // on the host, beside model_
   uint64_t round_ = 0;
   uint64_t epoch_ = 0;
+  std::function<void(uint64_t, const Frames&)> ended_;
 
   std::vector<Worker> workers_;
   std::map<PeerId, uint32_t> rank_of_;

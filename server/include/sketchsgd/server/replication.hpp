@@ -32,7 +32,11 @@ namespace sketchsgd::ps {
 class Primary {
  public:
   using Log = std::function<void(const std::string&)>;
+  /// Observes the engine's round ends (Engine::observe) until destroyed.
   Primary(Engine& engine, Log log);
+  ~Primary();
+  Primary(const Primary&) = delete;
+  Primary& operator=(const Primary&) = delete;
 
   void handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
               std::vector<Outgoing>& out, std::string_view user = {});
@@ -74,6 +78,7 @@ class Primary {
   std::optional<uint64_t> awaiting_;  // the round the backup must acknowledge
   Clock::time_point awaiting_since_{};
   std::vector<Outgoing> held_;        // sent once it has
+  std::vector<Outgoing> commits_;     // the rounds that ended in this engine call
   std::deque<Deferred> deferred_;     // worker messages that came meanwhile
   uint64_t dropped_ = 0;              // deferred messages dropped for room
   std::optional<std::string> deposed_;
