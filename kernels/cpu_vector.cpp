@@ -6,6 +6,7 @@
 
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
 #include "detail/wide.hpp"
 
 namespace sketchsgd::kernels::cpu {
@@ -64,6 +65,17 @@ void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho
     u[i] = m;
     v[i] += m;
   }
+}
+
+void adagrad(float* w, float* v, const float* s, size_t n, float lr, float eps) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+  for (size_t i = 0; i < n; ++i) elem::adagrad(w[i], v[i], s[i], lr, eps);
+}
+
+void adam(float* w, float* m, float* v, const float* s, size_t n, float lr, float b1, float b2,
+          float c1, float c2, float eps) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+  for (size_t i = 0; i < n; ++i) elem::adam(w[i], m[i], v[i], s[i], lr, b1, b2, c1, c2, eps);
 }
 
 void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out) {

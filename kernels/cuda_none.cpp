@@ -54,6 +54,13 @@ void scale(float*, const float*, size_t, float, Stream) {
 void momentum_accumulate(float*, float*, const float*, size_t, float, Stream) {
   absent();
 }
+void adagrad(float*, float*, const float*, size_t, float, float, Stream) {
+  absent();
+}
+void adam(float*, float*, float*, const float*, size_t, float, float, float, float, float, float,
+          Stream) {
+  absent();
+}
 void chunk_stats(const float*, size_t, size_t, ChunkStats*, Stream) {
   absent();
 }

@@ -116,6 +116,22 @@ void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v
     cpu::momentum_accumulate(u.data(), v.data(), g.data(), g.size(), rho);
 }
 
+void adagrad(const Device& d, std::span<float> w, std::span<float> v, std::span<const float> s,
+             float lr, float eps) {
+  if (d.is_gpu())
+    cu::adagrad(w.data(), v.data(), s.data(), s.size(), lr, eps, d.stream);
+  else
+    cpu::adagrad(w.data(), v.data(), s.data(), s.size(), lr, eps);
+}
+
+void adam(const Device& d, std::span<float> w, std::span<float> m, std::span<float> v,
+          std::span<const float> s, float lr, float b1, float b2, float c1, float c2, float eps) {
+  if (d.is_gpu())
+    cu::adam(w.data(), m.data(), v.data(), s.data(), s.size(), lr, b1, b2, c1, c2, eps, d.stream);
+  else
+    cpu::adam(w.data(), m.data(), v.data(), s.data(), s.size(), lr, b1, b2, c1, c2, eps);
+}
+
 void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<float> z,
              std::span<const uint32_t> idx) {
   if (idx.empty() || (y.empty() && z.empty())) return;

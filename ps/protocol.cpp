@@ -185,6 +185,10 @@ Bytes encode(const WelcomeInfo& w) {
   b.put(w.momentum);
   b.put(w.nesterov);
   b.put(w.epoch);
+  b.put(w.optimizer);
+  b.put(w.eps);
+  b.put(w.beta1);
+  b.put(w.beta2);
   return out;
 }
 
@@ -197,9 +201,14 @@ WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
   w.momentum = r.get<float>();
   w.nesterov = r.get<uint8_t>();
   w.epoch = r.get<uint64_t>();
+  w.optimizer = r.get<uint8_t>();
+  w.eps = r.get<float>();
+  w.beta1 = r.get<float>();
+  w.beta2 = r.get<float>();
   r.expect_end();
   try {
-    OuterOptions{w.momentum, w.nesterov != 0}.validate();
+    SKETCHSGD_REQUIRE(w.optimizer <= 2, InvalidArgument, "optimizer ", int(w.optimizer));
+    outer_options(w).validate();
   } catch (const InvalidArgument& e) {
     throw WireError(std::string("welcome: ") + e.what());
   }
@@ -208,6 +217,20 @@ WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
   SKETCHSGD_REQUIRE(w.has_model <= 1, WireError, "welcome: has_model = ", int(w.has_model));
   SKETCHSGD_REQUIRE(w.heartbeat_ms >= 1 && w.heartbeat_ms <= 3600000, WireError,
                     "welcome: heartbeat interval ", w.heartbeat_ms, " ms");
+  return w;
+}
+
+OuterOptions outer_options(const WelcomeInfo& w) {
+  return OuterOptions{w.momentum, w.nesterov != 0, OuterKind(w.optimizer), w.eps, w.beta1, w.beta2};
+}
+
+WelcomeInfo& with_outer(WelcomeInfo& w, const OuterOptions& o) {
+  w.momentum = o.momentum;
+  w.nesterov = uint8_t(o.nesterov);
+  w.optimizer = uint8_t(o.kind);
+  w.eps = o.eps;
+  w.beta1 = o.beta1;
+  w.beta2 = o.beta2;
   return w;
 }
 

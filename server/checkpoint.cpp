@@ -16,7 +16,8 @@ namespace sketchsgd::ps {
 namespace {
 
 constexpr uint32_t kCheckpointMagic = 0x4B434B53;  // "SKCK"
-constexpr uint16_t kCheckpointVersion = 3;  // 2: the outer momentum, 3: the shard (1, 2 read)
+// 2: the outer momentum, 3: the shard, 4: any optimizer's state and its step count (1-3 read)
+constexpr uint16_t kCheckpointVersion = 4;
 
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
   throw Error("checkpoint: " + what + " " + path + ": " + std::strerror(errno));
@@ -66,6 +67,7 @@ Bytes encode(const Checkpoint& c) {
   w.put(c.shard.count);
   w.put(c.shard.begin);
   w.put(c.shard.model_dim);
+  w.put(c.outer_steps);
   seal(b);
   return b;
 }
@@ -124,7 +126,8 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> b, const std::string& path
   c.codec_state.assign(state.begin(), state.end());
   if (version >= 2) {
     const auto n = r.get<uint64_t>();
-    SKETCHSGD_REQUIRE(n == 0 || n == dim, WireError, "checkpoint ", path, ": outer momentum of ", n,
+    SKETCHSGD_REQUIRE(n == 0 || (dim && n % dim == 0 && n / dim <= (version >= 4 ? 2u : 1u)),
+                      WireError, "checkpoint ", path, ": optimizer state of ", n,
                       " values for ", dim, " parameters");
     c.outer.resize(n);
     r.get_array(std::span<float>(c.outer));
@@ -135,6 +138,7 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> b, const std::string& path
     c.shard.begin = r.get<uint64_t>();
     c.shard.model_dim = r.get<uint64_t>();
   }
+  if (version >= 4) c.outer_steps = r.get<uint64_t>();
   r.expect_end();
   for (size_t i = 0; i < c.params.size(); ++i)
     SKETCHSGD_REQUIRE(std::isfinite(c.params[i]), WireError, "checkpoint ", path,

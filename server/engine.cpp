@@ -135,11 +135,18 @@ void Engine::restore(const Checkpoint& c) {
   const ShardId shard = c.shard.model_dim ? c.shard : ShardId{0, 1, 0, c.params.size()};
   SKETCHSGD_REQUIRE(shard == cfg_.shard, ConfigMismatch, "checkpoint of ",
                     shard.describe(c.params.size()), ", server is ", cfg_.shard.describe(cfg_.dim));
+  // Another optimizer's state is a mismatch; a state of a wrong length, corruption (load's).
+  const size_t vectors = c.outer.size() / std::max<size_t>(cfg_.dim, 1);
+  SKETCHSGD_REQUIRE(c.outer.size() % std::max<size_t>(cfg_.dim, 1) != 0 || vectors == 0 ||
+                        vectors == cfg_.outer.buffers(),
+                    ConfigMismatch, "checkpoint with ", vectors,
+                    " optimizer state vectors, the server's ", to_string(cfg_.outer.kind), " keeps ",
+                    cfg_.outer.buffers());
   SKETCHSGD_REQUIRE(c.outer.empty() || cfg_.outer.stateful(), ConfigMismatch,
-                    "checkpoint with an outer momentum buffer, server runs without momentum");
+                    "checkpoint with optimizer state, the server runs plain SGD");
   auto agg = make_aggregator();  // on the configured device, as at start
   agg->load_state(c.codec_state);
-  outer_->load(c.outer);  // validates; empty (an older checkpoint): momentum starts at zero
+  outer_->load(c.outer, c.outer_steps);  // validates; empty (an older checkpoint): zero
   agg_ = std::move(agg);
   model_ = c.params;
   snapshot_ = Frame();
@@ -153,7 +160,7 @@ void Engine::restore(const Checkpoint& c) {
 
 Checkpoint Engine::checkpoint() const {
   return Checkpoint{cfg_.job,           round_,         cfg_.spec, model_,
-                    agg_->save_state(), outer_->save(), cfg_.shard};
+                    agg_->save_state(), outer_->save(), cfg_.shard, outer_->steps()};
 }
 
 void Engine::start_phase(MessageKind kind) {
@@ -270,10 +277,16 @@ void Engine::drop(const PeerId&, const std::string& why) {
 Frames Engine::model_frames() const {
   // One copy per model version, shared by every Pull until the model changes.
   if (snapshot_.size() == 0) {
-    const std::vector<float> m = outer_->save();  // empty without momentum
-    Bytes b((model_.size() + m.size()) * 4);
+    // The parameters, the optimizer's state (none for plain SGD), Adam's step count.
+    const std::vector<float> m = outer_->save();
+    const bool steps = cfg_.outer.kind == OuterKind::Adam;
+    Bytes b((model_.size() + m.size()) * 4 + (steps ? 8 : 0));
     std::memcpy(b.data(), model_.data(), model_.size() * 4);
     if (!m.empty()) std::memcpy(b.data() + model_.size() * 4, m.data(), m.size() * 4);
+    if (steps) {
+      const uint64_t t = outer_->steps();
+      std::memcpy(b.data() + (model_.size() + m.size()) * 4, &t, 8);
+    }
     snapshot_ = Frame::own(std::move(b));
   }
   return {Frame(), snapshot_};
@@ -449,8 +462,9 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.last_seen = now;
   w.behind = false;
   index[peer] = rank;
-  const WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness,
-                         cfg_.outer.momentum, uint8_t(cfg_.outer.nesterov), epoch_};
+  WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness};
+  info.epoch = epoch_;
+  with_outer(info, cfg_.outer);
   out.push_back(Outgoing{peer,
                          {envelope(Type::Welcome, cfg_.job, round_ + ahead, rank, w.session),
                           Frame::own(encode(info))}});

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -76,6 +77,12 @@ int main(int argc, char** argv) {
         "SKETCHSGD_OUTER_MOMENTUM");
   f.add("outer-nesterov", "1", "with --outer-momentum: Nesterov's look-ahead (0: heavy ball)",
         "SKETCHSGD_OUTER_NESTEROV");
+  f.add("server-opt", "sgd",
+        "the optimizer every holder of the model applies to each update: sgd (with "
+        "--outer-momentum), adagrad or adam (per coordinate, state kept with the model)",
+        "SKETCHSGD_SERVER_OPT");
+  f.add("opt-eps", "1e-8", "adagrad, adam: epsilon added to the root", "SKETCHSGD_OPT_EPS");
+  f.add("opt-betas", "0.9,0.999", "adam: beta1,beta2", "SKETCHSGD_OPT_BETAS");
   f.add("policy", "quorum", "when a round's deadline passes: wait | quorum | abort",
         "SKETCHSGD_POLICY");
   f.add("min-workers", "0", "quorum size (0: all W)", "SKETCHSGD_MIN_WORKERS");
@@ -157,6 +164,25 @@ int main(int argc, char** argv) {
                       sketchsgd::InvalidArgument, "--outer-momentum must be in [0, 1), got ",
                       f.str("outer-momentum"));
     o.job.outer.nesterov = f.u64("outer-nesterov", 0, 1) != 0 && o.job.outer.momentum > 0;
+    o.job.outer.kind = named("server-opt", [&] { return parse_outer_kind(f.str("server-opt")); });
+    o.job.outer.eps = float(f.num("opt-eps"));
+    {
+      const std::string betas = f.str("opt-betas");
+      char* mid = nullptr;
+      char* end = nullptr;
+      const double b1 = std::strtod(betas.c_str(), &mid);
+      const double b2 = mid && *mid == ',' ? std::strtod(mid + 1, &end) : 0.0;
+      SKETCHSGD_REQUIRE(mid && *mid == ',' && mid != betas.c_str() && end && *end == '\0' &&
+                            end != mid + 1,
+                        sketchsgd::InvalidArgument, "--opt-betas: expected beta1,beta2, got '",
+                        betas, "'");
+      o.job.outer.beta1 = float(b1);
+      o.job.outer.beta2 = float(b2);
+    }
+    named("server-opt", [&] {
+      o.job.outer.validate();
+      return 0;
+    });
     o.job.policy = named("policy", [&] { return parse_policy(f.str("policy")); });
     o.job.min_workers = uint32_t(f.u64("min-workers", 0, o.job.world));
     o.job.deadline = Millis(f.u64("deadline-ms", 1, UINT32_MAX));

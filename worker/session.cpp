@@ -108,9 +108,9 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       heartbeat_ = Millis(w.heartbeat_ms);
       staleness_ = w.staleness;
       epoch_ = std::max(epoch_, w.epoch);  // a server of an older one was deposed
-      // The job's outer step (its momentum arrives with the model, which the Pull below asks for).
-      const OuterOptions oo{w.momentum, w.nesterov != 0};
-      if (outer_->options().momentum != oo.momentum || outer_->options().nesterov != oo.nesterov)
+      // The job's optimizer (its state arrives with the model, which the Pull below asks for).
+      const OuterOptions oo = outer_options(w);
+      if (!(outer_->options() == oo))
         outer_ = std::make_unique<OuterStep>(oo, codec_.dim(), codec_.device());
       const bool initialises = opts_.population ? !init_.empty() : opts_.rank == 0;
       if (!w.has_model && initialises) {
@@ -144,18 +144,22 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
                         m.env.round);
     case Type::Model: {
       const auto b = m.frames[1].bytes();
-      // The parameters, then the outer step's momentum where the job has one.
-      const bool momentum = outer_->options().stateful();
-      const uint64_t dim = codec_.dim();
-      SKETCHSGD_REQUIRE(b.size() == dim * (momentum ? 8 : 4), WireError, "model of ", b.size(),
-                        " bytes for dim ", dim, momentum ? " with outer momentum" : "");
-      std::vector<float> p(dim), mom(momentum ? dim : 0);
+      // The parameters, then the optimizer's state where it keeps one, then Adam's steps.
+      const OuterOptions& oo = outer_->options();
+      const uint64_t dim = codec_.dim(), k = oo.buffers();
+      const bool steps = oo.kind == OuterKind::Adam;
+      SKETCHSGD_REQUIRE(b.size() == dim * 4 * (1 + k) + (steps ? 8 : 0), WireError, "model of ",
+                        b.size(), " bytes for dim ", dim, " with ", to_string(oo.kind), "'s ", k,
+                        " state vectors");
+      std::vector<float> p(dim), state(dim * k);
       std::memcpy(p.data(), b.data(), dim * 4);
       const size_t bad = kernels::cpu::find_nonfinite(p.data(), p.size());
       SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "model: non-finite value at ", bad);
-      if (momentum) {
-        std::memcpy(mom.data(), b.data() + dim * 4, dim * 4);
-        outer_->load(mom);  // validates before it writes
+      if (k) {
+        uint64_t t = 0;
+        std::memcpy(state.data(), b.data() + dim * 4, dim * k * 4);
+        if (steps) std::memcpy(&t, b.data() + dim * 4 * (1 + k), 8);
+        outer_->load(state, t);  // validates before it writes
       }
       if (params_.size() != p.size()) params_ = Buffer<float>(p.size(), codec_.device());
       params_.upload(p);

@@ -8,6 +8,7 @@
 #include <sketchsgd/core/half.hpp>
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
 #include "launch.cuh"
 
 namespace sketchsgd::kernels::cuda {
@@ -40,6 +41,18 @@ __global__ void momentum_kernel(float* u, float* v, const float* g, uint64_t n, 
     u[i] = m;
     v[i] += m;
   }
+}
+
+__global__ void adagrad_kernel(float* w, float* v, const float* s, uint64_t n, float lr,
+                               float eps) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride())
+    elem::adagrad(w[i], v[i], s[i], lr, eps);
+}
+
+__global__ void adam_kernel(float* w, float* m, float* v, const float* s, uint64_t n, float lr,
+                            float b1, float b2, float c1, float c2, float eps) {
+  for (uint64_t i = thread_index(); i < n; i += grid_stride())
+    elem::adam(w[i], m[i], v[i], s[i], lr, b1, b2, c1, c2, eps);
 }
 
 struct Moments {
@@ -134,6 +147,19 @@ void scale(float* y, const float* x, size_t n, float a, Stream stream) {
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho, Stream stream) {
   if (n == 0) return;
   momentum_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(u, v, g, n, rho);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void adagrad(float* w, float* v, const float* s, size_t n, float lr, float eps, Stream stream) {
+  if (n == 0) return;
+  adagrad_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(w, v, s, n, lr, eps);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void adam(float* w, float* m, float* v, const float* s, size_t n, float lr, float b1, float b2,
+          float c1, float c2, float eps, Stream stream) {
+  if (n == 0) return;
+  adam_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(w, m, v, s, n, lr, b1, b2, c1, c2, eps);
   SKETCHSGD_LAUNCH_CHECK();
 }
 

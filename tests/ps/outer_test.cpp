@@ -88,5 +88,79 @@ TEST(OuterStep, CorruptUpdatesAndBadBuffersChangeNothing) {
     EXPECT_THROW(OuterStep(o, kDim, Device::cpu()), InvalidArgument);
 }
 
+TEST(OuterStep, AdagradAndAdamFollowTheirDefinitions) {
+  // Against the definitions in double precision (Duchi et al.; Kingma & Ba with bias correction).
+  constexpr uint64_t kDim = 400;
+  constexpr float kLr = 0.05f;
+  for (OuterKind kind : {OuterKind::Adagrad, OuterKind::Adam}) {
+    SCOPED_TRACE(std::string(to_string(kind)));
+    OuterOptions o;
+    o.kind = kind;
+    o.eps = 1e-6f;
+    o.beta1 = 0.85f;
+    o.beta2 = 0.99f;
+    auto codec = make_compressor("dense", kDim);
+    OuterStep outer(o, kDim, Device::cpu());
+    std::vector<float> p = test::initial_params(kDim, 4);
+    std::vector<double> want(p.begin(), p.end()), m(kDim, 0.0), v(kDim, 0.0);
+    for (uint64_t t = 1; t <= 5; ++t) {
+      const Bytes u = update_of("dense", kDim, t + 3);
+      std::vector<float> step(kDim);
+      make_compressor("dense", kDim)->apply(u, step);
+      outer.apply(*codec, u, p, kLr);
+      for (size_t i = 0; i < kDim; ++i) {
+        const double s = step[i];
+        if (kind == OuterKind::Adagrad) {
+          v[i] += s * s;
+          want[i] -= kLr * s / (std::sqrt(v[i]) + o.eps);
+        } else {
+          m[i] = o.beta1 * m[i] + (1 - o.beta1) * s;
+          v[i] = o.beta2 * v[i] + (1 - o.beta2) * s * s;
+          const double mh = m[i] / (1 - std::pow(double(o.beta1), double(t)));
+          const double vh = v[i] / (1 - std::pow(double(o.beta2), double(t)));
+          want[i] -= kLr * mh / (std::sqrt(vh) + o.eps);
+        }
+      }
+    }
+    for (size_t i = 0; i < kDim; ++i) ASSERT_NEAR(p[i], want[i], 2e-5) << i;
+    EXPECT_EQ(outer.steps(), kind == OuterKind::Adam ? 5u : 0u);
+    // Its state, saved and loaded into another step, continues bit for bit.
+    const auto saved = outer.save();
+    ASSERT_EQ(saved.size(), o.buffers() * kDim);
+    OuterStep again(o, kDim, Device::cpu());
+    again.load(saved, outer.steps());
+    std::vector<float> q = p;
+    const Bytes u = update_of("dense", kDim, 11);
+    outer.apply(*codec, u, p, kLr);
+    again.apply(*codec, u, q, kLr);
+    EXPECT_EQ(std::memcmp(p.data(), q.data(), kDim * 4), 0);
+    EXPECT_EQ(outer.save(), again.save());
+    EXPECT_THROW(again.load(std::vector<float>(o.buffers() * kDim + 1)), WireError);
+  }
+}
+
+TEST(OuterStep, AdaptiveOptionsAreChecked) {
+  OuterOptions o;
+  o.kind = OuterKind::Adagrad;
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_EQ(o.buffers(), 1u);
+  o.momentum = 0.9f;  // momentum is SGD's
+  EXPECT_THROW(o.validate(), InvalidArgument);
+  o.momentum = 0;
+  for (float eps : {0.0f, -1e-8f, std::nanf("")}) {
+    o.eps = eps;
+    EXPECT_THROW(o.validate(), InvalidArgument) << eps;
+  }
+  o = OuterOptions{};
+  o.kind = OuterKind::Adam;
+  EXPECT_EQ(o.buffers(), 2u);
+  for (float b : {1.0f, -0.1f, std::nanf("")}) {
+    o.beta2 = b;
+    EXPECT_THROW(o.validate(), InvalidArgument) << b;
+  }
+  EXPECT_EQ(parse_outer_kind("adam"), OuterKind::Adam);
+  EXPECT_THROW(parse_outer_kind("rmsprop"), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace sketchsgd::ps

@@ -116,6 +116,31 @@ TEST(ProcessFaults, KilledWorkerIsOutvotedByQuorumThenRestartsAndRejoins) {
   EXPECT_TRUE(quorum);
 }
 
+TEST(ProcessOptimizer, AdamOnTheServerRunsOnEveryWorkerBitForBit) {
+  // The server's optimizer travels in the Welcome: every worker applies Adam to its copy, and
+  // ends on the server's final model.
+  Job job{"topk:k=40", 2};
+  job.rounds = 8;
+  job.server_extra = {"--server-opt", "adam", "--opt-eps", "1e-3", "--opt-betas", "0.8,0.99"};
+  const auto ckpt = scratch("adam.ckpt");
+  fs::remove(ckpt);
+  Proc server = job.server(ckpt.string());
+  const std::string endpoint = server.line(10s);
+  ASSERT_FALSE(endpoint.empty());
+  std::vector<Proc> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.push_back(job.worker(endpoint, r, scratch("adam" + std::to_string(r))));
+  for (auto& w : ws) ASSERT_EQ(w.wait(60s), 0);
+  ASSERT_EQ(server.wait(20s), 0);
+  expect_final_model_everywhere(ckpt, job, "adam", 2);
+  const auto c = load_checkpoint(ckpt.string());
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->outer.size(), 2 * job.dim);
+  EXPECT_EQ(c->outer_steps, job.rounds);
+  // Not plain SGD: the reference (w −= lr · step) ends elsewhere.
+  EXPECT_NE(c->params, job.reference());
+}
+
 TEST(ProcessFaults, KilledServerResumesFromItsCheckpointAndWorkersResync) {
   Job job{"topk:k=40", 2};
   job.rounds = 16;
@@ -169,6 +194,11 @@ TEST(ProcessCli, BadFlagsExitWithAReasonNotACrash) {
       {"--dim", "100", "--bind", "tcp://256.1.1.1:1"},
       {"--dim", "100", "--curve-secret-file", "/nonexistent"},
       {"--dim", "100", "--replica-of", "nonsense"},
+      {"--dim", "100", "--server-opt", "rmsprop"},
+      {"--dim", "100", "--server-opt", "adam", "--opt-betas", "0.9"},
+      {"--dim", "100", "--server-opt", "adam", "--opt-betas", "0.9,1"},
+      {"--dim", "100", "--server-opt", "adagrad", "--outer-momentum", "0.9"},
+      {"--dim", "100", "--server-opt", "adagrad", "--opt-eps", "0"},
       {"--dim", "100", "--replica-of", "tcp://127.0.0.1:1", "--population", "10"},
   };
   for (const auto& args : bad) {

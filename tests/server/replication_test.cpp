@@ -49,6 +49,7 @@ struct Pair {
         << "round " << a.round();
     EXPECT_EQ(a.codec_state(), b.codec_state()) << "round " << a.round();
     EXPECT_EQ(a.checkpoint().outer, b.checkpoint().outer);
+    EXPECT_EQ(a.checkpoint().outer_steps, b.checkpoint().outer_steps);
   }
 
   JobConfig cfg;
@@ -215,11 +216,14 @@ std::unique_ptr<Started> started(const std::string& spec = "topk:k=30") {
   return s;
 }
 
-TEST(Replication, TheOuterStepsMomentumFollowsBitForBit) {
-  // DiLoCo over the parameter server: every holder of the model runs the Nesterov outer step,
-  // whose buffer the backup rebuilds from the updates alone.
+class ReplicatedOptimizer : public ::testing::TestWithParam<OuterKind> {};
+
+TEST_P(ReplicatedOptimizer, ItsStateFollowsBitForBit) {
+  // DiLoCo over the parameter server (Nesterov outside), or Downpour's Adagrad, or Adam: every
+  // holder of the model runs the step, whose state the backup rebuilds from the updates alone.
   JobConfig cfg = test_job::make("topk:k=30", 2, 600);
   cfg.outer = OuterOptions{0.9f, true};
+  if (GetParam() != OuterKind::Sgd) cfg.outer = OuterOptions{0.0f, false, GetParam()};
   Pair p(cfg);
   p.follow();
   std::vector<FakeWorker> ws;
@@ -236,9 +240,13 @@ TEST(Replication, TheOuterStepsMomentumFollowsBitForBit) {
     p.expect_same();
   }
   const auto outer = p.standby.engine.checkpoint().outer;
-  ASSERT_EQ(outer.size(), 600u);
+  ASSERT_EQ(outer.size(), 600u * cfg.outer.buffers());
   EXPECT_TRUE(std::any_of(outer.begin(), outer.end(), [](float v) { return v != 0; }));
 }
+
+INSTANTIATE_TEST_SUITE_P(Every, ReplicatedOptimizer,
+                         ::testing::Values(OuterKind::Sgd, OuterKind::Adagrad, OuterKind::Adam),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
 
 TEST(Replication, RoundsThatEndTogetherAreCommittedOneByOne) {
   // Bounded staleness with a quorum: two workers push rounds 0 and 1, the third is dead; one

@@ -372,12 +372,24 @@ TEST(Session, ServerRestartFromAnOlderCheckpointResynchronises) {
   EXPECT_EQ(back.engine.round(), 2u);
 }
 
-TEST(Session, TheOuterMomentumRunsOnEveryWorkerAsOnTheServer) {
-  // Nesterov outer momentum on the server: the Welcome tells the workers, each applies the same
-  // step to its copy, and every copy equals the server's model bit for bit.
-  for (const char* spec : {"dense", "topk:k=20", "sketch:k=30,cols=300,p2=2"}) {
+/// The server-side optimizers: Nesterov momentum, Adagrad, Adam (with a visible ε).
+std::vector<OuterOptions> optimizers() {
+  OuterOptions adagrad, adam;
+  adagrad.kind = OuterKind::Adagrad;
+  adagrad.eps = 1e-3f;
+  adam.kind = OuterKind::Adam;
+  adam.beta1 = 0.8f;
+  return {OuterOptions{0.9f, true}, adagrad, adam};
+}
+
+TEST(Session, TheServersOptimizerRunsOnEveryWorkerAsOnTheServer) {
+  // Nesterov momentum, Adagrad or Adam on the server: the Welcome tells the workers, each applies
+  // the same step to its copy, and every copy equals the server's model bit for bit.
+  for (const char* spec : {"dense", "topk:k=20", "sketch:k=30,cols=300,p2=2"})
+   for (const OuterOptions& opt : optimizers()) {
+    SCOPED_TRACE(std::string(to_string(opt.kind)));
     JobConfig cfg = job(spec, 3, 1500);
-    cfg.outer = {0.9f, true};
+    cfg.outer = opt;
     Wire w(cfg);
     auto ws = join(w, cfg, test::initial_params(cfg.dim, 6));
     for (int t = 0; t < 4; ++t) round(w, ws, 6);
@@ -393,16 +405,20 @@ TEST(Session, TheOuterMomentumRunsOnEveryWorkerAsOnTheServer) {
   }
 }
 
-TEST(Session, AResyncCarriesTheOuterMomentumWithTheModel) {
-  // The server restarts from a checkpoint of round 1 (model and momentum); the workers, two
-  // rounds further, resynchronise and the next round keeps every copy equal to the server's.
+TEST(Session, AResyncCarriesTheOptimizersStateWithTheModel) {
+  // The server restarts from a checkpoint of round 1 (model, optimizer state, Adam's step
+  // count); the workers, two rounds further, resynchronise and the next round keeps every copy
+  // equal to the server's.
+  for (const OuterOptions& opt : optimizers()) {
+  SCOPED_TRACE(std::string(to_string(opt.kind)));
   JobConfig cfg = job("dense", 2, 400);
-  cfg.outer = {0.8f, true};
+  cfg.outer = opt;
   Wire w(cfg);
   auto ws = join(w, cfg, test::initial_params(cfg.dim, 8));
   round(w, ws, 8);
   const Checkpoint at1 = w.engine.checkpoint();
-  ASSERT_EQ(at1.outer.size(), cfg.dim);
+  ASSERT_EQ(at1.outer.size(), cfg.dim * opt.buffers());
+  EXPECT_EQ(at1.outer_steps, opt.kind == OuterKind::Adam ? 1u : 0u);
   round(w, ws, 8);
   round(w, ws, 8);
   Wire back(cfg);
@@ -416,9 +432,10 @@ TEST(Session, AResyncCarriesTheOuterMomentumWithTheModel) {
   for (auto& x : ws)
     EXPECT_EQ(std::memcmp(x->session.params().data(), back.engine.model().data(), cfg.dim * 4), 0)
         << x->peer;
-  // A checkpoint with a momentum buffer does not restore into a job without momentum.
+  // A checkpoint with optimizer state does not restore into a job of plain SGD.
   Wire plain(job("dense", 2, 400));
   EXPECT_THROW(plain.engine.restore(at1), ConfigMismatch);
+  }
 }
 
 TEST(Session, PendingPushesGoOutAgainAfterAReconnect) {

@@ -131,6 +131,11 @@ void scale(float* y, size_t n, float a);
 void scale(float* y, const float* x, size_t n, float a);
 /// Momentum then error accumulation in one pass: u = ρ·u + g; v += u.
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho);
+/// elem::adagrad at every coordinate.
+void adagrad(float* w, float* v, const float* s, size_t n, float lr, float eps);
+/// elem::adam at every coordinate.
+void adam(float* w, float* m, float* v, const float* s, size_t n, float lr, float b1, float b2,
+          float c1, float c2, float eps);
 /// Per-chunk |max|, mean |x| and standard deviation.
 void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out);
 

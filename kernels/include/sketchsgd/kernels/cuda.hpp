@@ -82,6 +82,12 @@ void scale(float* y, const float* x, size_t n, float a, Stream stream = nullptr)
 /// u = ρ·u + g; v += u, in one pass (the fused momentum + error-feedback update).
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho,
                          Stream stream = nullptr);
+/// elem::adagrad at every coordinate.
+void adagrad(float* w, float* v, const float* s, size_t n, float lr, float eps,
+             Stream stream = nullptr);
+/// elem::adam at every coordinate.
+void adam(float* w, float* m, float* v, const float* s, size_t n, float lr, float b1, float b2,
+          float c1, float c2, float eps, Stream stream = nullptr);
 /// Per-chunk |max|, mean |x| and standard deviation (double accumulation, as the CPU).
 void chunk_stats(const float* x, size_t n, size_t chunk, ChunkStats* out, Stream stream = nullptr);
 

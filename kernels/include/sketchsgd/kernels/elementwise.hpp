@@ -153,4 +153,22 @@ SKETCHSGD_HD void put_varint(uint8_t* out, uint32_t v) {
   *out = uint8_t(v);
 }
 
+// ---- Adaptive steps every holder of the model applies (ps/outer.hpp), operation by operation
+// the same on the CPU and the GPU (no fused multiply-add: see CMakeLists.txt). ----
+
+/// Adagrad: v += s²; w −= lr · s / (√v + ε).
+SKETCHSGD_HD void adagrad(float& w, float& v, float s, float lr, float eps) {
+  v = v + s * s;
+  w = w - lr * (s / (sqrtf(v) + eps));
+}
+
+/// Adam with the bias corrections c1 = 1 / (1 − β1ᵗ), c2 = 1 / (1 − β2ᵗ) of this step:
+/// m = β1·m + (1 − β1)·s; v = β2·v + (1 − β2)·s²; w −= lr · (m·c1) / (√(v·c2) + ε).
+SKETCHSGD_HD void adam(float& w, float& m, float& v, float s, float lr, float b1, float b2,
+                       float c1, float c2, float eps) {
+  m = b1 * m + (1.0f - b1) * s;
+  v = b2 * v + (1.0f - b2) * (s * s);
+  w = w - lr * ((m * c1) / (sqrtf(v * c2) + eps));
+}
+
 }  // namespace sketchsgd::elem

@@ -56,6 +56,12 @@ inline bool fuses_lowrank_absorb(const Device& d) {
 /// u = ρ·u + g; v += u.
 void momentum_accumulate(const Device& d, std::span<float> u, std::span<float> v,
                          std::span<const float> g, float rho);
+/// Adagrad's step at every coordinate (elem::adagrad): v += s²; w −= lr · s / (√v + ε).
+void adagrad(const Device& d, std::span<float> w, std::span<float> v, std::span<const float> s,
+             float lr, float eps);
+/// Adam's step at every coordinate (elem::adam), c1 and c2 its bias corrections.
+void adam(const Device& d, std::span<float> w, std::span<float> m, std::span<float> v,
+          std::span<const float> s, float lr, float b1, float b2, float c1, float c2, float eps);
 /// y[idx] = 0 and z[idx] = 0 (host indices; either vector may be empty), the indices staged once.
 void zero_at(const Device& d, Scratch& s, std::span<float> y, std::span<float> z,
              std::span<const uint32_t> idx);

@@ -28,10 +28,14 @@ class Compressor;
 
 namespace sketchsgd::ps {
 
+struct OuterOptions;  // ps/outer.hpp
+
+
 inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // 5: the shard in Hello (sharded servers); 6: a federated client checks in a round ahead (the
 // model of the round before, then that round's outcome); 7: replicated shards (epochs in Hello and
-// Welcome, the primary-backup messages Follow, Sync, Commit, Ack, Deposed)
+// Welcome, the primary-backup messages Follow, Sync, Commit, Ack, Deposed; the server's optimizer
+// in Welcome, its state and step count in Model)
 inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
@@ -127,9 +131,16 @@ struct WelcomeInfo {
   float momentum = 0.0f;         ///< the outer step's momentum (OuterOptions), applied by all
   uint8_t nesterov = 0;
   uint64_t epoch = 0;  ///< the server's epoch (one more each time a backup takes over)
+  uint8_t optimizer = 0;  ///< OuterKind: 0 SGD, 1 Adagrad, 2 Adam (and its ε, β1, β2)
+  float eps = 1e-8f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
 };
 Bytes encode(const WelcomeInfo& w);
 WelcomeInfo decode_welcome(std::span<const uint8_t> frame);
+/// The job's optimizer as a Welcome carries it, and the other way.
+OuterOptions outer_options(const WelcomeInfo& w);
+WelcomeInfo& with_outer(WelcomeInfo& w, const OuterOptions& o);
 
 struct RefuseInfo {
   bool retry = false;          ///< transient (rank still held, or not registered yet): try again

@@ -19,8 +19,9 @@ struct Checkpoint {
   std::string spec;    ///< canonical codec spec
   std::vector<float> params;
   std::vector<uint8_t> codec_state;  ///< Aggregator::save_state() (FetchSGD's sketches)
-  std::vector<float> outer;          ///< the outer step's momentum (empty: none)
+  std::vector<float> outer;          ///< the optimizer's state (OuterStep::save; empty: none)
   ShardId shard;                     ///< the part of the model params are (model_dim 0: unknown)
+  uint64_t outer_steps = 0;          ///< the optimizer's steps taken (Adam's bias correction)
 };
 
 /// The file's bytes (versioned, CRC-32C sealed); a backup server receives its primary's state so.
