@@ -269,7 +269,11 @@ void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
       const RefuseInfo r = decode_refuse(frames[1].bytes());
       if (r.refused == Type::Follow && !r.retry)
         throw ConfigMismatch("the primary refuses this backup: " + r.reason);
-      log_("the primary refused a " + std::string(to_string(r.refused)) + ": " + r.reason);
+      // The primary does not know this link as its backup (it dropped it, or restarted): the
+      // state here may be behind, so it cannot take over until a Sync has come.
+      if (synced_) log_("the primary no longer counts on this backup: following again");
+      synced_ = false;
+      replies.push_back(follow());
       return;
     }
     case Type::Bye:

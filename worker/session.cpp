@@ -120,6 +120,17 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
                        Frame::own(Bytes(reinterpret_cast<const uint8_t*>(p.data()),
                                         reinterpret_cast<const uint8_t*>(p.data() + p.size())))});
       }
+      resent_ = 0;
+      if (w.has_model && !opts_.population) {
+        // A registration again (a new socket, or a backup that took over): the pushes without an
+        // outcome go before the Pull. A server at our round merges them; one a round further
+        // (its outcome lost on our way) answers the last with that outcome, which we then apply
+        // as the others did (codec state included) rather than jump to its model.
+        for (const auto& [round, frame] : pending_) {
+          out.push_back({envelope(Type::Push, round), frame});
+          resent_ += frame.size();
+        }
+      }
       if (!opts_.population) out.push_back({envelope(Type::Pull, round_)});  // a federated
       return true;  // client's model follows its Welcome
     }
@@ -217,6 +228,10 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
   const Envelope& e = m->env;
   const bool was_synced = synced_;
   if (control(*m, now, out)) {
+    res.bytes_up += resent_;
+    const bool resent = e.type == Type::Welcome ? resent_ != 0 : resent_before_model_;
+    if (e.type == Type::Welcome) resent_before_model_ = resent_ != 0;
+    resent_ = 0;
     if (model_changed_round_) {
       model_changed_round_ = false;
       pending_.clear();
@@ -225,12 +240,14 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
       res.outcome = StepResult::Outcome::Resynced;
       return true;
     }
-    // A Model of our round after (re)registration: the server may have lost our pushes.
-    if (e.type == Type::Model && !was_synced)
+    // A Model of our round after (re)registration: the server may have lost our pushes (unless
+    // they went out with the Welcome, before our Pull).
+    if (e.type == Type::Model && !was_synced && !resent)
       for (const auto& [round, frame] : pending_) {
         out.push_back({envelope(Type::Push, round), frame});
         res.bytes_up += frame.size();
       }
+    if (e.type == Type::Model) resent_before_model_ = false;
     return false;
   }
   if (e.round > round_ && (e.type == Type::Update || e.type == Type::Abort)) {

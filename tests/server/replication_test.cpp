@@ -321,6 +321,21 @@ TEST(Replication, ALostBackupReleasesTheHeldRoundAndThePrimaryGoesOnAlone) {
   const auto ended = push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 3));
   for (const auto& e : ended) EXPECT_EQ(e, Type::Update);
   EXPECT_EQ(p.primary.inbox[Pair::kLink].size(), 0u) << "commits to a lost backup";
+  // The backup was only slow: its next heartbeat is refused (the primary forgot it), so it stops
+  // counting as a state to take over with and follows again, catching up with one Sync.
+  p.primary.deliver(Pair::kLink, {env(Type::Heartbeat, p.cfg.job, 0, 0)});
+  auto refused = p.primary.next(Pair::kLink);
+  ASSERT_TRUE(refused);
+  ASSERT_EQ(refused->first.type, Type::Refuse);
+  std::vector<Frames> replies;
+  p.backup.handle(refused->second, replies);
+  EXPECT_FALSE(p.backup.synced());
+  ASSERT_EQ(replies.size(), 1u);
+  p.primary.deliver(Pair::kLink, replies[0]);
+  p.pump();
+  EXPECT_TRUE(p.backup.synced());
+  EXPECT_TRUE(p.primary.primary.has_backup());
+  p.expect_same();
 }
 
 TEST(Replication, APrimaryWhoseBackupTookOverIsDeposedAndSendsNoUpdate) {

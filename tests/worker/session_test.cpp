@@ -438,6 +438,50 @@ TEST(Session, AResyncCarriesTheOptimizersStateWithTheModel) {
   }
 }
 
+TEST(Session, AWorkerThatLostItsUpdateAppliesItWhenItRegistersAgain) {
+  // Rank 1's Update is lost with its connection (a server that died while sending it, whose
+  // backup holds the round). Registering again, it sends its pending push before its Pull: the
+  // server answers with the lost Update, which rank 1 applies (its codec's state included),
+  // rather than jumping to the model. The job then goes on exactly as one that lost nothing.
+  const JobConfig cfg = job("sketch:k=30,cols=300,p2=2", 2, 600);
+  const auto init = test::initial_params(cfg.dim, 4);
+  Wire w(cfg), clean(cfg);
+  auto ws = join(w, cfg, init), cs = join(clean, cfg, init);
+  round(w, ws, 4);
+  round(clean, cs, 4);
+  std::vector<StepResult> res(2);
+  for (size_t i = 0; i < 2; ++i) ws[i]->push(w, 4, res[i]);
+  for (int pass = 0; pass < 3; ++pass) {
+    ws[0]->pump(w, res[0]);
+    auto& q = w.inbox[ws[1]->peer];
+    while (!q.empty()) {
+      const Frames f = std::move(q.front());
+      q.pop_front();
+      if (decode_envelope(f[0].bytes(), f.size() - 1).type == Type::Update) continue;  // lost
+      Session::Outbox out;
+      ws[1]->session.handle(f, w.now, out, res[1]);
+      w.send(ws[1]->peer, out);
+    }
+  }
+  ASSERT_EQ(res[0].outcome, StepResult::Outcome::Updated);
+  ASSERT_EQ(ws[1]->session.round(), 1u);
+  for (int i = 0; i < 4; ++i) w.tick(100ms);  // its old connection counts as dead
+  ws[1]->peer = "w1-again";
+  ws[1]->hello(w);
+  for (int pass = 0; pass < 3; ++pass) EXPECT_FALSE(ws[1]->pump(w, res[1])) << "resynchronised";
+  EXPECT_EQ(res[1].outcome, StepResult::Outcome::Updated);
+  EXPECT_EQ(ws[1]->session.round(), 2u);
+  round(clean, cs, 4);
+  for (int t = 0; t < 3; ++t) {
+    round(w, ws, 4);
+    round(clean, cs, 4);
+  }
+  EXPECT_EQ(std::memcmp(w.engine.model().data(), clean.engine.model().data(), cfg.dim * 4), 0);
+  for (auto& x : ws)
+    EXPECT_EQ(std::memcmp(x->session.params().data(), w.engine.model().data(), cfg.dim * 4), 0)
+        << x->peer;
+}
+
 TEST(Session, PendingPushesGoOutAgainAfterAReconnect) {
   const JobConfig cfg = job("topk:k=10", 2, 300);
   Wire w(cfg);

@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
     const auto init = sketchsgd::test::initial_params(dim, seed);
     Client c(o, sketchsgd::make_compressor(f.str("codec"), dim), init);
     uint64_t steps = 0;
-    while (c.round() < rounds && steps++ < 4 * rounds + 100) {
+    // With bounded staleness a step returns before its round ends: push no round past the
+    // job's last (the server would answer that the job has finished), then settle the rest.
+    while (c.next_push() < rounds && steps++ < 4 * rounds + 100) {
       if (const auto ms = f.u64("sleep-ms")) usleep(useconds_t(ms * 1000));
       const auto g = sketchsgd::test::synthetic_grad(c.params(), o.rank, c.round(), seed);
       if (die_at && c.round() == die_at) {
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
       }
       c.step(g);
     }
+    if (c.round() < rounds) c.sync();
     if (!f.str("out").empty()) {
       std::ofstream out(f.str("out"), std::ios::binary);
       out.write(reinterpret_cast<const char*>(c.params().data()), std::streamsize(dim * 4));

@@ -98,7 +98,8 @@ class Backup {
   /// primary sends its whole state again. Throws ConfigMismatch when the primary refuses to be
   /// followed (another job).
   void handle(const Frames& frames, std::vector<Frames>& replies);
-  /// Holds a whole state (a Sync came): only then can it take over.
+  /// Holds the primary's state (a Sync came, and the primary still counts on this backup): only
+  /// then can it take over.
   bool synced() const { return synced_; }
   bool promoted() const { return promoted_; }
   /// Takes over from the primary: the epoch goes one up. Returns the Deposed notice for the

@@ -137,6 +137,8 @@ class Session {
   uint64_t epoch_ = 0;    // the highest server epoch registered with (replicated servers)
   std::chrono::milliseconds heartbeat_;
   std::deque<std::pair<uint64_t, Frame>> pending_;  // pushes without an outcome yet
+  uint64_t resent_ = 0;               // bytes of pushes sent again with the last Welcome
+  bool resent_before_model_ = false;  // they went before the Pull: the Model needs none
   std::optional<Clock::time_point> hello_at_;       // a Hello to send again then
   bool registered_ = false;
   bool synced_ = false;  // a Model of the current round has arrived since the last registration
