@@ -286,6 +286,13 @@ TEST(Replication, RoundsThatEndTogetherAreCommittedOneByOne) {
   p.expect_same();
 }
 
+/// Every worker pushes round t; the round ends on the primary and waits for the backup.
+void hold_round(Started& s, uint64_t t) {
+  std::vector<std::vector<float>> grads;
+  (void)push_and_settle(s.pair.primary, s.ws, encode_all(s.ws, grads, t));
+  ASSERT_TRUE(s.pair.primary.primary.holding());
+}
+
 TEST(Replication, ARoundsOutcomeWaitsForTheBackupsAcknowledgement) {
   auto s = started();
   Pair& p = s->pair;
@@ -308,16 +315,14 @@ TEST(Replication, ARoundsOutcomeWaitsForTheBackupsAcknowledgement) {
 TEST(Replication, ALostBackupReleasesTheHeldRoundAndThePrimaryGoesOnAlone) {
   auto s = started();
   Pair& p = s->pair;
-  std::vector<std::vector<float>> grads;
-  (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2));
-  ASSERT_TRUE(p.primary.primary.holding());
+  hold_round(*s, 2);
   for (int i = 0; i < 3; ++i) p.primary.tick(p.cfg.heartbeat);  // not yet dead
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), std::nullopt);
   p.primary.tick(p.cfg.heartbeat);
   EXPECT_FALSE(p.primary.primary.has_backup());
   p.primary.inbox[Pair::kLink].clear();  // the commit it never acknowledged
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
-  grads.clear();
+  std::vector<std::vector<float>> grads;
   const auto ended = push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 3));
   for (const auto& e : ended) EXPECT_EQ(e, Type::Update);
   EXPECT_EQ(p.primary.inbox[Pair::kLink].size(), 0u) << "commits to a lost backup";
@@ -420,8 +425,7 @@ TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
 TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {
   auto s = started("sketch:k=20,cols=200,fetch=1");
   Pair& p = s->pair;
-  std::vector<std::vector<float>> grads;
-  (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2));
+  hold_round(*s, 2);
   auto m = p.primary.next(Pair::kLink);
   ASSERT_TRUE(m);
   ASSERT_EQ(m->first.type, Type::Commit);
@@ -458,9 +462,7 @@ TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {
 TEST(Replication, ABackupThatNeverAcknowledgesIsDroppedAtTheDeadline) {
   auto s = started();
   Pair& p = s->pair;
-  std::vector<std::vector<float>> grads;
-  (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2));
-  ASSERT_TRUE(p.primary.primary.holding());
+  hold_round(*s, 2);
   const Frame hb = env(Type::Heartbeat, p.cfg.job, 0, 0);
   for (auto t = Millis(0); t <= p.cfg.deadline; t += p.cfg.heartbeat) {
     p.primary.deliver(Pair::kLink, {hb});  // alive, but the commit went nowhere
