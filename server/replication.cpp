@@ -286,6 +286,22 @@ void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
   }
 }
 
+bool Backup::taken_over_by(const Frames& frames) const {
+  try {
+    const Envelope e = decode_envelope(frames.at(0).bytes(), frames.size() - 1);
+    if (e.type != Type::Hello || e.job != engine_.config().job) return false;
+    const JobConfig& cfg = engine_.config();
+    HelloInfo h = decode_hello(frames.at(1).bytes());
+    if (h.shard.model_dim == 0) h.shard.model_dim = h.dim;  // a whole model's, as a Hello says
+    ShardId mine = cfg.shard;
+    if (mine.model_dim == 0) mine.model_dim = cfg.dim;
+    return e.rank < cfg.world && h.world == cfg.world && h.population == 0 && h.dim == cfg.dim &&
+           h.shard == mine && h.spec == cfg.spec;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 Frames Backup::notice() const {
   return reply(Type::Deposed, engine_.round(),
                {Frame::own(encode_text("the backup took over at round " +

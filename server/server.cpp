@@ -311,13 +311,8 @@ uint64_t Server::run() {
       // heartbeats), and a following backup should not spin on the cores its primary needs.
       upstream(Clock::now() + tick);
       batch = io.take(Clock::now());
-      const bool hello = std::any_of(batch.begin(), batch.end(), [job](const Received& m) {
-        try {
-          const Envelope e = decode_envelope(m.frames.at(0).bytes(), m.frames.size() - 1);
-          return e.type == Type::Hello && e.job == job;
-        } catch (const std::exception&) {
-          return false;
-        }
+      const bool hello = std::any_of(batch.begin(), batch.end(), [&](const Received& m) {
+        return backup->taken_over_by(m.frames);
       });
       if (hello && backup->synced()) {
         up->io->post(Outgoing{{}, backup->promote()});

@@ -422,6 +422,24 @@ TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
   EXPECT_TRUE(primary.has_backup());
 }
 
+TEST(Replication, OnlyAHelloTheJobWouldAcceptMakesTheBackupTakeOver) {
+  const JobConfig cfg = test_job::make("topk:k=10", 2, 100);
+  Pair p(cfg);
+  const std::string spec = p.standby.engine.config().spec;
+  const auto hello = [&](uint64_t job, uint32_t rank, HelloInfo h) {
+    return Frames{env(Type::Hello, job, 0, rank), Frame::own(encode(h))};
+  };
+  const HelloInfo good{2, 100, spec};
+  EXPECT_TRUE(p.backup.taken_over_by(hello(cfg.job, 1, good)));
+  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job + 1, 1, good))) << "another job";
+  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 2, good))) << "a rank outside the world";
+  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 0, HelloInfo{3, 100, spec}))) << "world";
+  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 0, HelloInfo{2, 101, spec}))) << "dim";
+  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 0, HelloInfo{2, 100, "dense"}))) << "codec";
+  EXPECT_FALSE(p.backup.taken_over_by({env(Type::Heartbeat, cfg.job, 0, 0)}));
+  EXPECT_FALSE(p.backup.taken_over_by({bytes_frame(Bytes(40, 0xAB))})) << "garbage";
+}
+
 TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {
   auto s = started("sketch:k=20,cols=200,fetch=1");
   Pair& p = s->pair;

@@ -102,6 +102,10 @@ class Backup {
   /// then can it take over.
   bool synced() const { return synced_; }
   bool promoted() const { return promoted_; }
+  /// Whether a message to this server is a worker's Hello that this job would accept (its id,
+  /// world, rank range, dim, shard and codec): only such a Hello means the workers found the
+  /// primary gone, not a stray or misconfigured process.
+  bool taken_over_by(const Frames& frames) const;
   /// Takes over from the primary: the epoch goes one up. Returns the Deposed notice for the
   /// primary (should it only be paused or cut off, it stops when it reads it); its later
   /// messages are answered so too.
