@@ -39,6 +39,18 @@ struct Pair {
       for (auto& r : replies) primary.deliver(kLink, r);
     }
   }
+  /// W workers of the job register with the primary (rank 0 with init), the backup following
+  /// (rank 0's Init brings a Sync, which holds the rest until the backup has it).
+  std::vector<FakeWorker> join(std::span<const float> init) {
+    std::vector<FakeWorker> ws;
+    for (uint32_t r = 0; r < cfg.world; ++r) ws.emplace_back(r, cfg);
+    for (auto& w : ws) {
+      w.join(primary, init);
+      pump();
+    }
+    for (auto& w : ws) EXPECT_TRUE(w.take_model(primary)) << "rank " << w.rank;
+    return ws;
+  }
   /// The backup's state is the primary's, bit for bit.
   void expect_same() const {
     const Engine& a = primary.engine;
@@ -102,13 +114,7 @@ TEST_P(Failover, TheJobEndsBitForBitAsWithoutTheFailure) {
   p.follow();  // before rank 0's Init: the state follows when the model comes
   EXPECT_FALSE(p.backup.synced());
   const auto init = test::initial_params(kDim, 7);
-  std::vector<FakeWorker> ws;
-  for (uint32_t r = 0; r < kWorld; ++r) ws.emplace_back(r, cfg);
-  for (auto& w : ws) {
-    w.join(p.primary, init);
-    p.pump();  // rank 0's Init: the model's Sync holds the rest until the backup has it
-  }
-  for (auto& w : ws) ASSERT_TRUE(w.take_model(p.primary)) << "rank " << w.rank;
+  std::vector<FakeWorker> ws = p.join(init);
   ASSERT_TRUE(p.backup.synced());
 
   test::Job ref(cfg.spec, kDim, kWorld);
@@ -226,13 +232,7 @@ TEST_P(ReplicatedOptimizer, ItsStateFollowsBitForBit) {
   if (GetParam() != OuterKind::Sgd) cfg.outer = OuterOptions{0.0f, false, GetParam()};
   Pair p(cfg);
   p.follow();
-  std::vector<FakeWorker> ws;
-  for (uint32_t r = 0; r < 2; ++r) ws.emplace_back(r, cfg);
-  for (auto& w : ws) {
-    w.join(p.primary, test::initial_params(600, 5));
-    p.pump();
-  }
-  for (auto& w : ws) ASSERT_TRUE(w.take_model(p.primary));
+  std::vector<FakeWorker> ws = p.join(test::initial_params(600, 5));
   for (uint64_t t = 0; t < 5; ++t) {
     std::vector<std::vector<float>> grads;
     const auto ended = push_and_settle(p.primary, ws, encode_all(ws, grads, t), [&] { p.pump(); });
@@ -257,13 +257,7 @@ TEST(Replication, RoundsThatEndTogetherAreCommittedOneByOne) {
   cfg.min_workers = 2;
   Pair p(cfg);
   p.follow();
-  std::vector<FakeWorker> ws;
-  for (uint32_t r = 0; r < 3; ++r) ws.emplace_back(r, cfg);
-  for (auto& w : ws) {
-    w.join(p.primary, test::initial_params(600, 5));
-    p.pump();
-  }
-  for (auto& w : ws) ASSERT_TRUE(w.take_model(p.primary));
+  std::vector<FakeWorker> ws = p.join(test::initial_params(600, 5));
   for (uint64_t t = 0; t < 2; ++t)
     for (uint32_t r = 0; r < 2; ++r) {
       const auto g = test::synthetic_grad(ws[r].params, r, t, 11);
