@@ -72,14 +72,29 @@ void Round::require(std::span<const Layout::Run> runs, uint64_t n, uint64_t valu
 }
 
 namespace {
+/// The pieces that move a's runs (of a buffer) to b end to end, or (to_runs) b to them; one
+/// launch on a GPU, where a copy per run was a host call each (a DDP bucket interleaves weights
+/// and biases: three runs each way for an MLP of three layers).
+std::vector<kernels::Piece> pieces(const float* a, std::span<const Layout::Run> runs,
+                                   const float* b, bool to_runs) {
+  std::vector<kernels::Piece> out;
+  out.reserve(runs.size());
+  uint64_t at = 0;
+  for (const auto& r : runs) {
+    if (r.numel == 0) continue;
+    float* run = const_cast<float*>(a) + r.offset;
+    float* packed = const_cast<float*>(b) + at;
+    out.push_back(to_runs ? kernels::Piece{run, packed, r.numel}
+                          : kernels::Piece{packed, run, r.numel});
+    at += r.numel;
+  }
+  return out;
+}
+
 /// The runs of buffer end to end in out.
 void gather_runs(const Device& d, std::span<const float> buffer, std::span<const Layout::Run> runs,
                  std::span<float> out) {
-  uint64_t at = 0;
-  for (const auto& r : runs) {
-    ops::copy(d, out.subspan(at, r.numel), buffer.subspan(r.offset, r.numel));
-    at += r.numel;
-  }
+  ops::scale_pieces(d, pieces(buffer.data(), runs, out.data(), false), 1.0f);
 }
 
 /// The compressed values as one span: the buffer's own where they are one run.
@@ -97,6 +112,7 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
   if (aggregator_ &&
       (aggregator_->count() > 0 || aggregator_->expecting() != MessageKind::Gradient))
     aggregator_->abandon();
+  if (aggregator_) aggregator_->settle_checks(false);  // a failed step's, never read
   round_ = round;
   phase_ = 0;
   failed_ = nullptr;
@@ -143,13 +159,23 @@ std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>
     return out;
   }
   // A two-round codec: the query from the first sum, and this rank's answer to it.
+  const uint64_t values = codec_->reply_size(MessageKind::Query);
+  if (failed_ && values) {
+    // The others learn of the failure only at finish() (their checks are deferred): join their
+    // second sum, with NaN.
+    ops::scale(device_, rooms_.answer, std::numeric_limits<float>::quiet_NaN());
+    ++phase_;
+    return {Request::sum(1, codec_->sum_format(MessageKind::Answer))};
+  }
   add_sum(rooms_.payload.first(sum_size_));
   Message query;
   reply(MessageKind::Query, query_, query);
-  if (codec_->reply_size(MessageKind::Query))
-    codec_->answer_values(query_.span().first(codec_->reply_size(MessageKind::Query)),
-                          rooms_.answer);
-  else
+  if (values) {
+    // The aggregator's reply, checked at finish() before anything changes state: the codec's
+    // unchecked path (answering changes none).
+    const auto scope = device_.activate();
+    codec_->do_answer_values(query_.span().first(values), rooms_.answer);
+  } else
     codec_->answer_sum(query.bytes(), rooms_.answer);
   ++phase_;
   return {Request::sum(1, codec_->sum_format(MessageKind::Answer))};
@@ -215,9 +241,10 @@ void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span
       add_sum(codec_->two_rounds() ? rooms_.answer : payload.first(sum_size_));
       Message update;
       reply(MessageKind::Update, update_, update);
-      if (const uint64_t n = codec_->reply_size(MessageKind::Update))
-        codec_->apply_values(update_.span().first(n), step);
-      else
+      if (const uint64_t n = codec_->reply_size(MessageKind::Update)) {
+        settle();
+        codec_->do_apply_values(update_.span().first(n), step);  // settled: unchecked path
+      } else
         codec_->apply(update.bytes(), step);
     } else {
       SKETCHSGD_REQUIRE(gathered.size() == world_, InvalidArgument, "round: ", gathered.size(),
@@ -229,24 +256,15 @@ void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span
       }
       codec_->apply(aggregator_->finish().bytes(), step);
     }
-    if (scatter) {
-      uint64_t from = 0;
-      for (const auto& r : at.kept) {
-        ops::copy(device_, buffer.subspan(r.offset, r.numel), step.subspan(from, r.numel));
-        from += r.numel;
-      }
-    }
+    if (scatter)
+      ops::scale_pieces(device_, pieces(buffer.data(), at.kept, step.data(), true), 1.0f);
   }
   mean_into(payload.subspan(sum_size_), buffer, at.whole);
 }
 
 void Round::mean_into(std::span<const float> sum, std::span<float> buffer,
                       std::span<const Layout::Run> out) const {
-  uint64_t from = 0;
-  for (const auto& r : out) {
-    ops::scale(device_, buffer.subspan(r.offset, r.numel), sum.subspan(from, r.numel), inv_);
-    from += r.numel;
-  }
+  ops::scale_pieces(device_, pieces(buffer.data(), out, sum.data(), true), inv_);
 }
 
 void Round::rethrow_own() const {
@@ -261,10 +279,24 @@ void Round::check_sum() const {
         "coordinate); this step has no update");
 }
 
-void Round::add_sum(std::span<const float> sum) {
-  rethrow_own();
+namespace {
+/// The aggregator's checks deferred while it lives.
+class Deferred {
+ public:
+  explicit Deferred(bool& flag) : flag_(flag) { flag_ = true; }
+  ~Deferred() { flag_ = false; }
+  Deferred(const Deferred&) = delete;
+  Deferred& operator=(const Deferred&) = delete;
+
+ private:
+  bool& flag_;
+};
+}  // namespace
+
+template <class F>
+void Round::attributed(F&& f) {
   try {
-    aggregator_->add_sum(sum, world_, round_);
+    f();
   } catch (const WireError&) {
     // The aggregator refuses a sum that is not finite: say whose fault it was when a rank
     // signalled it (reading the payload, a host synchronisation, only now).
@@ -273,13 +305,28 @@ void Round::add_sum(std::span<const float> sum) {
   }
 }
 
+void Round::add_sum(std::span<const float> sum) {
+  rethrow_own();
+  attributed([&] {
+    const Deferred deferred(aggregator_->defer_checks_);
+    aggregator_->add_sum(sum, world_, round_);
+  });
+}
+
 void Round::reply(MessageKind kind, Buffer<float>& room, Message& message) {
-  if (const uint64_t n = codec_->reply_size(kind)) {
-    if (room.size() != n) room = Buffer<float>(n, device_);
-    aggregator_->finish_values(room.span());
-  } else {
-    message = aggregator_->finish();
-  }
+  attributed([&] {  // a message's reduce() settles the checks first
+    const Deferred deferred(aggregator_->defer_checks_);
+    if (const uint64_t n = codec_->reply_size(kind)) {
+      if (room.size() != n) room = Buffer<float>(n, device_);
+      aggregator_->finish_values(room.span());
+    } else {
+      message = aggregator_->finish();
+    }
+  });
+}
+
+void Round::settle() {
+  attributed([&] { aggregator_->settle_checks(true); });
 }
 
 }  // namespace sketchsgd

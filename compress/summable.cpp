@@ -120,10 +120,51 @@ void SummableAggregator::absorb(ByteReader& r, const Header& h) {
             ops::on_device(device_, std::span<const float>(v), staging_), 1.0f);
 }
 
-void SummableAggregator::absorb_sum(std::span<const float> v, MessageKind kind) {
-  const size_t bad = ops::find_nonfinite(device_, ops_, v);
+namespace {
+void check_sum(MessageKind kind, size_t bad) {
   SKETCHSGD_REQUIRE(bad == kernels::kNone, WireError, "summed ", payload_name(kind), " ", bad,
                     " is not finite");
+}
+
+void check_rounding(MessageKind kind, WireFloat f, size_t bad) {
+  SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, payload_name(kind), " ", bad,
+                    " does not fit ", f == WireFloat::F16 ? "fp16 (|x| < 65520)" : "bf16",
+                    ": use a wider wire format");
+}
+}  // namespace
+
+unsigned long long* SummableAggregator::flag(MessageKind kind) {
+  static_assert(size_t(MessageKind::Gradient) < size_t(MessageKind::Query) &&
+                size_t(MessageKind::Query) < size_t(MessageKind::Answer) &&
+                size_t(MessageKind::Answer) < size_t(MessageKind::Update));
+  if (flags_.empty()) {
+    flags_ = Buffer<unsigned long long>(size_t(MessageKind::Update) + 1, device_);
+    ops::clear_flags(device_, flags_.span());
+  }
+  flagged_ = true;
+  return flags_.data() + size_t(kind);
+}
+
+void SummableAggregator::settle_checks(bool raise) {
+  if (!flagged_) return;
+  flagged_ = false;
+  if (!raise) return ops::clear_flags(device_, flags_.span());
+  std::vector<unsigned long long> bad(flags_.size());
+  ops::take_flags(device_, flags_.span(), bad);
+  for (size_t k = size_t(MessageKind::Gradient); k < bad.size(); ++k) {
+    const auto kind = MessageKind(k);
+    if (kind == MessageKind::Gradient || kind == MessageKind::Answer)
+      check_sum(kind, bad[k]);
+    else
+      check_rounding(kind, info_.format[k], bad[k]);
+  }
+}
+
+void SummableAggregator::absorb_sum(std::span<const float> v, MessageKind kind) {
+  if (defer_checks_)
+    ops::flag_nonfinite(device_, v, flag(kind));
+  else
+    check_sum(kind, ops::find_nonfinite(device_, ops_, v));
   // Added to the zeroed sum rather than copied, as messages are: 0 + x turns −0 into +0, so
   // both roads give the same bytes.
   ops::axpy(device_, sum_of(kind).span(), v, 1.0f);
@@ -131,6 +172,7 @@ void SummableAggregator::absorb_sum(std::span<const float> v, MessageKind kind) 
 
 Message SummableAggregator::reduce(const Header& phase, uint32_t contributors) {
   const auto scope = device_.activate();
+  settle_checks(true);  // a codec's reduce_sum may change its state (FetchSGD's sketches)
   return reduce_sum(sum_of(phase.kind).span(), phase, contributors);
 }
 
@@ -158,12 +200,11 @@ void SummableAggregator::reduce_values(const Header& phase, uint32_t contributor
   reduce_to(sum_of(phase.kind).span(), phase, contributors, out);
   // As the message would carry them: rounded to the wire format, which must hold them.
   const WireFloat f = info_.format[size_t(kind)];
-  const size_t bad = f == WireFloat::F32
-                         ? kernels::kNone
-                         : ops::round_half(device_, ops_, out, f == WireFloat::BF16);
-  SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, payload_name(kind), " ", bad,
-                    " does not fit ", f == WireFloat::F16 ? "fp16 (|x| < 65520)" : "bf16",
-                    ": use a wider wire format");
+  if (f == WireFloat::F32) return;
+  if (defer_checks_)
+    ops::round_half(device_, out, f == WireFloat::BF16, flag(kind));
+  else
+    check_rounding(kind, f, ops::round_half(device_, ops_, out, f == WireFloat::BF16));
 }
 
 void SummableAggregator::reduce_to(std::span<float>, const Header&, uint32_t, std::span<float>) {

@@ -75,7 +75,10 @@ class SummableAggregator : public Aggregator {
   Message reduce(const Header& phase, uint32_t contributors) final;
   void reduce_values(const Header& phase, uint32_t contributors, std::span<float> out) final;
   void clear() final;
+  void settle_checks(bool raise) final;
   Buffer<float>& sum_of(MessageKind kind);
+  /// The deferred check of a phase's sum (Gradient, Answer) or reply rounding (Query, Update).
+  unsigned long long* flag(MessageKind kind);
 
   Buffer<float> sum_[2];  // Gradient, Answer
   bool dirty_[2] = {false, false};
@@ -83,6 +86,10 @@ class SummableAggregator : public Aggregator {
   Buffer<float> reply_;      // reduce_to()'s output for a message
   std::vector<float> host_;  // its host copy (GPU)
   Scratch ops_;
+  // Deferred checks at [MessageKind] (Gradient, Query, Answer, Update: the order they would
+  // raise in), each the first bad position or kernels::kNone; whether any was launched.
+  Buffer<unsigned long long> flags_;
+  bool flagged_ = false;
 };
 
 }  // namespace sketchsgd

@@ -51,6 +51,9 @@ void axpy(float*, const float*, size_t, float, Stream) {
 void scale(float*, const float*, size_t, float, Stream) {
   absent();
 }
+void scale_pieces(std::span<const Piece>, float, Stream) {
+  absent();
+}
 void momentum_accumulate(float*, float*, const float*, size_t, float, Stream) {
   absent();
 }

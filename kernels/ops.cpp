@@ -60,6 +60,21 @@ void scale(const Device& d, std::span<float> y, std::span<const float> x, float 
     cpu::scale(y.data(), x.data(), y.size(), a);
 }
 
+void scale_pieces(const Device& d, std::span<const kernels::Piece> pieces, float a) {
+  if (d.is_gpu()) {
+    for (size_t i = 0; i < pieces.size(); i += cu::kMaxPieces)
+      cu::scale_pieces(pieces.subspan(i, std::min(cu::kMaxPieces, pieces.size() - i)), a,
+                       d.stream);
+    return;
+  }
+  for (const auto& p : pieces) {
+    if (a == 1.0f)
+      std::copy(p.src, p.src + p.n, p.dst);
+    else
+      cpu::scale(p.dst, p.src, p.n, a);
+  }
+}
+
 void copy(const Device& d, std::span<float> dst, std::span<const float> src) {
   SKETCHSGD_ASSERT(dst.size() == src.size(), "copy of ", src.size(), " values into ", dst.size());
   if (d.is_gpu()) {
@@ -76,6 +91,38 @@ size_t round_half(const Device& d, Scratch& s, std::span<float> x, bool bf16) {
     });
   for (auto& v : x) v = bf16 ? bf16_float(bf16_bits(v)) : half_float(half_bits(v));
   return cpu::find_nonfinite(x.data(), x.size());
+}
+
+void flag_nonfinite(const Device& d, std::span<const float> x, unsigned long long* flag) {
+  if (d.is_gpu())
+    cu::find_nonfinite(x.data(), x.size(), flag, d.stream);
+  else
+    *flag = std::min<unsigned long long>(*flag, cpu::find_nonfinite(x.data(), x.size()));
+}
+
+void round_half(const Device& d, std::span<float> x, bool bf16, unsigned long long* flag) {
+  if (d.is_gpu()) {
+    cu::round_half(x.data(), x.size(), bf16, flag, d.stream);
+    return;
+  }
+  Scratch unused;
+  *flag = std::min<unsigned long long>(*flag, round_half(d, unused, x, bf16));
+}
+
+void take_flags(const Device& d, std::span<unsigned long long> flags,
+                std::span<unsigned long long> out) {
+  SKETCHSGD_ASSERT(out.size() == flags.size(), "take_flags: ", flags.size(), " flags into ",
+                   out.size());
+  detail::copy_bytes(out.data(), flags.data(), flags.size_bytes(), d);
+  clear_flags(d, flags);
+}
+
+void clear_flags(const Device& d, std::span<unsigned long long> flags) {
+  static_assert(kernels::kNone == ~0ull, "a flag preset to kNone is every byte 0xFF");
+  if (d.is_gpu())
+    gpu::fill(flags.data(), 0xFF, flags.size_bytes(), d.stream);
+  else
+    std::fill(flags.begin(), flags.end(), ~0ull);
 }
 
 Factors::Factors(std::vector<kernels::Factor> list, const Device& d) : host(std::move(list)) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include <sketchsgd/core/error.hpp>
 #include <sketchsgd/core/half.hpp>
 #include <sketchsgd/core/hd.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
@@ -33,6 +34,17 @@ __global__ void round_half_kernel(float* x, uint64_t n, bool bf16, unsigned long
 
 __global__ void scale_kernel(float* y, const float* x, uint64_t n, float a) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride()) y[i] = a * x[i];
+}
+
+struct PieceList {
+  Piece at[kMaxPieces];
+};
+
+/// Piece blockIdx.y: dst = a · src (a = 1: the values themselves, NaN payloads too).
+__global__ void scale_pieces_kernel(PieceList list, float a) {
+  const Piece p = list.at[blockIdx.y];
+  for (uint64_t i = thread_index(); i < p.n; i += grid_stride())
+    p.dst[i] = a == 1.0f ? p.src[i] : a * p.src[i];
 }
 
 __global__ void momentum_kernel(float* u, float* v, const float* g, uint64_t n, float rho) {
@@ -141,6 +153,21 @@ void round_half(float* x, size_t n, bool bf16, unsigned long long* first, Stream
 void scale(float* y, const float* x, size_t n, float a, Stream stream) {
   if (n == 0) return;
   scale_kernel<<<grid_for(n, 4), kThreads, 0, stream>>>(y, x, n, a);
+  SKETCHSGD_LAUNCH_CHECK();
+}
+
+void scale_pieces(std::span<const Piece> pieces, float a, Stream stream) {
+  SKETCHSGD_REQUIRE(pieces.size() <= kMaxPieces, InvalidArgument, "scale_pieces: ",
+                    pieces.size(), " pieces, at most ", kMaxPieces, " a launch");
+  PieceList list{};
+  uint64_t longest = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    list.at[i] = pieces[i];
+    longest = std::max(longest, pieces[i].n);
+  }
+  if (longest == 0) return;
+  const dim3 grid(grid_for(longest, 4), unsigned(pieces.size()));
+  scale_pieces_kernel<<<grid, kThreads, 0, stream>>>(list, a);
   SKETCHSGD_LAUNCH_CHECK();
 }
 

@@ -145,7 +145,7 @@ class Communicator:
             kinds.setdefault((type(r), r.wire if isinstance(r, Sum) else r.t.dtype, r.t.device), []).append(r)
         for (kind, dtype, device), rs in kinds.items():
             n = sum(r.t.numel() for r in rs)
-            self.count(n * torch.empty(0, dtype=dtype).element_size(), 0)
+            self.count(n * dtype.itemsize, 0)
             if len(rs) == 1 or flat is None:
                 for r in rs:
                     if kind is Gather:

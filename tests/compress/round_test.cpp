@@ -232,6 +232,45 @@ TEST_P(Rounds, ANonFiniteRankStopsEveryRankAndTheNextStepGoesOn) {
   }
 }
 
+// PowerSGD's query is a float vector, so the checks of its sums wait for finish() (one host read
+// a step on a GPU instead of one per check): after a NaN on one rank every rank, that one too,
+// runs the second phase and raises at finish(), the healthy ones naming another rank; the next
+// step agrees.
+TEST(Round, ATwoPhaseCodecWithAFloatQueryRaisesAtFinishOnEveryRank) {
+  for (const char* spec :
+       {"powersgd:rank=2,layout=50x80+1000", "powersgd:rank=2,wire=fp16,layout=50x80+1000"}) {
+    SCOPED_TRACE(spec);
+    Group group(spec, kWhole);
+    std::vector<std::vector<float>> x(kRanks), whole(kRanks), buffers(kRanks);
+    std::vector<std::vector<Round::Request>> reqs(kRanks);
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      x[r] = grad(r, 0);
+      whole[r] = grad(r, 0, kWhole);
+    }
+    x[1][4321] = std::numeric_limits<float>::infinity();
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      buffers[r] = group.place(x[r], whole[r]);
+      reqs[r] = group.rounds[r]->start(buffers[r], {group.kept, group.whole_runs}, 0);
+    }
+    auto got = group.run(reqs);
+    for (uint32_t r = 0; r < kRanks; ++r)
+      ASSERT_NO_THROW(reqs[r] = group.rounds[r]->next(Group::spans(got))) << "rank " << r;
+    got = group.run(reqs);
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      try {
+        group.rounds[r]->finish(Group::spans(got), buffers[r], {group.kept, group.whole_runs});
+        ADD_FAILURE() << "rank " << r << " finished a step with a rank's Inf in it";
+      } catch (const NonFiniteError& e) {
+        EXPECT_NE(std::string(e.what()).find(r == 1 ? "4321" : "another rank"), std::string::npos)
+            << e.what();
+      }
+    }
+    x[1][4321] = 0.0f;
+    for (const auto& e : group.step(x, whole, 1)) ASSERT_EQ(e, "");
+    for (uint32_t r = 1; r < kRanks; ++r) ASSERT_EQ(group.steps[r], group.steps[0]);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, Rounds, ::testing::ValuesIn(fp32_examples()),
                          test::spec_name<::testing::TestParamInfo<std::string>>);
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -16,6 +17,7 @@
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
 #include <sketchsgd/kernels/hash.hpp>
+#include <sketchsgd/kernels/ops.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
 #include "support/cuda.hpp"
 #include "support/helpers.hpp"
@@ -386,6 +388,66 @@ TEST(Cuda, VectorKernelsMatchCpuBitForBit) {
       ASSERT_NEAR(gs[c].stddev, cs[c].stddev, 1e-6f * cs[c].stddev) << c;
     }
   }
+}
+
+// A round's runs moved by one launch per 16 (ops::scale_pieces): 40 runs of every length from 0
+// up, copied bit for bit (a NaN's payload too) or scaled as the CPU scales, nothing else written.
+TEST(Cuda, ScalePiecesCopiesAndScalesEveryRunLikeTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::vector<uint64_t> lengths;
+  for (uint64_t i = 0; i < 40; ++i) lengths.push_back(i * i * 37 % 5000);
+  uint64_t total = 0;
+  for (auto n : lengths) total += n;
+  auto src = test::gaussian(total, seed);
+  src[3] = std::bit_cast<float>(0x7fc01234u);  // a NaN with a payload
+  Dev<float> dsrc(src);
+  for (const float a : {1.0f, 0.25f}) {
+    Dev<float> ddst(2 * total);  // every run at twice its offset: gaps left as they were
+    std::vector<kernels::Piece> pieces;
+    auto want = ddst.host();
+    uint64_t at = 0, nan_at = 0;
+    for (auto n : lengths) {
+      if (at <= 3 && 3 < at + n) nan_at = 2 * at + (3 - at);
+      pieces.push_back({ddst.get() + 2 * at, dsrc.get() + at, n});
+      for (uint64_t j = 0; j < n; ++j) want[2 * at + j] = a == 1.0f ? src[at + j] : a * src[at + j];
+      at += n;
+    }
+    ops::scale_pieces(Device::cuda(), pieces, a);
+    auto got = ddst.host();
+    if (a != 1.0f) {  // a product of a NaN is some NaN (the device's has no payload)
+      EXPECT_TRUE(std::isnan(got[nan_at]));
+      got[nan_at] = want[nan_at];
+    }
+    EXPECT_BITS_EQ(got, want) << a;
+  }
+}
+
+// The server's outer optimisers (elem::adagrad, elem::adam, compiled with --fmad=false): the
+// device's weights and moments are the CPU's bits, step after step.
+TEST(Cuda, OuterOptimisersMatchCpuBitForBit) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const size_t n = 300007;
+  auto w = test::gaussian(n, seed), m = std::vector<float>(n), v = std::vector<float>(n);
+  auto w2 = w, v2 = v;
+  Dev<float> dw(w), dm(m), dv(v), dw2(w2), dv2(v2);
+  for (int t = 1; t <= 3; ++t) {
+    const auto s = test::gaussian(n, seed + t, 0.01f * float(t));
+    Dev<float> ds(s);
+    const float c1 = 1.0f - std::pow(0.9f, float(t)), c2 = 1.0f - std::pow(0.999f, float(t));
+    cpu::adam(w.data(), m.data(), v.data(), s.data(), n, 0.01f, 0.9f, 0.999f, c1, c2, 1e-8f);
+    cu::adam(dw.get(), dm.get(), dv.get(), ds.get(), n, 0.01f, 0.9f, 0.999f, c1, c2, 1e-8f);
+    cpu::adagrad(w2.data(), v2.data(), s.data(), n, 0.1f, 1e-10f);
+    cu::adagrad(dw2.get(), dv2.get(), ds.get(), n, 0.1f, 1e-10f);
+  }
+  EXPECT_BITS_EQ(dw.host(), w);
+  EXPECT_BITS_EQ(dm.host(), m);
+  EXPECT_BITS_EQ(dv.host(), v);
+  EXPECT_BITS_EQ(dw2.host(), w2);
+  EXPECT_BITS_EQ(dv2.host(), v2);
 }
 
 /// The update's delta-coded indices: the device's lengths, scan and writes give the CPU's bytes,

@@ -134,6 +134,9 @@ class Compressor {
   virtual Feedback* feedback() { return nullptr; }
   const Feedback* feedback() const { return const_cast<Compressor*>(this)->feedback(); }
   friend class Aggregator;  // keeps info()
+  // Hands the codec values its own aggregator produced from sums it checked: answer_values()'
+  // and apply_values()' checks would each cost a host synchronisation on a GPU, for nothing.
+  friend class Round;
   /// save_state()/load_state() (the device active); default: feedback()'s state. Codecs with
   /// more worker state override both; load validates everything before changing anything.
   virtual Bytes do_save_state() const;
@@ -210,6 +213,14 @@ class Aggregator {
   virtual void reduce_values(const Header& phase, uint32_t contributors, std::span<float> out);
   /// Drops partial state (called after finish(), before the next phase).
   virtual void clear() = 0;
+  /// Raises the first check that add_sum() or finish_values() deferred (defer_checks_), as the
+  /// check itself would have; with raise = false forgets them. Default: none to settle.
+  virtual void settle_checks(bool raise);
+
+  /// Set by Round (a friend) around its calls: add_sum()'s and finish_values()' checks of the
+  /// values go to flags read once, at the round's end (settle_checks()), rather than each costing
+  /// a host synchronisation on a GPU. A reduce() settles them before it changes any state.
+  bool defer_checks_ = false;
 
   const Device device_;  ///< the codec's device: where summed payloads lie
 
@@ -222,6 +233,8 @@ class Aggregator {
  private:
   /// After a phase's result: the next phase, or a new round.
   void next_phase(MessageKind reply);
+
+  friend class Round;
 
   uint32_t world_;
   uint32_t count_ = 0;

@@ -29,6 +29,12 @@
 // to NaN), a message length of 0. Every rank then raises NonFiniteError, with no update anywhere
 // and that rank's codec state as before (the others' encodes went through: their error feedback
 // holds the step). A step that failed leaves no phase open: the next start() begins afresh.
+//
+// The checks of the values the round passes between its codec and aggregator (sums finite,
+// replies that fit a 16-bit wire) are deferred to one read at finish(), before any state changes:
+// on a GPU each would otherwise cost a host synchronisation. A two-round codec whose query is a
+// float vector so runs both phases on every rank and raises at finish(); one whose query is a
+// message (it is built on the host anyway) raises after the first.
 #pragma once
 
 #include <cstdint>
@@ -99,10 +105,17 @@ class Round {
   void rethrow_own() const;
   /// After a sum: this rank's failure, or another's (NaN in the payload's first value).
   void check_sum() const;
+  /// The aggregator takes a phase's sum, its checks deferred.
   void add_sum(std::span<const float> sum);
   /// The aggregator's Query or Update: into a float room when it is a float vector (no host copy
-  /// between phases), else a message.
+  /// between phases; checks deferred), else a message.
   void reply(MessageKind kind, Buffer<float>& room, Message& message);
+  /// Raises what the deferred checks found, with whose fault it was.
+  void settle();
+  /// f(), a WireError from the aggregator's checks of a sum told as another rank's failure
+  /// where one signalled it.
+  template <class F>
+  void attributed(F&& f);
   std::vector<Request> padded(std::span<const std::span<const uint8_t>> lengths);
   /// out's runs of buffer = float32(1/W) · sum, end to end.
   void mean_into(std::span<const float> sum, std::span<float> buffer,

@@ -37,6 +37,13 @@ enum class Order : uint8_t { Magnitude, Index };
 
 /// One matrix of a concatenation of row-major n × r blocks (the factors of a low-rank codec):
 /// its offset, rows and columns, and where its r × r R goes in a concatenation of those.
+/// One run of a batched copy or scale (ops::scale_pieces): n floats from src to dst.
+struct Piece {
+  float* dst;
+  const float* src;
+  uint64_t n;
+};
+
 struct Factor {
   uint64_t at, rows, rank, r_at;
 };

@@ -79,6 +79,10 @@ void axpy(float* y, const float* x, size_t n, float a, Stream stream = nullptr);
 void round_half(float* x, size_t n, bool bf16, unsigned long long* first, Stream stream = nullptr);
 /// y = a · x (y may be x)
 void scale(float* y, const float* x, size_t n, float a, Stream stream = nullptr);
+/// Pieces one launch takes (their list travels as a kernel parameter: no upload).
+inline constexpr size_t kMaxPieces = 16;
+/// dst = a · src for up to kMaxPieces pieces in one launch; a = 1 copies bit for bit.
+void scale_pieces(std::span<const Piece> pieces, float a, Stream stream = nullptr);
 /// u = ρ·u + g; v += u, in one pass (the fused momentum + error-feedback update).
 void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho,
                          Stream stream = nullptr);

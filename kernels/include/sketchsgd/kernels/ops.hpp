@@ -22,11 +22,24 @@ void axpy(const Device& d, std::span<float> y, std::span<const float> x, float a
 void scale(const Device& d, std::span<float> y, float a);
 /// y = a · x (y may be x)
 void scale(const Device& d, std::span<float> y, std::span<const float> x, float a);
+/// dst = a · src for every piece (a = 1: a copy, bit for bit), in the device's memory: on a GPU
+/// one launch per kernels::cuda::kMaxPieces pieces where a copy or scale each would be one.
+void scale_pieces(const Device& d, std::span<const kernels::Piece> pieces, float a);
 /// dst = src, both in the device's memory (on a GPU ordered on its stream, not waited for).
 void copy(const Device& d, std::span<float> dst, std::span<const float> src);
 /// Rounds x in place to the nearest fp16 (bf16: bfloat16) values; the index of the first value
 /// that is then not finite (beyond fp16's range), or kernels::kNone.
 size_t round_half(const Device& d, Scratch& s, std::span<float> x, bool bf16);
+/// Deferred checks, for a caller that reads several at once: find_nonfinite's and round_half's
+/// first position min'd into *flag (a word in d's memory preset to kernels::kNone) with no
+/// read-back, so on a GPU the checks of a whole round cost one synchronisation (take_flags).
+void flag_nonfinite(const Device& d, std::span<const float> x, unsigned long long* flag);
+void round_half(const Device& d, std::span<float> x, bool bf16, unsigned long long* flag);
+/// The flags' values into out (one read), then every flag preset to kernels::kNone again.
+void take_flags(const Device& d, std::span<unsigned long long> flags,
+                std::span<unsigned long long> out);
+/// Every flag preset to kernels::kNone (on a GPU ordered on the stream, not waited for).
+void clear_flags(const Device& d, std::span<unsigned long long> flags);
 /// Row-major c = alpha · op(a) · op(b) + beta · c (kernels::cpu::gemm), matrices in d's memory.
 void gemm(const Device& d, bool trans_a, bool trans_b, size_t m, size_t n, size_t k, float alpha,
           const float* a, size_t lda, const float* b, size_t ldb, float beta, float* c, size_t ldc);
