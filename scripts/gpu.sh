@@ -10,7 +10,8 @@
 #                                      programs and libraries alone, to carry with the deps
 #                                      (BUILD=build/gpu-carry there)
 #   bash scripts/gpu.sh check          there: the GoogleTest suite (fails if a GPU test skipped;
-#                                      the two-GPU one may skip on one GPU), compute-sanitizer
+#                                      the two-GPU one may skip on one GPU; TESTS_FILTER, a
+#                                      --gtest_filter, narrows it), compute-sanitizer
 #                                      memcheck, the GPU benchmarks against PyTorch, one table and
 #                                      a PNG (GPU_BENCH=0: tests only). Every step runs;
 #                                      failures are listed at the end.
@@ -33,6 +34,12 @@
 #                                      server's round, the accumulate and the hooks' fp16/bf16
 #                                      wires on NCCL at device speed (GPU tests, memcheck, kernel
 #                                      benchmarks, bench_round.py, bench_hook.py), in one call
+#   bash scripts/gpu.sh hook-ab        there, after demo-prepare here, with AB_OLD=DIR (another
+#                                      source tree of the project staged in this one, e.g.
+#                                      `git archive REV | tar -x -C ab-old`): both packages built,
+#                                      then bench_hook.py's PowerSGD hooks timed with each in turn
+#                                      (AB_RUNS=2 alternations, HOOK_WIDTHS, HOOK_ONLY): a
+#                                      same-machine before/after
 #   bash scripts/gpu.sh lm             there, after demo-prepare here: the lm workload at GPT-2
 #                                      small's size (124 M parameters), 4 workers simulated on
 #                                      the GPU: per-step dense against DiLoCo + sparseloco
@@ -43,7 +50,8 @@
 #                                      machine's 16 cores; ARGS go to it (ip and tc staged by
 #                                      demo-prepare where the machine lacks them)
 #
-# Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out).
+# Results go to $REPORT (check, profile: $BUILD/gpu-check; demo: build/gpu-demo-out). A lent
+# machine's call brings back only a few files from $OUT: point REPORT below it and tar it there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The machine's own Python (no project venv): the examples', scripts' and benchmarks' modules
@@ -138,7 +146,8 @@ check() {
   fi
 
   step "tests"
-  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_output="json:$REPORT/tests.json" 2>&1 |
+  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_output="json:$REPORT/tests.json" \
+    --gtest_filter="${TESTS_FILTER:-*}" 2>&1 |
     tee "$REPORT/tests.log" || fail "tests (see $REPORT/tests.log)"
   grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
   "$PY" - "$REPORT/tests.json" <<'PY' || fail "GPU tests: some failed or skipped"
@@ -159,7 +168,7 @@ PY
   step "compute-sanitizer memcheck (small cases)"
   compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
     "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
-    --gtest_filter='CudaBlocked.*:Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:Cuda.Orthonormalize*:Cuda.RoundHalf*:CudaSketch.*:CudaCodec.DenseTopk*:CudaCodec.PowerSGDPhases*:CudaEngine.*' \
+    --gtest_filter='CudaBlocked.*:Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:Cuda.Orthonormalize*:Cuda.RoundHalf*:Cuda.ScalePieces*:Cuda.OuterOptimisers*:CudaSketch.*:CudaCodec.DenseTopk*:CudaCodec.PowerSGDPhases*:CudaEngine.*' \
     > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see $REPORT/memcheck.log)"
   tail -n 5 "$REPORT/memcheck.log"
 
@@ -301,7 +310,8 @@ demo() {
   cat "$REPORT/summary.txt"
 }
 
-# Builds the package for the machine's Python and PyTorch into $PYBUILD (its python/ on PYTHONPATH).
+# Builds the package for the machine's Python and PyTorch into $PYBUILD (its python/ on PYTHONPATH)
+# from the source tree $SRC (default: this one).
 python_build() {
   local deps=$PWD/${DEPS:-build/gpu-demo-deps} build=${BUILD_PY:-build/gpu-python}
   PYBUILD=$build
@@ -318,7 +328,7 @@ python_build() {
   mkdir -p "$build/stdcxx"
   ln -sf "$stdcxx" "$build/stdcxx/libstdc++.so"
   echo "libstdc++ of $PY: $stdcxx"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKETCHSGD_CUDA=ON \
+  cmake -S "${SRC:-.}" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSKETCHSGD_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DSKETCHSGD_SERVER=OFF -DSKETCHSGD_DEMO=OFF \
     -DSKETCHSGD_TESTS=OFF -DSKETCHSGD_BENCHMARKS=OFF -DSKETCHSGD_PYTHON=ON "-DCMAKE_PREFIX_PATH=$deps" \
     "-DCMAKE_SHARED_LINKER_FLAGS=-L$PWD/$build/stdcxx" "-DCMAKE_MODULE_LINKER_FLAGS=-L$PWD/$build/stdcxx" \
@@ -400,15 +410,20 @@ round_check() {
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out="$REPORT/kernels.json" \
     --benchmark_out_format=json || fail "GPU benchmarks"
   python_build || { fail "build the Python package"; finish round; }
-  step "Python: the CUDA compressor tests"
-  "$PY" -m pytest -q -p no:cacheprovider -k cuda tests/python/test_compressor.py 2>&1 | tee "$REPORT/pytest.log" ||
-    fail "Python CUDA tests"
+  step "Python: the CUDA compressor and hook tests"
+  "$PY" -m pytest -q -p no:cacheprovider -k cuda tests/python/test_compressor.py tests/python/test_hook.py 2>&1 |
+    tee "$REPORT/pytest.log" || fail "Python CUDA tests"
   step "the server's round and the accumulate at d = 2^27 (bench_round.py)"
   "$PY" benchmarks/bench_round.py --device cuda --dim 134217728 --rounds 10 --python "$PYBUILD/python" \
     --json "$REPORT/round.json" || fail "bench_round.py"
-  step "the hooks on NCCL (a group of one) with fp16 and bf16 wires, against PyTorch's rank 4"
-  "$PY" benchmarks/bench_hook.py --device cuda --width 4096 --steps 50 --threads 8 --python "$PYBUILD/python" \
-    --only 'none,torch:powersgd:rank=4,wire=' --json "$REPORT/hook-wires.json" || fail "hooks with half wires"
+  step "the hooks on NCCL (a group of one): PowerSGD ranks 1-16 against PyTorch's, fp16 and bf16 wires"
+  for width in ${HOOK_WIDTHS:-1024 4096}; do
+    "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 50 --threads 8 --rounds "${HOOK_ROUNDS:-3}" \
+      --python "$PYBUILD/python" --only 'none,powersgd' --json "$REPORT/hook-cuda-w$width.json" ||
+      fail "hook timing (width $width)"
+  done
+  "$PY" benchmarks/bench_hook.py --device cuda --width 4096 --steps 20 --threads 8 --python "$PYBUILD/python" \
+    --only 'powersgd:rank=4' --profile "$REPORT/hook-profile.txt" > /dev/null || fail "hook profile"
   step "compute-sanitizer memcheck (the round's kernels; at most ${MEMCHECK_S:-150} s)"
   timeout "${MEMCHECK_S:-150}" compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
     "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
@@ -416,6 +431,32 @@ round_check() {
     > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see memcheck.log)"
   tail -n 3 "$REPORT/memcheck.log"
   finish round
+}
+
+# Before/after on one machine: the package of $AB_OLD (a source tree inside this one) and this
+# tree's, built the same way, and the hooks timed with each in turn.
+hook_ab() {
+  [ -n "${AB_OLD:-}" ] && [ -f "$AB_OLD/CMakeLists.txt" ] ||
+    { echo "hook-ab: set AB_OLD to another source tree of the project inside this one" >&2; exit 2; }
+  REPORT=${REPORT:-build/gpu-ab-out}
+  mkdir -p "$REPORT"
+  local old=$PWD/$AB_OLD/build/gpu-python
+  (SRC=$AB_OLD BUILD_PY=$AB_OLD/build/gpu-python python_build) || { fail "build the package of $AB_OLD"; finish hook-ab; }
+  python_build || { fail "build this tree's package"; finish hook-ab; }
+  local new=$PWD/$PYBUILD
+  step "the hooks with each package in turn (${AB_RUNS:-2} runs each)"
+  for run in $(seq "${AB_RUNS:-2}"); do
+    for width in ${HOOK_WIDTHS:-1024 4096}; do
+      for side in old new; do
+        local pkg=$old
+        [ "$side" = new ] && pkg=$new
+        "$PY" benchmarks/bench_hook.py --device cuda --width "$width" --steps 50 --threads 8 \
+          --rounds "${HOOK_ROUNDS:-2}" --python "$pkg/python" --only "${HOOK_ONLY:-none,powersgd}" \
+          --json "$REPORT/hook-$side-w$width-$run.json" || fail "hook timing ($side, width $width)"
+      done
+    done
+  done
+  finish hook-ab
 }
 
 # The lm workload's frontier point at GPT-2 small's size: 12 blocks of width 768, 12 heads, a
@@ -474,6 +515,7 @@ case "$cmd" in
   demo) demo "$@" ;;
   python) python_check ;;
   round) round_check ;;
+  hook-ab) hook_ab ;;
   lm) lm_point ;;
   lm-runs) lm_runs ;;
   network) network "$@" ;;
