@@ -14,6 +14,12 @@ def each(rank, world, job, specs, *args):
     return {spec: globals()[job](rank, world, spec, *args) for spec in specs}
 
 
+def several(rank, world, calls):
+    """Jobs of this module one after the other in one set of processes: calls are (name, args)
+    pairs; returns their results in order."""
+    return [globals()[name](rank, world, *args) for name, args in calls]
+
+
 def _mesh(world, replicas):
     from torch.distributed.device_mesh import init_device_mesh
     return init_device_mesh("cpu", (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))

@@ -69,8 +69,9 @@ def test_a_non_finite_shard_raises_on_every_rank_and_training_goes_on():
     four ranks (none applies an update, none waits), and the steps after it run and agree. The
     same with the reduce-scatter compressed (every rank shares the failed round)."""
     specs = ["powersgd:rank=2", "topk:k=400"]
-    replicas = ddp.run(fsdp_jobs.each, "non_finite", specs, 6, 2)
-    full = ddp.run(fsdp_jobs.each, "non_finite", ["topk:k=400"], 6, 2, "reduce_scatter")
+    both = ddp.run(fsdp_jobs.several, [("each", ("non_finite", specs, 6, 2)),
+                                       ("each", ("non_finite", ["topk:k=400"], 6, 2, "reduce_scatter"))])
+    replicas, full = [r[0] for r in both], [r[1] for r in both]
     for out, spec in [(replicas, s) for s in specs] + [(full, "topk:k=400")]:
         for rank in range(4):
             errors, local = out[rank][spec]
@@ -90,9 +91,10 @@ def test_a_dcp_checkpoint_resumes_every_rank_bit_for_bit(tmp_path):
     specs = ["powersgd:rank=2", "topk:k=400"]
     (tmp_path / "replicas").mkdir()
     (tmp_path / "full").mkdir()
-    replicas = ddp.run(fsdp_jobs.each, "resume", specs, 4, 4, str(tmp_path / "replicas"))
-    full = ddp.run(fsdp_jobs.each, "resume", ["powersgd:rank=2", "signsgd:ef=1"], 4, 4, str(tmp_path / "full"),
-                   "reduce_scatter", 2)
+    both = ddp.run(fsdp_jobs.several, [("each", ("resume", specs, 4, 4, str(tmp_path / "replicas"))),
+                                       ("each", ("resume", ["powersgd:rank=2", "signsgd:ef=1"], 4, 4,
+                                                 str(tmp_path / "full"), "reduce_scatter", 2))])
+    replicas, full = [r[0] for r in both], [r[1] for r in both]
     for rank in range(4):
         for spec, (continued, resumed) in list(replicas[rank].items()) + list(full[rank].items()):
             assert continued[0] == resumed[0], (spec, rank, continued[0], resumed[0])

@@ -51,26 +51,28 @@ def test_error_feedback_keeps_what_a_sync_did_not_send():
 def test_a_checkpoint_per_rank_resumes_identically_mid_interval(tmp_path):
     """Adam inside, syncs every 3 steps, the checkpoint at step 4 (between syncs, models and
     Adam's moments differ per rank): each rank's file restores it bit for bit."""
-    for spec in ["topk:k=300", "powersgd:rank=2", "dense"]:
-        folder = tmp_path / spec.partition(":")[0]
-        folder.mkdir()
-        for r, (straight, resumed) in enumerate(ddp.run(jobs.outer_resume, spec, 4, 5, str(folder), True)):
+    specs = ["topk:k=300", "powersgd:rank=2", "dense"]
+    for r, results in enumerate(ddp.run(jobs.each, "outer_resume", specs, 4, 5, str(tmp_path), True)):
+        for spec in specs:
+            straight, resumed = results[spec]
             assert straight == resumed, f"{spec}: rank {r}"
 
 
 def test_rank_0s_checkpoint_after_a_sync_resumes_every_rank_identically(tmp_path):
     """Plain SGD inside, the checkpoint right after a sync (step 6): rank 0's file, with every
     rank's error feedback gathered into it, restores every rank."""
-    for spec in ["topk:k=300", "powersgd:rank=2"]:
-        folder = tmp_path / spec.partition(":")[0]
-        folder.mkdir()
-        for r, (straight, resumed) in enumerate(ddp.run(jobs.outer_resume, spec, 6, 5, str(folder), False)):
+    specs = ["topk:k=300", "powersgd:rank=2"]
+    for r, results in enumerate(ddp.run(jobs.each, "outer_resume", specs, 6, 5, str(tmp_path), False)):
+        for spec in specs:
+            straight, resumed = results[spec]
             assert straight == resumed, f"{spec}: rank {r}"
 
 
 def test_a_nan_on_one_rank_stops_the_sync_on_every_rank_without_a_hang():
-    for spec in ["powersgd:rank=2", "topk:k=300", "dense"]:
-        results = ddp.run(jobs.outer_non_finite, spec, world=3, timeout=90)
+    specs = ["powersgd:rank=2", "topk:k=300", "dense"]
+    everyone = ddp.run(jobs.each, "outer_non_finite", specs, world=3, timeout=150)
+    for spec in specs:
+        results = [r[spec] for r in everyone]
         for rank, (raised, kept, _) in enumerate(results):
             assert raised is not None, (spec, rank)
             assert kept, f"{spec}: rank {rank}'s anchor changed"
