@@ -272,6 +272,32 @@ TEST(ShardedLoopback, AClientOfAnotherPlanIsRefused) {
             StepResult::Outcome::Updated);
 }
 
+// A shard's replicas are listed with '|': more than 8, or an empty one, is the caller's error,
+// said before anything is sent (were it not checked, the client would wait out its timeout).
+TEST(ShardedLoopback, AReplicaListOfMoreThanEightOrWithAnEmptyItemIsRefused) {
+  constexpr uint64_t kDim = 100;
+  const auto init = test::initial_params(kDim, 1);
+  auto o = client_options("tcp://127.0.0.1:5600", 0, 1);
+  o.timeout = 2s;
+  std::string nine;
+  for (int i = 0; i < 9; ++i)
+    nine += (i ? "|tcp://127.0.0.1:" : "tcp://127.0.0.1:") + std::to_string(5600 + i);
+  const std::pair<std::string, std::string> cases[] = {
+      {nine, "at most 8"},
+      {"tcp://127.0.0.1:5600||tcp://127.0.0.1:5601", "empty item"},
+      {"tcp://127.0.0.1:5600|", "empty item"},
+      {"tcp://127.0.0.1:5600|tcp://127.0.0.1:5601,|tcp://127.0.0.1:5602", "empty item"}};
+  for (const auto& [servers, why] : cases) {
+    o.server = servers;
+    try {
+      Client c(o, make_compressor("topk:k=3", kDim), init);
+      ADD_FAILURE() << servers << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << servers << ": " << e.what();
+    }
+  }
+}
+
 TEST(ShardedLoopback, AKilledShardRestartsFromItsCheckpointWhileTheOthersGoOn) {
   constexpr uint64_t kDim = 2000, kRounds = 8;
   const std::string spec = "topk:k=50";
