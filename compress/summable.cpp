@@ -148,6 +148,7 @@ unsigned long long* SummableAggregator::flag(MessageKind kind) {
 void SummableAggregator::settle_checks(bool raise) {
   if (!flagged_) return;
   flagged_ = false;
+  const auto scope = device_.activate();  // Round::start() calls it outside its own scope
   if (!raise) return ops::clear_flags(device_, flags_.span());
   std::vector<unsigned long long> bad(flags_.size());
   ops::take_flags(device_, flags_.span(), bad);
