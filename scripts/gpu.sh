@@ -31,9 +31,10 @@
 #                                      PYTEST_ARGS="tests/python/test_outer.py" narrows the tests;
 #                                      GPU_EXTRAS=0: the tests only)
 #   bash scripts/gpu.sh round          there, after prepare and demo-prepare here: the sketch
-#                                      server's round, the accumulate and the hooks' fp16/bf16
-#                                      wires on NCCL at device speed (GPU tests, memcheck, kernel
-#                                      benchmarks, bench_round.py, bench_hook.py), in one call
+#                                      server's round, the accumulate and the PowerSGD hooks on
+#                                      NCCL at device speed (GPU tests, memcheck, kernel
+#                                      benchmarks, bench_round.py, bench_hook.py at ranks 1-16,
+#                                      both widths, with a profile), in one call
 #   bash scripts/gpu.sh hook-ab        there, after demo-prepare here, with AB_OLD=DIR (another
 #                                      source tree of the project staged in this one, e.g.
 #                                      `git archive REV | tar -x -C ab-old`): both packages built,
@@ -392,11 +393,12 @@ python_check() {
   finish python
 }
 
-# The sketch server's round, the accumulate and the hooks' half-precision wires at device speed,
-# in one call: the C++ GPU tests and memcheck of the kernels they use, the sketch kernels'
-# benchmarks, the Python package (built here as `python` builds it) with its CUDA compressor
-# tests, bench_round.py at d = 2^27 and bench_hook.py on NCCL with fp16 and bf16 wires, memcheck
-# last (MEMCHECK_S caps it). Needs `prepare` and `demo-prepare` (their data and text folders may
+# The sketch server's round, the accumulate and the PowerSGD hooks at device speed, in one call:
+# the C++ GPU tests and memcheck of the kernels they use, the sketch kernels' benchmarks, the
+# Python package (built here as `python` builds it) with its CUDA compressor and hook tests,
+# bench_round.py at d = 2^27 and bench_hook.py on NCCL (PowerSGD ranks 1-16 against PyTorch's,
+# fp16 and bf16 wires, HOOK_WIDTHS, HOOK_ROUNDS; a profile at rank 4), memcheck last
+# (MEMCHECK_S caps it). Needs `prepare` and `demo-prepare` (their data and text folders may
 # stay behind: none is read). Carry build/gpu-carry and build/gpu-demo-deps, and run it with
 # BUILD=build/gpu-carry.
 round_check() {
