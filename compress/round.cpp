@@ -163,6 +163,7 @@ std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>
   if (failed_ && values) {
     // The others learn of the failure only at finish() (their checks are deferred): join their
     // second sum, with NaN.
+    const auto scope = device_.activate();
     ops::scale(device_, rooms_.answer, std::numeric_limits<float>::quiet_NaN());
     ++phase_;
     return {Request::sum(1, codec_->sum_format(MessageKind::Answer))};
