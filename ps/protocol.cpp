@@ -189,6 +189,7 @@ Bytes encode(const WelcomeInfo& w) {
   b.put(w.eps);
   b.put(w.beta1);
   b.put(w.beta2);
+  b.put(w.async);
   return out;
 }
 
@@ -205,6 +206,7 @@ WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
   w.eps = r.get<float>();
   w.beta1 = r.get<float>();
   w.beta2 = r.get<float>();
+  w.async = r.get<uint8_t>();
   r.expect_end();
   try {
     SKETCHSGD_REQUIRE(w.optimizer <= 2, InvalidArgument, "optimizer ", int(w.optimizer));
@@ -215,6 +217,7 @@ WelcomeInfo decode_welcome(std::span<const uint8_t> frame) {
   SKETCHSGD_REQUIRE(w.nesterov <= 1, WireError, "welcome: nesterov = ", int(w.nesterov));
   SKETCHSGD_REQUIRE(w.staleness <= 64, WireError, "welcome: staleness ", w.staleness);
   SKETCHSGD_REQUIRE(w.has_model <= 1, WireError, "welcome: has_model = ", int(w.has_model));
+  SKETCHSGD_REQUIRE(w.async <= 1, WireError, "welcome: async = ", int(w.async));
   SKETCHSGD_REQUIRE(w.heartbeat_ms >= 1 && w.heartbeat_ms <= 3600000, WireError,
                     "welcome: heartbeat interval ", w.heartbeat_ms, " ms");
   return w;
@@ -262,6 +265,10 @@ Bytes encode(const UpdateInfo& u) {
   ByteWriter w(out);
   w.put(u.lr);
   w.put(u.contributors);
+  w.put(u.version);
+  w.put(u.age);
+  w.put(u.pusher);
+  w.put(u.push);
   return out;
 }
 
@@ -270,6 +277,10 @@ UpdateInfo decode_update_info(std::span<const uint8_t> frame) {
   UpdateInfo u;
   u.lr = r.get<float>();
   u.contributors = r.get<uint32_t>();
+  u.version = r.get<uint64_t>();
+  u.age = r.get<uint32_t>();
+  u.pusher = r.get<uint32_t>();
+  u.push = r.get<uint64_t>();
   r.expect_end();
   SKETCHSGD_REQUIRE(std::isfinite(u.lr), WireError, "update info: learning rate ", u.lr);
   return u;

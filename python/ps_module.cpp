@@ -32,7 +32,7 @@ std::unique_ptr<Client> connect(const std::string& server, uint64_t job, uint32_
                                 uint32_t world, uint32_t population, uint64_t join_round,
                                 const std::string& spec, const std::string& layout, uint64_t dim,
                                 uintptr_t init, uint64_t init_len, double timeout_s, bool quiet,
-                                bool shared_io) {
+                                bool shared_io, uint32_t fetch_every) {
   SKETCHSGD_REQUIRE(timeout_s > 0 && timeout_s < 1e6, InvalidArgument,
                     "timeout must be in (0, 10^6) seconds, got ", timeout_s);
   ClientOptions o;
@@ -44,6 +44,7 @@ std::unique_ptr<Client> connect(const std::string& server, uint64_t job, uint32_
   o.join_round = join_round;
   o.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
   o.shared_io = shared_io;
+  o.fetch_every = fetch_every;
   if (quiet) o.log = [](const std::string&) {};
   auto codec =
       layout.empty() ? make_compressor(spec, dim) : make_compressor(spec, Layout::parse(layout));
@@ -57,7 +58,8 @@ py::dict result(const StepResult& r) {
                                                                      : "pending";
   return py::dict(py::arg("outcome") = outcome, py::arg("round") = r.round, py::arg("lr") = r.lr,
                   py::arg("contributors") = r.contributors, py::arg("bytes_up") = r.bytes_up,
-                  py::arg("bytes_down") = r.bytes_down);
+                  py::arg("bytes_down") = r.bytes_down, py::arg("age") = r.age,
+                  py::arg("version") = r.version);
 }
 
 }  // namespace
@@ -82,13 +84,25 @@ PYBIND11_MODULE(_ps, m) {
       .def(py::init(&connect), py::arg("server"), py::arg("job"), py::arg("rank"), py::arg("world"),
            py::arg("population"), py::arg("join_round"), py::arg("spec"), py::arg("layout"),
            py::arg("dim"), py::arg("init"), py::arg("init_len"), py::arg("timeout"),
-           py::arg("quiet"), py::arg("shared_io"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("quiet"), py::arg("shared_io"), py::arg("fetch_every"), py::call_guard<py::gil_scoped_release>(),
            "Connects, registers and pulls the model (blocking).")
       .def_property_readonly("dim", [](Client& c) { return c.codec().dim(); })
       .def_property_readonly("spec", [](Client& c) { return c.codec().spec(); })
       .def_property_readonly("rank", &Client::rank)
       .def_property_readonly("round", &Client::round)
       .def_property_readonly("shards", &Client::shards)
+      .def_property_readonly("asynchronous", &Client::async)
+      .def(
+          "fetch",
+          [](Client& c) {
+            StepResult r;
+            {
+              py::gil_scoped_release unlocked;
+              r = c.fetch();
+            }
+            return result(r);
+          },
+          "An asynchronous job's fetch of the server's model.")
       .def(
           "params",
           [](const Client& c, uintptr_t out, uint64_t n) {

@@ -77,6 +77,12 @@ void JobConfig::validate() const {
   SKETCHSGD_REQUIRE(
       shard.count > 1 || (shard.begin == 0 && (shard.model_dim == 0 || shard.model_dim == dim)),
       InvalidArgument, "one server holds the whole model: ", shard.describe(dim));
+  SKETCHSGD_REQUIRE(!async || (population == 0 && staleness == 0 && policy == Policy::Wait),
+                    InvalidArgument,
+                    "an asynchronous job has no rounds: no federated population, bounded "
+                    "staleness or round policy");
+  SKETCHSGD_REQUIRE(async || max_age == 0, InvalidArgument,
+                    "max_age bounds the pushes of asynchronous jobs only");
   outer.validate();
 }
 
@@ -93,6 +99,9 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
   SKETCHSGD_REQUIRE(cfg_.staleness == 0 || !codec_->two_rounds(), InvalidArgument,
                     "bounded staleness needs a one-round codec: ", cfg_.spec,
                     " queries worker state that has moved on");
+  SKETCHSGD_REQUIRE(!cfg_.async || !codec_->two_rounds(), InvalidArgument,
+                    "an asynchronous job needs a one-round codec: ", cfg_.spec,
+                    " queries its workers in a second round");
   agg_ = make_aggregator();
   outer_ = std::make_unique<OuterStep>(cfg_.outer, cfg_.dim, Device::cpu());
   workers_.resize(cfg_.world);
@@ -152,6 +161,9 @@ void Engine::restore(const Checkpoint& c) {
   snapshot_ = Frame();
   round_ = c.round;
   next_.assign(cfg_.world, Worker{});  // check-ins were for the round the server was at
+  // Asynchronous jobs: the pushes numbered by an earlier state may be lost; each worker's next
+  // Hello says where it is.
+  for (Worker& w : workers_) w.numbered = false;
   next_of_.clear();
   early_.clear();
   last_outcome_.clear();
@@ -462,8 +474,19 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.last_seen = now;
   w.behind = false;
   index[peer] = rank;
+  if (cfg_.async && !w.numbered) {
+    // Its Hello names the push it is at: a server that knows nothing of it (a new or restored
+    // one) takes it at its word; one that does keeps its own count, so a push it has applied
+    // already is answered again rather than applied twice.
+    w.numbered = true;
+    w.next_push = e.round;
+    w.base = round_;
+    w.own = 0;
+    w.ack.clear();
+  }
   WelcomeInfo info{uint8_t(has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness};
   info.epoch = epoch_;
+  info.async = uint8_t(cfg_.async);
   with_outer(info, cfg_.outer);
   out.push_back(Outgoing{peer,
                          {envelope(Type::Welcome, cfg_.job, round_ + ahead, rank, w.session),
@@ -559,7 +582,15 @@ void Engine::on_pull(uint32_t rank, std::vector<Outgoing>& out) {
   }
   pending_pull_[rank] = false;
   Frames fr = model_frames();
-  fr[0] = to(rank, Type::Model, round_);
+  if (cfg_.async) {
+    // Its pushes from now on are computed on this version (its own updates counted apart).
+    Worker& w = workers_[rank];
+    w.base = round_;
+    w.own = 0;
+    fr[0] = to(rank, Type::Model, w.next_push);
+  } else {
+    fr[0] = to(rank, Type::Model, round_);
+  }
   send(rank, std::move(fr), out);
 }
 
@@ -567,6 +598,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
                      std::vector<Outgoing>& out) {
   SKETCHSGD_REQUIRE(has_model(), ProtocolError, "push from rank ", rank,
                     " before the model exists");
+  if (cfg_.async) return on_async_push(rank, e, f[1].bytes(), out);
   if (e.round < round_) {
     // Idempotent: a worker that missed the outcome of the previous round gets it again; older
     // pushes are ignored.
@@ -614,6 +646,90 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
   held_[rank] = f[1];
   metrics_.bytes_up[rank] += msg.size();
   absorb_in_order(false);
+}
+
+void Engine::send_ack(uint32_t rank, std::vector<Outgoing>& out) const {
+  const Worker& w = workers_[rank];
+  Frames fr = w.ack;
+  fr[0] = to(rank, decode_envelope(fr[0].bytes(), fr.size() - 1).type, w.next_push - 1);
+  send(rank, std::move(fr), out);
+}
+
+void Engine::on_async_push(uint32_t rank, const Envelope& e, std::span<const uint8_t> msg,
+                           std::vector<Outgoing>& out) {
+  Worker& w = workers_[rank];
+  if (e.round < w.next_push) {
+    // Sent again after a reconnect: its reply was lost (the last push), or the worker has moved
+    // on since (an older one). Applied once either way.
+    if (e.round + 1 == w.next_push && !w.ack.empty()) send_ack(rank, out);
+    hooks_.log("rank " + std::to_string(rank) + " sent push #" + std::to_string(e.round) +
+               " again (next expected #" + std::to_string(w.next_push) + ")");
+    return;
+  }
+  if (finished()) return finished_reply(w.peer, e, out);
+  if (e.round > w.next_push)
+    return refuse(w.peer, e, true,
+                  "push #" + std::to_string(e.round) + " of rank " + std::to_string(rank) +
+                      " comes before #" + std::to_string(w.next_push) +
+                      " (register again and fetch the model)",
+                  out);
+  SKETCHSGD_REQUIRE(from(msg, rank, e.round), ProtocolError, "push #", e.round, " of rank ", rank,
+                    " carries a message with another sender or push number");
+  const uint64_t age = round_ - w.base - w.own;
+  metrics_ = RoundMetrics{};
+  metrics_.round = round_;
+  metrics_.bytes_up.assign(cfg_.world, 0);
+  metrics_.bytes_up[rank] = msg.size();
+  metrics_.dense_bytes = cfg_.dim * 4 + kHeaderBytes;
+  metrics_.pusher = rank;
+  metrics_.age = age;
+  w.next_push = e.round + 1;
+  auto refuse_push = [&](const std::string& why) {
+    // Nothing applied: the worker's codec keeps the push in its error feedback.
+    hooks_.log("rank " + std::to_string(rank) + " push #" + std::to_string(e.round) +
+               " not applied: " + why);
+    ++rejected_;
+    w.ack = {Frame(), Frame::own(encode_text(why.substr(0, kMaxText)))};
+    w.ack[0] = to(rank, Type::Abort, e.round);
+    send_ack(rank, out);
+  };
+  if (cfg_.max_age && age > cfg_.max_age)
+    return refuse_push("it is " + std::to_string(age) + " updates old (the bound is " +
+                       std::to_string(cfg_.max_age) + "): fetch the model");
+  const auto t0 = Clock::now();
+  Message m;
+  try {
+    agg_->add(msg);
+    m = agg_->finish();
+  } catch (const Error& ex) {
+    agg_->abandon();
+    return refuse_push(std::string("decode failed: ") + ex.what());
+  }
+  const Frame payload = Frame::own(std::move(m).release());
+  const float lr = cfg_.lr / float(cfg_.world) / (cfg_.age_scaled ? float(1 + age) : 1.0f);
+  try {
+    outer_->apply(*codec_, payload.bytes(), model_, lr);  // validates before it writes
+  } catch (const Error& ex) {
+    return refuse_push(std::string("update rejected: ") + ex.what());
+  }
+  snapshot_ = Frame();
+  ++w.own;
+  const UpdateInfo info{lr, 1, round_ + 1, uint32_t(std::min<uint64_t>(age, UINT32_MAX)), rank,
+                        e.round};
+  const Frame info_frame = Frame::own(encode(info));
+  last_outcome_ = {envelope(Type::Update, cfg_.job, round_, 0, 0), info_frame, payload};
+  if (ended_) ended_(round_, last_outcome_);
+  w.ack = {to(rank, Type::Update, e.round), info_frame, payload};
+  send_ack(rank, out);
+  metrics_.contributors = 1;
+  metrics_.merge_ms = ms_between(t0, Clock::now());
+  metrics_.bytes_down_each = payload.size();
+  hooks_.round(metrics_);
+  ++round_;
+  if (hooks_.checkpoint && cfg_.checkpoint_every &&
+      (round_ % cfg_.checkpoint_every == 0 || finished()))
+    hooks_.checkpoint(checkpoint(), finished());
+  reset_round();
 }
 
 void Engine::on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point,
@@ -834,6 +950,16 @@ void Engine::follow(uint64_t round, const CommitInfo& c, std::span<const uint8_t
     outcome.push_back(Frame::own(encode(c.info)));
   }
   outcome.push_back(Frame::own(Bytes(payload.begin(), payload.end())));
+  if (cfg_.async && c.outcome == Type::Update && c.info.pusher < cfg_.world) {
+    // Which push this was: sent again to this server after a failover, it is answered, not
+    // applied twice.
+    Worker& w = workers_[c.info.pusher];
+    w.numbered = true;
+    w.next_push = c.info.push + 1;
+    ++w.own;
+    w.ack = {envelope(Type::Update, cfg_.job, c.info.push, c.info.pusher, 0), outcome[1],
+             outcome[2]};
+  }
   std::swap(agg_, spare_);
   last_outcome_ = std::move(outcome);
   ++round_;

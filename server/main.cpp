@@ -92,6 +92,15 @@ int main(int argc, char** argv) {
         "SKETCHSGD_DEAD_AFTER");
   f.add("staleness", "0", "bounded staleness: rounds a worker may push ahead (0: synchronous)",
         "SKETCHSGD_STALENESS");
+  f.add("mode", "rounds",
+        "rounds: every update merges a round's pushes | async: no rounds, each push applied as it "
+        "arrives and answered to its worker alone (Downpour; one-round codecs)",
+        "SKETCHSGD_MODE");
+  f.add("max-age", "0",
+        "async: refuse a push computed on a model this many other workers' updates old (0: none)",
+        "SKETCHSGD_MAX_AGE");
+  f.add("age-scale", "1", "async: divide a push's step by 1 + its age (1) or not (0)",
+        "SKETCHSGD_AGE_SCALE");
   f.add("device", "cpu",
         "where the aggregator runs: cpu, cuda or cuda:N (sketch unsketch on the GPU)",
         "SKETCHSGD_DEVICE");
@@ -189,6 +198,13 @@ int main(int argc, char** argv) {
     o.job.heartbeat = Millis(f.u64("heartbeat-ms", 1, UINT32_MAX));
     o.job.dead_after = uint32_t(f.u64("dead-after", 1, UINT32_MAX));
     o.job.staleness = uint32_t(f.u64("staleness", 0, 64));
+    const std::string mode = f.str("mode");
+    SKETCHSGD_REQUIRE(mode == "rounds" || mode == "async", sketchsgd::InvalidArgument,
+                      "--mode must be rounds or async, got '", mode, "'");
+    o.job.async = mode == "async";
+    o.job.max_age = uint32_t(f.u64("max-age", 0, UINT32_MAX));
+    o.job.age_scaled = f.u64("age-scale", 0, 1) != 0;
+    if (o.job.async) o.job.policy = Policy::Wait;  // no rounds to close: the policy has no use
     o.job.device = named("device", [&] { return sketchsgd::Device::parse(f.str("device")); });
     o.checkpoint = f.str("checkpoint");
     o.job.checkpoint_every = f.u64("checkpoint-every");

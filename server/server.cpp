@@ -18,8 +18,12 @@
 namespace sketchsgd::ps {
 namespace {
 
-std::string json_line(const RoundMetrics& m, uint32_t world) {
+std::string json_line(const RoundMetrics& m, uint32_t world, bool async) {
+  // An asynchronous job's line is one push: its version (as "round"), pusher and age.
   std::string s = "{\"round\":" + std::to_string(m.round) +
+                  (async ? ",\"pusher\":" + std::to_string(m.pusher) +
+                               ",\"age\":" + std::to_string(m.age)
+                         : std::string()) +
                   ",\"aborted\":" + (m.aborted ? "true" : "false") +
                   ",\"latency_ms\":" + std::to_string(m.latency_ms) +
                   ",\"merge_ms\":" + std::to_string(m.merge_ms) +
@@ -142,7 +146,7 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
   hooks.round = [this](const RoundMetrics& m) {
     ++impl_->rounds;
     if (impl_->metrics.is_open())
-      impl_->metrics << json_line(m, opts_.job.world) << '\n' << std::flush;
+      impl_->metrics << json_line(m, opts_.job.world, opts_.job.async) << '\n' << std::flush;
   };
   if (!opts_.checkpoint.empty() && opts_.job.checkpoint_every) {
     // The round logic hands out snapshots; the file is written off its thread, the final one

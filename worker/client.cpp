@@ -244,7 +244,7 @@ struct Client::Shard {
     StepResult res;
     res.round = session->round();
     const auto deadline = Clock::now() + session->options().timeout;
-    while (session->round() < session->next_push()) {
+    while (!session->settled()) {
       Received ev;
       if (!next(deadline, ev)) timeout("round " + std::to_string(session->round()));
       if (dispatch(ev, res)) break;
@@ -374,6 +374,8 @@ StepResult merge(const std::vector<StepResult>& all, const std::vector<bool>& to
     m.contributors = std::min(m.contributors, p.contributors);
     m.bytes_up += p.bytes_up;
     m.bytes_down += p.bytes_down;
+    m.fetched = m.fetched && p.fetched;  // every shard's model came
+    m.age = std::max(m.age, p.age);
     m.pushed_at = std::max(m.pushed_at, p.pushed_at);
   }
   return m;
@@ -418,6 +420,28 @@ StepResult Client::sync() {
   for (size_t i = 0; i < errors.size(); ++i)
     if (errors[i]) took_part[i] = false;  // finished during this call
   return merge(parts, took_part);
+}
+
+StepResult Client::fetch() {
+  std::vector<StepResult> parts(shards_.size());
+  std::vector<std::exception_ptr> errors(shards_.size());
+  std::vector<bool> took_part = live();
+  // Every shard asked first, then each waited for: the models come at once.
+  each(parts, errors, [](Shard& s, StepResult&) {
+    Session::Outbox out;
+    s.session->fetch(out);
+    s.flush(out);
+  });
+  each(parts, errors, [](Shard& s, StepResult& r) { s.settle(r); });
+  assemble();
+  rethrow(errors);
+  for (size_t i = 0; i < errors.size(); ++i)
+    if (errors[i]) took_part[i] = false;
+  return merge(parts, took_part);
+}
+
+bool Client::async() const {
+  return shards_[0]->session->async();
 }
 
 std::span<const float> Client::params() const {

@@ -49,6 +49,9 @@ std::optional<StepResult> LocalSteps::after_step(std::span<float> params) {
     }
   }
   if (step % o_.fetch_every == 0) {
+    // An asynchronous job's client holds the server's model only once it has fetched it (with
+    // this push, at its own ClientOptions::fetch_every, or now).
+    if (client_.async() && !(pushed && pushed->fetched)) client_.fetch();
     // What this worker changed since the last fetch and has not pushed stays counted.
     ops::axpy(dev_, carried_.span(), since_fetch_.span(), 1.0f);
     ops::axpy(dev_, carried_.span(), params, -1.0f);

@@ -56,6 +56,7 @@ Frame Session::envelope(Type t, uint64_t round) const {
 void Session::hello(Outbox& out) {
   registered_ = false;
   synced_ = false;
+  fetching_ = false;
   behind_ = false;
   session_ = 0;
   hello_at_.reset();
@@ -107,6 +108,7 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       slot_ = m.env.rank;
       heartbeat_ = Millis(w.heartbeat_ms);
       staleness_ = w.staleness;
+      async_ = w.async != 0;
       epoch_ = std::max(epoch_, w.epoch);  // a server of an older one was deposed
       // The job's optimizer (its state arrives with the model, which the Pull below asks for).
       const OuterOptions oo = outer_options(w);
@@ -131,8 +133,11 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
           resent_ += frame.size();
         }
       }
-      if (!opts_.population) out.push_back({envelope(Type::Pull, round_)});  // a federated
-      return true;  // client's model follows its Welcome
+      if (!opts_.population) {  // a federated client's model follows its Welcome
+        out.push_back({envelope(Type::Pull, round_)});
+        fetching_ = true;
+      }
+      return true;
     }
     case Type::Refuse: {
       const RefuseInfo r = decode_refuse(m.frames[1].bytes());
@@ -179,6 +184,8 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       if (model_changed_round_ || pending_.empty()) next_push_ = round_;
       behind_ = opts_.population != 0 && round_ < opts_.join_round;  // checked in ahead
       synced_ = !behind_;
+      fetching_ = false;
+      since_fetch_ = 0;
       init_.clear();
       init_.shrink_to_fit();
       return true;
@@ -220,6 +227,15 @@ void Session::push(std::span<const float> grad, Outbox& out, StepResult& res) {
   out.push_back({envelope(Type::Push, r), msg});
   res.bytes_up += msg.size();
   ++next_push_;
+  // Downpour's n_fetch: the Pull goes right behind the push, whose update the server applies
+  // first (one connection keeps the order), so the model comes back with it in.
+  if (async_ && opts_.fetch_every && ++since_fetch_ >= opts_.fetch_every) fetch(out);
+}
+
+void Session::fetch(Outbox& out) {
+  if (!registered_ || fetching_) return;
+  out.push_back({envelope(Type::Pull, round_)});
+  fetching_ = true;
 }
 
 bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, StepResult& res) {
@@ -228,6 +244,7 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
   const Envelope& e = m->env;
   const bool was_synced = synced_;
   if (control(*m, now, out)) {
+    if (e.type == Type::Model) res.fetched = true;
     res.bytes_up += resent_;
     const bool resent = e.type == Type::Welcome ? resent_ != 0 : resent_before_model_;
     if (e.type == Type::Welcome) resent_before_model_ = resent_ != 0;
@@ -271,13 +288,16 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
       res.bytes_down += apply_update(*m);
       res.lr = info.lr;
       res.contributors = info.contributors;
+      res.age = info.age;
+      res.version = info.version;
       res.outcome = StepResult::Outcome::Updated;
       break;
     }
     case Type::Abort:
-      opts_.log("round " + std::to_string(round_) +
-                " aborted: " + decode_text(m->frames[1].bytes()));
+      opts_.log((async_ ? "push #" : "round ") + std::to_string(round_) +
+                (async_ ? " refused: " : " aborted: ") + decode_text(m->frames[1].bytes()));
       res.outcome = StepResult::Outcome::Aborted;
+      if (async_) fetch(out);  // too old (or undecodable): catch up before the next push
       break;
     default:
       opts_.log("ignored unexpected " + std::string(to_string(e.type)));

@@ -7,6 +7,11 @@
         out = c.step(grad)                  # push, wait for the round, apply the update
         # out: {"outcome": "updated", "round": 0, "lr": …, "contributors": 4, "bytes_up": …, …}
 
+In an asynchronous job (sketchsgd-server --mode async: Downpour) step() returns once the server
+has applied this push, without waiting for the other workers; its result adds the push's "age"
+(other workers' updates the server applied since this client fetched its model) and the server's
+"version". The client fetches the model after every fetch_every pushes (0: only by fetch()).
+
 A federated job's client (population > 0) registers for the round it was sampled in
 (sketchsgd.sample_clients), under its id as the rank, gets the model with its Welcome, steps once
 and leaves. The client is the C++ one (worker/client.hpp): it keeps its own copy of the model,
@@ -31,7 +36,8 @@ except ImportError as e:  # a pip build has no parameter server
 class Client:
     def __init__(self, server: str, spec: str, dim: int = None, layout=None, rank: int = 0, world: int = 1,
                  job: int = 1, population: int = 0, join_round: int = 0, init: torch.Tensor = None,
-                 timeout: float = 120.0, quiet: bool = False, shared_io: bool = False):
+                 timeout: float = 120.0, quiet: bool = False, shared_io: bool = False,
+                 fetch_every: int = 1):
         """Connects, registers and pulls the model. rank 0 of a fixed job (or any federated
         client) passes init, the initial parameters, for a server that has no model yet. A
         sharded job (sketchsgd-server --shards S) names its S servers in server, comma-separated
@@ -41,7 +47,8 @@ class Client:
         join_round while the round before runs: it returns once its round opens (within
         timeout). shared_io: share one ZeroMQ context
         with the process's other clients that set it (many clients in one process: a simulated
-        federated population), instead of starting one each."""
+        federated population), instead of starting one each. fetch_every: an asynchronous job's
+        pushes between fetches of the model (0: only when fetch() is called)."""
         if _ps is None:
             raise ImportError(f"sketchsgd.ps needs the build with the parameter server (CMake): {_missing}")
         if not isinstance(server, str) or not isinstance(spec, str):
@@ -49,7 +56,7 @@ class Client:
         if not isinstance(shared_io, bool) or not isinstance(quiet, bool):
             raise TypeError("quiet and shared_io must be True or False")
         for name, v in (("rank", rank), ("world", world), ("job", job), ("population", population),
-                        ("join_round", join_round)):
+                        ("join_round", join_round), ("fetch_every", fetch_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}: expected an int ≥ 0, got {v!r}")
         text = layout_text(layout) if layout is not None else ""
@@ -59,7 +66,7 @@ class Client:
         ptr, length = (0, 0) if init is None else address(init, "init", torch.device("cpu"), n)
         self._init = init  # alive while the constructor reads it
         self._c = _ps.Client(server, int(job), int(rank), int(world), int(population), int(join_round), spec, text,
-                             int(n), ptr, length, float(timeout), quiet, shared_io)
+                             int(n), ptr, length, float(timeout), quiet, shared_io, int(fetch_every))
         self._init = None
 
     @property
@@ -86,6 +93,16 @@ class Client:
     def shards(self) -> int:
         """Servers the model is spread over (1: one server)."""
         return self._client.shards
+
+    @property
+    def asynchronous(self) -> bool:
+        """The server runs an asynchronous job (--mode async)."""
+        return self._client.asynchronous
+
+    def fetch(self) -> dict:
+        """An asynchronous job's fetch: params() become the server's model (a round job's are
+        current already)."""
+        return self._client.fetch()
 
     def params(self) -> torch.Tensor:
         out = torch.empty(self.dim, dtype=torch.float32)

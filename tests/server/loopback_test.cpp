@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -134,6 +135,54 @@ TEST(LoopbackStaleness, FastWorkerRunsAheadBoundedAndAllEndEqual) {
   EXPECT_EQ(run.finish(), kRounds);
   EXPECT_EQ(std::memcmp(got.params[0].data(), got.params[1].data(), kDim * 4), 0);
   EXPECT_EQ(std::memcmp(got.params[0].data(), run.server.engine().model().data(), kDim * 4), 0);
+}
+
+TEST(LoopbackAsync, AFastWorkerFinishesBeforeTheSlowOnePushesAndBothEndOnTheServersModel) {
+  // In a round job rank 0 would wait for rank 1's first push (its client's timeout); here rank 1
+  // pushes only once rank 0 has done all its steps.
+  constexpr uint64_t kDim = 2000, kFast = 12, kSlow = 4;
+  auto o = options("topk:k=40", 2, kDim, 0);
+  o.job.async = true;
+  o.job.policy = Policy::Wait;
+  Running run(o);
+  const auto init = test::initial_params(kDim, 3);
+  std::promise<void> fast_done, slow_done;
+  auto fast_future = fast_done.get_future().share(), slow_future = slow_done.get_future().share();
+  std::vector<std::vector<float>> params(2);
+  std::vector<std::string> errors(2);
+  auto worker = [&](uint32_t r) {
+    bool told = false;  // the other worker waits for this one's steps
+    try {
+      Client c(client_options(run.server.endpoint(), r, 2), make_compressor("topk:k=40", kDim),
+               r == 0 ? std::span<const float>(init) : std::span<const float>());
+      if (!c.async()) throw Error("the client does not know the job is asynchronous");
+      if (r == 1 && fast_future.wait_for(30s) != std::future_status::ready)
+        throw Error("the fast worker was held back");
+      for (uint64_t t = 0; t < (r == 0 ? kFast : kSlow); ++t) {
+        const auto res = c.step(test::synthetic_grad(c.params(), r, t, 4));
+        if (res.outcome != StepResult::Outcome::Updated) throw Error("push not applied");
+        if (r == 1 && res.age != (t == 0 ? kFast : 0)) throw Error("wrong age");
+      }
+      (r == 0 ? fast_done : slow_done).set_value();
+      told = true;
+      if (r == 0 && slow_future.wait_for(30s) != std::future_status::ready)
+        throw Error("the slow worker did not finish");
+      c.fetch();
+      params[r].assign(c.params().begin(), c.params().end());
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+      if (!told) (r == 0 ? fast_done : slow_done).set_value();
+    }
+  };
+  std::thread fast(worker, 0), slow(worker, 1);
+  fast.join();
+  slow.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(run.finish(), kFast + kSlow);
+  ASSERT_EQ(params[0].size(), kDim);
+  EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), kDim * 4), 0);
+  EXPECT_EQ(std::memcmp(params[0].data(), run.server.engine().model().data(), kDim * 4), 0);
 }
 
 TEST(LoopbackRestart, ServerRestartedWithoutCheckpointIsReinitialisedByRankZero) {

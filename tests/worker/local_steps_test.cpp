@@ -132,6 +132,27 @@ TEST(LocalSteps, FetchingBetweenPushesLosesNothingOfTheWorkersSteps) {
   for (size_t i = 0; i < kDim; ++i) ASSERT_NEAR(model[i], expect[i], 1e-5) << i;
 }
 
+TEST(LocalSteps, AsynchronousDiLoCoAppliesEachPseudoGradientAsItArrives) {
+  // An asynchronous server with the outer Nesterov step: each worker's change every 4 steps is
+  // applied when it comes; fetching every 2 steps asks the server (between pushes too).
+  constexpr uint64_t kDim = 1000;
+  ServerOptions o = server_options("topk:k=100", 2, kDim, 0, 0.7f, {0.9f, true});
+  o.job.async = true;
+  o.job.policy = Policy::Wait;
+  Running run(o);
+  const auto init = test::initial_params(kDim, 5);
+  const auto got = train(run, "topk:k=100", 2, kDim, 12, {4, 2}, init);
+  bool last = false;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[r].error, "") << "rank " << r;
+    EXPECT_EQ(std::memcmp(got[r].params.data(), got[r].model.data(), kDim * 4), 0) << r;
+    last |= std::memcmp(got[r].model.data(), run.server.engine().model().data(), kDim * 4) == 0;
+  }
+  EXPECT_TRUE(last) << "the worker that pushed last does not hold the server's model";
+  EXPECT_EQ(run.finish(), 6u);  // 3 pushes each, none refused
+  EXPECT_NE(std::memcmp(run.server.engine().model().data(), init.data(), kDim * 4), 0);
+}
+
 TEST(LocalSteps, BadKnobsAndANonFiniteChangeAreRefusedAndNothingIsLost) {
   constexpr uint64_t kDim = 500;
   Running run(server_options("dense", 1, kDim, 3, 1.0f, {}));

@@ -1,13 +1,16 @@
 // The worker's round logic (Session) against the server's (Engine), in-process with a fake clock and
 // no sockets: registration, rounds bit for bit against the in-process reference, transient
 // refusals retried on a timer, reconnects, resynchronisation after a server restart, the job's end
-// as a typed error, and traffic of another session or rank dropped.
+// as a typed error, traffic of another session or rank dropped; asynchronous jobs (pushes applied
+// as they arrive, in any order, ages, refusals, replies lost and sent again).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <random>
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
@@ -548,6 +551,275 @@ TEST(Session, BadOptionsAndInitialParametersAreRefused) {
   zero.timeout = 0ms;
   EXPECT_THROW(Session(zero, *codec, ten), InvalidArgument);
   EXPECT_NO_THROW(Session(options(1, 2), *codec, {}));  // only rank 0 brings a model
+}
+
+
+// ---- asynchronous jobs (Downpour): every push applied as it arrives, answered to its pusher
+
+JobConfig async_job(const std::string& spec, uint32_t world, uint64_t dim) {
+  JobConfig c = job(spec, world, dim);
+  c.async = true;
+  return c;
+}
+
+/// One step of one worker: its push, then the server's replies (its update, then the model it
+/// fetches with it) until it is settled.
+StepResult async_step(Wire& w, Worker& x, uint64_t seed) {
+  StepResult res;
+  x.push(w, seed, res);
+  x.pump(w, res);
+  EXPECT_TRUE(x.session.settled()) << x.peer;
+  return res;
+}
+
+bool same(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+struct AsyncRun {
+  std::vector<float> model;
+  std::vector<uint64_t> ages;
+  std::vector<float> lrs;
+};
+
+/// The pushes in this order of ranks (each worker fetching with every push).
+AsyncRun run_async(const JobConfig& cfg, const std::vector<uint32_t>& order) {
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 8));
+  AsyncRun out;
+  for (uint32_t r : order) {
+    const StepResult res = async_step(w, *ws[r], 21);
+    EXPECT_EQ(res.outcome, StepResult::Outcome::Updated) << "rank " << r;
+    out.ages.push_back(res.age);
+    out.lrs.push_back(res.lr);
+    // Its fetch went right behind its push: it holds the server's model, its own update in.
+    EXPECT_TRUE(same(ws[r]->session.params(), w.engine.model())) << "rank " << r;
+  }
+  EXPECT_EQ(w.engine.round(), order.size());
+  out.model.assign(w.engine.model().begin(), w.engine.model().end());
+  return out;
+}
+
+std::vector<std::string> one_round_specs() {
+  std::vector<std::string> out;
+  for (const auto& s : example_specs(Layout::parse("40x45+200")))
+    if (!make_compressor(s, 2000)->two_rounds()) out.push_back(s);
+  return out;
+}
+
+class AsyncSessions : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AsyncSessions, EachPushIsAppliedAtOnceWithItsAgeAndTheSameOrderReplaysBitForBit) {
+  const JobConfig cfg = async_job(GetParam(), 3, 2000);
+  std::vector<std::vector<float>> models;
+  for (uint64_t seed : {1, 2}) {
+    std::vector<uint32_t> order;
+    for (uint32_t r = 0; r < 3; ++r) order.insert(order.end(), 3, r);
+    std::mt19937_64 rng(seed);
+    std::shuffle(order.begin(), order.end(), rng);
+    const AsyncRun a = run_async(cfg, order), b = run_async(cfg, order);
+    EXPECT_EQ(a.model, b.model) << "the same arrival order, another model";
+    // A push's age: the other workers' pushes since its pusher's last (its fetch came with it).
+    std::vector<size_t> last(3, 0);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const uint64_t age = i - last[order[i]];
+      last[order[i]] = i + 1;
+      EXPECT_EQ(a.ages[i], age) << "push " << i;
+      EXPECT_EQ(a.lrs[i], cfg.lr / 3.0f / float(1 + age)) << "push " << i;
+    }
+    models.push_back(a.model);
+  }
+  EXPECT_NE(models[0], models[1]) << "two arrival orders ended on one model";
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, AsyncSessions, ::testing::ValuesIn(one_round_specs()),
+                         test::spec_name<::testing::TestParamInfo<std::string>>);
+
+TEST(Async, ADenseStepIsThePushScaledByTheWorldAndItsAge) {
+  JobConfig cfg = async_job("dense", 2, 500);
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 4);
+  auto ws = join(w, cfg, init);
+  const auto g0 = test::synthetic_grad(ws[0]->session.params(), 0, 0, 3);
+  const auto g1 = test::synthetic_grad(ws[1]->session.params(), 1, 0, 3);
+  EXPECT_EQ(async_step(w, *ws[0], 3).age, 0u);
+  EXPECT_EQ(async_step(w, *ws[1], 3).age, 1u);  // computed before rank 0's update
+  std::vector<float> expect = init;
+  kernels::cpu::axpy(expect.data(), g0.data(), cfg.dim, -(cfg.lr / 2));
+  kernels::cpu::axpy(expect.data(), g1.data(), cfg.dim, -(cfg.lr / 2 / 2));
+  EXPECT_TRUE(same(w.engine.model(), expect));
+
+  // Without the age's scaling, the step is lr / world whatever its age.
+  cfg.age_scaled = false;
+  Wire u(cfg);
+  auto us = join(u, cfg, init);
+  async_step(u, *us[0], 3);
+  EXPECT_EQ(async_step(u, *us[1], 3).lr, cfg.lr / 2);
+}
+
+TEST(Async, AWorkerThatFallsSilentHoldsNobodyBack) {
+  const JobConfig cfg = async_job("topk:k=10", 3, 300);
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 2));
+  for (int i = 0; i < 5; ++i) w.tick(100ms);  // rank 2 never speaks again: dead
+  EXPECT_EQ(w.engine.live_workers(), 0u);  // nobody has spoken since: each comes back on push
+  for (int t = 0; t < 5; ++t)
+    for (uint32_t r : {0u, 1u}) EXPECT_EQ(async_step(w, *ws[r], 1).outcome,
+                                          StepResult::Outcome::Updated);
+  EXPECT_EQ(w.engine.round(), 10u);
+  EXPECT_EQ(w.engine.live_workers(), 2u);
+}
+
+TEST(Async, APushOlderThanTheBoundIsRefusedAndItsErrorFeedbackKept) {
+  JobConfig cfg = async_job("topk:k=10", 2, 300);
+  cfg.max_age = 1;
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 5));
+  async_step(w, *ws[1], 5);
+  async_step(w, *ws[1], 5);  // rank 0's model is two updates of others old now
+  const std::vector<float> before(w.engine.model().begin(), w.engine.model().end());
+  const StepResult refused = async_step(w, *ws[0], 5);
+  EXPECT_EQ(refused.outcome, StepResult::Outcome::Aborted);
+  EXPECT_EQ(w.engine.round(), 2u);
+  EXPECT_TRUE(same(w.engine.model(), before));
+  EXPECT_TRUE(same(ws[0]->session.params(), before)) << "the refusal brings the model with it";
+  // The refused push stayed in rank 0's error feedback: a zero gradient now sends it.
+  StepResult res;
+  Session::Outbox out;
+  ws[0]->session.push(std::vector<float>(cfg.dim, 0.0f), out, res);
+  w.send(ws[0]->peer, out);
+  ws[0]->pump(w, res);
+  EXPECT_EQ(res.outcome, StepResult::Outcome::Updated);
+  EXPECT_EQ(res.age, 0u);
+  EXPECT_FALSE(same(w.engine.model(), before));
+  EXPECT_EQ(w.engine.round(), 3u);
+}
+
+TEST(Async, APushSentAgainAfterItsReplyWasLostIsAnsweredNotAppliedTwice) {
+  const JobConfig cfg = async_job("topk:k=10", 2, 300);
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 6));
+  StepResult res;
+  ws[0]->push(w, 6, res);
+  w.inbox[ws[0]->peer].clear();  // the update and the model are lost with the connection
+  EXPECT_EQ(w.engine.round(), 1u);
+  ws[0]->peer = "w0-again";
+  for (int i = 0; i < 4; ++i) w.tick(100ms);
+  ws[0]->hello(w);  // the pending push goes out again before the pull
+  for (int pass = 0; pass < 2; ++pass) ws[0]->pump(w, res);
+  EXPECT_EQ(res.outcome, StepResult::Outcome::Updated);
+  EXPECT_TRUE(ws[0]->session.settled());
+  EXPECT_EQ(ws[0]->session.round(), 1u);
+  EXPECT_EQ(w.engine.round(), 1u) << "applied twice";
+  EXPECT_TRUE(same(ws[0]->session.params(), w.engine.model()));
+  EXPECT_EQ(async_step(w, *ws[0], 6).outcome, StepResult::Outcome::Updated);
+  EXPECT_EQ(w.engine.round(), 2u);
+}
+
+TEST(Async, APushFromTheFutureOrCarryingAnotherSendersMessageChangesNothing) {
+  const JobConfig cfg = async_job("topk:k=10", 2, 300);
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 7));
+  const auto g = test::synthetic_grad(ws[0]->session.params(), 0, 0, 7);
+  auto push = [&](uint64_t number, uint32_t sender) {
+    const Bytes msg = ws[0]->codec->encode(g, number, sender).release();
+    Session::Outbox out{{Frame::own(encode(Envelope{Type::Push, cfg.job, number, 0, 0,
+                                                    ws[0]->session.session()})),
+                         Frame::own(msg)}};
+    w.send(ws[0]->peer, out);
+  };
+  push(5, 0);  // its push #0 has not come: #5 is from the future
+  auto& q = w.inbox[ws[0]->peer];
+  ASSERT_EQ(q.size(), 1u);
+  const Envelope e = decode_envelope(q.front()[0].bytes(), q.front().size() - 1);
+  EXPECT_EQ(e.type, Type::Refuse);
+  const RefuseInfo why = decode_refuse(q.front()[1].bytes());
+  EXPECT_TRUE(why.retry);
+  EXPECT_NE(why.reason.find("push #5 of rank 0 comes before #0"), std::string::npos) << why.reason;
+  q.clear();
+  push(0, 1);  // rank 0's connection, rank 1's message
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(w.engine.round(), 0u);
+  EXPECT_EQ(w.engine.rejected(), 2u);
+}
+
+TEST(Async, ARestoredServerTakesEachWorkersPushNumberFromItsHello) {
+  const JobConfig cfg = async_job("topk:k=10", 2, 300);
+  Wire w(cfg);
+  auto ws = join(w, cfg, test::initial_params(cfg.dim, 9));
+  for (int t = 0; t < 3; ++t) async_step(w, *ws[t % 2], 9);
+  const Checkpoint c = w.engine.checkpoint();
+  EXPECT_EQ(c.round, 3u);
+  Wire again(cfg);  // the server restarted from its checkpoint
+  again.engine.restore(c);
+  for (auto& x : ws) {
+    x->peer += "-again";
+    x->hello(again);
+    StepResult res;
+    x->pump(again, res);
+    EXPECT_TRUE(x->session.settled());
+    EXPECT_TRUE(same(x->session.params(), c.params));
+  }
+  EXPECT_EQ(async_step(again, *ws[0], 9).outcome, StepResult::Outcome::Updated);  // its #2
+  EXPECT_EQ(async_step(again, *ws[1], 9).outcome, StepResult::Outcome::Updated);  // its #1
+  EXPECT_EQ(again.engine.round(), 5u);
+  EXPECT_EQ(again.engine.rejected(), 0u);
+}
+
+TEST(Async, AWorkerFetchesEveryNthPushAndAppliesItsOwnUpdatesBetween) {
+  JobConfig cfg = async_job("topk:k=10", 2, 300);
+  cfg.outer.kind = OuterKind::Adagrad;  // each worker applies its own update as the server does
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 3);
+  ClientOptions o = options(0, 2);
+  o.fetch_every = 3;
+  Worker a(cfg, o, init);
+  Worker b(cfg, 1, {});
+  a.hello(w);
+  b.hello(w);
+  for (int pass = 0; pass < 3; ++pass) {
+    a.registration(w);
+    b.registration(w);
+  }
+  ASSERT_TRUE(a.session.synced() && b.session.synced());
+  for (int t = 1; t <= 6; ++t) {
+    async_step(w, b, 3);
+    const std::vector<float> before(w.engine.model().begin(), w.engine.model().end());
+    async_step(w, a, 3);
+    EXPECT_EQ(same(a.session.params(), w.engine.model()), t % 3 == 0) << "push " << t;
+    EXPECT_FALSE(same(w.engine.model(), before));
+  }
+  // Alone, a worker that never fetches holds what the server holds.
+  JobConfig one = async_job("topk:k=10", 1, 300);
+  one.outer.kind = OuterKind::Adagrad;
+  Wire solo(one);
+  ClientOptions never = options(0, 1);
+  never.fetch_every = 0;
+  Worker s(one, never, init);
+  s.hello(solo);
+  for (int pass = 0; pass < 2; ++pass) s.registration(solo);
+  for (int t = 0; t < 4; ++t) async_step(solo, s, 4);
+  EXPECT_TRUE(same(s.session.params(), solo.engine.model()));
+}
+
+TEST(Async, JobsThatCannotRunAsynchronouslyAreRefused) {
+  std::string two_round;
+  for (const auto& s : example_specs())
+    if (make_compressor(s, 2000)->two_rounds()) two_round = s;
+  ASSERT_FALSE(two_round.empty());
+  EXPECT_THROW(Engine(async_job(two_round, 2, 2000)), InvalidArgument);
+  JobConfig c = async_job("topk:k=10", 2, 300);
+  c.staleness = 2;
+  EXPECT_THROW(Engine{c}, InvalidArgument);
+  c = async_job("topk:k=10", 2, 300);
+  c.population = 10;
+  EXPECT_THROW(Engine{c}, InvalidArgument);
+  c = async_job("topk:k=10", 2, 300);
+  c.policy = Policy::Quorum;
+  EXPECT_THROW(Engine{c}, InvalidArgument);
+  c = job("topk:k=10", 2, 300);
+  c.max_age = 3;
+  EXPECT_THROW(Engine{c}, InvalidArgument);
 }
 
 }  // namespace

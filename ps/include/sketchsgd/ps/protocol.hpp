@@ -135,6 +135,9 @@ struct WelcomeInfo {
   float eps = 1e-8f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
+  /// An asynchronous job: no rounds; the envelope's round of a Push, and of its Update or Abort,
+  /// is the worker's own push number, and each push is applied as it arrives.
+  uint8_t async = 0;
 };
 Bytes encode(const WelcomeInfo& w);
 WelcomeInfo decode_welcome(std::span<const uint8_t> frame);
@@ -153,6 +156,14 @@ RefuseInfo decode_refuse(std::span<const uint8_t> frame);
 struct UpdateInfo {
   float lr = 0.0f;            ///< every holder of the model does w −= lr · step
   uint32_t contributors = 0;  ///< workers whose gradients the update holds
+  /// Asynchronous jobs: the server's version once this update is applied (updates applied since
+  /// the job began), how many updates of other workers the server had applied since the pusher
+  /// fetched the model it computed on (its age), and whose push it is (rank, push number), so
+  /// a backup knows which pushes it holds. Zero in round jobs.
+  uint64_t version = 0;
+  uint32_t age = 0;
+  uint32_t pusher = 0;
+  uint64_t push = 0;
 };
 Bytes encode(const UpdateInfo& u);
 UpdateInfo decode_update_info(std::span<const uint8_t> frame);

@@ -7,6 +7,15 @@
 // Queries the contributors and sums their Answers; then the Update goes to every live worker, the
 // server applies it to its own copy of the model (w −= lr · step, or the outer step with
 // momentum: ps/outer.hpp), and the round number advances.
+//
+// An asynchronous job (DistBelief's Downpour) has no rounds: each push is decoded and applied as
+// it arrives, and only its pusher gets the update (its codec's error feedback needs it); workers
+// fetch the model when they choose. The version (round()) counts the updates applied. A push's
+// age is the number of other workers' updates applied since its pusher fetched the model it
+// computed on; its step is lr / world, divided by (1 + age) unless age_scaled is off, and a push
+// older than max_age is refused (Abort: nothing applied, the worker keeps its error feedback and
+// fetches). The envelope of a Push and of its Update carries the worker's own push number, so a
+// push sent again after a lost reply is answered again, never applied twice.
 #pragma once
 
 #include <chrono>
@@ -61,6 +70,13 @@ struct JobConfig {
   /// many rounds ahead of the last update it received. 0: synchronous. Not with two-round codecs.
   uint32_t staleness = 0;
   bool authenticated = false;  ///< CURVE: a Hello's rank must be the one its key is bound to
+  /// Asynchronous (see the top of this file): no rounds, no policy, one-round codecs only.
+  bool async = false;
+  /// Asynchronous jobs: a push older than this many updates of other workers is refused (0: any
+  /// age is applied).
+  uint32_t max_age = 0;
+  /// Asynchronous jobs: a push's step divided by (1 + its age) (staleness-aware SGD).
+  bool age_scaled = true;
   /// A federated (cross-device) job: `population` clients, `world` of them sampled each round
   /// (sample_clients(population, world, sample_seed, round)). A sampled client registers for its
   /// round under its id, gets the slot of its place in the sample as its rank, pushes and
@@ -93,6 +109,9 @@ struct RoundMetrics {
   uint64_t dense_bytes = 0;          ///< what one dense fp32 gradient would cost
   std::vector<uint32_t> stragglers;  ///< live workers not in the update
   std::vector<uint32_t> dead;        ///< registered workers counted as dead
+  /// Asynchronous jobs: the push's pusher and age (the update's contributors is 1).
+  uint32_t pusher = 0;
+  uint64_t age = 0;
 };
 
 struct Hooks {
@@ -169,6 +188,14 @@ class Engine {
     /// Checked in ahead with the model of the round before its own: that round's outcome brings
     /// it up to date.
     bool behind = false;
+    // Asynchronous jobs: the push number expected next (known from its first Hello, kept across
+    // registrations), the version it last fetched, its updates applied since, and the reply to
+    // its last push (sent again when that push comes again).
+    bool numbered = false;
+    uint64_t next_push = 0;
+    uint64_t base = 0;
+    uint64_t own = 0;
+    Frames ack;
   };
 
   void on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
@@ -178,6 +205,11 @@ class Engine {
   void on_pull(uint32_t rank, std::vector<Outgoing>& out);
   void on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
                std::vector<Outgoing>& out);
+  /// An asynchronous job's push: refused, or applied at once and answered to its pusher alone.
+  void on_async_push(uint32_t rank, const Envelope& e, std::span<const uint8_t> msg,
+                     std::vector<Outgoing>& out);
+  /// Sends rank its last push's reply (kept in Worker::ack) with a fresh envelope.
+  void send_ack(uint32_t rank, std::vector<Outgoing>& out) const;
   void on_answer(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
                  std::vector<Outgoing>& out);
 

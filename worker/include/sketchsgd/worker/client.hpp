@@ -64,6 +64,16 @@ class Client {
   /// Waits for the outcome of every unanswered push (the end of training with staleness > 0).
   StepResult sync();
 
+  /// An asynchronous job's fetch (Downpour's n_fetch when the caller chooses it, beside
+  /// ClientOptions::fetch_every): params() become the server's model, with every update
+  /// applied so far. In a round job params() are always the model of the last round: it waits
+  /// for nothing new.
+  StepResult fetch();
+  /// The server runs an asynchronous job: step() returns once its push is applied (or refused as
+  /// too old), without waiting for other workers; params() are the last fetched model plus this
+  /// worker's own updates since.
+  bool async() const;
+
   /// The model, in the codec's device memory.
   std::span<const float> params() const;
   /// The round whose update comes next: params() hold every update before it (with shards: the

@@ -4,7 +4,9 @@
 // accumulated, pseudo-gradient Δ = θ_before − θ_now) goes through the codec (with its error
 // feedback) as one round's push, and every fetch_every steps the model is replaced by the
 // server's. With a server whose outer step has Nesterov momentum and push_every = fetch_every = H
-// this is DiLoCo over the parameter server; with both at 1 and lr 1, plain model averaging.
+// this is DiLoCo over the parameter server; with both at 1 and lr 1, plain model averaging. With
+// an asynchronous server (--mode async) each worker's pseudo-gradient is applied as it arrives
+// (asynchronous DiLoCo), and a fetch asks the server for its model.
 //
 //   ps::Client client(opts, make_compressor(spec, dim), params);
 //   ps::LocalSteps local(client, {.push_every = 16, .fetch_every = 16});

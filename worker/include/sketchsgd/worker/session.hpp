@@ -47,6 +47,10 @@ struct ClientOptions {
   uint32_t dead_after = 3;                    ///< silent intervals before the server counts as gone
   std::chrono::milliseconds timeout{120000};  ///< longest wait for registration or one round
   std::chrono::milliseconds backoff_max{4000};
+  /// Asynchronous jobs (the server says so when it welcomes the worker): fetch the server's model
+  /// after every fetch_every pushes (Downpour's n_fetch, counted in pushes), and after a push the
+  /// server refused as too old. 0: only when Client::fetch() asks.
+  uint32_t fetch_every = 1;
   /// Share one ZeroMQ context (its I/O thread) with every other Client of this process that sets
   /// this, instead of a context each: for many clients in one process (a simulated federated
   /// population, a benchmark's workers), where a context each costs two more threads to start
@@ -72,6 +76,11 @@ struct StepResult {
   uint64_t bytes_down = 0;  ///< update (+ query) bytes received
   std::chrono::steady_clock::time_point
       pushed_at{};  ///< when the encoded push was handed to the socket
+  /// Asynchronous jobs: how many other workers' updates the server had applied since this
+  /// worker's fetch when its push arrived, and the server's version after it.
+  uint64_t age = 0;
+  uint64_t version = 0;
+  bool fetched = false;  ///< a model arrived during the call (params() replaced)
 };
 
 class Session {
@@ -100,8 +109,17 @@ class Session {
   /// Leaving cleanly (when registered).
   void bye(Outbox& out) const;
 
-  /// Pushes that must be answered before the next step returns (staleness exceeded).
-  bool must_wait() const { return next_push_ - round_ > staleness_; }
+  /// Asks for the server's model (an asynchronous job's fetch; a round job's model is current).
+  void fetch(Outbox& out);
+  /// Pushes that must be answered before the next step returns (staleness exceeded), or, in an
+  /// asynchronous job, any push or fetch without its reply.
+  bool must_wait() const {
+    return async_ ? next_push_ > round_ || fetching_ : next_push_ - round_ > staleness_;
+  }
+  /// Every push answered and no fetch outstanding.
+  bool settled() const { return round_ >= next_push_ && !fetching_; }
+  /// The server runs an asynchronous job (known from its Welcome).
+  bool async() const { return async_; }
   bool synced() const { return synced_; }
   bool registered() const { return registered_; }
   std::span<const float> params() const { return params_.span(); }
@@ -146,6 +164,9 @@ class Session {
   // round's outcome brings it up to date.
   bool behind_ = false;
   bool model_changed_round_ = false;
+  bool async_ = false;
+  bool fetching_ = false;   // a Pull without its Model yet
+  uint64_t since_fetch_ = 0;  // pushes since the last fetch (asynchronous jobs)
 };
 
 }  // namespace sketchsgd::ps
