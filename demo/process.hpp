@@ -103,6 +103,11 @@ class Process {
     return -999;
   }
 
+  /// Asks the child to end (SIGTERM: a server then stops cleanly); wait() for it.
+  void terminate() {
+    if (pid_ > 0) kill(pid_, SIGTERM);
+  }
+
   void kill9() {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -59,6 +60,26 @@ struct Plan {
   uint64_t rounds() const { return steps_per_epoch() * epochs / local.push_every; }
 };
 
+/// --slow RANK:FACTOR: which worker is a straggler and by how much (none: factor 1).
+struct Slow {
+  uint32_t rank = 0;
+  double factor = 1;
+};
+Slow slow_of(const ps::Flags& f, uint32_t workers) {
+  const std::string s = f.str("slow");
+  if (s.empty()) return {};
+  const auto colon = s.find(':');
+  char* end = nullptr;
+  const unsigned long r = colon == std::string::npos ? 0 : std::strtoul(s.c_str(), &end, 10);
+  const bool rank_ok = colon != std::string::npos && colon > 0 && end == s.c_str() + colon;
+  const double factor = rank_ok ? std::strtod(s.c_str() + colon + 1, &end) : 0;
+  SKETCHSGD_REQUIRE(rank_ok && *end == '\0' && end != s.c_str() + colon + 1 && r < workers &&
+                        std::isfinite(factor) && factor >= 1 && factor <= 100,
+                    InvalidArgument, "--slow: expected RANK:FACTOR with RANK < --workers and ",
+                    "FACTOR in [1, 100], got '", s, "'");
+  return {uint32_t(r), factor};
+}
+
 /// Every flag's value, checked before anything starts (the processes of --role all get the same
 /// flags): a bad one is an InvalidArgument naming its flag, exit status 2.
 void check_flags(const ps::Flags& f) {
@@ -88,6 +109,24 @@ void check_flags(const ps::Flags& f) {
   for (const char* name : {"wd", "clip"})
     SKETCHSGD_REQUIRE(f.num(name) >= 0, InvalidArgument, "--", name, " must be ≥ 0, got ",
                       f.str(name));
+  const std::string mode = f.str("mode");
+  SKETCHSGD_REQUIRE(mode == "rounds" || mode == "async", InvalidArgument,
+                    "--mode must be rounds or async, got '", mode, "'");
+  try {
+    ps::parse_outer_kind(f.str("server-opt"));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string("--server-opt: ") + e.what());
+  }
+  f.u64("staleness", 0, 64);
+  f.u64("min-workers", 0, workers);
+  f.u64("deadline-ms", 1, UINT32_MAX);
+  f.u64("max-age", 0, UINT32_MAX);
+  f.u64("age-scale", 0, 1);
+  SKETCHSGD_REQUIRE(f.num("step-ms") >= 0 && f.num("step-ms") <= 60000, InvalidArgument,
+                    "--step-ms must be in [0, 60000], got ", f.str("step-ms"));
+  SKETCHSGD_REQUIRE(mode == "rounds" || f.u64("staleness") == 0, InvalidArgument,
+                    "--staleness is for --mode rounds (an asynchronous job has none)");
+  slow_of(f, uint32_t(workers));
 }
 
 Plan plan_of(const ps::Flags& f) {
@@ -153,6 +192,12 @@ std::string metrics_path(const ps::Flags& f, uint32_t shard) {
          (shards_of(f) > 1 ? "/rounds.shard" + std::to_string(shard) + ".jsonl" : "/rounds.jsonl");
 }
 
+ps::Server* g_server = nullptr;
+// An asynchronous job's server is stopped by run_all (SIGTERM) once its workers are done.
+void on_term(int) {
+  if (g_server) g_server->stop();
+}
+
 int run_server(const ps::Flags& f) {
   const Plan plan = plan_of(f);
   demo::FlatModel model(f.str("model"), f.u64("seed"));
@@ -172,20 +217,35 @@ int run_server(const ps::Flags& f) {
     o.job.spec = p.spec;
   }
   o.job.lr = float(f.num("lr"));
+  o.job.outer.kind = ps::parse_outer_kind(f.str("server-opt"));
   if (plan.local_steps()) {  // the outer step on the mean pseudo-gradient (DiLoCo's defaults)
     o.job.lr = float(f.num("outer-lr"));
-    o.job.outer.momentum = float(f.num("outer-momentum"));
-    o.job.outer.nesterov = o.job.outer.momentum > 0;
+    if (o.job.outer.kind == ps::OuterKind::Sgd) {
+      o.job.outer.momentum = float(f.num("outer-momentum"));
+      o.job.outer.nesterov = o.job.outer.momentum > 0;
+    }
   }
-  o.job.max_rounds = plan.rounds();
-  o.job.policy = ps::Policy::Quorum;
   o.job.device = codec_device(torch_device(f));  // the sketch unsketch runs where workers train
-  o.job.deadline = 60s;
+  o.job.deadline = std::chrono::milliseconds(f.u64("deadline-ms"));
+  if (f.str("mode") == "async") {
+    // No rounds to count: the job ends when every worker has done its steps (run_all stops
+    // the server then).
+    o.job.async = true;
+    o.job.max_age = uint32_t(f.u64("max-age"));
+    o.job.age_scaled = f.u64("age-scale") != 0;
+  } else {
+    o.job.max_rounds = plan.rounds();
+    o.job.policy = ps::Policy::Quorum;
+    o.job.min_workers = uint32_t(f.u64("min-workers"));
+    o.job.staleness = uint32_t(f.u64("staleness"));
+  }
   o.metrics = metrics_path(f, uint32_t(f.u64("shard")));
   std::remove(o.metrics.c_str());
   o.quiet = !f.on("verbose");
   o.status = false;
   ps::Server server(o);
+  g_server = &server;
+  std::signal(SIGTERM, on_term);
   server.start();
   std::printf("%s\n", server.endpoint().c_str());
   std::fflush(stdout);
@@ -243,6 +303,9 @@ int run_worker(const ps::Flags& f) {
   o.rank = rank;
   o.world = plan.workers;
   o.timeout = 300s;
+  // An asynchronous job fetches with every push (Downpour's n_fetch = 1), or where local steps
+  // say (LocalSteps asks the client).
+  o.fetch_every = plan.local_steps() ? 0 : 1;
   // On a GPU the codec takes the device gradient straight from libtorch (no host copy) and the
   // client keeps the model in device memory.
   ps::Client client(o,
@@ -290,7 +353,11 @@ int run_worker(const ps::Flags& f) {
   }
   const float inner_momentum = float(f.num("local-momentum"));
   const float lr = float(f.num("lr"));
-  auto done = [&] { return local ? local->steps() : client.round(); };
+  // Steps taken: pushes made (with bounded staleness some are not answered yet).
+  auto done = [&] { return local ? local->steps() : client.next_push(); };
+  const Slow slow = slow_of(f, plan.workers);
+  const double slow_by = rank == slow.rank ? slow.factor - 1 : 0;
+  const double step_s = f.num("step-ms") / 1000;
   const uint64_t per_epoch = plan.steps_per_epoch();
   const auto start = Clock::now();
   while (done() < plan.steps()) {
@@ -302,7 +369,13 @@ int run_worker(const ps::Flags& f) {
     for (uint64_t s = done() % per_epoch; s < per_epoch && done() < plan.steps(); ++s) {
       const auto x = rows(train, shard, s * plan.batch, plan.batch);
       const auto y = labels(train, shard, s * plan.batch, plan.batch);
+      const auto compute_start = Clock::now();
       loss_sum += model.gradient(x, y, grad);
+      // This machine's speed: at least --step-ms a step, and a straggler's (1 + slow_by)× longer.
+      if (const double spent = seconds_since(compute_start), least = (1 + slow_by) *
+                                                                  std::max(step_s, spent);
+          least > spent)
+        std::this_thread::sleep_for(std::chrono::duration<double>(least - spent));
       ++n;
       if (gpu) {  // the same two steps as torch ops on the device
         torch::NoGradGuard no_grad;
@@ -353,6 +426,10 @@ int run_worker(const ps::Flags& f) {
           << std::flush;
     }
   }
+  if (!local) {
+    client.sync();  // the pushes still unanswered (bounded staleness)
+    sync_model();
+  }
   if (local) sync_model();  // ends on the server's model
   if (!f.str("dump").empty()) {
     std::ofstream out(f.str("dump") + ".rank" + std::to_string(rank), std::ios::binary);
@@ -368,7 +445,10 @@ struct Traffic {
 };
 
 /// One server's metrics file.
-Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per_round) {
+/// An asynchronous job's line is one push, answered to its worker alone, whose fetch of the model
+/// (dense) follows it.
+Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per_round,
+                bool async) {
   Traffic t;
   std::ifstream in(metrics);
   auto number = [](const std::string& l, const std::string& key) -> uint64_t {
@@ -380,9 +460,10 @@ Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per
     const auto a = l.find("\"bytes_up\":[");
     std::stringstream ups(l.substr(a + 12, l.find(']', a) - a - 12));
     for (std::string v; std::getline(ups, v, ',');) t.up += std::stoull(v);
-    t.down += number(l, "bytes_down_each") * workers;
+    const uint32_t receivers = async ? 1 : workers;
+    t.down += number(l, "bytes_down_each") * receivers + (async ? number(l, "dense_bytes") : 0);
     // A dense push and a dense update each, every step.
-    t.dense += 2 * number(l, "dense_bytes") * workers * steps_per_round;
+    t.dense += 2 * number(l, "dense_bytes") * receivers * steps_per_round;
   }
   return t;
 }
@@ -390,10 +471,10 @@ Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per
 /// Per round, from the servers' metrics (every shard's bytes added; rounds counted by shard 0);
 /// dense is what per-step dense pushes and updates would have cost for the same training steps
 /// (steps_per_round of them a round).
-Traffic traffic(const ps::Flags& f, uint32_t workers, uint32_t steps_per_round) {
+Traffic traffic(const ps::Flags& f, uint32_t workers, uint32_t steps_per_round, bool async) {
   Traffic t;
   for (uint32_t s = 0; s < shards_of(f); ++s) {
-    const Traffic part = traffic(metrics_path(f, s), workers, steps_per_round);
+    const Traffic part = traffic(metrics_path(f, s), workers, steps_per_round, async);
     if (s == 0) t.rounds = part.rounds;
     t.up += part.up;
     t.down += part.down;
@@ -422,6 +503,9 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
   } catch (const InvalidArgument& e) {
     throw InvalidArgument("--codec " + f.str("codec") + ": " + e.what());
   }
+  SKETCHSGD_REQUIRE(f.str("mode") != "async" || !codec->two_rounds(), InvalidArgument,
+                    "--mode async needs a one-round codec: ", f.str("codec"),
+                    " queries its workers in a second round (try topk:k=18000,momentum=0.9)");
   for (const char* file : {"/train-images-idx3-ubyte.gz", "/t10k-images-idx3-ubyte.gz"})
     SKETCHSGD_REQUIRE(std::filesystem::exists(f.str("data") + file), InvalidArgument, "--data ",
                       f.str("data"), ": no ", file + 1,
@@ -468,6 +552,8 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     }
     std::this_thread::sleep_for(50ms);
   }
+  if (f.str("mode") == "async")  // no last round: the job is done when its workers are
+    for (auto& server : servers) server.terminate();
   for (auto& server : servers)
     if (const int src = server.wait(60s); src != 0) {
       std::fprintf(stderr, "server failed (exit %d)\n", src);
@@ -475,7 +561,7 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     }
   const double wall = seconds_since(start);
 
-  const Traffic t = traffic(f, plan.workers, plan.local.push_every);
+  const Traffic t = traffic(f, plan.workers, plan.local.push_every, f.str("mode") == "async");
   double acc = 0;
   {
     std::ifstream in(f.str("out") + "/results.csv");
@@ -537,6 +623,21 @@ int main(int argc, char** argv) {
   f.add("local-momentum", "0.9", "with local steps: the workers' SGD momentum");
   f.add("outer-lr", "0.7", "with local steps: the server's outer learning rate");
   f.add("outer-momentum", "0.9", "with local steps: the outer step's Nesterov momentum (0: none)");
+  f.add("mode", "rounds",
+        "rounds: the server merges each round's pushes | async: each push applied as it arrives "
+        "and the model fetched with it (Downpour; one-round codecs)");
+  f.add("server-opt", "sgd", "the server's step on each update: sgd | adagrad | adam");
+  f.add("staleness", "0", "rounds: a worker may push this many rounds ahead of its last update");
+  f.add("min-workers", "0",
+        "rounds: close a round at its deadline with this many pushes (0: wait for all W)");
+  f.add("deadline-ms", "60000", "rounds: how long a round waits from its first push");
+  f.add("max-age", "0", "async: refuse a push this many other workers' updates old (0: none)");
+  f.add("age-scale", "1", "async: divide a push's step by 1 + its age (1) or not (0)");
+  f.add("slow", "", "RANK:FACTOR: that worker computes FACTOR times slower (a straggler)");
+  f.add("step-ms", "0",
+        "every worker's step computes for at least this long (a fleet of machines of that speed: "
+        "the rest of the time it sleeps, so workers sharing this machine's cores do not slow "
+        "each other; 0: as fast as it can)");
   f.add("wd", "0", "weight decay added to the gradient");
   f.add("clip", "0", "clip each worker's gradient to this L2 norm (0: off)");
   f.add("seed", "1", "model initialisation and shuffling seed");

@@ -68,8 +68,12 @@ void momentum_accumulate(float* u, float* v, const float* g, size_t n, float rho
 }
 
 void adagrad(float* w, float* v, const float* s, size_t n, float lr, float eps) {
-#pragma omp parallel for simd schedule(static) if (n > kParallel)
-  for (size_t i = 0; i < n; ++i) elem::adagrad(w[i], v[i], s[i], lr, eps);
+  // A zero step leaves w and v as they are (v + 0, w − lr · 0 with ε > 0), so skipping it gives
+  // the same bits, and a sparse update (top-k's, the sketch's) reads the rest of the model only
+  // to find its coordinates. Scalar: vectorised, every lane would take the root anyway.
+#pragma omp parallel for schedule(static) if (n > kParallel)
+  for (size_t i = 0; i < n; ++i)
+    if (s[i] != 0.0f) elem::adagrad(w[i], v[i], s[i], lr, eps);
 }
 
 void adam(float* w, float* m, float* v, const float* s, size_t n, float lr, float b1, float b2,

@@ -969,6 +969,14 @@ void Engine::follow(uint64_t round, const CommitInfo& c, std::span<const uint8_t
   reset_round();
 }
 
+std::optional<Clock::time_point> Engine::deadline() const {
+  if (cfg_.async || !has_model() || finished() || cfg_.policy == Policy::Wait) return std::nullopt;
+  const bool running = phase_ == MessageKind::Answer ||
+                       std::any_of(pushed_.begin(), pushed_.end(), [](bool b) { return b; });
+  if (!running) return std::nullopt;
+  return phase_start_ + cfg_.deadline;
+}
+
 void Engine::tick(Clock::time_point now, std::vector<Outgoing>& out) {
   const auto limit = cfg_.heartbeat * cfg_.dead_after;
   for (uint32_t r = 0; r < cfg_.world; ++r) {

@@ -204,6 +204,8 @@ int main(int argc, char** argv) {
     o.job.async = mode == "async";
     o.job.max_age = uint32_t(f.u64("max-age", 0, UINT32_MAX));
     o.job.age_scaled = f.u64("age-scale", 0, 1) != 0;
+    SKETCHSGD_REQUIRE(o.job.async || o.job.max_age == 0, sketchsgd::InvalidArgument,
+                      "--max-age bounds the pushes of --mode async jobs only");
     if (o.job.async) o.job.policy = Policy::Wait;  // no rounds to close: the policy has no use
     o.job.device = named("device", [&] { return sketchsgd::Device::parse(f.str("device")); });
     o.checkpoint = f.str("checkpoint");

@@ -330,7 +330,12 @@ uint64_t Server::run() {
         batch.clear();
       }
     } else {
-      batch = io.take(Clock::now() + tick);
+      // At the next tick, or at the round's deadline if it comes first (a quorum round closes
+      // at its deadline, not up to a tick later).
+      const auto before = Clock::now();
+      auto wake = before + tick;
+      if (const auto d = engine_->deadline(); d && *d > before) wake = std::min(wake, *d);
+      batch = io.take(wake);
       if (up) upstream(Clock::now());  // answers a deposed primary's rounds
     }
     if (const auto failure = io.failure()) std::rethrow_exception(failure);

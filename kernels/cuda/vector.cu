@@ -58,7 +58,7 @@ __global__ void momentum_kernel(float* u, float* v, const float* g, uint64_t n, 
 __global__ void adagrad_kernel(float* w, float* v, const float* s, uint64_t n, float lr,
                                float eps) {
   for (uint64_t i = thread_index(); i < n; i += grid_stride())
-    elem::adagrad(w[i], v[i], s[i], lr, eps);
+    if (s[i] != 0.0f) elem::adagrad(w[i], v[i], s[i], lr, eps);  // as the CPU: exact, and sparse
 }
 
 __global__ void adam_kernel(float* w, float* m, float* v, const float* s, uint64_t n, float lr,

@@ -59,6 +59,8 @@ class Client:
                         ("join_round", join_round), ("fetch_every", fetch_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}: expected an int ≥ 0, got {v!r}")
+        if fetch_every >= 1 << 32:
+            raise ValueError(f"fetch_every: expected an int < 2^32, got {fetch_every}")
         text = layout_text(layout) if layout is not None else ""
         if not text and dim is None:
             raise TypeError("Client needs dim (or a layout)")

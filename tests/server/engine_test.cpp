@@ -202,6 +202,33 @@ TEST(Engine, AbortPolicyEndsTheRoundAtTheDeadline) {
   EXPECT_EQ(ws[0].settle(net), Type::Update);
 }
 
+TEST(Engine, TheDeadlineToWakeForIsTheRunningPhasesOnly) {
+  // The server sleeps until its next tick or this deadline, whichever is first: a quorum round
+  // closes at its deadline, not up to a tick later.
+  JobConfig cfg = job("dense", 2, 100);
+  cfg.policy = Policy::Quorum;
+  cfg.min_workers = 1;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(100, 2));
+  EXPECT_FALSE(net.engine.deadline()) << "no round has started";
+  const auto pushed = net.now;
+  ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 0, 3));
+  ASSERT_TRUE(net.engine.deadline());
+  EXPECT_EQ(*net.engine.deadline(), pushed + cfg.deadline);
+  net.deliver(ws[1].peer, {ws[1].mine(Type::Heartbeat, 0)});
+  net.tick(cfg.deadline);
+  EXPECT_EQ(ws[0].settle(net), Type::Update);  // closed with one at the deadline
+  EXPECT_FALSE(net.engine.deadline());
+  for (const Policy p : {Policy::Wait}) {  // waiting has nothing to wake for
+    JobConfig w = cfg;
+    w.policy = p;
+    Net other(w);
+    auto os = start(other, w, test::initial_params(100, 2));
+    os[0].push(other, test::synthetic_grad(os[0].params, 0, 0, 3));
+    EXPECT_FALSE(other.engine.deadline());
+  }
+}
+
 TEST(Engine, WaitPolicyWaitsPastTheDeadline) {
   JobConfig cfg = job("dense", 2, 100);
   cfg.policy = Policy::Wait;

@@ -146,16 +146,22 @@ TEST(LoopbackAsync, AFastWorkerFinishesBeforeTheSlowOnePushesAndBothEndOnTheServ
   o.job.policy = Policy::Wait;
   Running run(o);
   const auto init = test::initial_params(kDim, 3);
-  std::promise<void> fast_done, slow_done;
+  std::promise<void> slow_ready, fast_done, slow_done;
+  auto ready_future = slow_ready.get_future().share();
   auto fast_future = fast_done.get_future().share(), slow_future = slow_done.get_future().share();
   std::vector<std::vector<float>> params(2);
   std::vector<std::string> errors(2);
   auto worker = [&](uint32_t r) {
-    bool told = false;  // the other worker waits for this one's steps
+    bool told = false;  // the other worker waits for this one's steps (and rank 0 for rank 1's
+                        // registration: a failing rank 1 tells both)
     try {
       Client c(client_options(run.server.endpoint(), r, 2), make_compressor("topk:k=40", kDim),
                r == 0 ? std::span<const float>(init) : std::span<const float>());
       if (!c.async()) throw Error("the client does not know the job is asynchronous");
+      // Rank 1 holds the first model: its first push is then kFast updates of rank 0's old.
+      if (r == 1) slow_ready.set_value();
+      if (r == 0 && ready_future.wait_for(30s) != std::future_status::ready)
+        throw Error("the slow worker did not register");
       if (r == 1 && fast_future.wait_for(30s) != std::future_status::ready)
         throw Error("the fast worker was held back");
       for (uint64_t t = 0; t < (r == 0 ? kFast : kSlow); ++t) {
@@ -172,6 +178,7 @@ TEST(LoopbackAsync, AFastWorkerFinishesBeforeTheSlowOnePushesAndBothEndOnTheServ
     } catch (const std::exception& e) {
       errors[r] = e.what();
       if (!told) (r == 0 ? fast_done : slow_done).set_value();
+      if (r == 1 && ready_future.wait_for(0s) != std::future_status::ready) slow_ready.set_value();
     }
   };
   std::thread fast(worker, 0), slow(worker, 1);
@@ -181,6 +188,7 @@ TEST(LoopbackAsync, AFastWorkerFinishesBeforeTheSlowOnePushesAndBothEndOnTheServ
   EXPECT_EQ(errors[1], "");
   EXPECT_EQ(run.finish(), kFast + kSlow);
   ASSERT_EQ(params[0].size(), kDim);
+  ASSERT_EQ(params[1].size(), kDim);
   EXPECT_EQ(std::memcmp(params[0].data(), params[1].data(), kDim * 4), 0);
   EXPECT_EQ(std::memcmp(params[0].data(), run.server.engine().model().data(), kDim * 4), 0);
 }

@@ -287,6 +287,38 @@ void hold_round(Started& s, uint64_t t) {
   ASSERT_TRUE(s.pair.primary.primary.holding());
 }
 
+TEST(Replication, AnAsynchronousPushTheBackupHoldsIsAnsweredThereNotAppliedAgain) {
+  JobConfig cfg = test_job::make("topk:k=30", 2, 600);
+  cfg.async = true;
+  Pair p(cfg);
+  p.follow();
+  auto ws = p.join(test::initial_params(600, 5));
+  const auto g = test::synthetic_grad(ws[0].params, 0, 0, 11);
+  const Frame msg = bytes_frame(ws[0].codec->encode(g, 0, 0));
+  p.primary.deliver(ws[0].peer, {ws[0].mine(Type::Push, 0), msg});
+  EXPECT_FALSE(p.primary.next(ws[0].peer)) << "the update went out before the backup had it";
+  p.pump();  // committed and acknowledged; the primary dies before its pusher hears of it
+  p.expect_same();
+  ASSERT_EQ(p.standby.engine.round(), 1u);
+  (void)p.backup.promote();
+  for (auto& w : ws) {
+    w.join(p.standby, {});
+    ASSERT_TRUE(w.take_model(p.standby)) << "rank " << w.rank;
+  }
+  EXPECT_EQ(ws[0].round, 1u) << "the backup does not know push #0 was applied";
+  EXPECT_EQ(ws[1].round, 0u);
+  p.standby.deliver(ws[0].peer, {ws[0].mine(Type::Push, 0), msg});  // sent again
+  const auto reply = p.standby.next(ws[0].peer);
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(reply->first.type, Type::Update);
+  EXPECT_EQ(reply->first.round, 0u);
+  EXPECT_EQ(decode_update_info(reply->second[1].bytes()).push, 0u);
+  EXPECT_EQ(p.standby.engine.round(), 1u) << "applied twice";
+  ws[1].push(p.standby, test::synthetic_grad(ws[1].params, 1, 0, 11));
+  EXPECT_EQ(ws[1].settle(p.standby), Type::Update);
+  EXPECT_EQ(p.standby.engine.round(), 2u);
+}
+
 TEST(Replication, ARoundsOutcomeWaitsForTheBackupsAcknowledgement) {
   auto s = started();
   Pair& p = s->pair;

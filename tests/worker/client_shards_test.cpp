@@ -88,6 +88,38 @@ TEST(ShardedLoopback, DenseShardsEndBitIdenticalToOneServer) {
   }
 }
 
+TEST(ShardedLoopback, AsynchronousShardsEndBitIdenticalToOneServer) {
+  // Each shard keeps its own versions; pushes in one order give every shard the ages one server
+  // would see, so dense shards apply the same steps to their ranges.
+  constexpr uint64_t kDim = 3001;
+  const auto async = [](ServerOptions& o) {
+    o.job.async = true;
+    o.job.policy = Policy::Wait;
+  };
+  const auto run = [&](const std::string& endpoints) {
+    const auto init = test::initial_params(kDim, 3);
+    Client c0(client_options(endpoints, 0, 2), make_compressor("dense", kDim), init);
+    Client c1(client_options(endpoints, 1, 2), make_compressor("dense", kDim), {});
+    for (uint64_t t = 0; t < 4; ++t) {  // one thread: an asynchronous step waits for nobody
+      EXPECT_EQ(c0.step(test::synthetic_grad(c0.params(), 0, t, 5)).outcome,
+                StepResult::Outcome::Updated);
+      if (t % 2) EXPECT_EQ(c1.step(test::synthetic_grad(c1.params(), 1, t, 5)).age, 2u);
+    }
+    c0.fetch();
+    return std::vector<float>(c0.params().begin(), c0.params().end());
+  };
+  auto o = test_loopback::options("dense", 2, kDim, 0);
+  async(o);
+  Running one(o);
+  const auto ref = run(one.server.endpoint());
+  Shards shards("dense", 2, kDim, 0, 3, async);
+  const auto got = run(shards.endpoints());
+  EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
+  EXPECT_EQ(one.finish(), 6u);
+  for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), 6u);
+  shards.expect_models_are(ref, "dense", kDim);
+}
+
 TEST(ShardedLoopback, CompressedShardsKeepWorkersAndServersInStep) {
   constexpr uint64_t kDim = 4000, kRounds = 4;
   constexpr uint32_t kWorld = 2, kShards = 3;

@@ -137,6 +137,9 @@ class Engine {
               std::vector<Outgoing>& out, std::string_view user = {});
   /// Liveness and deadlines.
   void tick(Clock::time_point now, std::vector<Outgoing>& out);
+  /// When the running phase's deadline passes (nothing while no phase runs, or in asynchronous
+  /// jobs): the caller ticks then, so a quorum round closes on time.
+  std::optional<Clock::time_point> deadline() const;
 
   /// Resume from a checkpoint (job and spec must match). The next round is c.round.
   void restore(const Checkpoint& c);
