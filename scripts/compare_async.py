@@ -50,19 +50,7 @@ MODES = [
 
 
 def run(train, label, flags, out):
-    args = [train, *JOB, *flags, "--out", out]
-    stamp = os.path.join(out, "args.json")
-    if os.path.exists(os.path.join(out, "summary.json")) and os.path.exists(stamp):
-        with open(stamp) as f:
-            if json.load(f) == args[1:]:
-                print(f"  {label}: done before ({out})", flush=True)
-                return True
-    os.makedirs(out, exist_ok=True)
-    if not launch.job(label, args, log=os.path.join(out, "log.txt"), timeout=1800):
-        return False
-    with open(stamp, "w") as f:
-        json.dump(args[1:], f)
-    return True
+    return launch.cached(label, [train, *JOB, *flags, "--out", out], out)
 
 
 def curve(out):

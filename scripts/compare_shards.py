@@ -30,18 +30,7 @@ CODECS = [
 def run(train, name, spec, lr, shards, out):
     args = [train, "--codec", spec, "--lr", str(lr), "--shards", str(shards), "--out", out,
             "--dump", os.path.join(out, "params"), "--device", "cpu"]
-    stamp = os.path.join(out, "args.json")
-    if os.path.exists(os.path.join(out, "summary.json")) and os.path.exists(stamp):
-        with open(stamp) as f:
-            if json.load(f) == args[1:]:
-                print(f"  {name}, S = {shards}: done before ({out})", flush=True)
-                return True
-    os.makedirs(out, exist_ok=True)
-    if not launch.job(f"{name}, S = {shards}", args, log=os.path.join(out, "log.txt"), timeout=1800):
-        return False
-    with open(stamp, "w") as f:
-        json.dump(args[1:], f)
-    return True
+    return launch.cached(f"{name}, S = {shards}", args, out)
 
 
 def main():
