@@ -157,6 +157,7 @@ Bytes encode(const HelloInfo& h) {
   w.put(h.shard.begin);
   w.put(h.shard.model_dim);
   w.put(h.epoch);
+  w.put(h.weight);
   return out;
 }
 
@@ -172,7 +173,10 @@ HelloInfo decode_hello(std::span<const uint8_t> frame) {
   h.shard.begin = r.get<uint64_t>();
   h.shard.model_dim = r.get<uint64_t>();
   h.epoch = r.get<uint64_t>();
+  h.weight = r.get<float>();
   r.expect_end();
+  SKETCHSGD_REQUIRE(std::isfinite(h.weight) && h.weight > 0.0f && h.weight <= 1e6f, WireError,
+                    "hello: weight ", h.weight, " (must be in (0, 10^6])");
   return h;
 }
 

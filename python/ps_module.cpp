@@ -32,7 +32,7 @@ std::unique_ptr<Client> connect(const std::string& server, uint64_t job, uint32_
                                 uint32_t world, uint32_t population, uint64_t join_round,
                                 const std::string& spec, const std::string& layout, uint64_t dim,
                                 uintptr_t init, uint64_t init_len, double timeout_s, bool quiet,
-                                bool shared_io, uint32_t fetch_every) {
+                                bool shared_io, uint32_t fetch_every, float weight) {
   SKETCHSGD_REQUIRE(timeout_s > 0 && timeout_s < 1e6, InvalidArgument,
                     "timeout must be in (0, 10^6) seconds, got ", timeout_s);
   ClientOptions o;
@@ -45,6 +45,7 @@ std::unique_ptr<Client> connect(const std::string& server, uint64_t job, uint32_
   o.timeout = std::chrono::milliseconds(int64_t(timeout_s * 1000));
   o.shared_io = shared_io;
   o.fetch_every = fetch_every;
+  o.weight = weight;
   if (quiet) o.log = [](const std::string&) {};
   auto codec =
       layout.empty() ? make_compressor(spec, dim) : make_compressor(spec, Layout::parse(layout));
@@ -84,7 +85,8 @@ PYBIND11_MODULE(_ps, m) {
       .def(py::init(&connect), py::arg("server"), py::arg("job"), py::arg("rank"), py::arg("world"),
            py::arg("population"), py::arg("join_round"), py::arg("spec"), py::arg("layout"),
            py::arg("dim"), py::arg("init"), py::arg("init_len"), py::arg("timeout"),
-           py::arg("quiet"), py::arg("shared_io"), py::arg("fetch_every"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("quiet"), py::arg("shared_io"), py::arg("fetch_every"),
+           py::arg("weight"), py::call_guard<py::gil_scoped_release>(),
            "Connects, registers and pulls the model (blocking).")
       .def_property_readonly("dim", [](Client& c) { return c.codec().dim(); })
       .def_property_readonly("spec", [](Client& c) { return c.codec().spec(); })

@@ -427,6 +427,9 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   if (shard != cfg_.shard) return other_shard();
   if (h.spec != cfg_.spec)
     return mismatch("codec '" + h.spec + "', the job runs '" + cfg_.spec + "'");
+  if (h.weight != 1.0f && !cfg_.async)
+    return mismatch("weight " + std::to_string(h.weight) +
+                    ": a round job averages its pushes alike (weights are for --mode async)");
   if (h.epoch > epoch_) {
     // A worker of this very job registered with a server of a later epoch: a backup took over
     // from this one. (Checked last: a Hello of another job deposes nothing.)
@@ -473,6 +476,7 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.alive = true;
   w.last_seen = now;
   w.behind = false;
+  w.weight = h.weight;
   index[peer] = rank;
   if (cfg_.async && !w.numbered) {
     // Its Hello names the push it is at: a server that knows nothing of it (a new or restored
@@ -706,7 +710,8 @@ void Engine::on_async_push(uint32_t rank, const Envelope& e, std::span<const uin
     return refuse_push(std::string("decode failed: ") + ex.what());
   }
   const Frame payload = Frame::own(std::move(m).release());
-  const float lr = cfg_.lr / float(cfg_.world) / (cfg_.age_scaled ? float(1 + age) : 1.0f);
+  const float lr =
+      cfg_.lr * w.weight / float(cfg_.world) / (cfg_.age_scaled ? float(1 + age) : 1.0f);
   try {
     outer_->apply(*codec_, payload.bytes(), model_, lr);  // validates before it writes
   } catch (const Error& ex) {

@@ -1,6 +1,7 @@
 #include <sketchsgd/worker/session.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <sketchsgd/core/error.hpp>
@@ -35,6 +36,8 @@ Session::Session(ClientOptions opts, Compressor& codec, std::span<const float> i
                     "client: join_round is for federated clients (population > 0)");
   SKETCHSGD_REQUIRE(opts_.timeout.count() >= 1 && opts_.heartbeat.count() >= 1, InvalidArgument,
                     "client: timeout and heartbeat must be ≥ 1 ms");
+  SKETCHSGD_REQUIRE(std::isfinite(opts_.weight) && opts_.weight > 0.0f && opts_.weight <= 1e6f,
+                    InvalidArgument, "client: weight must be in (0, 10^6], got ", opts_.weight);
   if (!opts_.log) opts_.log = [](const std::string&) {};
   if (federated ? !initial_params.empty() : opts_.rank == 0) {
     SKETCHSGD_REQUIRE(initial_params.size() == codec_.dim(), InvalidArgument,
@@ -63,7 +66,8 @@ void Session::hello(Outbox& out) {
   slot_ = opts_.rank;  // a Hello names the worker's rank, or the federated client's id
   ShardId shard = opts_.shard;
   if (shard.model_dim == 0) shard.model_dim = codec_.dim();
-  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population, shard, epoch_};
+  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population,
+                    shard,        epoch_,       opts_.weight};
   out.push_back({envelope(Type::Hello, round_), Frame::own(encode(h))});
 }
 

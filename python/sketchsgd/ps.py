@@ -37,7 +37,7 @@ class Client:
     def __init__(self, server: str, spec: str, dim: int = None, layout=None, rank: int = 0, world: int = 1,
                  job: int = 1, population: int = 0, join_round: int = 0, init: torch.Tensor = None,
                  timeout: float = 120.0, quiet: bool = False, shared_io: bool = False,
-                 fetch_every: int = 1):
+                 fetch_every: int = 1, weight: float = 1.0):
         """Connects, registers and pulls the model. rank 0 of a fixed job (or any federated
         client) passes init, the initial parameters, for a server that has no model yet. A
         sharded job (sketchsgd-server --shards S) names its S servers in server, comma-separated
@@ -48,7 +48,9 @@ class Client:
         timeout). shared_io: share one ZeroMQ context
         with the process's other clients that set it (many clients in one process: a simulated
         federated population), instead of starting one each. fetch_every: an asynchronous job's
-        pushes between fetches of the model (0: only when fetch() is called)."""
+        pushes between fetches of the model (0: only when fetch() is called); weight: what each
+        push counts for there (the steps or tokens it represents, relative to the job's nominal
+        push: its step is lr · weight / world)."""
         if _ps is None:
             raise ImportError(f"sketchsgd.ps needs the build with the parameter server (CMake): {_missing}")
         if not isinstance(server, str) or not isinstance(spec, str):
@@ -59,6 +61,8 @@ class Client:
                         ("join_round", join_round), ("fetch_every", fetch_every)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name}: expected an int ≥ 0, got {v!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1e6:
+            raise ValueError(f"weight: expected a number in (0, 10^6], got {weight!r}")
         if fetch_every >= 1 << 32:
             raise ValueError(f"fetch_every: expected an int < 2^32, got {fetch_every}")
         text = layout_text(layout) if layout is not None else ""
@@ -68,7 +72,8 @@ class Client:
         ptr, length = (0, 0) if init is None else address(init, "init", torch.device("cpu"), n)
         self._init = init  # alive while the constructor reads it
         self._c = _ps.Client(server, int(job), int(rank), int(world), int(population), int(join_round), spec, text,
-                             int(n), ptr, length, float(timeout), quiet, shared_io, int(fetch_every))
+                             int(n), ptr, length, float(timeout), quiet, shared_io, int(fetch_every),
+                             float(weight))
         self._init = None
 
     @property

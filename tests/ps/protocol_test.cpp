@@ -60,6 +60,28 @@ TEST(Protocol, EnvelopesAndInfosRoundTripAndRejectCorruption) {
         << bad.momentum << " " << int(bad.nesterov);
 }
 
+TEST(Protocol, AsynchronousFieldsRoundTripAndBadWeightsAreRefused) {
+  HelloInfo h{4, 100, "dense", 0, ShardId{0, 1, 0, 100}, 0, 2.5f};
+  EXPECT_EQ(decode_hello(encode(h)).weight, 2.5f);
+  for (const float bad : {0.0f, -1.0f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    h.weight = bad;
+    EXPECT_THROW(decode_hello(encode(h)), WireError) << bad;
+  }
+  WelcomeInfo w{1, 500, 0};
+  w.async = 1;
+  EXPECT_EQ(decode_welcome(encode(w)).async, 1);
+  w.async = 2;
+  EXPECT_THROW(decode_welcome(encode(w)), WireError);
+  const UpdateInfo u = decode_update_info(encode(UpdateInfo{0.5f, 1, 17, 3, 2, 9}));
+  EXPECT_EQ(u.version, 17u);
+  EXPECT_EQ(u.age, 3u);
+  EXPECT_EQ(u.pusher, 2u);
+  EXPECT_EQ(u.push, 9u);
+  const Bytes ub = encode(u);
+  for (size_t n = 0; n < ub.size(); ++n)
+    EXPECT_THROW(decode_update_info(std::span<const uint8_t>(ub).first(n)), WireError) << n;
+}
+
 TEST(Protocol, EpochsAndReplicationMessagesRoundTripAndRejectCorruption) {
   HelloInfo h{4, 100, "dense", 0, ShardId{0, 1, 0, 100}, 7};
   EXPECT_EQ(decode_hello(encode(h)).epoch, 7u);

@@ -106,28 +106,32 @@ def test_a_client_on_the_shared_context_ends_where_one_with_its_own_does():
 def test_an_asynchronous_job_applies_each_push_and_reports_its_age():
     """sketchsgd-server --mode async: two clients in one process, rank 1 pushing only after rank
     0's three pushes (a round job would hold rank 0 at its first); a bad --mode is one line and
-    exit status 2."""
+    exit status 2; a client's weight outside (0, 10^6] a ValueError."""
     from sketchsgd.ps import Client
     dim = 257
     bad = subprocess.run([_server_bin() or "true", "--dim", "4", "--mode", "downpour"],
                          capture_output=True, text=True)
     if _server_bin():
         assert bad.returncode == 2 and "--mode must be rounds or async" in bad.stderr, bad.stderr
+    for weight in (0, float("nan"), True):
+        with pytest.raises(ValueError, match="weight"):
+            Client("tcp://127.0.0.1:1", "dense", dim=dim, weight=weight)
     p, e = _start("--world", "2", "--dim", str(dim), "--codec", "dense", "--mode", "async", "--lr", "0.5")
     try:
         init = torch.randn(dim, generator=torch.Generator().manual_seed(4))
         with Client(e, "dense", dim=dim, rank=0, world=2, init=init, quiet=True, timeout=20) as a, \
-                Client(e, "dense", dim=dim, rank=1, world=2, quiet=True, timeout=20, fetch_every=0) as b:
+                Client(e, "dense", dim=dim, rank=1, world=2, quiet=True, timeout=20, fetch_every=0,
+                       weight=2) as b:
             assert a.asynchronous and b.asynchronous
             for t in range(3):
                 r = a.step(torch.ones(dim))
                 assert (r["outcome"], r["age"], r["version"]) == ("updated", 0, t + 1), r
             r = b.step(torch.ones(dim))
-            assert (r["age"], r["version"], r["lr"]) == (3, 4, 0.5 / 2 / 4), r
+            assert (r["age"], r["version"], r["lr"]) == (3, 4, 0.5 * 2 / 2 / 4), r  # counts twice
             assert not torch.equal(b.params(), a.params())  # b has not fetched since its start
             b.fetch()
             expect = init.clone()
-            for step in (0.25, 0.25, 0.25, 0.0625):  # lr / world / (1 + age), one push at a time
+            for step in (0.25, 0.25, 0.25, 0.125):  # lr · weight / world / (1 + age), one at a time
                 expect -= step
             assert torch.equal(b.params(), expect)
     finally:

@@ -802,6 +802,42 @@ TEST(Async, AWorkerFetchesEveryNthPushAndAppliesItsOwnUpdatesBetween) {
   EXPECT_TRUE(same(s.session.params(), solo.engine.model()));
 }
 
+TEST(Async, APushCountsForItsWorkersWeightWhichARoundJobRefuses) {
+  // Rank 1 pushes every 3H steps where rank 0 pushes every H: each of its pushes counts 3 times.
+  JobConfig cfg = async_job("dense", 2, 500);
+  cfg.age_scaled = false;
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 4);
+  ClientOptions heavy = options(1, 2);
+  heavy.weight = 3.0f;
+  Worker a(cfg, 0, init), b(cfg, heavy, {});
+  a.hello(w);
+  b.hello(w);
+  for (int pass = 0; pass < 3; ++pass) {
+    a.registration(w);
+    b.registration(w);
+  }
+  const auto ga = test::synthetic_grad(a.session.params(), 0, 0, 3);
+  const auto gb = test::synthetic_grad(b.session.params(), 1, 0, 3);
+  const float one = cfg.lr * 1.0f / 2.0f / 1.0f, three = cfg.lr * 3.0f / 2.0f / 1.0f;
+  EXPECT_EQ(async_step(w, a, 3).lr, one);
+  EXPECT_EQ(async_step(w, b, 3).lr, three);
+  std::vector<float> expect = init;
+  kernels::cpu::axpy(expect.data(), ga.data(), cfg.dim, -one);
+  kernels::cpu::axpy(expect.data(), gb.data(), cfg.dim, -three);
+  EXPECT_TRUE(same(w.engine.model(), expect));
+
+  Wire rounds(job("dense", 2, 500));
+  Worker c(rounds.engine.config(), heavy, {});
+  c.hello(rounds);
+  EXPECT_THROW(c.registration(rounds), ConfigMismatch);
+  for (const float bad : {0.0f, -1.0f, std::nanf(""), 2e6f}) {
+    ClientOptions o = options(1, 2);
+    o.weight = bad;
+    EXPECT_THROW(Worker(cfg, o, {}), InvalidArgument) << bad;
+  }
+}
+
 TEST(Async, JobsThatCannotRunAsynchronouslyAreRefused) {
   std::string two_round;
   for (const auto& s : example_specs())

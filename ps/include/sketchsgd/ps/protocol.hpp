@@ -35,8 +35,10 @@ inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // 5: the shard in Hello (sharded servers); 6: a federated client checks in a round ahead (the
 // model of the round before, then that round's outcome); 7: replicated shards (epochs in Hello and
 // Welcome, the primary-backup messages Follow, Sync, Commit, Ack, Deposed; the server's optimizer
-// in Welcome, its state and step count in Model)
-inline constexpr uint16_t kProtocolVersion = 7;
+// in Welcome, its state and step count in Model); 8: asynchronous jobs (the mode in Welcome, a
+// worker's weight in Hello; an Update names its version, the push's age, its pusher and that
+// worker's push number)
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -120,6 +122,10 @@ struct HelloInfo {
   /// The highest server epoch the worker has registered with (a backup that took over has a
   /// higher one than the primary it replaced): a server of a lower epoch was deposed.
   uint64_t epoch = 0;
+  /// Asynchronous jobs: what each push of this worker counts for, relative to the job's nominal
+  /// push (1): the steps or tokens it represents (a worker pushing every 2H steps where the
+  /// others push every H says 2). Round jobs take 1 only.
+  float weight = 1.0f;
 };
 Bytes encode(const HelloInfo& h);
 HelloInfo decode_hello(std::span<const uint8_t> frame);

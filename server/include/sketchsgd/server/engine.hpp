@@ -12,9 +12,10 @@
 // it arrives, and only its pusher gets the update (its codec's error feedback needs it); workers
 // fetch the model when they choose. The version (round()) counts the updates applied. A push's
 // age is the number of other workers' updates applied since its pusher fetched the model it
-// computed on; its step is lr / world, divided by (1 + age) unless age_scaled is off, and a push
-// older than max_age is refused (Abort: nothing applied, the worker keeps its error feedback and
-// fetches). The envelope of a Push and of its Update carries the worker's own push number, so a
+// computed on; its step is lr · weight / world (the weight its pusher declared: the steps or
+// tokens a push represents, 1 by default), divided by (1 + age) unless age_scaled is off, and a
+// push older than max_age is refused (Abort: nothing applied, the worker keeps its error feedback
+// and fetches). The envelope of a Push and of its Update carries the worker's own push number, so a
 // push sent again after a lost reply is answered again, never applied twice.
 #pragma once
 
@@ -198,6 +199,7 @@ class Engine {
     uint64_t next_push = 0;
     uint64_t base = 0;
     uint64_t own = 0;
+    float weight = 1.0f;  // what each of its pushes counts for (its Hello's)
     Frames ack;
   };
 

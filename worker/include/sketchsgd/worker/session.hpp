@@ -51,6 +51,10 @@ struct ClientOptions {
   /// after every fetch_every pushes (Downpour's n_fetch, counted in pushes), and after a push the
   /// server refused as too old. 0: only when Client::fetch() asks.
   uint32_t fetch_every = 1;
+  /// Asynchronous jobs: what each of this worker's pushes counts for (HelloInfo::weight: the
+  /// steps or tokens a push represents, relative to the job's nominal push); its step is
+  /// lr · weight / world. Round jobs refuse anything but 1.
+  float weight = 1.0f;
   /// Share one ZeroMQ context (its I/O thread) with every other Client of this process that sets
   /// this, instead of a context each: for many clients in one process (a simulated federated
   /// population, a benchmark's workers), where a context each costs two more threads to start
