@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <sketchsgd/kernels/cpu.hpp>
+#include <sketchsgd/kernels/elementwise.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
 #include "common.hpp"
 
@@ -47,6 +48,28 @@ void BM_Merge(benchmark::State& s) {
   report(s, a.table().size(), 8 * a.table().size());
 }
 BENCHMARK(BM_Merge)->Apply(d_axis);
+
+/// The server's Adagrad step (ps/outer.hpp) on a dense step and on a 1 %-dense one (a top-k
+/// update decoded), beside the vectorised loop over every coordinate that the skip of zero steps
+/// replaced (same bits either way).
+void BM_Adagrad(benchmark::State& s, bool every) {
+  const size_t d = size_t(s.range(0)), stride = size_t(100 / s.range(1));
+  std::vector<float> w = gradient(d, 2), v(d, 1.0f), step(d, 0.0f);
+  const auto g = gradient(d);
+  for (size_t i = 0; i < d; i += stride) step[i] = g[i];
+  for (auto _ : s) {
+    if (every) {
+#pragma omp parallel for simd schedule(static)
+      for (size_t i = 0; i < d; ++i) elem::adagrad(w[i], v[i], step[i], 1e-3f, 1e-8f);
+    } else {
+      kernels::cpu::adagrad(w.data(), v.data(), step.data(), d, 1e-3f, 1e-8f);
+    }
+    benchmark::DoNotOptimize(w.data());
+  }
+  report(s, d, 12 * d);
+}
+BENCHMARK_CAPTURE(BM_Adagrad, skip_zeros, false)->Args({1 << 21, 100})->Args({1 << 21, 1});
+BENCHMARK_CAPTURE(BM_Adagrad, every_coordinate, true)->Args({1 << 21, 100})->Args({1 << 21, 1});
 
 void BM_TopK(benchmark::State& s) {
   const size_t d = size_t(s.range(0)), k = d / 100;
