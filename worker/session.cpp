@@ -248,7 +248,11 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
   const Envelope& e = m->env;
   const bool was_synced = synced_;
   if (control(*m, now, out)) {
-    if (e.type == Type::Model) res.fetched = true;
+    if (e.type == Type::Model) {
+      res.fetched = true;
+      // An asynchronous job's fetch is its download (a round job's Model only (re)starts it).
+      if (async_) res.bytes_down += m->frames[1].size();
+    }
     res.bytes_up += resent_;
     const bool resent = e.type == Type::Welcome ? resent_ != 0 : resent_before_model_;
     if (e.type == Type::Welcome) resent_before_model_ = resent_ != 0;

@@ -785,8 +785,11 @@ TEST(Async, AWorkerFetchesEveryNthPushAndAppliesItsOwnUpdatesBetween) {
   for (int t = 1; t <= 6; ++t) {
     async_step(w, b, 3);
     const std::vector<float> before(w.engine.model().begin(), w.engine.model().end());
-    async_step(w, a, 3);
+    const StepResult res = async_step(w, a, 3);
     EXPECT_EQ(same(a.session.params(), w.engine.model()), t % 3 == 0) << "push " << t;
+    // The fetched model (with Adagrad's state) is counted with the step that brought it.
+    EXPECT_EQ(res.fetched, t % 3 == 0);
+    EXPECT_EQ(res.bytes_down >= 2 * cfg.dim * 4, t % 3 == 0) << res.bytes_down;
     EXPECT_FALSE(same(w.engine.model(), before));
   }
   // Alone, a worker that never fetches holds what the server holds.

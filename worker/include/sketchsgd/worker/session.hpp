@@ -77,7 +77,7 @@ struct StepResult {
   float lr = 0;
   uint32_t contributors = 0;
   uint64_t bytes_up = 0;    ///< gradient (+ answer) bytes sent
-  uint64_t bytes_down = 0;  ///< update (+ query) bytes received
+  uint64_t bytes_down = 0;  ///< update (+ query) bytes received; asynchronous: + fetched models
   std::chrono::steady_clock::time_point
       pushed_at{};  ///< when the encoded push was handed to the socket
   /// Asynchronous jobs: how many other workers' updates the server had applied since this
