@@ -24,7 +24,9 @@ compressing the replicas' all-reduce (compress_replicas). --hook none is FSDP2's
 reduction, bf16 or fp16 its MixedPrecisionPolicy(reduce_dtype=...). Payload under FSDP: the
 gradient bytes a rank sends over the links being compressed (full: its reduce-scatter input;
 hsdp: its shard's all-reduce across the replicas; a codec's: its payload), not the parameter
-all-gathers, which no hook changes.
+all-gathers, which no hook changes. --fsdp fsdp1: FSDP1 (FullyShardedDataParallel, FULL_SHARD,
+the same modules wrapped), --hook compressing its reduce-scatter through its communication hook
+(sketchsgd.fsdp.compress_fsdp1).
 
 Momentum: PyTorch's hooks average the gradient and SGD applies momentum after; sketchsgd codecs
 with momentum of their own (momentum=…, or fetch=1) apply it before compressing (where the error
@@ -157,6 +159,8 @@ def sharded(args, model, W, device):
     reductions a step counter {"n": steps}, their bytes counted per step from its padded shards)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if args.fsdp == "fsdp1":
+        return sharded_fsdp1(args, model, W, device)
     R = args.replicas if args.fsdp == "hsdp" else 1
     mesh = init_device_mesh(device.type, (R, W // R), mesh_dim_names=("replicate", "shard"))
     plain = args.hook[len("torch:"):] if args.hook.startswith("torch:") else args.hook
@@ -188,6 +192,36 @@ def sharded(args, model, W, device):
     S = W // R
     padded = sum(-(-p.shape[0] // S) * (p.numel() // p.shape[0]) for p in model.parameters())
     per_step = padded * (S if R == 1 else 1) * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
+    steps = {"n": 0}
+    return model, (lambda: steps["n"] * per_step), args.momentum, steps
+
+
+def sharded_fsdp1(args, model, W, device):
+    """--fsdp fsdp1: sharded() with FSDP1 (FULL_SHARD) around the same modules."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+    plain = args.hook[len("torch:"):] if args.hook.startswith("torch:") else args.hook
+    spec = None if plain in ("none", "bf16", "fp16") else \
+        args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
+    reduce_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plain)
+    how = dict(sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=device,
+               mixed_precision=MixedPrecision(reduce_dtype=reduce_dtype) if reduce_dtype else None)
+    if hasattr(model, "blocks"):  # a ModuleList
+        for i in range(len(model.blocks)):
+            model.blocks[i] = FSDP(model.blocks[i], **how)
+    else:
+        for name, m in list(model.named_children()):
+            if any(True for _ in m.parameters()):
+                setattr(model, name, FSDP(m, **how))
+    model = FSDP(model, **how)
+    dim = sum(m.numel() for m in model.parameters()) * W  # this rank's flat shards: 1/W of each padded unit
+    if spec is not None:
+        import sketchsgd.fsdp
+        from sketchsgd.torch import CompressionState
+        state = CompressionState(spec)
+        sketchsgd.fsdp.compress_fsdp1(model, state, warmup=args.start_iter)
+        return model, (lambda: state.stats()["payload_bytes"]), _sgd_momentum(spec, dim, args), None
+    # FSDP1 reduce-scatters each unit's flat gradient padded to W chunks: W times a rank's shard.
+    per_step = dim * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
     steps = {"n": 0}
     return model, (lambda: steps["n"] * per_step), args.momentum, steps
 
@@ -323,7 +357,9 @@ def worker(rank, args, port, queue, group=None):
                 loss.backward()
                 if after_backward is not None:
                     after_backward()
-                if args.clip:
+                if args.clip and args.fsdp == "fsdp1":  # the norm over every rank's flat shards
+                    ddp.clip_grad_norm_(args.clip)
+                elif args.clip:
                     nn.utils.clip_grad_norm_(ddp.parameters(), args.clip)
                 opt.step()
                 if after_step is not None:
@@ -353,18 +389,20 @@ def worker(rank, args, port, queue, group=None):
                     last_sync()
                 synced = True
             # A sharded model's forward gathers its parameters: every rank evaluates.
-            quality = job.evaluate(model, device, dtype, args.eval_items) if rank == 0 or args.fsdp else {}
+            # FSDP1 wraps the model in a new module (FSDP2 shards it in place).
+            quality = job.evaluate(ddp if args.fsdp == "fsdp1" else model, device, dtype, args.eval_items) \
+                if rank == 0 or args.fsdp else {}
             rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, job.metric: quality.get(job.metric),
                          "payload_bytes_per_round": payload() / step, "seconds": time.time() - t0})
             if rank == 0:
                 print(f"epoch {epoch + 1}: loss {loss_sum / per_epoch:.4f}, {job.describe(quality[job.metric])}",
                       flush=True)
-        if args.fsdp:
+        if args.fsdp and args.fsdp != "fsdp1":
             model.reshard()  # the root keeps its parameters gathered after a forward without backward
         # Under FSDP a rank's digest is of its own shards (to_local: DTensor.full_tensor's gloo
         # all-gather of CUDA tensors died with a bus error on torch 2.11), summed below per replica.
-        flat = torch.cat([(p.to_local() if args.fsdp else p).detach().reshape(-1).cpu()
-                          for p in model.parameters()])
+        flat = torch.cat([(p.to_local() if hasattr(p, "to_local") else p).detach().reshape(-1).cpu()
+                          for p in ddp.parameters()])
         digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum())])
         gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(W)]
         if group is not None:
@@ -462,8 +500,8 @@ def check(p, args):
                     "group (docs/PYTORCH.md); this example runs FSDP per step")
         if args.fsdp == "hsdp" and not (2 <= args.replicas <= args.workers and args.workers % args.replicas == 0):
             p.error(f"--replicas {args.replicas}: 2..--workers, dividing --workers {args.workers}")
-        if args.fsdp == "full" and args.workers < 2:
-            p.error("--fsdp full: 2 workers at least")
+        if args.fsdp in ("full", "fsdp1") and args.workers < 2:
+            p.error(f"--fsdp {args.fsdp}: 2 workers at least")
     problem = hook_problem(args)
     if problem:
         p.error(problem)
@@ -567,9 +605,10 @@ def main():
     p.add_argument("--local", type=natural, default=0, help="H > 0: local steps, synced every H (--hook: a sketchsgd spec "
                    "for DiLoCo's pseudo-gradient, dense for DiLoCo itself, or torch:average for PyTorch's "
                    "PeriodicModelAverager); 0: DDP, synced every step")
-    p.add_argument("--fsdp", choices=["full", "hsdp"], help="shard with FSDP2 instead of DDP: full (over every "
-                   "rank; --hook compresses the reduce-scatter) or hsdp (--replicas R; --hook compresses the "
-                   "replicas' all-reduce); --hook none, bf16 or fp16: FSDP2's own reduction in that dtype")
+    p.add_argument("--fsdp", choices=["full", "hsdp", "fsdp1"], help="shard with FSDP2 instead of DDP: full (over "
+                   "every rank; --hook compresses the reduce-scatter) or hsdp (--replicas R; --hook compresses the "
+                   "replicas' all-reduce); --hook none, bf16 or fp16: FSDP2's own reduction in that dtype. fsdp1: "
+                   "FSDP1, FULL_SHARD over every rank, --hook compressing its reduce-scatter")
     p.add_argument("--replicas", type=count, help="--fsdp hsdp: replicas, each sharded over W/R ranks (default 2)")
     p.add_argument("--outer-lr", type=positive, default=0.7, help="--local: DiLoCo's outer learning rate")
     p.add_argument("--outer-momentum", type=momentum, default=0.9, help="--local: its Nesterov momentum")

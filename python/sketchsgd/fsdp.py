@@ -20,6 +20,10 @@
   goes through the codec (each parameter whole, its padding rows included), the mean is formed
   as for a DDP bucket, and each rank keeps its shard.
 
+- compress_fsdp1: FSDP1 (FullyShardedDataParallel, deprecated by PyTorch), its communication
+  hook (register_comm_hook) with a sharded strategy (FULL_SHARD, SHARD_GRAD_OP: a compressed
+  reduce-scatter, as compress_reduce_scatter) or NO_SHARD (a compressed all-reduce).
+
 Either way a module's tensors (their padded shards under compress_replicas, whole padded
 parameters under compress_reduce_scatter, with their shapes) go through the codec like a DDP bucket's — small and 1-D tensors whole, error feedback per rank — through
 the C++ round (sketchsgd._rounds). Every FSDP module is a unit of its own; each call is a step of
@@ -122,10 +126,8 @@ class _Backward:
                                        "update")
 
 
-def _register(what: str, module, state, warmup, wrong_group):
-    """The checks both entry points share; wrong_group(shard ranks, state's ranks) says what is
-    wrong with the state's group, or None. Returns module's FSDP groups and the state's
-    _Backward."""
+def _check(what: str, module, state, warmup) -> None:
+    """The checks every entry point makes of its arguments."""
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r}: must be an int ≥ 0 (backward passes averaged uncompressed first)")
     if not isinstance(module, torch.nn.Module):
@@ -134,12 +136,19 @@ def _register(what: str, module, state, warmup, wrong_group):
         raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"sketchsgd.fsdp.{what}: initialise torch.distributed first")
+    if getattr(state, "_fsdp", False):
+        raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState already serves a model")
+
+
+def _register(what: str, module, state, warmup, wrong_group):
+    """The checks both FSDP2 entry points share; wrong_group(shard ranks, state's ranks) says what
+    is wrong with the state's group, or None. Returns module's FSDP groups and the state's
+    _Backward."""
+    _check(what, module, state, warmup)
     groups = _groups(module)
     if not groups:
         raise ValueError(f"sketchsgd.fsdp.{what}: no FSDP2 module with parameters under this module "
                          "(apply torch.distributed.fsdp.fully_shard first)")
-    if getattr(state, "_fsdp", False):
-        raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState already serves a model")
     state._bind()
     for m, g in groups:
         if g._is_hsdp:
@@ -248,6 +257,97 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
                                  g.mesh_info.shard_mesh_size)
         _units(state, index, scatter.shapes)
         m.set_custom_reduce_scatter(scatter)
+
+
+class _Fsdp1Unit:
+    """What FSDP1 hands its communication hook as the state of one FullyShardedDataParallel
+    instance: its flat parameter's layout. FSDP1 calls the hook with the instance's full flat
+    gradient (its parameters end to end, with FSDP's alignment padding, then padded to W equal
+    chunks) and, under a sharded strategy, the chunk this rank keeps; the flat layout needs no
+    copy for the codec to see each parameter whole with its shape."""
+
+    def __init__(self, backward, index: int, shapes, world: int, rank: int):
+        self.backward, self.index, self.shapes, self.world, self.rank = backward, index, shapes, world, rank
+
+    def __call__(self, grad, output):
+        if grad.numel() != sum(math.prod(s) for s in self.shapes):
+            raise RuntimeError(f"sketchsgd.fsdp: FSDP1 unit {self.index} reduced {grad.numel()} values; its flat "
+                               f"parameter holds {sum(math.prod(s) for s in self.shapes)} (padded to {self.world} "
+                               "chunks)")
+        if not self.backward.reduce(self.index, grad, self.shapes):
+            if output is not None:
+                output.zero_()  # the backward raises at its end on every rank: no update
+            return
+        if output is not None:
+            output.copy_(grad.view(self.world, -1)[self.rank])
+
+
+def _fsdp1_hook(unit, grad, output=None):
+    """The one hook FSDP1 registers for all its instances; each passes its own _Fsdp1Unit."""
+    unit(grad, output)
+
+
+def _fsdp1_shapes(flat, world: int, sharded: bool):
+    """The tensors of an FSDP1 flat parameter's unsharded gradient, in order: each parameter with
+    its shape, FSDP's alignment padding (use_orig_params) as 1-D runs, and under a sharded strategy
+    the padding to `world` equal chunks."""
+    try:
+        real = iter(flat._shapes)
+        shapes = [(n,) if pad else tuple(next(real)) for n, pad in zip(flat._numels_with_padding,
+                                                                      flat._is_padding_mask)]
+    except AttributeError as e:  # FlatParameter's layout, unchanged from PyTorch 2.0 to 2.13
+        raise TypeError(f"sketchsgd.fsdp.compress_fsdp1: this PyTorch's FSDP1 flat parameter has no layout "
+                        f"sketchsgd knows ({e})") from None
+    total = sum(math.prod(s) for s in shapes)
+    if sharded and total % world:
+        shapes.append((world - total % world,))
+    return shapes
+
+
+def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
+    """FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel): registers a communication hook on
+    the root instance `module` that reduces every instance's gradient through state's codec:
+    under FULL_SHARD and SHARD_GRAD_OP each rank's full flat gradient of an instance is compressed,
+    the mean over the group formed as for a DDP bucket, and each rank keeps its shard (as
+    compress_reduce_scatter); under NO_SHARD the mean is all of it. Each instance is a unit with
+    its own error feedback, each parameter compressed whole with its shape. state's process group
+    is the instances' (FSDP1 refuses hooks under the hybrid strategies: use FSDP2 and
+    compress_replicas). Call it once, after wrapping and before the first forward, on every rank.
+    The first `warmup` backward passes average in fp32 uncompressed."""
+    _check("compress_fsdp1", module, state, warmup)
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    if not isinstance(module, FSDP) or not module.check_is_root():
+        raise TypeError("sketchsgd.fsdp.compress_fsdp1: module must be the root FullyShardedDataParallel instance "
+                        f"(got {type(module).__name__}); for FSDP2 (fully_shard) use compress_reduce_scatter or "
+                        "compress_replicas")
+    ranks = dist.get_process_group_ranks(state.process_group or dist.group.WORLD)
+    units = []
+    for m in FSDP.fsdp_modules(module):
+        if m.sharding_strategy not in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP,
+                                       ShardingStrategy.NO_SHARD):
+            raise ValueError(f"sketchsgd.fsdp.compress_fsdp1: {m.sharding_strategy.name}: FSDP1 takes no communication "
+                             "hook under a hybrid strategy; shard with FSDP2 over a replicas × shards mesh and use "
+                             "compress_replicas")
+        if dist.get_process_group_ranks(m.process_group) != ranks:
+            raise ValueError(f"sketchsgd.fsdp.compress_fsdp1: the state's process group (ranks {ranks}) is not "
+                             f"FSDP's (ranks {dist.get_process_group_ranks(m.process_group)})")
+        if getattr(m, "_comm_hook", None) is not None:
+            raise ValueError("sketchsgd.fsdp.compress_fsdp1: the model has a communication hook already")
+        flat = getattr(m, "_flat_param", None)
+        if flat is not None:
+            units.append((m, _fsdp1_shapes(flat, len(ranks), m.sharding_strategy != ShardingStrategy.NO_SHARD)))
+    if not units:
+        raise ValueError("sketchsgd.fsdp.compress_fsdp1: no FSDP1 instance with parameters under this module")
+    state._bind()
+    state._fsdp = True
+    backward = _Backward(state, warmup, len(units))
+    module.register_comm_hook(None, _fsdp1_hook)
+    rank = ranks.index(dist.get_rank())
+    for index, (m, shapes) in enumerate(units):
+        _units(state, index, shapes)
+        # FSDP1 gives every instance the root's one hook state; each is told which unit it is,
+        # so that error feedback follows the instance, not the order of the hook calls.
+        m._comm_hook_state = _Fsdp1Unit(backward, index, shapes, len(ranks), rank)
 
 
 def state_dict(state: CompressionState) -> dict:

@@ -233,3 +233,139 @@ def full_shard(rank, world, spec, steps, warmup=0):
         state = CompressionState(spec)
         fsdp.compress_reduce_scatter(model, state, warmup=warmup)
     return _train(model, rank, steps), _local(model), state.stats() if state else None
+
+
+def _fsdp1(strategy="FULL_SHARD", orig=False):
+    """The MLP under FSDP1 on the CPU: each Linear an instance, the root another (it holds no
+    parameter of its own)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    model = _model()
+    how = dict(sharding_strategy=getattr(ShardingStrategy, strategy), device_id=torch.device("cpu"),
+               use_orig_params=orig)
+    for i, layer in enumerate(model):
+        if isinstance(layer, torch.nn.Linear):
+            model[i] = FSDP(layer, **how)
+    return FSDP(model, **how)
+
+
+def _fsdp1_local(model):
+    """This rank's part of every flat parameter (FSDP1: the sharded flat parameters), end to end."""
+    return np.concatenate([p.detach().reshape(-1).numpy() for p in model.parameters()])
+
+
+def fsdp1(rank, world, spec, steps, strategy="FULL_SHARD", warmup=0, orig=False):
+    """FSDP1 with its gradients reduced through spec (None: FSDP1's own reduction). Returns
+    (losses, this rank's flat parameters, stats)."""
+    from sketchsgd import fsdp
+    model = _fsdp1(strategy, orig)
+    state = None
+    if spec is not None:
+        state = CompressionState(spec)
+        fsdp.compress_fsdp1(model, state, warmup=warmup)
+    return _train(model, rank, steps), _fsdp1_local(model), state.stats() if state else None
+
+
+def fsdp1_non_finite(rank, world, spec, steps, bad_step):
+    """At bad_step rank 1's gradient of the first layer is NaN. Returns (per step: the error
+    backward() raised, by type and message, or None; this rank's flat parameters at the end)."""
+    from sketchsgd import fsdp
+    model = _fsdp1()
+    state = CompressionState(spec)
+    fsdp.compress_fsdp1(model, state)
+    first = model.module[0]
+
+    def poison(grad):
+        return torch.full_like(grad, float("nan"))
+
+    def arm(module, inputs, output):  # returns None: the output stays as it is
+        output.register_hook(poison)
+
+    handle = None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    errors = []
+    for step in range(steps):
+        if rank == 1 and step == bad_step:
+            handle = first.register_forward_hook(arm)
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        try:
+            loss.backward()
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            errors.append((type(e).__name__, str(e)))
+            opt.zero_grad()
+            continue
+        finally:
+            if handle is not None:
+                handle.remove()
+                handle = None
+        errors.append(None)
+        opt.step()
+    return errors, _fsdp1_local(model)
+
+
+def fsdp1_resume(rank, world, spec, before, after, path):
+    """FSDP1's sharded state dict and the compression state saved with DCP after `before` steps;
+    a new model and state loaded from it train the same `after` steps as the saved ones. Returns
+    (losses, flat parameters) of both continuations."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
+
+    from sketchsgd import fsdp
+
+    def build():
+        model, state = _fsdp1(), CompressionState(spec)
+        fsdp.compress_fsdp1(model, state)
+        return model, state
+
+    def sd(model, state):
+        with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+            return {"model": model.state_dict(), "sketchsgd": fsdp.state_dict(state)}
+
+    model, state = build()
+    _train(model, rank, before)
+    path = f"{path}/{spec.replace(':', '_').replace(',', '_').replace('=', '_')}"
+    dcp.save(sd(model, state), checkpoint_id=path)
+    continued = _train(model, rank, after, first=before), _fsdp1_local(model)
+    model, state = build()
+    _train(model, rank, 1, first=1000)  # the new state's codecs built and moved: the load must replace it all
+    loaded = sd(model, state)
+    dcp.load(loaded, checkpoint_id=path)
+    with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
+        model.load_state_dict(loaded["model"])
+    fsdp.load_state_dict(state, loaded["sketchsgd"])
+    resumed = _train(model, rank, after, first=before), _fsdp1_local(model)
+    return continued, resumed
+
+
+def fsdp1_refusals(rank, world):
+    """Every misuse compress_fsdp1() refuses, each as (name, error type, message)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from sketchsgd import fsdp
+    out = []
+
+    def attempt(name, fn):
+        try:
+            fn()
+            out.append((name, None, ""))
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            out.append((name, type(e).__name__, str(e)))
+
+    # Every rank makes every group: pairs of ranks {0, 1}, {2, 3} and {0, 2}, {1, 3}.
+    shards = [dist.new_group(g) for g in ([0, 1], [2, 3])][rank // 2]
+    replicas = [dist.new_group(g) for g in ([0, 2], [1, 3])][rank % 2]
+    attempt("not FSDP1", lambda: fsdp.compress_fsdp1(_model(), CompressionState("topk:k=10")))
+    attempt("another group", lambda: fsdp.compress_fsdp1(_fsdp1(), CompressionState("topk:k=10", shards)))
+    attempt("negative warm-up", lambda: fsdp.compress_fsdp1(_fsdp1(), CompressionState("topk:k=10"), -1))
+    hooked = _fsdp1()
+    hooked.register_comm_hook(None, lambda state, grad, output=None: None)
+    attempt("a hook already", lambda: fsdp.compress_fsdp1(hooked, CompressionState("topk:k=10")))
+    from torch.distributed.fsdp import ShardingStrategy
+    hybrid = FSDP(_model(), sharding_strategy=ShardingStrategy.HYBRID_SHARD, device_id=torch.device("cpu"),
+                  process_group=(shards, replicas))
+    attempt("hybrid", lambda: fsdp.compress_fsdp1(hybrid, CompressionState("topk:k=10", shards)))
+    state = CompressionState("topk:k=10")
+    fsdp.compress_fsdp1(_fsdp1(), state)
+    attempt("a state twice", lambda: fsdp.compress_fsdp1(_fsdp1(), state))
+    dist.barrier()
+    return out

@@ -45,6 +45,8 @@ CASES = [
     ("examples/ddp_train.py", ["--fsdp", "full", "--hook", "powersgd:rank=2"], "DDP's"),
     ("examples/ddp_train.py", ["--fsdp", "full", "--local", "4", "--hook", "dense"], "--local"),
     ("examples/ddp_train.py", ["--fsdp", "full", "--workers", "1"], "--fsdp"),
+    ("examples/ddp_train.py", ["--fsdp", "fsdp1", "--workers", "1"], "--fsdp fsdp1"),
+    ("examples/ddp_train.py", ["--fsdp", "fsdp1", "--replicas", "2"], "--fsdp hsdp"),
     ("examples/ddp_train.py", ["--replicas", "2"], "--fsdp hsdp"),
     ("examples/ddp_train.py", ["--simulate", "0"], "--simulate"),
     ("examples/ddp_train.py", ["--simulate", "2", "--fsdp", "full"], "--simulate"),

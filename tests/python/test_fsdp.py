@@ -153,3 +153,58 @@ def test_warm_up_steps_average_uncompressed_then_the_codec_takes_over():
         plain, (losses, _, stats) = out[rank][None][0], out[rank]["topk:k=200"]
         assert losses[:3] == plain[:3] and losses[3] != plain[3], (rank, losses, plain)
         assert stats["steps"] == 3 * 5 and stats["compressed_steps"] == 3 * 3, stats
+
+
+def test_fsdp1_with_the_dense_codec_is_its_own_reduction_under_every_strategy():
+    """compress_fsdp1 with the dense codec on 2 ranks is FSDP1's own reduction bit for bit (its
+    pre- and post-division by powers of two are exact): FULL_SHARD, NO_SHARD, and with
+    use_orig_params (alignment padding inside the flat parameter). warmup=2 with top-k: the first
+    two steps are FSDP1's own, the third the codec's."""
+    calls = [("each", ("fsdp1", [None, "dense"], 6, strategy, 0, orig))
+             for strategy, orig in (("FULL_SHARD", False), ("NO_SHARD", False), ("SHARD_GRAD_OP", True))]
+    out = ddp.run(fsdp_jobs.several, calls + [("each", ("fsdp1", ["topk:k=200"], 5, "FULL_SHARD", 2))], world=2)
+    for rank in range(2):
+        for (_, (_, _, _, strategy, _, orig)), got in zip(calls, out[rank]):
+            assert got[None][0] == got["dense"][0], (rank, strategy, orig)
+            assert np.array_equal(got[None][1], got["dense"][1]), (rank, strategy, orig)
+        plain, (losses, _, stats) = out[rank][0][None][0], out[rank][3]["topk:k=200"]
+        assert losses[:3] == plain[:3] and losses[3] != plain[3], (rank, losses, plain)
+        assert stats["steps"] == 3 * 5 and stats["compressed_steps"] == 3 * 3, stats
+
+
+def test_fsdp1_codecs_train_a_nan_raises_everywhere_and_a_checkpoint_resumes(tmp_path):
+    """FSDP1 FULL_SHARD over 4 ranks, each Linear an instance: every codec family trains with
+    fewer bytes than dense fp32, PowerSGD factoring each weight whole (the flat gradient holds
+    each parameter end to end); a NaN on rank 1 makes backward() raise NonFiniteError on every
+    rank and the steps after it run; FSDP1's sharded state dict and each rank's error feedback
+    saved with DCP resume bit for bit; every misuse is refused with a clear error."""
+    out = ddp.run(fsdp_jobs.several, [("each", ("fsdp1", FULL_SPECS, STEPS)),
+                                      ("each", ("fsdp1_non_finite", ["topk:k=400"], 6, 2)),
+                                      ("each", ("fsdp1_resume", ["powersgd:rank=2", "topk:k=400"], 4, 4,
+                                                str(tmp_path))),
+                                      ("fsdp1_refusals", ())])
+    for rank in range(4):
+        trained, failed, resumed, refused = out[rank]
+        for spec in FULL_SPECS:
+            losses, local, stats = trained[spec]
+            assert np.isfinite(local).all(), (spec, rank)
+            assert np.mean(losses[-3:]) < np.mean(losses[:3]), (spec, rank, losses)
+            assert stats["steps"] == 3 * STEPS and stats["payload_bytes"] < stats["dense_bytes"], (spec, stats)
+        errors, local = failed["topk:k=400"]
+        assert [e is not None for e in errors] == [False, False, True, False, False, False], (rank, errors)
+        assert errors[2][0] == "NonFiniteError" and np.isfinite(local).all(), (rank, errors)
+        for spec, (continued, again) in resumed.items():
+            assert continued[0] == again[0] and np.array_equal(continued[1], again[1]), (spec, rank)
+        got = {name: (kind, message) for name, kind, message in refused}
+        assert got["not FSDP1"][0] == "TypeError" and "root" in got["not FSDP1"][1], got
+        assert got["another group"][0] == "ValueError" and "process group" in got["another group"][1], got
+        assert got["negative warm-up"][0] == "ValueError", got
+        assert got["a hook already"][0] == "ValueError", got
+        assert got["hybrid"][0] == "ValueError" and "compress_replicas" in got["hybrid"][1], got
+        assert got["a state twice"][0] == "ValueError", got
+    # PowerSGD rank 1: (rows + columns) values a weight, its bias and the flat gradient's padding
+    # to 4 equal chunks whole, 4 bytes each.
+    layers = [m for m in fsdp_jobs._model() if isinstance(m, torch.nn.Linear)]
+    per_step = sum(m.out_features + m.in_features + m.out_features + (-(m.weight.numel() + m.out_features)) % 4
+                   for m in layers)
+    assert out[0][0]["powersgd:rank=1"][2]["payload_bytes"] == 4 * per_step * STEPS
