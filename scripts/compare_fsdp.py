@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Compression under FSDP2 on the transformer: examples/ddp_train.py --fsdp full (4 ranks, the
+"""Compression under FSDP2 on a transformer: examples/ddp_train.py --fsdp full (4 ranks, the
 reduce-scatter compressed) and --fsdp hsdp (2 replicas × 2 shards, the replicas' all-reduce
 compressed), each codec against FSDP2's own fp32 reduction and its
 MixedPrecisionPolicy(reduce_dtype=bf16), same seed, data order and steps; then a table of
 gradient bytes per rank per step and validation loss, with each codec's DDP result at the same
-budget beside it (docs/data/frontier-transformer.json), and a PNG.
+budget beside it (docs/data/frontier-<workload>.json where there is one), and a PNG.
 
-    .venv/bin/python scripts/compare_fsdp.py [--only full:none,hsdp:bf16] [--report-only] [--write-docs]
+    .venv/bin/python scripts/compare_fsdp.py [--workload transformer|lm] [--only full:none,hsdp:bf16]
+                                             [--report-only] [--write-docs]
 
 The runs are data (scripts/experiments.json, "fsdp"); a run is skipped when its JSON exists
-(delete build/compare-fsdp to start again). About 2.5 minutes a run on 2 cores; 16 runs.
-Verdicts: "within the noise" when a run's validation loss is at most twice the sd of the
-uncompressed full-sharding seeds above their mean; the same codec's DDP run, against uncompressed
-DDP's mean by the same margin.
+(delete build/compare-fsdp[-lm] to start again). About 2.5 minutes a transformer run on 2 cores
+(16 runs), 15-20 minutes an lm run. Verdicts: "within the noise" when a run's validation loss is
+at most twice the sd of the uncompressed seeds above their mean; the same codec's DDP run, against
+uncompressed DDP's mean by the same margin. Uncompressed FSDP2 computes DDP's steps (equal to four
+decimals on every seed compared), so where a workload's FSDP2 seeds are fewer than its DDP ones
+(lm), per-step dense DDP's seeds from scripts/compare_ddp.py stand in for the missing ones.
 """
 import argparse
 import json
@@ -23,49 +26,75 @@ import time
 
 import experiments  # noqa: E402  (the runs: experiments.json)
 import launch  # noqa: E402
+from frontier import LOSSES  # noqa: E402  (the workloads' loss units)
 
-OUT = "build/compare-fsdp"
-FRONTIER = "docs/data/frontier-transformer.json"
-
-
-def runs():
-    """(mode, run entry, seed) of the matrix, in order."""
-    w = experiments._data()["fsdp"]["transformer"]
-    return [(mode, e, seed) for mode, es in w["modes"].items() for e in es for seed in e.get("seeds", [1])], \
-        w["max_steps"]
+def out_dir(workload):
+    return "build/compare-fsdp" + ("" if workload == "transformer" else f"-{workload}")
 
 
-def path(mode, e, seed):
-    return os.path.join(OUT, f"{mode}-{e['name']}-seed{seed}.json")
+def runs(workload):
+    """(mode, run entry, seed) of the matrix in order, and the workload's entry (its steps)."""
+    w = experiments._data()["fsdp"][workload]
+    return [(mode, e, seed) for mode, es in w["modes"].items() for e in es for seed in e.get("seeds", [1])], w
 
 
-def run(mode, e, seed, steps):
-    cmd = [sys.executable, "examples/ddp_train.py", "--workload", "transformer", "--fsdp", mode, "--workers", "4",
-           "--hook", e["hook"], "--epochs", "1", "--max-steps", str(steps), "--seed", str(seed), "--progress", "100",
-           "--json", path(mode, e, seed)]
+def path(workload, mode, e, seed):
+    return os.path.join(out_dir(workload), f"{mode}-{e['name']}-seed{seed}.json")
+
+
+def run(workload, mode, e, seed, w):
+    cmd = [sys.executable, "examples/ddp_train.py", "--workload", workload, "--fsdp", mode, "--workers", "4",
+           "--hook", e["hook"], "--epochs", str(w.get("epochs", 1)), "--max-steps", str(w["max_steps"]),
+           "--seed", str(seed), "--progress", "100", "--json", path(workload, mode, e, seed)]
     return launch.job(f"{mode} {e['name']} seed {seed}: {e['hook']}", cmd)
 
 
-def report(matrix, write_docs):
+def ddp_dense(workload):
+    """Per-step dense DDP's validation loss by seed on the workload: the docs' data (the local
+    frontier's "none" point, or the per-step frontier's), then compare_ddp.py's run folders."""
+    found = {}
+    for data, get in ((f"docs/data/local-{workload}.json", lambda d: d.get("none", {}).get("loss", {})),
+                      (f"docs/data/frontier-{workload}.json", lambda d: d.get("none", {}).get("acc", {}))):
+        if os.path.exists(data):
+            with open(data) as f:
+                found.update({int(s): v for s, v in get(json.load(f)).items()})
+    for seed in range(1, 10):
+        run_json = f"build/compare-ddp-{workload}{'' if seed == 1 else f'-seed{seed}'}/none.json"
+        if os.path.exists(run_json):
+            with open(run_json) as f:
+                found[seed] = json.load(f)["val_loss"]
+    return found
+
+
+def report(workload, matrix, write_docs):
     got = {}
     for mode, e, seed in matrix:
-        if os.path.exists(path(mode, e, seed)):
-            with open(path(mode, e, seed)) as f:
+        if os.path.exists(path(workload, mode, e, seed)):
+            with open(path(workload, mode, e, seed)) as f:
                 got.setdefault((mode, e["name"]), []).append(json.load(f))
-    plain = [r["val_loss"] for r in got.get(("full", "none"), [])]
+    fsdp_plain = {r["seed"]: r["val_loss"] for r in got.get(("full", "none"), [])}
+    ddp_plain_seeds = ddp_dense(workload)
+    plain = {**ddp_plain_seeds, **fsdp_plain}
     if len(plain) < 2:
-        sys.exit("compare_fsdp.py: the uncompressed full-sharding seeds are missing (run without --report-only)")
-    mean, noise = statistics.mean(plain), 2 * statistics.stdev(plain)
-    with open(FRONTIER) as f:
-        ddp = json.load(f)
-    ddp_plain = statistics.mean(ddp["none"]["acc"].values())  # uncompressed DDP, its seeds
+        sys.exit("compare_fsdp.py: fewer than two uncompressed seeds (full:none, or per-step dense DDP's "
+                 "from scripts/compare_ddp.py --only none --seed N): run without --report-only")
+    mean, noise = statistics.mean(plain.values()), 2 * statistics.stdev(plain.values())
+    stand_in = sorted(set(plain) - set(fsdp_plain))
+    frontier_data = f"docs/data/frontier-{workload}.json"
+    ddp = {}
+    if os.path.exists(frontier_data):
+        with open(frontier_data) as f:
+            ddp = json.load(f)
+    ddp_plain = statistics.mean(ddp_plain_seeds.values()) if ddp_plain_seeds else mean
     rows, points = [], []
     for mode, e, seed in matrix:
         rs = got.get((mode, e["name"]))
         if not rs or seed != e.get("seeds", [1])[0]:
             continue
         bf16 = got.get((mode, "bf16"))
-        loss = statistics.mean(r["val_loss"] for r in rs)
+        loss = statistics.mean(plain.values()) if (mode, e["name"]) == ("full", "none") else \
+            statistics.mean(r["val_loss"] for r in rs)
+        count = len(plain) if (mode, e["name"]) == ("full", "none") else len(rs)
         sent = rs[0]["steady_payload_bytes_per_round"]
         vs = f"{bf16[0]['steady_payload_bytes_per_round'] / sent:.1f}×" if bf16 else "—"
         diff = loss - mean
@@ -77,7 +106,7 @@ def report(matrix, write_docs):
             ddp_verdict = "within" if ddp_loss - ddp_plain <= noise else "behind"
         else:
             ddp_cell = ddp_verdict = "—"
-        rows.append([mode, f"`{e['hook']}`", f"{sent:,.0f} B", vs, f"{loss:.4f}" + (f" ({len(rs)})" if len(rs) > 1 else ""),
+        rows.append([mode, f"`{e['hook']}`", f"{sent:,.0f} B", vs, f"{loss:.4f}" + (f" ({count})" if count > 1 else ""),
                      f"{diff:+.4f}", verdict, ddp_cell, ddp_verdict,
                      "yes" if all(r["replicas_identical"] for r in rs) else "NO"])
         points.append((mode, e["name"], sent, loss))
@@ -87,30 +116,36 @@ def report(matrix, write_docs):
     print(" | ".join(columns))
     for r in rows:
         print(" | ".join(r))
-    png = os.path.join(OUT, "fsdp-transformer.png")
-    plot(points, mean, noise, png)
+    png = os.path.join(out_dir(workload), f"fsdp-{workload}.png")
+    plot(workload, points, mean, noise, png)
     if write_docs:
         import doc_tables
         import shutil
-        steps = runs()[1]
-        doc_tables.write("docs/data/tables/fsdp-transformer.json", ".venv/bin/python scripts/compare_fsdp.py --write-docs",
+        w = runs(workload)[1]
+        steps = w["max_steps"] * w.get("epochs", 1)
+        seeds = ", ".join(map(str, sorted(plain)))
+        where = f"seeds {seeds}" + (f", seed{'s' if len(stand_in) > 1 else ''} "
+                                    f"{', '.join(map(str, stand_in))} of them per-step dense DDP's" if stand_in else "")
+        flag = "" if workload == "transformer" else f" --workload {workload}"
+        doc_tables.write(f"docs/data/tables/fsdp-{workload}.json",
+                         f".venv/bin/python scripts/compare_fsdp.py{flag} --write-docs",
                          time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {rs[0]['torch']}, gloo, 4 ranks",
                          columns, rows, key=None,
-                         note=f"{steps} steps, seed 1 (uncompressed full sharding: seeds 1-3, mean {mean:.4f}); "
+                         note=f"{steps} steps, seed 1 (uncompressed: {where}, mean {mean:.4f}); "
                               "full: the reduce-scatter's input (a codec: its payload); hsdp: a rank's shard across "
                               "the 2 replicas. DDP: the frontier's mean over its seeds.",
-                         data="docs/data/fsdp-transformer.json")
-        with open("docs/data/fsdp-transformer.json", "w") as f:
+                         data=f"docs/data/fsdp-{workload}.json")
+        with open(f"docs/data/fsdp-{workload}.json", "w") as f:
             json.dump({f"{m}:{n}": [{k: r[k] for k in ("hook", "fsdp", "replicas", "seed", "val_loss",
                                                         "steady_payload_bytes_per_round", "payload_bytes_per_round",
                                                         "replicas_identical", "seconds", "torch")} for r in rs]
                        for (m, n), rs in got.items()}, f, indent=1)
         os.makedirs("docs/images", exist_ok=True)
-        shutil.copy(png, "docs/images/fsdp-transformer.png")
+        shutil.copy(png, f"docs/images/fsdp-{workload}.png")
         doc_tables.main([])
 
 
-def plot(points, mean, noise, png):
+def plot(workload, points, mean, noise, png):
     import matplotlib  # in the project environment (python/requirements.txt)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -123,8 +158,8 @@ def plot(points, mean, noise, png):
     ax.axhspan(mean - noise, mean + noise, color="grey", alpha=0.2, label="uncompressed FSDP2 ± 2 sd")
     ax.set_xscale("log")
     ax.set_xlabel("gradient bytes per rank per step over the compressed links (log)")
-    ax.set_ylabel("validation loss (nats/byte)")
-    ax.set_title("FSDP2, transformer, 4 gloo ranks: full sharding and HSDP 2 × 2", fontsize=9)
+    ax.set_ylabel(f"validation loss ({LOSSES[workload]})")
+    ax.set_title(f"FSDP2, {workload}, 4 gloo ranks: full sharding and HSDP 2 × 2", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -134,23 +169,24 @@ def plot(points, mean, noise, png):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="transformer", choices=sorted(experiments._data()["fsdp"]))
     ap.add_argument("--only", default="", help="comma-separated mode:name (full:none, hsdp:bf16, ...)")
-    ap.add_argument("--report-only", action="store_true", help="run nothing: the table and plot from " + OUT)
+    ap.add_argument("--report-only", action="store_true", help="run nothing: the table and plot from build/")
     ap.add_argument("--write-docs", action="store_true", help="write the table's data file, the raw data and the plot")
     args = ap.parse_args()
-    matrix, steps = runs()
+    matrix, w = runs(args.workload)
     only = set(filter(None, args.only.split(",")))
     unknown = only - {f"{m}:{e['name']}" for m, e, _ in matrix}
     if unknown:
         ap.error(f"--only: unknown run(s) {sorted(unknown)}")
-    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(out_dir(args.workload), exist_ok=True)
     failed = []
     if not args.report_only:
         for mode, e, seed in matrix:
-            if (not only or f"{mode}:{e['name']}" in only) and not os.path.exists(path(mode, e, seed)):
-                if not run(mode, e, seed, steps):
+            if (not only or f"{mode}:{e['name']}" in only) and not os.path.exists(path(args.workload, mode, e, seed)):
+                if not run(args.workload, mode, e, seed, w):
                     failed.append(f"{mode}:{e['name']}:{seed}")
-    report(matrix, args.write_docs)
+    report(args.workload, matrix, args.write_docs)
     if failed:
         sys.exit(f"failed: {', '.join(failed)}")
 
