@@ -16,7 +16,8 @@ local point at that traffic or less — ahead when better by more than the noise
 over points run with 3 seeds), level within it — and our least traffic within the noise.
 Seeds 2 and 3 of the local runs are read from build/compare-local[-WORKLOAD]-seedN, as
 scripts/frontier.py does, and per-step seeds that the data file lacks from
-build/compare-ddp[-WORKLOAD]-seedN.
+build/compare-ddp[-WORKLOAD]-seedN; runs and seeds that no build folder holds (run on another
+machine) from the last --write-docs' docs/data/local-WORKLOAD.json.
 
 Writes build/local-frontier-WORKLOAD/{frontier.png,table.md}; --write-docs: the PNG in
 docs/images, the runs in docs/data/local-WORKLOAD.json and the tables' data files.
@@ -60,6 +61,12 @@ def points(args):
     figures are the ones compared with."""
     out = {}
     batch = steps = None
+    # An earlier --write-docs' points (docs/data/local-WORKLOAD.json), for the runs and seeds that
+    # this checkout's build folders lack (run on another machine): the folders' runs come first.
+    kept = {}
+    if os.path.exists(args.data):
+        with open(args.data) as f:
+            kept = json.load(f)
     for name, e in frontier.load(argparse.Namespace(runs=args.local_runs)).items():
         with open(os.path.join(args.local_runs, name + ".json")) as f:
             r = json.load(f)
@@ -70,6 +77,8 @@ def points(args):
         out[name] = {"label": fam["label"] if fam else name, "H": h_of(name), "hook": e["hook"],
                      "per_example": r["payload_bytes_per_round"] / batch, "less": r["ratio"], "loss": e["acc"],
                      "baseline": bool(fam and fam["baseline"]), "torch": r.get("torch", "?")}
+    if batch is None and kept:
+        batch, steps = next(iter(kept.values())).get("batch"), next(iter(kept.values())).get("steps")
     if batch is None:
         return out, batch, steps
     per_step = {}
@@ -90,6 +99,13 @@ def points(args):
             out[name] = {"label": label, "H": 1, "hook": e["hook"], "per_example": e["payload"] / batch,
                          "less": e["ratio"], "loss": {int(s): v for s, v in e["acc"].items()}, "baseline": theirs,
                          "torch": e.get("torch", "?")}
+    for name, p in kept.items():
+        seeds = {int(s): v for s, v in p["loss"].items()}
+        if name in out:
+            for seed, v in seeds.items():
+                out[name]["loss"].setdefault(seed, v)
+        else:
+            out[name] = {**{k: v for k, v in p.items() if k not in ("batch", "steps")}, "loss": seeds}
     return out, batch, steps
 
 
@@ -156,6 +172,7 @@ def main():
     args.local_runs = f"build/compare-local{suffix}"
     args.step_data = f"docs/data/frontier{suffix}.json"
     args.step_runs = f"build/compare-ddp{suffix}"
+    args.data = f"docs/data/local-{args.workload}.json"
     pts, batch, steps = points(args)
     if not any(p["H"] > 1 for p in pts.values()):
         ap.error(f"no local runs in {args.local_runs}: run scripts/compare_ddp.py --workload {args.workload} --local")
@@ -218,9 +235,9 @@ def main():
         import doc_tables
         if png:
             shutil.copy(png, f"docs/images/local-{args.workload}.png")
-        data = f"docs/data/local-{args.workload}.json"
+        data = args.data
         with open(data, "w") as f:
-            json.dump(pts, f, indent=1)
+            json.dump({n: {**p, "batch": batch, "steps": steps} for n, p in pts.items()}, f, indent=1)
         cmd = f".venv/bin/python scripts/local_frontier.py --workload {args.workload} --write-docs"
         day = time.strftime("%Y-%m-%d")
         torches = sorted({p.get("torch", "?") for p in pts.values()})
