@@ -177,6 +177,12 @@ def sharded(args, model, W, device):
         fully_shard(m, mesh=where, mp_policy=policy)
     fully_shard(model, mesh=where, mp_policy=policy)
     dim = sum(p.numel() for p in model.parameters())
+    # FSDP2's padded shard of a parameter: ceil(rows / S) rows; full sharding reduce-scatters S of
+    # them, HSDP all-reduces one across the replicas. What its bf16 reduce_dtype would send over
+    # these links is recorded with every run, the baseline a codec's bytes are divided by.
+    S = W // R
+    padded = sum(-(-p.shape[0] // S) * (p.numel() // p.shape[0]) for p in model.parameters())
+    args.fsdp_bf16_bytes = padded * (S if R == 1 else 1) * 2
     if spec is not None:
         import sketchsgd.fsdp
         from sketchsgd.torch import CompressionState
@@ -187,10 +193,6 @@ def sharded(args, model, W, device):
             state = CompressionState(spec, process_group=mesh["replicate"].get_group())
             sketchsgd.fsdp.compress_replicas(model, state, warmup=args.start_iter)
         return model, (lambda: state.stats()["payload_bytes"]), _sgd_momentum(spec, dim, args), None
-    # FSDP2's padded shard of a parameter: ceil(rows / S) rows; full sharding reduce-scatters S of
-    # them, HSDP all-reduces one across the replicas.
-    S = W // R
-    padded = sum(-(-p.shape[0] // S) * (p.numel() // p.shape[0]) for p in model.parameters())
     per_step = padded * (S if R == 1 else 1) * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
     steps = {"n": 0}
     return model, (lambda: steps["n"] * per_step), args.momentum, steps
@@ -426,6 +428,7 @@ def worker(rank, args, port, queue, group=None):
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
                        "optimizer": args.optimizer, "batch": args.batch, "schedule": args.schedule,
                        "local": args.local, "fsdp": args.fsdp, "replicas": args.replicas,
+                       "fsdp_bf16_bytes_per_step": getattr(args, "fsdp_bf16_bytes", None),
                        "simulated": group is not None,
                        "replicas_identical": same, "sgd_momentum": momentum, "epochs_log": rows, "seed": args.seed,
                        "backend": backend, "device": str(device), "torch": torch.__version__,

@@ -96,7 +96,9 @@ def report(workload, matrix, write_docs):
             statistics.mean(r["val_loss"] for r in rs)
         count = len(plain) if (mode, e["name"]) == ("full", "none") else len(rs)
         sent = rs[0]["steady_payload_bytes_per_round"]
-        vs = f"{bf16[0]['steady_payload_bytes_per_round'] / sent:.1f}×" if bf16 else "—"
+        # FSDP2's bf16 reduce_dtype: its run, or what the run records it would send.
+        bf16_bytes = bf16[0]["steady_payload_bytes_per_round"] if bf16 else rs[0].get("fsdp_bf16_bytes_per_step")
+        vs = f"{bf16_bytes / sent:.1f}×" if bf16_bytes else "—"
         diff = loss - mean
         verdict = "within" if diff <= noise else "behind"
         theirs = ddp.get(e.get("ddp", ""), {})
