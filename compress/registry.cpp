@@ -199,8 +199,11 @@ std::string share_spec(std::string_view spec, double share) {
   auto [e, opts] = Registry::instance().parse(spec);
   for (const auto& o : e->options) {
     double& v = opts.values_[o.key];
-    // Half to even, as Python's round(): a job's buckets get the budgets they always got.
-    if (o.budget && v > 0) v = std::clamp(std::max(1.0, std::nearbyint(v * share)), o.min, o.max);
+    if (!o.budget || v <= 0) continue;
+    // Half to even, as Python's round(), in granules where the share holds one: a sketch's
+    // columns a multiple of 4 keep its encode on the vectorised path (an odd count costs 4-8×).
+    const double x = v * share, g = o.granule;
+    v = std::clamp(std::max(1.0, x >= g ? std::nearbyint(x / g) * g : std::nearbyint(x)), o.min, o.max);
   }
   return opts.canonical(e->name, e->options);
 }
@@ -234,11 +237,16 @@ std::vector<std::string> split_spec(std::string_view spec, std::span<const uint6
     }
   }
   // Largest remainder: the parts' budgets add up to the whole's (each at least 1, as a codec
-  // needs one), so S shards send what one server's job sends.
+  // needs one), so S shards send what one server's job sends; in granules (share_spec()) where the
+  // whole is a number of them, as many as the parts or more.
   for (const auto& o : e->options) {
     const double v = opts.values_.at(o.key);
     if (!o.budget || v <= 0) continue;
-    const auto budget = static_cast<u128>(uint64_t(v));
+    const uint64_t g = o.granule > 1 && uint64_t(v) % o.granule == 0 &&
+                               uint64_t(v) / o.granule >= sizes.size()
+                           ? o.granule
+                           : 1;
+    const auto budget = static_cast<u128>(uint64_t(v) / g);
     std::vector<uint64_t> share(sizes.size());
     std::vector<std::pair<uint64_t, size_t>> rest;  // (remainder, part)
     uint64_t given = 0;
@@ -249,9 +257,9 @@ std::vector<std::string> split_spec(std::string_view spec, std::span<const uint6
       given += share[p];
     }
     std::stable_sort(rest.begin(), rest.end(), [](auto& a, auto& b) { return a.first > b.first; });
-    for (size_t i = 0; given < uint64_t(v); ++i, ++given) ++share[rest[i].second];
+    for (size_t i = 0; given < uint64_t(v) / g; ++i, ++given) ++share[rest[i].second];
     for (size_t p = 0; p < sizes.size(); ++p)
-      parts[p].values_[o.key] = std::clamp(std::max(1.0, double(share[p])), o.min, o.max);
+      parts[p].values_[o.key] = std::clamp(std::max(1.0, double(share[p] * g)), o.min, o.max);
   }
   std::vector<std::string> out;
   for (const auto& p : parts) out.push_back(p.canonical(e->name, e->options));

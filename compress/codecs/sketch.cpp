@@ -327,7 +327,7 @@ SKETCHSGD_REGISTER_CODEC(
     {"sketch",
      "Sketched-SGD: count sketch of momentum + error, server recovers the top-k heavy hitters",
      {{"rows", "sketch rows r", 5, 1, 32},
-      {"cols", "sketch columns c (0: 10 * k)", 0, 0, 2147483648.0, true, {}, true},
+      {"cols", "sketch columns c (0: 10 * k)", 0, 0, 2147483648.0, true, {}, true, 4},
       {"k", "coordinates in each update (0: dim / 100)", 0, 0, 4294967295.0, true, {}, true},
       {"p2", "second round with p2 * k candidates (0: off)", 0, 0, 1000},
       {"momentum", "worker momentum rho", 0.9, 0, 0.999, false},

@@ -80,6 +80,23 @@ TEST(ShardPlan, SplitSpecRefusesCutsInsideTensorsAndEmptyParts) {
   EXPECT_EQ(option(parts[0], "k") + option(parts[1], "k"), 5u);
 }
 
+/// A sketch's columns split in multiples of 4 (aligned windows) where the whole is one, still
+/// adding up to the whole; an odd whole splits column by column as any budget does.
+TEST(ShardPlan, SketchColumnsSplitInGroupsOfFour) {
+  const std::vector<uint64_t> thirds{333, 333, 334};
+  const auto parts = split_spec("sketch:k=900,cols=9000", thirds);
+  uint64_t cols = 0, k = 0;
+  for (const auto& p : parts) {
+    EXPECT_EQ(option(p, "cols") % 4, 0u) << p;
+    cols += option(p, "cols");
+    k += option(p, "k");
+  }
+  EXPECT_EQ(cols, 9000u);
+  EXPECT_EQ(k, 900u);
+  const auto odd = split_spec("sketch:k=900,cols=9001", thirds);
+  EXPECT_EQ(option(odd[0], "cols") + option(odd[1], "cols") + option(odd[2], "cols"), 9001u);
+}
+
 TEST(ShardPlan, EndpointListsSplitOnCommas) {
   EXPECT_EQ(split_endpoints("tcp://a:1"), std::vector<std::string>{"tcp://a:1"});
   EXPECT_EQ(split_endpoints("tcp://a:1, tcp://b:2"),

@@ -32,6 +32,9 @@ struct OptionSpec {
   /// A budget the whole model shares (a count of coordinates or columns): a part of it gets its
   /// share (share_spec()).
   bool budget = false;
+  /// A part's share of a budget, where it is a granule or more, is a whole number of granules
+  /// (the sketch's columns: 4, so that its hash windows align for the vectorised path).
+  uint32_t granule = 1;
 };
 
 /// Parsed, range-checked option values of one spec (every declared key present).
