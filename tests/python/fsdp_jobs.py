@@ -1,6 +1,8 @@
 """What each rank runs in test_fsdp.py: a small MLP under FSDP2 on a CPU mesh of replicas × shards
 (gloo), its replicas averaged by sketchsgd.fsdp or by FSDP2's own HSDP all-reduce."""
 
+import functools
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -78,18 +80,21 @@ def trains(rank, world, spec, replicas, steps):
     return _train(model, rank, steps), _local(model), state.stats()
 
 
+def _attempt(out, name, fn):
+    """fn() recorded in out as (name, error type or None, message)."""
+    try:
+        fn()
+        out.append((name, None, ""))
+    except Exception as e:  # noqa: BLE001 - recorded for the test
+        out.append((name, type(e).__name__, str(e)))
+
+
 def refusals(rank, world):
     """Every misuse compress_replicas() refuses, each as (name, error type, message)."""
     from sketchsgd import fsdp
     mesh = _mesh(world, 2)
     out = []
-
-    def attempt(name, fn):
-        try:
-            fn()
-            out.append((name, None, ""))
-        except Exception as e:  # noqa: BLE001 - recorded for the test
-            out.append((name, type(e).__name__, str(e)))
+    attempt = functools.partial(_attempt, out)
 
     replicas = mesh["replicate"].get_group()
     attempt("not a module", lambda: fsdp.compress_replicas("model", CompressionState("topk:k=10", replicas)))
@@ -130,6 +135,12 @@ def non_finite(rank, world, spec, steps, bad_step, mode="replicas"):
         model = _shard(_model(), init_device_mesh("cpu", (world,)))
         state = CompressionState(spec)
         fsdp.compress_reduce_scatter(model, state)
+    return _steps_with_a_nan(model, model[0], rank, steps, bad_step), _local(model)
+
+
+def _steps_with_a_nan(model, first, rank, steps, bad_step):
+    """Trains `steps` steps; at bad_step rank 1's gradient of first's output is NaN in columns
+    0-7. Returns per step the error backward() raised (type and message) or None."""
     poisoned = {"on": False}
 
     def poison(grad):
@@ -141,7 +152,7 @@ def non_finite(rank, world, spec, steps, bad_step, mode="replicas"):
         if poisoned["on"]:
             output.register_hook(poison)
 
-    model[0].register_forward_hook(arm)
+    first.register_forward_hook(arm)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     errors = []
     for step in range(steps):
@@ -157,7 +168,7 @@ def non_finite(rank, world, spec, steps, bad_step, mode="replicas"):
             continue
         errors.append(None)
         opt.step()
-    return errors, _local(model)
+    return errors
 
 
 def resume(rank, world, spec, before, after, path, mode="replicas", warmup=0):
@@ -272,36 +283,7 @@ def fsdp1_non_finite(rank, world, spec, steps, bad_step):
     model = _fsdp1()
     state = CompressionState(spec)
     fsdp.compress_fsdp1(model, state)
-    first = model.module[0]
-
-    def poison(grad):
-        return torch.full_like(grad, float("nan"))
-
-    def arm(module, inputs, output):  # returns None: the output stays as it is
-        output.register_hook(poison)
-
-    handle = None
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    errors = []
-    for step in range(steps):
-        if rank == 1 and step == bad_step:
-            handle = first.register_forward_hook(arm)
-        x, y = _batch(rank, step)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        try:
-            loss.backward()
-        except Exception as e:  # noqa: BLE001 - recorded for the test
-            errors.append((type(e).__name__, str(e)))
-            opt.zero_grad()
-            continue
-        finally:
-            if handle is not None:
-                handle.remove()
-                handle = None
-        errors.append(None)
-        opt.step()
-    return errors, _fsdp1_local(model)
+    return _steps_with_a_nan(model, model.module[0], rank, steps, bad_step), _fsdp1_local(model)
 
 
 def fsdp1_resume(rank, world, spec, before, after, path):
@@ -343,13 +325,7 @@ def fsdp1_refusals(rank, world):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from sketchsgd import fsdp
     out = []
-
-    def attempt(name, fn):
-        try:
-            fn()
-            out.append((name, None, ""))
-        except Exception as e:  # noqa: BLE001 - recorded for the test
-            out.append((name, type(e).__name__, str(e)))
+    attempt = functools.partial(_attempt, out)
 
     # Every rank makes every group: pairs of ranks {0, 1}, {2, 3} and {0, 2}, {1, 3}.
     shards = [dist.new_group(g) for g in ([0, 1], [2, 3])][rank // 2]
