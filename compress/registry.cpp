@@ -199,7 +199,7 @@ std::string share_spec(std::string_view spec, double share) {
   auto [e, opts] = Registry::instance().parse(spec);
   for (const auto& o : e->options) {
     double& v = opts.values_[o.key];
-    if (!o.budget || v <= 0) continue;
+    if (!o.budget || v <= 0 || share == 1.0) continue;  // the whole model: the budget as given
     // Half to even, as Python's round(), in granules where the share holds one: a sketch's
     // columns a multiple of 4 keep its encode on the vectorised path (an odd count costs 4-8×).
     const double x = v * share, g = o.granule;
