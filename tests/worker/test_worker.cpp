@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   f.add("rounds", "10", "train until the model is at this round");
   f.add("seed", "1", "problem seed");
   f.add("out", "", "write final parameters here");
-  f.add("die-at", "0", "SIGKILL itself right after pushing this round (0: never)");
+  f.add("die-at", "0",
+        "SIGKILL itself right after pushing this round or the first after it (0: never)");
   f.add("sleep-ms", "0", "pause before each round (a slow worker)");
   f.add("timeout-ms", "20000", "longest wait for the server");
   try {
@@ -45,8 +46,9 @@ int main(int argc, char** argv) {
     while (c.next_push() < rounds && steps++ < 4 * rounds + 100) {
       if (const auto ms = f.u64("sleep-ms")) usleep(useconds_t(ms * 1000));
       const auto g = sketchsgd::test::synthetic_grad(c.params(), o.rank, c.round(), seed);
-      if (die_at && c.round() == die_at) {
-        // Push, then die mid-round without a goodbye.
+      if (die_at && c.round() >= die_at) {
+        // Push, then die mid-round without a goodbye (at a later round where a quorum closed
+        // the named one without this worker, as a loaded machine makes it late).
         std::thread([] {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           std::raise(SIGKILL);
