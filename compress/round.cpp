@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/ops.hpp>
@@ -119,7 +120,21 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
   const auto scope = device_.activate();
   const std::span<float> payload = rooms_.payload;
   gather_runs(device_, buffer, at.whole, payload.subspan(sum_size_));
-  if (!codec_) return {Request::sum(0, WireFloat::F32)};
+  failed_ = check_whole(payload.subspan(sum_size_), at.whole);
+  if (!codec_) {
+    // Everyone's sum NaN throughout: every rank reads its first value at finish().
+    if (failed_) ops::scale(device_, payload, std::numeric_limits<float>::quiet_NaN());
+    return {Request::sum(0, WireFloat::F32)};
+  }
+  if (failed_) {  // told as a failed encode would tell it; the codec's state untouched
+    if (summable()) {
+      ops::scale(device_, payload.first(sum_size_), std::numeric_limits<float>::quiet_NaN());
+      return {Request::sum(0, codec_->sum_format(MessageKind::Gradient))};
+    }
+    message_ = Message();
+    std::fill(std::begin(length_), std::end(length_), uint8_t(0));
+    return {Request::gather(length_)};
+  }
   std::span<const float> x = one_run(buffer, at.kept);
   if (x.empty()) {
     if (x_.size() != codec_->dim()) x_ = Buffer<float>(codec_->dim(), device_);
@@ -221,6 +236,11 @@ void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span
   const auto scope = device_.activate();
   const std::span<float> payload = rooms_.payload;
   if (!codec_) {
+    rethrow_own();
+    if (std::isnan(ops::value_at(device_, std::span<const float>(payload), 0)))
+      throw NonFiniteError(
+          "another rank's gradient was not finite (that rank raised NonFiniteError with the "
+          "coordinate); this step has no update");
     mean_into(payload, buffer, at.whole);
     return;
   }
@@ -270,6 +290,25 @@ void Round::mean_into(std::span<const float> sum, std::span<float> buffer,
 
 void Round::rethrow_own() const {
   if (failed_) std::rethrow_exception(failed_);
+}
+
+std::exception_ptr Round::check_whole(std::span<const float> whole,
+                                      std::span<const Layout::Run> runs) {
+  if (whole.empty()) return nullptr;
+  size_t bad = ops::find_nonfinite(device_, scratch_, whole);
+  if (bad == kernels::kNone) return nullptr;
+  const float value = ops::value_at(device_, whole, bad);
+  for (const auto& run : runs) {  // the position in the buffer
+    if (bad < run.numel) {
+      bad += run.offset;
+      break;
+    }
+    bad -= run.numel;
+  }
+  std::ostringstream os;
+  os << "round: non-finite value " << value << " at coordinate " << bad
+     << " (a tensor sent whole)";
+  return std::make_exception_ptr(NonFiniteError(os.str()));
 }
 
 void Round::check_sum() const {

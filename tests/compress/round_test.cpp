@@ -232,6 +232,34 @@ TEST_P(Rounds, ANonFiniteRankStopsEveryRankAndTheNextStepGoesOn) {
   }
 }
 
+// The same where the value that is not finite is in a tensor sent whole (a bias): checked before
+// the encode, so that rank's codec state is as before; the others raise naming another rank.
+TEST_P(Rounds, ANonFiniteWholeTensorStopsEveryRankAndTheNextStepGoesOn) {
+  Group group(GetParam(), kWhole, true);
+  for (uint64_t round = 0; round < 3; ++round) {
+    std::vector<std::vector<float>> x(kRanks), whole(kRanks);
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      x[r] = grad(r, round);
+      whole[r] = grad(r, round, kWhole);
+    }
+    if (round == 1) {
+      auto bad = whole;
+      bad[1][5] = std::numeric_limits<float>::infinity();
+      const auto before = group.codecs[1]->save_state();
+      const auto errors = group.step(x, bad, round);
+      for (uint32_t r = 0; r < kRanks; ++r)
+        EXPECT_NE(errors[r].find(r == 1 ? "coordinate 2005" : "not finite"), std::string::npos)
+            << "rank " << r << ": " << errors[r];
+      EXPECT_EQ(group.codecs[1]->save_state(), before);
+    }
+    for (const auto& e : group.step(x, whole, round)) ASSERT_EQ(e, "");
+    for (uint32_t r = 1; r < kRanks; ++r) {
+      ASSERT_EQ(group.steps[r], group.steps[0]) << "round " << round;
+      ASSERT_EQ(group.wholes[r], group.wholes[0]) << "round " << round;
+    }
+  }
+}
+
 // PowerSGD's query is a float vector, so the checks of its sums wait for finish() (one host read
 // a step on a GPU instead of one per check): after a NaN on one rank every rank, that one too,
 // runs the second phase and raises at finish(), the healthy ones naming another rank; the next
@@ -316,6 +344,26 @@ TEST(Round, AUnitOfWholeTensorsOnlyIsTheirMean) {
     for (uint64_t j = 0; j < kWhole; ++j)
       ASSERT_EQ(buffers[r][j < 30 ? j : j + 5], sum[j] * (1.0f / kRanks));
     for (uint64_t j = 30; j < 35; ++j) ASSERT_EQ(buffers[r][j], before[j]);  // between the runs
+  }
+  // A NaN in rank 2's tensors: every rank raises at finish(), rank 2 naming where (the buffer's
+  // coordinate 40: the whole values' 35th, past the gap), and no buffer changes.
+  buffers[2][40] = std::numeric_limits<float>::quiet_NaN();
+  std::fill(sum.begin(), sum.end(), 0.0f);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    rounds[r]->start(buffers[r], {none, whole}, 1);
+    for (uint64_t j = 0; j < kWhole; ++j) sum[j] += payload[r][j];
+  }
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    payload[r] = sum;
+    const auto before = buffers[r];
+    try {
+      rounds[r]->finish({}, buffers[r], {none, whole});
+      ADD_FAILURE() << "rank " << r << " did not raise";
+    } catch (const NonFiniteError& e) {
+      EXPECT_NE(std::string(e.what()).find(r == 2 ? "coordinate 40" : "another rank"),
+                std::string::npos) << e.what();
+    }
+    EXPECT_EQ(std::memcmp(buffers[r].data(), before.data(), before.size() * 4), 0) << "rank " << r;
   }
 }
 

@@ -24,8 +24,9 @@
 // codec's payload (summable: in its Sum and wire format; gathered: an fp32 Sum) and are averaged
 // with float32(1/W), as the aggregators average.
 //
-// A rank whose gradient is not finite still runs every collective of the phase it is in, so that
-// no other rank waits for it, and tells the others: a summable payload of NaN (nothing finite sums
+// A rank whose gradient is not finite (what it compresses, or a tensor it sends whole: checked
+// before the encode, so the codec's state stays as it was) still runs every collective of the
+// phase it is in, so that no other rank waits for it, and tells the others: a summable payload of NaN (nothing finite sums
 // to NaN), a message length of 0. Every rank then raises NonFiniteError, with no update anywhere
 // and that rank's codec state as before (the others' encodes went through: their error feedback
 // holds the step). A step that failed leaves no phase open: the next start() begins afresh.
@@ -44,6 +45,7 @@
 
 #include <sketchsgd/compress/compressor.hpp>
 #include <sketchsgd/compress/layout.hpp>
+#include <sketchsgd/core/scratch.hpp>
 
 namespace sketchsgd {
 
@@ -103,6 +105,9 @@ class Round {
   bool summable() const { return codec_ && sum_size_ > 0; }
   /// The failure this rank signalled at start, if any.
   void rethrow_own() const;
+  /// NonFiniteError naming the first NaN/±Inf among the tensors sent whole (whole: their values
+  /// end to end, as gathered from the buffer's runs), or null. On a GPU one read-back a start.
+  std::exception_ptr check_whole(std::span<const float> whole, std::span<const Layout::Run> runs);
   /// After a sum: this rank's failure, or another's (NaN in the payload's first value).
   void check_sum() const;
   /// The aggregator takes a phase's sum, its checks deferred.
@@ -132,6 +137,7 @@ class Round {
   bool dense_ = false;
   Device device_;
   Rooms rooms_;
+  Scratch scratch_;  // the whole tensors' check on a GPU
   float inv_;  // float32(1/W), as the aggregators average
 
   uint64_t round_ = 0;
