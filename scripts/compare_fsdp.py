@@ -87,8 +87,17 @@ def report(workload, matrix, write_docs):
             ddp = json.load(f)
     ddp_plain = statistics.mean(ddp_plain_seeds.values()) if ddp_plain_seeds else mean
     rows, points = [], []
+    # Full sharding's bf16 reduce-scatter, as every full-sharding run records it.
+    full_bf16 = next((r["fsdp_bf16_bytes_per_step"] for (m, _), rs in got.items() if m == "full" for r in rs
+                      if r.get("fsdp_bf16_bytes_per_step")), None)
     for mode, e, seed in matrix:
         rs = got.get((mode, e["name"]))
+        if not rs and (mode, e["name"]) == ("full", "none") and stand_in and full_bf16:
+            # No FSDP2 run: uncompressed DDP's seeds (the same steps), fp32 bytes twice bf16's.
+            rows.append([mode, "`none` (per-step dense DDP's runs)", f"{2 * full_bf16:,.0f} B", "0.5×",
+                         f"{mean:.4f} ({len(plain)})", "+0.0000", "within", "—", "—", "—"])
+            points.append((mode, "none", 2 * full_bf16, mean))
+            continue
         if not rs or seed != e.get("seeds", [1])[0]:
             continue
         bf16 = got.get((mode, "bf16"))
