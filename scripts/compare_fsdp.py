@@ -135,8 +135,11 @@ def report(workload, matrix, write_docs):
         w = runs(workload)[1]
         steps = w["max_steps"] * w.get("epochs", 1)
         seeds = ", ".join(map(str, sorted(plain)))
-        where = f"seeds {seeds}" + (f", seed{'s' if len(stand_in) > 1 else ''} "
-                                    f"{', '.join(map(str, stand_in))} of them per-step dense DDP's" if stand_in else "")
+        if len(stand_in) == len(plain):
+            where = f"per-step dense DDP's seeds {seeds}"
+        else:
+            where = f"seeds {seeds}" + (f", seed{'s' if len(stand_in) > 1 else ''} "
+                                        f"{', '.join(map(str, stand_in))} of them per-step dense DDP's" if stand_in else "")
         flag = "" if workload == "transformer" else f" --workload {workload}"
         doc_tables.write(f"docs/data/tables/fsdp-{workload}.json",
                          f".venv/bin/python scripts/compare_fsdp.py{flag} --write-docs",
@@ -162,9 +165,11 @@ def plot(workload, points, mean, noise, png):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for mode, colour, marker in (("full", "tab:blue", "o"), ("hsdp", "tab:green", "^")):
+        first = True
         for m, name, x, y in points:
             if m == mode:
-                ax.scatter(x, y, color=colour, marker=marker, label=mode if name == "none" else None)
+                ax.scatter(x, y, color=colour, marker=marker, label=mode if first else None)
+                first = False
                 ax.annotate(name, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.axhspan(mean - noise, mean + noise, color="grey", alpha=0.2, label="uncompressed FSDP2 ± 2 sd")
     ax.set_xscale("log")
