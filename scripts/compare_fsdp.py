@@ -68,10 +68,18 @@ def ddp_dense(workload):
 
 def report(workload, matrix, write_docs):
     got = {}
+    # An earlier --write-docs' runs (docs/data/fsdp-WORKLOAD.json) stand for the run files this
+    # checkout's build folder lacks (run on another machine).
+    kept = {}
+    if os.path.exists(f"docs/data/fsdp-{workload}.json"):
+        with open(f"docs/data/fsdp-{workload}.json") as f:
+            kept = {(*key.split(":", 1), r["seed"]): r for key, rs in json.load(f).items() for r in rs}
     for mode, e, seed in matrix:
         if os.path.exists(path(workload, mode, e, seed)):
             with open(path(workload, mode, e, seed)) as f:
                 got.setdefault((mode, e["name"]), []).append(json.load(f))
+        elif (mode, e["name"], seed) in kept:
+            got.setdefault((mode, e["name"]), []).append(kept[(mode, e["name"], seed)])
     fsdp_plain = {r["seed"]: r["val_loss"] for r in got.get(("full", "none"), [])}
     ddp_plain_seeds = ddp_dense(workload)
     plain = {**ddp_plain_seeds, **fsdp_plain}
@@ -150,9 +158,10 @@ def report(workload, matrix, write_docs):
                               "the 2 replicas. DDP: the frontier's mean over its seeds.",
                          data=f"docs/data/fsdp-{workload}.json")
         with open(f"docs/data/fsdp-{workload}.json", "w") as f:
-            json.dump({f"{m}:{n}": [{k: r[k] for k in ("hook", "fsdp", "replicas", "seed", "val_loss",
-                                                        "steady_payload_bytes_per_round", "payload_bytes_per_round",
-                                                        "replicas_identical", "seconds", "torch")} for r in rs]
+            json.dump({f"{m}:{n}": [{k: r.get(k) for k in ("hook", "fsdp", "replicas", "seed", "val_loss",
+                                                            "steady_payload_bytes_per_round", "payload_bytes_per_round",
+                                                            "fsdp_bf16_bytes_per_step", "replicas_identical", "seconds",
+                                                            "torch")} for r in rs]
                        for (m, n), rs in got.items()}, f, indent=1)
         os.makedirs("docs/images", exist_ok=True)
         shutil.copy(png, f"docs/images/fsdp-{workload}.png")
