@@ -203,7 +203,8 @@ std::string share_spec(std::string_view spec, double share) {
     // Half to even, as Python's round(), in granules where the share holds one: a sketch's
     // columns a multiple of 4 keep its encode on the vectorised path (an odd count costs 4-8×).
     const double x = v * share, g = o.granule;
-    v = std::clamp(std::max(1.0, x >= g ? std::nearbyint(x / g) * g : std::nearbyint(x)), o.min, o.max);
+    v = std::clamp(std::max(1.0, x >= g ? std::nearbyint(x / g) * g : std::nearbyint(x)), o.min,
+                   o.max);
   }
   return opts.canonical(e->name, e->options);
 }

@@ -82,8 +82,10 @@ TEST(Registry, ShareSpecScalesOnlyBudgets) {
   // A sketch's share of columns is a multiple of 4 (its windows align) once it holds 4; k is not.
   EXPECT_EQ(share_spec("sketch:k=1000,cols=90000", 0.4313),
             make_compressor("sketch:k=431,cols=38816", 1000000)->spec());  // 38,817 columns exactly
-  EXPECT_EQ(share_spec("sketch:k=1000,cols=10", 0.3), make_compressor("sketch:k=300,cols=3", 1000000)->spec());
-  EXPECT_EQ(share_spec("sketch:k=1000,cols=90001"), make_compressor("sketch:k=1000,cols=90001", 1000000)->spec());
+  EXPECT_EQ(share_spec("sketch:k=1000,cols=10", 0.3),
+            make_compressor("sketch:k=300,cols=3", 1000000)->spec());
+  EXPECT_EQ(share_spec("sketch:k=1000,cols=90001"),
+            make_compressor("sketch:k=1000,cols=90001", 1000000)->spec());
   EXPECT_THROW(share_spec("topk:k=10", 0.0), InvalidArgument);
   EXPECT_THROW(share_spec("topk:k=10", 1.5), InvalidArgument);
   EXPECT_THROW(share_spec("topk:kk=10", 0.5), InvalidArgument);

@@ -201,11 +201,10 @@ void same_as_the_parameter_server(Group&& group) {
   EXPECT_EQ(group.aggregators[0]->save_state(), ps.server->save_state());
 }
 
-// A rank whose gradient is not finite: every rank raises NonFiniteError in the same phase (no
-// one waits for another), that rank's codec state is as before (the others' encodes succeeded:
-// their error feedback holds this step's gradient), and the next steps run and agree.
-TEST_P(Rounds, ANonFiniteRankStopsEveryRankAndTheNextStepGoesOn) {
-  Group group(GetParam(), kWhole);
+/// Three steps; before step 1, spoil(x, whole) corrupts a copy of the inputs and check(errors)
+/// reads every rank's error of that step; every step then runs clean and every rank agrees.
+template <class Spoil, class Check>
+void a_bad_step_then_clean_ones(Group& group, Spoil&& spoil, Check&& check) {
   for (uint64_t round = 0; round < 3; ++round) {
     std::vector<std::vector<float>> x(kRanks), whole(kRanks);
     for (uint32_t r = 0; r < kRanks; ++r) {
@@ -213,51 +212,58 @@ TEST_P(Rounds, ANonFiniteRankStopsEveryRankAndTheNextStepGoesOn) {
       whole[r] = grad(r, round, kWhole);
     }
     if (round == 1) {
-      auto bad = x;
-      bad[2][123] = std::numeric_limits<float>::quiet_NaN();
-      const auto before = group.codecs[2]->save_state();
-      const auto errors = group.step(bad, whole, round);
-      for (uint32_t r = 0; r < kRanks; ++r)
-        EXPECT_NE(errors[r].find(r == 2 ? "123" : "not finite"), std::string::npos)
-            << "rank " << r << ": " << errors[r];
-      // PowerSGD's fused CPU pass takes its error back by subtraction ((e + g) − g): as before
-      // only to rounding (a known limit of that codec, not of the round).
-      if (GetParam().rfind("powersgd", 0) != 0) EXPECT_EQ(group.codecs[2]->save_state(), before);
+      auto bad_x = x, bad_whole = whole;
+      spoil(bad_x, bad_whole);
+      check(group.step(bad_x, bad_whole, round));
     }
     for (const auto& e : group.step(x, whole, round)) ASSERT_EQ(e, "");
     for (uint32_t r = 1; r < kRanks; ++r) {
       ASSERT_EQ(group.steps[r], group.steps[0]) << "round " << round;
+      ASSERT_EQ(group.wholes[r], group.wholes[0]) << "round " << round;
       ASSERT_EQ(group.aggregators[r]->save_state(), group.aggregators[0]->save_state());
     }
   }
+}
+
+// A rank whose gradient is not finite: every rank raises NonFiniteError in the same phase (no
+// one waits for another), that rank's codec state is as before (the others' encodes succeeded:
+// their error feedback holds this step's gradient), and the next steps run and agree.
+TEST_P(Rounds, ANonFiniteRankStopsEveryRankAndTheNextStepGoesOn) {
+  Group group(GetParam(), kWhole);
+  Bytes before;
+  a_bad_step_then_clean_ones(
+      group,
+      [&](auto& x, auto&) {
+        x[2][123] = std::numeric_limits<float>::quiet_NaN();
+        before = group.codecs[2]->save_state();
+      },
+      [&](const std::vector<std::string>& errors) {
+        for (uint32_t r = 0; r < kRanks; ++r)
+          EXPECT_NE(errors[r].find(r == 2 ? "123" : "not finite"), std::string::npos)
+              << "rank " << r << ": " << errors[r];
+        // PowerSGD's fused CPU pass takes its error back by subtraction ((e + g) − g): as before
+        // only to rounding (a known limit of that codec, not of the round).
+        if (GetParam().rfind("powersgd", 0) != 0) EXPECT_EQ(group.codecs[2]->save_state(), before);
+      });
 }
 
 // The same where the value that is not finite is in a tensor sent whole (a bias): checked before
 // the encode, so that rank's codec state is as before; the others raise naming another rank.
 TEST_P(Rounds, ANonFiniteWholeTensorStopsEveryRankAndTheNextStepGoesOn) {
   Group group(GetParam(), kWhole, true);
-  for (uint64_t round = 0; round < 3; ++round) {
-    std::vector<std::vector<float>> x(kRanks), whole(kRanks);
-    for (uint32_t r = 0; r < kRanks; ++r) {
-      x[r] = grad(r, round);
-      whole[r] = grad(r, round, kWhole);
-    }
-    if (round == 1) {
-      auto bad = whole;
-      bad[1][5] = std::numeric_limits<float>::infinity();
-      const auto before = group.codecs[1]->save_state();
-      const auto errors = group.step(x, bad, round);
-      for (uint32_t r = 0; r < kRanks; ++r)
-        EXPECT_NE(errors[r].find(r == 1 ? "coordinate 2005" : "not finite"), std::string::npos)
-            << "rank " << r << ": " << errors[r];
-      EXPECT_EQ(group.codecs[1]->save_state(), before);
-    }
-    for (const auto& e : group.step(x, whole, round)) ASSERT_EQ(e, "");
-    for (uint32_t r = 1; r < kRanks; ++r) {
-      ASSERT_EQ(group.steps[r], group.steps[0]) << "round " << round;
-      ASSERT_EQ(group.wholes[r], group.wholes[0]) << "round " << round;
-    }
-  }
+  Bytes before;
+  a_bad_step_then_clean_ones(
+      group,
+      [&](auto&, auto& whole) {
+        whole[1][5] = std::numeric_limits<float>::infinity();
+        before = group.codecs[1]->save_state();
+      },
+      [&](const std::vector<std::string>& errors) {
+        for (uint32_t r = 0; r < kRanks; ++r)
+          EXPECT_NE(errors[r].find(r == 1 ? "coordinate 2005" : "not finite"), std::string::npos)
+              << "rank " << r << ": " << errors[r];
+        EXPECT_EQ(group.codecs[1]->save_state(), before);
+      });
 }
 
 // PowerSGD's query is a float vector, so the checks of its sums wait for finish() (one host read

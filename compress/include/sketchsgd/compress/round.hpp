@@ -26,10 +26,11 @@
 //
 // A rank whose gradient is not finite (what it compresses, or a tensor it sends whole: checked
 // before the encode, so the codec's state stays as it was) still runs every collective of the
-// phase it is in, so that no other rank waits for it, and tells the others: a summable payload of NaN (nothing finite sums
-// to NaN), a message length of 0. Every rank then raises NonFiniteError, with no update anywhere
-// and that rank's codec state as before (the others' encodes went through: their error feedback
-// holds the step). A step that failed leaves no phase open: the next start() begins afresh.
+// phase it is in, so that no other rank waits for it, and tells the others: a summable payload of
+// NaN (nothing finite sums to NaN), a message length of 0. Every rank then raises NonFiniteError,
+// with no update anywhere and that rank's codec state as before (the others' encodes went
+// through: their error feedback holds the step). A step that failed leaves no phase open: the
+// next start() begins afresh.
 //
 // The checks of the values the round passes between its codec and aggregator (sums finite,
 // replies that fit a 16-bit wire) are deferred to one read at finish(), before any state changes:
