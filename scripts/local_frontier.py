@@ -23,6 +23,7 @@ Writes build/local-frontier-WORKLOAD/{frontier.png,table.md}; --write-docs: the 
 docs/images, the runs in docs/data/local-WORKLOAD.json and the tables' data files.
 """
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -68,7 +69,10 @@ def points(args):
         with open(args.data) as f:
             kept = json.load(f)
     for name, e in frontier.load(argparse.Namespace(runs=args.local_runs)).items():
-        with open(os.path.join(args.local_runs, name + ".json")) as f:
+        # Its seed 1's run, or another seed's where seed 1 ran elsewhere (the data file has it).
+        runs = [os.path.join(args.local_runs, name + ".json")] + \
+            sorted(glob.glob(os.path.join(args.local_runs + "-seed*", name + ".json")))
+        with open(next(p for p in runs if os.path.exists(p))) as f:
             r = json.load(f)
         batch, steps = r["batch"], r["steps"]
         fam = family(name)
