@@ -12,7 +12,9 @@
 #include <memory>
 #include <vector>
 
+#include <sketchsgd/core/device.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
+#include <sketchsgd/kernels/ops.hpp>
 
 namespace {
 
@@ -99,8 +101,20 @@ sketchsgd::kernels::SketchLayout layout(benchmark::State& state) {
   return {uint64_t(state.range(0)), uint32_t(state.range(1)), uint32_t(state.range(2)), 7, nullptr};
 }
 
+/// Window words and their grouping for s (blocked, s.order's granularity) as a CountSketch on
+/// the GPU makes them, s pointed at them.
+std::unique_ptr<Dev<uint32_t>> grouped_windows(sketchsgd::kernels::SketchLayout& s) {
+  const auto gpu = sketchsgd::Device::cuda(0);
+  auto t = std::make_unique<Dev<uint32_t>>(sketchsgd::ops::precomputed_words(gpu, s));
+  sketchsgd::ops::precompute(gpu, s, t->p);
+  s = sketchsgd::ops::with_precomputed(gpu, s, t->p);
+  if (!s.order.words) std::fprintf(stderr, "no grouping for this shape: the tiles path\n");
+  return t;
+}
+
 /// The hashing of argument `arg`: 0 random on the fly, 1 random precomputed, 2 blocked (B = 1024;
-/// the window words are a table of rows × d/B, built here as CountSketch builds it).
+/// the window words are a table of rows × d/B) by tiles, 3 blocked by columns (the words and their
+/// grouping as a CountSketch on the GPU builds them).
 std::unique_ptr<Dev<uint32_t>> hashing(benchmark::State& state, int arg,
                                        sketchsgd::kernels::SketchLayout& s) {
   const int64_t mode = state.range(arg);
@@ -114,8 +128,14 @@ std::unique_ptr<Dev<uint32_t>> hashing(benchmark::State& state, int arg,
     t = std::make_unique<Dev<uint32_t>>(size_t(s.rows) * ((s.dim + 1023) / 1024));
     cu::precompute_windows(s, t->p);
     s.windows = t->p;
+  } else if (mode == 3) {
+    s.block = 1024;
+    t = grouped_windows(s);
   }
-  state.SetLabel(mode == 0 ? "random, on the fly" : mode == 1 ? "random, precomputed" : "blocked");
+  state.SetLabel(mode == 0   ? "random, on the fly"
+                 : mode == 1 ? "random, precomputed"
+                 : mode == 2 ? "blocked"
+                             : "blocked, by columns");
   return t;
 }
 
@@ -128,6 +148,21 @@ void BM_Accumulate(benchmark::State& state) {
   check(cudaMemset(table.p, 0, size_t(s.rows) * s.cols * 4), "memset");
   timed(state, [&] { cu::accumulate(s, table.p, x, s.dim, 0, 1.0f, bad.p); });
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(s.dim) * 4);  // the gradient read
+}
+
+/// The column path's granularity: chunks of 2^range(3) coordinates, tiles of 2^range(4) columns.
+void BM_AccumulateColumns(benchmark::State& state) {
+  auto s = layout(state);
+  s.block = 1024;
+  s.order.chunk_shift = uint32_t(state.range(3));
+  s.order.tile_shift = uint32_t(state.range(4));
+  const auto words = grouped_windows(s);
+  Dev<float> table(size_t(s.rows) * s.cols);
+  Dev<unsigned long long> bad(1);
+  const float* x = device_gradient(s.dim);
+  check(cudaMemset(table.p, 0, size_t(s.rows) * s.cols * 4), "memset");
+  timed(state, [&] { cu::accumulate(s, table.p, x, s.dim, 0, 1.0f, bad.p); });
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(s.dim) * 4);
 }
 
 /// Worker compress: momentum + error feedback (u = ρu + g, v += u), then v into the sketch.
@@ -267,11 +302,17 @@ BENCHMARK(BM_Accumulate)
     ->Args({kD, 1, kC, 0})
     ->Args({kD, 5, kC, 2})
     ->Args({kD, 1, kC, 2})
+    ->Args({kD, 5, kC, 3})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AccumulateColumns)
+    ->ArgsProduct({{kD}, {5}, {kC}, {23}, {11, 12, 13}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Compress)
     ->Args({kD, 5, kC, 0})
     ->Args({kD, 5, kC, 2})
+    ->Args({kD, 5, kC, 3})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_UnsketchTopk)

@@ -345,6 +345,37 @@ void precompute_windows(const SketchLayout& s, uint32_t* words) {
   }
 }
 
+size_t order_words(const SketchLayout& s) {
+  if (!order_fits(s.block, s.cols, s.order)) return 0;
+  const auto shape = order_shape(s.dim, s.cols, hash::blocked_shape(s.block, s.cols), s.order);
+  // More (chunk, tile) items than blocks: tiles too many for the gradient to fill them (a table
+  // near the size of the gradient), where adding columns saves nothing.
+  if (shape.items() > shape.blocks) return 0;
+  return size_t(s.rows) * shape.per_row;
+}
+
+void order_windows(const SketchLayout& s, uint32_t* out) {
+  const hash::Blocked b = hash::blocked_shape(s.block, s.cols);
+  const OrderShape o = order_shape(s.dim, s.cols, b, s.order);
+  // A counting sort per row by item (tile, chunk): stable, so a tile's blocks are in gradient
+  // order and a chunk's of them a range.
+  std::vector<uint32_t> key(o.blocks);
+  for (uint32_t i = 0; i < s.rows; ++i) {
+    const uint32_t* w = s.windows + size_t(i) * o.blocks;
+    uint32_t* row = out + size_t(i) * o.per_row;
+    uint32_t* first = row + o.blocks;
+    std::fill(first, first + o.items() + 1, 0u);
+    for (uint64_t blk = 0; blk < o.blocks; ++blk) {
+      const uint32_t tile = hash::window_start(w[blk], s.cols, b.aligned) >> s.order.tile_shift;
+      key[blk] = uint32_t(tile * o.chunks + (blk >> o.chunk_blocks));
+      ++first[key[blk] + 1];
+    }
+    for (uint64_t k = 0; k < o.items(); ++k) first[k + 1] += first[k];
+    std::vector<uint32_t> next(first, first + o.items());
+    for (uint64_t blk = 0; blk < o.blocks; ++blk) row[next[key[blk]]++] = uint32_t(blk);
+  }
+}
+
 size_t accumulate(const SketchLayout& s, float* table, const float* x, size_t n, uint64_t offset,
                   float scale) {
   const Hasher h(s);

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/core/half.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
+#include <sketchsgd/kernels/hash.hpp>
 
 namespace sketchsgd::ops {
 namespace cu = kernels::cuda;
@@ -325,6 +327,18 @@ std::span<const float> to_host(const Device& d, std::span<const float> x,
   return staging;
 }
 
+namespace {
+size_t window_words(const kernels::SketchLayout& l) {
+  const hash::Blocked b = hash::blocked_shape(l.block, l.cols);
+  return size_t(l.rows) * ((l.dim + b.size() - 1) >> b.shift);
+}
+}  // namespace
+
+size_t precomputed_words(const Device& d, const kernels::SketchLayout& l) {
+  if (!l.block) return size_t(l.rows) * l.dim;
+  return window_words(l) + (d.is_gpu() ? cpu::order_words(l) : 0);
+}
+
 void precompute(const Device& d, const kernels::SketchLayout& l, uint32_t* out) {
   if (!d.is_gpu()) {
     if (l.block)
@@ -338,7 +352,28 @@ void precompute(const Device& d, const kernels::SketchLayout& l, uint32_t* out) 
     cu::precompute_windows(l, out, d.stream);
   else
     cu::precompute_hashes(l, out, d.stream);
+  if (const size_t n = l.block ? cpu::order_words(l) : 0) {
+    // The grouping is a counting sort, made once per config and device: on the host, from the
+    // same words (cpu::precompute_windows is bit-identical), then copied up.
+    std::vector<uint32_t> words(window_words(l)), order(n);
+    kernels::SketchLayout h = l;
+    h.windows = words.data();
+    cpu::precompute_windows(h, words.data());
+    cpu::order_windows(h, order.data());
+    detail::copy_bytes(out + words.size(), order.data(), n * sizeof(uint32_t), d);
+  }
   gpu::synchronize(d.stream);
+}
+
+kernels::SketchLayout with_precomputed(const Device& d, kernels::SketchLayout l,
+                                       const uint32_t* words) {
+  if (!l.block) {
+    l.packed = words;
+    return l;
+  }
+  l.windows = words;
+  l.order.words = d.is_gpu() && cpu::order_words(l) ? words + window_words(l) : nullptr;
+  return l;
 }
 
 size_t sketch_add(const Device& d, Scratch& s, const kernels::SketchLayout& l, float* table,

@@ -4,7 +4,8 @@
 # steps run here and stage what the GPU machine lacks; the others run there.
 #
 #   bash scripts/gpu.sh prepare        here: build preset `gpu` (CUDA sm_90, the server where
-#                                      ZeroMQ is found) and copy the shared libraries its programs
+#                                      ZeroMQ is found; PRESET=default: the release build, which
+#                                      CI's test command made) and copy the shared libraries its programs
 #                                      need beyond glibc, libstdc++ and the CUDA runtime into
 #                                      build/gpu/extra (carry build/gpu); build/gpu-carry: the
 #                                      programs and libraries alone, to carry with the deps
@@ -35,6 +36,9 @@
 #                                      NCCL at device speed (GPU tests, memcheck, kernel
 #                                      benchmarks, bench_round.py, bench_hook.py at ranks 1-16,
 #                                      both widths, with a profile), in one call
+#   bash scripts/gpu.sh accumulate     there, after prepare and demo-prepare here: the sketch's
+#                                      accumulate (its GPU tests, benchmarks, ncu counters of
+#                                      the column and tiles kernels, memcheck, bench_round.py)
 #   bash scripts/gpu.sh hook-ab        there, after demo-prepare here, with AB_OLD=DIR (another
 #                                      source tree of the project staged in this one, e.g.
 #                                      `git archive REV | tar -x -C ab-old`): both packages built,
@@ -58,7 +62,10 @@ cd "$(dirname "$0")/.."
 # The machine's own Python (no project venv): the examples', scripts' and benchmarks' modules
 # import each other through this path, as scripts/venv.sh arranges in .venv.
 export PYTHONPATH=$PWD/examples:$PWD/scripts:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}
-BUILD=${BUILD:-build/gpu}
+# PRESET=default: prepare packs the release build (also sm_90 where nvcc is found) instead of
+# building preset gpu beside it.
+PRESET=${PRESET:-gpu}
+BUILD=${BUILD:-build/$PRESET}
 PY=${PYTHON:-python3}
 # Not these: the GPU machine has them (or must use its own).
 SYSTEM_LIBS='linux-vdso|ld-linux|libc\.so|libm\.so|libstdc\+\+|libgcc_s|libpthread|libdl\.so|librt\.so|libresolv'
@@ -96,8 +103,8 @@ use_build() {
 
 prepare() {
   set -e
-  cmake --preset gpu >/dev/null
-  cmake --build --preset gpu
+  cmake --preset "$PRESET" >/dev/null
+  cmake --build --preset "$PRESET"
   mkdir -p "$BUILD/extra"
   for bin in "$BUILD/tests/sketchsgd_tests" "$BUILD/benchmarks/sketchsgd_bench_gpu" \
     "$BUILD/benchmarks/sketchsgd_bench_ps" "$BUILD/server/sketchsgd-server" \
@@ -409,7 +416,7 @@ round_check() {
     tee "$REPORT/tests.log" || fail "GPU tests (see tests.log)"
   grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
   step "sketch kernels (GoogleTest benchmarks)"
-  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_filter='BM_CopyDeviceToDevice|BM_Accumulate/134217728/5|BM_UnsketchTopk/134217728/5' \
+  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_filter='BM_CopyDeviceToDevice|BM_Accumulate/134217728/5|BM_AccumulateColumns|BM_Compress/134217728/5/1048576/[23]|BM_UnsketchTopk/134217728/5' \
     --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out="$REPORT/kernels.json" \
     --benchmark_out_format=json || fail "GPU benchmarks"
   python_build || { fail "build the Python package"; finish round; }
@@ -434,6 +441,40 @@ round_check() {
     > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see memcheck.log)"
   tail -n 3 "$REPORT/memcheck.log"
   finish round
+}
+
+# The count sketch's accumulate in one short call: its GPU tests, the kernels' benchmarks (tiles
+# against columns, the column path's tile widths), Nsight Compute's counters of the column kernel,
+# memcheck, then FetchSGD's encode_sum and the server's round through the Python package
+# (bench_round.py). Needs `prepare` and `demo-prepare`, as `round`.
+accumulate_check() {
+  device_report gpu-accumulate
+  step "GPU tests (sketch kernels)"
+  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_filter='Cuda*Blocked*:CudaSketch.*:Cuda.Accumulate*' 2>&1 |
+    tee "$REPORT/tests.log" || fail "GPU tests (see tests.log)"
+  grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
+  step "accumulate benchmarks"
+  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_filter='BM_CopyDeviceToDevice/134217728|BM_Accumulate/134217728/./1048576/[23]|BM_AccumulateColumns|BM_Compress/134217728/5/1048576/[23]' \
+    --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out="$REPORT/kernels.json" \
+    --benchmark_out_format=json || fail "GPU benchmarks"
+  step "ncu: the column kernel and the tiles kernel"
+  local m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_op_red.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+  for k in columns:BM_Accumulate/134217728/5/1048576/3 tiles:BM_Accumulate/134217728/5/1048576/2; do
+    timeout 60 ncu --clock-control none --kernel-name "regex:accumulate_${k%%:*}" --launch-count 1 --metrics "$m" \
+      "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_min_time=0.001 --benchmark_filter="${k#*:}" \
+      > "$REPORT/ncu-${k%%:*}.txt" 2>&1 || fail "ncu ${k%%:*}"
+    grep -E "accumulate_|gpu__|dram__|lts__|sm__|smsp__" "$REPORT/ncu-${k%%:*}.txt" | sed 's/  */ /g'
+  done
+  step "compute-sanitizer memcheck (the sketch kernels)"
+  timeout "${MEMCHECK_S:-120}" compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
+    "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_filter='Cuda*Blocked*:Cuda.AccumulateSkips*' \
+    > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see memcheck.log)"
+  tail -n 3 "$REPORT/memcheck.log"
+  python_build || { fail "build the Python package"; finish accumulate; }
+  step "FetchSGD's encode_sum and the server's round at d = 2^27 (bench_round.py)"
+  "$PY" benchmarks/bench_round.py --device cuda --dim 134217728 --rounds 10 --python "$PYBUILD/python" \
+    --json "$REPORT/round.json" 2>&1 | tr '\r' '\n' | grep -v "round [0-9]*/" || fail "bench_round.py"
+  finish accumulate
 }
 
 # Before/after on one machine: the package of $AB_OLD (a source tree inside this one) and this
@@ -518,6 +559,7 @@ case "$cmd" in
   demo) demo "$@" ;;
   python) python_check ;;
   round) round_check ;;
+  accumulate) accumulate_check ;;
   hook-ab) hook_ab ;;
   lm) lm_point ;;
   lm-runs) lm_runs ;;

@@ -20,7 +20,8 @@ constexpr uint16_t kVersion = 2;  // 2: blocked hashing (hashing byte 2, log2 of
 constexpr size_t kHeaderBytes = 4 + 2 + 1 + 1 + 8 + 4 + 4 + 8;
 constexpr uint64_t kMaxTable = uint64_t(1) << 31;  // floats: 8 GiB
 
-/// Precomputed hash tables (random buckets: rows × dim; blocked windows: rows × ⌈dim / B⌉) are
+/// Precomputed hash tables (random buckets: rows × dim; blocked windows: rows × ⌈dim / B⌉, on a
+/// GPU with their grouping by window after them) are
 /// shared by every sketch of one config on one device: a server holding many sketches of one job
 /// pays for the table once.
 std::shared_ptr<const Buffer<uint32_t>> shared_hashes(const SketchConfig& c, const Device& d) {
@@ -31,10 +32,9 @@ std::shared_ptr<const Buffer<uint32_t>> shared_hashes(const SketchConfig& c, con
   const Key key{c.dim, c.rows, c.cols, c.seed, d.gpu, block};
   std::lock_guard lock(mutex);
   if (auto hit = cache[key].lock()) return hit;
-  const uint64_t per_row = block ? (c.dim + block - 1) / block : c.dim;
-  auto table = std::make_shared<Buffer<uint32_t>>(size_t(c.rows) * per_row, d);
   kernels::SketchLayout layout{c.dim, c.rows, c.cols, c.seed};
   layout.block = c.blocked() ? c.block : 0;
+  auto table = std::make_shared<Buffer<uint32_t>>(ops::precomputed_words(d, layout), d);
   ops::precompute(d, layout, table->data());
   cache[key] = table;
   return table;
@@ -76,13 +76,8 @@ CountSketch CountSketch::to(const Device& device) const {
 
 kernels::SketchLayout CountSketch::layout() const {
   kernels::SketchLayout l{config_.dim, config_.rows, config_.cols, config_.seed};
-  if (config_.blocked()) {
-    l.block = config_.block;
-    l.windows = packed_->data();
-  } else if (packed_) {
-    l.packed = packed_->data();
-  }
-  return l;
+  l.block = config_.blocked() ? config_.block : 0;
+  return packed_ ? ops::with_precomputed(device_, l, packed_->data()) : l;
 }
 
 void CountSketch::check_indices(std::span<const uint32_t> indices, const char* what) const {

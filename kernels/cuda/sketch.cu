@@ -8,6 +8,7 @@
 #include <sketchsgd/kernels/cuda.hpp>
 #include <sketchsgd/kernels/elementwise.hpp>
 #include <sketchsgd/kernels/hash.hpp>
+#include <sketchsgd/kernels/window_order.hpp>
 #include "launch.cuh"
 #include "select/dispatch.cuh"
 
@@ -128,17 +129,23 @@ struct GroupShare {
   float4 value;
   uint32_t col;
 };
+/// The signed, scaled values of the group of 4 at j, in the lane order of a window whose word is w.
+/// Signs as hash::sign_bit: the words of j + 1 … j + 3 are the word of j plus multiples of a.
+__device__ __forceinline__ float4 group_values(hash::RowHash sh, uint32_t w, uint32_t j, float4 v,
+                                               float scale) {
+  const uint32_t a = uint32_t(sh.a), s0 = hash::sign_word(sh, j);
+  const float4 sv = make_float4(hash::apply_sign(s0 & hash::kSignBit, scale * v.x),
+                                hash::apply_sign((s0 + a) & hash::kSignBit, scale * v.y),
+                                hash::apply_sign((s0 + 2 * a) & hash::kSignBit, scale * v.z),
+                                hash::apply_sign((s0 + 3 * a) & hash::kSignBit, scale * v.w));
+  return permute_lanes(sv, w & 3u);
+}
 __device__ __forceinline__ GroupShare group_share(const Hashes& h, uint32_t r, uint64_t j, float4 v,
                                                   float scale) {
   const uint32_t w = __ldg(h.windows + r * h.blocks + (j >> h.b.shift));
   uint32_t col = hash::window_start(w, h.cols, true) + (uint32_t(j) & (h.b.size() - 1));
   if (col >= h.cols) col -= h.cols;
-  const hash::RowHash sh = h.row[r];
-  const float4 sv = make_float4(hash::apply_sign(hash::sign_bit(sh, uint32_t(j)), scale * v.x),
-                                hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 1)), scale * v.y),
-                                hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 2)), scale * v.z),
-                                hash::apply_sign(hash::sign_bit(sh, uint32_t(j + 3)), scale * v.w));
-  return {permute_lanes(sv, w & 3u), col};
+  return {group_values(h.row[r], w, uint32_t(j), v, scale), col};
 }
 
 /// table[col … col + 3] += value: one vector atomic (sm_90), else four.
@@ -155,13 +162,16 @@ __device__ __forceinline__ void add_group(float* dst, float4 d) {
 
 /// The group of 4 at x4[g], or zeros with its first non-finite index (relative to x, from
 /// `base`) min-ed into *first_bad: a bad group is skipped whole, as the rollback pass skips it.
+__device__ __forceinline__ bool finite_group(float4 v, uint64_t i, unsigned long long* first_bad) {
+  if (is_finite(v.x) && is_finite(v.y) && is_finite(v.z) && is_finite(v.w)) return true;
+  i += !is_finite(v.x) ? 0 : !is_finite(v.y) ? 1 : !is_finite(v.z) ? 2 : 3;
+  atomicMin(first_bad, (unsigned long long)i);
+  return false;
+}
 __device__ __forceinline__ bool load_group(const float4* x4, uint64_t g, uint64_t base,
                                            unsigned long long* first_bad, float4& v) {
   v = x4[g];
-  if (is_finite(v.x) && is_finite(v.y) && is_finite(v.z) && is_finite(v.w)) return true;
-  const uint64_t i = base + 4 * g +
-                     (!is_finite(v.x) ? 0 : !is_finite(v.y) ? 1 : !is_finite(v.z) ? 2 : 3);
-  atomicMin(first_bad, (unsigned long long)i);
+  if (finite_group(v, base + 4 * g, first_bad)) return true;
   v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   return false;
 }
@@ -240,6 +250,110 @@ __global__ void __launch_bounds__(kThreads)
       add_group(table + uint64_t(r) * h.cols + s.col, s.value);
     }
 #endif
+  }
+}
+
+/// What the column path's CTAs share: the grouping by window and the slice x holds.
+struct Columns {
+  const uint32_t* order;
+  OrderShape o;
+  uint32_t tile_shift;
+  uint32_t lo, hi;          // x holds coordinates lo … hi − 1, whole groups of 4 (dim < 2^32)
+  uint64_t chunk0, chunk1;  // the slice's chunks: chunk0 … chunk1 − 1
+};
+
+/// Blocks whose values a thread loads before adding the first of them.
+constexpr uint32_t kAhead = 4;
+
+/// Blocked accumulate by columns (window_order.hpp): a CTA per (row, tile) adds every block whose
+/// window starts in the tile into a region of T + B floats in shared memory, walking its blocks in
+/// gradient order, then adds the region to the table once (TMA bulk reductions on sm_90): r · c ·
+/// (1 + B/T) reductions in all instead of one per (row, value). Every value is read r times (the
+/// CTAs walk the gradient at about the same pace, windows being uniform, so part of it comes from
+/// L2). Thread t owns the region's groups of 4 at t, t + kThreads, …: each listed block gives it
+/// the groups that land there, so the adds need no atomics and no barriers. A group holding a
+/// non-finite value is skipped whole and reported, as the other paths do. kWhole: B ≥ 4 · kThreads,
+/// every thread has a group in every block (else threads check that theirs is inside the block).
+template <bool kWhole>
+__global__ void __launch_bounds__(kThreads)
+    accumulate_columns_kernel(Hashes h, Columns c, float* table, const float* x, float scale,
+                              unsigned long long* first_bad) {
+  extern __shared__ __align__(128) float4 region[];  // c.o.region / 4 groups
+  // A batch of the item's blocks: first coordinate, window word, the region's groups before it.
+  __shared__ uint4 listed[kThreads];
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const uint32_t groups = c.o.region / 4;
+  const uint32_t per_block = h.b.size() / 4;  // groups of a block
+  // A thread's share of a block: 2^sub_shift groups (B > 4 · kThreads), else at most one.
+  const uint32_t sub_shift = h.b.shift > 10 ? h.b.shift - 10 : 0, sub_mask = (1u << sub_shift) - 1;
+  static_assert(kThreads == 256, "sub_shift: a block of 2^10 coordinates is a group a thread");
+  const uint32_t len = c.hi - c.lo;
+  for (uint64_t item = blockIdx.x; item < uint64_t(h.rows) * c.o.tiles; item += gridDim.x) {
+    const uint32_t r = uint32_t(item / c.o.tiles), tile = uint32_t(item % c.o.tiles);
+    const uint32_t* row = c.order + r * c.o.per_row;
+    const uint32_t* first = row + c.o.blocks + uint64_t(tile) * c.o.chunks;
+    const uint32_t begin = __ldg(first + c.chunk0), end = __ldg(first + c.chunk1);
+    if (begin == end) continue;  // uniform in the CTA
+    const uint32_t tile_col = tile << c.tile_shift;
+    const hash::RowHash sh = h.row[r];
+    for (uint32_t i = threadIdx.x; i < groups; i += kThreads)
+      region[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (uint32_t at = begin; at < end; at += kThreads) {
+      const uint32_t n = min(uint32_t(kThreads), end - at);
+      __syncthreads();  // the last batch's list read (before the first: the last flush issued)
+      if (threadIdx.x < n) {
+        const uint32_t blk = __ldg(row + at + threadIdx.x);
+        const uint32_t w = __ldg(h.windows + r * h.blocks + blk);
+        listed[threadIdx.x] = make_uint4(blk << h.b.shift, w,
+                                         (hash::window_start(w, h.cols, true) - tile_col) >> 2, 0);
+      }
+      __syncthreads();
+      const uint32_t units = n << sub_shift;  // (block, a thread's share of it)
+      for (uint32_t u0 = 0; u0 < units; u0 += kAhead) {
+        float4 v[kAhead];
+        uint32_t dst[kAhead], w[kAhead], j[kAhead];
+#pragma unroll
+        for (uint32_t m = 0; m < kAhead; ++m) {
+          const uint32_t u = min(u0 + m, units - 1);
+          const uint4 e = listed[u >> sub_shift];
+          const uint32_t g = ((threadIdx.x - e.z) & (kThreads - 1)) + (u & sub_mask) * kThreads;
+          j[m] = e.x + 4 * g;
+          w[m] = e.y;
+          const bool in = u0 + m < units && j[m] - c.lo < len && (kWhole || g < per_block);
+          dst[m] = in ? e.z + g : ~0u;
+          v[m] = in ? __ldg(x4 + ((j[m] - c.lo) >> 2)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (uint32_t m = 0; m < kAhead; ++m) {
+          if (dst[m] == ~0u || !finite_group(v[m], j[m] - c.lo, first_bad)) continue;
+          const float4 s = group_values(sh, w[m], j[m], v[m], scale);
+          float4& a = region[dst[m]];
+          a = make_float4(a.x + s.x, a.y + s.y, a.z + s.z, a.w + s.w);
+        }
+      }
+    }
+    __syncthreads();
+    float* dst_row = table + uint64_t(r) * h.cols;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);  // visible to the TMA unit
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const float* src = reinterpret_cast<const float*>(region);
+      for (uint32_t p = 0; p < c.o.region;) {
+        const RegionPiece piece = region_piece(tile_col, p, c.o.region, h.cols, 1024);
+        ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared,
+                                          ::cuda::ptx::op_add, dst_row + piece.col, src + p,
+                                          piece.len * 4u);
+        p += piece.len;
+      }
+      ::cuda::ptx::cp_async_bulk_commit_group();
+      ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>());  // region reusable
+    }
+#else
+    for (uint32_t i = threadIdx.x; i < groups; i += kThreads)
+      add_group(dst_row + region_piece(tile_col, 4 * i, c.o.region, h.cols, 4).col, region[i]);
+#endif
+    __syncthreads();  // the region read before the next item zeroes it
   }
 }
 
@@ -358,7 +472,30 @@ void accumulate(const SketchLayout& s, float* table, const float* x, size_t n, u
                       reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(table) % 16 == 0;
   const size_t head = groups ? n / 4 * 4 : 0;
-  if (head) {
+  if (head && s.rows >= 2 && s.order.words && order_fits(s.block, s.cols, s.order) &&
+      head >= 8ull * s.cols) {
+    // By columns: each tile's flush is then spread over at least 8 values a column. One row reads
+    // the gradient once either way, and by tiles it was a little faster (0.28 against 0.30 ms
+    // at d = 2^27 on an H200, BENCHMARKS.md).
+    Columns c{};
+    c.order = s.order.words;
+    c.o = order_shape(s.dim, s.cols, h.b, s.order);
+    c.tile_shift = s.order.tile_shift;
+    c.lo = uint32_t(offset);
+    c.hi = uint32_t(offset + head);
+    c.chunk0 = (offset >> h.b.shift) >> c.o.chunk_blocks;
+    c.chunk1 = (((offset + head - 1) >> h.b.shift) >> c.o.chunk_blocks) + 1;
+    const uint64_t items = uint64_t(s.rows) * c.o.tiles;
+    const unsigned grid = unsigned(std::min<uint64_t>(items, uint64_t(sm_count()) * 64));
+    const size_t smem = c.o.region * sizeof(float);
+    if (h.b.size() >= 4 * kThreads)
+      accumulate_columns_kernel<true><<<grid, kThreads, smem, stream>>>(h, c, table, x, scale,
+                                                                         first_bad);
+    else
+      accumulate_columns_kernel<false><<<grid, kThreads, smem, stream>>>(h, c, table, x, scale,
+                                                                          first_bad);
+    SKETCHSGD_LAUNCH_CHECK();
+  } else if (head) {
     // Whole tiles from the first run boundary, groups before and after them.
     const uint32_t run = std::min<uint32_t>(h.b.size(), kTile);
     const size_t lead = std::min<size_t>(head, (run - offset % run) % run);

@@ -239,6 +239,113 @@ TEST(CudaBlocked, KernelsMatchTheCpu) {
   }
 }
 
+/// The column path (window_order.hpp: a CTA per chunk, row and tile adds the blocks whose windows
+/// start in its tile in shared memory, then the tile to the table) against the CPU, starting from
+/// a table that already holds values: whole vectors and slices (one ending off a group: its last
+/// values take the per-coordinate path), blocks of 256 (threads idle for part of a block) to 4,096
+/// (four groups a thread; with tiles of 4,096), tiles whose region wraps past the last column,
+/// several chunks; a NaN
+/// reported at its own index with only its group of 4 left out; and a CountSketch on the GPU
+/// taking that path with its own grouping.
+TEST(CudaBlocked, ColumnPathMatchesTheCpu) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  struct Shape {
+    uint64_t dim;
+    uint32_t rows, cols, block, chunk_shift, tile_shift;
+  };
+  for (const Shape sh :
+       {Shape{4000037, 5, 60000, 1024, 20, 13}, Shape{3000017, 3, 40000, 4096, 21, 12},
+        Shape{2000003, 4, 20000, 256, 23, 13}, Shape{1 << 22, 2, 10000, 1024, 19, 13},
+        Shape{3000000, 2, 30000, 2048, 18, 13}}) {
+    SCOPED_TRACE(testing::Message()
+                 << sh.dim << " " << sh.rows << "x" << sh.cols << " B" << sh.block
+                 << " chunks of 2^" << sh.chunk_shift << " tiles of 2^" << sh.tile_shift);
+    kernels::SketchLayout s{sh.dim, sh.rows, sh.cols, seed, nullptr};
+    s.block = sh.block;
+    s.order.chunk_shift = sh.chunk_shift;
+    s.order.tile_shift = sh.tile_shift;
+    const auto b = hash::blocked_shape(sh.block, sh.cols);
+    std::vector<uint32_t> words(size_t(s.rows) * ((s.dim + b.size() - 1) >> b.shift));
+    cpu::precompute_windows(s, words.data());
+    s.windows = words.data();
+    std::vector<uint32_t> order(cpu::order_words(s));
+    ASSERT_FALSE(order.empty());
+    cpu::order_windows(s, order.data());
+    Dev<uint32_t> dwords(words), dorder(order);
+    kernels::SketchLayout sg = s;
+    sg.windows = dwords.get();
+    sg.order.words = dorder.get();
+
+    auto x = test::gaussian(s.dim, seed + 1);
+    test::plant(x, 500, 4.0f, seed + 2);
+    Dev<float> dx(x);
+    const auto base = test::gaussian(size_t(s.rows) * s.cols, seed + 3);
+    auto compare = [&](const std::vector<float>& want, const std::vector<float>& got) {
+      double worst = 0.0;
+      for (size_t i = 0; i < want.size(); ++i)
+        worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+      return worst;
+    };
+    for (auto [off, len] : {std::pair<uint64_t, uint64_t>{0, s.dim},
+                            {4 * 12345, s.dim / 2},
+                            {s.dim / 3 / 4 * 4, s.dim - s.dim / 3 / 4 * 4 - 1}}) {
+      ASSERT_GE(len / 4 * 4, 8ull * s.cols);  // long enough for the column path
+      std::vector<float> table = base;
+      ASSERT_EQ(cpu::accumulate(s, table.data(), x.data() + off, len, off, -0.75f), kernels::kNone);
+      Dev<float> dt(base);
+      Dev<unsigned long long> bad(std::vector<unsigned long long>{~0ull});
+      cu::accumulate(sg, dt.get(), dx.get() + off, len, off, -0.75f, bad.get());
+      EXPECT_EQ(bad.host()[0], ~0ull);
+      EXPECT_LT(compare(table, dt.host()), 1e-4) << "slice at " << off << " of " << len;
+    }
+    // A NaN: reported at its index, its group of 4 left out, every other value added.
+    const uint64_t at = s.dim / 2 + 4 * 1001 + 2;
+    x[at] = std::nanf("");
+    Dev<float> dnan(x);
+    std::vector<float> skipped = x;
+    std::fill(skipped.begin() + at / 4 * 4, skipped.begin() + at / 4 * 4 + 4, 0.0f);
+    std::vector<float> table = base;
+    ASSERT_EQ(cpu::accumulate(s, table.data(), skipped.data(), s.dim, 0, 1.0f), kernels::kNone);
+    Dev<float> dt(base);
+    Dev<unsigned long long> bad(std::vector<unsigned long long>{~0ull});
+    cu::accumulate(sg, dt.get(), dnan.get(), s.dim, 0, 1.0f, bad.get());
+    EXPECT_EQ(bad.host()[0], at);
+    EXPECT_LT(compare(table, dt.host()), 1e-4);
+  }
+  // A CountSketch on the GPU builds its grouping and takes the column path: its table equals the
+  // CPU sketch's to rounding, a NaN leaves it as it was.
+  SketchConfig c{1 << 22, 5, 50000, seed};
+  ASSERT_TRUE(c.blocked());
+  const auto gpu = Device::cuda(0);
+  CountSketch onc(c), ong(c, gpu);
+  EXPECT_NE(ong.layout().order.words, nullptr);
+  EXPECT_EQ(onc.layout().order.words, nullptr);
+  auto x = test::gaussian(c.dim, seed + 4);
+  Dev<float> dx(x);
+  onc.accumulate(x);
+  ong.accumulate(std::span<const float>(dx.get(), c.dim));
+  auto host = [](const CountSketch& k) {
+    const CountSketch h = k.to(Device::cpu());
+    return std::vector<float>(h.table().begin(), h.table().end());
+  };
+  const auto want = host(onc);
+  const auto got = host(ong);
+  double worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+  EXPECT_LT(worst, 1e-4);
+  x[12345] = std::nanf("");
+  Dev<float> dnan(x);
+  EXPECT_THROW(ong.accumulate(std::span<const float>(dnan.get(), c.dim)), NonFiniteError);
+  const auto after = host(ong);
+  worst = 0.0;
+  for (size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, double(std::fabs(after[i] - got[i])));
+  EXPECT_LT(worst, 1e-4);  // taken back by the same pass with −scale
+}
+
 /// The exact CPU result (set, order and values) for one input and k.
 void expect_topk_like_cpu(const std::vector<float>& x, size_t k, cu::Workspace& ws) {
   std::vector<uint32_t> ci(k);

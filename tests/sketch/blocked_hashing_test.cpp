@@ -9,11 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/elementwise.hpp>
 #include <sketchsgd/kernels/hash.hpp>
+#include <sketchsgd/kernels/ops.hpp>
+#include <sketchsgd/kernels/window_order.hpp>
 #include <sketchsgd/sketch/count_sketch.hpp>
 #include "support/helpers.hpp"
 
@@ -163,6 +166,150 @@ INSTANTIATE_TEST_SUITE_P(
                       Shape{10007, 1, 4096, 4096},    // one row, B = c: every window wraps
                       Shape{9001, 2, 3, 1024},        // c = 3: blocks of 2, no vector groups
                       Shape{12000, 4, 1000, 1}));     // B = 1: every coordinate its own block
+
+// ---- the grouping by window (window_order.hpp): what the GPU's column path reads ----------------
+
+struct Grouped {
+  kernels::SketchLayout s;
+  std::vector<uint32_t> words, order;
+  kernels::OrderShape o;
+};
+
+Grouped grouped(uint64_t dim, uint32_t rows, uint32_t cols, uint32_t block, uint32_t chunk_shift,
+                uint32_t tile_shift, uint64_t seed) {
+  Grouped g{kernels::SketchLayout{dim, rows, cols, seed}, {}, {}, {}};
+  g.s.block = block;
+  g.s.order.chunk_shift = chunk_shift;
+  g.s.order.tile_shift = tile_shift;
+  const auto b = hash::blocked_shape(block, cols);
+  g.words.resize(size_t(rows) * ((dim + b.size() - 1) >> b.shift));
+  cpu::precompute_windows(g.s, g.words.data());
+  g.s.windows = g.words.data();
+  g.order.resize(cpu::order_words(g.s));
+  if (!g.order.empty()) cpu::order_windows(g.s, g.order.data());
+  g.o = kernels::order_shape(dim, cols, b, g.s.order);
+  return g;
+}
+
+TEST(BlockedOrder, ListsEveryBlockOnceUnderTheChunkAndTileOfItsWindow) {
+  for (auto [dim, cols, block, chunk, tile] :
+       {std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t>{1000003, 20000, 1024, 17, 12},
+        {2000000, 9000, 4096, 20, 12},  // a region (T + B) wider than half the table
+        {300001, 7000, 256, 14, 10},    // d not a multiple of B: a short last block
+        {65536, 6000, 1024, 30, 12}}) {  // one chunk
+    SCOPED_TRACE(testing::Message() << dim << " c" << cols << " B" << block);
+    const Grouped g = grouped(dim, 3, cols, block, chunk, tile, dim);
+    ASSERT_EQ(g.order.size(), 3 * g.o.per_row);
+    ASSERT_EQ(g.o.tiles, (cols + (1u << tile) - 1) >> tile);
+    for (uint32_t r = 0; r < 3; ++r) {
+      const uint32_t* row = g.order.data() + r * g.o.per_row;
+      const uint32_t* first = row + g.o.blocks;
+      ASSERT_EQ(first[0], 0u);
+      ASSERT_EQ(first[g.o.items()], g.o.blocks);
+      std::vector<int> seen(g.o.blocks, 0);
+      for (uint64_t item = 0; item < g.o.items(); ++item) {
+        ASSERT_LE(first[item], first[item + 1]);
+        for (uint32_t at = first[item]; at < first[item + 1]; ++at) {
+          const uint32_t blk = row[at];
+          ASSERT_LT(blk, g.o.blocks);
+          ++seen[blk];
+          EXPECT_EQ(blk >> g.o.chunk_blocks, item % g.o.chunks);
+          const uint32_t start =
+              hash::window_start(g.words[r * g.o.blocks + blk], cols, /*aligned=*/true);
+          EXPECT_EQ(start >> tile, item / g.o.chunks);
+          // A tile's blocks ascend through its chunks: its list is in gradient order.
+          if (at > first[item / g.o.chunks * g.o.chunks]) EXPECT_LT(row[at - 1], blk);
+        }
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), int64_t(g.o.blocks));
+    }
+  }
+}
+
+TEST(BlockedOrder, OnlyShapesTheColumnPathTakesGetOne) {
+  EXPECT_GT(grouped(1 << 20, 5, 20000, 1024, 23, 12, 1).order.size(), 0u);
+  EXPECT_EQ(grouped(1 << 20, 5, 20001, 1024, 23, 12, 1).order.size(), 0u);  // unaligned windows
+  EXPECT_EQ(grouped(1 << 20, 5, 5116, 1024, 23, 12, 1).order.size(), 0u);   // c < T + B
+  EXPECT_GT(grouped(1 << 20, 5, 5120, 1024, 23, 12, 1).order.size(), 0u);   // c = T + B
+  // A region (T + B floats) over 44 KiB: more shared memory than a launch gets by default.
+  EXPECT_EQ(grouped(1 << 20, 5, 40000, 8192, 23, 12, 1).order.size(), 0u);
+  EXPECT_EQ(grouped(1 << 20, 5, 40000, 4096, 23, 13, 1).order.size(), 0u);
+  EXPECT_GT(grouped(1 << 20, 5, 40000, 4096, 23, 12, 1).order.size(), 0u);
+  EXPECT_GT(grouped(1 << 20, 5, 40000, 2048, 23, 13, 1).order.size(), 0u);
+  EXPECT_EQ(grouped(1 << 20, 5, 20000, 2, 23, 12, 1).order.size(), 0u);     // no groups of 4
+  EXPECT_EQ(grouped(1 << 20, 5, 20000, 1024, 23, 14, 1).order.size(), 0u);  // region > 48 KiB
+  // A table about as wide as the gradient: more items than blocks, nothing to save.
+  EXPECT_EQ(grouped(1 << 16, 5, 1 << 16, 16, 4, 2, 1).order.size(), 0u);
+  kernels::SketchLayout random{1 << 20, 5, 20000, 1};
+  EXPECT_EQ(cpu::order_words(random), 0u);
+  // A CPU sketch keeps the window words alone; the grouping is made for GPUs only.
+  kernels::SketchLayout l{1 << 20, 5, 20000, 1};
+  l.block = 1024;
+  EXPECT_EQ(ops::precomputed_words(Device::cpu(), l), 5u * 1024);
+  EXPECT_EQ(ops::with_precomputed(Device::cpu(), l, nullptr).order.words, nullptr);
+}
+
+/// The column path in plain loops, as the CUDA kernel runs it: per (row, tile) a region of T + B
+/// floats gets the signed values of every listed block of the chunks the slice overlaps at its
+/// window's offset from the tile's first column (lanes in the window's order), then goes into the
+/// table piece by piece, wrapping past the last column.
+std::vector<float> by_columns(const Grouped& g, const float* x, uint64_t lo, uint64_t hi,
+                              float scale) {
+  const auto& s = g.s;
+  const auto b = hash::blocked_shape(s.block, s.cols);
+  std::vector<float> table(size_t(s.rows) * s.cols, 0.0f), region(g.o.region);
+  const uint64_t chunk0 = (lo >> b.shift) >> g.o.chunk_blocks;
+  const uint64_t chunk1 = (((hi - 1) >> b.shift) >> g.o.chunk_blocks) + 1;
+  for (uint64_t item = 0; item < uint64_t(s.rows) * g.o.tiles; ++item) {
+    const uint32_t r = uint32_t(item / g.o.tiles), tile = uint32_t(item % g.o.tiles);
+    const uint32_t* row = g.order.data() + r * g.o.per_row;
+    const uint32_t* first = row + g.o.blocks + uint64_t(tile) * g.o.chunks;
+    const uint32_t tile_col = tile * g.o.tile;
+    std::fill(region.begin(), region.end(), 0.0f);
+    for (uint32_t at = first[chunk0]; at < first[chunk1]; ++at) {
+      const uint32_t w = g.words[r * g.o.blocks + row[at]];
+      const uint32_t rel = hash::window_start(w, s.cols, true) - tile_col;
+      EXPECT_LT(rel, g.o.tile);
+      for (uint32_t t = 0; t < b.size(); ++t) {
+        const uint64_t j = (uint64_t(row[at]) << b.shift) + t;
+        if (j < lo || j >= hi) continue;
+        const float v = hash::apply_sign(hash::sign_bit(hash::sign_hash(s.seed, r), uint32_t(j)),
+                                         scale * x[j - lo]);
+        region[rel + (t ^ (w & b.lanes))] += v;
+      }
+    }
+    for (uint32_t p = 0; p < g.o.region;) {
+      const auto piece = kernels::region_piece(tile_col, p, g.o.region, s.cols, 1024);
+      EXPECT_LE(piece.col + piece.len, s.cols);
+      EXPECT_GT(piece.len, 0u);
+      for (uint32_t i = 0; i < piece.len; ++i) table[r * s.cols + piece.col + i] += region[p + i];
+      p += piece.len;
+    }
+  }
+  return table;
+}
+
+TEST(BlockedOrder, AddingEachTilesRegionOnceEqualsTheAccumulate) {
+  for (auto [dim, cols, block, chunk] :
+       {std::tuple<uint64_t, uint32_t, uint32_t, uint32_t>{1000003, 20000, 1024, 18},
+        {600000, 9000, 4096, 19},  // the last tile's region wraps past the last column
+        {300001, 6000, 256, 30}}) {
+    SCOPED_TRACE(testing::Message() << dim << " c" << cols << " B" << block);
+    const Grouped g = grouped(dim, 5, cols, block, chunk, 12, cols);
+    ASSERT_FALSE(g.order.empty());
+    const auto x = test::gaussian(dim, dim + 1);
+    for (auto [lo, hi] : {std::pair<uint64_t, uint64_t>{0, dim}, {4 * 1001, dim / 2}}) {
+      std::vector<float> want(size_t(5) * cols, 0.0f);
+      ASSERT_EQ(cpu::accumulate(g.s, want.data(), x.data() + lo, hi - lo, lo, -0.75f),
+                kernels::kNone);
+      const auto got = by_columns(g, x.data() + lo, lo, hi, -0.75f);
+      double worst = 0.0;
+      for (size_t i = 0; i < want.size(); ++i)
+        worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+      EXPECT_LT(worst, 1e-4) << "slice " << lo << " … " << hi;
+    }
+  }
+}
 
 TEST(BlockedSketch, IsLinearAndItsTopKNearDEqualsTheEstimates) {
   SketchConfig c{20011, 5, 2000, 9};

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <sketchsgd/kernels/window_order.hpp>
+
 namespace sketchsgd::kernels {
 
 /// Where a count sketch's table lives and how coordinates hash into it.
@@ -19,6 +21,8 @@ struct SketchLayout {
   /// words, rows × ⌈dim / B⌉ with B = blocked_shape(block, cols).size() (required when blocked).
   uint32_t block = 0;
   const uint32_t* windows = nullptr;
+  /// Blocked hashing on a GPU: the blocks grouped by window (window_order.hpp), optional.
+  WindowOrder order{};
 };
 
 /// Summary statistics of one chunk of a vector (scalers for TernGrad and EF-signSGD).
@@ -55,6 +59,11 @@ namespace cpu {
 void precompute_hashes(const SketchLayout& s, uint32_t* packed);
 /// Fills words[row · ⌈dim / B⌉ + b] with the window word of every (row, block) (blocked hashing).
 void precompute_windows(const SketchLayout& s, uint32_t* words);
+/// Words of the grouping by window (window_order.hpp) for s.order's granularity; 0 where the shape
+/// cannot take the column path.
+size_t order_words(const SketchLayout& s);
+/// Fills out (order_words(s) words) with the grouping of the window words s.windows (host memory).
+void order_windows(const SketchLayout& s, uint32_t* out);
 
 /// table += scale · S(x) for coordinates offset … offset + n − 1. Checks finiteness block by block
 /// in the same pass; on a non-finite value it stops before that block and returns the block's

@@ -138,8 +138,15 @@ inline bool host_memory(const Device& d) {
 }
 
 // ---- count sketch (kernels::SketchLayout; the table in the device's memory) -------------------
-/// The packed hashes (blocked layouts: the window words) of `l` into out, waited for.
+/// Words precompute() writes for `l` on d: random buckets rows × dim; blocked rows × ⌈dim / B⌉
+/// window words, and on a GPU the grouping by window after them where the shape takes it.
+size_t precomputed_words(const Device& d, const kernels::SketchLayout& l);
+/// The packed hashes (blocked layouts: the window words, then on a GPU their grouping) of `l` into
+/// out (precomputed_words(d, l) words), waited for.
 void precompute(const Device& d, const kernels::SketchLayout& l, uint32_t* out);
+/// `l` with its precomputed words (precompute()'s out) in place: packed, or windows and order.
+kernels::SketchLayout with_precomputed(const Device& d, kernels::SketchLayout l,
+                                       const uint32_t* words);
 /// table += scale · S(x) for the slice x at `offset`, all or nothing: where x holds a non-finite
 /// value the table is taken back (zeroed when `was_empty`: exact) and its index returned, else
 /// kernels::kNone.
