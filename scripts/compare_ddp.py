@@ -3,11 +3,12 @@
 alone and inside fp16_compress_wrapper)
 and sketchsgd's codecs at budgets that suit the workload — with the same seed, workers, steps and
 data order, then writes <out>/<name>.json, a PNG (quality vs payload per round) and a Markdown
-table (--write-docs, MLP only: docs/data/tables/ddp-hooks.json, whose rows for the hooks run
-replace theirs; the other workloads' tables come from scripts/frontier.py).
+table (--write-docs: docs/data/tables/ddp-hooks.json for the MLP, whose rows for the hooks run
+replace theirs, or --table NAME for a set of runs of its own, such as lm's untied-*; the other
+workloads' frontier tables come from scripts/frontier.py).
 
     .venv/bin/python scripts/compare_ddp.py [--workload mlp|resnet8|transformer|lm] [--only none,fetchsgd]
-                                            [--seed N] [--report-only] [--write-docs] [--local]
+                                            [--seed N] [--report-only] [--write-docs [--table NAME]] [--local]
 
 The runs (names, hooks, flags) and their budgets are data: scripts/experiments.json.
 
@@ -87,12 +88,19 @@ def write_docs(rows, runs, args):
     plot; then the docs' tables. What the figures mean is written in docs/RESULTS.md."""
     import doc_tables
     version = next((r["torch"] for _, _, r in runs if "torch" in r), "?")
-    doc_tables.write("docs/data/tables/ddp-hooks.json",
-                     ".venv/bin/python scripts/compare_ddp.py --write-docs",
-                     time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {version}, gloo", COLUMNS, rows, key=0,
+    command = ".venv/bin/python scripts/compare_ddp.py --write-docs"
+    if args.table != "ddp-hooks":
+        command += f" --workload {args.workload} --only {args.only} --table {args.table}"
+    doc_tables.write(f"docs/data/tables/{args.table}.json", command,
+                     time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {version}, gloo",
+                     [c if c != "test accuracy" or args.workload not in LOSSES else "validation loss" for c in COLUMNS],
+                     rows, key=0,
                      note=f"{args.workers} processes, {args.epochs} epochs, seed {args.seed}, one run each.")
     png = os.path.join(args.out, "ddp_accuracy_vs_payload.png")
-    if os.path.exists(png) and not args.only:
+    if os.path.exists(png) and args.table != "ddp-hooks":
+        os.makedirs("docs/images", exist_ok=True)
+        shutil.copy(png, f"docs/images/{args.table}.png")
+    elif os.path.exists(png) and not args.only:
         os.makedirs("docs/images", exist_ok=True)
         shutil.copy(png, "docs/images/ddp_accuracy_vs_payload.png")
     doc_tables.main([])
@@ -137,6 +145,8 @@ def main():
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--report-only", action="store_true", help="run nothing: table and plot from --out")
     ap.add_argument("--write-docs", action="store_true", help="write the table's data file (and plot) into docs/")
+    ap.add_argument("--table", default="ddp-hooks",
+                    help="the data file --write-docs writes: docs/data/tables/TABLE.json (default ddp-hooks)")
     ap.add_argument("--local", action="store_true",
                     help="the local-steps list (DiLoCo with each codec, PeriodicModelAverager) instead of per-step hooks")
     args = ap.parse_args()
