@@ -401,6 +401,22 @@ python_check() {
   finish python
 }
 
+# The GoogleTest cases matching $1 into $REPORT/tests.log; a CUDA case that skipped fails.
+gpu_tests() {
+  step "GPU tests ($1)"
+  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_filter="$1" 2>&1 |
+    tee "$REPORT/tests.log" || fail "GPU tests (see tests.log)"
+  grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
+}
+
+# The GPU benchmarks matching $1, $2 repetitions each, into $REPORT/kernels.json.
+gpu_benchmarks() {
+  step "GPU kernels' benchmarks"
+  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_filter="$1" --benchmark_repetitions="$2" \
+    --benchmark_report_aggregates_only=true --benchmark_out="$REPORT/kernels.json" \
+    --benchmark_out_format=json || fail "GPU benchmarks"
+}
+
 # The sketch server's round, the accumulate and the PowerSGD hooks at device speed, in one call:
 # the C++ GPU tests and memcheck of the kernels they use, the sketch kernels' benchmarks, the
 # Python package (built here as `python` builds it) with its CUDA compressor and hook tests,
@@ -411,14 +427,8 @@ python_check() {
 # BUILD=build/gpu-carry.
 round_check() {
   device_report gpu-round
-  step "GPU tests"
-  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_filter='Cuda*:Crc32c.*:DeltaCoding.*' 2>&1 |
-    tee "$REPORT/tests.log" || fail "GPU tests (see tests.log)"
-  grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
-  step "sketch kernels (GoogleTest benchmarks)"
-  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_filter='BM_CopyDeviceToDevice|BM_Accumulate/134217728/5|BM_AccumulateColumns|BM_Compress/134217728/5/1048576/[23]|BM_UnsketchTopk/134217728/5' \
-    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out="$REPORT/kernels.json" \
-    --benchmark_out_format=json || fail "GPU benchmarks"
+  gpu_tests 'Cuda*:Crc32c.*:DeltaCoding.*'
+  gpu_benchmarks 'BM_CopyDeviceToDevice|BM_Accumulate/134217728/5|BM_AccumulateColumns|BM_Compress/134217728/5/1048576/[23]|BM_UnsketchTopk/134217728/5' 3
   python_build || { fail "build the Python package"; finish round; }
   step "Python: the CUDA compressor and hook tests"
   "$PY" -m pytest -q -p no:cacheprovider -k cuda tests/python/test_compressor.py tests/python/test_hook.py 2>&1 |
@@ -449,14 +459,8 @@ round_check() {
 # (bench_round.py). Needs `prepare` and `demo-prepare`, as `round`.
 accumulate_check() {
   device_report gpu-accumulate
-  step "GPU tests (sketch kernels)"
-  "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 --gtest_filter='Cuda*Blocked*:CudaSketch.*:Cuda.Accumulate*' 2>&1 |
-    tee "$REPORT/tests.log" || fail "GPU tests (see tests.log)"
-  grep -q "no CUDA device" "$REPORT/tests.log" && fail "GPU tests skipped: no usable CUDA device"
-  step "accumulate benchmarks"
-  "$BUILD/benchmarks/sketchsgd_bench_gpu" --benchmark_filter='BM_CopyDeviceToDevice/134217728|BM_Accumulate/134217728/./1048576/[23]|BM_AccumulateColumns|BM_Compress/134217728/5/1048576/[23]' \
-    --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out="$REPORT/kernels.json" \
-    --benchmark_out_format=json || fail "GPU benchmarks"
+  gpu_tests 'Cuda*Blocked*:CudaSketch.*:Cuda.Accumulate*'
+  gpu_benchmarks 'BM_CopyDeviceToDevice/134217728|BM_Accumulate/134217728/./1048576/[23]|BM_AccumulateColumns|BM_Compress/134217728/5/1048576/[23]' 5
   step "ncu: the column kernel and the tiles kernel"
   local m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_op_red.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
   for k in columns:BM_Accumulate/134217728/5/1048576/3 tiles:BM_Accumulate/134217728/5/1048576/2; do
