@@ -54,12 +54,23 @@ def main():
     ap.add_argument("--date", required=True)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "data", "tables", "accumulate-gpu.json"))
     a = ap.parse_args()
-    ms = medians(a.kernels)
+    for path in (a.kernels, a.ncu_tiles, a.ncu_columns, a.round):
+        if not os.path.isfile(path):
+            ap.error(f"no file {path}")
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", a.date):
+        ap.error(f"--date {a.date!r} is not YYYY-MM-DD")
+    try:
+        ms = medians(a.kernels)
+    except (OSError, ValueError, KeyError) as e:
+        ap.error(f"{a.kernels}: not Google Benchmark's JSON ({e})")
     ncu = {"tiles": counters(a.ncu_tiles), "columns": counters(a.ncu_columns)}
     with open(a.round) as f:
         fetch = [r["encode_sum_ms"] for r in json.load(f)["results"] if r["fetch"]]
 
     def row(what, name, base, kernel=None):
+        for n in (name, base):
+            if n not in ms:
+                ap.error(f"{a.kernels} has no {n} (gpu.sh accumulate's benchmarks)")
         t = ms[name]
         cells = [what, f"{t:.3f}", f"{ms[base] / t:.2f}×"]
         if kernel:

@@ -27,6 +27,7 @@ cmake --build --preset default).
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -133,6 +134,13 @@ def plot(rows, args):
     print(f"plot: {png}")
 
 
+def table_name(s):
+    """A docs table's name (letters, digits, '.', '_', '-': what a <!-- table:NAME --> block takes)."""
+    if not re.fullmatch(r"[\w.-]+", s) or s.startswith("."):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a table name (letters, digits, '.', '_', '-')")
+    return s
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="mlp", choices=sorted(experiments.workloads("ddp")))
@@ -145,7 +153,7 @@ def main():
     ap.add_argument("--python", default="build/default/python", help="where the sketchsgd package is")
     ap.add_argument("--report-only", action="store_true", help="run nothing: table and plot from --out")
     ap.add_argument("--write-docs", action="store_true", help="write the table's data file (and plot) into docs/")
-    ap.add_argument("--table", default="ddp-hooks",
+    ap.add_argument("--table", default="ddp-hooks", type=table_name,
                     help="the data file --write-docs writes: docs/data/tables/TABLE.json (default ddp-hooks)")
     ap.add_argument("--local", action="store_true",
                     help="the local-steps list (DiLoCo with each codec, PeriodicModelAverager) instead of per-step hooks")
