@@ -170,8 +170,11 @@ def main():
     if args.out is None:
         args.out = ("build/compare-local" if args.local else "build/compare-ddp") + \
             ("" if args.workload == "mlp" else f"-{args.workload}") + ("" if args.seed == 1 else f"-seed{args.seed}")
-    if args.write_docs and args.workload != "mlp":
-        ap.error("--write-docs: the MLP's table only; the other workloads' tables: scripts/frontier.py --write-docs")
+    if args.write_docs and args.workload != "mlp" and args.table == "ddp-hooks":
+        ap.error("--write-docs: ddp-hooks is the MLP's table (--table NAME for other runs); the other "
+                 "workloads' frontier tables: scripts/frontier.py --write-docs")
+    if args.table != "ddp-hooks" and not (args.write_docs and args.only):
+        ap.error("--table NAME goes with --write-docs and --only (the runs the table holds)")
     only = set(filter(None, args.only.split(",")))
     unknown = only - {n for n, _ in args.hooks}
     if unknown:
