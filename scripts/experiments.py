@@ -43,3 +43,10 @@ def family_of(kind: str) -> dict:
     """Run name -> its family key, over every workload of the kind."""
     data = _data()
     return {r["name"]: r["family"] for w in data[kind].values() for r in _expand(data, w["runs"]) if "family" in r}
+
+
+def own_tables(kind: str) -> dict:
+    """Run name -> the table of its own (another job than its workload's, such as lm --untied),
+    for the runs that the workload's frontier leaves out."""
+    data = _data()
+    return {r["name"]: r["table"] for w in data[kind].values() for r in _expand(data, w["runs"]) if "table" in r}
