@@ -348,7 +348,7 @@ void precompute_windows(const SketchLayout& s, uint32_t* words) {
 size_t order_words(const SketchLayout& s) {
   if (!order_fits(s.block, s.cols, s.order)) return 0;
   const auto shape = order_shape(s.dim, s.cols, hash::blocked_shape(s.block, s.cols), s.order);
-  // More (chunk, tile) items than blocks: tiles too many for the gradient to fill them (a table
+  // More (tile, chunk) items than blocks: tiles too many for the gradient to fill them (a table
   // near the size of the gradient), where adding columns saves nothing.
   if (shape.items() > shape.blocks) return 0;
   return size_t(s.rows) * shape.per_row;
