@@ -475,8 +475,7 @@ void accumulate(const SketchLayout& s, float* table, const float* x, size_t n, u
   if (head && s.rows >= 2 && s.order.words && order_fits(s.block, s.cols, s.order) &&
       head >= 8ull * s.cols) {
     // By columns: each tile's flush is then spread over at least 8 values a column. One row reads
-    // the gradient once either way, and by tiles it was a little faster (0.28 against 0.30 ms
-    // at d = 2^27 on an H200, BENCHMARKS.md).
+    // the gradient once either way, and there the tiles measured faster (BENCHMARKS.md).
     Columns c{};
     c.order = s.order.words;
     c.o = order_shape(s.dim, s.cols, h.b, s.order);
