@@ -117,14 +117,14 @@ class PowerAggregator final : public SummableAggregator {
       ops::copy(device_, out, sum.first(np));
       ops::orthonormalize(device_, scratch_, out, p_factors_);
       ops::copy(device_, p_hat_.span(), out);
-      ops::scale(device_, sum.subspan(np), inv);
-      ops::copy(device_, dense_mean_.span(), sum.subspan(np));
+      ops::scale(device_, dense_mean_.span(), sum.subspan(np), inv);
       return;
     }
-    ops::scale(device_, sum, inv);
-    ops::copy(device_, out.first(np), p_hat_.span());
-    ops::copy(device_, out.subspan(np, nq), sum);
-    ops::copy(device_, out.subspan(np + nq), dense_mean_.span());
+    // On a GPU each move is a host call: the update's three parts take two.
+    ops::scale(device_, out.subspan(np, nq), sum, inv);
+    const kernels::Piece kept[] = {{out.data(), p_hat_.data(), np},
+                                   {out.data() + np + nq, dense_mean_.data(), dense_mean_.size()}};
+    ops::scale_pieces(device_, kept, 1.0f);
   }
 
   const Plan plan_;
@@ -185,8 +185,19 @@ class PowerSGD final : public SummableCodec {
     for (const auto& x : plan_.matrices)
       ops::gemm(device(), false, false, x.rows, x.rank, x.cols, 1.0f, m.data() + x.offset, x.cols,
                 qo_.data() + x.q_at, x.rank, 0.0f, p + x.p_at, x.rank);
+    ops::scale_pieces(device(), dense_pieces(dense, m.data(), true), 1.0f);
+  }
+
+  /// One piece per uncompressed tensor, between its run of the vector and its place in the
+  /// packed array after the factors (to_packed: from the vector): on a GPU the tensors move in
+  /// one launch, where a copy each was a host call each.
+  std::vector<kernels::Piece> dense_pieces(float* dst, const float* src, bool to_packed) const {
+    std::vector<kernels::Piece> out;
+    out.reserve(plan_.dense.size());
     for (const auto& d : plan_.dense)
-      ops::copy(device(), {dense + d.at, d.numel}, m.subspan(d.offset, d.numel));
+      out.push_back(to_packed ? kernels::Piece{dst + d.at, src + d.offset, d.numel}
+                              : kernels::Piece{dst + d.offset, src + d.at, d.numel});
+    return out;
   }
 
   /// compute_p on the CPU: M = g (or the momentum) + error and P = M·Q in one pass, which also
@@ -264,8 +275,7 @@ class PowerSGD final : public SummableCodec {
     for (const auto& x : plan_.matrices)
       ops::lowrank_expand(device(), p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows, x.cols,
                           x.rank, error && !defers(x) ? error + x.offset : nullptr);
-    for (const auto& d : plan_.dense)
-      ops::copy(device(), step.subspan(d.offset, d.numel), {dense + d.at, d.numel});
+    ops::scale_pieces(device(), dense_pieces(step.data(), dense, false), 1.0f);
   }
   void do_apply_values(std::span<const float> update, std::span<float> step) override {
     // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
@@ -278,10 +288,15 @@ class PowerSGD final : public SummableCodec {
       deferred_p_.assign(update.begin(), update.begin() + plan_.p_size);
       deferred_ = true;
     }
+    // The error is zeroed where nothing is owed: the tensors sent whole, and without ef the
+    // matrices too (0 · M, as a scale by 0 is; M is finite, checked at the encode).
+    std::vector<kernels::Piece> owed_nothing;
     if (!o_.ef)
       for (const auto& x : plan_.matrices)
-        ops::scale(device(), e.subspan(x.offset, x.rows * x.cols), 0.0f);
-    for (const auto& d : plan_.dense) ops::scale(device(), e.subspan(d.offset, d.numel), 0.0f);
+        owed_nothing.push_back({e.data() + x.offset, e.data() + x.offset, x.rows * x.cols});
+    for (const auto& d : plan_.dense)
+      owed_nothing.push_back({e.data() + d.offset, e.data() + d.offset, d.numel});
+    ops::scale_pieces(device(), owed_nothing, 0.0f);
     if (o_.warm) ops::copy(device(), q_.span(), update.subspan(plan_.p_size, plan_.q_size));
   }
 
