@@ -75,6 +75,13 @@ class _Dist:
         dist.broadcast(t, src=dist.get_global_rank(self.group, root) if self.group is not None else root,
                        group=self.group)
 
+    def all_to_all(self, out, t, out_sizes, in_sizes):
+        dist.all_to_all_single(out, t, out_sizes, in_sizes, group=self.group)
+
+    def reduce_scatter(self, out, t):
+        # reduce_scatter_single since PyTorch 2.13, which deprecates reduce_scatter_tensor
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, t, group=self.group)
+
 
 class Communicator:
     """Collectives over one process group (None: the default one; or a simulated group's rank),
@@ -124,6 +131,30 @@ class Communicator:
     def sum(self, t):
         """t summed over the ranks in place, blocking, its bytes not counted (the caller's)."""
         self.ops.all_reduce(t, async_op=False)
+
+    def gather_lengths(self, mine, like):
+        """Every rank's list of W byte counts (mine: this rank's), as lists in rank order: an
+        all-gather, blocking."""
+        t = torch.tensor(mine, dtype=torch.int64, device=self.host(like))
+        everyone = [torch.empty_like(t) for _ in range(self.world)]
+        self.count(t.numel() * 8, 0)
+        self.ops.all_gather(everyone, t, async_op=False)
+        return [e.tolist() for e in everyone]
+
+    def exchange(self, parts, sizes, like):
+        """parts[r] (uint8) to rank r, and from each rank r its part for this rank, of sizes[r]
+        bytes, in rank order: an all-to-all, blocking. Counts the bytes sent to the others."""
+        on = self.host(like)
+        out = torch.empty(sum(sizes), dtype=torch.uint8, device=on)
+        self.count(sum(p.numel() for r, p in enumerate(parts) if r != self.rank), 0)
+        self.ops.all_to_all(out, torch.cat(parts).to(on), list(sizes), [p.numel() for p in parts])
+        return list(out.split(list(sizes)))
+
+    def reduce_scatter_sum(self, out, parts):
+        """out = the sum over the ranks of their parts[rank] (each part like out): a
+        reduce-scatter, blocking. Counts the bytes of the parts sent to the others."""
+        self.count(out.numel() * out.element_size() * (self.world - 1), 0)
+        self.ops.reduce_scatter(out, torch.cat(parts))
 
     def all_reduce_mean(self, buf):
         """buf's mean over the ranks (fp32 all-reduce, then float32(1/W)): a future of buf."""

@@ -23,7 +23,7 @@ def _rounds_of(state, index: int, ids, tensors, buf):
             for u in units.held(index, entries, buf.device, state.comm.world)]
 
 
-def _widened(state, index: int, buf):
+def _widened(state, index, buf):
     """A float32 copy of a half-precision bucket, the same tensor every step: the codecs and the
     collectives see float32 whatever the model's precision."""
     t = state._wide.get(index)
@@ -108,6 +108,16 @@ def average(state: CompressionState, tensors) -> list:
     return views
 
 
+def views_of(buf, shapes):
+    """Views of buf's values end to end, of these shapes."""
+    views, at = [], 0
+    for s in shapes:
+        n = math.prod(s)
+        views.append(buf[at:at + n].view(s))
+        at += n
+    return views
+
+
 def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool = False) -> None:
     """FSDP2's all-reduce hook (sketchsgd.fsdp): FSDP group `index`'s reduce-scattered shard (flat;
     its parameters' padded shards end to end, of the given shapes) averaged in place over the
@@ -122,12 +132,7 @@ def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool
         if dense:
             fut = state.comm.all_reduce_mean(buf)
         else:
-            views, at = [], 0
-            for s in shapes:
-                n = math.prod(s)
-                views.append(buf[at:at + n].view(s))
-                at += n
-            rounds = _rounds_of(state, index, [(index, j) for j in range(len(shapes))], views, buf)
+            rounds = _rounds_of(state, index, [(index, j) for j in range(len(shapes))], views_of(buf, shapes), buf)
             fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
         state._inflight.append(fut)
     finally:

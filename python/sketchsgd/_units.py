@@ -93,6 +93,12 @@ class Units:
             raise RuntimeError(f"bucket {index}: gradients hold {offset} values, its buffer {numel}")
         return entries, where
 
+    def register(self, index: int, ids, shapes):
+        """Bucket index's tensors (ids, of these shapes) known before its first call, as a DDP
+        warm-up makes them known (sketchsgd.fsdp: each FSDP module's, or chunk's)."""
+        metas = [torch.empty(s, device="meta") for s in shapes]
+        self.warm[index] = self.entries(ids, metas, sum(m.numel() for m in metas), index)[0]
+
     def fix(self, index: int, entries):
         """Compression begins: the warm-up's buckets become units (a state without a warm-up:
         this first call's)."""

@@ -16,9 +16,10 @@
   averages across replicas, so the hook does.
 
 - compress_reduce_scatter: full sharding over slow links. FSDP2's reduce-scatter of each module
-  (FSDPModule.set_custom_reduce_scatter) is replaced: every rank's full gradient of the module
-  goes through the codec (each parameter whole, its padding rows included), the mean is formed
-  as for a DDP bucket, and each rank keeps its shard.
+  (FSDPModule.set_custom_reduce_scatter) is replaced. Summable codecs: every rank's full gradient
+  of the module goes through the codec (each parameter whole, its padding rows included), the
+  mean is formed as for a DDP bucket, and each rank keeps its shard. Gathered codecs: each
+  rank's chunk for rank r is a unit of its own, sent to rank r alone (sketchsgd._scatter).
 
 - compress_fsdp1: FSDP1 (FullyShardedDataParallel, deprecated by PyTorch), its communication
   hook (register_comm_hook) with a sharded strategy (FULL_SHARD, SHARD_GRAD_OP: a compressed
@@ -44,7 +45,7 @@ try:
 except ImportError:  # before FSDP2's custom collectives (PyTorch 2.9): compress_reduce_scatter refuses
     ReduceScatter = object
 
-from . import _core, _hook
+from . import _core, _hook, _scatter
 from ._state import CompressionState
 
 
@@ -77,11 +78,16 @@ class _Backward:
     until the backward ends, when one all-reduce of a flag over the job's ranks makes every rank
     raise NonFiniteError (no update anywhere). Its replica group saw it in the round and skips the
     backward's later rounds alike. Where the state's group is every rank (full sharding on a 1-D
-    mesh), all saw it in the round, and no flag is sent."""
+    mesh), all saw it in the round, and no flag is sent, unless rounds can fail on one rank
+    alone (per_destination: a rank decodes only the messages of its own chunk, so a message it
+    cannot decode is its failure alone; it goes on with the backward's later rounds, so as to
+    leave no rank waiting, and the flag at the end tells the others)."""
 
     def __init__(self, state, warmup: int, groups: int):
         self.state, self.failed, self.queued, self.device = state, None, False, None
         self.warmup, self.groups = warmup, groups
+        self.alone = None         # a failure this rank's round saw alone (per destination)
+        self.always_flag = False  # set where rounds can fail on one rank alone
 
     def dense(self) -> bool:
         """Whether this backward is one of the first `warmup` ones, averaged in fp32 uncompressed.
@@ -91,35 +97,50 @@ class _Backward:
     def reduce(self, index, shard, shapes) -> bool:
         """shard averaged in place over the state's group; False where this backward has failed
         (shard as it was; the end of the backward raises)."""
-        self.device = shard.device
+        return self.run(shard.device, lambda dense: _hook.reduce_shard(self.state, index, shard, shapes, dense))
+
+    def run(self, device, reduce) -> bool:
+        """reduce(dense) (a call of the state on tensors on device); False where this backward
+        has failed (nothing reduced; the end of the backward raises)."""
+        self.device = device
         if not self.queued:
             try:
                 torch.autograd.Variable._execution_engine.queue_callback(self.end)
                 self.queued = True
             except RuntimeError:  # not inside a backward (FSDP reduced outside one): raise at once
-                _hook.reduce_shard(self.state, index, shard, shapes, self.dense())
+                reduce(self.dense())
                 return True
         if self.failed is not None:
             return False
         try:
-            _hook.reduce_shard(self.state, index, shard, shapes, self.dense())
+            reduce(self.dense())
         except _core.NonFiniteError as e:
             self.failed = e
+            return False
+        except _scatter.Alone as e:
+            if self.alone is None:
+                self.alone = e.error
             return False
         return True
 
     def end(self):
         failed, self.failed, self.queued = self.failed, None, False
-        if self.state.comm.world == dist.get_world_size():
+        alone, self.alone = self.alone, None
+        if self.state.comm.world == dist.get_world_size() and not self.always_flag:
             # The state's group is every rank: each saw the failure in its round.
             if failed is not None:
                 raise failed
             return
-        flag = torch.tensor([int(failed is not None)], dtype=torch.int32,
+        flag = torch.tensor([2 if alone is not None else int(failed is not None)], dtype=torch.int32,
                             device=self.device if dist.get_backend() == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if failed is not None:
             raise failed
+        if alone is not None:
+            raise alone
+        if flag.item() == 2:
+            raise _core.WireError("sketchsgd.fsdp: another rank could not decode the messages of its chunk (it "
+                                  "raised the error); this step has no update")
         if flag.item():
             raise _core.NonFiniteError("sketchsgd.fsdp: a gradient shard of another replica group was not finite "
                                        "(its ranks raised NonFiniteError with the coordinate); this step has no "
@@ -166,9 +187,7 @@ def _register(what: str, module, state, warmup, wrong_group):
 def _units(state, index: int, shapes) -> None:
     """FSDP group index's tensors become a unit before the first call, as a DDP warm-up fixes its
     buckets (keys (group, position), shapes and sizes known up front)."""
-    metas = [torch.empty(s, device="meta") for s in shapes]
-    state.units.warm[index] = state.units.entries([(index, j) for j in range(len(shapes))], metas,
-                                                  sum(math.prod(s) for s in shapes), index)[0]
+    state.units.register(index, [(index, j) for j in range(len(shapes))], shapes)
 
 
 def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
@@ -190,18 +209,36 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: 
         m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: backward.reduce(index, shard, shapes))
 
 
+def _gathered(spec: str) -> bool:
+    """Whether spec's codec is of the gathered family (its messages are gathered, not summed):
+    a property of the codec, so its first example on 100 values tells."""
+    name = _core.share_spec(spec).partition(":")[0]
+    entry = next(c for c in _core.codecs() if c["name"] == name)
+    from ._compressor import Compressor
+    probe = Compressor(entry["examples"][0], 100, layout=None if entry["layout"] == "none" else [(10, 10)])
+    return probe.sum_size("gradient") == 0
+
+
 class _ReduceScatter(ReduceScatter):
     """FSDP2's reduce-scatter of one FSDP group, compressed. Its input is every rank's full
     gradient of the group in FSDP's order: W chunks, chunk r the parameters' padded shards r end to
-    end. The codec sees it parameter by parameter instead (one copy): parameter j's W shards
+    end.
+
+    A summable codec sees it parameter by parameter instead (one copy): parameter j's W shards
     stacked are its padded full gradient, so a per-matrix codec (PowerSGD) factors each weight
     matrix whole, as under DDP, rather than W slices of it at W times the factors' bytes. The
-    mean over the group is formed through the state's codec, and this rank keeps its chunk."""
+    mean over the group is formed through the state's codec, and this rank keeps its chunk.
 
-    def __init__(self, backward, index: int, shapes, world: int):
+    A gathered codec (per_destination) compresses each chunk as a unit of its own and sends it
+    to the rank that keeps it (sketchsgd._scatter): W times fewer bytes a rank than gathering
+    whole-gradient messages, and only its own chunk decoded."""
+
+    def __init__(self, backward, index: int, shapes, world: int, per_destination: bool):
         self.backward, self.index, self.world = backward, index, world
         self.sizes = [math.prod(s) for s in shapes]  # a parameter's padded shard, in values
+        self.shard_shapes = [tuple(s) for s in shapes]
         self.shapes = [(world * s[0], *s[1:]) if s else (world,) for s in shapes]
+        self.per_destination = per_destination
         self.whole = None  # the parameter-major copy, reused
 
     def allocate(self, size, *, dtype, device):
@@ -220,6 +257,14 @@ class _ReduceScatter(ReduceScatter):
             raise RuntimeError(f"sketchsgd.fsdp: FSDP group {self.index} reduce-scattered {input_tensor.numel()} "
                                f"values over {world} ranks; its parameters' shards hold {sum(self.sizes)} per rank "
                                f"over {self.world}")
+        if self.per_destination and not self.backward.dense():  # warm-up steps: the fp32 path below
+            ok = self.backward.run(input_tensor.device,
+                                   lambda dense: self._per_destination(input_tensor, output_tensor))
+            if not ok:
+                output_tensor.zero_()  # the backward raises at its end on every rank: no update
+            elif scale is not None:
+                output_tensor.mul_(scale)
+            return None
         chunks = input_tensor.view(world, -1).split(self.sizes, dim=1)  # [j]: (W, n_j), parameter j's shards
         whole = self.whole
         if whole is None or whole.dtype != input_tensor.dtype or whole.device != input_tensor.device:
@@ -234,16 +279,31 @@ class _ReduceScatter(ReduceScatter):
             output_tensor.mul_(scale)
         return None
 
+    def _per_destination(self, input_tensor, output_tensor) -> None:
+        """This rank's chunk of the mean into output_tensor, through a float32 copy of a
+        half-precision input."""
+        state = self.backward.state
+        if input_tensor.dtype == torch.float32:
+            _scatter.reduce_scatter(state, self.index, input_tensor.view(self.world, -1), self.shard_shapes,
+                                    output_tensor)
+            return
+        chunks = _hook._widened(state, self.index, input_tensor).view(self.world, -1)
+        out = _hook._widened(state, ("out", self.index), output_tensor)
+        _scatter.reduce_scatter(state, self.index, chunks, self.shard_shapes, out)
+        output_tensor.copy_(out)
+
 
 def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
-    """Replaces FSDP2's reduce-scatter of every FSDP2 module under module by a compressed one:
-    each rank's full gradient of the module goes through state's codec, the mean over the shard
-    group is formed as in a DDP bucket (summable codecs: one all-reduce of the payload; gathered:
-    an all-gather of the messages) and each rank keeps its shard of it. For a model sharded over
-    slow links. state's process group is fully_shard's shard group; error feedback covers each
-    rank's full gradient of a module (as under DDP), not its shard. Call it once, after
-    fully_shard and before the first backward, on every rank. The first `warmup` backward passes
-    average in fp32 uncompressed."""
+    """Replaces FSDP2's reduce-scatter of every FSDP2 module under module by a compressed one,
+    for a model sharded over slow links. Summable codecs: each rank's full gradient of the
+    module goes through state's codec, one all-reduce sums the payloads, and each rank decodes
+    the mean and keeps its shard of it. Gathered codecs: each rank compresses the module's W
+    chunks (chunk r what rank r keeps) as units of their own and sends chunk r's message to
+    rank r alone (one all-to-all), which decodes and averages its own chunk's W messages.
+    state's process group is fully_shard's shard group; error feedback covers each rank's full
+    gradient of a module (as under DDP), not its shard. Call it once, after fully_shard and
+    before the first backward, on every rank. The first `warmup` backward passes average in fp32
+    uncompressed."""
     if ReduceScatter is object or not hasattr(torch.distributed.fsdp.FSDPModule, "set_custom_reduce_scatter"):
         raise TypeError("sketchsgd.fsdp.compress_reduce_scatter needs FSDP2's custom reduce-scatter "
                         "(FSDPModule.set_custom_reduce_scatter, PyTorch ≥ 2.9)")
@@ -252,10 +312,15 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
         lambda shard, ranks: None if shard == ranks else
         f"is not the shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the default group "
         "for a 1-D mesh over every rank)")
+    per_destination = backward.always_flag = _gathered(state.spec)
     for index, (m, g) in enumerate(groups):
+        world = g.mesh_info.shard_mesh_size
         scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in g.fsdp_params],
-                                 g.mesh_info.shard_mesh_size)
-        _units(state, index, scatter.shapes)
+                                 world, per_destination)
+        if per_destination:
+            _scatter.register(state, index, scatter.shard_shapes, world)
+        else:
+            _units(state, index, scatter.shapes)
         m.set_custom_reduce_scatter(scatter)
 
 

@@ -138,6 +138,43 @@ def non_finite(rank, world, spec, steps, bad_step, mode="replicas"):
     return _steps_with_a_nan(model, model[0], rank, steps, bad_step), _local(model)
 
 
+def corrupt(rank, world, spec, steps, bad_step):
+    """Full sharding with a gathered codec (per destination): at bad_step rank 1's message for
+    rank 0's chunk of the first FSDP module arrives with a byte flipped. Returns per step the
+    error backward() raised (type and message) or None, and this rank's shards at the end."""
+    from sketchsgd import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    model = _shard(_model(), init_device_mesh("cpu", (world,)))
+    state = CompressionState(spec)
+    fsdp.compress_reduce_scatter(model, state)
+    exchange, at = state.comm.exchange, {"step": 0, "calls": 0}
+
+    def flipped(parts, sizes, like):
+        at["calls"] += 1
+        if rank == 1 and at["step"] == bad_step and at["calls"] == 1:
+            parts = [p.clone() for p in parts]
+            parts[0][-1] ^= 0xFF
+        return exchange(parts, sizes, like)
+
+    state.comm.exchange = flipped
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    errors = []
+    for step in range(steps):
+        at["step"], at["calls"] = step, 0
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        try:
+            loss.backward()
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            errors.append((type(e).__name__, str(e)))
+            opt.zero_grad()
+            continue
+        errors.append(None)
+        opt.step()
+    return errors, _local(model)
+
+
 def _steps_with_a_nan(model, first, rank, steps, bad_step):
     """Trains `steps` steps; at bad_step rank 1's gradient of first's output is NaN in columns
     0-7. Returns per step the error backward() raised (type and message) or None."""

@@ -144,6 +144,56 @@ def test_a_compressed_reduce_scatter_trains_and_dense_is_fsdp2s_own():
     assert four[0]["powersgd:rank=1"][2]["payload_bytes"] == 4 * per_step * STEPS
 
 
+def _chunks(world):
+    """Per FSDP module of fsdp_jobs' MLP over world ranks: (compressed values, values sent whole)
+    of one rank's chunk (its weight rows padded to a multiple of world, as FSDP pads them; its
+    bias whole)."""
+    out = []
+    for m in fsdp_jobs._model():
+        if isinstance(m, torch.nn.Linear):
+            rows = -(-m.out_features // world)
+            out.append((rows * m.in_features, rows))
+    return out
+
+
+def test_a_gathered_codec_sends_each_rank_its_own_chunk():
+    """compress_reduce_scatter with a gathered codec exchanges per destination: rank r receives
+    every rank's message of chunk r alone (an all-to-all) and decodes only those. With top-k
+    sending every value (k = the compressed values: lossless), the step is FSDP2's own
+    reduce-scatter: bit for bit on 2 ranks (a + b, then × float32(1/2)), to rounding on 4 (another
+    order of the sum). The bytes a rank sends per step are its messages to the others (a
+    header, a count and 8 bytes a value for each other rank's chunk), its 8-byte lengths to
+    everyone, and its part of the others' whole biases: a quarter of what gathering whole-gradient
+    messages would send on 4 ranks."""
+    for world in (2, 4):
+        k = sum(n for n, _ in _chunks(world)) * world
+        out = ddp.run(fsdp_jobs.each, "full_shard", [None, f"topk:k={k}"], 4, world=world)
+        for rank in range(world):
+            (plain, shards, _), (losses, local, stats) = out[rank][None], out[rank][f"topk:k={k}"]
+            if world == 2:
+                assert losses == plain and np.array_equal(local, shards), rank
+            else:
+                assert np.allclose(losses, plain, rtol=1e-5), (rank, losses, plain)
+                assert np.allclose(local, shards, rtol=1e-4, atol=1e-6), rank
+            sent = sum((world - 1) * (sketchsgd._core.header_bytes + 4 + 8 * n) + 8 * world + (world - 1) * 4 * d
+                       for n, d in _chunks(world))
+            assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
+
+
+def test_a_message_that_does_not_decode_fails_the_step_on_every_rank():
+    """Per destination only rank 0 reads rank 1's message for its chunk: when a byte of it is
+    flipped (its checksum no longer matches), rank 0's decode raises WireError, and the flag at
+    the end of the backward makes every other rank raise WireError too, rather than apply its
+    update or wait; rank 0 took part in every later module's round, so nobody waits, and the
+    steps after it train on."""
+    out = ddp.run(fsdp_jobs.each, "corrupt", ["topk:k=800"], 5, 2)
+    for rank in range(4):
+        errors, local = out[rank]["topk:k=800"]
+        assert [e is not None for e in errors] == [False, False, True, False, False], (rank, errors)
+        assert errors[2][0] == "WireError" and np.isfinite(local).all(), (rank, errors)
+        assert ("another rank" in errors[2][1]) == (rank != 0), (rank, errors[2])
+
+
 def test_warm_up_steps_average_uncompressed_then_the_codec_takes_over():
     """warmup=2: the first two backward passes are FSDP2's own mean (2 ranks: exact), so the
     losses through step 2 equal uncompressed FSDP2's; from step 3 the codec's; the counters say

@@ -1,0 +1,135 @@
+"""A gathered codec's reduce-scatter, per destination (sketchsgd.fsdp.compress_reduce_scatter).
+
+FSDP2 hands its reduce-scatter every rank's gradient of a group cut into W chunks, chunk r what
+rank r keeps. Each chunk is a unit of its own here (its codec, its error feedback, its share of
+the budget), so a rank's message for chunk r concerns rank r alone: it goes there in one
+all-to-all, and each rank decodes and averages the W messages of its own chunk. Against an
+all-gather of whole-gradient messages, a rank sends and receives about W times fewer bytes over
+its links and decodes W times fewer values.
+
+The collectives of a group's step, the same on every rank:
+  1. an all-gather of each rank's W message lengths (8 bytes each): every rank sees every
+     length, so a failed encode (length 0: a rank that fails any of its chunks sends 0 for all)
+     or a bad length stops every rank at the same point, with no rank left waiting;
+  2. an all-to-all of the messages (each of its own length, no padding);
+  3. a reduce-scatter of the tensors the layout sends whole, when the group has any.
+Summable codecs keep the whole-gradient round (sketchsgd.fsdp): their sums need no per-rank
+decode, and their error feedback wants the whole mean."""
+
+import torch
+
+from . import _core
+from ._comm import settled
+from ._hook import views_of
+from ._rounds import Core
+
+
+class Alone(Exception):
+    """A failure of this rank's round alone: the messages of its chunk did not decode (the other
+    ranks went through theirs). error: what the decode raised."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _bucket(index: int, rank: int, world: int) -> int:
+    """The unit index of FSDP group index's chunk for rank (the units' book keys units by it)."""
+    return index * world + rank
+
+
+def keys(index: int, rank: int, count: int):
+    """The tensor keys of group index's chunk for rank: (group, rank, parameter)."""
+    return [(index, rank, j) for j in range(count)]
+
+
+def register(state, index: int, shapes, world: int) -> None:
+    """Group index's W chunks become units before the first call (shapes: its parameters'
+    padded shards, the same in every chunk)."""
+    for r in range(world):
+        state.units.register(_bucket(index, r, world), keys(index, r, len(shapes)), shapes)
+
+
+def reduce_scatter(state, index: int, chunks, shapes, out) -> None:
+    """chunks: (W, n) float32, row r this rank's gradient of chunk r (the group's parameters'
+    r-th padded shards end to end, of `shapes`); out: n float32 values, written with the mean of
+    this rank's chunk over the state's group. A step of the state, blocking. NonFiniteError on
+    every rank when any rank's chunk was not finite, WireError on every rank for a bad length;
+    Alone(the error) on this rank alone when the messages of its chunk do not decode (after
+    every collective of the step: the others are not left waiting)."""
+    comm = state.comm
+    W, me = comm.world, comm.rank
+    state._begin(chunks)
+    try:
+        _step(state, comm, W, me, index, chunks, shapes, out)
+    finally:
+        state._end_step(True)
+
+
+def _step(state, comm, W, me, index, chunks, shapes, out):
+    n = chunks.shape[1]
+    units, cores, runs = [], [], []
+    for r in range(W):
+        buf = chunks[r]
+        entries, where = state.units.entries(keys(index, r, len(shapes)), views_of(buf, shapes), n,
+                                             _bucket(index, r, W))
+        state.units.fix(_bucket(index, r, W), entries)
+        (u,) = state.units.held(_bucket(index, r, W), entries, buf.device, W)
+        if u.core is None:
+            u.core = Core(comm, u, buf)
+        units.append(u)
+        cores.append(u.core)
+        runs.append((u.segments(where, True), u.segments(where, False)))
+        comm.count(0, (u.n_compressed + u.n_dense) * 4)
+    coded = units[0].codec is not None  # the chunks have the same shapes: all or none
+
+    # Each chunk's encode (coded) or its whole tensors gathered and checked (a unit of whole
+    # tensors alone). lengths[r]: the message's bytes, or 1 for a unit of whole tensors; 0 where
+    # it failed.
+    lengths = []
+    for r in range(W):
+        with cores[r].streams.ordered():
+            reqs = cores[r].round.start(chunks[r].data_ptr(), n, runs[r][0], runs[r][1], state.iteration)
+        if coded:
+            lengths.append(int.from_bytes(bytes(reqs[0][1]), "little"))
+        else:
+            lengths.append(0 if torch.isnan(cores[r].rooms[0][0]).item() else 1)
+    failed = [r for r in range(W) if lengths[r] == 0]
+    mine = [0] * W if failed else lengths
+    table = comm.gather_lengths(mine, chunks)  # table[i][r]: rank i's message for chunk r
+
+    bad = [i for i in range(W) if 0 in table[i]]
+    if bad:
+        if failed:  # this rank's own error, with its coordinate
+            unit = cores[failed[0]].round
+            if coded:
+                unit.next([int(v).to_bytes(8, "little") for v in (row[failed[0]] for row in table)])
+            else:
+                unit.finish([], chunks[failed[0]].data_ptr(), n, runs[failed[0]][0], runs[failed[0]][1])
+        raise _core.NonFiniteError(
+            f"rank {bad[0]}'s gradient was not finite (that rank raised NonFiniteError with the coordinate); "
+            "this step has no update")
+    for r in range(W):
+        limit = units[r].codec.max_message_bytes("gradient") if coded else 1
+        for i in range(W):
+            if table[i][r] > limit:
+                raise _core.WireError(f"rank {i} sent a message of {table[i][r]} bytes for rank {r}'s chunk "
+                                      f"(limit {limit})")
+
+    got = []
+    if coded:
+        # Each round's next() pads this rank's message to the chunk's longest: the message is
+        # its first bytes. Round me's also takes the lengths it will read the messages by.
+        sent = []
+        for r in range(W):
+            reqs = cores[r].round.next([int(row[r]).to_bytes(8, "little") for row in table])
+            sent.append(torch.frombuffer(reqs[0][1], dtype=torch.uint8)[:table[me][r]])
+        got = comm.exchange(sent, [row[me] for row in table], chunks)
+    if units[me].n_dense:
+        comm.reduce_scatter_sum(cores[me].rooms[0], [c.rooms[0] for c in cores])
+    try:
+        with cores[me].streams.ordered():
+            cores[me].round.finish([g.cpu().numpy() for g in got], out.data_ptr(), n, runs[me][0], runs[me][1])
+    except (_core.WireError, _core.ProtocolError) as e:
+        raise Alone(e) from None
+    settled(out)
