@@ -157,22 +157,7 @@ def corrupt(rank, world, spec, steps, bad_step):
         return exchange(parts, sizes, like)
 
     state.comm.exchange = flipped
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    errors = []
-    for step in range(steps):
-        at["step"], at["calls"] = step, 0
-        x, y = _batch(rank, step)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        try:
-            loss.backward()
-        except Exception as e:  # noqa: BLE001 - recorded for the test
-            errors.append((type(e).__name__, str(e)))
-            opt.zero_grad()
-            continue
-        errors.append(None)
-        opt.step()
-    return errors, _local(model)
+    return _steps_with_errors(model, rank, steps, lambda step: at.update(step=step, calls=0)), _local(model)
 
 
 def _steps_with_a_nan(model, first, rank, steps, bad_step):
@@ -190,10 +175,16 @@ def _steps_with_a_nan(model, first, rank, steps, bad_step):
             output.register_hook(poison)
 
     first.register_forward_hook(arm)
+    return _steps_with_errors(model, rank, steps, lambda step: poisoned.update(on=rank == 1 and step == bad_step))
+
+
+def _steps_with_errors(model, rank, steps, before):
+    """Trains `steps` steps, calling before(step) first in each. Returns per step the error
+    backward() raised (type and message) or None."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     errors = []
     for step in range(steps):
-        poisoned["on"] = rank == 1 and step == bad_step
+        before(step)
         x, y = _batch(rank, step)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
