@@ -154,8 +154,9 @@ def report(workload, matrix, write_docs):
                          time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {rs[0]['torch']}, gloo, 4 ranks",
                          columns, rows, key=None,
                          note=f"{steps} steps, seed 1 (uncompressed: {where}, mean {mean:.4f}); "
-                              "full: the reduce-scatter's input (a codec: its payload); hsdp: a rank's shard across "
-                              "the 2 replicas. DDP: the frontier's mean over its seeds.",
+                              "full: the reduce-scatter's input (a summable codec: its payload; a gathered codec, "
+                              "sent per destination: what the rank sends to the other ranks); hsdp: a rank's shard "
+                              "across the 2 replicas. DDP: the frontier's mean over its seeds.",
                          data=f"docs/data/fsdp-{workload}.json")
         with open(f"docs/data/fsdp-{workload}.json", "w") as f:
             json.dump({f"{m}:{n}": [{k: r.get(k) for k in ("hook", "fsdp", "replicas", "seed", "val_loss",
