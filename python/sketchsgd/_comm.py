@@ -151,10 +151,10 @@ class Communicator:
         return list(out.split(list(sizes)))
 
     def reduce_scatter_sum(self, out, parts):
-        """out = the sum over the ranks of their parts[rank] (each part like out): a
-        reduce-scatter, blocking. Counts the bytes of the parts sent to the others."""
-        self.count(out.numel() * out.element_size() * (self.world - 1), 0)
-        self.ops.reduce_scatter(out, torch.cat(parts))
+        """out = the sum over the ranks of their parts[rank] (parts: W tensors like out, or one
+        of W times its values): a reduce-scatter, blocking, its bytes not counted (the
+        caller's)."""
+        self.ops.reduce_scatter(out, parts if torch.is_tensor(parts) else torch.cat(parts))
 
     def all_reduce_mean(self, buf):
         """buf's mean over the ranks (fp32 all-reduce, then float32(1/W)): a future of buf."""

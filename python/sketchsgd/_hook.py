@@ -9,7 +9,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import _rounds
+from . import _comm, _rounds
 from ._schedule import combined
 from ._state import CompressionState
 
@@ -140,6 +140,24 @@ def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool
     fut.wait()
     if buf is not shard:
         shard.copy_(buf)
+
+
+def reduce_scatter_mean(state: CompressionState, index: int, full, out) -> None:
+    """An fp32 reduce-scatter of FSDP group index's gradient (sketchsgd.fsdp's warm-up steps,
+    FSDP2's own reduction): out = this rank's chunk of the mean of full (W chunks end to end)
+    over the state's group; half-precision tensors through float32 copies. A step of the state,
+    counted as the all-reduce of full it stands for (payload and dense alike)."""
+    buf = full if full.dtype == torch.float32 else _widened(state, index, full)
+    state._begin(buf)
+    try:
+        mean = out if out.dtype == torch.float32 else _widened(state, ("out", index), out)
+        state.comm.count(buf.numel() * 4, buf.numel() * 4)
+        state.comm.reduce_scatter_sum(mean, buf)
+        mean.mul_(_comm.mean_factor(state.comm.world))
+        if mean is not out:
+            out.copy_(mean)
+    finally:
+        state._end_step(False)
 
 
 class FlatBucket:

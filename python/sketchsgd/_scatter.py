@@ -126,7 +126,9 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
             sent.append(torch.frombuffer(reqs[0][1], dtype=torch.uint8)[:table[me][r]])
         got = comm.exchange(sent, [row[me] for row in table], chunks)
     if units[me].n_dense:
-        comm.reduce_scatter_sum(cores[me].rooms[0], [c.rooms[0] for c in cores])
+        room = cores[me].rooms[0]
+        comm.count(room.numel() * 4 * (W - 1), 0)  # the parts for the others
+        comm.reduce_scatter_sum(room, [c.rooms[0] for c in cores])
     try:
         with cores[me].streams.ordered():
             cores[me].round.finish([g.cpu().numpy() for g in got], out.data_ptr(), n, runs[me][0], runs[me][1])

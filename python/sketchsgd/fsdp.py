@@ -257,10 +257,15 @@ class _ReduceScatter(ReduceScatter):
             raise RuntimeError(f"sketchsgd.fsdp: FSDP group {self.index} reduce-scattered {input_tensor.numel()} "
                                f"values over {world} ranks; its parameters' shards hold {sum(self.sizes)} per rank "
                                f"over {self.world}")
-        if self.per_destination and not self.backward.dense():  # warm-up steps: the fp32 path below
-            ok = self.backward.run(input_tensor.device,
-                                   lambda dense: self._per_destination(input_tensor, output_tensor))
-            if not ok:
+        reduce = None
+        if self.backward.dense():  # a warm-up step: FSDP2's own reduction, in fp32
+            def reduce(dense):
+                _hook.reduce_scatter_mean(self.backward.state, self.index, input_tensor, output_tensor)
+        elif self.per_destination:
+            def reduce(dense):
+                self._per_destination(input_tensor, output_tensor)
+        if reduce is not None:
+            if not self.backward.run(input_tensor.device, reduce):
                 output_tensor.zero_()  # the backward raises at its end on every rank: no update
             elif scale is not None:
                 output_tensor.mul_(scale)
