@@ -108,7 +108,10 @@ class _Backward:
                 torch.autograd.Variable._execution_engine.queue_callback(self.end)
                 self.queued = True
             except RuntimeError:  # not inside a backward (FSDP reduced outside one): raise at once
-                reduce(self.dense())
+                try:
+                    reduce(self.dense())
+                except _scatter.Alone as e:
+                    raise e.error from None
                 return True
         if self.failed is not None:
             return False
