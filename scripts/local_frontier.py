@@ -38,6 +38,7 @@ import frontier  # noqa: E402  (load: runs by name over the seed folders)
 PER_STEP = {"none": ("DDP dense", True), "fp16": ("DDP fp16 (PyTorch)", True),
             "powersgd-r1": ("PyTorch PowerSGD r1", True), "powersgd-r2": ("PyTorch PowerSGD r2", True),
             "powersgd-r4": ("PyTorch PowerSGD r4", True),
+            "powersgd-r4-fp16": ("PyTorch PowerSGD r4 in fp16_compress_wrapper", True),
             "ours-psgd-r4-fp16": ("sketchsgd PowerSGD r4 fp16", False), "qsgd-4bit": ("sketchsgd QSGD 4-bit", False)}
 # Lines of the plot, and each local run's family and H: experiments.json.
 FAMILIES = experiments.families("local")
