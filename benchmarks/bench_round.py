@@ -3,8 +3,9 @@
 on the CPU or a GPU: for each k and index format, a worker's encode_sum() (FetchSGD: the gradient's
 sketch, no worker state) and the server's round on the summed table — Aggregator.add_sum() then
 finish(): estimates, top-k, the update's bytes on the host (Sketched-SGD's plain sketch, and
-FetchSGD's momentum and error sketches with their reset). Medians over --rounds after two
-warm-up rounds; the GPU synchronised around each timed call.
+FetchSGD's momentum and error sketches with their reset); each round also once more with
+finish(copy=False), the update as a view over the aggregator's message instead of a bytes copy.
+Medians over --rounds after two warm-up rounds; the GPU synchronised around each timed call.
 
     .venv/bin/python benchmarks/bench_round.py                       (CPU, d = 2^24)
     python3 benchmarks/bench_round.py --device cuda --dim 134217728  (d = 2^27 on a GPU)
@@ -23,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -61,6 +63,8 @@ def main():
     if args.report or args.before or args.table:
         if not (args.report and args.table):
             ap.error("--report and --table go together (--before is optional)")
+        if not re.fullmatch(r"[\w-]+", args.table):
+            ap.error(f"--table {args.table!r}: a name (letters, digits, - and _), written to docs/data/tables/NAME.json")
         for f in args.report + (args.before or []):
             if not os.path.isfile(f):
                 ap.error(f"no such run file: {f}")
@@ -92,26 +96,30 @@ def main():
                     ap.error(f"{spec}: {one_line(e)}")
                 agg = codec.make_aggregator(1)
                 table = torch.empty(codec.sum_size("gradient"), device=args.device)
-                enc, rnd = [], []
+                enc, rnd, view = [], [], []
                 nbytes = 0
                 for it in range(args.rounds + 2):
                     te, _ = timed(lambda: codec.encode_sum(grad, it, out=table), sync)
                     tr, update = timed(lambda: (agg.add_sum(table, 1, it), agg.finish())[1], sync)
+                    tv, _ = timed(lambda: (agg.add_sum(table, 1, it), agg.finish(copy=False))[1], sync)
                     nbytes = len(update)
                     if it >= 2:
                         enc.append(te)
                         rnd.append(tr)
+                        view.append(tv)
                     print(f"\r{spec}: round {it + 1}/{args.rounds + 2}", end="", file=sys.stderr, flush=True)
                 print(file=sys.stderr)
                 rows.append({"spec": spec, "k": k, "index": index, "fetch": fetch,
                              "encode_sum_ms": statistics.median(enc), "round_ms": statistics.median(rnd),
-                             "round_ms_min": min(rnd), "update_bytes": nbytes})
+                             "round_ms_min": min(rnd), "round_view_ms": statistics.median(view),
+                             "update_bytes": nbytes})
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"d = {args.dim}, r = {args.rows}, c = {args.cols}, {args.device} ({name}): median ms of {args.rounds}")
-    print(f"{'k':>9} {'index':>6} {'codec':>10} {'encode_sum':>11} {'round':>8} {'(min)':>8} {'update B':>10}")
+    print(f"{'k':>9} {'index':>6} {'codec':>10} {'encode_sum':>11} {'round':>8} {'(min)':>8} {'view':>8} {'update B':>10}")
     for r in rows:
         print(f"{r['k']:>9} {r['index']:>6} {'FetchSGD' if r['fetch'] else 'sketch':>10} "
-              f"{r['encode_sum_ms']:>11.3f} {r['round_ms']:>8.3f} {r['round_ms_min']:>8.3f} {r['update_bytes']:>10}")
+              f"{r['encode_sum_ms']:>11.3f} {r['round_ms']:>8.3f} {r['round_ms_min']:>8.3f} {r['round_view_ms']:>8.3f} "
+              f"{r['update_bytes']:>10}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "name": name, "torch": torch.__version__, "dim": args.dim,
@@ -128,6 +136,8 @@ def medians(files):
         same = [x for run in runs for x in run["results"] if (x["k"], x["index"], x["fetch"]) == key]
         out[key] = dict(r, round_ms=statistics.median(x["round_ms"] for x in same),
                         encode_sum_ms=statistics.median(x["encode_sum_ms"] for x in same))
+        if all("round_view_ms" in x for x in same):  # runs before finish(copy=False) lack it
+            out[key]["round_view_ms"] = statistics.median(x["round_view_ms"] for x in same)
     return runs[0], out
 
 
@@ -137,13 +147,16 @@ def report(args):
     first, new = medians(args.report)
     old = medians(args.before)[1] if args.before else {}
     columns = ["k", "index", "codec", "worker encode_sum ms", "server round ms"]
+    views = all("round_view_ms" in r for r in new.values())
+    if views:
+        columns += ["round, finish(copy=False) ms"]
     if old:
         columns += ["encode_sum: before / now", "round: before / now"]
     columns += ["update bytes"]
     rows = []
     for key, r in new.items():
         row = [f"{r['k']:,}", r["index"], "FetchSGD" if r["fetch"] else "sketch", f"{r['encode_sum_ms']:.3f}",
-               f"**{r['round_ms']:.3f}**"]
+               f"**{r['round_ms']:.3f}**"] + ([f"{r['round_view_ms']:.3f}"] if views else [])
         if old:
             b = old[key]
             row += [f"{b['encode_sum_ms'] / r['encode_sum_ms']:.2f}×", f"{b['round_ms'] / r['round_ms']:.2f}×"]

@@ -46,6 +46,16 @@ py::bytes to_py(std::span<const uint8_t> b) {
   return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
+/// A message's bytes kept alive by the read-only memoryview over them (finish(copy=False)):
+/// handing an update of megabytes to Python without copying it into a bytes object.
+struct Owned {
+  Bytes bytes;
+};
+
+py::memoryview view_of(Message&& msg) {
+  return py::memoryview(py::cast(Owned{std::move(msg).release()}));
+}
+
 MessageKind kind_of(const std::string& name) {
   for (auto k :
        {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update})
@@ -198,6 +208,12 @@ PYBIND11_MODULE(_core, m) {
       "The header of a message (WireError when it is not one).");
   m.attr("header_bytes") = kHeaderBytes;
 
+  py::class_<Owned>(m, "_OwnedBytes", py::buffer_protocol())
+      .def_buffer([](Owned& o) {
+        return py::buffer_info(o.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {py::ssize_t(o.bytes.size())}, {py::ssize_t(1)}, /*readonly=*/true);
+      });
+
   py::class_<Aggregator>(m, "Aggregator")
       .def("add",
            [](Aggregator& a, const py::buffer& b) {
@@ -210,15 +226,18 @@ PYBIND11_MODULE(_core, m) {
             a.add_sum(floats(address, n), contributors, round);
           },
           py::call_guard<py::gil_scoped_release>())
-      .def("finish",
-           [](Aggregator& a) {
-             Message msg;
-             {
-               py::gil_scoped_release release;
-               msg = a.finish();
-             }
-             return to_py(msg.bytes());
-           })
+      .def(
+          "finish",
+          [](Aggregator& a, bool copy) -> py::object {
+            Message msg;
+            {
+              py::gil_scoped_release release;
+              msg = a.finish();
+            }
+            if (copy) return to_py(msg.bytes());
+            return view_of(std::move(msg));
+          },
+          py::arg("copy") = true)
       .def(
           "finish_values",
           [](Aggregator& a, uintptr_t out, uint64_t n) { a.finish_values(floats(out, n)); },

@@ -70,9 +70,14 @@ class Aggregator:
         "update"."""
         return self._a.replying
 
-    def finish(self) -> bytes:
+    def finish(self, copy: bool = True):
+        """The round's reply message: bytes, or with copy=False a read-only memoryview over the
+        message the C++ aggregator built (no copy of an update of megabytes; it stays valid as
+        long as the view is referenced)."""
+        if not isinstance(copy, bool):
+            raise TypeError(f"finish(copy=...): expected a bool, got {type(copy).__name__}")
         with self._streams.ordered():
-            return self._a.finish()
+            return self._a.finish(copy)
 
     def finish_values(self, out: torch.Tensor = None) -> torch.Tensor:
         """finish() for codecs whose reply is a float vector (reply_size() > 0: powersgd, dense):

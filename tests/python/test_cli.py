@@ -68,6 +68,7 @@ CASES = [
     ("scripts/compare_fsdp.py", ["--only", "full:nothing"], "--only"),
     ("benchmarks/bench_round.py", ["--k", "0"], "--k"),
     ("benchmarks/bench_round.py", ["--report", "x.json"], "--report"),
+    ("benchmarks/bench_round.py", ["--report", "x.json", "--table", "../x"], "--table"),
     ("examples/federated.py", ["--clients", "0"], "--clients"),
     ("examples/federated.py", ["--split", "classes:0"], "--split"),
     ("examples/federated.py", ["--per-round", "2000"], "--per-round"),

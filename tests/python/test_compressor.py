@@ -1,5 +1,6 @@
 """sketchsgd.Compressor / Aggregator on tensors: the C++ codecs, their checks and errors."""
 
+import gc
 import math
 
 import numpy as np
@@ -96,6 +97,28 @@ def test_summed_payloads_give_the_same_update_as_messages():
     assert b.finish() == query
     b.add_sum(sum(c.answer_sum(query) for c in by_sum), W, 0)
     assert b.finish() == want
+
+
+def test_finish_without_a_copy_hands_the_message_as_a_read_only_view_that_owns_it():
+    spec, W = "sketch:rows=3,cols=600,k=100,p2=2,momentum=0", 2
+    codecs = [sketchsgd.Compressor(spec, DIM) for _ in range(2 * W)]
+    a, b = codecs[0].make_aggregator(W), codecs[W].make_aggregator(W)
+    a.add_sum(sum(c.encode_sum(grad(r)) for r, c in enumerate(codecs[:W])), W, 0)
+    total = sum(c.encode_sum(grad(r)) for r, c in enumerate(codecs[W:]))
+    b.add_sum(total, W, 0)
+    want, view = a.finish(), b.finish(copy=False)
+    assert isinstance(want, bytes) and isinstance(view, memoryview)
+    assert view.readonly and view.nbytes == len(want) and view == want
+    with pytest.raises(TypeError):
+        view[0] = 0
+    del b, total
+    gc.collect()
+    _ = [torch.randn(4096) for _ in range(64)]  # reuse freed memory: a view not owning its bytes changes
+    assert view == want
+    answers = [c.answer(view, r) for r, c in enumerate(codecs[W:])]
+    assert answers == [c.answer(want, r) for r, c in enumerate(codecs[:W])]
+    with pytest.raises(TypeError, match="bool"):
+        a.finish(copy=1)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
@@ -291,7 +314,7 @@ def test_sketch_server_round_on_cuda_gives_the_cpus_update(spec):
         table = cpu.encode_sum(grad(20 + i)) + cpu.encode_sum(grad(40 + i))
         a.add_sum(table, 2, i)
         b.add_sum(table.cuda(), 2, i)
-        assert b.finish() == a.finish()
+        assert b.finish(copy=i != 1) == a.finish()
 
 
 @needs_gpu
