@@ -28,6 +28,21 @@ import experiments  # noqa: E402  (the runs: experiments.json)
 import launch  # noqa: E402
 from frontier import LOSSES  # noqa: E402  (the workloads' loss units)
 
+def link_share(mode, hook, run):
+    """The bytes a rank's handed bytes put on each of its links, over them, on a ring: FSDP2's own
+    reduce-scatter (W − 1)/W, a summable codec's all-reduce 2(W − 1)/W, a gathered codec's
+    all-to-all per destination (W − 1)/W under full sharding, its all-gather R − 1 across the R
+    replicas under HSDP (W: the ranks of the collective)."""
+    world = (run.get("replicas") or 2) if mode == "hsdp" else (run.get("workers") or 4)
+    if hook in ("none", "bf16"):
+        return (2 if mode == "hsdp" else 1) * (world - 1) / world  # HSDP: FSDP2's all-reduce
+    sys.path.insert(0, os.path.abspath("build/default/python"))  # where compare_ddp.py takes it from
+    import sketchsgd
+    if sketchsgd.gathered(hook.removeprefix("sketchsgd:")):
+        return world - 1 if mode == "hsdp" else (world - 1) / world
+    return 2 * (world - 1) / world
+
+
 def out_dir(workload):
     return "build/compare-fsdp" + ("" if workload == "transformer" else f"-{workload}")
 
@@ -102,7 +117,7 @@ def report(workload, matrix, write_docs):
         rs = got.get((mode, e["name"]))
         if not rs and (mode, e["name"]) == ("full", "none") and stand_in and full_bf16:
             # No FSDP2 run: uncompressed DDP's seeds (the same steps), fp32 bytes twice bf16's.
-            rows.append([mode, "`none` (per-step dense DDP's runs)", f"{2 * full_bf16:,.0f} B", "0.5×",
+            rows.append([mode, "`none` (per-step dense DDP's runs)", f"{2 * full_bf16:,.0f} B", "0.5×", "0.5×",
                          f"{mean:.4f} ({len(plain)})", "+0.0000", "within", "—", "—", "—"])
             points.append((mode, "none", 2 * full_bf16, mean))
             continue
@@ -116,6 +131,8 @@ def report(workload, matrix, write_docs):
         # FSDP2's bf16 reduce_dtype: its run, or what the run records it would send.
         bf16_bytes = bf16[0]["steady_payload_bytes_per_round"] if bf16 else rs[0].get("fsdp_bf16_bytes_per_step")
         vs = f"{bf16_bytes / sent:.1f}×" if bf16_bytes else "—"
+        link = (f"{bf16_bytes * link_share(mode, 'bf16', rs[0]) / (sent * link_share(mode, e['hook'], rs[0])):.1f}×"
+                if bf16_bytes else "—")
         diff = loss - mean
         verdict = "within" if diff <= noise else "behind"
         theirs = ddp.get(e.get("ddp", ""), {})
@@ -125,11 +142,12 @@ def report(workload, matrix, write_docs):
             ddp_verdict = "within" if ddp_loss - ddp_plain <= noise else "behind"
         else:
             ddp_cell = ddp_verdict = "—"
-        rows.append([mode, f"`{e['hook']}`", f"{sent:,.0f} B", vs, f"{loss:.4f}" + (f" ({count})" if count > 1 else ""),
+        rows.append([mode, f"`{e['hook']}`", f"{sent:,.0f} B", vs, link, f"{loss:.4f}" + (f" ({count})" if count > 1 else ""),
                      f"{diff:+.4f}", verdict, ddp_cell, ddp_verdict,
                      "yes" if all(r["replicas_identical"] for r in rs) else "NO"])
         points.append((mode, e["name"], sent, loss))
-    columns = ["mode", "reduction", "gradient bytes per rank per step", "vs bf16 reduce_dtype", "validation loss",
+    columns = ["mode", "reduction", "gradient bytes per rank per step", "vs bf16 reduce_dtype",
+               "on each link, vs bf16 (ring)", "validation loss",
                "vs uncompressed FSDP2", f"within the noise ({noise:.4f})", "same codec under DDP (its payload)",
                "under DDP: within the noise of uncompressed DDP", "replicas identical"]
     print(" | ".join(columns))
@@ -154,9 +172,11 @@ def report(workload, matrix, write_docs):
                          time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {rs[0]['torch']}, gloo, 4 ranks",
                          columns, rows, key=None,
                          note=f"{steps} steps, seed 1 (uncompressed: {where}, mean {mean:.4f}); "
-                              "full: the reduce-scatter's input (a summable codec: its payload; a gathered codec, "
-                              "sent per destination: what the rank sends to the other ranks); hsdp: a rank's shard "
-                              "across the 2 replicas. DDP: the frontier's mean over its seeds.",
+                              "full: the reduce-scatter's input (a summable codec: its payload, all-reduced; a "
+                              "gathered codec, sent per destination: its messages for every chunk, its own "
+                              "included); hsdp: a rank's shard across the 2 replicas. On each link: what those "
+                              "bytes put on a rank's link on a ring (docs/PYTORCH.md, \"FSDP2: what the bytes "
+                              "are\"). DDP: the frontier's mean over its seeds.",
                          data=f"docs/data/fsdp-{workload}.json")
         with open(f"docs/data/fsdp-{workload}.json", "w") as f:
             json.dump({f"{m}:{n}": [{k: r.get(k) for k in ("hook", "fsdp", "replicas", "seed", "val_loss",

@@ -32,12 +32,12 @@ from ._core import (  # noqa: E402
     message_info,
     sample_clients,
 )
-from ._compressor import Aggregator, Compressor  # noqa: E402
+from ._compressor import Aggregator, Compressor, gathered  # noqa: E402
 
 cuda_build = _core.cuda_build
 
 __all__ = [
     "Aggregator", "Compressor", "ConfigMismatch", "CudaError", "Error", "InvalidArgument",
     "JobFinished", "NonFiniteError", "ProtocolError", "TimeoutError", "WireError", "codecs",
-    "cuda_build", "describe", "example_specs", "gpu_count", "message_info", "sample_clients",
+    "cuda_build", "describe", "example_specs", "gathered", "gpu_count", "message_info", "sample_clients",
 ]

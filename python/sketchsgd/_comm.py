@@ -143,10 +143,12 @@ class Communicator:
 
     def exchange(self, parts, sizes, like):
         """parts[r] (uint8) to rank r, and from each rank r its part for this rank, of sizes[r]
-        bytes, in rank order: an all-to-all, blocking. Counts the bytes sent to the others."""
+        bytes, in rank order: an all-to-all, blocking. Counts every part, this rank's own too: the
+        exchange's input, as a reduce-scatter's or an all-reduce's is counted whole (the link
+        carries the W − 1 others)."""
         on = self.host(like)
         out = torch.empty(sum(sizes), dtype=torch.uint8, device=on)
-        self.count(sum(p.numel() for r, p in enumerate(parts) if r != self.rank), 0)
+        self.count(sum(p.numel() for p in parts), 0)
         self.ops.all_to_all(out, torch.cat(parts).to(on), list(sizes), [p.numel() for p in parts])
         return list(out.split(list(sizes)))
 

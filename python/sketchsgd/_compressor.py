@@ -31,6 +31,17 @@ def layout_text(shapes) -> str:
     return "+".join(parts)
 
 
+def gathered(spec: str) -> bool:
+    """Whether spec's codec gathers its messages, each worker's decoded apart (top-k, SparseLoCo,
+    signSGD, QSGD, TernGrad: an all-gather, or an all-to-all per destination), rather than
+    summing them (dense, the sketch, PowerSGD: an all-reduce of payloads). A property of the codec,
+    so its first example on 100 values tells."""
+    name = _core.share_spec(spec).partition(":")[0]
+    entry = next(c for c in _core.codecs() if c["name"] == name)
+    probe = Compressor(entry["examples"][0], 100, layout=None if entry["layout"] == "none" else [(10, 10)])
+    return probe.sum_size("gradient") == 0
+
+
 class Aggregator:
     """The server side of a codec for world_size workers: add() their messages (or add_sum() an
     all-reduced sum of their encode_sum() outputs), finish() → the Update (or a Query)."""

@@ -25,8 +25,9 @@ from ._rounds import Core
 
 
 class Alone(Exception):
-    """A failure of this rank's round alone: the messages of its chunk did not decode (the other
-    ranks went through theirs). error: what the decode raised."""
+    """A failure of this rank's round alone, after every collective of the step: the messages of
+    its chunk did not decode, or the decode failed otherwise (the other ranks went through
+    theirs). error: what the decode raised."""
 
     def __init__(self, error):
         super().__init__(str(error))
@@ -127,11 +128,11 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
         got = comm.exchange(sent, [row[me] for row in table], chunks)
     if units[me].n_dense:
         room = cores[me].rooms[0]
-        comm.count(room.numel() * 4 * (W - 1), 0)  # the parts for the others
+        comm.count(room.numel() * 4 * W, 0)  # the reduce-scatter's input, as counted elsewhere
         comm.reduce_scatter_sum(room, [c.rooms[0] for c in cores])
     try:
         with cores[me].streams.ordered():
             cores[me].round.finish([g.cpu().numpy() for g in got], out.data_ptr(), n, runs[me][0], runs[me][1])
-    except (_core.WireError, _core.ProtocolError) as e:
+    except Exception as e:  # every collective of the step is done: whatever failed is this rank's alone
         raise Alone(e) from None
     settled(out)

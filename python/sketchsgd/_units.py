@@ -72,6 +72,7 @@ class Units:
         self.warm = {}      # bucket index -> entries, from the latest warm-up call
         self.fixed = None   # unit index -> Unit, once compression began
         self.pending = {}   # unit index -> states from load_state_dict()
+        self._lookup = None  # (fixed, its first key -> unit, its compressed values), for held()
 
     def entries(self, ids, tensors, numel: int, index: int):
         """(key, numel, compressed) per tensor of a buffer of numel values, and key -> offset.
@@ -110,13 +111,18 @@ class Units:
 
     def held(self, index: int, entries, device, world: int):
         """The units a call's buffer holds (whole), built on first use."""
-        keys = {k for k, _, _ in entries}
-        held = [u for u in self.fixed.values() if u.entries and u.entries[0][0] in keys]
-        if sorted(k for u in held for k, _, _ in u.entries) != sorted(keys) or any(
-                (k, n, c) not in entries for u in held for k, n, c in u.entries):
+        if self._lookup is None or self._lookup[0] is not self.fixed:
+            # Once per book of units, not per call: FSDP per destination has W units a module,
+            # a call each, so a scan per call would cost (modules · W)² a backward.
+            self._lookup = (self.fixed, {u.entries[0][0]: u for u in self.fixed.values() if u.entries},
+                            sum(u.n_compressed for u in self.fixed.values()))
+        _, first, total = self._lookup
+        given = set(entries)
+        held = sorted((first[k] for k, _, _ in entries if k in first), key=lambda u: u.index)
+        if sorted(k for u in held for k, _, _ in u.entries) != sorted(k for k, _, _ in entries) or any(
+                e not in given for u in held for e in u.entries):
             raise RuntimeError(f"sketchsgd hook: bucket {index} does not hold whole buckets of the "
                                "warm-up (DDP changed its buckets later: raise start_iter, or a resumed model differs)")
-        total = sum(u.n_compressed for u in self.fixed.values())
         for u in held:
             if u.codec is None and u.n_compressed:
                 spec = _core.share_spec(self.spec, u.n_compressed / total)

@@ -46,6 +46,7 @@ except ImportError:  # before FSDP2's custom collectives (PyTorch 2.9): compress
     ReduceScatter = object
 
 from . import _core, _hook, _scatter
+from ._compressor import gathered
 from ._state import CompressionState
 
 
@@ -117,7 +118,10 @@ class _Backward:
             return False
         try:
             reduce(self.dense())
-        except _core.NonFiniteError as e:
+        except (_core.NonFiniteError, _core.WireError) as e:
+            # Failures every rank of the round saw alike (a NaN, a length past the codec's
+            # largest message), raised at the end: an error raised inside the backward would
+            # leave FSDP2's parameters unsharded for good (its post-backward never runs).
             self.failed = e
             return False
         except _scatter.Alone as e:
@@ -134,7 +138,8 @@ class _Backward:
             if failed is not None:
                 raise failed
             return
-        flag = torch.tensor([2 if alone is not None else int(failed is not None)], dtype=torch.int32,
+        wire = alone is not None or isinstance(failed, _core.WireError)
+        flag = torch.tensor([2 if wire else int(failed is not None)], dtype=torch.int32,
                             device=self.device if dist.get_backend() == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if failed is not None:
@@ -142,8 +147,8 @@ class _Backward:
         if alone is not None:
             raise alone
         if flag.item() == 2:
-            raise _core.WireError("sketchsgd.fsdp: another rank could not decode the messages of its chunk (it "
-                                  "raised the error); this step has no update")
+            raise _core.WireError("sketchsgd.fsdp: another rank refused a message of its round (it raised "
+                                  "WireError saying why); this step has no update")
         if flag.item():
             raise _core.NonFiniteError("sketchsgd.fsdp: a gradient shard of another replica group was not finite "
                                        "(its ranks raised NonFiniteError with the coordinate); this step has no "
@@ -210,16 +215,6 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: 
         shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params]
         _units(state, index, shapes)
         m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: backward.reduce(index, shard, shapes))
-
-
-def _gathered(spec: str) -> bool:
-    """Whether spec's codec is of the gathered family (its messages are gathered, not summed):
-    a property of the codec, so its first example on 100 values tells."""
-    name = _core.share_spec(spec).partition(":")[0]
-    entry = next(c for c in _core.codecs() if c["name"] == name)
-    from ._compressor import Compressor
-    probe = Compressor(entry["examples"][0], 100, layout=None if entry["layout"] == "none" else [(10, 10)])
-    return probe.sum_size("gradient") == 0
 
 
 class _ReduceScatter(ReduceScatter):
@@ -320,7 +315,7 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
         lambda shard, ranks: None if shard == ranks else
         f"is not the shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the default group "
         "for a 1-D mesh over every rank)")
-    per_destination = backward.always_flag = _gathered(state.spec)
+    per_destination = backward.always_flag = gathered(state.spec)
     for index, (m, g) in enumerate(groups):
         world = g.mesh_info.shard_mesh_size
         scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in g.fsdp_params],

@@ -160,6 +160,28 @@ def corrupt(rank, world, spec, steps, bad_step):
     return _steps_with_errors(model, rank, steps, lambda step: at.update(step=step, calls=0)), _local(model)
 
 
+def oversized(rank, world, spec, steps, bad_step):
+    """Full sharding with a gathered codec (per destination): at bad_step rank 1 announces a
+    message for rank 0's chunk of the first FSDP module longer than the codec's largest, which
+    every rank sees in the all-gathered lengths. Returns per step the error backward() raised
+    (type and message) or None, and this rank's shards at the end."""
+    from sketchsgd import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    model = _shard(_model(), init_device_mesh("cpu", (world,)))
+    state = CompressionState(spec)
+    fsdp.compress_reduce_scatter(model, state)
+    gather, at = state.comm.gather_lengths, {"step": 0, "calls": 0}
+
+    def lengths(mine, like):
+        at["calls"] += 1
+        if rank == 1 and at["step"] == bad_step and at["calls"] == 1:
+            mine = [1 << 40] + list(mine[1:])
+        return gather(mine, like)
+
+    state.comm.gather_lengths = lengths
+    return _steps_with_errors(model, rank, steps, lambda step: at.update(step=step, calls=0)), _local(model)
+
+
 def _steps_with_a_nan(model, first, rank, steps, bad_step):
     """Trains `steps` steps; at bad_step rank 1's gradient of first's output is NaN in columns
     0-7. Returns per step the error backward() raised (type and message) or None."""

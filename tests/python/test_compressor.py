@@ -99,6 +99,17 @@ def test_summed_payloads_give_the_same_update_as_messages():
     assert b.finish() == want
 
 
+def test_gathered_tells_which_collective_a_codecs_messages_take():
+    """Summed codecs' payloads add up in an all-reduce; gathered ones are decoded worker by worker
+    (what sketchsgd.fsdp sends per destination). Budgets larger than the probe do not matter."""
+    summed = ["dense", "sketch:rows=1,cols=90000,k=18500,fetch=1", "powersgd:rank=8,wire=fp16"]
+    apart = ["topk:k=16000,wire=fp16,index=delta", "sparseloco:chunk=4096,k=64", "signsgd:ef=1", "qsgd:bits=4",
+             "terngrad"]
+    assert [sketchsgd.gathered(s) for s in summed + apart] == [False] * len(summed) + [True] * len(apart)
+    with pytest.raises(ValueError, match="unknown codec"):
+        sketchsgd.gathered("nosuch:k=1")
+
+
 def test_finish_without_a_copy_hands_the_message_as_a_read_only_view_that_owns_it():
     spec, W = "sketch:rows=3,cols=600,k=100,p2=2,momentum=0", 2
     codecs = [sketchsgd.Compressor(spec, DIM) for _ in range(2 * W)]

@@ -161,10 +161,11 @@ def test_a_gathered_codec_sends_each_rank_its_own_chunk():
     every rank's message of chunk r alone (an all-to-all) and decodes only those. With top-k
     sending every value (k = the compressed values: lossless), the step is FSDP2's own
     reduce-scatter: bit for bit on 2 ranks (a + b, then × float32(1/2)), to rounding on 4 (another
-    order of the sum). The bytes a rank sends per step are its messages to the others (a
-    header, a count and 8 bytes a value for each other rank's chunk), its 8-byte lengths to
-    everyone, and its part of the others' whole biases: a quarter of what gathering whole-gradient
-    messages would send on 4 ranks."""
+    order of the sum). The bytes a rank hands over per step are its messages for every chunk (a
+    header, a count and 8 bytes a value each, its own chunk's included, as a reduce-scatter's
+    input is counted whole), its 8-byte lengths and the whole biases' input; its link carries
+    W − 1 of those messages where a ring all-gather of whole-gradient messages carries W − 1
+    whole ones."""
     for world in (2, 4):
         k = sum(n for n, _ in _chunks(world)) * world
         out = ddp.run(fsdp_jobs.each, "full_shard", [None, f"topk:k={k}"], 4, world=world)
@@ -175,7 +176,7 @@ def test_a_gathered_codec_sends_each_rank_its_own_chunk():
             else:
                 assert np.allclose(losses, plain, rtol=1e-5), (rank, losses, plain)
                 assert np.allclose(local, shards, rtol=1e-4, atol=1e-6), rank
-            sent = sum((world - 1) * (sketchsgd._core.header_bytes + 4 + 8 * n) + 8 * world + (world - 1) * 4 * d
+            sent = sum(world * (sketchsgd._core.header_bytes + 4 + 8 * n) + 8 * world + world * 4 * d
                        for n, d in _chunks(world))
             assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
 
@@ -192,6 +193,18 @@ def test_a_message_that_does_not_decode_fails_the_step_on_every_rank():
         assert [e is not None for e in errors] == [False, False, True, False, False], (rank, errors)
         assert errors[2][0] == "WireError" and np.isfinite(local).all(), (rank, errors)
         assert ("another rank" in errors[2][1]) == (rank != 0), (rank, errors[2])
+
+
+def test_an_oversized_message_fails_the_step_on_every_rank_and_fsdp_goes_on():
+    """A length past the codec's largest message, announced by one rank, is seen by every rank in
+    the all-gathered lengths: each raises WireError at the end of the backward (an error raised
+    inside it would leave FSDP2's parameters unsharded for good), and the steps after it train."""
+    out = ddp.run(fsdp_jobs.each, "oversized", ["topk:k=800"], 5, 2)
+    for rank in range(4):
+        errors, local = out[rank]["topk:k=800"]
+        assert [e and e[0] for e in errors] == [None, None, "WireError", None, None], (rank, errors)
+        assert "rank 1 sent a message of 1099511627776 bytes" in errors[2][1], (rank, errors[2])
+        assert np.isfinite(local).all(), rank
 
 
 def test_warm_up_steps_average_uncompressed_then_the_codec_takes_over():
