@@ -216,6 +216,7 @@ def sharded_fsdp1(args, model, W, device):
                 setattr(model, name, FSDP(m, **how))
     model = FSDP(model, **how)
     dim = sum(m.numel() for m in model.parameters()) * W  # this rank's flat shards: 1/W of each padded unit
+    args.fsdp_bf16_bytes = dim * 2  # what FSDP1's bf16 reduce_dtype reduce-scatters, recorded with every run
     if spec is not None:
         import sketchsgd.fsdp
         from sketchsgd.torch import CompressionState

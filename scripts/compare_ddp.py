@@ -91,7 +91,7 @@ def write_docs(rows, runs, args):
     version = next((r["torch"] for _, _, r in runs if "torch" in r), "?")
     command = ".venv/bin/python scripts/compare_ddp.py --write-docs"
     if args.table != "ddp-hooks":
-        command += f" --workload {args.workload} --only {args.only} --table {args.table}"
+        command += f"{' --local' if args.local else ''} --workload {args.workload} --only {args.only} --table {args.table}"
     doc_tables.write(f"docs/data/tables/{args.table}.json", command,
                      time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {version}, gloo",
                      [c if c != "test accuracy" or args.workload not in LOSSES else "validation loss" for c in COLUMNS],

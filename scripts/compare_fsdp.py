@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Compression under FSDP2 on a transformer: examples/ddp_train.py --fsdp full (4 ranks, the
 reduce-scatter compressed) and --fsdp hsdp (2 replicas × 2 shards, the replicas' all-reduce
-compressed), each codec against FSDP2's own fp32 reduction and its
-MixedPrecisionPolicy(reduce_dtype=bf16), same seed, data order and steps; then a table of
+compressed) and --fsdp fsdp1 (FSDP1 FULL_SHARD, its communication hook compressed), each codec
+against FSDP2's own fp32 reduction and its MixedPrecisionPolicy(reduce_dtype=bf16), same seed,
+data order and steps; then a table of
 gradient bytes per rank per step and validation loss, with each codec's DDP result at the same
 budget beside it (docs/data/frontier-<workload>.json where there is one), and a PNG.
 
@@ -174,7 +175,7 @@ def report(workload, matrix, write_docs):
                          note=f"{steps} steps, seed 1 (uncompressed: {where}, mean {mean:.4f}); "
                               "full: the reduce-scatter's input (a summable codec: its payload, all-reduced; a "
                               "gathered codec, sent per destination: its messages for every chunk, its own "
-                              "included); hsdp: a rank's shard across the 2 replicas. On each link: what those "
+                              "included); hsdp: a rank's shard across the 2 replicas; fsdp1: as full, over FSDP1's flat gradients. On each link: what those "
                               "bytes put on a rank's link on a ring (docs/PYTORCH.md, \"FSDP2: what the bytes "
                               "are\"). DDP: the frontier's mean over its seeds.",
                          data=f"docs/data/fsdp-{workload}.json")
@@ -194,7 +195,7 @@ def plot(workload, points, mean, noise, png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for mode, colour, marker in (("full", "tab:blue", "o"), ("hsdp", "tab:green", "^")):
+    for mode, colour, marker in (("full", "tab:blue", "o"), ("hsdp", "tab:green", "^"), ("fsdp1", "tab:orange", "s")):
         first = True
         for m, name, x, y in points:
             if m == mode:
@@ -205,7 +206,7 @@ def plot(workload, points, mean, noise, png):
     ax.set_xscale("log")
     ax.set_xlabel("gradient bytes per rank per step over the compressed links (log)")
     ax.set_ylabel(f"validation loss ({LOSSES[workload]})")
-    ax.set_title(f"FSDP2, {workload}, 4 gloo ranks: full sharding and HSDP 2 × 2", fontsize=9)
+    ax.set_title(f"FSDP, {workload}, 4 gloo ranks: FSDP2 full sharding and HSDP 2 × 2, FSDP1 FULL_SHARD", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -41,7 +41,7 @@ def load(args):
     runs = {}
     dirs = [(1, args.runs)] + sorted((int(re.search(r"seed(\d+)$", d).group(1)), d)
                                      for d in glob.glob(args.runs + "-seed*") if re.search(r"seed(\d+)$", d))
-    own = experiments.own_tables("ddp")  # another job's runs (their own tables)
+    own = {**experiments.own_tables("ddp"), **experiments.own_tables("local")}  # another job's runs (own tables)
     for seed, d in dirs:
         for path in glob.glob(os.path.join(d, "*.json")):
             name = os.path.basename(path)[:-5]

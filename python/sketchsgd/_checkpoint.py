@@ -83,6 +83,7 @@ def load(state, d: dict) -> None:
         raise _core.ConfigMismatch(
             f"rank {state.rank} given a state_dict holding the worker state of {held}: load the group's rank 0's "
             "state_dict() (gathered: it holds every rank's) or each rank its own state_dict")
+    state.units.check(d["warm"], units if d["units"] is not None else None)
     state.iteration = int(d["iteration"])
     state.units.load(d["warm"], units if d["units"] is not None else None)
     state._stats = dict(d["stats"])

@@ -24,12 +24,32 @@ def _rounds_of(state, index: int, ids, tensors, buf):
 
 
 def _widened(state, index, buf):
-    """A float32 copy of a half-precision bucket, the same tensor every step: the codecs and the
-    collectives see float32 whatever the model's precision."""
+    """A float32 copy of a half-precision DDP bucket, the same tensor every step (a bucket's own:
+    DDP's buckets are in flight together): the codecs and the collectives see float32 whatever
+    the model's precision."""
     t = state._wide.get(index)
     if t is None or t.numel() != buf.numel() or t.device != buf.device:
         t = state._wide[index] = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
     return t.copy_(buf)
+
+
+def scratch(state, name: str, n: int, dtype, device):
+    """n values of dtype on device that every blocking call of the state reuses (sketchsgd.fsdp:
+    one FSDP module's call ends before the next begins, so one buffer the size of the largest
+    serves them all, where one per module would keep a copy of the whole unsharded gradient
+    alive: the memory FSDP shards the model to save)."""
+    key = (name, dtype, device)
+    t = state._wide.get(key)
+    if t is None or t.numel() < n:
+        t = state._wide[key] = torch.empty(n, dtype=dtype, device=device)
+    return t[:n]
+
+
+def float32_of(state, name: str, t):
+    """t as float32: itself, or a copy of a half-precision t in the scratch buffer `name`."""
+    if t.dtype == torch.float32:
+        return t
+    return scratch(state, name, t.numel(), torch.float32, t.device).copy_(t.reshape(-1))
 
 
 def _compressed(state, bucket, buf):
@@ -126,7 +146,7 @@ def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool
     if shard.numel() != sum(math.prod(s) for s in shapes):
         raise RuntimeError(f"sketchsgd.fsdp: FSDP group {index} reduced {shard.numel()} values, its parameters' "
                            f"shards hold {sum(math.prod(s) for s in shapes)}")
-    buf = shard if shard.dtype == torch.float32 else _widened(state, index, shard)
+    buf = float32_of(state, "in", shard)
     state._begin(buf)
     try:
         if dense:
@@ -147,10 +167,10 @@ def reduce_scatter_mean(state: CompressionState, index: int, full, out) -> None:
     FSDP2's own reduction): out = this rank's chunk of the mean of full (W chunks end to end)
     over the state's group; half-precision tensors through float32 copies. A step of the state,
     counted as the all-reduce of full it stands for (payload and dense alike)."""
-    buf = full if full.dtype == torch.float32 else _widened(state, index, full)
+    buf = float32_of(state, "in", full)
     state._begin(buf)
     try:
-        mean = out if out.dtype == torch.float32 else _widened(state, ("out", index), out)
+        mean = float32_of(state, "out", out)
         state.comm.count(buf.numel() * 4, buf.numel() * 4)
         state.comm.reduce_scatter_sum(mean, buf)
         mean.mul_(_comm.mean_factor(state.comm.world))

@@ -14,7 +14,11 @@ The collectives of a group's step, the same on every rank:
   2. an all-to-all of the messages (each of its own length, no padding);
   3. a reduce-scatter of the tensors the layout sends whole, when the group has any.
 Summable codecs keep the whole-gradient round (sketchsgd.fsdp): their sums need no per-rank
-decode, and their error feedback wants the whole mean."""
+decode, and their error feedback wants the whole mean.
+
+Chunks may hold different tensors: FSDP2's chunk r is every parameter's r-th padded shard (the
+same shapes in every chunk), FSDP1's the r-th W-th of a flat gradient, which cuts parameters
+anywhere (a chunk may then hold no compressed values, or no whole ones)."""
 
 import torch
 
@@ -44,22 +48,25 @@ def keys(index: int, rank: int, count: int):
     return [(index, rank, j) for j in range(count)]
 
 
-def register(state, index: int, shapes, world: int) -> None:
-    """Group index's W chunks become units before the first call (shapes: its parameters'
-    padded shards, the same in every chunk)."""
-    for r in range(world):
-        state.units.register(_bucket(index, r, world), keys(index, r, len(shapes)), shapes)
+def register(state, index: int, shapes) -> None:
+    """Group index's W chunks become units before the first call (shapes[r]: chunk r's tensors'
+    shapes, end to end; W = len(shapes))."""
+    world = len(shapes)
+    for r, chunk in enumerate(shapes):
+        state.units.register(_bucket(index, r, world), keys(index, r, len(chunk)), chunk)
 
 
 def reduce_scatter(state, index: int, chunks, shapes, out) -> None:
-    """chunks: (W, n) float32, row r this rank's gradient of chunk r (the group's parameters'
-    r-th padded shards end to end, of `shapes`); out: n float32 values, written with the mean of
-    this rank's chunk over the state's group. A step of the state, blocking. NonFiniteError on
-    every rank when any rank's chunk was not finite, WireError on every rank for a bad length;
-    Alone(the error) on this rank alone when the messages of its chunk do not decode (after
-    every collective of the step: the others are not left waiting)."""
+    """chunks: (W, n) float32, row r this rank's gradient of chunk r (tensors of shapes[r] end to
+    end, as registered); out: n float32 values, written with the mean of this rank's chunk over
+    the state's group. A step of the state, blocking. NonFiniteError on every rank when any
+    rank's chunk was not finite, WireError on every rank for a bad length; Alone(the error) on
+    this rank alone when the messages of its chunk do not decode (after every collective of the
+    step: the others are not left waiting)."""
     comm = state.comm
     W, me = comm.world, comm.rank
+    if len(shapes) != W:
+        raise RuntimeError(f"sketchsgd.fsdp: group {index} has {len(shapes)} chunks for {W} ranks")
     state._begin(chunks)
     try:
         _step(state, comm, W, me, index, chunks, shapes, out)
@@ -72,7 +79,7 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
     units, cores, runs = [], [], []
     for r in range(W):
         buf = chunks[r]
-        entries, where = state.units.entries(keys(index, r, len(shapes)), views_of(buf, shapes), n,
+        entries, where = state.units.entries(keys(index, r, len(shapes[r])), views_of(buf, shapes[r]), n,
                                              _bucket(index, r, W))
         state.units.fix(_bucket(index, r, W), entries)
         (u,) = state.units.held(_bucket(index, r, W), entries, buf.device, W)
@@ -82,7 +89,7 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
         cores.append(u.core)
         runs.append((u.segments(where, True), u.segments(where, False)))
         comm.count(0, (u.n_compressed + u.n_dense) * 4)
-    coded = units[0].codec is not None  # the chunks have the same shapes: all or none
+    coded = [u.codec is not None for u in units]  # the same on every rank (chunk r's layout)
 
     # Each chunk's encode (coded) or its whole tensors gathered and checked (a unit of whole
     # tensors alone). lengths[r]: the message's bytes, or 1 for a unit of whole tensors; 0 where
@@ -91,7 +98,7 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
     for r in range(W):
         with cores[r].streams.ordered():
             reqs = cores[r].round.start(chunks[r].data_ptr(), n, runs[r][0], runs[r][1], state.iteration)
-        if coded:
+        if coded[r]:
             lengths.append(int.from_bytes(bytes(reqs[0][1]), "little"))
         else:
             lengths.append(0 if torch.isnan(cores[r].rooms[0][0]).item() else 1)
@@ -102,37 +109,58 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
     bad = [i for i in range(W) if 0 in table[i]]
     if bad:
         if failed:  # this rank's own error, with its coordinate
-            unit = cores[failed[0]].round
-            if coded:
-                unit.next([int(v).to_bytes(8, "little") for v in (row[failed[0]] for row in table)])
+            f = failed[0]
+            if coded[f]:
+                cores[f].round.next([int(v).to_bytes(8, "little") for v in (row[f] for row in table)])
             else:
-                unit.finish([], chunks[failed[0]].data_ptr(), n, runs[failed[0]][0], runs[failed[0]][1])
+                cores[f].round.finish([], chunks[f].data_ptr(), n, runs[f][0], runs[f][1])
         raise _core.NonFiniteError(
             f"rank {bad[0]}'s gradient was not finite (that rank raised NonFiniteError with the coordinate); "
             "this step has no update")
     for r in range(W):
-        limit = units[r].codec.max_message_bytes("gradient") if coded else 1
+        limit = units[r].codec.max_message_bytes("gradient") if coded[r] else 1
         for i in range(W):
             if table[i][r] > limit:
                 raise _core.WireError(f"rank {i} sent a message of {table[i][r]} bytes for rank {r}'s chunk "
                                       f"(limit {limit})")
 
     got = []
-    if coded:
+    if any(coded):
         # Each round's next() pads this rank's message to the chunk's longest: the message is
-        # its first bytes. Round me's also takes the lengths it will read the messages by.
+        # its first bytes. Round me's also takes the lengths it will read the messages by. A
+        # chunk of whole tensors alone has no message (0 bytes in the exchange).
         sent = []
         for r in range(W):
-            reqs = cores[r].round.next([int(row[r]).to_bytes(8, "little") for row in table])
-            sent.append(torch.frombuffer(reqs[0][1], dtype=torch.uint8)[:table[me][r]])
-        got = comm.exchange(sent, [row[me] for row in table], chunks)
-    if units[me].n_dense:
-        room = cores[me].rooms[0]
-        comm.count(room.numel() * 4 * W, 0)  # the reduce-scatter's input, as counted elsewhere
-        comm.reduce_scatter_sum(room, [c.rooms[0] for c in cores])
+            if coded[r]:
+                reqs = cores[r].round.next([int(row[r]).to_bytes(8, "little") for row in table])
+                sent.append(torch.frombuffer(reqs[0][1], dtype=torch.uint8)[:table[me][r]])
+            else:
+                sent.append(torch.empty(0, dtype=torch.uint8))
+        got = comm.exchange(sent, [row[me] if coded[me] else 0 for row in table], chunks)
+    _whole(comm, W, me, units, cores)
     try:
         with cores[me].streams.ordered():
-            cores[me].round.finish([g.cpu().numpy() for g in got], out.data_ptr(), n, runs[me][0], runs[me][1])
+            cores[me].round.finish([g.cpu().numpy() for g in got] if coded[me] else [], out.data_ptr(), n,
+                                   runs[me][0], runs[me][1])
     except Exception as e:  # every collective of the step is done: whatever failed is this rank's alone
         raise Alone(e) from None
     settled(out)
+
+
+def _whole(comm, W, me, units, cores) -> None:
+    """The tensors sent whole, summed into this rank's chunk's room: one reduce-scatter of every
+    chunk's, each padded with zeros to the longest where the chunks hold different ones."""
+    longest = max(u.n_dense for u in units)  # the same on every rank
+    if not longest:
+        return
+    rooms = [c.rooms[0] for c in cores]
+    comm.count(longest * 4 * W, 0)  # the reduce-scatter's input, as counted elsewhere
+    if all(u.n_dense == longest for u in units):
+        comm.reduce_scatter_sum(rooms[me], rooms)
+        return
+    padded = torch.zeros(W, longest, dtype=torch.float32, device=rooms[me].device)
+    for r, room in enumerate(rooms):
+        padded[r, :room.numel()] = room
+    mine = torch.empty(longest, dtype=torch.float32, device=rooms[me].device)
+    comm.reduce_scatter_sum(mine, padded.view(-1))
+    rooms[me].copy_(mine[:rooms[me].numel()])

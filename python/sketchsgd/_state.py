@@ -70,7 +70,7 @@ class CompressionState:
         self._ranks_checked = False
         self._checked = False
         self._blocking = False   # every unit finishes in its hook call (tests: the order without overlap)
-        self._wide = {}          # bucket index -> float32 copy of a half-precision bucket
+        self._wide = {}          # DDP bucket index -> its float32 copy; (name, dtype, device) -> FSDP scratch
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
         if ready(process_group):

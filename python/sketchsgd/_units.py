@@ -70,6 +70,7 @@ class Units:
         self.shapes = {}    # key -> shape
         self.whole = {}     # key -> sent uncompressed
         self.warm = {}      # bucket index -> entries, from the latest warm-up call
+        self.registered = {}  # bucket index -> entries known up front (register: sketchsgd.fsdp)
         self.fixed = None   # unit index -> Unit, once compression began
         self.pending = {}   # unit index -> states from load_state_dict()
         self._lookup = None  # (fixed, its first key -> unit, its compressed values), for held()
@@ -98,7 +99,8 @@ class Units:
         """Bucket index's tensors (ids, of these shapes) known before its first call, as a DDP
         warm-up makes them known (sketchsgd.fsdp: each FSDP module's, or chunk's)."""
         metas = [torch.empty(s, device="meta") for s in shapes]
-        self.warm[index] = self.entries(ids, metas, sum(m.numel() for m in metas), index)[0]
+        entries = self.entries(ids, metas, sum(m.numel() for m in metas), index)[0]
+        self.warm[index] = self.registered[index] = entries
 
     def fix(self, index: int, entries):
         """Compression begins: the warm-up's buckets become units (a state without a warm-up:
@@ -142,6 +144,20 @@ class Units:
                 units[i].update(self.pending[i])
         return ({i: [list(e) for e in es] for i, es in self.warm.items()},
                 units if self.fixed is not None else None)
+
+    def check(self, warm, units) -> None:
+        """ConfigMismatch when state_dict()'s (warm, units) hold other units than those registered
+        up front (a model sharded another way, or another model), rather than at its first call."""
+        if not self.registered:
+            return
+        saved = {int(i): [tuple(e) for e in (u["entries"] if units is not None else u)]
+                 for i, u in (units if units is not None else warm).items()}
+        mine = {i: [tuple(e) for e in es] for i, es in self.registered.items()}
+        if saved != mine:
+            differ = sorted(i for i in set(saved) | set(mine) if saved.get(i) != mine.get(i))
+            raise _core.ConfigMismatch(
+                f"state_dict of a model whose units differ from this one's ({len(saved)} units saved, {len(mine)} "
+                f"here; unit {differ[0]} differs): a model wrapped or sharded another way, or another model")
 
     def load(self, warm, units):
         """state_dict()'s (warm, units); codecs are rebuilt from them on first use."""

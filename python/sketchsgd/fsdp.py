@@ -76,17 +76,21 @@ class _Backward:
     """The hook calls of one backward. A rank whose shard is not finite cannot tell the ranks of
     other replica groups through its round (those share no collective with it), and they would go
     on to apply their shards' updates, or wait for it at the next collective: so a failure is held
-    until the backward ends, when one all-reduce of a flag over the job's ranks makes every rank
-    raise NonFiniteError (no update anywhere). Its replica group saw it in the round and skips the
-    backward's later rounds alike. Where the state's group is every rank (full sharding on a 1-D
-    mesh), all saw it in the round, and no flag is sent, unless rounds can fail on one rank
-    alone (per_destination: a rank decodes only the messages of its own chunk, so a message it
-    cannot decode is its failure alone; it goes on with the backward's later rounds, so as to
-    leave no rank waiting, and the flag at the end tells the others)."""
+    until the backward ends, when one all-reduce of a flag makes every rank concerned raise
+    NonFiniteError (no update anywhere). Its replica group saw it in the round and skips the
+    backward's later rounds alike. The flag goes over the ranks that the state's and FSDP's
+    groups join (_flag_group: the data-parallel ranks, not every rank of a job also split by
+    tensor or pipeline parallelism, whose other data-parallel groups run their backward passes
+    on their own schedule). Where the state's group is all of them (full sharding), all saw it
+    in the round, and no flag is sent, unless rounds can fail on one rank alone
+    (per_destination: a rank decodes only the messages of its own chunk, so a message it cannot
+    decode is its failure alone; it goes on with the backward's later rounds, so as to leave no
+    rank waiting, and the flag at the end tells the others)."""
 
-    def __init__(self, state, warmup: int, groups: int):
+    def __init__(self, state, warmup: int, groups: int, flag):
         self.state, self.failed, self.queued, self.device = state, None, False, None
         self.warmup, self.groups = warmup, groups
+        self.flag_group, self.beyond = flag  # the flag's group; whether it holds ranks the state's lacks
         self.alone = None         # a failure this rank's round saw alone (per destination)
         self.always_flag = False  # set where rounds can fail on one rank alone
 
@@ -133,15 +137,15 @@ class _Backward:
     def end(self):
         failed, self.failed, self.queued = self.failed, None, False
         alone, self.alone = self.alone, None
-        if self.state.comm.world == dist.get_world_size() and not self.always_flag:
-            # The state's group is every rank: each saw the failure in its round.
+        if not self.beyond and not self.always_flag:
+            # The state's group is every rank concerned: each saw the failure in its round.
             if failed is not None:
                 raise failed
             return
         wire = alone is not None or isinstance(failed, _core.WireError)
         flag = torch.tensor([2 if wire else int(failed is not None)], dtype=torch.int32,
-                            device=self.device if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                            device=self.device if dist.get_backend(self.flag_group) == "nccl" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.flag_group)
         if failed is not None:
             raise failed
         if alone is not None:
@@ -169,6 +173,38 @@ def _check(what: str, module, state, warmup) -> None:
         raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState already serves a model")
 
 
+def _flag_group(state, shard_ranks):
+    """(process group, whether it holds ranks the state's group lacks) over which a failed
+    backward is told: the ranks that this rank's state group and FSDP shard group join, and theirs
+    in turn (HSDP: every replica of every shard; full sharding and FSDP1: the shard group). Where
+    tensor or pipeline parallelism splits the job, each data-parallel group gets a group of its
+    own: a flag over every rank would wait for the other groups' backward passes (a pipeline
+    stage's come at other times), or hang. A collective over every rank (new_group's rule)."""
+    ours = sorted(dist.get_process_group_ranks(state.process_group or dist.group.WORLD))
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, sorted(set(ours) | set(shard_ranks)))
+    parent = list(range(len(everyone)))
+
+    def root(r):
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    for ranks in everyone:
+        for r in ranks[1:]:
+            parent[root(r)] = root(ranks[0])
+    joined = {}
+    for r in range(len(everyone)):
+        joined.setdefault(root(r), []).append(r)
+    components = sorted(joined.values())
+    here = next(c for c in components if dist.get_rank() in c)
+    if len(components) == 1:
+        return None, here != ours
+    group, _ = dist.new_subgroups_by_enumeration(components)
+    return group, here != ours
+
+
 def _register(what: str, module, state, warmup, wrong_group):
     """The checks both FSDP2 entry points share; wrong_group(shard ranks, state's ranks) says what
     is wrong with the state's group, or None. Returns module's FSDP groups and the state's
@@ -188,8 +224,10 @@ def _register(what: str, module, state, warmup, wrong_group):
         problem = wrong_group(shard, ranks)
         if problem:
             raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(ranks)}) {problem}")
+    shards = {r for _, g in groups for r in dist.get_process_group_ranks(g.mesh_info.shard_process_group)}
+    backward = _Backward(state, warmup, len(groups), _flag_group(state, shards))
     state._fsdp = True
-    return groups, _Backward(state, warmup, len(groups))
+    return groups, backward
 
 
 def _units(state, index: int, shapes) -> None:
@@ -234,10 +272,9 @@ class _ReduceScatter(ReduceScatter):
     def __init__(self, backward, index: int, shapes, world: int, per_destination: bool):
         self.backward, self.index, self.world = backward, index, world
         self.sizes = [math.prod(s) for s in shapes]  # a parameter's padded shard, in values
-        self.shard_shapes = [tuple(s) for s in shapes]
+        self.chunks = [[tuple(s) for s in shapes]] * world  # per destination: every chunk alike
         self.shapes = [(world * s[0], *s[1:]) if s else (world,) for s in shapes]
         self.per_destination = per_destination
-        self.whole = None  # the parameter-major copy, reused
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -261,7 +298,7 @@ class _ReduceScatter(ReduceScatter):
                 _hook.reduce_scatter_mean(self.backward.state, self.index, input_tensor, output_tensor)
         elif self.per_destination:
             def reduce(dense):
-                self._per_destination(input_tensor, output_tensor)
+                _per_destination(self.backward.state, self.index, input_tensor, self.chunks, output_tensor)
         if reduce is not None:
             if not self.backward.run(input_tensor.device, reduce):
                 output_tensor.zero_()  # the backward raises at its end on every rank: no update
@@ -269,9 +306,8 @@ class _ReduceScatter(ReduceScatter):
                 output_tensor.mul_(scale)
             return None
         chunks = input_tensor.view(world, -1).split(self.sizes, dim=1)  # [j]: (W, n_j), parameter j's shards
-        whole = self.whole
-        if whole is None or whole.dtype != input_tensor.dtype or whole.device != input_tensor.device:
-            whole = self.whole = torch.empty_like(input_tensor)
+        whole = _hook.scratch(self.backward.state, "whole", input_tensor.numel(), input_tensor.dtype,
+                              input_tensor.device)
         torch.cat([c.reshape(-1) for c in chunks], out=whole)
         if not self.backward.reduce(self.index, whole, self.shapes):
             output_tensor.zero_()  # the backward raises at its end on every rank: no update
@@ -282,18 +318,15 @@ class _ReduceScatter(ReduceScatter):
             output_tensor.mul_(scale)
         return None
 
-    def _per_destination(self, input_tensor, output_tensor) -> None:
-        """This rank's chunk of the mean into output_tensor, through a float32 copy of a
-        half-precision input."""
-        state = self.backward.state
-        if input_tensor.dtype == torch.float32:
-            _scatter.reduce_scatter(state, self.index, input_tensor.view(self.world, -1), self.shard_shapes,
-                                    output_tensor)
-            return
-        chunks = _hook._widened(state, self.index, input_tensor).view(self.world, -1)
-        out = _hook._widened(state, ("out", self.index), output_tensor)
-        _scatter.reduce_scatter(state, self.index, chunks, self.shard_shapes, out)
-        output_tensor.copy_(out)
+
+def _per_destination(state, index: int, full, chunks, out) -> None:
+    """out = this rank's chunk of the mean of full (W equal chunks end to end, chunk r holding
+    tensors of the shapes chunks[r]) over the state's group, each chunk sent to the rank that
+    keeps it (sketchsgd._scatter); half-precision tensors through float32 copies."""
+    src, dst = _hook.float32_of(state, "in", full), _hook.float32_of(state, "out", out)
+    _scatter.reduce_scatter(state, index, src.view(len(chunks), -1), chunks, dst)
+    if dst is not out:
+        out.copy_(dst)
 
 
 def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
@@ -321,7 +354,7 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
         scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in g.fsdp_params],
                                  world, per_destination)
         if per_destination:
-            _scatter.register(state, index, scatter.shard_shapes, world)
+            _scatter.register(state, index, scatter.chunks)
         else:
             _units(state, index, scatter.shapes)
         m.set_custom_reduce_scatter(scatter)
@@ -332,17 +365,26 @@ class _Fsdp1Unit:
     instance: its flat parameter's layout. FSDP1 calls the hook with the instance's full flat
     gradient (its parameters end to end, with FSDP's alignment padding, then padded to W equal
     chunks) and, under a sharded strategy, the chunk this rank keeps; the flat layout needs no
-    copy for the codec to see each parameter whole with its shape."""
+    copy for the codec to see each parameter whole with its shape. chunks (a gathered codec
+    under a sharded strategy): the tensors of each chunk, sent per destination as under FSDP2;
+    the warm-up's steps and NO_SHARD reduce the whole gradient, as unit `whole`."""
 
-    def __init__(self, backward, index: int, shapes, world: int, rank: int):
+    def __init__(self, backward, index: int, shapes, world: int, rank: int, chunks=None, whole=None):
         self.backward, self.index, self.shapes, self.world, self.rank = backward, index, shapes, world, rank
+        self.chunks, self.whole = chunks, index if whole is None else whole
 
     def __call__(self, grad, output):
         if grad.numel() != sum(math.prod(s) for s in self.shapes):
             raise RuntimeError(f"sketchsgd.fsdp: FSDP1 unit {self.index} reduced {grad.numel()} values; its flat "
                                f"parameter holds {sum(math.prod(s) for s in self.shapes)} (padded to {self.world} "
                                "chunks)")
-        if not self.backward.reduce(self.index, grad, self.shapes):
+        if self.chunks is not None and output is not None and not self.backward.dense():
+            state = self.backward.state
+            if not self.backward.run(grad.device,
+                                     lambda dense: _per_destination(state, self.index, grad, self.chunks, output)):
+                output.zero_()  # the backward raises at its end on every rank: no update
+            return
+        if not self.backward.reduce(self.whole, grad, self.shapes):
             if output is not None:
                 output.zero_()  # the backward raises at its end on every rank: no update
             return
@@ -372,16 +414,36 @@ def _fsdp1_shapes(flat, world: int, sharded: bool):
     return shapes
 
 
+def _fsdp1_chunks(shapes, world: int):
+    """The tensors of each of a sharded FSDP1 flat gradient's W equal chunks (shapes: the flat
+    gradient's, end to end, padded to W chunks), which cut its parameters anywhere: a piece of a
+    matrix as one row (1, n), so that the small-tensor rule still compresses it, a piece of a 1-D
+    tensor 1-D."""
+    n = sum(math.prod(s) for s in shapes) // world
+    chunks, at = [[] for _ in range(world)], 0
+    for s in shapes:
+        end = at + math.prod(s)
+        while at < end:
+            stop = min(end, (at // n + 1) * n)
+            chunks[at // n].append((1, stop - at) if len(s) > 1 else (stop - at,))
+            at = stop
+    return chunks
+
+
 def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
     """FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel): registers a communication hook on
     the root instance `module` that reduces every instance's gradient through state's codec:
     under FULL_SHARD and SHARD_GRAD_OP each rank's full flat gradient of an instance is compressed,
     the mean over the group formed as for a DDP bucket, and each rank keeps its shard (as
     compress_reduce_scatter); under NO_SHARD the mean is all of it. Each instance is a unit with
-    its own error feedback, each parameter compressed whole with its shape. state's process group
-    is the instances' (FSDP1 refuses hooks under the hybrid strategies: use FSDP2 and
-    compress_replicas). Call it once, after wrapping and before the first forward, on every rank.
-    The first `warmup` backward passes average in fp32 uncompressed."""
+    its own error feedback, each parameter compressed whole with its shape. A gathered codec
+    under a sharded strategy goes per destination, as under compress_reduce_scatter: each rank's
+    W chunks of the flat gradient (chunk r the shard rank r keeps) are units of their own, chunk
+    r's message sent to rank r alone (a piece of a matrix that a chunk boundary cuts is
+    compressed as one row). state's process group is the instances' (FSDP1 refuses hooks under
+    the hybrid strategies: use FSDP2 and compress_replicas). Call it once, after wrapping and
+    before the first forward, on every rank. The first `warmup` backward passes average in fp32
+    uncompressed."""
     _check("compress_fsdp1", module, state, warmup)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
     if not isinstance(module, FSDP) or not module.check_is_root():
@@ -408,14 +470,23 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
         raise ValueError("sketchsgd.fsdp.compress_fsdp1: no FSDP1 instance with parameters under this module")
     state._bind()
     state._fsdp = True
-    backward = _Backward(state, warmup, len(units))
+    backward = _Backward(state, warmup, len(units), _flag_group(state, ranks))
     module.register_comm_hook(None, _fsdp1_hook)
-    rank = ranks.index(dist.get_rank())
+    world, rank = len(ranks), ranks.index(dist.get_rank())
+    per_destination = gathered(state.spec)
     for index, (m, shapes) in enumerate(units):
-        _units(state, index, shapes)
+        chunks = whole = None
+        if per_destination and m.sharding_strategy != ShardingStrategy.NO_SHARD:
+            chunks = _fsdp1_chunks(shapes, world)
+            _scatter.register(state, index, chunks)  # units index · W + r
+            backward.always_flag = True  # a decode fails on its rank alone
+        else:
+            # Past the per-destination units' numbers where some instances have them.
+            whole = index + len(units) * world if per_destination else index
+            _units(state, whole, shapes)
         # FSDP1 gives every instance the root's one hook state; each is told which unit it is,
         # so that error feedback follows the instance, not the order of the hook calls.
-        m._comm_hook_state = _Fsdp1Unit(backward, index, shapes, len(ranks), rank)
+        m._comm_hook_state = _Fsdp1Unit(backward, index, shapes, world, rank, chunks, whole)
 
 
 def state_dict(state: CompressionState) -> dict:

@@ -80,6 +80,31 @@ def trains(rank, world, spec, replicas, steps):
     return _train(model, rank, steps), _local(model), state.stats()
 
 
+def half_precision(rank, world, spec, steps):
+    """The MLP in bfloat16 under full sharding with its reduce-scatter through spec. Returns
+    (losses, this rank's shards as float32, {scratch buffer: its values} that the state keeps,
+    the largest FSDP group's reduce-scatter input in values)."""
+    from sketchsgd import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    model = _shard(_model().to(torch.bfloat16), init_device_mesh("cpu", (world,)))
+    state = CompressionState(spec)
+    fsdp.compress_reduce_scatter(model, state)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    local = np.concatenate([p.to_local().detach().float().reshape(-1).numpy() for p in model.parameters()])
+    largest = max(world * sum(p.to_local().numel() for p in m.parameters(recurse=False))
+                  for m in model.modules() if isinstance(m, torch.nn.Linear))
+    kept = {key[0]: t.numel() for key, t in state._wide.items()}
+    return losses, local, kept, largest
+
+
 def _attempt(out, name, fn):
     """fn() recorded in out as (name, error type or None, message)."""
     try:
@@ -112,6 +137,10 @@ def refusals(rank, world):
     other = CompressionState("topk:k=11", replicas)
     fsdp.compress_replicas(_shard(_model(), mesh["shard"]), other)
     attempt("another configuration", lambda: fsdp.load_state_dict(state, fsdp.state_dict(other)))
+    narrower = torch.nn.Sequential(torch.nn.Linear(32, 20), torch.nn.ReLU(), torch.nn.Linear(20, 10))
+    elsewhere = CompressionState("topk:k=10", replicas)
+    fsdp.compress_replicas(_shard(narrower, mesh["shard"]), elsewhere)
+    attempt("another model", lambda: fsdp.load_state_dict(elsewhere, fsdp.state_dict(state)))
     attempt("reduce-scatter over the replicas", lambda: fsdp.compress_reduce_scatter(
         _shard(_model(), mesh["shard"]), CompressionState("topk:k=10", replicas)))
     dist.barrier()
@@ -180,6 +209,23 @@ def oversized(rank, world, spec, steps, bad_step):
 
     state.comm.gather_lengths = lengths
     return _steps_with_errors(model, rank, steps, lambda step: at.update(step=step, calls=0)), _local(model)
+
+
+def two_groups(rank, world, spec, bad_step):
+    """Ranks 0-1 and 2-3 as the two data-parallel groups of a 2 × 2 mesh (as two pipeline stages
+    or tensor-parallel ranks would have them), each sharding its own model over its 2 ranks with
+    spec: the first trains 4 steps, rank 1's gradient NaN at bad_step; the second 2 steps. Then a
+    barrier over every rank. Returns per step the error backward() raised (or None), and this
+    rank's shards."""
+    from sketchsgd import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("pp", "dp"))
+    model = _shard(_model(), mesh["dp"])
+    state = CompressionState(spec, process_group=mesh["dp"].get_group())
+    fsdp.compress_reduce_scatter(model, state)
+    errors = _steps_with_a_nan(model, model[0], rank, 4 if rank < 2 else 2, bad_step if rank < 2 else -1)
+    dist.barrier()
+    return errors, _local(model)
 
 
 def _steps_with_a_nan(model, first, rank, steps, bad_step):
@@ -323,6 +369,43 @@ def fsdp1(rank, world, spec, steps, strategy="FULL_SHARD", warmup=0, orig=False)
     if spec is not None:
         state = CompressionState(spec)
         fsdp.compress_fsdp1(model, state, warmup=warmup)
+    return _train(model, rank, steps), _fsdp1_local(model), state.stats() if state else None
+
+
+class _Scale(torch.nn.Module):
+    """A 1-D parameter of 200 values (sent whole by the small-tensor rule) scaling 4 features."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.linspace(-0.5, 0.5, 200))
+
+    def forward(self, x):
+        return x * (1 + self.p.view(50, 4).mean(0))
+
+
+def mixed_model():
+    """An MLP whose first block, a 32 × 4 weight (128 values) and _Scale's 200, is one FSDP1 flat
+    parameter whose later chunks hold whole tensors alone: over 2 ranks chunk 1 is 164 values of
+    _Scale; over 4, chunks 2 and 3."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(32, 4, bias=False), _Scale()), torch.nn.ReLU(),
+                               torch.nn.Linear(4, 10))
+
+
+def fsdp1_mixed(rank, world, spec, steps):
+    """mixed_model() under FSDP1 FULL_SHARD (the block and the last Linear instances of their own)
+    with its gradients reduced through spec (None: FSDP1's own). Returns (losses, this rank's
+    flat parameters, stats)."""
+    from sketchsgd import fsdp
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    model = mixed_model()
+    how = dict(sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=torch.device("cpu"))
+    model[0], model[2] = FSDP(model[0], **how), FSDP(model[2], **how)
+    model = FSDP(model, **how)
+    state = None
+    if spec is not None:
+        state = CompressionState(spec)
+        fsdp.compress_fsdp1(model, state)
     return _train(model, rank, steps), _fsdp1_local(model), state.stats() if state else None
 
 

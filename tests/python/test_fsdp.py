@@ -53,6 +53,7 @@ def test_misuse_is_refused_with_a_clear_error():
         assert got["a state twice"][0] == "ValueError", got
         assert got["no part of this rank"][0] == "ValueError" and f"rank{rank}" in got["no part of this rank"][1], got
         assert got["another configuration"][0] == "ConfigMismatch", got
+        assert got["another model"][0] == "ConfigMismatch" and "sharded another way" in got["another model"][1], got
         assert got["reduce-scatter over the replicas"][0] == "ValueError", got
 
 
@@ -181,6 +182,23 @@ def test_a_gathered_codec_sends_each_rank_its_own_chunk():
             assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
 
 
+def test_a_bfloat16_model_trains_through_one_float32_buffer_not_one_per_module():
+    """A bfloat16 model under full sharding: the codecs see float32 copies of its gradients, and
+    since each module's reduce-scatter is blocking, the state keeps one buffer of each kind the
+    size of the largest module's input, not a copy per module (that would hold the whole
+    unsharded gradient, the memory FSDP shards the model to save). Summable (PowerSGD: the
+    parameter-major copy in bf16, then float32) and gathered (top-k per destination: the input
+    and this rank's chunk) alike; both train."""
+    out = ddp.run(fsdp_jobs.each, "half_precision", ["powersgd:rank=2", "topk:k=800"], STEPS, world=2)
+    for rank in range(2):
+        for spec, names in (("powersgd:rank=2", {"whole", "in"}), ("topk:k=800", {"in", "out"})):
+            losses, local, kept, largest = out[rank][spec]
+            assert np.isfinite(local).all() and np.mean(losses[-3:]) < np.mean(losses[:3]), (spec, rank, losses)
+            assert set(kept) == names, (spec, kept)
+            assert kept["in"] == largest, (spec, kept, largest)
+            assert kept.get("whole", largest) == largest and kept.get("out", largest // 2) == largest // 2, kept
+
+
 def test_a_message_that_does_not_decode_fails_the_step_on_every_rank():
     """Per destination only rank 0 reads rank 1's message for its chunk: when a byte of it is
     flipped (its checksum no longer matches), rank 0's decode raises WireError, and the flag at
@@ -193,6 +211,20 @@ def test_a_message_that_does_not_decode_fails_the_step_on_every_rank():
         assert [e is not None for e in errors] == [False, False, True, False, False], (rank, errors)
         assert errors[2][0] == "WireError" and np.isfinite(local).all(), (rank, errors)
         assert ("another rank" in errors[2][1]) == (rank != 0), (rank, errors[2])
+
+
+def test_a_failure_is_told_to_its_data_parallel_group_alone():
+    """Two data-parallel groups of one job (ranks 0-1 and 2-3, as pipeline stages would be), each
+    fully sharded with a gathered codec, whose backward passes end with a flag: the first group
+    trains 4 steps and the second 2, so a flag over every rank would wait for backward passes the
+    second group never runs. Each group's flag stays within it: rank 1's NaN at step 2 fails
+    that step on ranks 0 and 1 alone, and everyone reaches the final barrier."""
+    out = ddp.run(fsdp_jobs.each, "two_groups", ["topk:k=800"], 2, timeout=120)
+    for rank in range(4):
+        errors, local = out[rank]["topk:k=800"]
+        expect = [None, None, "NonFiniteError", None] if rank < 2 else [None, None]
+        assert [e and e[0] for e in errors] == expect, (rank, errors)
+        assert np.isfinite(local).all(), rank
 
 
 def test_an_oversized_message_fails_the_step_on_every_rank_and_fsdp_goes_on():
@@ -233,6 +265,45 @@ def test_fsdp1_with_the_dense_codec_is_its_own_reduction_under_every_strategy():
         plain, (losses, _, stats) = out[rank][0][None][0], out[rank][3]["topk:k=200"]
         assert losses[:3] == plain[:3] and losses[3] != plain[3], (rank, losses, plain)
         assert stats["steps"] == 3 * 5 and stats["compressed_steps"] == 3 * 3, stats
+
+
+def _flat_chunks(model, world):
+    """Per FSDP1 instance of model (each Linear-holding child; FULL_SHARD over world ranks): per
+    chunk of its flat gradient (its parameters end to end, padded to world equal chunks),
+    (values of matrices, values sent whole: vectors and padding)."""
+    out = []
+    for child in model:
+        params = list(child.parameters())
+        if not params:
+            continue
+        kinds = np.concatenate([np.full(p.numel(), p.dim() > 1) for p in params])
+        kinds = np.concatenate([kinds, np.zeros(-len(kinds) % world, dtype=bool)]).reshape(world, -1)
+        out.append([(int(c.sum()), int((~c).sum())) for c in kinds])
+    return out
+
+
+def test_fsdp1_a_gathered_codec_sends_each_rank_its_own_chunk():
+    """compress_fsdp1 with a gathered codec under FULL_SHARD goes per destination, as under FSDP2:
+    each W-th of an instance's flat gradient is a unit sent to the rank that keeps it. The chunk
+    boundaries cut weights anywhere, and a chunk may hold whole tensors alone (the first block's
+    200-value vector fills its later chunks): with top-k sending every value, the step is FSDP1's
+    own reduction, bit for bit on 2 ranks, to rounding on 4. A rank hands over per step a message
+    for each chunk holding matrix values (a header, a count, 8 bytes a value), 8-byte lengths,
+    and the vectors' reduce-scatter input (each chunk's padded to the longest)."""
+    for world in (2, 4):
+        chunks = _flat_chunks(fsdp_jobs.mixed_model(), world)
+        k = sum(c for inst in chunks for c, _ in inst)
+        out = ddp.run(fsdp_jobs.each, "fsdp1_mixed", [None, f"topk:k={k}"], 4, world=world)
+        for rank in range(world):
+            (plain, flat, _), (losses, local, stats) = out[rank][None], out[rank][f"topk:k={k}"]
+            if world == 2:
+                assert losses == plain and np.array_equal(local, flat), rank
+            else:
+                assert np.allclose(losses, plain, rtol=1e-5), (rank, losses, plain)
+                assert np.allclose(local, flat, rtol=1e-4, atol=1e-6), rank
+            sent = sum(sum(sketchsgd._core.header_bytes + 4 + 8 * c for c, _ in inst if c) + 8 * world
+                       + world * 4 * max(d for _, d in inst) for inst in chunks)
+            assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
 
 
 def test_fsdp1_codecs_train_a_nan_raises_everywhere_and_a_checkpoint_resumes(tmp_path):
