@@ -367,7 +367,8 @@ class _Fsdp1Unit:
     chunks) and, under a sharded strategy, the chunk this rank keeps; the flat layout needs no
     copy for the codec to see each parameter whole with its shape. chunks (a gathered codec
     under a sharded strategy): the tensors of each chunk, sent per destination as under FSDP2;
-    the warm-up's steps and NO_SHARD reduce the whole gradient, as unit `whole`."""
+    otherwise the codec reduces the whole gradient, as unit `whole`. The warm-up's steps are
+    FSDP1's own reduction in fp32 (a reduce-scatter; NO_SHARD: an all-reduce)."""
 
     def __init__(self, backward, index: int, shapes, world: int, rank: int, chunks=None, whole=None):
         self.backward, self.index, self.shapes, self.world, self.rank = backward, index, shapes, world, rank
@@ -378,10 +379,14 @@ class _Fsdp1Unit:
             raise RuntimeError(f"sketchsgd.fsdp: FSDP1 unit {self.index} reduced {grad.numel()} values; its flat "
                                f"parameter holds {sum(math.prod(s) for s in self.shapes)} (padded to {self.world} "
                                "chunks)")
-        if self.chunks is not None and output is not None and not self.backward.dense():
-            state = self.backward.state
-            if not self.backward.run(grad.device,
-                                     lambda dense: _per_destination(state, self.index, grad, self.chunks, output)):
+        state = self.backward.state
+        if output is not None and (self.chunks is not None or self.backward.dense()):
+            def reduce(dense):
+                if dense:  # a warm-up step: FSDP1's own reduction, an fp32 reduce-scatter
+                    _hook.reduce_scatter_mean(state, self.whole, grad, output)
+                else:
+                    _per_destination(state, self.index, grad, self.chunks, output)
+            if not self.backward.run(grad.device, reduce):
                 output.zero_()  # the backward raises at its end on every rank: no update
             return
         if not self.backward.reduce(self.whole, grad, self.shapes):
