@@ -380,10 +380,10 @@ python_check() {
   "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --epochs 1 --max-steps 64 \
     --local 8 --hook sketchsgd:powersgd:rank=4,wire=fp16 --json "$REPORT/ddp-cuda-diloco.json" 2>&1 | tee "$REPORT/ddp-cuda-diloco.log" ||
     fail "DiLoCo on CUDA"
-  step "FSDP on CUDA (gloo, 4 ranks on one GPU; bf16 transformer, 100 steps): FSDP2's compressed reduce-scatter (summable, and gathered per destination), HSDP 2 x 2 with compressed replicas, FSDP2's bf16 reduce_dtype; FSDP1's comm hook"
+  step "FSDP on CUDA (gloo, 4 ranks on one GPU; bf16 transformer, 100 steps): FSDP2's compressed reduce-scatter (summable, and gathered per destination), HSDP 2 x 2 with compressed replicas, FSDP2's bf16 reduce_dtype; FSDP1's comm hook (summable, and gathered per destination)"
   for run in "full sketchsgd:powersgd:rank=4,wire=bf16" "full topk:k=16000,wire=bf16,index=delta" \
     "hsdp topk:k=8000,wire=bf16,index=delta" "full bf16" \
-    "fsdp1 sketchsgd:powersgd:rank=4,wire=bf16"; do
+    "fsdp1 sketchsgd:powersgd:rank=4,wire=bf16" "fsdp1 topk:k=16000,wire=bf16,index=delta"; do
     set -- $run
     "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --dtype bf16 --epochs 1 \
       --max-steps 100 --fsdp "$1" --hook "$2" --json "$REPORT/fsdp-cuda-$1-${2%%:*}.json" 2>&1 |

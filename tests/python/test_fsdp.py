@@ -168,18 +168,29 @@ def test_a_gathered_codec_sends_each_rank_its_own_chunk():
     W − 1 of those messages where a ring all-gather of whole-gradient messages carries W − 1
     whole ones."""
     for world in (2, 4):
-        k = sum(n for n, _ in _chunks(world)) * world
-        out = ddp.run(fsdp_jobs.each, "full_shard", [None, f"topk:k={k}"], 4, world=world)
-        for rank in range(world):
-            (plain, shards, _), (losses, local, stats) = out[rank][None], out[rank][f"topk:k={k}"]
-            if world == 2:
-                assert losses == plain and np.array_equal(local, shards), rank
-            else:
-                assert np.allclose(losses, plain, rtol=1e-5), (rank, losses, plain)
-                assert np.allclose(local, shards, rtol=1e-4, atol=1e-6), rank
-            sent = sum(world * (sketchsgd._core.header_bytes + 4 + 8 * n) + 8 * world + world * 4 * d
-                       for n, d in _chunks(world))
-            assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
+        _lossless_per_destination("full_shard", [[(n, d)] * world for n, d in _chunks(world)], world)
+
+
+def _lossless_per_destination(job, modules, world):
+    """fsdp_jobs' job (4 steps) with its own reduction and with top-k sending every value per
+    destination: the same steps, bit for bit on 2 ranks (a + b, then × float32(1/2)), to rounding
+    on 4 (another order of the sum); and the bytes a rank hands over per step. modules: per FSDP
+    module, per chunk (compressed values, values sent whole)."""
+    k = sum(c for chunks in modules for c, _ in chunks)
+    out = ddp.run(fsdp_jobs.each, job, [None, f"topk:k={k}"], 4, world=world)
+    for rank in range(world):
+        (plain, shards, _), (losses, local, stats) = out[rank][None], out[rank][f"topk:k={k}"]
+        if world == 2:
+            assert losses == plain and np.array_equal(local, shards), rank
+        else:
+            assert np.allclose(losses, plain, rtol=1e-5), (rank, losses, plain)
+            assert np.allclose(local, shards, rtol=1e-4, atol=1e-6), rank
+        # A message per chunk holding compressed values (a header, a count, 8 bytes a value),
+        # 8-byte lengths, and the whole tensors' reduce-scatter input (each chunk's padded to
+        # the longest).
+        sent = sum(sum(sketchsgd._core.header_bytes + 4 + 8 * c for c, _ in chunks if c) + 8 * world
+                   + world * 4 * max(d for _, d in chunks) for chunks in modules)
+        assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
 
 
 def test_a_bfloat16_model_trains_through_one_float32_buffer_not_one_per_module():
@@ -291,19 +302,7 @@ def test_fsdp1_a_gathered_codec_sends_each_rank_its_own_chunk():
     for each chunk holding matrix values (a header, a count, 8 bytes a value), 8-byte lengths,
     and the vectors' reduce-scatter input (each chunk's padded to the longest)."""
     for world in (2, 4):
-        chunks = _flat_chunks(fsdp_jobs.mixed_model(), world)
-        k = sum(c for inst in chunks for c, _ in inst)
-        out = ddp.run(fsdp_jobs.each, "fsdp1_mixed", [None, f"topk:k={k}"], 4, world=world)
-        for rank in range(world):
-            (plain, flat, _), (losses, local, stats) = out[rank][None], out[rank][f"topk:k={k}"]
-            if world == 2:
-                assert losses == plain and np.array_equal(local, flat), rank
-            else:
-                assert np.allclose(losses, plain, rtol=1e-5), (rank, losses, plain)
-                assert np.allclose(local, flat, rtol=1e-4, atol=1e-6), rank
-            sent = sum(sum(sketchsgd._core.header_bytes + 4 + 8 * c for c, _ in inst if c) + 8 * world
-                       + world * 4 * max(d for _, d in inst) for inst in chunks)
-            assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
+        _lossless_per_destination("fsdp1_mixed", _flat_chunks(fsdp_jobs.mixed_model(), world), world)
 
 
 def test_fsdp1_codecs_train_a_nan_raises_everywhere_and_a_checkpoint_resumes(tmp_path):
