@@ -196,11 +196,15 @@ SKETCHSGD_REGISTER_CODEC(
        const float decay = float(o.number("decay"));
        SKETCHSGD_REQUIRE(decay > 0.0f, InvalidArgument,
                          "sparseloco: decay = 0 would forget everything not sent; use (0, 1]");
-       const uint64_t chunk = std::min<uint64_t>(o.integer("chunk"), dim);
+       // A vector shorter than a chunk is one partial chunk, which sends min(k, its length) as a
+       // last chunk does: k is checked against the chunk asked for, so that a small unit (a
+       // module's shard, an FSDP chunk's piece of a matrix) takes the same spec as a large one.
+       const uint64_t asked = o.integer("chunk");
+       const uint64_t chunk = std::min<uint64_t>(asked, dim);
        uint64_t k = o.integer("k");
-       if (k == 0) k = std::max<uint64_t>(1, chunk / 64);
-       SKETCHSGD_REQUIRE(k <= chunk, InvalidArgument, "sparseloco: k = ", k,
-                         " exceeds the chunk of ", chunk, " values");
+       if (k == 0) k = std::max<uint64_t>(1, asked / 64);
+       SKETCHSGD_REQUIRE(k <= asked, InvalidArgument, "sparseloco: k = ", k,
+                         " exceeds the chunk of ", asked, " values");
        return std::make_unique<SparseLoCo>(dim, std::move(spec), Chunks{dim, chunk, k, bits},
                                            decay, o.flag("ef"),
                                            payload::SparseFormat{o.flag("index"), WireFloat::F32},

@@ -154,10 +154,15 @@ class Units:
                  for i, u in (units if units is not None else warm).items()}
         mine = {i: [tuple(e) for e in es] for i, es in self.registered.items()}
         if saved != mine:
-            differ = sorted(i for i in set(saved) | set(mine) if saved.get(i) != mine.get(i))
+            i = min(i for i in set(saved) | set(mine) if saved.get(i) != mine.get(i))
+
+            def told(es):
+                return "none" if es is None else f"{sum(n for _, n, _ in es):,} values in {len(es)} tensors"
+
             raise _core.ConfigMismatch(
                 f"state_dict of a model whose units differ from this one's ({len(saved)} units saved, {len(mine)} "
-                f"here; unit {differ[0]} differs): a model wrapped or sharded another way, or another model")
+                f"here; unit {i}: saved {told(saved.get(i))}, here {told(mine.get(i))}): a model wrapped or sharded "
+                "another way, another model, or a checkpoint of an earlier sketchsgd that cut FSDP modules otherwise")
 
     def load(self, warm, units):
         """state_dict()'s (warm, units); codecs are rebuilt from them on first use."""

@@ -243,7 +243,10 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: 
     state of its own per model; state's process group is this rank's replica group (the ranks
     holding the same shard), and fully_shard's mesh the shard group alone (1-D: FSDP2's own HSDP
     all-reduce would average the replicas a second time). The first `warmup` backward passes
-    average in fp32 uncompressed (state.start_iter is DDP's: FSDP has no buckets to rebuild)."""
+    average in fp32 uncompressed (state.start_iter is DDP's: FSDP has no buckets to rebuild).
+    Every rank of the job calls it, in the same order as its other collectives: it finds each
+    rank's data-parallel group with a collective over all of them (with NCCL, after
+    torch.cuda.set_device)."""
     groups, backward = _register(
         "compress_replicas", module, state, warmup,
         lambda shard, ranks: None if len(shard & ranks) == 1 else
@@ -338,8 +341,8 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
     rank r alone (one all-to-all), which decodes and averages its own chunk's W messages.
     state's process group is fully_shard's shard group; error feedback covers each rank's full
     gradient of a module (as under DDP), not its shard. Call it once, after fully_shard and
-    before the first backward, on every rank. The first `warmup` backward passes average in fp32
-    uncompressed."""
+    before the first backward, on every rank of the job (a collective over all of them, as
+    compress_replicas says). The first `warmup` backward passes average in fp32 uncompressed."""
     if ReduceScatter is object or not hasattr(torch.distributed.fsdp.FSDPModule, "set_custom_reduce_scatter"):
         raise TypeError("sketchsgd.fsdp.compress_reduce_scatter needs FSDP2's custom reduce-scatter "
                         "(FSDPModule.set_custom_reduce_scatter, PyTorch ≥ 2.9)")
@@ -421,9 +424,10 @@ def _fsdp1_shapes(flat, world: int, sharded: bool):
 
 def _fsdp1_chunks(shapes, world: int):
     """The tensors of each of a sharded FSDP1 flat gradient's W equal chunks (shapes: the flat
-    gradient's, end to end, padded to W chunks), which cut its parameters anywhere: a piece of a
-    matrix as one row (1, n), so that the small-tensor rule still compresses it, a piece of a 1-D
-    tensor 1-D."""
+    gradient's, end to end, padded to W chunks), which cut its parameters anywhere: a matrix's
+    part in a chunk (cut or whole) as one row (1, n), so that the small-tensor rule still
+    compresses it, a 1-D tensor's 1-D. (Only per-matrix codecs read the shapes, and they are
+    summable: never per destination.)"""
     n = sum(math.prod(s) for s in shapes) // world
     chunks, at = [[] for _ in range(world)], 0
     for s in shapes:
@@ -447,7 +451,8 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
     r's message sent to rank r alone (a piece of a matrix that a chunk boundary cuts is
     compressed as one row). state's process group is the instances' (FSDP1 refuses hooks under
     the hybrid strategies: use FSDP2 and compress_replicas). Call it once, after wrapping and
-    before the first forward, on every rank. The first `warmup` backward passes average in fp32
+    before the first forward, on every rank of the job (a collective over all of them, as
+    compress_replicas says). The first `warmup` backward passes average in fp32
     uncompressed."""
     _check("compress_fsdp1", module, state, warmup)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
@@ -514,11 +519,16 @@ def state_dict(state: CompressionState) -> dict:
 
 
 def load_state_dict(state: CompressionState, d: dict) -> None:
-    """Restores this rank's part of state_dict() (after compress_replicas, before the next
-    backward); ConfigMismatch when it was saved by another configuration, ValueError when it holds
-    no part of this rank."""
+    """Restores this rank's part of state_dict() (after compress_replicas, compress_reduce_scatter
+    or compress_fsdp1, before the next backward); ConfigMismatch when it was saved by another
+    configuration or for a model cut into other units, ValueError when it holds no part of this
+    rank or the state serves no model yet."""
     if not isinstance(state, CompressionState):
         raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
+    if not getattr(state, "_fsdp", False):
+        raise ValueError("sketchsgd.fsdp.load_state_dict: the state serves no model yet: call compress_replicas, "
+                         "compress_reduce_scatter or compress_fsdp1 first, then load (the model's units are "
+                         "checked against the checkpoint's)")
     key = f"rank{dist.get_rank()}"
     if not isinstance(d, dict) or not isinstance(d.get(key), (bytes, bytearray)):
         raise ValueError(f"sketchsgd.fsdp.load_state_dict: no '{key}' entry (a dict from sketchsgd.fsdp.state_dict() "

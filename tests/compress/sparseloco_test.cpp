@@ -81,6 +81,21 @@ TEST(SparseLoCo, EachChunkSendsItsTopKAtTwoBitsUnderItsOwnScale) {
   EXPECT_DOUBLE_EQ(big->compression_ratio(), 4.0 * (1 << 20) / (kHeaderBytes + 256 * 148));
 }
 
+TEST(SparseLoCo, AVectorShorterThanAChunkOrThanKIsOnePartialChunk) {
+  // As the last chunk of a longer vector: min(k, its length) values go out. A unit this small
+  // is an FSDP module's shard or a chunk's piece of a matrix, under the model's one spec.
+  for (uint64_t dim : {1u, 13u, 40u}) {
+    auto c = make_compressor("sparseloco:chunk=256,k=16,bits=8,ef=0", dim);
+    std::vector<std::unique_ptr<Compressor>> one;
+    one.push_back(std::move(c));
+    const auto g = test::gaussian(dim, 3);
+    const auto step = mean_step(one, {g}, 0);
+    uint64_t nonzero = 0;
+    for (float s : step) nonzero += s != 0.0f;
+    EXPECT_EQ(nonzero, std::min<uint64_t>(dim, 16)) << dim;
+  }
+}
+
 TEST(SparseLoCo, ErrorFeedbackKeepsEverythingNotSentAndDecays) {
   const uint64_t dim = 1000;
   for (float decay : {1.0f, 0.5f}) {

@@ -99,8 +99,8 @@ def half_precision(rank, world, spec, steps):
         opt.step()
         losses.append(loss.item())
     local = np.concatenate([p.to_local().detach().float().reshape(-1).numpy() for p in model.parameters()])
-    largest = max(world * sum(p.to_local().numel() for p in m.parameters(recurse=False))
-                  for m in model.modules() if isinstance(m, torch.nn.Linear))
+    largest = max(sum(-(-p.shape[0] // world) * world * (p.numel() // p.shape[0]) for p in m.parameters())
+                  for m in model.modules() if isinstance(m, torch.nn.Linear))  # its rows padded to W
     kept = {key[0]: t.numel() for key, t in state._wide.items()}
     return losses, local, kept, largest
 
@@ -141,6 +141,8 @@ def refusals(rank, world):
     elsewhere = CompressionState("topk:k=10", replicas)
     fsdp.compress_replicas(_shard(narrower, mesh["shard"]), elsewhere)
     attempt("another model", lambda: fsdp.load_state_dict(elsewhere, fsdp.state_dict(state)))
+    attempt("no model yet", lambda: fsdp.load_state_dict(CompressionState("topk:k=10", replicas),
+                                                         fsdp.state_dict(state)))
     attempt("reduce-scatter over the replicas", lambda: fsdp.compress_reduce_scatter(
         _shard(_model(), mesh["shard"]), CompressionState("topk:k=10", replicas)))
     dist.barrier()

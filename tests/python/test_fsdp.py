@@ -54,6 +54,7 @@ def test_misuse_is_refused_with_a_clear_error():
         assert got["no part of this rank"][0] == "ValueError" and f"rank{rank}" in got["no part of this rank"][1], got
         assert got["another configuration"][0] == "ConfigMismatch", got
         assert got["another model"][0] == "ConfigMismatch" and "sharded another way" in got["another model"][1], got
+        assert got["no model yet"][0] == "ValueError" and "compress_replicas" in got["no model yet"][1], got
         assert got["reduce-scatter over the replicas"][0] == "ValueError", got
 
 
@@ -303,6 +304,14 @@ def test_fsdp1_a_gathered_codec_sends_each_rank_its_own_chunk():
     and the vectors' reduce-scatter input (each chunk's padded to the longest)."""
     for world in (2, 4):
         _lossless_per_destination("fsdp1_mixed", _flat_chunks(fsdp_jobs.mixed_model(), world), world)
+    # Over 4 ranks the last Linear's fourth chunk holds one value of its weight: a unit shorter
+    # than SparseLoCo's k, which sends it as a partial chunk.
+    assert _flat_chunks(fsdp_jobs.mixed_model(), 4)[1][3][0] == 1
+    out = ddp.run(fsdp_jobs.each, "fsdp1_mixed", ["sparseloco:chunk=256,k=16"], 4, world=4)
+    for rank in range(4):
+        losses, local, stats = out[rank]["sparseloco:chunk=256,k=16"]
+        assert np.isfinite(local).all() and np.isfinite(losses).all(), rank
+        assert stats["compressed_steps"] == 2 * 4 and stats["payload_bytes"] > 0, stats  # 2 instances
 
 
 def test_fsdp1_codecs_train_a_nan_raises_everywhere_and_a_checkpoint_resumes(tmp_path):
