@@ -25,6 +25,7 @@ docs/images, the runs in docs/data/local-WORKLOAD.json and the tables' data file
 import argparse
 import glob
 import json
+import math
 import os
 import shutil
 import statistics
@@ -145,11 +146,16 @@ def plot(pts, out, workload, dense, target):
             ax.annotate(f"H={h}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points", color=colour)
             if sd:
                 ax.errorbar([x], [y], yerr=[sd], color=colour, capsize=3)
-    for n, p in pts.items():
+    # Per-step points close together (PowerSGD at rank 4: ours and PyTorch's, alone and in fp16)
+    # would print their labels over each other: each is written a line below its near neighbours'.
+    placed = []
+    for n, p in sorted(pts.items(), key=lambda item: item[1]["per_example"]):
         if p["H"] == 1:
-            y = mean_sd(p)[0]
-            ax.scatter(p["per_example"], y, marker="x", color="black")
-            ax.annotate(p["label"], (p["per_example"], y), fontsize=7, xytext=(3, -9), textcoords="offset points")
+            x, y = p["per_example"], mean_sd(p)[0]
+            ax.scatter(x, y, marker="x", color="black")
+            lines = sum(1 for px, py in placed if abs(math.log10(x / px)) < 0.5 and abs(y - py) < 0.1)
+            placed.append((x, y))
+            ax.annotate(p["label"], (x, y), fontsize=7, xytext=(3, -9 - 8 * lines), textcoords="offset points")
     ax.axhline(target, color="tab:red", ls=":", lw=1,
                label=f"per-step dense {'+ 2 %' if workload in frontier.LOSSES else '- 0.5 points'} ({target:.3f})")
     least = LEAST.get(workload, 1000)
