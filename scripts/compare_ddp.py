@@ -125,7 +125,8 @@ def plot(rows, args):
     ax.set_xscale("log")
     ax.set_xlabel("payload per worker per round, steady state (bytes, log)")
     ax.set_ylabel(f"validation loss ({LOSSES[args.workload]})" if args.workload in LOSSES else "test accuracy (%)")
-    ax.set_title(f"DDP, {args.workload}, {args.workers} gloo workers: sketchsgd (circles) vs PyTorch (squares)",
+    kind = "local steps (a sync every H steps, its bytes spread over them)" if args.local else "DDP"
+    ax.set_title(f"{kind}, {args.workload}, {args.workers} gloo workers: sketchsgd (circles) vs PyTorch (squares)",
                  fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
