@@ -12,7 +12,8 @@ The collectives of a group's step, the same on every rank:
      length, so a failed encode (length 0: a rank that fails any of its chunks sends 0 for all)
      or a bad length stops every rank at the same point, with no rank left waiting;
   2. an all-to-all of the messages (each of its own length, no padding);
-  3. a reduce-scatter of the tensors the layout sends whole, when the group has any.
+  3. a reduce-scatter of the tensors the layout sends whole, when the group has any (an
+     all-to-all where the chunks hold different ones: FSDP1).
 Summable codecs keep the whole-gradient round (sketchsgd.fsdp): their sums need no per-rank
 decode, and their error feedback wants the whole mean.
 
@@ -149,18 +150,19 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
 
 def _whole(comm, W, me, units, cores) -> None:
     """The tensors sent whole, summed into this rank's chunk's room: one reduce-scatter of every
-    chunk's, each padded with zeros to the longest where the chunks hold different ones."""
+    chunk's where the chunks hold the same (FSDP2), else one all-to-all of each chunk's to the
+    rank that keeps it (FSDP1's chunks hold different ones), summed here in rank order: each
+    link carries the values, not a padding to the longest chunk's."""
     longest = max(u.n_dense for u in units)  # the same on every rank
     if not longest:
         return
     rooms = [c.rooms[0] for c in cores]
-    comm.count(longest * 4 * W, 0)  # the reduce-scatter's input, as counted elsewhere
     if all(u.n_dense == longest for u in units):
+        comm.count(longest * 4 * W, 0)  # the reduce-scatter's input, as counted elsewhere
         comm.reduce_scatter_sum(rooms[me], rooms)
         return
-    padded = torch.zeros(W, longest, dtype=torch.float32, device=rooms[me].device)
-    for r, room in enumerate(rooms):
-        padded[r, :room.numel()] = room
-    mine = torch.empty(longest, dtype=torch.float32, device=rooms[me].device)
-    comm.reduce_scatter_sum(mine, padded.view(-1))
-    rooms[me].copy_(mine[:rooms[me].numel()])
+    got = comm.exchange([room.view(torch.uint8) for room in rooms], [rooms[me].numel() * 4] * W, rooms[me])
+    total = torch.zeros_like(rooms[me])
+    for part in got:
+        total += part.view(torch.float32).to(total.device)
+    rooms[me].copy_(total)

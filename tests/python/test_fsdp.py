@@ -187,10 +187,10 @@ def _lossless_per_destination(job, modules, world):
             assert np.allclose(losses, plain, rtol=1e-5), (rank, losses, plain)
             assert np.allclose(local, shards, rtol=1e-4, atol=1e-6), rank
         # A message per chunk holding compressed values (a header, a count, 8 bytes a value),
-        # 8-byte lengths, and the whole tensors' reduce-scatter input (each chunk's padded to
-        # the longest).
-        sent = sum(sum(sketchsgd._core.header_bytes + 4 + 8 * c for c, _ in chunks if c) + 8 * world
-                   + world * 4 * max(d for _, d in chunks) for chunks in modules)
+        # 8-byte lengths, and each chunk's whole tensors (4 bytes a value; the reduce-scatter's
+        # input where every chunk holds the same, else the all-to-all's).
+        sent = sum(sum((sketchsgd._core.header_bytes + 4 + 8 * c if c else 0) + 4 * d for c, d in chunks)
+                   + 8 * world for chunks in modules)
         assert stats["payload_bytes"] == 4 * sent, (world, rank, stats, sent)
 
 
@@ -301,7 +301,7 @@ def test_fsdp1_a_gathered_codec_sends_each_rank_its_own_chunk():
     200-value vector fills its later chunks): with top-k sending every value, the step is FSDP1's
     own reduction, bit for bit on 2 ranks, to rounding on 4. A rank hands over per step a message
     for each chunk holding matrix values (a header, a count, 8 bytes a value), 8-byte lengths,
-    and the vectors' reduce-scatter input (each chunk's padded to the longest)."""
+    and each chunk's vector values, sent to its rank (an all-to-all: no padding)."""
     for world in (2, 4):
         _lossless_per_destination("fsdp1_mixed", _flat_chunks(fsdp_jobs.mixed_model(), world), world)
     # Over 4 ranks the last Linear's fourth chunk holds one value of its weight: a unit shorter
