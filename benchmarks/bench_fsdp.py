@@ -1,17 +1,28 @@
 #!/usr/bin/env python3
-"""A codec's own work per training step under FSDP2 against the same codec under DDP: one
-process, a group of one (gloo on the CPU, NCCL on a GPU), the demo's MLP (784-W-W-10). Under DDP
-the codec runs in the communication hook on one bucket; under FSDP2 (fully_shard on each layer
-and the root) in sketchsgd.fsdp's hook on each layer's gradient (compress_replicas: in a group
-of one FSDP2 calls no reduce-scatter, so compress_reduce_scatter's path, which adds a copy into
-parameter order and one out, cannot be timed alone). Timed: the wall time inside the hook calls
-of a backward pass (DDP: compression_hook, through a wrapper; FSDP2: sketchsgd._hook.reduce_shard,
-which both FSDP entry points drive, wrapped here for the measurement), medians over the steps
-of interleaved rounds. Timing a whole backward with the codec less one without it mixes in
-FSDP2's and DDP's own reductions, which differ.
+"""A codec's own work per training step under FSDP against the same codec under DDP, the demo's
+MLP (784-W-W-10), on the CPU (gloo) or a GPU (NCCL).
 
-    .venv/bin/python benchmarks/bench_fsdp.py [--threads 1] [--steps 30] [--rounds 3] [--json out.json]
-                                              [--table]   (docs/data/tables/fsdp-work.json from the run)
+--ranks 1 (one process, a group of one): under DDP the codec runs in the communication hook on
+one bucket; under FSDP2 (fully_shard on each layer and the root) in sketchsgd.fsdp's replica
+hook on each layer's gradient (compress_replicas: in a group of one FSDP2 calls no
+reduce-scatter, so compress_reduce_scatter's path cannot run).
+--ranks W ≥ 2 (W processes): full sharding, FSDP2's compressed reduce-scatter
+(compress_reduce_scatter: summable codecs on each layer's whole gradient in parameter order, a
+copy in and out; gathered codecs per destination, W chunks encoded and this rank's W messages
+decoded) and FSDP1's (compress_fsdp1, FULL_SHARD, each layer an instance), against DDP at W ranks
+(one bucket: gathered codecs decode W whole messages there).
+
+Timed, on every rank: the wall time inside the calls that FSDP and DDP make into sketchsgd in a
+backward pass (DDP: compression_hook; FSDP2: the replica hook or the custom reduce-scatter;
+FSDP1: the communication hook), less the time inside the collectives those calls issue (each
+made blocking and timed): what is left is the codec's and the integration's own work. The time
+inside collectives includes waiting for the slowest rank, which would otherwise count the other
+ranks' work against this one. Of that, the codec's phases alone: the time inside the C++ round's
+start, next and finish (sketchsgd._core.Round, wrapped here). Medians over the steps of
+interleaved rounds, then the mean over the ranks.
+
+    .venv/bin/python benchmarks/bench_fsdp.py [--ranks 1] [--threads 1] [--steps 30] [--rounds 3]
+                                              [--json out.json] [--table]   (the docs' table from the run)
 """
 import argparse
 import copy
@@ -31,119 +42,254 @@ SPECS = ["dense", "powersgd:rank=4", "powersgd:rank=4,wire=fp16", "sketch:rows=1
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=count, default=1)
+    ap.add_argument("--ranks", type=count, default=1, help="processes: 1 (FSDP2's replica hook) or W ≥ 2 (full "
+                    "sharding over W ranks: FSDP2's and FSDP1's compressed reduce-scatter)")
+    ap.add_argument("--threads", type=count, default=1, help="threads a rank")
     ap.add_argument("--steps", type=count, default=30)
     ap.add_argument("--rounds", type=count, default=3, help="time every configuration in turn this many times")
     ap.add_argument("--width", type=count, default=1024)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--only", help="comma-separated substrings of the specs to time")
+    ap.add_argument("--timeout", type=count, default=1800, help="seconds before the ranks are stopped")
     ap.add_argument("--json")
     ap.add_argument("--table", action="store_true", help="write the docs' table data file (needs --json: its raw data)")
     args = ap.parse_args()
     if args.table and not args.json:
         ap.error("--table: give --json too (the table's raw data)")
-    specs = [s for s in SPECS if not args.only or any(o in s for o in args.only.split(","))]
-    if not specs:
+    args.specs = [s for s in SPECS if not args.only or any(o in s for o in args.only.split(","))]
+    if not args.specs:
         ap.error(f"--only {args.only}: no spec has any of these")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         ap.error(f"--json {args.json}: no such folder")
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
     import torch
-    import torch.distributed as dist
-    import torch.nn as nn
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
     try:
-        import sketchsgd._hook
-        import sketchsgd.fsdp
-        from sketchsgd.torch import CompressionState, compression_hook
+        import sketchsgd.fsdp  # noqa: F401
     except ImportError as e:
         ap.error(f"the sketchsgd package does not load ({one_line(e)})")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: this PyTorch sees no GPU")
-    torch.set_num_threads(args.threads)
-    dev = torch.device(args.device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if args.device == "cuda" and torch.cuda.device_count() < (1 if args.ranks == 1 else args.ranks):
+        ap.error(f"--device cuda --ranks {args.ranks}: this PyTorch sees {torch.cuda.device_count()} GPU(s), one a "
+                 "rank is needed")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    torch.manual_seed(0)
+    if args.ranks == 1:
+        ranks = [rank(0, args, port, None)]
+    else:
+        ranks = spawn(args, port)
+    kinds = ["ddp"] + (["fsdp2"] if args.ranks == 1 else ["fsdp2", "fsdp1"])
+    results = []
+    print(f"{'spec':45s} " + " ".join(f"{k + ' ms':>9s}" for k in kinds) + " " +
+          " ".join(f"{k + '/ddp':>10s}" for k in kinds[1:]))
+    for spec in args.specs:
+        ms = {k: statistics.mean(r["own"][f"{k} {spec}"] for r in ranks) for k in kinds}
+        phases = {k: statistics.mean(r["phases"][f"{k} {spec}"] for r in ranks) for k in kinds}
+        row = {"spec": spec, **{f"{k}_ms": ms[k] for k in kinds}, **{f"{k}_phases_ms": phases[k] for k in kinds},
+               "per_rank": {k: [r["own"][f"{k} {spec}"] for r in ranks] for k in kinds}}
+        for k in kinds[1:]:
+            row[f"{k}_ratio"] = ms[k] / ms["ddp"]
+        results.append(row)
+        print(f"{spec:45s} " + " ".join(f"{ms[k]:9.2f}" for k in kinds) + " " +
+              " ".join(f"{ms[k] / ms['ddp']:10.2f}" for k in kinds[1:]) + "   phases " +
+              " / ".join(f"{phases[k]:.2f}" for k in kinds))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": args.ranks, "threads": args.threads, "device": args.device, "width": args.width,
+                       "rounds": args.rounds, "steps": args.steps, "results": results}, f, indent=1)
+    if args.table:
+        table(args, results)
+
+
+def table(args, results):
+    import torch
+    import doc_tables
     w = args.width
-    base = nn.Sequential(nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(dev)
-    mesh = init_device_mesh(dev.type, (1,))
-    x, y = torch.randn(32, 784, device=dev), torch.randint(0, 10, (32,), device=dev)
+    if args.ranks == 1:
+        name = "fsdp-work"
+        head = ["codec", "DDP: ms a step", "FSDP2: ms a step", "FSDP2 / DDP", "codec phases, DDP / FSDP2 (ms)"]
+        rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp2_ms']:.2f}", f"{r['fsdp2_ratio']:.2f}",
+                 f"{r['ddp_phases_ms']:.2f} / {r['fsdp2_phases_ms']:.2f}"] for r in results]
+        how = "one process (a group of one); DDP: one bucket; FSDP2: compress_replicas, one call per layer (3)"
+    else:
+        name = "fsdp-work-ranks" + ("" if w == 1024 else f"-{w}")
+        head = ["codec", "DDP: ms a step", "FSDP2 full: ms a step", "FSDP2 / DDP", "FSDP1: ms a step", "FSDP1 / DDP",
+                "codec phases, DDP / FSDP2 / FSDP1 (ms)"]
+        rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp2_ms']:.2f}", f"{r['fsdp2_ratio']:.2f}",
+                 f"{r['fsdp1_ms']:.2f}", f"{r['fsdp1_ratio']:.2f}",
+                 f"{r['ddp_phases_ms']:.2f} / {r['fsdp2_phases_ms']:.2f} / {r['fsdp1_phases_ms']:.2f}"]
+                for r in results]
+        how = (f"{args.ranks} processes; DDP: one bucket; FSDP2: compress_reduce_scatter, FSDP1: compress_fsdp1, "
+               "full sharding, each layer a module (3) and the root")
+    doc_tables.write(f"docs/data/tables/{name}.json", "benchmarks/bench_fsdp.py " + " ".join(sys.argv[1:]),
+                     time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {torch.__version__}, {args.device}",
+                     head, rows, data=args.json,
+                     note=f"MLP 784-{w}-{w}-10, {args.threads} thread(s) a rank, {args.rounds} interleaved rounds of "
+                          f"{args.steps} steps; {how}. A rank's median ms a step inside the calls into sketchsgd less "
+                          "the collectives they issue, the mean over the ranks; of which the codec's phases: inside the C++ "
+                          "round's start, next and finish.")
 
-    dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30  # one bucket, as FSDP2's layers are one unit each
-    inside = {"ms": 0.0}
 
-    def timed(fn):
-        def call(*a, **k):
+def spawn(args, port):
+    """--ranks W: W processes; every rank's medians, in rank order."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=rank, args=(r, args, port, queue)) for r in range(args.ranks)]
+    for p in procs:
+        p.start()
+    got, deadline = {}, time.time() + args.timeout
+    while len(got) < args.ranks and time.time() < deadline:
+        try:
+            r, medians = queue.get(timeout=5)
+            got[r] = medians
+        except Exception:  # queue.Empty: is every rank still alive?
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+    for p in procs:  # over (or failed): no rank may linger
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if len(got) < args.ranks:
+        sys.exit("bench_fsdp: a rank failed" if time.time() < deadline else
+                 f"bench_fsdp: no result within --timeout {args.timeout} s")
+    return [got[r] for r in range(args.ranks)]
+
+
+def rank(me, args, port, queue):
+    """One rank's medians, {"own" | "phases": {"<kind> <spec>": ms a step}}; put on queue with its rank
+    (W ≥ 2) or returned."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy, fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import sketchsgd._comm
+    import sketchsgd._core
+    import sketchsgd._hook
+    import sketchsgd.fsdp
+    from sketchsgd.torch import CompressionState, compression_hook
+
+    W = args.ranks
+    torch.set_num_threads(args.threads)
+    dev = torch.device(args.device, me) if args.device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=me, world_size=W, timeout=datetime.timedelta(seconds=120))
+    clock = {"inside": 0.0, "comm": 0.0, "phases": 0.0, "depth": 0}
+
+    def entry(fn):  # a call FSDP or DDP makes into sketchsgd: its wall time, the result complete
+        def call(*a, **k):  # (the outermost only: the reduce-scatters call the replica hook's code)
+            clock["depth"] += 1
             sync()
             t = time.perf_counter()
-            out = fn(*a, **k)
-            if hasattr(out, "wait"):
-                out.wait()
-            sync()
-            inside["ms"] += 1e3 * (time.perf_counter() - t)
+            try:
+                out = fn(*a, **k)
+                if hasattr(out, "wait"):
+                    out.wait()
+                sync()
+            finally:
+                clock["depth"] -= 1
+            if not clock["depth"]:
+                clock["inside"] += time.perf_counter() - t
             return out
         return call
 
-    sketchsgd._hook.reduce_shard = timed(sketchsgd._hook.reduce_shard)
-    ddp_hook = timed(compression_hook)
+    def collective(fn):  # a collective sketchsgd issues, made blocking: its wall time, waits included
+        def call(*a, **k):
+            sync()
+            t = time.perf_counter()
+            work = fn(*a, **k)
+            if work is not None:
+                work.wait()
+            sync()
+            clock["comm"] += time.perf_counter() - t
+            return work
+        return call
+
+    def phase(fn):  # a phase of the C++ round: the codec's own work
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                clock["phases"] += time.perf_counter() - t
+        return call
+
+    for name in ("all_reduce", "all_gather", "all_to_all", "reduce_scatter", "broadcast"):
+        setattr(sketchsgd._comm._Dist, name, collective(getattr(sketchsgd._comm._Dist, name)))
+    for name in ("start", "next", "finish"):
+        setattr(sketchsgd._core.Round, name, phase(getattr(sketchsgd._core.Round, name)))
+    sketchsgd._hook.reduce_shard = entry(sketchsgd._hook.reduce_shard)
+    sketchsgd.fsdp._ReduceScatter.__call__ = entry(sketchsgd.fsdp._ReduceScatter.__call__)
+    sketchsgd.fsdp._Fsdp1Unit.__call__ = entry(sketchsgd.fsdp._Fsdp1Unit.__call__)
+    ddp_hook = entry(compression_hook)
 
     def hook(state, bucket):  # DDP reads the hook's parameter names
         return ddp_hook(state, bucket)
 
+    torch.manual_seed(0)
+    w = args.width
+    base = nn.Sequential(nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(dev)
+    mesh = init_device_mesh(dev.type, (W,))
+    gen = torch.Generator().manual_seed(100 + me)  # each rank its own batch, as in training
+    x = torch.randn(32, 784, generator=gen).to(dev)
+    y = torch.randint(0, 10, (32,), generator=gen).to(dev)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 1 << 30  # one bucket, as FSDP's layers are one unit each
+
     def ddp(spec):
-        m = DDP(copy.deepcopy(base), bucket_cap_mb=1024)
+        m = DDP(copy.deepcopy(base), device_ids=[dev.index] if dev.type == "cuda" else None, bucket_cap_mb=1024)
         m.register_comm_hook(CompressionState(spec, start_iter=2), hook)
         return m
 
-    def fsdp(spec):
+    def fsdp2(spec):
         m = copy.deepcopy(base)
         for layer in m:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(m, mesh=mesh)
-        sketchsgd.fsdp.compress_replicas(m, CompressionState(spec))
+        if W == 1:
+            sketchsgd.fsdp.compress_replicas(m, CompressionState(spec))
+        else:
+            sketchsgd.fsdp.compress_reduce_scatter(m, CompressionState(spec))
         return m
 
-    models = {(kind, spec): make(spec) for kind, make in (("ddp", ddp), ("fsdp", fsdp)) for spec in specs}
+    def fsdp1(spec):
+        m = copy.deepcopy(base)
+        how = dict(sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=dev)
+        for i, layer in enumerate(m):
+            if isinstance(layer, nn.Linear):
+                m[i] = FSDP(layer, **how)
+        m = FSDP(m, **how)
+        sketchsgd.fsdp.compress_fsdp1(m, CompressionState(spec))
+        return m
+
+    makers = {"ddp": ddp, "fsdp2": fsdp2} if W == 1 else {"ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1}
+    models = {f"{kind} {spec}": make(spec) for kind, make in makers.items() for spec in args.specs}
     times = {key: [] for key in models}
+    phases = {key: [] for key in models}
     for rnd in range(args.rounds):
         for key, m in models.items():
-            for step in range((12 if rnd == 0 else 2) + args.steps):
+            skip = 12 if rnd == 0 else 2
+            for step in range(skip + args.steps):
                 loss = nn.functional.cross_entropy(m(x), y)
                 m.zero_grad()
-                inside["ms"] = 0.0
+                clock["inside"] = clock["comm"] = clock["phases"] = 0.0
                 loss.backward()
-                if step >= (12 if rnd == 0 else 2):
-                    times[key].append(inside["ms"])
-        print(f"round {rnd + 1}/{args.rounds} timed", flush=True)
-    med = {key: statistics.median(t) for key, t in times.items()}
-    results = []
-    print(f"{'spec':45s} {'DDP ms':>8s} {'FSDP2 ms':>9s} {'FSDP2/DDP':>9s}")
-    for spec in specs:
-        d, f = med[("ddp", spec)], med[("fsdp", spec)]
-        results.append({"spec": spec, "ddp_ms": d, "fsdp_ms": f, "ratio": f / d})
-        print(f"{spec:45s} {d:8.2f} {f:9.2f} {f / d:9.2f}")
+                if step >= skip:
+                    times[key].append(1e3 * (clock["inside"] - clock["comm"]))
+                    phases[key].append(1e3 * clock["phases"])
+        if me == 0:
+            print(f"round {rnd + 1}/{args.rounds} timed", flush=True)
+    medians = {"own": {key: statistics.median(t) for key, t in times.items()},
+               "phases": {key: statistics.median(t) for key, t in phases.items()}}
     dist.destroy_process_group()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "device": str(dev), "width": w, "rounds": args.rounds,
-                       "steps": args.steps, "results": results}, f, indent=1)
-    if args.table:
-        import doc_tables
-        rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp_ms']:.2f}", f"{r['ratio']:.2f}"] for r in results]
-        doc_tables.write("docs/data/tables/fsdp-work.json", "benchmarks/bench_fsdp.py " + " ".join(sys.argv[1:]),
-                         time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {torch.__version__}, {dev.type}",
-                         ["codec", "DDP: ms a step", "FSDP2: ms a step", "FSDP2 / DDP"], rows, data=args.json,
-                         note=f"MLP 784-{w}-{w}-10, {args.threads} thread(s), {args.rounds} interleaved rounds of "
-                              f"{args.steps} steps; median ms a step inside the hook calls (DDP: one bucket; "
-                              "FSDP2: one call per layer, 3 layers).")
+    if queue is None:
+        return medians
+    queue.put((me, medians))
 
 
 if __name__ == "__main__":

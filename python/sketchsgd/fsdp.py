@@ -308,15 +308,21 @@ class _ReduceScatter(ReduceScatter):
             elif scale is not None:
                 output_tensor.mul_(scale)
             return None
+        # Parameter-major, in float32 (the codec's dtype): one strided copy per parameter, which
+        # also widens a half-precision gradient. (Compressing the input as it lies instead, for
+        # codecs that read no shapes, measured slower: the 1-D shards between a chunk's matrices
+        # split the compressed values into W runs, gathered and scattered by the round in full.)
         chunks = input_tensor.view(world, -1).split(self.sizes, dim=1)  # [j]: (W, n_j), parameter j's shards
-        whole = _hook.scratch(self.backward.state, "whole", input_tensor.numel(), input_tensor.dtype,
-                              input_tensor.device)
-        torch.cat([c.reshape(-1) for c in chunks], out=whole)
+        whole = _hook.scratch(self.backward.state, "whole", input_tensor.numel(), torch.float32, input_tensor.device)
+        blocks = whole.split([world * n for n in self.sizes])
+        for block, chunk in zip(blocks, chunks):
+            block.view(chunk.shape).copy_(chunk)
         if not self.backward.reduce(self.index, whole, self.shapes):
             output_tensor.zero_()  # the backward raises at its end on every rank: no update
             return None
         # This rank's chunk: row `rank` of each parameter's (W, n_j) block of the mean.
-        torch.cat([m.view(world, -1)[rank] for m in whole.split([world * n for n in self.sizes])], out=output_tensor)
+        for out, block, n in zip(output_tensor.split(self.sizes), blocks, self.sizes):
+            out.copy_(block.view(world, n)[rank])
         if scale is not None:
             output_tensor.mul_(scale)
         return None

@@ -65,6 +65,7 @@ CASES = [
     ("benchmarks/bench_fsdp.py", ["--steps", "0"], "--steps"),
     ("benchmarks/bench_fsdp.py", ["--only", "nothing"], "--only"),
     ("benchmarks/bench_fsdp.py", ["--table"], "--table"),
+    ("benchmarks/bench_fsdp.py", ["--ranks", "0"], "--ranks"),
     ("scripts/compare_fsdp.py", ["--only", "full:nothing"], "--only"),
     ("benchmarks/bench_round.py", ["--k", "0"], "--k"),
     ("benchmarks/bench_round.py", ["--report", "x.json"], "--report"),
