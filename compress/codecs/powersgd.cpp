@@ -11,7 +11,12 @@
 //             gradient projected on P̂'s columns); workers keep M_i − P̂·Q̄ᵀ as their error and
 //             Q̄ for the next round.
 // momentum > 0: workers compress their local momentum (ρ·u + g) instead of the gradient, for a
-// server that applies the update as is (the parameter server). Matrix products: on the CPU,
+// server that applies the update as is (the parameter server). blocks = B: the layout is B chunks
+// of the same tensors, and tensor j of chunk b holds rows b·n/B.. of matrix j (FSDP's sharded
+// layout, each rank's rows of every parameter end to end): each matrix is factored whole, its
+// row blocks read where they lie, with no copy into parameter order. Its products are taken
+// block by block (P's rows and the step's are a block's own; Q = Σ_b M_bᵀ·P_b), so the result
+// is the unblocked one up to the summation order of Q. Matrix products: on the CPU,
 // kernels::cpu::lowrank_* with the error feedback fused into the first and last products (a
 // round streams the matrix seven times; OpenBLAS's packing and separate error passes made it
 // about twelve, and its blocking reaches half the FMA rate of the register tiles there, at
@@ -39,6 +44,15 @@ namespace {
 struct Plan {
   struct Matrix {
     uint64_t offset, rows, cols, rank, p_at, q_at, r_at;  // r_at: its rank × rank block
+    // Its rows in `blocks` blocks, block b at offset + b · stride (blocks = 1: one block).
+    uint64_t blocks = 1, stride = 0;
+
+    /// f(its offset, its P rows' offset, its rows) for each block, in order.
+    template <class F>
+    void each_block(F&& f) const {
+      const uint64_t n = rows / blocks;
+      for (uint64_t b = 0; b < blocks; ++b) f(offset + b * stride, p_at + b * n * rank, n);
+    }
   };
   struct Dense {
     uint64_t offset, numel, at;
@@ -55,23 +69,39 @@ struct Plan {
     return out;
   }
 
-  Plan(const Layout& layout, uint64_t rank, double min_rate) {
-    auto rank_of = [&](const Layout::Tensor& t) { return std::min({t.rows, t.cols, rank}); };
-    const auto split = layout.partition([&](const Layout::Tensor& t) {
-      return t.dims < 2 ||
-             double(t.rows + t.cols) * double(rank_of(t)) * min_rate >= double(t.numel);
-    });
-    for (const auto& t : split.kept) {
-      const uint64_t r = rank_of(t);
-      matrices.push_back({t.offset, t.rows, t.cols, r, p_size, q_size, r_size});
-      p_size += t.rows * r;
+  Plan(const Layout& layout, uint64_t rank, double min_rate, uint64_t blocks) {
+    // Tensor j of the first chunk stands for its matrix: its rows are the block's times blocks.
+    const auto& all = layout.tensors();
+    SKETCHSGD_REQUIRE(all.size() % blocks == 0, InvalidArgument, "powersgd: blocks=", blocks,
+                      " but the layout has ", all.size(), " tensors, not chunks of equal ones");
+    const uint64_t per = all.size() / blocks, chunk = layout.size() / blocks;
+    for (uint64_t i = 0; i < all.size(); ++i) {
+      const auto& t = all[i];
+      const auto& first = all[i % per];
+      SKETCHSGD_REQUIRE(t.rows == first.rows && t.cols == first.cols && t.dims == first.dims &&
+                            t.offset == first.offset + (i / per) * chunk,
+                        InvalidArgument, "powersgd: blocks=", blocks, ": tensor ", i,
+                        " of the layout differs from tensor ", i % per,
+                        " of the first chunk (chunks of the same tensors expected)");
+    }
+    auto whole = [&](const Layout::Tensor& t) {
+      const uint64_t rows = t.rows * blocks, r = std::min({rows, t.cols, rank});
+      return t.dims < 2 || double(rows + t.cols) * double(r) * min_rate >= double(rows * t.cols);
+    };
+    for (uint64_t j = 0; j < per; ++j) {
+      const auto& t = all[j];
+      if (whole(t)) continue;
+      const uint64_t rows = t.rows * blocks, r = std::min({rows, t.cols, rank});
+      matrices.push_back({t.offset, rows, t.cols, r, p_size, q_size, r_size, blocks, chunk});
+      p_size += rows * r;
       q_size += t.cols * r;
       r_size += r * r;
     }
-    for (const auto& t : split.whole) {
-      dense.push_back({t.offset, t.numel, dense_size});
-      dense_size += t.numel;
-    }
+    for (const auto& t : all)
+      if (whole(t)) {
+        dense.push_back({t.offset, t.numel, dense_size});
+        dense_size += t.numel;
+      }
   }
 };
 
@@ -183,8 +213,10 @@ class PowerSGD final : public SummableCodec {
     if (fused_) return fused_p(g, p, dense, what);
     const auto m = fb_.absorb(g);
     for (const auto& x : plan_.matrices)
-      ops::gemm(device(), false, false, x.rows, x.rank, x.cols, 1.0f, m.data() + x.offset, x.cols,
-                qo_.data() + x.q_at, x.rank, 0.0f, p + x.p_at, x.rank);
+      x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
+        ops::gemm(device(), false, false, rows, x.rank, x.cols, 1.0f, m.data() + at, x.cols,
+                  qo_.data() + x.q_at, x.rank, 0.0f, p + p_at, x.rank);
+      });
     ops::scale_pieces(device(), dense_pieces(dense, m.data(), true), 1.0f);
   }
 
@@ -216,9 +248,12 @@ class PowerSGD final : public SummableCodec {
                                              shifted_.data(), x.rows, x.rank);
       }
       const float* qx = qo_.data() + x.q_at;
-      finite &= kernels::cpu::lowrank_absorb(
-          m.data() + x.offset, g.data() + x.offset, at(u, x.offset), fb_.rho(), qx, p + x.p_at,
-          x.rows, x.cols, x.rank, owed ? shifted_.data() : nullptr, owed ? qx : nullptr);
+      x.each_block([&](uint64_t o, uint64_t p_at, uint64_t rows) {
+        const float* owed_rows = owed ? shifted_.data() + (p_at - x.p_at) : nullptr;
+        finite &= kernels::cpu::lowrank_absorb(m.data() + o, g.data() + o, at(u, o), fb_.rho(), qx,
+                                               p + p_at, rows, x.cols, x.rank, owed_rows,
+                                               owed ? qx : nullptr);
+      });
     }
     deferred_ = false;
     for (const auto& d : plan_.dense) {
@@ -239,12 +274,23 @@ class PowerSGD final : public SummableCodec {
     compute_p(g, round, out.data(), out.data() + plan_.p_size, "encode");
   }
 
-  /// Q_i = Mᵀ·P̂ per matrix into out (P̂: the Query's values; both in the device's memory).
+  /// Q_i = Mᵀ·P̂ per matrix into out (P̂: the Query's values; both in the device's memory); a
+  /// matrix in blocks sums its blocks' products.
   void do_answer_values(std::span<const float> p, std::span<float> out) override {
     const auto m = fb_.error();
     for (const auto& x : plan_.matrices)
-      ops::lowrank_answer(device(), m.data() + x.offset, p.data() + x.p_at, out.data() + x.q_at,
-                          x.rows, x.cols, x.rank);
+      x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
+        float* q = out.data() + x.q_at;
+        if (p_at != x.p_at) {  // a later block: into a room, then added
+          if (block_q_.size() < x.cols * x.rank)
+            block_q_ = Buffer<float>(x.cols * x.rank, device());
+          q = block_q_.data();
+        }
+        ops::lowrank_answer(device(), m.data() + at, p.data() + p_at, q, rows, x.cols, x.rank);
+        if (q != out.data() + x.q_at)
+          ops::axpy(device(), out.subspan(x.q_at, x.cols * x.rank),
+                    block_q_.span().first(x.cols * x.rank), 1.0f);
+      });
   }
 
   /// Whether matrix x's error subtraction waits for the next absorb: on the CPU at ranks up to
@@ -261,8 +307,10 @@ class PowerSGD final : public SummableCodec {
     const auto e = fb_.error();
     for (const auto& x : plan_.matrices)
       if (defers(x))
-        ops::lowrank_expand(device(), deferred_p_.data() + x.p_at, q_.data() + x.q_at, nullptr,
-                            x.rows, x.cols, x.rank, e.data() + x.offset);
+        x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
+          ops::lowrank_expand(device(), deferred_p_.data() + p_at, q_.data() + x.q_at, nullptr,
+                              rows, x.cols, x.rank, e.data() + at);
+        });
     deferred_ = false;
   }
 
@@ -273,8 +321,10 @@ class PowerSGD final : public SummableCodec {
     const float* q = p + plan_.p_size;
     const float* dense = q + plan_.q_size;
     for (const auto& x : plan_.matrices)
-      ops::lowrank_expand(device(), p + x.p_at, q + x.q_at, step.data() + x.offset, x.rows, x.cols,
-                          x.rank, error && !defers(x) ? error + x.offset : nullptr);
+      x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
+        ops::lowrank_expand(device(), p + p_at, q + x.q_at, step.data() + at, rows, x.cols, x.rank,
+                            error && !defers(x) ? error + at : nullptr);
+      });
     ops::scale_pieces(device(), dense_pieces(step.data(), dense, false), 1.0f);
   }
   void do_apply_values(std::span<const float> update, std::span<float> step) override {
@@ -293,7 +343,9 @@ class PowerSGD final : public SummableCodec {
     std::vector<kernels::Piece> owed_nothing;
     if (!o_.ef)
       for (const auto& x : plan_.matrices)
-        owed_nothing.push_back({e.data() + x.offset, e.data() + x.offset, x.rows * x.cols});
+        x.each_block([&](uint64_t at, uint64_t, uint64_t rows) {
+          owed_nothing.push_back({e.data() + at, e.data() + at, rows * x.cols});
+        });
     for (const auto& d : plan_.dense)
       owed_nothing.push_back({e.data() + d.offset, e.data() + d.offset, d.numel});
     ops::scale_pieces(device(), owed_nothing, 0.0f);
@@ -338,6 +390,7 @@ class PowerSGD final : public SummableCodec {
   mutable std::vector<float> deferred_p_;
   mutable bool deferred_ = false;
   std::vector<float> rr_, shifted_;  // compute_p's R blocks and P̂·Rᵀ (CPU)
+  Buffer<float> block_q_;            // a later row block's Mᵀ·P̂, before it is added
   uint64_t last_round_ = ~uint64_t(0);
 };
 
@@ -354,6 +407,10 @@ SKETCHSGD_REGISTER_CODEC(
       {"ef", "1: error feedback (keep what the approximation missed)", 1, 0, 1},
       {"warm", "1: start each round's power iteration from the last round's Q", 1, 0, 1},
       {"seed", "seed of the first Q, shared by workers and server", 1, 0, 4294967295.0},
+      {"blocks",
+       "the layout is this many chunks of the same tensors, tensor j of chunk b the b-th block "
+       "of rows of matrix j (FSDP's sharded layout): each matrix factored whole, read in place",
+       1, 1, 65536},
       {"wire",
        "float format of P, Q and the uncompressed values on the wire",
        0,
@@ -368,7 +425,7 @@ SKETCHSGD_REGISTER_CODEC(
                          "layout)");
        PowerOptions p{o.integer("rank"), float(o.number("momentum")), o.flag("ef"),
                       o.flag("warm"),    o.integer("seed"),           WireFloat(o.integer("wire"))};
-       const Plan plan(o.layout(), p.rank, o.number("min_rate"));
+       const Plan plan(o.layout(), p.rank, o.number("min_rate"), o.integer("blocks"));
        SKETCHSGD_REQUIRE(!plan.matrices.empty(), InvalidArgument, "powersgd: no tensor of layout ",
                          o.layout().text(), " is worth compressing at rank ", p.rank,
                          " (min_rate): use dense");

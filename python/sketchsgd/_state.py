@@ -78,9 +78,13 @@ class CompressionState:
             if check_ranks:
                 self._check_ranks()
         name, _, given = checked_spec(self.spec).partition(":")
-        if "layout" in dict(item.split("=", 1) for item in given.split(",") if item):  # canonical: every key
+        canonical = dict(item.split("=", 1) for item in given.split(",") if item)  # every key
+        if "layout" in canonical:
             raise ValueError("sketchsgd hook: the hook gives the codec its layout (the bucket's tensors): "
                              "leave layout= out of the spec")
+        if canonical.get("blocks", "1") != "1":
+            raise ValueError("sketchsgd hook: the hook gives the codec its blocks (FSDP's sharded layout): "
+                             "leave blocks= out of the spec")
         # Codecs that work per tensor (powersgd) get every tensor of a unit with its shape and
         # decide themselves what stays uncompressed; the others, the library's small-tensor rule
         # (compress_1d: 1-D tensors count as matrices).

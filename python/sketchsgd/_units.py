@@ -73,7 +73,13 @@ class Units:
         self.registered = {}  # bucket index -> entries known up front (register: sketchsgd.fsdp)
         self.fixed = None   # unit index -> Unit, once compression began
         self.pending = {}   # unit index -> states from load_state_dict()
+        self.blocks = {}    # bucket index -> B: its tensors are B chunks of one matrix's rows each (register)
         self._lookup = None  # (fixed, its first key -> unit, its compressed values), for held()
+
+    @property
+    def per_tensor(self) -> bool:
+        """Whether the codec reads each tensor's shape (powersgd) rather than a flat vector."""
+        return self._whole_rule is None
 
     def entries(self, ids, tensors, numel: int, index: int):
         """(key, numel, compressed) per tensor of a buffer of numel values, and key -> offset.
@@ -95,12 +101,16 @@ class Units:
             raise RuntimeError(f"bucket {index}: gradients hold {offset} values, its buffer {numel}")
         return entries, where
 
-    def register(self, index: int, ids, shapes):
+    def register(self, index: int, ids, shapes, blocks: int = 1):
         """Bucket index's tensors (ids, of these shapes) known before its first call, as a DDP
-        warm-up makes them known (sketchsgd.fsdp: each FSDP module's, or chunk's)."""
+        warm-up makes them known (sketchsgd.fsdp: each FSDP module's, or chunk's). blocks = B:
+        they are B chunks of the same tensors, each a block of rows of its matrix (FSDP's
+        sharded layout), for a codec that reads shapes (its option blocks)."""
         metas = [torch.empty(s, device="meta") for s in shapes]
         entries = self.entries(ids, metas, sum(m.numel() for m in metas), index)[0]
         self.warm[index] = self.registered[index] = entries
+        if blocks > 1:
+            self.blocks[index] = blocks
 
     def fix(self, index: int, entries):
         """Compression begins: the warm-up's buckets become units (a state without a warm-up:
@@ -127,7 +137,11 @@ class Units:
                                "warm-up (DDP changed its buckets later: raise start_iter, or a resumed model differs)")
         for u in held:
             if u.codec is None and u.n_compressed:
-                spec = _core.share_spec(self.spec, u.n_compressed / total)
+                spec = self.spec
+                if u.index in self.blocks:
+                    name, _, options = spec.partition(":")
+                    spec = f"{name}:{options + ',' if options.strip() else ''}blocks={self.blocks[u.index]}"
+                spec = _core.share_spec(spec, u.n_compressed / total)
                 u.build(spec, device, world, self.pending.pop(u.index, None),
                         self.shapes if self._whole_rule is None else None)
         return held

@@ -17,8 +17,9 @@
 
 - compress_reduce_scatter: full sharding over slow links. FSDP2's reduce-scatter of each module
   (FSDPModule.set_custom_reduce_scatter) is replaced. Summable codecs: every rank's full gradient
-  of the module goes through the codec (each parameter whole, its padding rows included), the
-  mean is formed as for a DDP bucket, and each rank keeps its shard. Gathered codecs: each
+  of the module goes through the codec (each parameter whole, its padding rows included; PowerSGD
+  reads each matrix's rows where FSDP lays them out), the mean is formed as for a DDP bucket,
+  and each rank keeps its shard. Gathered codecs: each
   rank's chunk for rank r is a unit of its own, sent to rank r alone (sketchsgd._scatter).
 
 - compress_fsdp1: FSDP1 (FullyShardedDataParallel, deprecated by PyTorch), its communication
@@ -230,10 +231,10 @@ def _register(what: str, module, state, warmup, wrong_group):
     return groups, backward
 
 
-def _units(state, index: int, shapes) -> None:
+def _units(state, index: int, shapes, blocks: int = 1) -> None:
     """FSDP group index's tensors become a unit before the first call, as a DDP warm-up fixes its
-    buckets (keys (group, position), shapes and sizes known up front)."""
-    state.units.register(index, [(index, j) for j in range(len(shapes))], shapes)
+    buckets (keys (group, position), shapes and sizes known up front; blocks: Units.register)."""
+    state.units.register(index, [(index, j) for j in range(len(shapes))], shapes, blocks)
 
 
 def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
@@ -263,21 +264,28 @@ class _ReduceScatter(ReduceScatter):
     gradient of the group in FSDP's order: W chunks, chunk r the parameters' padded shards r end to
     end.
 
-    A summable codec sees it parameter by parameter instead (one copy): parameter j's W shards
-    stacked are its padded full gradient, so a per-matrix codec (PowerSGD) factors each weight
-    matrix whole, as under DDP, rather than W slices of it at W times the factors' bytes. The
-    mean over the group is formed through the state's codec, and this rank keeps its chunk.
+    A summable codec forms the mean over the group through the state's codec, and this rank
+    keeps its chunk. A per-matrix codec (PowerSGD) takes the input as it lies, its option blocks
+    = W saying that parameter j's W shards are the row blocks of one matrix: each weight is
+    factored whole, as under DDP, rather than as W slices at W times the factors' bytes, and
+    nothing is copied but this rank's chunk out. The others see it parameter by parameter (one
+    strided copy): compressing the input as it lies measured no faster for them, the 1-D
+    shards between a chunk's matrices cutting their compressed values into W runs that the
+    round gathers and scatters in full.
 
     A gathered codec (per_destination) compresses each chunk as a unit of its own and sends it
     to the rank that keeps it (sketchsgd._scatter): W times fewer bytes a rank than gathering
     whole-gradient messages, and only its own chunk decoded."""
 
-    def __init__(self, backward, index: int, shapes, world: int, per_destination: bool):
+    def __init__(self, backward, index: int, shapes, world: int, per_destination: bool, per_tensor: bool):
         self.backward, self.index, self.world = backward, index, world
         self.sizes = [math.prod(s) for s in shapes]  # a parameter's padded shard, in values
-        self.chunks = [[tuple(s) for s in shapes]] * world  # per destination: every chunk alike
-        self.shapes = [(world * s[0], *s[1:]) if s else (world,) for s in shapes]
-        self.per_destination = per_destination
+        self.chunks = [[tuple(s) if s else (1,) for s in shapes]] * world  # per destination: every chunk alike
+        self.per_destination, self.in_place = per_destination, per_tensor and not per_destination
+        if self.in_place:  # the units' tensors: each chunk's shards, as the input lies
+            self.shapes = [s for chunk in self.chunks for s in chunk]
+        else:
+            self.shapes = [(world * s[0], *s[1:]) if s else (world,) for s in shapes]
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -308,10 +316,17 @@ class _ReduceScatter(ReduceScatter):
             elif scale is not None:
                 output_tensor.mul_(scale)
             return None
+        if self.in_place:
+            full = _hook.float32_of(self.backward.state, "in", input_tensor)  # FSDP's own buffer, if float32
+            if not self.backward.reduce(self.index, full, self.shapes):
+                output_tensor.zero_()  # the backward raises at its end on every rank: no update
+                return None
+            output_tensor.copy_(full.view(world, -1)[rank])
+            if scale is not None:
+                output_tensor.mul_(scale)
+            return None
         # Parameter-major, in float32 (the codec's dtype): one strided copy per parameter, which
-        # also widens a half-precision gradient. (Compressing the input as it lies instead, for
-        # codecs that read no shapes, measured slower: the 1-D shards between a chunk's matrices
-        # split the compressed values into W runs, gathered and scattered by the round in full.)
+        # also widens a half-precision gradient.
         chunks = input_tensor.view(world, -1).split(self.sizes, dim=1)  # [j]: (W, n_j), parameter j's shards
         whole = _hook.scratch(self.backward.state, "whole", input_tensor.numel(), torch.float32, input_tensor.device)
         blocks = whole.split([world * n for n in self.sizes])
@@ -361,11 +376,11 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
     for index, (m, g) in enumerate(groups):
         world = g.mesh_info.shard_mesh_size
         scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in g.fsdp_params],
-                                 world, per_destination)
+                                 world, per_destination, state.units.per_tensor)
         if per_destination:
             _scatter.register(state, index, scatter.chunks)
         else:
-            _units(state, index, scatter.shapes)
+            _units(state, index, scatter.shapes, world if scatter.in_place else 1)
         m.set_custom_reduce_scatter(scatter)
 
 

@@ -270,6 +270,54 @@ TEST(PowerSGD, DeferredErrorSubtractionIsInvisible) {
   }
 }
 
+/// blocks=B: the layout as FSDP shards it (B chunks, chunk b holding rows b·n/B.. of every
+/// tensor) gives every matrix's factors as the unblocked layout does, read in place: the steps
+/// equal the unblocked codec's on the same gradients in parameter order (to Q's summation
+/// order), round after round (error feedback, warm start; rank 2 defers the error subtraction,
+/// rank 6 does not), and the uncompressed tensors' mean exactly.
+TEST(PowerSGD, RowBlocksAreTheMatricesFactoredWhole) {
+  const std::vector<std::pair<uint64_t, uint64_t>> shapes = {{24, 20}, {24, 1}, {16, 18}};
+  const uint64_t B = 2, dim = 24 * 20 + 24 + 16 * 18;
+  // where[i]: coordinate i of the parameter-major vector in the blocked (chunk-major) one
+  std::vector<uint64_t> where(dim);
+  uint64_t at = 0, chunk = dim / B;
+  for (const auto& [rows, cols] : shapes) {
+    uint64_t before = 0;  // the chunk's values ahead of this tensor's block
+    for (const auto& [r2, c2] : shapes) {
+      if (r2 == rows && c2 == cols) break;
+      before += r2 / B * c2;
+    }
+    for (uint64_t i = 0; i < rows * cols; ++i)
+      where[at + i] =
+          (i / cols) / (rows / B) * chunk + before + (i / cols) % (rows / B) * cols + i % cols;
+    at += rows * cols;
+  }
+  for (const std::string& opts : {"rank=2", "rank=6,min_rate=1"}) {
+    SCOPED_TRACE(opts);
+    Round flat("powersgd:" + opts + ",layout=24x20+24+16x18", dim, 2);
+    Round blocked("powersgd:" + opts + ",blocks=2,layout=12x20+12+8x18+12x20+12+8x18", dim, 2);
+    for (uint64_t round = 0; round < 4; ++round) {
+      auto g = test::grads(2, dim, 10 + round);
+      auto gb = g;
+      for (uint32_t w = 0; w < 2; ++w)
+        for (uint64_t i = 0; i < dim; ++i) gb[w][where[i]] = g[w][i];
+      const auto want = flat.run(g, round), got = blocked.run(gb, round);
+      for (uint64_t i = 0; i < dim; ++i) {
+        if (i >= 480 && i < 504)  // the bias: its mean, exactly
+          ASSERT_EQ(got[where[i]], want[i]) << i;
+        else
+          ASSERT_NEAR(got[where[i]], want[i], 1e-4f * (1 + std::abs(want[i]))) << i;
+      }
+    }
+  }
+  // Chunks that are not the same tensors, or a count of tensors that does not divide, are refused.
+  EXPECT_THROW(make_compressor("powersgd:rank=2,blocks=2,layout=12x20+12+8x18+12x20+8x18+12", dim),
+               InvalidArgument);
+  EXPECT_THROW(
+      make_compressor("powersgd:rank=2,blocks=2,layout=12x20+12+8x18", 12 * 20 + 12 + 8 * 18),
+      InvalidArgument);
+}
+
 /// On the CPU the gradient's finiteness check rides on absorb: a NaN or ±Inf (in a factored
 /// matrix or an uncompressed tensor) is refused with its coordinate, through encode and
 /// encode_sum, and the worker goes on as if it never came — with an error subtraction owed

@@ -77,7 +77,7 @@ TEST(Registry, ShareSpecScalesOnlyBudgets) {
   EXPECT_EQ(share_spec("topk", 0.5), make_compressor("topk", 1000)->spec());  // k=0: default
   EXPECT_EQ(share_spec("powersgd:rank=4", 0.1),
             "powersgd:rank=4,momentum=0,min_rate=2,ef=1,"
-            "warm=1,seed=1,wire=fp32");
+            "warm=1,seed=1,blocks=1,wire=fp32");
   EXPECT_EQ(share_spec(" qsgd:bits=2 "), make_compressor("qsgd:bits=2", 1000)->spec());
   // A sketch's share of columns is a multiple of 4 (its windows align) once it holds 4; k is not.
   EXPECT_EQ(share_spec("sketch:k=1000,cols=90000", 0.4313),
