@@ -309,6 +309,16 @@ def test_a_coalesce_that_is_not_a_bool_is_refused(bad):
         CompressionState("powersgd:rank=2", coalesce=bad)
 
 
+@pytest.mark.parametrize("spec,option", [("powersgd:rank=2,layout=10x10", "layout="),
+                                         ("powersgd:rank=2,blocks=2", "blocks=")])
+def test_what_the_hook_gives_the_codec_is_refused_in_a_spec(spec, option):
+    """The layout and FSDP's row blocks come from the model, never from the spec."""
+    from sketchsgd.torch import CompressionState
+    with pytest.raises(ValueError, match=f"leave {option}"):
+        CompressionState(spec)
+    CompressionState("powersgd:rank=2,blocks=1")  # the default, as a canonical spec writes it
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not sketchsgd.cuda_build,
                                reason="no CUDA device (or a build without CUDA)")
 
