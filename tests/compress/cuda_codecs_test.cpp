@@ -291,8 +291,11 @@ TEST(CudaCodec, PowerSGDPhasesStayOnTheDevice) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   const uint64_t dim = 300 * 500 + 300 + 3000 + 10;
-  for (const char* spec : {"powersgd:rank=4,momentum=0.9,layout=300x500+300+10x300+10",
-                           "powersgd:rank=16,wire=fp16,layout=300x500+300+10x300+10"}) {
+  for (const char* spec :
+       {"powersgd:rank=4,momentum=0.9,layout=300x500+300+10x300+10",
+        "powersgd:rank=16,wire=fp16,layout=300x500+300+10x300+10",
+        // FSDP's sharded layout: two chunks, each matrix's rows in two blocks
+        "powersgd:rank=4,blocks=2,layout=150x500+150+5x300+5+150x500+150+5x300+5"}) {
     SCOPED_TRACE(spec);
     auto cpu = make_compressor(spec, dim);
     auto by_values = make_compressor(spec, dim, Device::cuda());
