@@ -135,6 +135,11 @@ def plot(pts, out, workload, dense, target):
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(11.5, 5.2))
+    # Methods ending at about the same place (H = 64 at ~15 kB on lm) would print their H labels
+    # over each other: each is written a line above its near neighbours'.
+    ys = [mean_sd(p)[0] for p in pts.values()]
+    span = (max(ys) - min(ys)) or 1.0
+    tagged = []
     for f in FAMILIES:
         label, colour, marker = f["label"], f["colour"], f["marker"]
         line = sorted((p["per_example"], *mean_sd(p)[:2], p["H"]) for n, p in pts.items()
@@ -143,7 +148,10 @@ def plot(pts, out, workload, dense, target):
             continue
         ax.plot([x for x, _, _, _ in line], [y for _, y, _, _ in line], marker=marker, color=colour, label=label)
         for x, y, sd, h in line:
-            ax.annotate(f"H={h}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points", color=colour)
+            above = sum(1 for tx, ty in tagged if abs(math.log10(x / tx)) < 0.15 and abs(y - ty) < 0.04 * span)
+            tagged.append((x, y))
+            ax.annotate(f"H={h}", (x, y), fontsize=7, xytext=(3, 3 + 8 * above), textcoords="offset points",
+                        color=colour)
             if sd:
                 ax.errorbar([x], [y], yerr=[sd], color=colour, capsize=3)
     # Per-step points close together (PowerSGD at rank 4: ours and PyTorch's, alone and in fp16)
