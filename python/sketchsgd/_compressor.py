@@ -270,7 +270,12 @@ class Compressor:
         return {"spec": self.spec, "dim": self.dim, "state": _state_tensor(self._c.save_state())}
 
     def load_state_dict(self, d: dict) -> None:
-        if d.get("spec") != self.spec or d.get("dim") != self.dim:
+        saved = d.get("spec")
+        try:  # in today's canonical form: an older build names the same codec in older words
+            saved = _core.share_spec(saved)  # (a PowerSGD spec before its option blocks)
+        except (TypeError, ValueError):
+            pass  # not a spec: refused below, naming it
+        if saved != self.spec or d.get("dim") != self.dim:
             raise _core.ConfigMismatch(
                 f"state of codec {d.get('spec')!r} (dim {d.get('dim')}) given to {self.spec!r} (dim {self.dim})")
         self._c.load_state(message(d["state"], "codec state"))

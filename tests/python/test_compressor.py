@@ -276,6 +276,24 @@ def test_state_dict_resumes_a_codec_bit_for_bit():
         b.load_state_dict(broken)
     as_bytes = dict(saved, state=saved["state"].numpy().tobytes())  # bytes are taken too
     b.load_state_dict(as_bytes)
+    with pytest.raises(sketchsgd.ConfigMismatch):
+        b.load_state_dict(dict(saved, spec=None))
+
+
+def test_a_state_saved_under_an_older_canonical_spec_loads():
+    """A spec as an earlier build wrote it (PowerSGD before its option blocks) names the same
+    codec: its state loads; another codec's does not."""
+    layout = [(40, 30), (30,)]
+    a = sketchsgd.Compressor("powersgd:rank=3", layout=layout)
+    a.encode_sum(torch.randn(1230))
+    older = dict(a.state_dict(), spec=a.spec.replace("blocks=1,", ""))
+    assert "blocks" not in older["spec"]
+    b = sketchsgd.Compressor("powersgd:rank=3", layout=layout)
+    b.load_state_dict(older)
+    g = torch.randn(1230)
+    assert torch.equal(a.encode_sum(g, 1), b.encode_sum(g, 1))
+    with pytest.raises(sketchsgd.ConfigMismatch):
+        sketchsgd.Compressor("powersgd:rank=2", layout=layout).load_state_dict(older)
 
 
 def test_bad_constructor_arguments():
