@@ -7,9 +7,9 @@ one bucket; under FSDP2 (fully_shard on each layer and the root) in sketchsgd.fs
 hook on each layer's gradient (compress_replicas: in a group of one FSDP2 calls no
 reduce-scatter, so compress_reduce_scatter's path cannot run).
 --ranks W ≥ 2 (W processes): full sharding, FSDP2's compressed reduce-scatter
-(compress_reduce_scatter: summable codecs on each layer's whole gradient in parameter order, a
-copy in and out; gathered codecs per destination, W chunks encoded and this rank's W messages
-decoded) and FSDP1's (compress_fsdp1, FULL_SHARD, each layer an instance), against DDP at W ranks
+(compress_reduce_scatter: summable codecs on each layer's whole gradient, PowerSGD where FSDP2
+lays it out and the others through a copy into parameter order, this rank's chunk copied out;
+gathered codecs per destination, W chunks encoded and this rank's W messages decoded) and FSDP1's (compress_fsdp1, FULL_SHARD, each layer an instance), against DDP at W ranks
 (one bucket: gathered codecs decode W whole messages there).
 
 Timed, on every rank: the wall time inside the calls that FSDP and DDP make into sketchsgd in a
