@@ -221,7 +221,7 @@ def rank(me, args, port, queue):
 
     for name in ("all_reduce", "all_gather", "all_to_all", "reduce_scatter", "broadcast"):
         setattr(sketchsgd._comm._Dist, name, collective(getattr(sketchsgd._comm._Dist, name)))
-    for name in ("start", "next", "finish"):
+    for name in ("start", "next", "finish", "finish_window"):
         setattr(sketchsgd._core.Round, name, phase(getattr(sketchsgd._core.Round, name)))
     sketchsgd._hook.reduce_shard = entry(sketchsgd._hook.reduce_shard)
     sketchsgd.fsdp._ReduceScatter.__call__ = entry(sketchsgd.fsdp._ReduceScatter.__call__)

@@ -10,8 +10,7 @@
 
 namespace sketchsgd {
 
-Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole,
-             Rooms rooms)
+Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole, Rooms rooms)
     : codec_(&codec),
       aggregator_(&aggregator),
       world_(aggregator.world_size()),
@@ -73,20 +72,25 @@ void Round::require(std::span<const Layout::Run> runs, uint64_t n, uint64_t valu
 }
 
 namespace {
-/// The pieces that move a's runs (of a buffer) to b end to end, or (to_runs) b to them; one
-/// launch on a GPU, where a copy per run was a host call each (a DDP bucket interleaves weights
-/// and biases: three runs each way for an MLP of three layers).
-std::vector<kernels::Piece> pieces(const float* a, std::span<const Layout::Run> runs,
-                                   const float* b, bool to_runs) {
+/// The pieces that move the runs of a buffer, seen through `window` (its values [lo, lo +
+/// window.size())), to b end to end, or (to_runs) back: the parts of the runs inside the window.
+/// One launch on a GPU, where a copy per run was a host call each (a DDP bucket interleaves
+/// weights and biases: three runs each way for an MLP of three layers).
+std::vector<kernels::Piece> pieces(std::span<const float> window, uint64_t lo,
+                                   std::span<const Layout::Run> runs, const float* b,
+                                   bool to_runs) {
   std::vector<kernels::Piece> out;
   out.reserve(runs.size());
+  const uint64_t hi = lo + window.size();
   uint64_t at = 0;
   for (const auto& r : runs) {
-    if (r.numel == 0) continue;
-    float* run = const_cast<float*>(a) + r.offset;
-    float* packed = const_cast<float*>(b) + at;
-    out.push_back(to_runs ? kernels::Piece{run, packed, r.numel}
-                          : kernels::Piece{packed, run, r.numel});
+    const uint64_t from = std::max(r.offset, lo), to = std::min(r.offset + r.numel, hi);
+    if (from < to) {
+      float* run = const_cast<float*>(window.data()) + (from - lo);
+      float* packed = const_cast<float*>(b) + at + (from - r.offset);
+      out.push_back(to_runs ? kernels::Piece{run, packed, to - from}
+                            : kernels::Piece{packed, run, to - from});
+    }
     at += r.numel;
   }
   return out;
@@ -95,7 +99,7 @@ std::vector<kernels::Piece> pieces(const float* a, std::span<const Layout::Run> 
 /// The runs of buffer end to end in out.
 void gather_runs(const Device& d, std::span<const float> buffer, std::span<const Layout::Run> runs,
                  std::span<float> out) {
-  ops::scale_pieces(d, pieces(buffer.data(), runs, out.data(), false), 1.0f);
+  ops::scale_pieces(d, pieces(buffer, 0, runs, out.data(), false), 1.0f);
 }
 
 /// The compressed values as one span: the buffer's own where they are one run.
@@ -206,15 +210,14 @@ std::vector<Round::Request> Round::padded(std::span<const std::span<const uint8_
   uint64_t longest = 0;
   for (uint32_t r = 0; r < world_; ++r) {
     SKETCHSGD_REQUIRE(lengths[r].size() == sizeof(length_), WireError, "rank ", r,
-                      " sent a length of ",
-                      lengths[r].size(), " bytes");
+                      " sent a length of ", lengths[r].size(), " bytes");
     uint64_t n = 0;
     for (size_t b = sizeof(length_); b-- > 0;) n = (n << 8) | lengths[r][b];
     SKETCHSGD_REQUIRE(n != 0, NonFiniteError, "rank ", r,
                       "'s gradient was not finite (that rank raised NonFiniteError with the "
                       "coordinate); this step has no update");
-    SKETCHSGD_REQUIRE(n <= limit, WireError, "rank ", r, " sent a message of ", n,
-                      " bytes (limit ", limit, ")");
+    SKETCHSGD_REQUIRE(n <= limit, WireError, "rank ", r, " sent a message of ", n, " bytes (limit ",
+                      limit, ")");
     sizes_[r] = n;
     longest = std::max(longest, n);
   }
@@ -229,10 +232,17 @@ std::vector<Round::Request> Round::padded(std::span<const std::span<const uint8_
 
 void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> buffer,
                    Runs at) {
+  finish(gathered, buffer, 0, buffer.size(), at);
+}
+
+void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out,
+                   uint64_t lo, uint64_t n, Runs at) {
   SKETCHSGD_REQUIRE(phase_ + 1 == phases(), ProtocolError, "round: finish() before the last phase");
-  require(buffer, buffer.size(), "buffer");
-  require(at.whole, buffer.size(), whole_, "whole");
-  require(at.kept, buffer.size(), codec_ ? codec_->dim() : 0, "compressed");
+  SKETCHSGD_REQUIRE(lo <= n && out.size() <= n - lo, InvalidArgument, "round: values [", lo, ", +",
+                    out.size(), ") of a buffer of ", n);
+  require(out, out.size(), "buffer");
+  require(at.whole, n, whole_, "whole");
+  require(at.kept, n, codec_ ? codec_->dim() : 0, "compressed");
   const auto scope = device_.activate();
   const std::span<float> payload = rooms_.payload;
   if (!codec_) {
@@ -241,51 +251,68 @@ void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span
       throw NonFiniteError(
           "another rank's gradient was not finite (that rank raised NonFiniteError with the "
           "coordinate); this step has no update");
-    mean_into(payload, buffer, at.whole);
+    mean_into(payload, out, lo, at.whole);
     return;
   }
-  // The codec's step: straight into the buffer where the compressed tensors are one run.
-  std::span<float> step = one_run(buffer, at.kept);
-  const bool scatter = step.empty();
-  if (scatter) {
-    if (step_.size() != codec_->dim()) step_ = Buffer<float>(codec_->dim(), device_);
-    step = step_.span();
-  }
+  const uint64_t dim = codec_->dim(), hi = lo + out.size();
+  // The compressed tensors as one run of the buffer: the codec writes its step, or the part of
+  // it in out, straight there. Otherwise the whole step into a room, then the runs' parts in out.
+  const bool one = at.kept.size() == 1;
+  const uint64_t k0 = one ? at.kept[0].offset : 0;
+  const uint64_t from = one ? std::clamp(k0, lo, hi) : lo,
+                 to = one ? std::clamp(k0 + dim, lo, hi) : lo;
+  auto room = [&] {
+    if (step_.size() != dim) step_ = Buffer<float>(dim, device_);
+    return step_.span();
+  };
+  // The whole step where the run lies inside out, else the room's (nothing written: empty).
+  std::span<float> whole_step =
+      one && from == k0 && to == k0 + dim ? out.subspan(k0 - lo, dim) : std::span<float>();
   if (summable() && dense_) {
     // The dense aggregator's update is the sum times float32(1/W), and applying it changes no
     // state: the same straight from the sum into the buffer, without the aggregator's passes
     // (finite check, sum, reply) and the apply's copy.
     check_sum();
-    mean_into(payload.first(sum_size_), buffer, at.kept);
+    mean_into(payload.first(sum_size_), out, lo, at.kept);
   } else {
+    bool written = false;  // the step's part in out already
     if (summable()) {
       add_sum(codec_->two_rounds() ? rooms_.answer : payload.first(sum_size_));
       Message update;
       reply(MessageKind::Update, update_, update);
-      if (const uint64_t n = codec_->reply_size(MessageKind::Update)) {
+      if (const uint64_t values = codec_->reply_size(MessageKind::Update)) {
         settle();
-        codec_->do_apply_values(update_.span().first(n), step);  // settled: unchecked path
-      } else
-        codec_->apply(update.bytes(), step);
+        // Settled: the unchecked path. One run: only its part in out computed.
+        if (one) {
+          codec_->do_apply_window(update_.span().first(values), out.subspan(from - lo, to - from),
+                                  to > from ? from - k0 : 0);
+          written = true;
+        } else
+          codec_->do_apply_values(update_.span().first(values), room());
+      } else {
+        if (whole_step.empty()) whole_step = room();
+        codec_->apply(update.bytes(), whole_step);
+      }
     } else {
       SKETCHSGD_REQUIRE(gathered.size() == world_, InvalidArgument, "round: ", gathered.size(),
                         " messages gathered in a group of ", world_);
       for (uint32_t r = 0; r < world_; ++r) {
-        SKETCHSGD_REQUIRE(gathered[r].size() >= sizes_[r], WireError, "rank ", r, "'s message: ",
-                          gathered[r].size(), " bytes gathered of ", sizes_[r]);
+        SKETCHSGD_REQUIRE(gathered[r].size() >= sizes_[r], WireError, "rank ", r,
+                          "'s message: ", gathered[r].size(), " bytes gathered of ", sizes_[r]);
         aggregator_->add(gathered[r].first(sizes_[r]));
       }
-      codec_->apply(aggregator_->finish().bytes(), step);
+      if (whole_step.empty()) whole_step = room();
+      codec_->apply(aggregator_->finish().bytes(), whole_step);
     }
-    if (scatter)
-      ops::scale_pieces(device_, pieces(buffer.data(), at.kept, step.data(), true), 1.0f);
+    if (!written && (whole_step.empty() || whole_step.data() == step_.data()))
+      ops::scale_pieces(device_, pieces(out, lo, at.kept, step_.data(), true), 1.0f);
   }
-  mean_into(payload.subspan(sum_size_), buffer, at.whole);
+  mean_into(payload.subspan(sum_size_), out, lo, at.whole);
 }
 
-void Round::mean_into(std::span<const float> sum, std::span<float> buffer,
-                      std::span<const Layout::Run> out) const {
-  ops::scale_pieces(device_, pieces(buffer.data(), out, sum.data(), true), inv_);
+void Round::mean_into(std::span<const float> sum, std::span<float> out, uint64_t lo,
+                      std::span<const Layout::Run> runs) const {
+  ops::scale_pieces(device_, pieces(out, lo, runs, sum.data(), true), inv_);
 }
 
 void Round::rethrow_own() const {
@@ -306,8 +333,7 @@ std::exception_ptr Round::check_whole(std::span<const float> whole,
     bad -= run.numel;
   }
   std::ostringstream os;
-  os << "round: non-finite value " << value << " at coordinate " << bad
-     << " (a tensor sent whole)";
+  os << "round: non-finite value " << value << " at coordinate " << bad << " (a tensor sent whole)";
   return std::make_exception_ptr(NonFiniteError(os.str()));
 }
 

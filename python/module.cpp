@@ -299,7 +299,16 @@ PYBIND11_MODULE(_core, m) {
         const Gathered g(gathered);
         py::gil_scoped_release release;
         r.finish(g.spans, floats(buffer, n), {runs(kept), runs(whole)});
-      });
+      })
+      .def(
+          "finish_window",
+          [](Round& r, const py::list& gathered, uintptr_t out, uint64_t lo, uint64_t count,
+             uint64_t n, const Runs& kept, const Runs& whole) {
+            const Gathered g(gathered);
+            py::gil_scoped_release release;
+            r.finish(g.spans, floats(out, count), lo, n, {runs(kept), runs(whole)});
+          },
+          "finish() writing only the buffer's values [lo, lo + count) of n, at out");
 
   py::class_<Compressor>(m, "Compressor")
       .def(py::init([](const std::string& spec, uint64_t dim, int gpu, uintptr_t stream) {

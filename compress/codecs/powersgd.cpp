@@ -314,25 +314,62 @@ class PowerSGD final : public SummableCodec {
     deferred_ = false;
   }
 
-  /// The step P̂·Q̄ᵀ per matrix and the uncompressed values, and error −= step when `error` is
-  /// given (the error feedback with the step), but for the matrices that defer it.
-  void write_step(std::span<const float> update, std::span<float> step, float* error) {
+  /// The step P̂·Q̄ᵀ per matrix and the uncompressed values, its values [lo, lo + step.size())
+  /// only (into step), and error −= step when `error` is given (the error feedback with the
+  /// step: every row, in the window or not), but for the matrices that defer it. Rows outside
+  /// the window are expanded only for the error, and not at all where it is deferred: under
+  /// FSDP a rank keeps 1/W of the step.
+  void write_step(std::span<const float> update, std::span<float> step, uint64_t lo, float* error) {
     const float* p = update.data();
     const float* q = p + plan_.p_size;
     const float* dense = q + plan_.q_size;
+    const uint64_t hi = lo + step.size();
     for (const auto& x : plan_.matrices)
       x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
-        ops::lowrank_expand(device(), p + p_at, q + x.q_at, step.data() + at, rows, x.cols, x.rank,
-                            error && !defers(x) ? error + at : nullptr);
+        float* e = error && !defers(x) ? error + at : nullptr;
+        // Rows [r0, r1) hold the block's values in the window.
+        const uint64_t from = std::clamp(at, lo, hi), to = std::clamp(at + rows * x.cols, lo, hi);
+        const uint64_t r0 = to > from ? (from - at) / x.cols : rows;
+        const uint64_t r1 = to > from ? (to - at + x.cols - 1) / x.cols : rows;
+        auto expand = [&](uint64_t a, uint64_t b, float* out) {  // rows [a, b)
+          if (a < b && (out || e))
+            ops::lowrank_expand(device(), p + p_at + a * x.rank, q + x.q_at, out, b - a, x.cols,
+                                x.rank, e ? e + a * x.cols : nullptr);
+        };
+        expand(0, r0, nullptr);
+        expand(r1, rows, nullptr);
+        if (r0 == r1) return;
+        if (at + r0 * x.cols == from && at + r1 * x.cols == to) {  // whole rows in the window
+          expand(r0, r1, step.data() + (from - lo));
+          return;
+        }
+        // Rows cut by the window's ends (FSDP1's chunks cut matrices anywhere): into a room.
+        if (window_rows_.size() < (r1 - r0) * x.cols)
+          window_rows_ = Buffer<float>((r1 - r0) * x.cols, device());
+        expand(r0, r1, window_rows_.data());
+        ops::copy(device(), step.subspan(from - lo, to - from),
+                  window_rows_.span().subspan(from - (at + r0 * x.cols), to - from));
       });
-    ops::scale_pieces(device(), dense_pieces(step.data(), dense, false), 1.0f);
+    std::vector<kernels::Piece> parts;
+    for (const auto& d : plan_.dense) {
+      const uint64_t from = std::clamp(d.offset, lo, hi),
+                     to = std::clamp(d.offset + d.numel, lo, hi);
+      if (to > from)
+        parts.push_back({step.data() + (from - lo), dense + d.at + (from - d.offset), to - from});
+    }
+    ops::scale_pieces(device(), parts, 1.0f);
   }
   void do_apply_values(std::span<const float> update, std::span<float> step) override {
+    do_apply_window(update, step, 0);
+  }
+  void do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo) override {
+    SKETCHSGD_REQUIRE(lo <= dim() && step.size() <= dim() - lo, InvalidArgument,
+                      "powersgd: values [", lo, ", +", step.size(), ") of a step of ", dim());
     // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
     // next round's warm start.
     settle();  // an apply with no encode since the last one
     const auto e = fb_.error();
-    write_step(update, step, o_.ef ? e.data() : nullptr);  // or the next absorb, where deferred
+    write_step(update, step, lo, o_.ef ? e.data() : nullptr);  // or the next absorb, where deferred
     if (o_.ef && std::any_of(plan_.matrices.begin(), plan_.matrices.end(),
                              [&](const Plan::Matrix& x) { return defers(x); })) {
       deferred_p_.assign(update.begin(), update.begin() + plan_.p_size);
@@ -391,6 +428,7 @@ class PowerSGD final : public SummableCodec {
   mutable bool deferred_ = false;
   std::vector<float> rr_, shifted_;  // compute_p's R blocks and P̂·Rᵀ (CPU)
   Buffer<float> block_q_;            // a later row block's Mᵀ·P̂, before it is added
+  Buffer<float> window_rows_;        // a window's rows of a matrix that it cuts, before the copy
   uint64_t last_round_ = ~uint64_t(0);
 };
 

@@ -14,12 +14,13 @@ from ._schedule import combined
 from ._state import CompressionState
 
 
-def _rounds_of(state, index: int, ids, tensors, buf):
-    """The rounds of the units a buffer holds (its tensors: ids and views, in buffer order)."""
+def _rounds_of(state, index: int, ids, tensors, buf, window=None):
+    """The rounds of the units a buffer holds (its tensors: ids and views, in buffer order);
+    window: _rounds.round_of's."""
     units = state.units
     entries, where = units.entries(ids, tensors, buf.numel(), index)
     units.fix(index, entries)
-    return [_rounds.round_of(state.comm, u, buf, where, state.iteration)
+    return [_rounds.round_of(state.comm, u, buf, where, state.iteration, window)
             for u in units.held(index, entries, buf.device, state.comm.world)]
 
 
@@ -138,28 +139,44 @@ def views_of(buf, shapes):
     return views
 
 
-def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool = False) -> None:
+def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool = False, part=None) -> None:
     """FSDP2's all-reduce hook (sketchsgd.fsdp): FSDP group `index`'s reduce-scattered shard (flat;
     its parameters' padded shards end to end, of the given shapes) averaged in place over the
     state's process group through its codec (dense: an fp32 all-reduce, a warm-up step), blocking;
-    a half-precision shard through a float32 copy. A step of the state, as average() is."""
+    a half-precision shard through a float32 copy. A step of the state, as average() is.
+    part = (out, lo): only the mean's values [lo, lo + out.numel()) are kept, written into out
+    (a compressed reduce-scatter: this rank's chunk), shard left as it was; the codec computes
+    only those where it can (the round's finish_window)."""
     if shard.numel() != sum(math.prod(s) for s in shapes):
         raise RuntimeError(f"sketchsgd.fsdp: FSDP group {index} reduced {shard.numel()} values, its parameters' "
                            f"shards hold {sum(math.prod(s) for s in shapes)}")
     buf = float32_of(state, "in", shard)
+    window = None
+    if part is not None:
+        out, lo = part
+        wide = out if out.dtype == torch.float32 else scratch(state, "out", out.numel(), torch.float32, out.device)
+        window = (wide, lo)
     state._begin(buf)
     try:
         if dense:
             fut = state.comm.all_reduce_mean(buf)
         else:
-            rounds = _rounds_of(state, index, [(index, j) for j in range(len(shapes))], views_of(buf, shapes), buf)
+            rounds = _rounds_of(state, index, [(index, j) for j in range(len(shapes))], views_of(buf, shapes), buf,
+                                window)
             fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
         state._inflight.append(fut)
     finally:
         state._end_step(not dense)
     fut.wait()
-    if buf is not shard:
-        shard.copy_(buf)
+    if part is None:
+        if buf is not shard:
+            shard.copy_(buf)
+        return
+    out, lo = part
+    if dense:
+        out.copy_(buf[lo:lo + out.numel()])
+    elif window[0] is not out:
+        out.copy_(window[0])
 
 
 def reduce_scatter_mean(state: CompressionState, index: int, full, out) -> None:

@@ -35,9 +35,11 @@ class Core:
                                      payload.numel(), answer.data_ptr(), answer.numel())
 
 
-def round_of(comm, u: Unit, buf, where, round: int) -> Round:
+def round_of(comm, u: Unit, buf, where, round: int, window=None) -> Round:
     """The unit's round for this step: its tensors read from buf (at the offsets `where`) when it
-    starts, the averaged result written back into them when it finishes."""
+    starts, the averaged result written back into them when it finishes; window = (out, lo):
+    only buf's values [lo, lo + out.numel()) are written, into out (float32, contiguous, on
+    buf's device), the rest of buf left as it was."""
     core = u.core
     if core is None:
         core = u.core = Core(comm, u, buf)
@@ -72,7 +74,11 @@ def round_of(comm, u: Unit, buf, where, round: int) -> Round:
     def finish():
         got = gathered()
         with core.streams.ordered():
-            core.round.finish(got, buf.data_ptr(), buf.numel(), kept, whole)
-        settled(buf)
+            if window is None:
+                core.round.finish(got, buf.data_ptr(), buf.numel(), kept, whole)
+            else:
+                out, lo = window
+                core.round.finish_window(got, out.data_ptr(), lo, out.numel(), buf.numel(), kept, whole)
+        settled(buf if window is None else window[0])
 
     return Round(u.index, [first, second][:core.round.phases], finish)

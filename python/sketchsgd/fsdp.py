@@ -100,10 +100,12 @@ class _Backward:
         Counted from the state's calls (one per FSDP group a backward), so a resumed state knows."""
         return self.state.iteration // self.groups < self.warmup
 
-    def reduce(self, index, shard, shapes) -> bool:
-        """shard averaged in place over the state's group; False where this backward has failed
-        (shard as it was; the end of the backward raises)."""
-        return self.run(shard.device, lambda dense: _hook.reduce_shard(self.state, index, shard, shapes, dense))
+    def reduce(self, index, shard, shapes, part=None) -> bool:
+        """shard averaged in place over the state's group (part = (out, lo): only the mean's values
+        [lo, lo + out.numel()), into out); False where this backward has failed (shard as it was;
+        the end of the backward raises)."""
+        return self.run(shard.device,
+                        lambda dense: _hook.reduce_shard(self.state, index, shard, shapes, dense, part))
 
     def run(self, device, reduce) -> bool:
         """reduce(dense) (a call of the state on tensors on device); False where this backward
@@ -267,21 +269,27 @@ class _ReduceScatter(ReduceScatter):
     A summable codec forms the mean over the group through the state's codec, and this rank
     keeps its chunk. A per-matrix codec (PowerSGD) takes the input as it lies, its option blocks
     = W saying that parameter j's W shards are the row blocks of one matrix: each weight is
-    factored whole, as under DDP, rather than as W slices at W times the factors' bytes, and
-    nothing is copied but this rank's chunk out. The others see it parameter by parameter (one
-    strided copy): compressing the input as it lies measured no faster for them, the 1-D
-    shards between a chunk's matrices cutting their compressed values into W runs that the
-    round gathers and scatters in full.
+    factored whole, as under DDP, rather than as W slices at W times the factors' bytes. The
+    dense codec takes it as it lies too (its mean is the same whatever the order). Either way
+    nothing is copied in, and the round writes only this rank's chunk of the mean, straight
+    into FSDP's output (Round finish_window: PowerSGD expands the other chunks' rows only for
+    its error feedback, or not at all where it defers that). The sketch sees the input
+    parameter by parameter (one strided copy), as under DDP: its hashing and top-k budget are
+    those of the parameters, and as the input lies the 1-D shards between a chunk's matrices
+    would cut its values into W runs that the round gathers and scatters in full.
 
     A gathered codec (per_destination) compresses each chunk as a unit of its own and sends it
     to the rank that keeps it (sketchsgd._scatter): W times fewer bytes a rank than gathering
     whole-gradient messages, and only its own chunk decoded."""
 
-    def __init__(self, backward, index: int, shapes, world: int, per_destination: bool, per_tensor: bool):
+    def __init__(self, backward, index: int, shapes, world: int, per_destination: bool, per_tensor: bool,
+                 elementwise: bool):
         self.backward, self.index, self.world = backward, index, world
         self.sizes = [math.prod(s) for s in shapes]  # a parameter's padded shard, in values
         self.chunks = [[tuple(s) if s else (1,) for s in shapes]] * world  # per destination: every chunk alike
-        self.per_destination, self.in_place = per_destination, per_tensor and not per_destination
+        self.per_destination = per_destination
+        self.in_place = (per_tensor or elementwise) and not per_destination
+        self.blocks = world if self.in_place and per_tensor else 1  # the units' option blocks
         if self.in_place:  # the units' tensors: each chunk's shards, as the input lies
             self.shapes = [s for chunk in self.chunks for s in chunk]
         else:
@@ -317,11 +325,12 @@ class _ReduceScatter(ReduceScatter):
                 output_tensor.mul_(scale)
             return None
         if self.in_place:
-            full = _hook.float32_of(self.backward.state, "in", input_tensor)  # FSDP's own buffer, if float32
-            if not self.backward.reduce(self.index, full, self.shapes):
+            # FSDP's own buffer (float32) read as it lies, and only this rank's chunk of the mean
+            # computed, straight into FSDP's output.
+            part = (output_tensor, rank * output_tensor.numel())
+            if not self.backward.reduce(self.index, input_tensor, self.shapes, part):
                 output_tensor.zero_()  # the backward raises at its end on every rank: no update
                 return None
-            output_tensor.copy_(full.view(world, -1)[rank])
             if scale is not None:
                 output_tensor.mul_(scale)
             return None
@@ -373,14 +382,17 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
         f"is not the shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the default group "
         "for a 1-D mesh over every rank)")
     per_destination = backward.always_flag = gathered(state.spec)
+    # The dense codec's mean is the same in any order, and which tensors it sends whole (1-D
+    # ones) too, unless a size threshold (dense_below) tells a shard from its parameter.
+    elementwise = state.spec.partition(":")[0] == "dense" and not state.dense_below
     for index, (m, g) in enumerate(groups):
         world = g.mesh_info.shard_mesh_size
         scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in g.fsdp_params],
-                                 world, per_destination, state.units.per_tensor)
+                                 world, per_destination, state.units.per_tensor, elementwise)
         if per_destination:
             _scatter.register(state, index, scatter.chunks)
         else:
-            _units(state, index, scatter.shapes, world if scatter.in_place else 1)
+            _units(state, index, scatter.shapes, scatter.blocks)
         m.set_custom_reduce_scatter(scatter)
 
 
@@ -413,12 +425,12 @@ class _Fsdp1Unit:
             if not self.backward.run(grad.device, reduce):
                 output.zero_()  # the backward raises at its end on every rank: no update
             return
-        if not self.backward.reduce(self.whole, grad, self.shapes):
+        # A sharded strategy keeps this rank's chunk of the mean: only that computed, into output.
+        part = None if output is None else (output, self.rank * output.numel())
+        if not self.backward.reduce(self.whole, grad, self.shapes, part):
             if output is not None:
                 output.zero_()  # the backward raises at its end on every rank: no update
             return
-        if output is not None:
-            output.copy_(grad.view(self.world, -1)[self.rank])
 
 
 def _fsdp1_hook(unit, grad, output=None):

@@ -19,8 +19,8 @@ namespace sketchsgd {
 namespace {
 
 constexpr uint32_t kRanks = 3;
-constexpr uint64_t kDim = 5000;   // what the codec compresses
-constexpr uint64_t kWhole = 70;   // what goes whole beside it
+constexpr uint64_t kDim = 5000;  // what the codec compresses
+constexpr uint64_t kWhole = 70;  // what goes whole beside it
 
 std::vector<float> grad(uint32_t rank, uint64_t round, uint64_t n = kDim) {
   auto g = test::gaussian(n, 1000 * round + rank + (n == kDim ? 0 : 77));
@@ -86,8 +86,7 @@ struct Group {
 
   /// Runs one phase's requests "collectively"; returns the gathered bytes (the same for every
   /// rank), in the order Round::next() takes them.
-  std::vector<std::vector<uint8_t>> run(
-      const std::vector<std::vector<Round::Request>>& reqs) {
+  std::vector<std::vector<uint8_t>> run(const std::vector<std::vector<Round::Request>>& reqs) {
     const size_t n = reqs[0].size();
     for (const auto& q : reqs) EXPECT_EQ(q.size(), n);
     std::vector<std::vector<uint8_t>> all;
@@ -130,12 +129,10 @@ struct Group {
       for (uint32_t r = 0; r < kRanks; ++r) {
         const auto gathered = spans(got);
         try {
-          if (phase == rounds[r]->phases())
-          {
+          if (phase == rounds[r]->phases()) {
             rounds[r]->finish(gathered, buffers[r], {kept, whole_runs});
             take(buffers[r], steps[r], wholes[r]);
-          }
-          else
+          } else
             next[r] = rounds[r]->next(gathered);
         } catch (const Error& e) {
           errors[r] = e.what();
@@ -305,6 +302,94 @@ TEST(Round, ATwoPhaseCodecWithAFloatQueryRaisesAtFinishOnEveryRank) {
   }
 }
 
+// finish() of a part of the buffer (a rank's shard under FSDP) writes the values a whole
+// finish() writes there, bit for bit, nothing outside it, and leaves the codec as a whole finish
+// does: two groups in step, one finishing whole, one each rank a third of its buffer (the
+// thirds cut runs and a matrix's rows anywhere), over rounds.
+void a_part_is_the_whole_finish_there(const std::string& spec, bool interleaved) {
+  Group whole(spec, kWhole, interleaved), parts(spec, kWhole, interleaved);
+  const uint64_t n = kDim + kWhole;
+  for (uint64_t round = 0; round < 4; ++round) {
+    std::vector<std::vector<float>> x(kRanks), w(kRanks), full(kRanks), mine(kRanks);
+    std::vector<std::vector<Round::Request>> a(kRanks), b(kRanks);
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      x[r] = grad(r, round);
+      w[r] = grad(r, round, kWhole);
+      full[r] = whole.place(x[r], w[r]);
+      mine[r] = full[r];
+      a[r] = whole.rounds[r]->start(full[r], {whole.kept, whole.whole_runs}, round);
+      b[r] = parts.rounds[r]->start(mine[r], {parts.kept, parts.whole_runs}, round);
+    }
+    for (int phase = 1;; ++phase) {
+      const auto got_a = whole.run(a), got_b = parts.run(b);
+      const bool last = phase == whole.rounds[0]->phases();
+      for (uint32_t r = 0; r < kRanks; ++r) {
+        if (!last) {
+          a[r] = whole.rounds[r]->next(Group::spans(got_a));
+          b[r] = parts.rounds[r]->next(Group::spans(got_b));
+          continue;
+        }
+        whole.rounds[r]->finish(Group::spans(got_a), full[r], {whole.kept, whole.whole_runs});
+        const uint64_t lo = r * n / kRanks, hi = (r + 1) * n / kRanks;
+        std::vector<float> out(hi - lo + 2, -7.0f);  // a value either side: not to be written
+        const auto before = mine[r];
+        parts.rounds[r]->finish(Group::spans(got_b), std::span(out).subspan(1, hi - lo), lo, n,
+                                {parts.kept, parts.whole_runs});
+        ASSERT_EQ(std::memcmp(out.data() + 1, full[r].data() + lo, (hi - lo) * 4), 0)
+            << "round " << round << " rank " << r;
+        EXPECT_EQ(out.front(), -7.0f);
+        EXPECT_EQ(out.back(), -7.0f);
+        EXPECT_EQ(mine[r], before) << "the buffer is read, not written";
+      }
+      if (last) break;
+    }
+    for (uint32_t r = 0; r < kRanks; ++r)
+      ASSERT_EQ(whole.codecs[r]->save_state(), parts.codecs[r]->save_state())
+          << "round " << round << " rank " << r;
+  }
+}
+
+TEST_P(Rounds, FinishAPartWritesTheWholeFinishsValuesThere) {
+  for (const bool interleaved : {false, true}) {
+    SCOPED_TRACE(interleaved ? "interleaved" : "end to end");
+    a_part_is_the_whole_finish_there(GetParam(), interleaved);
+  }
+}
+
+// PowerSGD computes only a part's rows of its step, and its error feedback in full: at ranks up
+// to 4 with the error's subtraction deferred (the CPU's fused pass), past 4 with it in the step's
+// pass, its matrices in row blocks (FSDP's layout, blocks=2: a part of a third cuts blocks), and
+// with a 16-bit wire.
+TEST(Round, PowerSGDFinishesAPartAsItsWholeStep) {
+  for (const char* spec : {"powersgd:rank=2,layout=50x80+1000", "powersgd:rank=6,layout=50x80+1000",
+                           "powersgd:rank=3,blocks=2,layout=25x80+500+25x80+500",
+                           "powersgd:rank=6,ef=0,blocks=2,layout=25x80+500+25x80+500",
+                           "powersgd:rank=2,wire=fp16,layout=50x80+1000"}) {
+    SCOPED_TRACE(spec);
+    a_part_is_the_whole_finish_there(spec, false);
+  }
+}
+
+TEST(Round, RefusesAPartPastTheBuffer) {
+  Group group("powersgd:rank=2,layout=50x80+1000", kWhole);
+  std::vector<std::vector<float>> x(kRanks), w(kRanks), buffers(kRanks);
+  std::vector<std::vector<Round::Request>> reqs(kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    buffers[r] = group.place(grad(r, 0), grad(r, 0, kWhole));
+    reqs[r] = group.rounds[r]->start(buffers[r], {group.kept, group.whole_runs}, 0);
+  }
+  auto got = group.run(reqs);
+  for (uint32_t r = 0; r < kRanks; ++r) reqs[r] = group.rounds[r]->next(Group::spans(got));
+  got = group.run(reqs);
+  const uint64_t n = kDim + kWhole;
+  std::vector<float> out(100);
+  const Round::Runs at{group.kept, group.whole_runs};
+  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got), out, n - 99, n, at), InvalidArgument);
+  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got), out, n + 1, n, at), InvalidArgument);
+  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got), out, 0, kDim, at), InvalidArgument);
+  EXPECT_NO_THROW(group.rounds[0]->finish(Group::spans(got), out, n - 100, n, at));
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, Rounds, ::testing::ValuesIn(fp32_examples()),
                          test::spec_name<::testing::TestParamInfo<std::string>>);
 
@@ -367,7 +452,8 @@ TEST(Round, AUnitOfWholeTensorsOnlyIsTheirMean) {
       ADD_FAILURE() << "rank " << r << " did not raise";
     } catch (const NonFiniteError& e) {
       EXPECT_NE(std::string(e.what()).find(r == 2 ? "coordinate 40" : "another rank"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
     EXPECT_EQ(std::memcmp(buffers[r].data(), before.data(), before.size() * 4), 0) << "rank " << r;
   }

@@ -199,13 +199,14 @@ def test_a_bfloat16_model_trains_through_one_float32_buffer_not_one_per_module()
     since each module's reduce-scatter is blocking, the state keeps one buffer of each kind the
     size of the largest module's input, not a copy per module (that would hold the whole
     unsharded gradient, the memory FSDP shards the model to save). Summable (PowerSGD: the
-    input as FSDP lays it out, read in place, through a float32 copy; the sketch: the
-    parameter-major copy, in float32 at once) and gathered (top-k per destination: the input and this rank's chunk) alike; all
+    input as FSDP lays it out, read in place through a float32 copy, and this rank's chunk of
+    the mean computed into a float32 one; the sketch: the parameter-major copy, in float32 at
+    once) and gathered (top-k per destination: the input and this rank's chunk) alike; all
     train."""
     sketch = "sketch:rows=1,cols=4000,k=800,fetch=1"
     out = ddp.run(fsdp_jobs.each, "half_precision", ["powersgd:rank=2", sketch, "topk:k=800"], STEPS, world=2)
     for rank in range(2):
-        for spec, names in (("powersgd:rank=2", {"in"}), (sketch, {"whole"}), ("topk:k=800", {"in", "out"})):
+        for spec, names in (("powersgd:rank=2", {"in", "out"}), (sketch, {"whole"}), ("topk:k=800", {"in", "out"})):
             losses, local, kept, largest = out[rank][spec]
             assert np.isfinite(local).all() and np.mean(losses[-3:]) < np.mean(losses[:3]), (spec, rank, losses)
             assert set(kept) == names, (spec, kept)

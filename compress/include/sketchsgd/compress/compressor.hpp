@@ -123,6 +123,11 @@ class Compressor {
   /// answer_values() and apply_values() of checked values (codecs with reply_size() > 0).
   virtual void do_answer_values(std::span<const float> query, std::span<float> out);
   virtual void do_apply_values(std::span<const float> update, std::span<float> step);
+  /// do_apply_values() that writes only the step's values [lo, lo + step.size()) (into step),
+  /// with the same state change: for a caller that keeps a part of the step (a rank's shard under
+  /// FSDP). Default: the whole step into a scratch vector, then the part copied. Codecs whose step
+  /// is a product of factors (PowerSGD) override it to compute only that part.
+  virtual void do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo);
   /// Validates an Update payload completely, then writes its dense step and changes the
   /// codec's state.
   virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) = 0;
@@ -161,7 +166,7 @@ class Compressor {
   Device device_;
   bool checks_finite_ = false;
   uint64_t last_bytes_ = 0;
-  Buffer<float> step_;  // dense step of the default apply_step
+  Buffer<float> step_;  // the whole step of the default apply_step and do_apply_window
 };
 
 /// Server side of one codec for a job of world_size workers. Messages of one phase must share a

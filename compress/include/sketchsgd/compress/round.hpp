@@ -99,8 +99,13 @@ class Round {
   /// mean written into buffer at the runs, with the codec's state change. Raises NonFiniteError
   /// (this or another rank's input was not finite) or WireError (a rank sent what does not
   /// decode).
-  void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> buffer,
-              Runs at);
+  void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> buffer, Runs at);
+  /// finish() that writes only the buffer's values [lo, lo + out.size()), into out, of a buffer
+  /// of n values (the runs' offsets are the buffer's): for a driver that keeps a part of the
+  /// mean (a rank's shard under FSDP), without the rest written or copied. The codec computes
+  /// only that part where it can (do_apply_window); its state changes as under finish().
+  void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out, uint64_t lo,
+              uint64_t n, Runs at);
 
  private:
   bool summable() const { return codec_ && sum_size_ > 0; }
@@ -123,9 +128,10 @@ class Round {
   template <class F>
   void attributed(F&& f);
   std::vector<Request> padded(std::span<const std::span<const uint8_t>> lengths);
-  /// out's runs of buffer = float32(1/W) · sum, end to end.
-  void mean_into(std::span<const float> sum, std::span<float> buffer,
-                 std::span<const Layout::Run> out) const;
+  /// The runs' values in out (the buffer's [lo, lo + out.size())) = float32(1/W) · sum, the
+  /// runs' values end to end.
+  void mean_into(std::span<const float> sum, std::span<float> out, uint64_t lo,
+                 std::span<const Layout::Run> runs) const;
   void require(std::span<const float> v, uint64_t n, const char* what) const;
   /// Checks runs lie in a buffer of n values and hold `values` in all (what: which runs).
   void require(std::span<const Layout::Run> runs, uint64_t n, uint64_t values,
@@ -139,17 +145,17 @@ class Round {
   Device device_;
   Rooms rooms_;
   Scratch scratch_;  // the whole tensors' check on a GPU
-  float inv_;  // float32(1/W), as the aggregators average
+  float inv_;        // float32(1/W), as the aggregators average
 
   uint64_t round_ = 0;
   int phase_ = 0;
-  std::exception_ptr failed_;      // this rank's NonFiniteError, held to the end of the step
-  Message message_;                // gathered: this rank's message
-  uint8_t length_[8] = {};         // its length, little-endian
-  std::vector<uint8_t> padded_;    // the message padded to the longest of the step
-  std::vector<uint64_t> sizes_;    // every rank's message length
-  Buffer<float> query_, update_;   // float-vector replies
-  Buffer<float> x_, step_;         // the compressed values end to end, where they are not already
+  std::exception_ptr failed_;     // this rank's NonFiniteError, held to the end of the step
+  Message message_;               // gathered: this rank's message
+  uint8_t length_[8] = {};        // its length, little-endian
+  std::vector<uint8_t> padded_;   // the message padded to the longest of the step
+  std::vector<uint64_t> sizes_;   // every rank's message length
+  Buffer<float> query_, update_;  // float-vector replies
+  Buffer<float> x_, step_;        // the compressed values end to end, where they are not already
 };
 
 }  // namespace sketchsgd
