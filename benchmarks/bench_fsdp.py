@@ -7,10 +7,11 @@ one bucket; under FSDP2 (fully_shard on each layer and the root) in sketchsgd.fs
 hook on each layer's gradient (compress_replicas: in a group of one FSDP2 calls no
 reduce-scatter, so compress_reduce_scatter's path cannot run).
 --ranks W ≥ 2 (W processes): full sharding, FSDP2's compressed reduce-scatter
-(compress_reduce_scatter: summable codecs on each layer's whole gradient, PowerSGD where FSDP2
-lays it out and the others through a copy into parameter order, this rank's chunk copied out;
-gathered codecs per destination, W chunks encoded and this rank's W messages decoded) and FSDP1's (compress_fsdp1, FULL_SHARD, each layer an instance), against DDP at W ranks
-(one bucket: gathered codecs decode W whole messages there).
+(compress_reduce_scatter: summable codecs on each layer's whole gradient, PowerSGD and dense
+where FSDP2 lays it out and the sketch through a copy into parameter order, only this rank's
+chunk of the mean computed; gathered codecs per destination, W chunks encoded and this rank's W
+messages decoded) and FSDP1's (compress_fsdp1, FULL_SHARD, each layer an instance), against DDP
+at W ranks (one bucket: gathered codecs decode W whole messages there).
 
 Timed, on every rank: the wall time inside the calls that FSDP and DDP make into sketchsgd in a
 backward pass (DDP: compression_hook; FSDP2: the replica hook or the custom reduce-scatter;
@@ -21,8 +22,15 @@ ranks' work against this one. Of that, the codec's phases alone: the time inside
 start, next and finish (sketchsgd._core.Round, wrapped here). Medians over the steps of
 interleaved rounds, then the mean over the ranks.
 
+--isolated (with --ranks W ≥ 2): the C++ round's phases of a layout codec (PowerSGD) alone, in
+one process, outside DDP and FSDP: rank 0's round with the other ranks' sums taken to be its own
+(its payloads times W), for DDP's one unit of the MLP's tensors against FSDP2's units (one a
+layer, its W chunks as FSDP2 lays them, blocks=W, this rank's chunk of the step written out).
+What running inside a backward pass adds to the phases is then the full runs' difference.
+
     .venv/bin/python benchmarks/bench_fsdp.py [--ranks 1] [--threads 1] [--steps 30] [--rounds 3]
                                               [--json out.json] [--table]   (the docs' table from the run)
+    .venv/bin/python benchmarks/bench_fsdp.py --ranks 2 --isolated [--only powersgd] [--json out.json] [--table]
 """
 import argparse
 import copy
@@ -53,12 +61,17 @@ def main():
     ap.add_argument("--timeout", type=count, default=1800, help="seconds before the ranks are stopped")
     ap.add_argument("--json")
     ap.add_argument("--table", action="store_true", help="write the docs' table data file (needs --json: its raw data)")
+    ap.add_argument("--isolated", action="store_true", help="a layout codec's C++ phases alone, outside DDP and FSDP, "
+                    "in DDP's units and FSDP2's (needs --ranks W ≥ 2, --device cpu)")
     args = ap.parse_args()
     if args.table and not args.json:
         ap.error("--table: give --json too (the table's raw data)")
-    args.specs = [s for s in SPECS if not args.only or any(o in s for o in args.only.split(","))]
+    specs = [s for s in SPECS if s.startswith("powersgd")] if args.isolated else SPECS
+    args.specs = [s for s in specs if not args.only or any(o in s for o in args.only.split(","))]
     if not args.specs:
-        ap.error(f"--only {args.only}: no spec has any of these")
+        ap.error(f"--only {args.only}: no spec{' of a layout codec' if args.isolated else ''} has any of these")
+    if args.isolated and (args.ranks < 2 or args.device != "cpu"):
+        ap.error("--isolated: give --ranks W ≥ 2 (the units' chunks) and the CPU")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         ap.error(f"--json {args.json}: no such folder")
     os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
@@ -70,6 +83,8 @@ def main():
     if args.device == "cuda" and torch.cuda.device_count() < (1 if args.ranks == 1 else args.ranks):
         ap.error(f"--device cuda --ranks {args.ranks}: this PyTorch sees {torch.cuda.device_count()} GPU(s), one a "
                  "rank is needed")
+    if args.isolated:
+        return isolated(args)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -127,6 +142,79 @@ def table(args, results):
                           f"{args.steps} steps; {how}. A rank's median ms a step inside the calls into sketchsgd less "
                           "the collectives they issue, the mean over the ranks; of which the codec's phases: inside the C++ "
                           "round's start, next and finish.")
+
+
+def isolated(args):
+    """--isolated: the phases' medians (ms a step) per spec, printed, and the json and table."""
+    import torch
+    from sketchsgd import _core
+    from sketchsgd._compressor import Compressor
+    torch.set_num_threads(args.threads)
+    W, w = args.ranks, args.width
+    layers = [[(w, 784), (w,)], [(w, w), (w,)], [(10, w), (10,)]]
+
+    def unit(spec, shapes, blocks):
+        c = Compressor(spec + (f",blocks={blocks}" if blocks > 1 else ""), layout=shapes)
+        pay = torch.empty(_core.Round.payload_size(c._c, 0))
+        ans = torch.empty(_core.Round.answer_size(c._c))
+        r = _core.Round(c._c, c.make_aggregator(W)._a, 0, 0, pay.data_ptr(), pay.numel(), ans.data_ptr(),
+                        ans.numel())
+        return {"codec": c, "round": r, "rooms": (pay, ans), "n": c.dim, "x": torch.empty(c.dim),
+                "out": torch.empty(c.dim // W)}
+
+    def units(kind, spec):
+        if kind == "ddp":
+            return [unit(spec, [s for layer in layers for s in layer], 1)]
+        shard = [[(-(-s[0] // W), *s[1:]) for s in layer] for layer in layers]  # FSDP2 pads rows to W chunks
+        return [unit(spec, chunk * W, W) for chunk in shard]
+
+    def step(us, kind):
+        for u in us:
+            u["x"].copy_(torch.randn(u["n"]))  # a new gradient, outside the timing
+        t = time.perf_counter()
+        for u in us:
+            r, n, (pay, ans) = u["round"], u["n"], u["rooms"]
+            r.start(u["x"].data_ptr(), n, [(0, n)], [], 0)
+            pay.mul_(W)  # the other ranks' payloads taken to be this one's
+            r.next([])
+            ans.mul_(W)
+            if kind == "ddp":
+                r.finish([], u["x"].data_ptr(), n, [(0, n)], [])
+            else:
+                r.finish_window([], u["out"].data_ptr(), 0, n // W, n, [(0, n)], [])
+        return 1e3 * (time.perf_counter() - t)
+
+    results = []
+    for spec in args.specs:
+        made = {kind: units(kind, spec) for kind in ("ddp", "fsdp2")}
+        times = {kind: [] for kind in made}
+        for _ in range(args.rounds):
+            for kind in made:
+                for i in range(5 + args.steps):
+                    t = step(made[kind], kind)
+                    if i >= 5:
+                        times[kind].append(t)
+        ms = {kind: statistics.median(t) for kind, t in times.items()}
+        results.append({"spec": spec, "ddp_ms": ms["ddp"], "fsdp2_ms": ms["fsdp2"]})
+        print(f"{spec:30s} DDP's unit {ms['ddp']:.2f} ms, FSDP2's {len(made['fsdp2'])} units {ms['fsdp2']:.2f} ms "
+              f"({ms['fsdp2'] / ms['ddp']:.2f}×)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": W, "threads": args.threads, "width": w, "rounds": args.rounds, "steps": args.steps,
+                       "isolated": True, "results": results}, f, indent=1)
+    if args.table:
+        import doc_tables
+        head = ["codec", "DDP's unit: ms a step", "FSDP2's units: ms a step", "FSDP2 / DDP"]
+        rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp2_ms']:.2f}", f"{r['fsdp2_ms'] / r['ddp_ms']:.2f}"]
+                for r in results]
+        doc_tables.write(f"docs/data/tables/fsdp-phases{'' if w == 1024 else f'-{w}'}.json",
+                         "benchmarks/bench_fsdp.py " + " ".join(sys.argv[1:]), time.strftime("%Y-%m-%d"),
+                         f"the 2-core dev machine, PyTorch {torch.__version__}, cpu", head, rows, data=args.json,
+                         note=f"MLP 784-{w}-{w}-10, {args.threads} thread(s), one process: rank 0 of {W}'s C++ round "
+                              "(start, next, finish) with the other ranks' sums taken to be its own; DDP: one unit of "
+                              "the six tensors, its step written whole; FSDP2: a unit a layer in FSDP2's layout "
+                              f"(blocks={W}), this rank's chunk of the step written out (finish_window). Medians of "
+                              f"{args.rounds} interleaved rounds of {args.steps} steps.")
 
 
 def spawn(args, port):

@@ -66,6 +66,8 @@ CASES = [
     ("benchmarks/bench_fsdp.py", ["--only", "nothing"], "--only"),
     ("benchmarks/bench_fsdp.py", ["--table"], "--table"),
     ("benchmarks/bench_fsdp.py", ["--ranks", "0"], "--ranks"),
+    ("benchmarks/bench_fsdp.py", ["--isolated"], "--isolated"),
+    ("benchmarks/bench_fsdp.py", ["--isolated", "--ranks", "2", "--only", "dense"], "layout codec"),
     ("scripts/compare_fsdp.py", ["--only", "full:nothing"], "--only"),
     ("benchmarks/bench_round.py", ["--k", "0"], "--k"),
     ("benchmarks/bench_round.py", ["--report", "x.json"], "--report"),
