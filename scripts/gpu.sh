@@ -176,7 +176,7 @@ PY
   step "compute-sanitizer memcheck (small cases)"
   compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
     "$BUILD/tests/sketchsgd_tests" --gtest_brief=1 \
-    --gtest_filter='CudaBlocked.*:Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:Cuda.Orthonormalize*:Cuda.RoundHalf*:Cuda.ScalePieces*:Cuda.OuterOptimisers*:CudaSketch.*:CudaCodec.DenseTopk*:CudaCodec.PowerSGDPhases*:CudaEngine.*' \
+    --gtest_filter='CudaBlocked.*:Cuda.AccumulateSkips*:Cuda.TopkBreaksTies*:Cuda.PackingMatches*:Cuda.ZeroBuckets*:Cuda.SelectionRejects*:Cuda.Orthonormalize*:Cuda.RoundHalf*:Cuda.ScalePieces*:Cuda.OuterOptimisers*:CudaSketch.*:CudaCodec.DenseTopk*:CudaCodec.PowerSGDPhases*:CudaCodec.PowerSGDRound*:CudaEngine.*' \
     > "$REPORT/memcheck.log" 2>&1 || fail "compute-sanitizer memcheck (see $REPORT/memcheck.log)"
   tail -n 5 "$REPORT/memcheck.log"
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <sketchsgd/compress/registry.hpp>
+#include <sketchsgd/compress/round.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/kernels/cuda.hpp>
@@ -341,6 +342,47 @@ TEST(CudaCodec, PowerSGDPhasesStayOnTheDevice) {
         ASSERT_NEAR(got[i], step[i], 2e-3f * (1.0f + std::fabs(step[i]))) << round << " " << i;
     }
     EXPECT_EQ(by_values->save_state(), by_bytes->save_state());
+  }
+}
+
+// A round on the GPU that keeps a part of the buffer (a rank's chunk under FSDP): PowerSGD
+// writes only those rows of its step, and its error feedback covers every row (the later rounds
+// agree too). Parts that cut a matrix's rows anywhere and a block's edge; rank 6 keeps the
+// subtraction in the step's pass.
+TEST(CudaCodec, PowerSGDRoundFinishesAPartOnTheDevice) {
+  REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const uint64_t dim = 300 * 500 + 300 + 3000 + 10;
+  for (const char* spec :
+       {"powersgd:rank=4,blocks=2,layout=150x500+150+5x300+5+150x500+150+5x300+5",
+        "powersgd:rank=6,layout=300x500+300+10x300+10"}) {
+    for (const auto& [lo, hi] : {std::pair<uint64_t, uint64_t>{dim / 2, dim}, {1234, 77777}}) {
+      SCOPED_TRACE(std::string(spec) + " part " + std::to_string(lo));
+      auto whole = make_compressor(spec, dim, Device::cuda());
+      auto part = make_compressor(spec, dim, Device::cuda());
+      auto agg_whole = whole->make_aggregator(1), agg_part = part->make_aggregator(1);
+      const uint64_t np = Round::payload_size(whole.get(), 0), na = Round::answer_size(whole.get());
+      Dev<float> pw(np), aw(na), pp(np), ap(na);
+      Round rw(*whole, *agg_whole, 0, 0, {{pw.get(), np}, {aw.get(), na}});
+      Round rp(*part, *agg_part, 0, 0, {{pp.get(), np}, {ap.get(), na}});
+      const std::vector<Layout::Run> kept{{0, dim}}, none;
+      for (uint64_t round = 0; round < 3; ++round) {
+        const auto g = test::gaussian(dim, seed + round, 0.1f);
+        Dev<float> bw(g), bp(g), out(hi - lo);
+        rw.start(cspan(bw, dim), {kept, none}, round);  // a group of one: each room is its sum
+        rw.next({});
+        rw.finish({}, std::span<float>(bw.get(), dim), {kept, none});
+        rp.start(cspan(bp, dim), {kept, none}, round);
+        rp.next({});
+        rp.finish({}, std::span<float>(out.get(), hi - lo), lo, dim, {kept, none});
+        const auto full = bw.host(), got = out.host();
+        for (uint64_t i = 0; i < hi - lo; ++i)
+          ASSERT_NEAR(got[i], full[lo + i], 1e-5f * (1.0f + std::fabs(full[lo + i])))
+              << round << " " << lo + i;
+        EXPECT_BITS_EQ(bp.host(), g) << "the buffer is read, not written";
+      }
+    }
   }
 }
 
