@@ -17,11 +17,30 @@ from ._state import CompressionState
 def _rounds_of(state, index: int, ids, tensors, buf, window=None):
     """The rounds of the units a buffer holds (its tensors: ids and views, in buffer order);
     window: _rounds.round_of's."""
+    return [_rounds.round_of(state.comm, u, buf, kept, whole, state.iteration, window)
+            for u, kept, whole in _held(state, index, ids, tensors, buf)]
+
+
+def _held(state, index: int, ids, tensors, buf):
+    """(unit, its compressed runs, its whole runs) for each unit a buffer holds."""
     units = state.units
     entries, where = units.entries(ids, tensors, buf.numel(), index)
     units.fix(index, entries)
-    return [_rounds.round_of(state.comm, u, buf, where, state.iteration, window)
+    return [(u, u.segments(where, True), u.segments(where, False))
             for u in units.held(index, entries, buf.device, state.comm.world)]
+
+
+def _shard_rounds(state, index: int, shapes, buf, window):
+    """_rounds_of for FSDP group index's buffer, whose tensors are the same at every call (keys
+    (index, j), these shapes): its units and runs, found at the first call of a book of units
+    (state.units.fixed: a load_state_dict() makes another), are kept. FSDP calls once per module
+    a backward, where DDP calls once per bucket: what a call costs in Python counts as many
+    times."""
+    plan = state._plans.get(index)
+    if plan is None or plan[0] is not state.units.fixed or plan[1] != buf.numel():
+        held = _held(state, index, [(index, j) for j in range(len(shapes))], views_of(buf, shapes), buf)
+        plan = state._plans[index] = (state.units.fixed, buf.numel(), held)
+    return [_rounds.round_of(state.comm, u, buf, kept, whole, state.iteration, window) for u, kept, whole in plan[2]]
 
 
 def _widened(state, index, buf):
@@ -161,8 +180,7 @@ def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool
         if dense:
             fut = state.comm.all_reduce_mean(buf)
         else:
-            rounds = _rounds_of(state, index, [(index, j) for j in range(len(shapes))], views_of(buf, shapes), buf,
-                                window)
+            rounds = _shard_rounds(state, index, shapes, buf, window)
             fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
         state._inflight.append(fut)
     finally:

@@ -35,15 +35,15 @@ class Core:
                                      payload.numel(), answer.data_ptr(), answer.numel())
 
 
-def round_of(comm, u: Unit, buf, where, round: int, window=None) -> Round:
-    """The unit's round for this step: its tensors read from buf (at the offsets `where`) when it
-    starts, the averaged result written back into them when it finishes; window = (out, lo):
+def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
+    """The unit's round for this step: its tensors read from buf (its compressed ones at the runs
+    kept, the others at whole: Unit.segments) when it starts, the averaged result written back
+    into them when it finishes; window = (out, lo):
     only buf's values [lo, lo + out.numel()) are written, into out (float32, contiguous, on
     buf's device), the rest of buf left as it was."""
     core = u.core
     if core is None:
         core = u.core = Core(comm, u, buf)
-    kept, whole = u.segments(where, True), u.segments(where, False)
     on = comm.host(buf)
     comm.count(0, (u.n_compressed + u.n_dense) * 4)
     asked = []  # the current phase's requests

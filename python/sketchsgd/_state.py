@@ -71,6 +71,7 @@ class CompressionState:
         self._checked = False
         self._blocking = False   # every unit finishes in its hook call (tests: the order without overlap)
         self._wide = {}          # DDP bucket index -> its float32 copy; (name, dtype, device) -> FSDP scratch
+        self._plans = {}         # FSDP group index -> its units and runs (sketchsgd._hook._shard_rounds)
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
         if ready(process_group):
