@@ -123,7 +123,8 @@ TEST(CudaCodec, SketchServerOnTheGpuMatchesTheCpuByteForByte) {
   for (const char* spec :
        {"sketch:rows=5,cols=50000,k=5000", "sketch:rows=1,cols=50000,k=5000,fetch=1",
         // The update delta-coded on the device.
-        "sketch:rows=5,cols=50000,k=5000,index=delta", "sketch:rows=3,cols=50000,k=4000,fetch=1,index=delta",
+        "sketch:rows=5,cols=50000,k=5000,index=delta",
+        "sketch:rows=3,cols=50000,k=4000,fetch=1,index=delta",
         "sketch:rows=3,cols=50000,k=2000,p2=2",
         // A layout (500 x 1000 + 9): the bias whole, the selection past it, resets uploaded.
         "sketch:rows=1,cols=50000,k=5000,fetch=1,layout=500x1000+9"}) {
@@ -284,14 +285,16 @@ TEST(CudaCodec, PowerSGDOnTheGpuMatchesTheCpu) {
     ASSERT_NEAR(back[i], hout[i], 1e-3f * (1 + std::fabs(hout[i])));
 }
 
+/// The PowerSGD tests' layout: a 300 × 500 matrix and its bias, a 10 × 300 one and its bias.
+constexpr uint64_t kPowerDim = 300 * 500 + 300 + 3000 + 10;
+
 /// Both of PowerSGD's phases on the device, the aggregator's included, as the DDP hook runs them:
 /// encode_sum, add_sum, finish_values, answer_values, apply_values. Steps match the CPU's message
 /// path to float rounding and the GPU's own message path bit for bit, with no host values.
 TEST(CudaCodec, PowerSGDPhasesStayOnTheDevice) {
   REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
+  const uint64_t seed = fresh_seed(), dim = kPowerDim;
   SCOPED_TRACE(seed);
-  const uint64_t dim = 300 * 500 + 300 + 3000 + 10;
   for (const char* spec :
        {"powersgd:rank=4,momentum=0.9,layout=300x500+300+10x300+10",
         "powersgd:rank=16,wire=fp16,layout=300x500+300+10x300+10",
@@ -351,9 +354,8 @@ TEST(CudaCodec, PowerSGDPhasesStayOnTheDevice) {
 // subtraction in the step's pass.
 TEST(CudaCodec, PowerSGDRoundFinishesAPartOnTheDevice) {
   REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
+  const uint64_t seed = fresh_seed(), dim = kPowerDim;
   SCOPED_TRACE(seed);
-  const uint64_t dim = 300 * 500 + 300 + 3000 + 10;
   for (const char* spec :
        {"powersgd:rank=4,blocks=2,layout=150x500+150+5x300+5+150x500+150+5x300+5",
         "powersgd:rank=6,layout=300x500+300+10x300+10"}) {
