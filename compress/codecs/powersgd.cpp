@@ -327,28 +327,30 @@ class PowerSGD final : public SummableCodec {
     for (const auto& x : plan_.matrices)
       x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
         float* e = error && !defers(x) ? error + at : nullptr;
-        // Rows [r0, r1) hold the block's values in the window.
         const uint64_t from = std::clamp(at, lo, hi), to = std::clamp(at + rows * x.cols, lo, hi);
-        const uint64_t r0 = to > from ? (from - at) / x.cols : rows;
-        const uint64_t r1 = to > from ? (to - at + x.cols - 1) / x.cols : rows;
         auto expand = [&](uint64_t a, uint64_t b, float* out) {  // rows [a, b)
           if (a < b && (out || e))
             ops::lowrank_expand(device(), p + p_at + a * x.rank, q + x.q_at, out, b - a, x.cols,
                                 x.rank, e ? e + a * x.cols : nullptr);
         };
+        if (to <= from) return expand(0, rows, nullptr);  // none in the window
+        // Rows [r0, r1) hold the block's values in the window, rows [f0, f1) wholly.
+        const uint64_t r0 = (from - at) / x.cols, r1 = (to - at + x.cols - 1) / x.cols;
+        const uint64_t f0 = (from - at + x.cols - 1) / x.cols, f1 = (to - at) / x.cols;
+        // A row the window's ends cut (FSDP1's chunks cut matrices anywhere): through a room.
+        auto cut = [&](uint64_t i) {
+          if (cut_row_.size() < x.cols) cut_row_ = Buffer<float>(x.cols, device());
+          expand(i, i + 1, cut_row_.data());
+          const uint64_t row = at + i * x.cols, a = std::max(from, row);
+          const uint64_t b = std::min(to, row + x.cols);
+          ops::copy(device(), step.subspan(a - lo, b - a), cut_row_.span().subspan(a - row, b - a));
+        };
         expand(0, r0, nullptr);
         expand(r1, rows, nullptr);
-        if (r0 == r1) return;
-        if (at + r0 * x.cols == from && at + r1 * x.cols == to) {  // whole rows in the window
-          expand(r0, r1, step.data() + (from - lo));
-          return;
-        }
-        // Rows cut by the window's ends (FSDP1's chunks cut matrices anywhere): into a room.
-        if (window_rows_.size() < (r1 - r0) * x.cols)
-          window_rows_ = Buffer<float>((r1 - r0) * x.cols, device());
-        expand(r0, r1, window_rows_.data());
-        ops::copy(device(), step.subspan(from - lo, to - from),
-                  window_rows_.span().subspan(from - (at + r0 * x.cols), to - from));
+        if (f0 > f1) return cut(r0);  // the window inside one row
+        if (r0 < f0) cut(r0);
+        expand(f0, f1, step.data() + (at + f0 * x.cols - lo));
+        if (f1 < r1) cut(f1);
       });
     std::vector<kernels::Piece> parts;
     for (const auto& d : plan_.dense) {
@@ -428,7 +430,7 @@ class PowerSGD final : public SummableCodec {
   mutable bool deferred_ = false;
   std::vector<float> rr_, shifted_;  // compute_p's R blocks and P̂·Rᵀ (CPU)
   Buffer<float> block_q_;            // a later row block's Mᵀ·P̂, before it is added
-  Buffer<float> window_rows_;        // a window's rows of a matrix that it cuts, before the copy
+  Buffer<float> cut_row_;            // a row of the step that a window's end cuts, before the copy
   uint64_t last_round_ = ~uint64_t(0);
 };
 

@@ -306,7 +306,14 @@ TEST(Round, ATwoPhaseCodecWithAFloatQueryRaisesAtFinishOnEveryRank) {
 // finish() writes there, bit for bit, nothing outside it, and leaves the codec as a whole finish
 // does: two groups in step, one finishing whole, one each rank a third of its buffer (the
 // thirds cut runs and a matrix's rows anywhere), over rounds.
-void a_part_is_the_whole_finish_there(const std::string& spec, bool interleaved) {
+/// Rank r's part of a buffer of n values: [first, second).
+using Part = std::pair<uint64_t, uint64_t> (*)(uint32_t r, uint64_t n);
+std::pair<uint64_t, uint64_t> third(uint32_t r, uint64_t n) {
+  return {r * n / kRanks, (r + 1) * n / kRanks};
+}
+
+void a_part_is_the_whole_finish_there(const std::string& spec, bool interleaved,
+                                      Part part = third) {
   Group whole(spec, kWhole, interleaved), parts(spec, kWhole, interleaved);
   const uint64_t n = kDim + kWhole;
   for (uint64_t round = 0; round < 4; ++round) {
@@ -330,7 +337,7 @@ void a_part_is_the_whole_finish_there(const std::string& spec, bool interleaved)
           continue;
         }
         whole.rounds[r]->finish(Group::spans(got_a), full[r], {whole.kept, whole.whole_runs});
-        const uint64_t lo = r * n / kRanks, hi = (r + 1) * n / kRanks;
+        const auto [lo, hi] = part(r, n);
         std::vector<float> out(hi - lo + 2, -7.0f);  // a value either side: not to be written
         const auto before = mine[r];
         parts.rounds[r]->finish(Group::spans(got_b), std::span(out).subspan(1, hi - lo), lo, n,
@@ -368,6 +375,12 @@ TEST(Round, PowerSGDFinishesAPartAsItsWholeStep) {
     SCOPED_TRACE(spec);
     a_part_is_the_whole_finish_there(spec, false);
   }
+  // Parts inside one row of the 50 × 80 matrix (43 of its values from the 8th of row 7·r), the
+  // error in the step's pass (rank 6): that row's subtracted once.
+  a_part_is_the_whole_finish_there(
+      "powersgd:rank=6,layout=50x80+1000", false, [](uint32_t r, uint64_t) {
+        return std::pair<uint64_t, uint64_t>{560 * r + 7, 560 * r + 50};
+      });
 }
 
 TEST(Round, RefusesAPartPastTheBuffer) {
