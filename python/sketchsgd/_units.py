@@ -99,6 +99,12 @@ class Units:
             offset += n
         if offset != numel:
             raise RuntimeError(f"bucket {index}: gradients hold {offset} values, its buffer {numel}")
+        if self._whole_rule is None and all(len(self.shapes[k]) < 2 for k, _, _ in entries):
+            # A codec that reads shapes, given no matrix (an FSDP module of biases and norms
+            # alone, its weight frozen): it would have nothing to factor, so all of it goes whole.
+            for k, _, _ in entries:
+                self.whole[k] = True
+            entries = [(k, n, False) for k, n, _ in entries]
         return entries, where
 
     def register(self, index: int, ids, shapes, blocks: int = 1):

@@ -51,9 +51,15 @@ from ._compressor import gathered
 from ._state import CompressionState
 
 
+def _trained(group):
+    """An FSDP parameter group's parameters that take gradients, in FSDP's order: those its
+    post-backward reduces (a frozen one, as in LoRA, has none)."""
+    return [p for p in group.fsdp_params if p.sharded_param.requires_grad]
+
+
 def _groups(module):
     """(FSDP module, its parameter group) for every FSDP2 module under module that holds
-    parameters, in module order."""
+    parameters taking gradients, in module order."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # torch < 2.6
@@ -68,9 +74,16 @@ def _groups(module):
             if len(groups) > 1:
                 raise ValueError(f"{type(m).__name__}: several FSDP parameter groups (a per-parameter mesh); "
                                  "sketchsgd.fsdp takes one mesh per module")
-            if groups:
+            if groups and _trained(groups[0]):
                 found.append((m, groups[0]))
     return found
+
+
+class LayoutError(RuntimeError):
+    """An FSDP module reduced a gradient of another layout than its parameters' at registration:
+    a parameter without a gradient in this backward (unused in the forward: call
+    set_reduce_scatter_unused_params(True) on the model, so that FSDP2 reduces zeros for it), or
+    requires_grad changed after compress_replicas / compress_reduce_scatter (freeze first)."""
 
 
 class _Backward:
@@ -90,6 +103,7 @@ class _Backward:
 
     def __init__(self, state, warmup: int, groups: int, flag):
         self.state, self.failed, self.queued, self.device = state, None, False, None
+        self.task = None  # the autograd graph task whose end() is queued
         self.warmup, self.groups = warmup, groups
         self.flag_group, self.beyond = flag  # the flag's group; whether it holds ranks the state's lacks
         self.alone = None         # a failure this rank's round saw alone (per destination)
@@ -111,10 +125,16 @@ class _Backward:
         """reduce(dense) (a call of the state on tensors on device); False where this backward
         has failed (nothing reduced; the end of the backward raises)."""
         self.device = device
+        task = torch._C._current_graph_task_id()
+        if self.queued and task != self.task:
+            # The backward that queued end() raised (its callbacks never run): what it held
+            # belongs to no step, and this backward needs an end() of its own.
+            self.failed = self.alone = None
+            self.queued = False
         if not self.queued:
             try:
                 torch.autograd.Variable._execution_engine.queue_callback(self.end)
-                self.queued = True
+                self.queued, self.task = True, task
             except RuntimeError:  # not inside a backward (FSDP reduced outside one): raise at once
                 try:
                     reduce(self.dense())
@@ -137,6 +157,15 @@ class _Backward:
             return False
         return True
 
+    def fail(self, device, error) -> None:
+        """error (a LayoutError every rank of the state's group saw alike) raised at the end of
+        this backward, as a failed round's; at once outside a backward."""
+        if not self.run(device, lambda dense: None):
+            return  # failed already: that error is the one raised
+        if not self.queued:
+            raise error
+        self.failed = error
+
     def end(self):
         failed, self.failed, self.queued = self.failed, None, False
         alone, self.alone = self.alone, None
@@ -146,13 +175,18 @@ class _Backward:
                 raise failed
             return
         wire = alone is not None or isinstance(failed, _core.WireError)
-        flag = torch.tensor([2 if wire else int(failed is not None)], dtype=torch.int32,
+        code = 3 if isinstance(failed, LayoutError) else 2 if wire else int(failed is not None)
+        flag = torch.tensor([code], dtype=torch.int32,
                             device=self.device if dist.get_backend(self.flag_group) == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.flag_group)
         if failed is not None:
             raise failed
         if alone is not None:
             raise alone
+        if flag.item() == 3:
+            raise LayoutError("sketchsgd.fsdp: an FSDP module of another replica group reduced a gradient of another "
+                              "layout than its parameters' (its ranks raised LayoutError saying which); this step "
+                              "has no update")
         if flag.item() == 2:
             raise _core.WireError("sketchsgd.fsdp: another rank refused a message of its round (it raised "
                                   "WireError saying why); this step has no update")
@@ -215,18 +249,18 @@ def _register(what: str, module, state, warmup, wrong_group):
     _check(what, module, state, warmup)
     groups = _groups(module)
     if not groups:
-        raise ValueError(f"sketchsgd.fsdp.{what}: no FSDP2 module with parameters under this module "
-                         "(apply torch.distributed.fsdp.fully_shard first)")
+        raise ValueError(f"sketchsgd.fsdp.{what}: no FSDP2 module with parameters that take gradients under this "
+                         "module (apply torch.distributed.fsdp.fully_shard first)")
     state._bind()
     for m, g in groups:
         if g._is_hsdp:
             raise ValueError(f"{type(m).__name__}: fully_shard was given a 2-D (HSDP) mesh, whose own all-reduce "
                              "averages the replicas; give it the shard dimension alone (mesh['shard'])")
-        ranks = set(dist.get_process_group_ranks(state.process_group or dist.group.WORLD))
-        shard = set(dist.get_process_group_ranks(g.mesh_info.shard_process_group))
-        problem = wrong_group(shard, ranks)
+        ranks = dist.get_process_group_ranks(state.process_group or dist.group.WORLD)
+        shard = dist.get_process_group_ranks(g.mesh_info.shard_process_group)
+        problem = wrong_group(shard, ranks)  # each group's ranks in its own order
         if problem:
-            raise ValueError(f"{type(m).__name__}: the state's process group (ranks {sorted(ranks)}) {problem}")
+            raise ValueError(f"{type(m).__name__}: the state's process group (ranks {ranks}) {problem}")
     shards = {r for _, g in groups for r in dist.get_process_group_ranks(g.mesh_info.shard_process_group)}
     backward = _Backward(state, warmup, len(groups), _flag_group(state, shards))
     state._fsdp = True
@@ -252,13 +286,61 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: 
     torch.cuda.set_device)."""
     groups, backward = _register(
         "compress_replicas", module, state, warmup,
-        lambda shard, ranks: None if len(shard & ranks) == 1 else
-        f"and the shard group (ranks {sorted(shard)}) must meet in this rank alone: pass the replica group, "
+        lambda shard, ranks: None if len(set(shard) & set(ranks)) == 1 else
+        f"and the shard group (ranks {shard}) must meet in this rank alone: pass the replica group, "
         "mesh['replicate'].get_group()")
+    replicas = dist.get_world_size(state.process_group)
     for index, (m, g) in enumerate(groups):
-        shapes = [tuple(p.padded_sharded_param_size) for p in g.fsdp_params]
+        shapes = [tuple(p.padded_sharded_param_size) for p in _trained(g)]
         _units(state, index, shapes)
-        m.set_all_reduce_hook(lambda shard, index=index, shapes=shapes: backward.reduce(index, shard, shapes))
+        m.set_all_reduce_hook(_ReplicaHook(backward, index, shapes, g, replicas))
+
+
+class _ReplicaHook:
+    """FSDP2's all-reduce hook of one FSDP group: its reduce-scattered shard averaged over the
+    replicas through the state's codec. As FSDP2's own HSDP all-reduce it honours
+    set_requires_all_reduce(False) (gradient accumulation: FSDP2 calls the hook after every
+    reduce-scatter, so the shard is held here, its output zeroed, and added to the next shard
+    that is all-reduced: one compressed round an optimizer step, not one a micro-batch) and
+    set_gradient_divide_factor(f) (FSDP2 divides the shard group's sum by f; across replicas it
+    sums, so the replicas' mean is scaled by their count)."""
+
+    def __init__(self, backward, index: int, shapes, group, replicas: int):
+        self.backward, self.index, self.shapes, self.group, self.replicas = backward, index, shapes, group, replicas
+        self.size = sum(math.prod(s) for s in shapes)
+        self.held = None  # the shards of micro-batches not all-reduced yet, summed
+
+    def __call__(self, shard):
+        if not getattr(self.group, "all_reduce_grads", True):
+            if self.held is None:
+                self.held = shard.clone()
+            else:
+                self.held += shard
+            shard.zero_()  # FSDP2 adds it to the sharded gradient: the sum waits here instead
+            return
+        if self.held is not None:
+            shard += self.held
+            self.held = None
+        if shard.numel() != self.size:
+            # The replicas' rounds go on over zeros (another replica may have its layout right and
+            # be waiting in them); every rank raises at the backward's end.
+            zeros = _hook.scratch(self.backward.state, "zeros", self.size, torch.float32, shard.device).zero_()
+            self.backward.reduce(self.index, zeros, self.shapes)
+            self.backward.fail(shard.device, _layout_error(self.index, shard.numel(), self.size))
+            shard.zero_()
+            return
+        if not self.backward.reduce(self.index, shard, self.shapes):
+            shard.zero_()  # the backward raises at its end on every rank: no update
+            return
+        if getattr(self.group, "gradient_divide_factor", None) is not None:
+            shard.mul_(self.replicas)
+
+
+def _layout_error(index: int, got: int, want: int) -> LayoutError:
+    return LayoutError(f"sketchsgd.fsdp: FSDP group {index} reduced {got} values per rank, where its parameters "
+                       f"that take gradients hold {want}: a parameter without a gradient in this backward (unused "
+                       "in the forward: call model.set_reduce_scatter_unused_params(True)), or requires_grad "
+                       "changed after the model was registered (freeze parameters first)")
 
 
 class _ReduceScatter(ReduceScatter):
@@ -283,8 +365,8 @@ class _ReduceScatter(ReduceScatter):
     whole-gradient messages, and only its own chunk decoded."""
 
     def __init__(self, backward, index: int, shapes, world: int, per_destination: bool, per_tensor: bool,
-                 elementwise: bool):
-        self.backward, self.index, self.world = backward, index, world
+                 elementwise: bool, group=None):
+        self.backward, self.index, self.world, self.group = backward, index, world, group
         self.sizes = [math.prod(s) for s in shapes]  # a parameter's padded shard, in values
         self.chunks = [[tuple(s) if s else (1,) for s in shapes]] * world  # per destination: every chunk alike
         self.per_destination = per_destination
@@ -300,17 +382,26 @@ class _ReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         world, rank = dist.get_world_size(group), dist.get_rank(group)
+        factor = getattr(self.group, "gradient_divide_factor", None)
         if op == dist.ReduceOp.AVG:
             scale = None
         elif op == dist.ReduceOp.SUM:
             scale = float(world)
+        elif factor is not None:  # set_gradient_divide_factor(f): FSDP2's PREMUL_SUM(1 / f), the sum over f
+            scale = world / factor
         else:
-            raise NotImplementedError(f"sketchsgd.fsdp: a reduce-scatter with op {op} (set_gradient_divide_factor); "
-                                      "the compressed reduce-scatter computes the mean (AVG) or the sum")
-        if world != self.world or input_tensor.numel() != world * sum(self.sizes):
-            raise RuntimeError(f"sketchsgd.fsdp: FSDP group {self.index} reduce-scattered {input_tensor.numel()} "
-                               f"values over {world} ranks; its parameters' shards hold {sum(self.sizes)} per rank "
-                               f"over {self.world}")
+            raise NotImplementedError(f"sketchsgd.fsdp: a reduce-scatter with op {op}; the compressed reduce-scatter "
+                                      "computes the mean (AVG), the sum, or the sum over set_gradient_divide_factor's")
+        if world != self.world:
+            raise RuntimeError(f"sketchsgd.fsdp: FSDP group {self.index} reduce-scattered over {world} ranks; it was "
+                               f"registered over {self.world}")
+        if input_tensor.numel() != world * sum(self.sizes):
+            # Every rank of the group sees it alike (FSDP2's own reduce-scatter needs as much):
+            # no round, and backward() raises at its end, FSDP2 left as after any step.
+            output_tensor.zero_()
+            self.backward.fail(input_tensor.device, _layout_error(self.index, input_tensor.numel() // world,
+                                                                  sum(self.sizes)))
+            return None
         reduce = None
         if self.backward.dense():  # a warm-up step: FSDP2's own reduction, in fp32
             def reduce(dense):
@@ -379,16 +470,16 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
     groups, backward = _register(
         "compress_reduce_scatter", module, state, warmup,
         lambda shard, ranks: None if shard == ranks else
-        f"is not the shard group (ranks {sorted(shard)}): pass mesh['shard'].get_group() (or the default group "
-        "for a 1-D mesh over every rank)")
+        f"is not the shard group (ranks {shard}, in this order: a rank's chunk is the one at its place in it): "
+        "pass mesh['shard'].get_group() (or the default group for a 1-D mesh over every rank)")
     per_destination = backward.always_flag = gathered(state.spec)
     # The dense codec's mean is the same in any order, and which tensors it sends whole (1-D
     # ones) too, unless a size threshold (dense_below) tells a shard from its parameter.
     elementwise = state.spec.partition(":")[0] == "dense" and not state.dense_below
     for index, (m, g) in enumerate(groups):
         world = g.mesh_info.shard_mesh_size
-        scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in g.fsdp_params],
-                                 world, per_destination, state.units.per_tensor, elementwise)
+        scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in _trained(g)],
+                                 world, per_destination, state.units.per_tensor, elementwise, g)
         if per_destination:
             _scatter.register(state, index, scatter.chunks)
         else:

@@ -34,8 +34,9 @@ def _model():
 
 
 def _shard(model, mesh):
+    """Each Linear layer of a Sequential an FSDP module, and the root; another model: the root alone."""
     from torch.distributed.fsdp import fully_shard
-    for layer in model:
+    for layer in model if isinstance(model, torch.nn.Sequential) else []:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -63,7 +64,7 @@ def _train(model, rank, steps, lr=0.1, first=0):
 
 def _local(model):
     """This rank's shards of the parameters, end to end."""
-    return np.concatenate([p.to_local().detach().reshape(-1).numpy() for p in model.parameters()])
+    return np.concatenate([getattr(p, "to_local", lambda: p)().detach().reshape(-1).numpy() for p in model.parameters()])
 
 
 def trains(rank, world, spec, replicas, steps):
@@ -480,3 +481,99 @@ def fsdp1_refusals(rank, world):
     attempt("a state twice", lambda: fsdp.compress_fsdp1(_fsdp1(), state))
     dist.barrier()
     return out
+
+
+class _Branches(torch.nn.Module):
+    """One FSDP module of three layers, `other` used in the forward only while use_other is set
+    (a parameter that takes gradients but gets none in some steps: an MoE expert, a branch)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.other, self.out = torch.nn.Linear(32, 65), torch.nn.Linear(32, 65), torch.nn.Linear(65, 10)
+        self.use_other = True
+
+    def forward(self, x):
+        h = self.inp(x) + self.other(x) if self.use_other else self.inp(x)
+        return self.out(torch.relu(h))
+
+
+def _build(rank, world, spec, mode, model):
+    """model sharded by fully_shard (its Linear layers and the root) under mode: "replicas" (2 × 2,
+    the replicas through spec, or FSDP2's own HSDP where spec is None) or "reduce_scatter" (a 1-D
+    mesh; spec None: FSDP2's own reduce-scatter). Returns (model, state or None)."""
+    from sketchsgd import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    if mode == "replicas":
+        mesh = _mesh(world, 2)
+        if spec is None:
+            return _shard(model, mesh), None
+        model, state = _shard(model, mesh["shard"]), CompressionState(spec, mesh["replicate"].get_group())
+        fsdp.compress_replicas(model, state)
+    else:
+        model, state = _shard(model, init_device_mesh("cpu", (world,))), CompressionState(spec) if spec else None
+        if spec:
+            fsdp.compress_reduce_scatter(model, state)
+    return model, state
+
+
+def frozen(rank, world, spec, mode, steps):
+    """fsdp_jobs' MLP with its first layer's weight frozen and its bias trained (requires_grad
+    False, as LoRA freezes a layer's base weight: FSDP2 reduces that module's bias alone).
+    Returns (losses, this rank's shards, stats or None, whether the frozen weight's shard is as
+    it was)."""
+    model = _model()
+    model[0].weight.requires_grad_(False)
+    model, state = _build(rank, world, spec, mode, model)
+    before = model[0].weight.to_local().detach().clone()
+    losses = _train(model, rank, steps)
+    return (losses, _local(model), state.stats() if state else None,
+            torch.equal(before, model[0].weight.to_local().detach()))
+
+
+def unused(rank, world, spec, mode, steps, skip_step, zeros=False):
+    """_Branches (one FSDP module) sharded under mode with spec; at skip_step `other` is left out of the forward
+    (on every rank under "reduce_scatter", on replica 1's ranks 2 and 3 alone under "replicas").
+    zeros: set_reduce_scatter_unused_params(True) first (FSDP2 reduces zeros for it). Returns per
+    step the error backward() raised (or None), and this rank's shards."""
+    model, state = _build(rank, world, spec, mode, _Branches())
+    if zeros:
+        model.set_reduce_scatter_unused_params(True)
+    leave_out = rank >= 2 if mode == "replicas" else True
+    return _steps_with_errors(model, rank, steps,
+                              lambda step: setattr(model, "use_other", not (step == skip_step and leave_out))), \
+        _local(model)
+
+
+def divided(rank, world, spec, mode, steps, factor):
+    """set_gradient_divide_factor(factor) on every FSDP module under mode with spec (None: FSDP2's
+    own reduction). FSDP2 reduces float32 with ReduceOp.PREMUL_SUM(1 / factor), which gloo lacks:
+    its own collectives (spec None, and the reduce-scatter under HSDP) are made sums divided
+    after (set_force_sum_reduction_for_comms); a compressed reduce-scatter is handed the
+    PREMUL_SUM. Returns (losses, this rank's shards)."""
+    from torch.distributed.fsdp import FSDPModule
+    model, _ = _build(rank, world, spec, mode, _model())
+    for m in model.modules():  # (it sets a module's own parameter group alone)
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(factor)
+            m.set_force_sum_reduction_for_comms(spec is None or mode == "replicas")
+    return _train(model, rank, steps, lr=0.02), _local(model)
+
+
+def accumulated(rank, world, spec, steps, micro):
+    """HSDP (2 × 2) with FSDP2's gradient accumulation idiom: `micro` micro-batches a step, the
+    replicas' all-reduce on the last alone (set_requires_all_reduce). spec None: FSDP2's own HSDP.
+    Returns (losses, this rank's shards, stats or None)."""
+    model, state = _build(rank, world, spec, "replicas", _model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        for m in range(micro):
+            model.set_requires_all_reduce(m == micro - 1)
+            x, y = _batch(rank, step * micro + m)
+            loss = torch.nn.functional.cross_entropy(model(x), y) / micro
+            loss.backward()
+            losses.append(loss.item())
+        opt.step()
+    return losses, _local(model), state.stats() if state else None

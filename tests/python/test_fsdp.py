@@ -353,3 +353,106 @@ def test_fsdp1_codecs_train_a_nan_raises_everywhere_and_a_checkpoint_resumes(tmp
     per_step = sum(m.out_features + m.in_features + m.out_features + (-(m.weight.numel() + m.out_features)) % 4
                    for m in layers)
     assert out[0][0]["powersgd:rank=1"][2]["payload_bytes"] == 4 * per_step * STEPS
+
+
+def test_frozen_parameters_and_a_divide_factor_reduce_as_fsdp2_does():
+    """A frozen weight beside a trained bias in one FSDP module (requires_grad False, as LoRA
+    freezes base weights: FSDP2 reduces the bias alone) and set_gradient_divide_factor(3) (FSDP2 sums over the ranks and divides by 3): with the
+    dense codec each mode is FSDP2's own reduction (HSDP's to the bit; full sharding over 4 ranks
+    to rounding), and PowerSGD trains with the weight frozen, which stays as it was."""
+    runs = ddp.run(fsdp_jobs.several, [
+        ("each", ("frozen", [None, "dense", "powersgd:rank=1"], "reduce_scatter", 6)),
+        ("each", ("frozen", [None, "dense"], "replicas", 6)),
+        ("each", ("divided", [None, "dense"], "reduce_scatter", 4, 3.0)),
+        ("each", ("divided", [None, "dense"], "replicas", 4, 3.0))])
+    for rank in range(4):
+        full, hsdp, full_divided, hsdp_divided = runs[rank]
+        assert np.allclose(full[None][1], full["dense"][1], rtol=0, atol=1e-6), rank
+        assert np.array_equal(hsdp[None][1], hsdp["dense"][1]), rank
+        assert np.allclose(full_divided[None][1], full_divided["dense"][1], rtol=0, atol=1e-6), rank
+        assert np.array_equal(hsdp_divided[None][1], hsdp_divided["dense"][1]), rank
+        losses, local, stats, unchanged = full["powersgd:rank=1"]
+        assert np.isfinite(local).all() and np.mean(losses[-2:]) < np.mean(losses[:2]), (rank, losses)
+        assert stats["steps"] == 3 * 6, stats
+        assert unchanged and hsdp["dense"][3], rank
+
+
+def test_a_parameter_without_a_gradient_fails_the_step_on_every_rank_and_training_goes_on():
+    """A parameter of an FSDP module left out of one forward (FSDP2 reduces the module without it):
+    backward() raises LayoutError on every rank, under full sharding (every rank left it out) and
+    under HSDP where only replica 1 did (replica 0's ranks, whose layout was right, are told
+    through the flag rather than left waiting in their round); the steps after it train, and the
+    replicas agree. With set_reduce_scatter_unused_params(True) FSDP2 reduces zeros for it and
+    nothing fails."""
+    runs = ddp.run(fsdp_jobs.several, [("unused", ("powersgd:rank=1", mode, 5, 2, zeros))
+                                       for mode in ("reduce_scatter", "replicas") for zeros in (False, True)])
+    for rank in range(4):
+        for (errors, local), (mode, zeros) in zip(runs[rank], [(m, z) for m in ("reduce_scatter", "replicas")
+                                                               for z in (False, True)]):
+            assert np.isfinite(local).all(), (mode, rank)
+            if zeros:
+                assert errors == [None] * 5, (mode, rank, errors)
+                continue
+            assert [e is None for e in errors] == [True, True, False, True, True], (mode, rank, errors)
+            assert errors[2][0] == "LayoutError", (mode, rank, errors[2])
+            told = mode == "replicas" and rank < 2  # replica 0: its layout was right
+            assert ("another replica group" in errors[2][1]) == told, (mode, rank, errors[2])
+            assert told or "set_reduce_scatter_unused_params" in errors[2][1], errors[2]
+    for shard in (0, 1):
+        assert np.array_equal(runs[shard][2][1], runs[shard + 2][2][1]), shard
+
+
+def test_hsdp_gradient_accumulation_compresses_once_an_optimizer_step():
+    """FSDP2's HSDP accumulation idiom (set_requires_all_reduce(False) but on the last of two
+    micro-batches): FSDP2 calls the all-reduce hook after every reduce-scatter, and the hook holds
+    the micro-batches' shards and compresses their sum once. The dense codec is FSDP2's own HSDP
+    to the bit; the state counts a step per FSDP module and optimizer step, not per micro-batch;
+    PowerSGD trains and its replicas agree."""
+    out = ddp.run(fsdp_jobs.each, "accumulated", [None, "dense", "powersgd:rank=1"], 4, 2)
+    for rank in range(4):
+        assert out[rank][None][0] == out[rank]["dense"][0], rank
+        assert np.array_equal(out[rank][None][1], out[rank]["dense"][1]), rank
+        for spec in ("dense", "powersgd:rank=1"):
+            assert out[rank][spec][2]["steps"] == 3 * 4, out[rank][spec][2]
+        assert np.isfinite(out[rank]["powersgd:rank=1"][1]).all()
+    for shard in (0, 1):
+        assert np.array_equal(out[shard]["powersgd:rank=1"][1], out[shard + 2]["powersgd:rank=1"][1]), shard
+
+
+def test_a_backward_that_raised_leaves_nothing_to_the_next():
+    """A backward that raises after a failed round (its end never runs: autograd drops its final
+    callbacks) must not leave its failure, nor its queued end, to the next backward: that one
+    reduces, and a failure in the one after raises at its end. (Neither FSDP recovers from such a
+    backward on this PyTorch; DiLoCo-style callers and later versions may.)"""
+    from sketchsgd import fsdp
+
+    class Steps:
+        iteration = 0
+
+    backward = fsdp._Backward(Steps(), 0, 1, (None, False))
+    plan = {"fail": True, "abort": True, "ran": []}
+
+    def reduce(dense):
+        if plan["fail"]:
+            raise sketchsgd.NonFiniteError("a NaN")
+
+    def hook(grad):
+        plan["ran"].append(backward.run(torch.device("cpu"), reduce))
+        if plan["abort"]:
+            raise ValueError("the user's error")
+        return grad
+
+    def step():
+        x = torch.ones(3, requires_grad=True)
+        h = x * 2
+        h.register_hook(hook)
+        h.sum().backward()
+
+    with pytest.raises(ValueError):
+        step()
+    plan.update(fail=False, abort=False)
+    step()  # the failure held from the one before would make this round fail, and nothing raise
+    plan.update(fail=True)
+    with pytest.raises(sketchsgd.NonFiniteError):
+        step()
+    assert plan["ran"] == [False, True, False], plan["ran"]
