@@ -17,6 +17,7 @@ copies into its model: after a sync, every replica holds the same parameters, bi
 """
 
 import torch
+from . import _core
 from ._comm import ready
 from ._hook import average
 from ._state import CompressionState
@@ -75,6 +76,7 @@ class DiLoCo:
                                "simulated group's rank as process_group (sketchsgd.simulate)")
         self.state = CompressionState(spec, process_group, compress_1d=compress_1d, dense_below=dense_below)
         self.every, self.warmup, self.process_group = every, warmup, process_group
+        self._shard, self._flag = self._sharding()
         with torch.no_grad():
             flat = self._flat([p.float() for p in self.params])
             self.state.comm.broadcast(flat, root=0)
@@ -90,6 +92,40 @@ class DiLoCo:
         self.inner_steps = self.syncs = 0
         self._warmup_bytes = 0
         self._width = self._params[0].element_size()
+
+    def _sharding(self):
+        """(this rank's place in its shard group, the flag's (group, whether it reaches ranks the
+        state's group lacks)) for a model sharded by FSDP2 (DTensor parameters); (None, None)
+        for a plain model. The state's group must be the replicas of this rank's shard: it
+        meets each shard group in this rank alone (a group that also held another shard of the
+        same parameters would average unlike shards together, and corrupt the model). A failed
+        sync is told to every replica group over the ranks the groups join (sketchsgd.fsdp's
+        flag: those groups share no collective in a sync)."""
+        import torch.distributed as dist
+        meshes = {id(p.device_mesh): p for p in self._params if hasattr(p, "device_mesh")}
+        if not meshes:
+            return None, None
+        from .fsdp import _flag_group
+        ours = dist.get_process_group_ranks(self.state.process_group or dist.group.WORLD)
+        shard_ranks, place = set(), None
+        for p in meshes.values():
+            mesh, placements = p.device_mesh, p.placements
+            for dim, placement in enumerate(placements):
+                if mesh.size(dim) > 1 and placement.is_replicate():
+                    raise ValueError("DiLoCo: the model's parameters are replicated across a mesh dimension (FSDP2 "
+                                     "given a 2-D mesh averages those replicas every step): shard with "
+                                     "fully_shard(..., mesh=mesh['shard']) and give DiLoCo mesh['replicate']'s group")
+                if not placement.is_shard() or mesh.size(dim) == 1:
+                    continue
+                group = mesh.get_group(dim)
+                ranks = dist.get_process_group_ranks(group)
+                if len(set(ranks) & set(ours)) != 1:
+                    raise ValueError(f"DiLoCo: the process group (ranks {ours}) holds other shards of the model's "
+                                     f"parameters (shard group: ranks {ranks}): give it this rank's replicas alone, "
+                                     "mesh['replicate'].get_group()")
+                shard_ranks |= set(ranks)
+                place = dist.get_rank(group) if place is None else place
+        return place, _flag_group(self.state, shard_ranks) if shard_ranks else None
 
     @property
     def params(self):
@@ -139,7 +175,11 @@ class DiLoCo:
         outer optimizer, the anchor copied into the model. A non-finite pseudo-gradient on any
         rank raises NonFiniteError on every rank and changes neither anchor nor model."""
         deltas = [a - p.to(a.device, torch.float32) for a, p in zip(self.anchor, self.params)]
-        for a, mean in zip(self.anchor, average(self.state, deltas)):
+        if self._flag is not None and self._flag[1]:
+            means = self._flagged(deltas)
+        else:
+            means = average(self.state, deltas)
+        for a, mean in zip(self.anchor, means):
             a.grad = mean.clone()
         self.outer.step()
         for a in self.anchor:
@@ -147,6 +187,26 @@ class DiLoCo:
         for p, a in zip(self.params, self.anchor):
             p.copy_(a)
         self.syncs += 1
+
+    def _flagged(self, deltas):
+        """average() of a sharded model's shard, its failure told to the other replica groups
+        (one 4-byte all-reduce): each raises, none applies its shard's step."""
+        import torch.distributed as dist
+        failed = None
+        try:
+            means = average(self.state, deltas)
+        except (_core.NonFiniteError, _core.WireError) as e:
+            failed = e
+        group = self._flag[0]
+        flag = torch.tensor([int(failed is not None)], dtype=torch.int32,
+                            device=deltas[0].device if dist.get_backend(group) == "nccl" else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if failed is not None:
+            raise failed
+        if flag.item():
+            raise _core.NonFiniteError("DiLoCo: another replica group's sync failed (its ranks raised saying why): "
+                                       "no shard took this outer step")
+        return means
 
     # ---- statistics and checkpoints --------------------------------------------------------------
     def stats(self) -> dict:
@@ -170,8 +230,11 @@ class DiLoCo:
         Between syncs each rank's model and inner optimizer are its own, so a checkpoint that
         must resume exactly is a file per rank (model, inner optimizer, state_dict(gather=False)),
         or rank 0's file written right after a sync (every model equals the anchor) when the
-        inner optimizer keeps no state (plain SGD)."""
+        inner optimizer keeps no state (plain SGD). A model sharded by FSDP2: every rank's anchor
+        is its shard's, so a file per rank (or torch.distributed.checkpoint); a rank refuses
+        another shard's anchor."""
         return {"version": 1, "every": self.every, "warmup": self.warmup, "inner_steps": self.inner_steps,
+                "shard": self._shard,
                 "syncs": self.syncs, "warmup_bytes": self._warmup_bytes,
                 "anchor": [a.clone() for a in self.anchor], "outer": self.outer.state_dict(),
                 "codec": self.state.state_dict(gather=gather)}
@@ -187,6 +250,10 @@ class DiLoCo:
         if (d["every"], d["warmup"]) != (self.every, self.warmup):
             raise ValueError(f"state_dict of every={d['every']}, warmup={d['warmup']} loaded into every={self.every}, "
                              f"warmup={self.warmup}")
+        if d.get("shard") != self._shard:
+            raise ValueError(f"state_dict of shard {d.get('shard')} of the model's parameters loaded on a rank that "
+                             f"holds shard {self._shard}: under FSDP2 each rank saves and loads its own "
+                             "(state_dict(gather=False) per rank, or torch.distributed.checkpoint)")
         shapes = [tuple(a.shape) for a in d["anchor"]]
         if shapes != [tuple(a.shape) for a in self.anchor]:
             raise ValueError("state_dict: its anchor's shapes differ from this model's parameters")

@@ -577,3 +577,46 @@ def accumulated(rank, world, spec, steps, micro):
             losses.append(loss.item())
         opt.step()
     return losses, _local(model), state.stats() if state else None
+
+
+def diloco_misuse(rank, world, spec, every, bad_sync):
+    """DiLoCo over the MLP sharded 2 × 2. Refusals, each (name, error type, message): the default
+    group and the shard group (each holds another shard of the parameters), and fully_shard given
+    the 2-D mesh (FSDP2 averages the replicas itself). Then training where rank 1's shard turns
+    NaN in the last inner step before sync bad_sync: per sync the error outer.step() raised (or
+    None), whether this rank's shards were left as they were by the failed sync, and the outcome
+    of loading rank 0's state_dict(gather=False) on this rank."""
+    from sketchsgd.torch import DiLoCo
+    mesh = _mesh(world, 2)
+    out = []
+    attempt = functools.partial(_attempt, out)
+    attempt("default group", lambda: DiLoCo(_shard(_model(), mesh["shard"]), spec, every=every))
+    attempt("shard group", lambda: DiLoCo(_shard(_model(), mesh["shard"]), spec, every=every,
+                                          process_group=mesh["shard"].get_group()))
+    attempt("2-D mesh", lambda: DiLoCo(_shard(_model(), mesh), spec, every=every,
+                                       process_group=mesh["replicate"].get_group()))
+    model = _shard(_model(), mesh["shard"])
+    outer = DiLoCo(model, spec, every=every, process_group=mesh["replicate"].get_group())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    errors, kept = [], None
+    for step in range(every * (bad_sync + 1)):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == 1 and step == every * (bad_sync + 1) - 1:
+            with torch.no_grad():
+                model[0].weight.to_local()[0, 0] = float("nan")
+        before = _local(model)
+        try:
+            if outer.step():
+                errors.append(None)
+        except Exception as e:  # noqa: BLE001 - recorded for the test
+            errors.append((type(e).__name__, str(e)))
+            kept = np.array_equal(before, _local(model), equal_nan=True)
+    saved = [outer.state_dict(gather=False) if rank == 0 else None]
+    dist.broadcast_object_list(saved, src=0)
+    loaded = []
+    _attempt(loaded, "rank 0's state", lambda: outer.load_state_dict(saved[0]))
+    return out, errors, kept, loaded[0]

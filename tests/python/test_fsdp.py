@@ -456,3 +456,23 @@ def test_a_backward_that_raised_leaves_nothing_to_the_next():
     with pytest.raises(sketchsgd.NonFiniteError):
         step()
     assert plan["ran"] == [False, True, False], plan["ran"]
+
+
+def test_diloco_over_a_sharded_model_refuses_a_group_of_other_shards_and_fails_a_sync_everywhere():
+    """DiLoCo over FSDP2 (2 × 2): a process group that holds other shards of the parameters (the
+    default group, the shard group) would average unlike shards together, and fully_shard over the
+    2-D mesh averages the replicas every step: each refused with ValueError. A NaN in rank 1's
+    shard fails that sync with NonFiniteError on all four ranks (replica group 0, whose round
+    succeeded, is told by the flag), and no rank's shards change. A rank of shard 1 refuses rank
+    0's checkpoint (shard 0's anchor, same shapes)."""
+    out = ddp.run(fsdp_jobs.diloco_misuse, "topk:k=200", 3, 2)
+    for rank in range(4):
+        refused, errors, kept, loaded = out[rank]
+        assert [(name, kind) for name, kind, _ in refused] == [
+            ("default group", "ValueError"), ("shard group", "ValueError"), ("2-D mesh", "ValueError")], refused
+        assert "other shards" in refused[0][2] and "2-D mesh" in refused[2][2], refused
+        assert errors[:2] == [None, None] and errors[2][0] == "NonFiniteError", (rank, errors)
+        assert ("another replica group" in errors[2][1]) == (rank % 2 == 0), (rank, errors[2])
+        assert kept, rank
+        if rank % 2:
+            assert loaded[1] == "ValueError" and "shard 0" in loaded[2], (rank, loaded)
