@@ -88,6 +88,10 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     """DDP communication hook: the bucket's averaged gradient through the state's codec. A
     float16 or bfloat16 bucket (a model in half precision) goes through a float32 copy, and the
     averaged result is rounded back into it."""
+    if getattr(state, "_fsdp", False):
+        raise ValueError("sketchsgd.torch.compression_hook: this CompressionState serves an FSDP model "
+                         "(sketchsgd.fsdp); give the DDP model a state of its own")
+    state._ddp = True
     buf = bucket.buffer()
     state._begin(buf)
     wide = buf if buf.dtype == torch.float32 else _widened(state, bucket.index(), buf)

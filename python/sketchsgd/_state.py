@@ -56,6 +56,9 @@ class CompressionState:
         if isinstance(checkpoint_timeout, bool) or not isinstance(checkpoint_timeout, (int, float)) or \
                 not 0 < checkpoint_timeout < math.inf:
             raise ValueError(f"checkpoint_timeout={checkpoint_timeout!r}: seconds, a finite number > 0")
+        if type(process_group).__name__ == "DeviceMesh":
+            raise TypeError("process_group: a DeviceMesh; pass one of its dimensions' process groups, as "
+                            "mesh['replicate'].get_group()")
         self.checkpoint_timeout = float(checkpoint_timeout)
         self.process_group = process_group
         self.spec = spec.strip() if isinstance(spec, str) else spec

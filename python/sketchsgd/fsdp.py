@@ -208,6 +208,9 @@ def _check(what: str, module, state, warmup) -> None:
         raise RuntimeError(f"sketchsgd.fsdp.{what}: initialise torch.distributed first")
     if getattr(state, "_fsdp", False):
         raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState already serves a model")
+    if getattr(state, "_ddp", False) or state.iteration:
+        raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState has run steps already (a DDP hook's, or "
+                         "average()'s): give the FSDP model a state of its own")
 
 
 def _flag_group(state, shard_ranks):
@@ -248,11 +251,19 @@ def _register(what: str, module, state, warmup, wrong_group):
     _Backward."""
     _check(what, module, state, warmup)
     groups = _groups(module)
+    if not groups and any(type(m).__name__ == "FullyShardedDataParallel" for m in module.modules()):
+        raise ValueError(f"sketchsgd.fsdp.{what}: the model is sharded by FSDP1 (FullyShardedDataParallel): "
+                         "use sketchsgd.fsdp.compress_fsdp1")
     if not groups:
         raise ValueError(f"sketchsgd.fsdp.{what}: no FSDP2 module with parameters that take gradients under this "
                          "module (apply torch.distributed.fsdp.fully_shard first)")
     state._bind()
     for m, g in groups:
+        if what == "compress_replicas" and getattr(g, "_all_reduce_hook", None) is not None or \
+                what == "compress_reduce_scatter" and isinstance(getattr(g, "_reduce_scatter_comm", None),
+                                                                 _ReduceScatter):
+            raise ValueError(f"sketchsgd.fsdp.{what}: {type(m).__name__} has a hook of it already (the model was "
+                             "registered before): one state per model")
         if g._is_hsdp:
             raise ValueError(f"{type(m).__name__}: fully_shard was given a 2-D (HSDP) mesh, whose own all-reduce "
                              "averages the replicas; give it the shard dimension alone (mesh['shard'])")
@@ -657,4 +668,9 @@ def load_state_dict(state: CompressionState, d: dict) -> None:
     if not isinstance(d, dict) or not isinstance(d.get(key), (bytes, bytearray)):
         raise ValueError(f"sketchsgd.fsdp.load_state_dict: no '{key}' entry (a dict from sketchsgd.fsdp.state_dict() "
                          "of a job with this rank expected)")
-    state.load_state_dict(torch.load(io.BytesIO(d[key]), weights_only=True))
+    try:
+        saved = torch.load(io.BytesIO(d[key]), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch.load's many errors for bytes that are not its own
+        raise ValueError(f"sketchsgd.fsdp.load_state_dict: '{key}' is not a sketchsgd state (truncated or corrupt: "
+                         f"{type(e).__name__})") from None
+    state.load_state_dict(saved)

@@ -146,6 +146,18 @@ def refusals(rank, world):
                                                          fsdp.state_dict(state)))
     attempt("reduce-scatter over the replicas", lambda: fsdp.compress_reduce_scatter(
         _shard(_model(), mesh["shard"]), CompressionState("topk:k=10", replicas)))
+    attempt("registered twice", lambda: fsdp.compress_replicas(sharded, CompressionState("topk:k=10", replicas)))
+    from sketchsgd.torch import compression_hook
+    attempt("its state in a DDP hook", lambda: compression_hook(state, None))
+    attempt("a mesh for a group", lambda: CompressionState("topk:k=10", mesh["replicate"]))
+    attempt("corrupt bytes", lambda: fsdp.load_state_dict(state, {f"rank{rank}": b"\x80not a state"}))
+    used = CompressionState("topk:k=10", replicas)
+    from sketchsgd.torch import average
+    average(used, [torch.ones(4)])
+    attempt("a state that ran steps", lambda: fsdp.compress_replicas(_shard(_model(), mesh["shard"]), used))
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    old = FSDP(_model(), device_id=torch.device("cpu"))
+    attempt("an FSDP1 model", lambda: fsdp.compress_reduce_scatter(old, CompressionState("topk:k=10")))
     dist.barrier()
     return out
 

@@ -56,6 +56,12 @@ def test_misuse_is_refused_with_a_clear_error():
         assert got["another model"][0] == "ConfigMismatch" and "sharded another way" in got["another model"][1], got
         assert got["no model yet"][0] == "ValueError" and "compress_replicas" in got["no model yet"][1], got
         assert got["reduce-scatter over the replicas"][0] == "ValueError", got
+        assert got["registered twice"][0] == "ValueError" and "one state per model" in got["registered twice"][1], got
+        assert got["its state in a DDP hook"][0] == "ValueError", got
+        assert got["a mesh for a group"][0] == "TypeError" and "get_group()" in got["a mesh for a group"][1], got
+        assert got["corrupt bytes"][0] == "ValueError" and "corrupt" in got["corrupt bytes"][1], got
+        assert got["a state that ran steps"][0] == "ValueError", got
+        assert got["an FSDP1 model"][0] == "ValueError" and "compress_fsdp1" in got["an FSDP1 model"][1], got
 
 
 def test_the_module_imports_in_a_fresh_interpreter():
