@@ -298,19 +298,25 @@ class PowerSGD final : public SummableCodec {
   /// streams over M fewer a round) and absorb subtracts P̂·Q̄ᵀ as it reads M anyway, on the
   /// columns of the warm-started q (so warm=1). Past 4 the products are bound by the FMA units
   /// and the subtraction stays in the step's pass.
-  bool defers(const Plan::Matrix& x) const { return fused_ && o_.ef && o_.warm && x.rank <= 4; }
+  bool defers(const Plan::Matrix& x) const { return fused_ && owes(x); }
+  /// Whether matrix x's subtraction is deferred by a codec that defers at all (a saved state's
+  /// owed P̂ covers these matrices, whichever codec loads it).
+  bool owes(const Plan::Matrix& x) const { return o_.ef && o_.warm && x.rank <= 4; }
 
   /// Writes out a deferred subtraction (the error as it would be without the deferral; Q̄ is
-  /// the warm start).
-  void settle() const {
-    if (!deferred_) return;
+  /// the warm start): p, the owed P̂ in the device's memory.
+  void settle(const float* p) const {
     const auto e = fb_.error();
     for (const auto& x : plan_.matrices)
-      if (defers(x))
+      if (owes(x))
         x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
-          ops::lowrank_expand(device(), deferred_p_.data() + p_at, q_.data() + x.q_at, nullptr,
-                              rows, x.cols, x.rank, e.data() + at);
+          ops::lowrank_expand(device(), p + p_at, q_.data() + x.q_at, nullptr, rows, x.cols, x.rank,
+                              e.data() + at);
         });
+  }
+  void settle() const {
+    if (!deferred_) return;
+    settle(deferred_p_.data());  // deferred on the CPU alone: host memory is the device's
     deferred_ = false;
   }
 
@@ -391,9 +397,11 @@ class PowerSGD final : public SummableCodec {
     if (o_.warm) ops::copy(device(), q_.span(), update.subspan(plan_.p_size, plan_.q_size));
   }
 
-  // Worker state: the error (between rounds) and the warm-start Q.
+  // Worker state: the error (between rounds), the warm-start Q, and a deferred subtraction's P̂
+  // (none: 0 values). Saved as it is, not settled: writing the subtraction out would round the
+  // error otherwise than the next absorb does, so a job that saved would part from one that did
+  // not (and a resumed one from the saved one's continuation).
   Bytes do_save_state() const override {
-    settle();  // the error itself, whatever was deferred
     Bytes out;
     ByteWriter w(out);
     const Bytes fb = fb_.save();
@@ -402,6 +410,9 @@ class PowerSGD final : public SummableCodec {
     const auto q = q_.to_vector();
     w.put(uint64_t(q.size()));
     w.put_array(std::span<const float>(q));
+    const uint64_t np = deferred_ ? plan_.p_size : 0;
+    w.put(np);
+    w.put_array(std::span<const float>(deferred_p_.data(), np));
     seal(out);
     return out;
   }
@@ -412,15 +423,31 @@ class PowerSGD final : public SummableCodec {
     SKETCHSGD_REQUIRE(nq == q_.size(), WireError, "powersgd state with ", nq,
                       " Q values for a codec of ", q_.size());
     const auto q = payload::read_floats(r, nq, "powersgd state Q");
+    std::vector<float> owed;
+    if (r.left() > 0) {  // (a state saved before the field was: settled, nothing owed)
+      const auto np = r.get<uint64_t>();
+      SKETCHSGD_REQUIRE(np == 0 || np == plan_.p_size, WireError, "powersgd state with ", np,
+                        " owed P values for a codec of ", plan_.p_size);
+      owed = payload::read_floats(r, np, "powersgd state P");
+    }
     r.expect_end();
     fb_.load(fb);  // validates everything before it changes anything
     q_.upload(q);
     deferred_ = false;
+    if (owed.empty()) return;
+    if (fused_) {  // this codec defers too: owed as saved
+      deferred_p_ = std::move(owed);
+      deferred_ = true;
+      return;
+    }
+    Buffer<float> p(owed.size(), device());  // another device: written out now
+    p.upload(owed);
+    settle(p.data());
   }
 
   const Plan plan_;
   const PowerOptions o_;
-  mutable Feedback fb_;  // mutable: save_state() settles a deferred subtraction first
+  mutable Feedback fb_;  // mutable: settle() (const) writes a deferred subtraction out
   const bool fused_;     // ops::fuses_lowrank_absorb(): compute_p in one pass (fused_p)
   const ops::Factors q_factors_;
   Buffer<float> q_;   // the next round's Q before orthonormalisation

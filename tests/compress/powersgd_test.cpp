@@ -227,11 +227,11 @@ void expect_near(const std::vector<float>& x, const std::vector<float>& y) {
 }
 
 /// On the CPU a round's error subtraction waits for the next absorb at ranks up to 4 (rewritten
-/// on the next q's columns): nothing of it shows but rounding. A worker whose state was saved
-/// in between (which writes the subtraction out as P̂·Q̄ᵀ) and one that deferred it take the
-/// same next steps, the last one from the errors alone (zero gradients); ranks past 4
-/// (subtracted at once) and up to 4 (deferred) in one layout; an update applied twice (the
-/// second apply finds the first one's subtraction owed).
+/// on the next q's columns): nothing of it shows but rounding. Ranks past 4 (subtracted at
+/// once) and up to 4 (deferred) in one layout take the next steps, the last one from the errors
+/// alone (zero gradients), whether a worker's state was saved in between or not (a saved state
+/// keeps the owed P̂: PowerSGD.SavingTheStateChangesNothing); an update applied twice (the
+/// second apply finds the first one's subtraction owed and writes it out: equal to rounding).
 TEST(PowerSGD, DeferredErrorSubtractionIsInvisible) {
   for (const auto& [spec, dim] :
        {std::pair<std::string, uint64_t>{"powersgd:rank=2,layout=30x20+5", 605},
@@ -267,6 +267,28 @@ TEST(PowerSGD, DeferredErrorSubtractionIsInvisible) {
     }
     expect_near(sa, sb);
     expect_near(a.run(zero, 4), b.run(zero, 4));
+  }
+}
+
+/// Saving a worker's state changes nothing it does: a job whose workers save every round takes
+/// the same steps as one that never saves, bit for bit, and a job resumed from those states
+/// takes them too, where the error's subtraction is deferred (rank 2) or not (rank 6). (Saving
+/// once wrote the deferred subtraction out, which rounds otherwise than the next absorb.)
+TEST(PowerSGD, SavingTheStateChangesNothing) {
+  for (const auto& [spec, dim] :
+       {std::pair<std::string, uint64_t>{"powersgd:rank=2,layout=30x20+5", 605},
+        {"powersgd:rank=6,min_rate=0.5,layout=40x30+30x3+4", 1294}}) {
+    SCOPED_TRACE(spec);
+    Round saves(spec, dim, 2), never(spec, dim, 2);
+    for (uint64_t round = 0; round < 4; ++round) {
+      const auto g = test::grads(2, dim, 30 + round);
+      ASSERT_EQ(saves.run(g, round), never.run(g, round)) << round;
+      for (auto& w : saves.workers) w->save_state();
+    }
+    const auto g = test::grads(2, dim, 99);
+    Round resumed(spec, dim, 2);
+    for (uint32_t i = 0; i < 2; ++i) resumed.workers[i]->load_state(saves.workers[i]->save_state());
+    EXPECT_EQ(resumed.run(g, 4), never.run(g, 4));
   }
 }
 
