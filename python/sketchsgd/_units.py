@@ -148,8 +148,13 @@ class Units:
                     name, _, options = spec.partition(":")
                     spec = f"{name}:{options + ',' if options.strip() else ''}blocks={self.blocks[u.index]}"
                 spec = _core.share_spec(spec, u.n_compressed / total)
-                u.build(spec, device, world, self.pending.pop(u.index, None),
-                        self.shapes if self._whole_rule is None else None)
+                try:
+                    u.build(spec, device, world, self.pending.pop(u.index, None),
+                            self.shapes if self._whole_rule is None else None)
+                except _core.InvalidArgument as e:
+                    raise _core.InvalidArgument(
+                        f"unit {u.index} ({u.n_compressed:,} of the {total:,} values compressed, its share of the "
+                        f"budget: {spec.split(',layout=')[0]}): {e}") from None
         return held
 
     # ---- checkpoints ----------------------------------------------------------------------------

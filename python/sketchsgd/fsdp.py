@@ -145,10 +145,11 @@ class _Backward:
             return False
         try:
             reduce(self.dense())
-        except (_core.NonFiniteError, _core.WireError) as e:
+        except (_core.NonFiniteError, _core.WireError, _core.InvalidArgument) as e:
             # Failures every rank of the round saw alike (a NaN, a length past the codec's
-            # largest message), raised at the end: an error raised inside the backward would
-            # leave FSDP2's parameters unsharded for good (its post-backward never runs).
+            # largest message, a spec its unit cannot take, found when its codec is built),
+            # raised at the end: an error raised inside the backward would leave FSDP2's
+            # parameters unsharded for good (its post-backward never runs).
             self.failed = e
             return False
         except _scatter.Alone as e:
@@ -175,7 +176,8 @@ class _Backward:
                 raise failed
             return
         wire = alone is not None or isinstance(failed, _core.WireError)
-        code = 3 if isinstance(failed, LayoutError) else 2 if wire else int(failed is not None)
+        code = 4 if isinstance(failed, _core.InvalidArgument) else 3 if isinstance(failed, LayoutError) else \
+            2 if wire else int(failed is not None)
         flag = torch.tensor([code], dtype=torch.int32,
                             device=self.device if dist.get_backend(self.flag_group) == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.flag_group)
@@ -183,6 +185,9 @@ class _Backward:
             raise failed
         if alone is not None:
             raise alone
+        if flag.item() == 4:
+            raise _core.InvalidArgument("sketchsgd.fsdp: another replica group's codec refused its unit (its ranks "
+                                        "raised InvalidArgument saying why); this step has no update")
         if flag.item() == 3:
             raise LayoutError("sketchsgd.fsdp: an FSDP module of another replica group reduced a gradient of another "
                               "layout than its parameters' (its ranks raised LayoutError saying which); this step "

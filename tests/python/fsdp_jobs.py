@@ -632,3 +632,19 @@ def diloco_misuse(rank, world, spec, every, bad_sync):
     loaded = []
     _attempt(loaded, "rank 0's state", lambda: outer.load_state_dict(saved[0]))
     return out, errors, kept, loaded[0]
+
+
+def refused_unit(rank, world, spec, mode, steps, warmup):
+    """The MLP under mode with spec after `warmup` fp32 backward passes, spec being one that a
+    module's unit refuses when its codec is built (at its first compressed step). Returns per
+    step the error backward() raised (or None)."""
+    from sketchsgd import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    if mode == "replicas":
+        mesh = _mesh(world, 2)
+        model, state = _shard(_model(), mesh["shard"]), CompressionState(spec, mesh["replicate"].get_group())
+        fsdp.compress_replicas(model, state, warmup=warmup)
+    else:
+        model, state = _shard(_model(), init_device_mesh("cpu", (world,))), CompressionState(spec)
+        fsdp.compress_reduce_scatter(model, state, warmup=warmup)
+    return _steps_with_errors(model, rank, steps, lambda step: None)

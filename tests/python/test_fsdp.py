@@ -482,3 +482,18 @@ def test_diloco_over_a_sharded_model_refuses_a_group_of_other_shards_and_fails_a
         assert kept, rank
         if rank % 2:
             assert loaded[1] == "ValueError" and "shard 0" in loaded[2], (rank, loaded)
+
+
+def test_a_spec_a_module_cannot_take_fails_its_steps_on_every_rank_not_fsdp():
+    """PowerSGD at rank 8 on the MLP's last layer (10 × 48: its factors would outweigh it) is
+    refused when that module's codec is first built, past the fp32 warm-up: backward() raises
+    InvalidArgument on every rank, naming the unit and its share of the spec, and FSDP2 is left
+    as after any step (the next step raises the same, not an error of FSDP2's unsharded
+    parameters)."""
+    runs = ddp.run(fsdp_jobs.several, [("refused_unit", ("powersgd:rank=8", mode, 3, 1))
+                                       for mode in ("reduce_scatter", "replicas")])
+    for rank in range(4):
+        for errors in runs[rank]:
+            assert errors[0] is None, (rank, errors)
+            assert [e[0] for e in errors[1:]] == ["InvalidArgument"] * 2, (rank, errors)
+            assert "unit" in errors[1][1] and "powersgd:rank=8" in errors[1][1], errors[1]
