@@ -176,8 +176,10 @@ class _Backward:
                 raise failed
             return
         wire = alone is not None or isinstance(failed, _core.WireError)
-        code = 4 if isinstance(failed, _core.InvalidArgument) else 3 if isinstance(failed, LayoutError) else \
-            2 if wire else int(failed is not None)
+        if failed is None or isinstance(failed, _core.NonFiniteError):  # (an InvalidArgument too)
+            code = 2 if wire else int(failed is not None)
+        else:
+            code = 3 if isinstance(failed, LayoutError) else 4 if isinstance(failed, _core.InvalidArgument) else 2
         flag = torch.tensor([code], dtype=torch.int32,
                             device=self.device if dist.get_backend(self.flag_group) == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.flag_group)
@@ -306,6 +308,9 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: 
         f"and the shard group (ranks {shard}) must meet in this rank alone: pass the replica group, "
         "mesh['replicate'].get_group()")
     replicas = dist.get_world_size(state.process_group)
+    # A replica's layout can fail on its ranks alone (_ReplicaHook): the flag goes out even where
+    # the state's group is every rank concerned (shard groups of one; otherwise it does anyway).
+    backward.always_flag = True
     for index, (m, g) in enumerate(groups):
         shapes = [tuple(p.padded_sharded_param_size) for p in _trained(g)]
         _units(state, index, shapes)

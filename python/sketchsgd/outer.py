@@ -195,17 +195,19 @@ class DiLoCo:
         failed = None
         try:
             means = average(self.state, deltas)
-        except (_core.NonFiniteError, _core.WireError) as e:
+        except _core.Error as e:  # any of the library's, seen alike by the group's ranks
             failed = e
         group = self._flag[0]
-        flag = torch.tensor([int(failed is not None)], dtype=torch.int32,
+        code = 0 if failed is None else 1 if isinstance(failed, _core.NonFiniteError) else 2
+        flag = torch.tensor([code], dtype=torch.int32,
                             device=deltas[0].device if dist.get_backend(group) == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         if failed is not None:
             raise failed
         if flag.item():
-            raise _core.NonFiniteError("DiLoCo: another replica group's sync failed (its ranks raised saying why): "
-                                       "no shard took this outer step")
+            kind = _core.NonFiniteError if flag.item() == 1 else _core.Error
+            raise kind("DiLoCo: another replica group's sync failed (its ranks raised saying why): no shard took "
+                       "this outer step")
         return means
 
     # ---- statistics and checkpoints --------------------------------------------------------------
