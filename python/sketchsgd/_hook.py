@@ -9,7 +9,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import _comm, _rounds
+from . import _comm, _core, _rounds
 from ._schedule import combined
 from ._state import CompressionState
 
@@ -190,6 +190,8 @@ def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool
     finally:
         state._end_step(not dense)
     fut.wait()
+    if dense:
+        _finite_mean(buf, index)
     if part is None:
         if buf is not shard:
             shard.copy_(buf)
@@ -213,10 +215,20 @@ def reduce_scatter_mean(state: CompressionState, index: int, full, out) -> None:
         state.comm.count(buf.numel() * 4, buf.numel() * 4)
         state.comm.reduce_scatter_sum(mean, buf)
         mean.mul_(_comm.mean_factor(state.comm.world))
+        _finite_mean(mean, index)
         if mean is not out:
             out.copy_(mean)
     finally:
         state._end_step(False)
+
+
+def _finite_mean(mean, index: int) -> None:
+    """NonFiniteError where a warm-up step's fp32 mean is not finite: a rank's NaN or Inf spreads
+    into the sum, so its round's ranks see it alike (those that keep that part of the mean: a
+    reduce-scatter's others learn it from sketchsgd.fsdp's flag), as a compressed round would."""
+    if not bool(torch.isfinite(mean).all()):
+        raise _core.NonFiniteError(f"sketchsgd.fsdp: FSDP group {index}'s gradient is not finite on some rank (a "
+                                   "warm-up step, averaged in fp32); this step has no update")
 
 
 class FlatBucket:

@@ -107,6 +107,7 @@ class _Backward:
         self.warmup, self.groups = warmup, groups
         self.flag_group, self.beyond = flag  # the flag's group; whether it holds ranks the state's lacks
         self.alone = None         # a failure this rank's round saw alone (per destination)
+        self.warm = False         # this backward ran a warm-up step (its reduce-scatter's check is per chunk)
         self.always_flag = False  # set where rounds can fail on one rank alone
 
     def dense(self) -> bool:
@@ -130,7 +131,7 @@ class _Backward:
             # The backward that queued end() raised (its callbacks never run): what it held
             # belongs to no step, and this backward needs an end() of its own.
             self.failed = self.alone = None
-            self.queued = False
+            self.queued = self.warm = False
         if not self.queued:
             try:
                 torch.autograd.Variable._execution_engine.queue_callback(self.end)
@@ -143,8 +144,10 @@ class _Backward:
                 return True
         if self.failed is not None:
             return False
+        dense = self.dense()
+        self.warm |= dense
         try:
-            reduce(self.dense())
+            reduce(dense)
         except (_core.NonFiniteError, _core.WireError, _core.InvalidArgument) as e:
             # Failures every rank of the round saw alike (a NaN, a length past the codec's
             # largest message, a spec its unit cannot take, found when its codec is built),
@@ -170,7 +173,8 @@ class _Backward:
     def end(self):
         failed, self.failed, self.queued = self.failed, None, False
         alone, self.alone = self.alone, None
-        if not self.beyond and not self.always_flag:
+        warm, self.warm = self.warm, False
+        if not self.beyond and not self.always_flag and not warm:
             # The state's group is every rank concerned: each saw the failure in its round.
             if failed is not None:
                 raise failed

@@ -162,23 +162,24 @@ def refusals(rank, world):
     return out
 
 
-def non_finite(rank, world, spec, steps, bad_step, mode="replicas"):
+def non_finite(rank, world, spec, steps, bad_step, mode="replicas", warmup=0):
     """At bad_step, rank 1's gradient is NaN in rows 0-7 of the first layer: after the shard
     group's reduce-scatter only rank 0's shard holds them, so only replica group {0, 2} sees them
     in its round. Returns (per step: the error backward() raised, by type and message, or None;
     this rank's shards at the end). mode "reduce_scatter": full sharding over every rank, the
-    reduce-scatter compressed (every rank shares the failed round)."""
+    reduce-scatter compressed (every rank shares the failed round). warmup: fp32 backward passes
+    first."""
     from sketchsgd import fsdp
     if mode == "replicas":
         mesh = _mesh(world, 2)
         model = _shard(_model(), mesh["shard"])
         state = CompressionState(spec, process_group=mesh["replicate"].get_group())
-        fsdp.compress_replicas(model, state)
+        fsdp.compress_replicas(model, state, warmup=warmup)
     else:
         from torch.distributed.device_mesh import init_device_mesh
         model = _shard(_model(), init_device_mesh("cpu", (world,)))
         state = CompressionState(spec)
-        fsdp.compress_reduce_scatter(model, state)
+        fsdp.compress_reduce_scatter(model, state, warmup=warmup)
     return _steps_with_a_nan(model, model[0], rank, steps, bad_step), _local(model)
 
 
@@ -424,13 +425,13 @@ def fsdp1_mixed(rank, world, spec, steps):
     return _train(model, rank, steps), _fsdp1_local(model), state.stats() if state else None
 
 
-def fsdp1_non_finite(rank, world, spec, steps, bad_step):
+def fsdp1_non_finite(rank, world, spec, steps, bad_step, warmup=0):
     """At bad_step rank 1's gradient of the first layer is NaN. Returns (per step: the error
     backward() raised, by type and message, or None; this rank's flat parameters at the end)."""
     from sketchsgd import fsdp
     model = _fsdp1()
     state = CompressionState(spec)
-    fsdp.compress_fsdp1(model, state)
+    fsdp.compress_fsdp1(model, state, warmup=warmup)
     return _steps_with_a_nan(model, model.module[0], rank, steps, bad_step), _fsdp1_local(model)
 
 

@@ -497,3 +497,18 @@ def test_a_spec_a_module_cannot_take_fails_its_steps_on_every_rank_not_fsdp():
             assert errors[0] is None, (rank, errors)
             assert [e[0] for e in errors[1:]] == ["InvalidArgument"] * 2, (rank, errors)
             assert "unit" in errors[1][1] and "powersgd:rank=8" in errors[1][1], errors[1]
+
+
+def test_a_nan_in_a_warm_up_step_raises_on_every_rank_too():
+    """A NaN on rank 1 in one of the fp32 warm-up backward passes (FSDP's own reduction): under
+    full sharding only rank 0's chunk of the mean holds it, under HSDP only replica group {0, 2}
+    sees it, yet backward() raises NonFiniteError on all four ranks (the flag goes out after a
+    warm-up step), under FSDP2 either way and FSDP1, and no rank's shards turn NaN."""
+    runs = ddp.run(fsdp_jobs.several, [("non_finite", ("topk:k=400", 5, 1, mode, 3))
+                                       for mode in ("reduce_scatter", "replicas")] +
+                   [("fsdp1_non_finite", ("topk:k=400", 5, 1, 3))])
+    for rank in range(4):
+        for errors, local in runs[rank]:
+            assert [e is not None for e in errors] == [False, True, False, False, False], (rank, errors)
+            assert errors[1][0] == "NonFiniteError", (rank, errors[1])
+            assert np.isfinite(local).all(), rank
