@@ -1,6 +1,7 @@
 """A CompressionState's state_dict and its restoration; every rank's worker state gathered into
 rank 0's without a collective (sketchsgd._exchange)."""
 
+import ast
 import time
 
 import torch
@@ -55,16 +56,27 @@ def snapshot(state, iteration: int, timeout: float):
         time.sleep(0.005)
 
 
+def _told(config: str) -> str:
+    """A state's configuration (CompressionState._config(): the repr of its arguments' tuple) as
+    the arguments that made it."""
+    try:
+        spec, start_iter, compress_1d, dense_below = ast.literal_eval(config)
+    except (ValueError, SyntaxError, TypeError):
+        return f" {config}"
+    return f"({spec!r}, start_iter={start_iter}, compress_1d={compress_1d}, dense_below={dense_below})"
+
+
 def load(state, d: dict) -> None:
     """CompressionState.load_state_dict()."""
     if not isinstance(d, dict) or d.get("version") != 1:
         raise ValueError("not a sketchsgd CompressionState state_dict")
     state._bind()
     if d["config"] != state._config():
-        raise _core.ConfigMismatch(f"state_dict of {d['config']} loaded into {state._config()}")
+        raise _core.ConfigMismatch(f"state_dict of a CompressionState{_told(d['config'])} loaded into "
+                                   f"CompressionState{_told(state._config())}")
     if "world_size" in d and d["world_size"] != state.world_size:
-        raise _core.ConfigMismatch(f"state_dict of a job of {d['world_size']} ranks loaded into one of "
-                                   f"{state.world_size}")
+        raise _core.ConfigMismatch(f"state_dict of a state whose process group held {d['world_size']} ranks loaded "
+                                   f"into one over {state.world_size}")
     units = d["units"] or {}
     # Worker state (error feedback, momentum) belongs to its rank: this rank's part of a gathered
     # state_dict, or a state_dict this rank saved. Older state_dicts carry no rank and are taken

@@ -53,6 +53,7 @@ def test_misuse_is_refused_with_a_clear_error():
         assert got["a state twice"][0] == "ValueError", got
         assert got["no part of this rank"][0] == "ValueError" and f"rank{rank}" in got["no part of this rank"][1], got
         assert got["another configuration"][0] == "ConfigMismatch", got
+        assert "CompressionState('topk:k=11', start_iter=2" in got["another configuration"][1], got
         assert got["another model"][0] == "ConfigMismatch" and "sharded another way" in got["another model"][1], got
         assert got["no model yet"][0] == "ValueError" and "compress_replicas" in got["no model yet"][1], got
         assert got["reduce-scatter over the replicas"][0] == "ValueError", got
