@@ -18,6 +18,7 @@ struct CodecInfo {
   /// Answer, reply_size() for Query and Update (0: not one).
   uint64_t values[5];
   WireFloat format[5];  ///< their float format on the wire
+  uint64_t columns[5];  ///< their columns (I8's scales)
 
   /// Decodes a header and checks codec id, dim, kind and the payload limit.
   Header check(std::span<const uint8_t> message, MessageKind expected) const;

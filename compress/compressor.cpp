@@ -22,13 +22,14 @@ double Compressor::compression_ratio() const {
 }
 
 CodecInfo Compressor::info() const {
-  CodecInfo i{id_, dim_, {}, {}, {}};
+  CodecInfo i{id_, dim_, {}, {}, {}, {}};
   for (auto k :
        {MessageKind::Gradient, MessageKind::Query, MessageKind::Answer, MessageKind::Update}) {
     i.max_payload[size_t(k)] = max_payload(k);
     const bool summed = k == MessageKind::Gradient || k == MessageKind::Answer;
     i.values[size_t(k)] = summed ? sum_size(k) : reply_size(k);
     i.format[size_t(k)] = sum_format(k);
+    i.columns[size_t(k)] = sum_columns(k);
   }
   return i;
 }

@@ -1,6 +1,7 @@
 #include "payload.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -43,9 +44,9 @@ void write_sparse(const Device& d, Scratch& s, ByteWriter& w, std::span<const ui
     return write_sparse(w, hi, hv, f);
   }
   w.put(uint32_t(idx.size()));
-  const auto coded = f.delta ? ops::delta_encode(d, s, idx)
-                             : std::span(reinterpret_cast<const uint8_t*>(idx.data()),
-                                         idx.size_bytes());
+  const auto coded =
+      f.delta ? ops::delta_encode(d, s, idx)
+              : std::span(reinterpret_cast<const uint8_t*>(idx.data()), idx.size_bytes());
   // Both parts into pinned memory (one wait), then into the message: a device-to-pageable copy
   // runs at a fraction of the speed.
   const size_t n = coded.size(), m = val.size_bytes();
@@ -168,8 +169,48 @@ std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what) {
   return out;
 }
 
-void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const char* what) {
+namespace {
+/// The I8 group of value i (wire.hpp: i8_groups).
+uint64_t i8_group(uint64_t i, uint64_t columns) {
+  return i / columns / kI8Rows * columns + i % columns;
+}
+
+void write_i8(ByteWriter& w, std::span<const float> v, const char* what, uint64_t columns) {
+  std::vector<float> scale(i8_groups(v.size(), columns), 0.0f);
+  for (size_t i = 0; i < v.size(); ++i) {
+    SKETCHSGD_REQUIRE(is_finite(v[i]), NonFiniteError, what, " ", i, " = ", v[i], " is not finite");
+    float& s = scale[i8_group(i, columns)];
+    s = std::max(s, std::fabs(v[i]));
+  }
+  for (auto& s : scale) s /= 127.0f;
+  std::vector<int8_t> q(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float s = scale[i8_group(i, columns)];
+    q[i] = s > 0.0f ? int8_t(std::clamp(std::nearbyint(v[i] / s), -127.0f, 127.0f)) : int8_t(0);
+  }
+  w.put_array(std::span<const float>(scale));
+  w.put_array(std::span<const int8_t>(q));
+}
+
+std::vector<float> read_i8(ByteReader& r, uint64_t n, const char* what, uint64_t columns) {
+  const auto scale = read_scales(r, i8_groups(n, columns));
+  std::vector<int8_t> q(n);
+  r.get_array(std::span<int8_t>(q));
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    SKETCHSGD_REQUIRE(q[i] != -128, WireError, what, " ", i,
+                      " is -128 (int8 values are within ±127)");
+    out[i] = float(q[i]) * scale[i8_group(i, columns)];
+    SKETCHSGD_REQUIRE(is_finite(out[i]), WireError, what, " ", i, " is not finite");
+  }
+  return out;
+}
+}  // namespace
+
+void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const char* what,
+                  uint64_t columns) {
   if (f == WireFloat::F32) return w.put_array(v);
+  if (f == WireFloat::I8) return write_i8(w, v, what, columns);
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
     out[i] = f == WireFloat::F16 ? half_bits(v[i]) : bf16_bits(v[i]);
@@ -182,14 +223,17 @@ void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const ch
 }
 
 void round_values(std::span<float> v, WireFloat f) {
+  SKETCHSGD_ASSERT(f != WireFloat::I8, "round_values: I8 values are rounded by groups");
   if (f == WireFloat::F16)
     for (auto& x : v) x = half_float(half_bits(x));
   else if (f == WireFloat::BF16)
     for (auto& x : v) x = bf16_float(bf16_bits(x));
 }
 
-std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what) {
+std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what,
+                               uint64_t columns) {
   if (f == WireFloat::F32) return read_floats(r, n, what);
+  if (f == WireFloat::I8) return read_i8(r, n, what, columns);
   std::vector<uint16_t> in(n);
   r.get_array(std::span<uint16_t>(in));
   std::vector<float> out(n);

@@ -57,13 +57,17 @@ void merge_by_index(std::vector<uint32_t>& idx, std::vector<float>& val,
 
 /// Reads n floats and checks they are finite.
 std::vector<float> read_floats(ByteReader& r, uint64_t n, const char* what);
-/// Writes values in a wire format; NonFiniteError (naming `what`) when one does not fit it
-/// (beyond fp16's range), before anything is written.
-void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const char* what);
-/// Rounds values in place to what a wire format carries (identity for fp32).
+/// Writes values in a wire format (I8: in rows of `columns`, its scales their own);
+/// NonFiniteError (naming `what`) when one does not fit it (beyond fp16's range, or not finite
+/// for I8), before anything is written.
+void write_values(ByteWriter& w, std::span<const float> v, WireFloat f, const char* what,
+                  uint64_t columns = 1);
+/// Rounds values in place to what a 32- or 16-bit wire format carries (identity for fp32).
 void round_values(std::span<float> v, WireFloat f);
-/// Reads n values of a wire format as floats and checks they are finite.
-std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what);
+/// Reads n values of a wire format as floats and checks they are finite (I8: its scales finite
+/// and ≥ 0, its integers within ±127).
+std::vector<float> read_values(ByteReader& r, uint64_t n, WireFloat f, const char* what,
+                               uint64_t columns = 1);
 /// Reads n floats that must be finite and ≥ 0 (scales).
 std::vector<float> read_scales(ByteReader& r, uint64_t n);
 

@@ -133,7 +133,7 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
   if (failed_) {  // told as a failed encode would tell it; the codec's state untouched
     if (summable()) {
       ops::scale(device_, payload.first(sum_size_), std::numeric_limits<float>::quiet_NaN());
-      return {Request::sum(0, codec_->sum_format(MessageKind::Gradient))};
+      return {sum_request(0, MessageKind::Gradient)};
     }
     message_ = Message();
     std::fill(std::begin(length_), std::end(length_), uint8_t(0));
@@ -154,7 +154,7 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
       failed_ = std::current_exception();
       ops::scale(device_, payload.first(sum_size_), std::numeric_limits<float>::quiet_NaN());
     }
-    return {Request::sum(0, codec_->sum_format(MessageKind::Gradient))};
+    return {sum_request(0, MessageKind::Gradient)};
   }
   try {
     message_ = codec_->encode(x, round, rank_);
@@ -185,7 +185,7 @@ std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>
     const auto scope = device_.activate();
     ops::scale(device_, rooms_.answer, std::numeric_limits<float>::quiet_NaN());
     ++phase_;
-    return {Request::sum(1, codec_->sum_format(MessageKind::Answer))};
+    return {sum_request(1, MessageKind::Answer)};
   }
   add_sum(rooms_.payload.first(sum_size_));
   Message query;
@@ -198,7 +198,7 @@ std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>
   } else
     codec_->answer_sum(query.bytes(), rooms_.answer);
   ++phase_;
-  return {Request::sum(1, codec_->sum_format(MessageKind::Answer))};
+  return {sum_request(1, MessageKind::Answer)};
 }
 
 std::vector<Round::Request> Round::padded(std::span<const std::span<const uint8_t>> lengths) {

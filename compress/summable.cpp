@@ -23,9 +23,10 @@ const char* payload_name(MessageKind kind) {
 }
 
 /// Values (host) as a message of the given header in a wire format.
-Message values_message(const Header& h, std::span<const float> v, WireFloat f, const char* what) {
-  return Message::build(h, wire_bytes(f) * v.size(),
-                        [&](ByteWriter& w) { payload::write_values(w, v, f, what); });
+Message values_message(const Header& h, std::span<const float> v, WireFloat f, const char* what,
+                       uint64_t columns) {
+  return Message::build(h, wire_size(f, v.size(), columns),
+                        [&](ByteWriter& w) { payload::write_values(w, v, f, what, columns); });
 }
 
 /// Where a payload can be written straight into a message (host memory, fp32 on the wire): the
@@ -44,24 +45,25 @@ SummableCodec::SummableCodec(CodecId id, uint64_t dim, std::string spec, const D
       answer_format_(answer_format) {}
 
 uint64_t SummableCodec::reply_bytes(MessageKind kind) const {
-  return wire_bytes(sum_format(kind)) * reply_size(kind);
+  return wire_size(sum_format(kind), reply_size(kind), sum_columns(kind));
 }
 
 uint64_t SummableCodec::max_payload(MessageKind kind) const {
   if (kind == MessageKind::Gradient || kind == MessageKind::Answer)
-    return wire_bytes(sum_format(kind)) * sum_size(kind);
+    return wire_size(sum_format(kind), sum_size(kind), sum_columns(kind));
   return reply_bytes(kind);
 }
 
 Message SummableCodec::message(const Header& h, const char* what) {
   const auto host = ops::to_host(device(), payload_.span().first(sum_size(h.kind)), staging_);
-  return values_message(h, host, sum_format(h.kind), what);
+  return values_message(h, host, sum_format(h.kind), what, sum_columns(h.kind));
 }
 
 std::span<const float> SummableCodec::read_reply(ByteReader& r, MessageKind kind) {
   const uint64_t n = reply_size(kind);
   SKETCHSGD_ASSERT(n > 0, "a codec whose replies are not float vectors reads them itself");
-  staging_ = payload::read_values(r, n, sum_format(kind), payload_name(kind));  // finite
+  staging_ = payload::read_values(r, n, sum_format(kind), payload_name(kind),
+                                  sum_columns(kind));  // finite
   r.expect_end();
   return ops::on_device(device(), std::span<const float>(staging_), reply_);
 }
@@ -112,8 +114,8 @@ Buffer<float>& SummableAggregator::sum_of(MessageKind kind) {
 
 void SummableAggregator::absorb(ByteReader& r, const Header& h) {
   const uint64_t n = info_.values[size_t(h.kind)];
-  const auto v = payload::read_values(r, n, info_.format[size_t(h.kind)],
-                                      payload_name(h.kind));  // finite-checked
+  const auto v = payload::read_values(r, n, info_.format[size_t(h.kind)], payload_name(h.kind),
+                                      info_.columns[size_t(h.kind)]);  // finite-checked
   r.expect_end();
   const auto scope = device_.activate();
   ops::axpy(device_, sum_of(h.kind).span(),
@@ -192,7 +194,7 @@ Message SummableAggregator::reduce_sum(std::span<float> sum, const Header& phase
   const auto out = reply_.span().first(n);
   reduce_to(sum, phase, contributors, out);
   return values_message(h, ops::to_host(device_, out, host_), info_.format[size_t(kind)],
-                        payload_name(kind));
+                        payload_name(kind), info_.columns[size_t(kind)]);
 }
 
 void SummableAggregator::reduce_values(const Header& phase, uint32_t contributors,

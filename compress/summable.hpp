@@ -21,13 +21,15 @@ namespace sketchsgd {
 
 class SummableCodec : public Compressor {
  public:
-  /// formats: the wire format of the Gradient payload and of float-vector replies, and of the
-  /// Answer payload.
+  /// formats: the wire format of the Gradient payload and of float-vector replies (fp16 where
+  /// the Gradient's is I8), and of the Answer payload.
   SummableCodec(CodecId id, uint64_t dim, std::string spec, const Device& device,
                 WireFloat gradient_format, WireFloat answer_format = WireFloat::F32);
 
   WireFloat sum_format(MessageKind kind) const final {
-    return kind == MessageKind::Answer ? answer_format_ : gradient_format_;
+    if (kind == MessageKind::Answer) return answer_format_;
+    if (kind == MessageKind::Gradient || gradient_format_ != WireFloat::I8) return gradient_format_;
+    return WireFloat::F16;  // a reply: I8 is for sums
   }
   /// Gradient and Answer: the summable payload in its wire format; Query and Update:
   /// reply_bytes().

@@ -68,7 +68,10 @@ Device device_of(int gpu, uintptr_t stream) {
 }
 
 const char* format_name(WireFloat f) {
-  return f == WireFloat::F16 ? "fp16" : f == WireFloat::BF16 ? "bf16" : "fp32";
+  return f == WireFloat::F16    ? "fp16"
+         : f == WireFloat::BF16 ? "bf16"
+         : f == WireFloat::I8   ? "int8"
+                                : "fp32";
 }
 
 /// A Round's requests for Python: ("sum", room, format) or ("gather", bytes as a memoryview of
@@ -77,11 +80,11 @@ py::list requests(const std::vector<Round::Request>& reqs) {
   py::list out;
   for (const auto& r : reqs) {
     if (r.op == Round::Op::Sum)
-      out.append(py::make_tuple("sum", r.room, format_name(r.format)));
+      out.append(py::make_tuple("sum", r.room, format_name(r.format), r.columns));
     else  // writable: torch.frombuffer warns on read-only memory; nothing writes to it
-      out.append(py::make_tuple(
-          "gather", py::memoryview::from_memory(const_cast<uint8_t*>(r.bytes.data()),
-                                                py::ssize_t(r.bytes.size()), false)));
+      out.append(py::make_tuple("gather",
+                                py::memoryview::from_memory(const_cast<uint8_t*>(r.bytes.data()),
+                                                            py::ssize_t(r.bytes.size()), false)));
   }
   return out;
 }
@@ -113,25 +116,27 @@ PYBIND11_MODULE(_core, m) {
   python::Exceptions& ex = python::exceptions();
   const py::object value_error = py::reinterpret_borrow<py::object>(PyExc_ValueError);
   const py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
-  ex.error =
-      python::new_exception(m, "Error", py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)),
-                    "Base of every sketchsgd error.");
-  ex.invalid = python::new_exception(m, "InvalidArgument", py::make_tuple(ex.error, value_error),
-                             "A size, count, index or option value outside what is accepted.");
+  ex.error = python::new_exception(
+      m, "Error", py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)),
+      "Base of every sketchsgd error.");
+  ex.invalid =
+      python::new_exception(m, "InvalidArgument", py::make_tuple(ex.error, value_error),
+                            "A size, count, index or option value outside what is accepted.");
   ex.nonfinite = python::new_exception(m, "NonFiniteError", py::make_tuple(ex.invalid),
-                               "NaN or infinity in an input vector.");
+                                       "NaN or infinity in an input vector.");
   ex.mismatch = python::new_exception(m, "ConfigMismatch", py::make_tuple(ex.error, value_error),
-                              "Objects that must share a configuration do not.");
-  ex.wire = python::new_exception(m, "WireError", py::make_tuple(ex.error, value_error),
-                          "Bytes that are not a valid message or state: truncated, corrupt.");
+                                      "Objects that must share a configuration do not.");
+  ex.wire =
+      python::new_exception(m, "WireError", py::make_tuple(ex.error, value_error),
+                            "Bytes that are not a valid message or state: truncated, corrupt.");
   ex.protocol = python::new_exception(m, "ProtocolError", py::make_tuple(ex.error, runtime_error),
-                              "A valid message at the wrong time.");
+                                      "A valid message at the wrong time.");
   ex.timeout = python::new_exception(m, "TimeoutError", py::make_tuple(ex.error, runtime_error),
-                             "A peer did not answer in time.");
+                                     "A peer did not answer in time.");
   ex.finished = python::new_exception(m, "JobFinished", py::make_tuple(ex.error, runtime_error),
-                              "The parameter server's job ended.");
+                                      "The parameter server's job ended.");
   ex.cuda = python::new_exception(m, "CudaError", py::make_tuple(ex.error, runtime_error),
-                          "A CUDA runtime failure.");
+                                  "A CUDA runtime failure.");
   python::translate_errors();
 
   m.attr("cuda_build") = bool(SKETCHSGD_HAS_CUDA);
@@ -208,11 +213,10 @@ PYBIND11_MODULE(_core, m) {
       "The header of a message (WireError when it is not one).");
   m.attr("header_bytes") = kHeaderBytes;
 
-  py::class_<Owned>(m, "_OwnedBytes", py::buffer_protocol())
-      .def_buffer([](Owned& o) {
-        return py::buffer_info(o.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {py::ssize_t(o.bytes.size())}, {py::ssize_t(1)}, /*readonly=*/true);
-      });
+  py::class_<Owned>(m, "_OwnedBytes", py::buffer_protocol()).def_buffer([](Owned& o) {
+    return py::buffer_info(o.bytes.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                           {py::ssize_t(o.bytes.size())}, {py::ssize_t(1)}, /*readonly=*/true);
+  });
 
   py::class_<Aggregator>(m, "Aggregator")
       .def("add",
@@ -294,12 +298,13 @@ PYBIND11_MODULE(_core, m) {
              }
              return requests(out);
            })
-      .def("finish", [](Round& r, const py::list& gathered, uintptr_t buffer, uint64_t n,
-                        const Runs& kept, const Runs& whole) {
-        const Gathered g(gathered);
-        py::gil_scoped_release release;
-        r.finish(g.spans, floats(buffer, n), {runs(kept), runs(whole)});
-      })
+      .def("finish",
+           [](Round& r, const py::list& gathered, uintptr_t buffer, uint64_t n, const Runs& kept,
+              const Runs& whole) {
+             const Gathered g(gathered);
+             py::gil_scoped_release release;
+             r.finish(g.spans, floats(buffer, n), {runs(kept), runs(whole)});
+           })
       .def(
           "finish_window",
           [](Round& r, const py::list& gathered, uintptr_t out, uint64_t lo, uint64_t count,
@@ -326,10 +331,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("dim", &Compressor::dim)
       .def_property_readonly("device", [](const Compressor& c) { return c.device().name(); })
       .def_property_readonly("two_rounds", &Compressor::two_rounds)
-      .def("sum_format",
-           [](const Compressor& c, const std::string& k) {
-             return format_name(c.sum_format(kind_of(k)));
-           })
+      .def("sum_format", [](const Compressor& c,
+                            const std::string& k) { return format_name(c.sum_format(kind_of(k))); })
+      .def("sum_columns",
+           [](const Compressor& c, const std::string& k) { return c.sum_columns(kind_of(k)); })
       .def_property_readonly("last_message_bytes", &Compressor::last_message_bytes)
       .def_property_readonly("compression_ratio", &Compressor::compression_ratio)
       .def("sum_size",

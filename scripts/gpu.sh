@@ -369,10 +369,13 @@ python_check() {
   "$PY" examples/ddp_train.py --device cuda --backend gloo --epochs 1 --data "$deps/data" \
     --hook sketchsgd:powersgd:rank=4,momentum=0.9,wire=fp16 --json "$REPORT/ddp-cuda-powersgd.json" 2>&1 |
     tee "$REPORT/ddp-cuda-powersgd.log" || fail "DDP example on CUDA (powersgd)"
-  step "a bfloat16 transformer on CUDA: NCCL (a group of one) and gloo (4 ranks on one GPU), 100 steps"
+  step "a bfloat16 transformer on CUDA: NCCL (a group of one; and int8 sums in fp32) and gloo (4 ranks on one GPU), 100 steps"
   "$PY" examples/ddp_train.py --device cuda --backend nccl --workers 1 --workload transformer --dtype bf16 \
     --epochs 1 --max-steps 100 --hook sketchsgd:powersgd:rank=2,wire=bf16 --json "$REPORT/ddp-cuda-bf16-nccl.json" \
     2>&1 | tee "$REPORT/ddp-cuda-bf16-nccl.log" || fail "bf16 transformer on NCCL"
+  "$PY" examples/ddp_train.py --device cuda --backend nccl --workers 1 --workload transformer --epochs 1 \
+    --max-steps 100 --hook sketchsgd:powersgd:rank=4,wire=int8 --json "$REPORT/ddp-cuda-int8-nccl.json" \
+    2>&1 | tee "$REPORT/ddp-cuda-int8-nccl.log" || fail "int8 sums on NCCL"
   "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --dtype bf16 --epochs 1 \
     --max-steps 100 --hook sketchsgd:powersgd:rank=2,wire=fp16 --json "$REPORT/ddp-cuda-bf16-gloo.json" 2>&1 |
     tee "$REPORT/ddp-cuda-bf16-gloo.log" || fail "bf16 transformer on gloo (CUDA)"
@@ -382,7 +385,7 @@ python_check() {
     fail "DiLoCo on CUDA"
   step "FSDP on CUDA (gloo, 4 ranks on one GPU; bf16 transformer, 100 steps): FSDP2's compressed reduce-scatter (summable, and gathered per destination), HSDP 2 x 2 with compressed replicas, FSDP2's bf16 reduce_dtype; FSDP1's comm hook (summable, and gathered per destination)"
   for run in "full sketchsgd:powersgd:rank=4,wire=bf16" "full topk:k=16000,wire=bf16,index=delta" \
-    "hsdp topk:k=8000,wire=bf16,index=delta" "full bf16" \
+    "hsdp topk:k=8000,wire=bf16,index=delta" "hsdp sketchsgd:powersgd:rank=4,wire=int8" "full bf16" \
     "fsdp1 sketchsgd:powersgd:rank=4,wire=bf16" "fsdp1 topk:k=16000,wire=bf16,index=delta"; do
     set -- $run
     "$PY" examples/ddp_train.py --device cuda --backend gloo --workload transformer --dtype bf16 --epochs 1 \

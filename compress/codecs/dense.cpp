@@ -53,12 +53,13 @@ SKETCHSGD_REGISTER_CODEC(kDense, {"dense",
                                   "whole gradients, server returns the mean",
                                   {{"momentum", "local momentum rho", 0, 0, 0.999, false},
                                    {"wire",
-                                    "float format of the gradients and the mean on the wire",
+                                    "format of the gradients and the mean on the wire (int8: a "
+                                    "scale per 256 values, the mean in fp16)",
                                     0,
                                     0,
-                                    2,
+                                    3,
                                     true,
-                                    {"fp32", "fp16", "bf16"}}},
+                                    {"fp32", "fp16", "bf16", "int8"}}},
                                   [](const Options& o, uint64_t dim, std::string spec,
                                      const Device& device) {
                                     return std::make_unique<Dense>(

@@ -190,6 +190,13 @@ class PowerSGD final : public SummableCodec {
     if (kind == MessageKind::Query) return plan_.p_size;
     return kind == MessageKind::Update ? plan_.p_size + plan_.q_size + plan_.dense_size : 0;
   }
+  /// P and Q are rows of rank values, their columns' magnitudes the singular values': a scale
+  /// per column keeps the small ones (the matrices' ranks alike; else the values in a row).
+  uint64_t sum_columns(MessageKind) const override {
+    for (const auto& m : plan_.matrices)
+      if (m.rank != o_.rank) return 1;
+    return o_.rank;
+  }
 
  private:
   /// The next Q before orthonormalisation: random from seed (integer arithmetic, the same on
@@ -479,12 +486,13 @@ SKETCHSGD_REGISTER_CODEC(
        "of rows of matrix j (FSDP's sharded layout): each matrix factored whole, read in place",
        1, 1, 65536},
       {"wire",
-       "float format of P, Q and the uncompressed values on the wire",
+       "format of P, Q and the uncompressed values on the wire (int8: a scale per column of "
+       "256 rows, replies in fp16)",
        0,
        0,
-       2,
+       3,
        true,
-       {"fp32", "fp16", "bf16"}}},
+       {"fp32", "fp16", "bf16", "int8"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        SKETCHSGD_REQUIRE(!o.layout().empty(), InvalidArgument,
                          "powersgd needs the tensors' shapes: add layout=<shapes> to the spec "

@@ -11,13 +11,17 @@ import threading
 import torch
 import torch.distributed as dist
 
+from . import _int8
+
 
 class Sum:
     """An all-reduce: t becomes the sum over the ranks; on the wire in dtype `wire` through
-    `cast` (a tensor like t of that dtype, the round's own) when that is not t's dtype."""
+    `cast` (a tensor like t of that dtype, the round's own) when that is not t's dtype. int8:
+    the scaled integers of _int8 (cast: int8, _int8.padded(n, columns) values), their groups' scales
+    taken over `columns`."""
 
-    def __init__(self, t, wire=None, cast=None):
-        self.t, self.wire, self.cast = t, wire if wire is not None else t.dtype, cast
+    def __init__(self, t, wire=None, cast=None, columns: int = 1):
+        self.t, self.wire, self.cast, self.columns = t, wire if wire is not None else t.dtype, cast, columns
 
 
 class Gather:
@@ -65,8 +69,8 @@ class _Dist:
     def store(self):
         return dist.distributed_c10d._get_default_store()
 
-    def all_reduce(self, t, async_op=True):
-        return dist.all_reduce(t, group=self.group, async_op=async_op)
+    def all_reduce(self, t, async_op=True, op=dist.ReduceOp.SUM):
+        return dist.all_reduce(t, op=op, group=self.group, async_op=async_op)
 
     def all_gather(self, out, t, async_op=True):
         return dist.all_gather(out, t, group=self.group, async_op=async_op)
@@ -177,6 +181,12 @@ class Communicator:
         for r in requests:
             kinds.setdefault((type(r), r.wire if isinstance(r, Sum) else r.t.dtype, r.t.device), []).append(r)
         for (kind, dtype, device), rs in kinds.items():
+            if kind is Sum and dtype == torch.int8:  # each alone: its scales' groups are its own
+                for r in rs:
+                    work, back = self._int8_sum(r)
+                    works.append(work)
+                    after.append(back)
+                continue
             n = sum(r.t.numel() for r in rs)
             self.count(n * dtype.itemsize, 0)
             if len(rs) == 1 or flat is None:
@@ -221,6 +231,18 @@ class Communicator:
             for a in after:
                 a()
         return fut, settle
+
+    def _int8_sum(self, r):
+        """An int8 Sum (_int8): its groups' scales agreed by a max all-reduce (blocking: the
+        integers depend on it), then the integers' all-reduce issued; (work, back): back() reads
+        the sum into r.t once the work has completed."""
+        level = _int8.levels(self.world)
+        g = _int8.Groups(r.t, r.columns)
+        largest = g.largest()
+        self.count(largest.numel() * 4 + g.n, 0)
+        self.ops.all_reduce(largest, async_op=False, op=dist.ReduceOp.MAX)
+        q = g.quantize(largest, level, r.cast)
+        return self.ops.all_reduce(q[:g.n]), lambda: g.dequantize(q, largest, level, r.t)
 
     def _room(self, key, n: int, dtype, device):
         t = self._rooms.get(key)

@@ -165,8 +165,15 @@ class Compressor:
 
     def sum_dtype(self, kind: str = "gradient") -> torch.dtype:
         """The dtype a collective should sum a phase's payloads in (the codec's wire format for
-        it); the payloads themselves are float32."""
-        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[self._c.sum_format(_kind(kind))]
+        it); the payloads themselves are float32. torch.int8 (wire=int8) is not a cast: scales
+        agreed by a max first, then integers at 127 // W levels (docs/CODECS.md, sum_columns())."""
+        return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                "int8": torch.int8}[self._c.sum_format(_kind(kind))]
+
+    def sum_columns(self, kind: str = "gradient") -> int:
+        """The payload's values as rows of this many columns, each column's runs of 256 rows
+        sharing an int8 scale (PowerSGD: its rank); 1 for most codecs."""
+        return self._c.sum_columns(_kind(kind))
 
     @property
     def last_message_bytes(self) -> int:

@@ -6,13 +6,13 @@ requests to the communicator and the results back."""
 
 import torch
 
-from . import _core
+from . import _core, _int8
 from ._comm import Gather, Sum, settled
 from ._schedule import Round
 from ._tensors import Streams
 from ._units import Unit
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
 
 
 class Core:
@@ -21,6 +21,8 @@ class Core:
 
     def __init__(self, comm, u: Unit, like):
         codec = u.codec._c if u.codec is not None else None
+        if codec is not None and "int8" in (codec.sum_format("gradient"), codec.sum_format("answer")):
+            _int8.levels(comm.world)  # a group too large for int8 sums: refused before any collective
         payload = u.room("payload", _core.Round.payload_size(codec, u.n_dense), like)
         answer = u.room("answers", _core.Round.answer_size(codec), like)
         self.rooms = (payload, answer)
@@ -52,9 +54,11 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
         asked[:] = []
         for op, *args in reqs:
             if op == "sum":
-                t, wire = core.rooms[args[0]], _DTYPES[args[1]]
-                cast = None if wire == torch.float32 else u.room(("cast", args[0]), t.numel(), t, wire)
-                asked.append(Sum(t, wire, cast))
+                (room, fmt, columns), t = args, core.rooms[args[0]]
+                wire = _DTYPES[fmt]
+                n = t.numel() if wire != torch.int8 else _int8.padded(t.numel(), columns)
+                cast = None if wire == torch.float32 else u.room(("cast", room), n, t, wire)
+                asked.append(Sum(t, wire, cast, columns))
             else:
                 asked.append(Gather(torch.frombuffer(args[0], dtype=torch.uint8).to(on)))
         return list(asked)

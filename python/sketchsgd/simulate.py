@@ -29,6 +29,7 @@ import math
 import threading
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["LocalGroup", "Rank"]
 
@@ -95,12 +96,18 @@ class Rank:
         """Returns once every rank has called it."""
         self.group._meet(self.rank, None, lambda xs: None)
 
-    def all_reduce(self, t, async_op=True):
-        """t becomes the sum over the ranks (in t's dtype, rank 0's value first)."""
+    def all_reduce(self, t, async_op=True, op=None):
+        """t becomes the sum over the ranks (in t's dtype, rank 0's value first), or with op
+        torch.distributed.ReduceOp.MAX their largest."""
+        largest = op is not None and op == dist.ReduceOp.MAX
+
         def total(ts):
             acc = ts[0].clone()
             for x in ts[1:]:
-                acc += x
+                if largest:
+                    torch.maximum(acc, x, out=acc)
+                else:
+                    acc += x
             return acc
         t.copy_(self.group._meet(self.rank, t, total))
         return _Done(t)

@@ -404,5 +404,40 @@ TEST(PowerSGD, SixteenBitWireHalvesTheBytesAndStaysClose) {
   EXPECT_THROW(big.workers[0]->encode(huge, 0, 0), NonFiniteError);
 }
 
+/// wire=int8: a byte a value and a scale per column of 256 rows through a parameter server
+/// (each message's scales its own; replies in fp16), near the fp32 round; only summable codecs
+/// offer it.
+TEST(PowerSGD, Int8WireTakesAByteAValueAndStaysClose) {
+  const uint64_t dim = 60 * 45 + 7;
+  std::vector<std::vector<float>> g{test::gaussian(dim, 1), test::gaussian(dim, 2)};
+  Round i8("powersgd:rank=2,wire=int8,layout=60x45+7", dim, 2);
+  const Compressor& c = *i8.workers[0];
+  EXPECT_EQ(c.sum_format(MessageKind::Gradient), WireFloat::I8);
+  EXPECT_EQ(c.sum_format(MessageKind::Answer), WireFloat::I8);
+  EXPECT_EQ(c.sum_format(MessageKind::Query), WireFloat::F16);
+  EXPECT_EQ(c.sum_format(MessageKind::Update), WireFloat::F16);
+  EXPECT_EQ(c.sum_columns(MessageKind::Gradient), 2u);
+  EXPECT_EQ(c.max_payload(MessageKind::Gradient), wire_size(WireFloat::I8, 60 * 2 + 7, 2));
+  EXPECT_EQ(c.max_payload(MessageKind::Answer), wire_size(WireFloat::I8, 45 * 2, 2));
+  EXPECT_EQ(c.max_payload(MessageKind::Update), 2 * (60 * 2 + 45 * 2 + 7));
+  Round ref("powersgd:rank=2,layout=60x45+7", dim, 2);
+  for (uint64_t round = 0; round < 3; ++round) {
+    const auto a = ref.run(g, round), b = i8.run(g, round);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < dim; ++i) {
+      err += (a[i] - b[i]) * (a[i] - b[i]);
+      norm += a[i] * a[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.05) << "round " << round;
+    EXPECT_GT(err, 0.0) << "round " << round;  // really rounded
+  }
+  EXPECT_EQ(make_compressor("dense:wire=int8", 100)->sum_format(MessageKind::Gradient),
+            WireFloat::I8);
+  EXPECT_EQ(make_compressor("sketch:rows=1,cols=50,k=5,wire=int8", 1000)
+                ->sum_columns(MessageKind::Gradient),
+            1u);
+  EXPECT_THROW(make_compressor("topk:k=10,wire=int8", 1000), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace sketchsgd

@@ -263,6 +263,33 @@ TEST_P(Rounds, ANonFiniteWholeTensorStopsEveryRankAndTheNextStepGoesOn) {
       });
 }
 
+// wire=int8: each Sum names its format and the columns its scales go by (the driver's to run,
+// wire.hpp); a whole-only unit's sum stays float32.
+TEST(Round, AnInt8CodecAsksForItsSumsInInt8ByColumn) {
+  Group group("powersgd:rank=3,wire=int8,layout=50x80+1000", kWhole);
+  std::vector<std::vector<float>> buffers(kRanks);
+  std::vector<std::vector<Round::Request>> reqs(kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    buffers[r] = group.place(grad(r, 0), grad(r, 0, kWhole));
+    reqs[r] = group.rounds[r]->start(buffers[r], {group.kept, group.whole_runs}, 0);
+    ASSERT_EQ(reqs[r].size(), 1u);
+    EXPECT_EQ(reqs[r][0].format, WireFloat::I8);
+    EXPECT_EQ(reqs[r][0].columns, 3u);
+  }
+  auto got = group.run(reqs);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    reqs[r] = group.rounds[r]->next(Group::spans(got));
+    ASSERT_EQ(reqs[r].size(), 1u);
+    EXPECT_EQ(reqs[r][0].room, 1);
+    EXPECT_EQ(reqs[r][0].format, WireFloat::I8);
+    EXPECT_EQ(reqs[r][0].columns, 3u);
+  }
+  got = group.run(reqs);
+  for (uint32_t r = 0; r < kRanks; ++r)
+    EXPECT_NO_THROW(
+        group.rounds[r]->finish(Group::spans(got), buffers[r], {group.kept, group.whole_runs}));
+}
+
 // PowerSGD's query is a float vector, so the checks of its sums wait for finish() (one host read
 // a step on a GPU instead of one per check): after a NaN on one rank every rank, that one too,
 // runs the second phase and raises at finish(), the healthy ones naming another rank; the next

@@ -178,9 +178,75 @@ TEST(Wire, MutationReplay) {
 namespace sketchsgd {
 namespace {
 
-/// Sketch tables in 16-bit floats: half the bytes, the same heavy hitters found as with fp32, a 16-bit Inf
-/// or NaN refused after resealing, and a table beyond fp16's range refused by the encoder with
-/// the worker's state as before.
+/// I8 values: a float32 scale per group (a column's run of kI8Rows rows), then a byte each;
+/// every value within half its group's unit (largest / 127), each group's largest exact; a
+/// small column keeps its precision beside a large one; what a reader must refuse is refused.
+TEST(Wire, Int8ValuesByColumn) {
+  EXPECT_EQ(i8_groups(1, 1), 1u);
+  EXPECT_EQ(i8_groups(256, 1), 1u);
+  EXPECT_EQ(i8_groups(257, 1), 2u);
+  EXPECT_EQ(i8_groups(3 * 256, 3), 3u);
+  EXPECT_EQ(i8_groups(3 * 256 + 1, 3), 6u);
+  EXPECT_EQ(wire_size(WireFloat::I8, 1000, 2), 4 * 4 + 1000u);
+  EXPECT_EQ(wire_size(WireFloat::F16, 1000), 2000u);
+  const uint64_t columns = 3, n = 3 * 300 + 2;  // two row blocks, the last one short
+  std::vector<float> v(n);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (uint64_t i = 0; i < n; ++i) v[i] = normal(rng) * (i % columns == 2 ? 1e-3f : 1.0f);
+  for (uint64_t cols : {columns, uint64_t(1)}) {
+    Bytes b;
+    ByteWriter w(b);
+    payload::write_values(w, v, WireFloat::I8, "value", cols);
+    ASSERT_EQ(b.size(), wire_size(WireFloat::I8, n, cols));
+    ByteReader r(b);
+    const auto back = payload::read_values(r, n, WireFloat::I8, "value", cols);
+    r.expect_end();
+    std::vector<float> largest(i8_groups(n, cols), 0.0f);
+    auto group = [&](uint64_t i) { return i / cols / kI8Rows * cols + i % cols; };
+    for (uint64_t i = 0; i < n; ++i)
+      largest[group(i)] = std::max(largest[group(i)], std::fabs(v[i]));
+    double small_err = 0, small_norm = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const float unit = largest[group(i)] / 127.0f;
+      EXPECT_LE(std::fabs(back[i] - v[i]), 0.5f * unit * 1.0001f) << "value " << i;
+      if (std::fabs(v[i]) == largest[group(i)]) EXPECT_NEAR(back[i], v[i], 1e-6f * unit);
+      if (i % columns == 2) {
+        small_err += (back[i] - v[i]) * (back[i] - v[i]);
+        small_norm += v[i] * v[i];
+      }
+    }
+    // By column, the 1e-3 column is rounded at its own scale; mixed into rows, it is mostly 0.
+    if (cols == columns)
+      EXPECT_LT(std::sqrt(small_err / small_norm), 0.02);
+    else
+      EXPECT_GT(std::sqrt(small_err / small_norm), 0.5);
+    if (cols != columns) continue;
+    // Truncated, a scale that is NaN or negative, an integer of -128: refused.
+    ByteReader cut(std::span<const uint8_t>(b).first(b.size() - 1));
+    EXPECT_THROW(payload::read_values(cut, n, WireFloat::I8, "value", cols), WireError);
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), -1.0f}) {
+      Bytes c = b;
+      std::memcpy(c.data() + 4, &bad, 4);
+      ByteReader rc(c);
+      EXPECT_THROW(payload::read_values(rc, n, WireFloat::I8, "value", cols), WireError) << bad;
+    }
+    Bytes c = b;
+    c[4 * i8_groups(n, cols) + 7] = 0x80;
+    ByteReader rc(c);
+    EXPECT_THROW(payload::read_values(rc, n, WireFloat::I8, "value", cols), WireError);
+  }
+  // A value that is not finite is refused before anything is written.
+  v[11] = std::numeric_limits<float>::infinity();
+  Bytes b;
+  ByteWriter w(b);
+  EXPECT_THROW(payload::write_values(w, v, WireFloat::I8, "value", columns), NonFiniteError);
+  EXPECT_TRUE(b.empty());
+}
+
+/// Sketch tables in 16-bit floats: half the bytes, the same heavy hitters found as with fp32, a
+/// 16-bit Inf or NaN refused after resealing, and a table beyond fp16's range refused by the
+/// encoder with the worker's state as before.
 TEST(Wire, SixteenBitSketchTables) {
   const uint64_t dim = 20000;
   auto g = test::gaussian(dim, 9, 0.01f);
@@ -260,7 +326,8 @@ TEST(Wire, DeltaIndicesAndSixteenBitValues) {
   }
   // Gaps of every size, the first and last index, through a one-entry and a full list.
   for (const std::vector<uint32_t>& idx :
-       {std::vector<uint32_t>{0}, std::vector<uint32_t>{19999}, std::vector<uint32_t>{0, 1, 127, 128, 16511, 16512, 19999}}) {
+       {std::vector<uint32_t>{0}, std::vector<uint32_t>{19999},
+        std::vector<uint32_t>{0, 1, 127, 128, 16511, 16512, 19999}}) {
     Bytes b;
     ByteWriter w(b);
     std::vector<float> val(idx.size(), 1.5f);
@@ -278,7 +345,7 @@ TEST(Wire, DeltaIndicesAndSixteenBitValues) {
   refuse({1, 0, 0, 0, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0, 0x3C});
   refuse({1, 0, 0, 0, 0xA0, 0x9C, 0x01, 0, 0x3C});  // index 20000 = dim
   refuse({200, 0, 0, 0, 1, 2});
-  refuse({2, 0, 0, 0, 1, 2, 0, 0x3C});               // values truncated
+  refuse({2, 0, 0, 0, 1, 2, 0, 0x3C});  // values truncated
   // Error feedback keeps what fp16 rounding lost: a second round with no gradient sends it.
   auto ef = make_compressor("topk:k=20000,wire=fp16", dim);
   auto agg = ef->make_aggregator(1);

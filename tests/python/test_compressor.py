@@ -376,6 +376,10 @@ def test_layout_codecs_take_tensor_shapes():
     assert c.sum_dtype() == torch.float32
     half = sketchsgd.Compressor("powersgd:rank=2,wire=fp16", layout=[torch.Size([30, 20]), torch.Size([])])
     assert half.sum_dtype() == half.sum_dtype("answer") == torch.float16 and half.dim == 601
+    assert half.sum_columns() == 2  # P and Q: a column per rank, whatever the format
+    i8 = sketchsgd.Compressor("powersgd:rank=2,wire=int8", layout=[(30, 20), (5,)])
+    assert i8.sum_dtype() == i8.sum_dtype("answer") == torch.int8 and i8.sum_columns("answer") == 2
+    assert i8.max_message_bytes("gradient") == 48 + 4 * 2 + 30 * 2 + 5  # header, a scale a column, bytes
     assert {e["name"]: e["layout"] for e in sketchsgd.codecs()}.items() >= {
         "dense": "none", "topk": "optional", "terngrad": "optional", "signsgd": "optional", "sketch": "optional",
         "powersgd": "required", "qsgd": "optional"}.items()

@@ -17,7 +17,7 @@ STEPS = 12
 
 
 REPLICA_SPECS = ["powersgd:rank=2", "sketch:rows=1,cols=2000,k=400,fetch=1", "topk:k=400", "signsgd:ef=1",
-                 "qsgd:bits=4", "terngrad"]
+                 "qsgd:bits=4", "terngrad", "powersgd:rank=2,wire=int8"]
 
 
 def test_compressed_replicas_train_and_dense_is_fsdp2s_own_hsdp():
@@ -126,7 +126,8 @@ def test_diloco_over_a_sharded_model_syncs_each_shard_across_its_replicas():
         assert not np.array_equal(out[0][spec][1][:100], out[1][spec][1][:100])
 
 
-FULL_SPECS = ["powersgd:rank=1", "sketch:rows=1,cols=4000,k=800,fetch=1", "topk:k=800", "signsgd:ef=1"]
+FULL_SPECS = ["powersgd:rank=1", "sketch:rows=1,cols=4000,k=800,fetch=1", "topk:k=800", "signsgd:ef=1",
+              "powersgd:rank=2,wire=int8"]
 
 
 def test_a_compressed_reduce_scatter_trains_and_dense_is_fsdp2s_own():

@@ -23,6 +23,7 @@ def _budgeted(spec, budgets={"k": 300, "cols": 1500}):
 # only a collective exercises.
 SPECS = [_budgeted(spec) for c in sketchsgd.codecs() for spec in c["examples"]] + [
     "powersgd:rank=2,wire=bf16",  # gloo sums bfloat16 from PyTorch 2 on
+    "powersgd:rank=2,wire=int8", "dense:wire=int8",  # scales agreed by a max, integers summed
 ]
 
 
@@ -98,7 +99,7 @@ def test_a_non_finite_gradient_on_one_rank_raises_on_every_rank_and_hangs_none()
     """A NaN in one rank's gradient: that rank's hook raises NonFiniteError, every other rank's
     raises too (told through the collective it issues anyway: none waits for a rank that
     stopped), and the next step goes on alike on every rank."""
-    specs = ["powersgd:rank=2", "sketch:rows=1,cols=500,k=60,fetch=1", "topk:k=60", "dense"]
+    specs = ["powersgd:rank=2", "sketch:rows=1,cols=500,k=60,fetch=1", "topk:k=60", "dense", "powersgd:rank=2,wire=int8"]
     for rank, outcomes in enumerate(ddp.run(jobs.non_finite_on_one_rank, specs, world=3, timeout=90)):
         assert len(outcomes) == len(specs)
         for spec, raised, message, kind, same in outcomes:

@@ -57,6 +57,60 @@ def test_a_nan_on_one_rank_raises_on_every_rank_and_the_group_goes_on():
         assert all(r[2] == results[0][2] for r in results), f"{spec}: replicas differ after the next sync"
 
 
+def test_int8_sums_average_within_their_rounding_on_every_rank_alike():
+    """dense:wire=int8 over 4 simulated ranks: every value of the mean within half a unit of its
+    group's scale (every rank's largest magnitude there over 127 // 4), the same bits on every
+    rank; a byte a value and 4 a group's scale counted; a NaN on one rank raises on every rank."""
+    world, n = 4, 1000  # 4 groups of 256 values, the last one short
+
+    def values(rank):  # a matrix: a vector would go whole, in float32
+        g = torch.Generator().manual_seed(rank)
+        return (torch.randn(n, generator=g) * torch.linspace(0.01, 10, n)).view(40, 25)
+
+    def job(rank, nan=False):
+        state = CompressionState("dense:wire=int8", process_group=rank)
+        x = values(rank.rank)
+        if nan and rank.rank == 1:
+            x[12, 0] = float("nan")
+        try:
+            return average(state, [x])[0], state.stats()
+        except NonFiniteError as e:
+            return e, None
+    results = LocalGroup(world).run(job)
+    exact = (sum(values(r) for r in range(world)) / world).view(-1)
+    largest = torch.stack([values(r).abs() for r in range(world)]).amax(0).view(-1)
+    unit = torch.cat([largest[i:i + 256].amax().expand(len(largest[i:i + 256])) for i in range(0, n, 256)]) / (127 // world)
+    mean, stats = results[0]
+    assert stats["payload_bytes"] == n + 4 * 4, stats
+    mean = mean.view(-1)
+    assert all(torch.equal(m.view(-1), mean) for m, _ in results)
+    err = (mean - exact).abs()
+    assert (err <= 0.5 * unit * 1.0001 + 1e-6).all(), (err / unit).max()
+    assert err.max() > 0  # really rounded
+    for raised, _ in LocalGroup(world).run(lambda r: job(r, nan=True)):
+        assert isinstance(raised, NonFiniteError), raised
+
+
+def test_int8_scales_go_by_column():
+    """_int8's groups: with a scale per column (PowerSGD's rank) a column 1000 times smaller than
+    its neighbour keeps three digits; with one per row run it rounds to nothing. A group too large
+    for 8-bit sums is refused."""
+    from sketchsgd import _int8
+    x = torch.randn(300, 2) * torch.tensor([1.0, 1e-3])
+    for columns, worst in ((2, 0.01), (1, None)):
+        g = _int8.Groups(x.reshape(-1), columns)
+        largest = g.largest()
+        assert largest.numel() == _int8.groups(600, columns)
+        q = g.quantize(largest, 127, torch.empty(_int8.padded(600, columns), dtype=torch.int8))
+        back = torch.empty(600)
+        g.dequantize(q, largest, 127, back)
+        rel = ((back.view(300, 2)[:, 1] - x[:, 1]).norm() / x[:, 1].norm()).item()
+        assert (rel < worst) if worst else rel > 0.5, (columns, rel)
+    assert _int8.levels(127) == 1
+    with pytest.raises(ValueError, match="127"):
+        _int8.levels(128)
+
+
 def test_a_failing_rank_ends_every_rank_at_once_and_run_raises_its_error():
     group = LocalGroup(4, timeout=120)
     seen = {}

@@ -75,6 +75,9 @@ class Compressor {
   /// The float format of a phase's values on the wire (the codec's `wire=`): a collective casts
   /// a float32 summable payload to it, sums, and casts the sum back.
   virtual WireFloat sum_format(MessageKind) const { return WireFloat::F32; }
+  /// The payload's values as rows of this many columns, for the scales of an I8 sum
+  /// (wire.hpp: i8_groups): a column's values share them. Default 1.
+  virtual uint64_t sum_columns(MessageKind) const { return 1; }
   /// encode() for an all-reduce: the same checks and state change, the summable payload written
   /// to out (length sum_size(Gradient), in the device's memory) instead of a message.
   void encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out);

@@ -13,8 +13,10 @@
 // there and writes the mean back there.
 //
 // A request is Sum (an all-reduce, in place, of one of the driver's rooms, summed in the codec's
-// wire format: the driver casts to it and back) or Gather (an all-gather of bytes of the same
-// length on every rank; every rank's copy comes back to the next call, in rank order). Families:
+// wire format: the driver casts to it and back; I8: its groups' largest magnitudes all-reduced
+// by max first, then the integers at 127 / W levels summed, wire.hpp) or Gather (an all-gather
+// of bytes of the same length on every rank; every rank's copy comes back to the next call, in
+// rank order). Families:
 //   summable (dense, sketch, powersgd): Sum(codec payload ++ whole tensors); for two-round codecs
 //     then Sum(answer);
 //   gathered (topk, signsgd, terngrad, qsgd): Gather(message length), then Gather(the message
@@ -60,15 +62,19 @@ class Round {
   };
   struct Request {
     Op op;
-    /// Sum: which room (0 payload, 1 answer) and the format to sum it in.
+    /// Sum: which room (0 payload, 1 answer), the format to sum it in and, for I8, the room's
+    /// columns (wire.hpp: i8_groups).
     int room = 0;
     WireFloat format = WireFloat::F32;
+    uint64_t columns = 1;
     /// Gather: this rank's bytes (host memory, valid until the next call).
     std::span<const uint8_t> bytes;
 
-    static Request sum(int room, WireFloat format) { return {Op::Sum, room, format, {}}; }
+    static Request sum(int room, WireFloat format, uint64_t columns = 1) {
+      return {Op::Sum, room, format, columns, {}};
+    }
     static Request gather(std::span<const uint8_t> bytes) {
-      return {Op::Gather, 0, WireFloat::F32, bytes};
+      return {Op::Gather, 0, WireFloat::F32, 1, bytes};
     }
   };
 
@@ -109,6 +115,10 @@ class Round {
 
  private:
   bool summable() const { return codec_ && sum_size_ > 0; }
+  /// The Sum of a room in the format of the codec's payload of that kind.
+  Request sum_request(int room, MessageKind kind) const {
+    return Request::sum(room, codec_->sum_format(kind), codec_->sum_columns(kind));
+  }
   /// The failure this rank signalled at start, if any.
   void rethrow_own() const;
   /// NonFiniteError naming the first NaN/±Inf among the tensors sent whole (whole: their values

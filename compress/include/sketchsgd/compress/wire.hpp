@@ -35,12 +35,27 @@ enum class MessageKind : uint8_t {
   Update = 4,    ///< server → workers: the round's update
 };
 
-/// How a codec writes float values on the wire (its `wire=` option): fp32, or 16-bit floats
+/// How a codec writes float values on the wire (its `wire=` option): fp32, 16-bit floats
 /// rounded to nearest even (half the bytes; summed in fp32 by a server, in the collective's type
-/// by an all-reduce).
-enum class WireFloat : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+/// by an all-reduce), or I8 (summable payloads only): 8-bit integers with a float32 scale per
+/// group (i8_groups). A message's scales are its own (the largest magnitude of a group over
+/// 127); an all-reduce takes every rank's largest first (a max) and rounds to 127 / W levels so
+/// that W ranks' integers sum in 8 bits. Replies to I8 sums travel as fp16.
+enum class WireFloat : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I8 = 3 };
+/// Bytes a value of a 32- or 16-bit format takes (I8's values have scales beside them: wire_size).
 inline constexpr uint64_t wire_bytes(WireFloat f) {
-  return f == WireFloat::F32 ? 4 : 2;
+  return f == WireFloat::F32 ? 4 : f == WireFloat::I8 ? 1 : 2;
+}
+/// I8's groups: n values read as rows of `columns` (row-major: PowerSGD's factors have a column
+/// per rank, whose magnitudes differ), each column's values in runs of kI8Rows rows sharing a
+/// scale. Scale g = (row block g / columns, column g % columns).
+inline constexpr uint64_t kI8Rows = 256;
+inline constexpr uint64_t i8_groups(uint64_t n, uint64_t columns) {
+  return (n + columns * kI8Rows - 1) / (columns * kI8Rows) * columns;
+}
+/// Bytes n values take in a format (I8: its scales, then a byte per value).
+inline constexpr uint64_t wire_size(WireFloat f, uint64_t n, uint64_t columns = 1) {
+  return f == WireFloat::I8 ? 4 * i8_groups(n, columns) + n : wire_bytes(f) * n;
 }
 
 std::string_view to_string(CodecId id);
