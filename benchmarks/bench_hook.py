@@ -39,6 +39,8 @@ HOOKS = [
     ("sketchsgd PowerSGD rank 16", "powersgd:rank=16"),
     ("sketchsgd PowerSGD rank 4, fp16 wire", "powersgd:rank=4,wire=fp16"),
     ("sketchsgd PowerSGD rank 4, bf16 wire", "powersgd:rank=4,wire=bf16"),
+    ("sketchsgd PowerSGD rank 4, int8 wire", "powersgd:rank=4,wire=int8"),
+    ("sketchsgd PowerSGD rank 16, int8 wire", "powersgd:rank=16,wire=int8"),
     ("sketchsgd FetchSGD", "sketch:rows=1,cols=90000,k=18000,fetch=1"),
     ("sketchsgd sketch p2", "sketch:rows=1,cols=60000,k=12000,p2=2"),
     ("sketchsgd topk", "topk:k=20000,momentum=0.9"),

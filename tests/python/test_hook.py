@@ -364,7 +364,8 @@ def test_nccl_on_two_gpus():
         assert results[1][spec][2] == results[0][spec][2], spec
 
 
-OVERLAPPED = ["powersgd:rank=2", "sketch:rows=3,cols=500,k=100,p2=2", "topk:k=200,momentum=0.9"]
+OVERLAPPED = ["powersgd:rank=2", "sketch:rows=3,cols=500,k=100,p2=2", "topk:k=200,momentum=0.9",
+              "powersgd:rank=2,wire=int8"]
 
 
 def test_many_buckets_end_bit_identical_to_finishing_each_bucket_in_its_call():
