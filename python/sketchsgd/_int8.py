@@ -32,33 +32,34 @@ def padded(n: int, columns: int) -> int:
 
 
 class Groups:
-    """t's values (float32, 1-D) by group: a padded copy shaped (row blocks, ROWS, columns)."""
+    """t's values (float32, 1-D) by group: shaped (row blocks, ROWS, columns), through a padded
+    copy where n is not whole row blocks. Few passes: on the CPU each costs more in dispatch than
+    in arithmetic at these sizes."""
 
     def __init__(self, t, columns: int):
         self.n, self.columns = t.numel(), columns
-        self.x = torch.nn.functional.pad(t, (0, padded(self.n, columns) - self.n)).view(-1, ROWS, columns)
+        whole = padded(self.n, columns)
+        x = t if whole == self.n else torch.nn.functional.pad(t, (0, whole - self.n))
+        self.x = x.view(-1, ROWS, columns)
 
     def largest(self):
         """Each group's largest magnitude (float32, its groups() values), +inf where a value is
         not finite: what the ranks' max all-reduce takes."""
-        m = self.x.abs().amax(dim=1)
-        return torch.where(torch.isnan(m), torch.full_like(m, float("inf")), m).view(-1)
+        m = torch.linalg.vector_norm(self.x, float("inf"), dim=1)
+        return m.nan_to_num_(nan=float("inf")).view(-1)
 
     def quantize(self, largest, level: int, out):
         """The values as integers of ±level in units of largest / level (out: int8, padded(n, columns)
         values; a group whose largest is 0 or not finite gives zeros)."""
-        m = largest.view(-1, 1, self.columns)
-        ok = torch.isfinite(m) & (m > 0)
-        y = torch.where(ok, self.x / torch.where(ok, m / level, torch.ones_like(m)), torch.zeros_like(self.x))
-        out.view_as(self.x).copy_(torch.round(y).clamp_(-level, level))
+        unit = (largest.view(-1, 1, self.columns) / level).clamp_min_(torch.finfo(torch.float32).tiny)
+        y = torch.div(self.x, unit).round_().clamp_(-level, level).nan_to_num_(0.0)  # 0 / tiny = 0; x / inf = 0
+        out.view_as(self.x).copy_(y)
         return out
 
     def dequantize(self, total, largest, level: int, into):
-        """into (float32, n values) = the summed integers (total: int8, at least its first n
-        values)
-        times their groups' unit; NaN in a group whose largest is not finite."""
+        """into (float32, n values) = the summed integers (total: int8, padded(n, columns)
+        values, the first n summed) times their groups' unit; NaN in a group whose largest is not
+        finite."""
         m = largest.view(-1, 1, self.columns)
-        unit = torch.where(torch.isfinite(m), m / level, torch.full_like(m, float("nan")))
-        full = torch.zeros(self.x.shape, dtype=torch.float32, device=self.x.device)
-        full.view(-1)[:self.n] = total[:self.n]
-        into.copy_((full * unit).view(-1)[:self.n])
+        unit = (m / level).masked_fill_(~torch.isfinite(m), float("nan"))
+        into.copy_(torch.mul(total.view_as(self.x), unit).view(-1)[:self.n])
