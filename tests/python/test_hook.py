@@ -387,10 +387,12 @@ def test_the_hook_returns_before_its_first_collective_completes(tmp_path):
     """Rank 1 calls the hook for a step's first bucket only after rank 0's call returned: the
     hook hands the bucket's second phase (powersgd's Q, sketch p2's answers, a gathered codec's
     messages after their lengths) to the first collective's callback instead of waiting for it.
-    The outputs equal those of a state that finishes every bucket in its call, bit for bit."""
-    results = ddp.run(jobs.returns_before_its_collectives_complete, OVERLAPPED, str(tmp_path / "store"),
+    The outputs equal those of a state that finishes every bucket in its call, bit for bit.
+    Not int8 sums: their scales' max all-reduce blocks the call (docs/PYTORCH.md)."""
+    specs = [s for s in OVERLAPPED if "wire=int8" not in s]
+    results = ddp.run(jobs.returns_before_its_collectives_complete, specs, str(tmp_path / "store"),
                       world=2, timeout=150)
-    for spec in OVERLAPPED:
+    for spec in specs:
         overlapped, blocking = results[0][spec]
         assert len(overlapped) == 5
         assert overlapped == blocking, spec
