@@ -170,23 +170,37 @@ class Communicator:
         return fut.then(lambda f: f.value()[0].mul_(inv))
 
     def issue(self, requests, flat=None):
-        """Issues the collectives of requests; returns (future, settle): settle() once the future
-        has completed makes every request's result whole. Alone (flat None), each request is one
-        collective on its own tensor. flat (a phase's key, coalesced): one all-reduce per wire
-        dtype and one all-gather per dtype, over the requests laid end to end in a buffer kept
-        under that key (the requests come in unit order, the same on every rank)."""
+        """Issues the collectives of requests; returns (future, settle, more): once the future has
+        completed, settle() makes the results whole that it covers. more is None, unless requests
+        hold int8 sums (_Int8Sums), whose integers depend on their groups' scales: the future then
+        covers their scales' max all-reduce too (issued now, beside the others), and more(),
+        called once it has completed and settle() has run, issues the integers and returns
+        (future, settle, None) for them. A caller that does not wait calls more() in its turn
+        (the scheduler's chain), so that every rank issues it in the same order. Alone (flat
+        None), each request is one collective on its own tensor. flat (a phase's key,
+        coalesced): one all-reduce per wire dtype and one all-gather per dtype, over the
+        requests laid end to end in a buffer kept under that key (the requests come in unit
+        order, the same on every rank), and the int8 sums' scales and integers one all-reduce
+        each."""
+        eights = [r for r in requests if isinstance(r, Sum) and r.wire == torch.int8]
+        works, after = self._plain([r for r in requests if not (isinstance(r, Sum) and r.wire == torch.int8)], flat)
+        if not eights:
+            return (*_joined(works, after), None)
+        sums = _Int8Sums(self, eights, flat)  # their scales' max all-reduce issued
+
+        def more():
+            return (*_joined(*sums.integers()), None)
+        return (*_joined(works + sums.works, after), more)
+
+    def _plain(self, requests, flat):
+        """Issues requests (no int8 sums): (works, after), after the functions that make the
+        results whole once the works have completed."""
         ops, W = self.ops, self.world
         works, after = [], []
         kinds = {}
         for r in requests:
             kinds.setdefault((type(r), r.wire if isinstance(r, Sum) else r.t.dtype, r.t.device), []).append(r)
         for (kind, dtype, device), rs in kinds.items():
-            if kind is Sum and dtype == torch.int8:  # each alone: its scales' groups are its own
-                for r in rs:
-                    work, back = self._int8_sum(r)
-                    works.append(work)
-                    after.append(back)
-                continue
             n = sum(r.t.numel() for r in rs)
             self.count(n * dtype.itemsize, 0)
             if len(rs) == 1 or flat is None:
@@ -202,19 +216,10 @@ class Communicator:
                         after.append(lambda r=r: r.t.copy_(r.cast))
                 continue
             buf = self._room((flat, kind.__name__, dtype, device), n, dtype, device)
-            at = 0
-            for r in rs:
-                buf[at:at + r.t.numel()].copy_(r.t)
-                at += r.t.numel()
+            _lay(buf, [r.t for r in rs])
             if kind is Sum:
                 works.append(ops.all_reduce(buf))
-
-                def back(rs=rs, buf=buf):
-                    at = 0
-                    for r in rs:
-                        r.t.copy_(buf[at:at + r.t.numel()])
-                        at += r.t.numel()
-                after.append(back)
+                after.append(lambda rs=rs, buf=buf: _unlay(buf, [r.t for r in rs]))
             else:
                 outs = [self._room((flat, "everyone", r, dtype, device), n, dtype, device) for r in range(W)]
                 works.append(ops.all_gather(outs, buf))
@@ -222,30 +227,78 @@ class Communicator:
                 for r in rs:
                     r.everyone = [o[at:at + r.t.numel()] for o in outs]
                     at += r.t.numel()
-        fut = works[0].get_future() if len(works) == 1 else torch.futures.collect_all([w.get_future() for w in works])
-
-        def settle():
-            if len(works) > 1:  # collect_all drops the collectives' CUDA events: order after them here
-                for f in fut.value():
-                    f.wait()
-            for a in after:
-                a()
-        return fut, settle
-
-    def _int8_sum(self, r):
-        """An int8 Sum (_int8): its groups' scales agreed by a max all-reduce (blocking: the
-        integers depend on it), then the integers' all-reduce issued; (work, back): back() reads
-        the sum into r.t once the work has completed."""
-        level = _int8.levels(self.world)
-        g = _int8.Groups(r.t, r.columns)
-        largest = g.largest()
-        self.count(largest.numel() * 4 + g.n, 0)
-        self.ops.all_reduce(largest, async_op=False, op=dist.ReduceOp.MAX)
-        q = g.quantize(largest, level, r.cast)
-        return self.ops.all_reduce(q[:g.n]), lambda: g.dequantize(q, largest, level, r.t)
+        return works, after
 
     def _room(self, key, n: int, dtype, device):
         t = self._rooms.get(key)
         if t is None or t.numel() != n:
             t = self._rooms[key] = torch.empty(n, dtype=dtype, device=device)
         return t
+
+
+def _lay(buf, ts) -> None:
+    """The tensors ts laid end to end into buf."""
+    at = 0
+    for t in ts:
+        buf[at:at + t.numel()].copy_(t.view(-1))
+        at += t.numel()
+
+
+def _unlay(buf, ts) -> None:
+    """The tensors ts read back from buf, where _lay put them."""
+    at = 0
+    for t in ts:
+        t.view(-1).copy_(buf[at:at + t.numel()])
+        at += t.numel()
+
+
+def _joined(works, after):
+    """(future, settle) of collectives issued together: the future completes with the last of
+    them; settle() once it has makes their results whole (after: functions to call)."""
+    fut = works[0].get_future() if len(works) == 1 else torch.futures.collect_all([w.get_future() for w in works])
+
+    def settle():
+        if len(works) > 1:  # collect_all drops the collectives' CUDA events: order after them here
+            for f in fut.value():
+                f.wait()
+        for a in after:
+            a()
+    return fut, settle
+
+
+class _Int8Sums:
+    """int8 Sums (_int8) in two steps: their groups' largest magnitudes agreed by a max
+    all-reduce (issued when made: `works`), then, once that has completed, the integers rounded
+    against them summed (integers()). Alone (flat None) each sum is two collectives of its own;
+    coalesced, all of a phase's are two in all, the scales and the integers each laid end to end."""
+
+    def __init__(self, comm, sums, flat):
+        self.comm, self.sums, self.flat = comm, sums, flat
+        self.level = _int8.levels(comm.world)
+        self.groups = [_int8.Groups(r.t, r.columns) for r in sums]
+        largest = [g.largest() for g in self.groups]
+        comm.count(sum(m.numel() for m in largest) * 4, 0)
+        if flat is None or len(sums) == 1:
+            self.largest = largest
+            self.works = [comm.ops.all_reduce(m, op=dist.ReduceOp.MAX) for m in largest]
+        else:
+            on = largest[0].device
+            buf = comm._room((flat, "int8 scales", on), sum(m.numel() for m in largest), torch.float32, on)
+            _lay(buf, largest)
+            self.largest = list(buf.split([m.numel() for m in largest]))
+            self.works = [comm.ops.all_reduce(buf, op=dist.ReduceOp.MAX)]
+
+    def integers(self):
+        """Issues the integers' all-reduce (the scales' has completed): (works, after)."""
+        comm, level = self.comm, self.level
+        qs = [g.quantize(m, level, r.cast)[:g.n] for g, m, r in zip(self.groups, self.largest, self.sums)]
+        comm.count(sum(g.n for g in self.groups), 0)
+
+        def back():
+            for g, m, r in zip(self.groups, self.largest, self.sums):
+                g.dequantize(r.cast, m, level, r.t)
+        if self.flat is None or len(qs) == 1:
+            return [comm.ops.all_reduce(q) for q in qs], [back]
+        buf = comm._room((self.flat, "int8", qs[0].device), sum(q.numel() for q in qs), torch.int8, qs[0].device)
+        _lay(buf, qs)
+        return [comm.ops.all_reduce(buf)], [lambda: _unlay(buf, qs), back]

@@ -11,9 +11,7 @@ import torch
 
 class Round:
     def __init__(self, index: int, phases, finish):
-        # A third phase would be chained from a callback, after whatever was chained meanwhile:
-        # an order that depends on timing. Every codec has at most two phases.
-        assert 1 <= len(phases) <= 2, "a unit has one or two phases"
+        assert phases, "a unit has a phase at least"
         self.index, self.phases, self.finish = index, phases, finish
 
 
@@ -27,6 +25,18 @@ class Scheduler:
         self.chain = torch.futures.Future()
         self.chain.set_result(None)
         self._held = []  # coalesce: this step's (round, future) so far, in unit order
+
+    def drain(self) -> None:
+        """Waits until every collective chained so far has been issued, those chained meanwhile
+        by the ones it waited for included (a phase's next stage or phase is chained from the
+        callback that issues the one before, ahead of the gate that callback then opens): what a
+        driver does before it issues collectives of its own, so that theirs follow every
+        chained one on every rank, whatever the timing."""
+        while True:
+            chain = self.chain
+            chain.wait()
+            if self.chain is chain:
+                return
 
     def run(self, rnd: Round, inline: bool):
         """Runs a unit's round alone: its first phase's collectives issued now; each later phase
@@ -54,7 +64,11 @@ class Scheduler:
                     if i:
                         fut.wait()
                         settle()
-                    fut, settle = self.comm.issue(phase())
+                    fut, settle, more = self.comm.issue(phase())
+                    while more is not None:  # int8 sums: their integers once their scales are agreed
+                        fut.wait()
+                        settle()
+                        fut, settle, more = more()
                 fut.wait()  # a failed collective's error, not a finish on what it left
                 settle()
                 rnd.finish()
@@ -75,11 +89,18 @@ class Scheduler:
                 fail(e)
 
         def issue(i):
-            nonlocal settle
             if i:
                 settle()
-            fut, settle = self.comm.issue(rnd.phases[i]())
-            if i + 1 == len(rnd.phases):
+            issued(i, *self.comm.issue(rnd.phases[i]()))
+
+        def issued(i, fut, done, more):
+            """Phase i's collectives under way: its next stage (int8 sums' integers), its next
+            phase or finish, each in turn once they have completed."""
+            nonlocal settle
+            settle = done
+            if more is not None:
+                self._in_turn(fut, lambda: (done(), issued(i, *more())), fail)
+            elif i + 1 == len(rnd.phases):
                 fut.then(end)
             else:
                 self._in_turn(fut, lambda: issue(i + 1), fail)
@@ -153,7 +174,13 @@ class Scheduler:
                     flight.append((rnd, out))
                 except Exception as e:  # noqa: BLE001 - handed on through the unit's future
                     errors[rnd.index] = e
-            fut, settle = self.comm.issue(requests, flat=i) if requests else (None, None)
+            fut, settle, more = self.comm.issue(requests, flat=i) if requests else (None, None, None)
+            while more is not None:  # int8 sums: their integers once their scales are agreed
+                landed()
+                if any(rnd.index in errors for rnd, _ in flight):  # the scales' collective failed
+                    fut = None
+                    break
+                fut, settle, more = more()
         landed()
         for rnd, out in held:
             if rnd.index not in errors:

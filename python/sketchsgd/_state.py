@@ -158,10 +158,10 @@ class CompressionState:
         with self._step_lock:
             if not self._open:
                 self._open, self._inflight = True, []
-        self.scheduler.chain.wait()
+        self.scheduler.drain()
 
     def _end_step(self, compressed: bool):
-        self.scheduler.chain.wait()  # the step's last phases are issued (and counted)
+        self.scheduler.drain()  # the step's last phases are issued (and counted)
         payload, dense = self.comm.take_counts()
         s = self._stats
         s["steps"] += 1

@@ -388,8 +388,8 @@ def test_the_hook_returns_before_its_first_collective_completes(tmp_path):
     hook hands the bucket's second phase (powersgd's Q, sketch p2's answers, a gathered codec's
     messages after their lengths) to the first collective's callback instead of waiting for it.
     The outputs equal those of a state that finishes every bucket in its call, bit for bit.
-    Not int8 sums: their scales' max all-reduce blocks the call (docs/PYTORCH.md)."""
-    specs = [s for s in OVERLAPPED if "wire=int8" not in s]
+    int8 sums too: their integers wait for their scales' max all-reduce in a callback."""
+    specs = OVERLAPPED
     results = ddp.run(jobs.returns_before_its_collectives_complete, specs, str(tmp_path / "store"),
                       world=2, timeout=150)
     for spec in specs:
@@ -400,9 +400,9 @@ def test_the_hook_returns_before_its_first_collective_completes(tmp_path):
 
 
 # Collectives a coalesced step of deep_model() issues (5 units: 10-15 when each issues its own):
-# one a phase for summable codecs; a gathered codec's lengths, then its messages beside the
-# all-reduce of the biases (sent whole).
-COALESCED = {"powersgd:rank=2": 2, "sketch:rows=3,cols=500,k=100,p2=2": 2, "dense": 1,
+# one a phase for summable codecs (int8 sums: their scales' max, then their integers); a
+# gathered codec's lengths, then its messages beside the all-reduce of the biases (sent whole).
+COALESCED = {"powersgd:rank=2": 2, "powersgd:rank=2,wire=int8": 4, "dense:wire=int8": 2, "sketch:rows=3,cols=500,k=100,p2=2": 2, "dense": 1,
              "sketch:rows=1,cols=800,k=100,fetch=1": 1, "topk:k=200,momentum=0.9": 3, "signsgd:ef=1": 3}
 
 
