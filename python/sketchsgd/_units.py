@@ -129,12 +129,7 @@ class Units:
 
     def held(self, index: int, entries, device, world: int):
         """The units a call's buffer holds (whole), built on first use."""
-        if self._lookup is None or self._lookup[0] is not self.fixed:
-            # Once per book of units, not per call: FSDP per destination has W units a module,
-            # a call each, so a scan per call would cost (modules · W)² a backward.
-            self._lookup = (self.fixed, {u.entries[0][0]: u for u in self.fixed.values() if u.entries},
-                            sum(u.n_compressed for u in self.fixed.values()))
-        _, first, total = self._lookup
+        first, _ = self._book()
         given = set(entries)
         held = sorted((first[k] for k, _, _ in entries if k in first), key=lambda u: u.index)
         if sorted(k for u in held for k, _, _ in u.entries) != sorted(k for k, _, _ in entries) or any(
@@ -142,20 +137,48 @@ class Units:
             raise RuntimeError(f"sketchsgd hook: bucket {index} does not hold whole buckets of the "
                                "warm-up (DDP changed its buckets later: raise start_iter, or a resumed model differs)")
         for u in held:
-            if u.codec is None and u.n_compressed:
-                spec = self.spec
-                if u.index in self.blocks:
-                    name, _, options = spec.partition(":")
-                    spec = f"{name}:{options + ',' if options.strip() else ''}blocks={self.blocks[u.index]}"
-                spec = _core.share_spec(spec, u.n_compressed / total)
-                try:
-                    u.build(spec, device, world, self.pending.pop(u.index, None),
-                            self.shapes if self._whole_rule is None else None)
-                except _core.InvalidArgument as e:
-                    raise _core.InvalidArgument(
-                        f"unit {u.index} ({u.n_compressed:,} of the {total:,} values compressed, its share of the "
-                        f"budget: {spec.split(',layout=')[0]}): {e}") from None
+            self._build(u, device, world)
         return held
+
+    def build_registered(self, device, world: int) -> None:
+        """Every unit known up front (register: all of an FSDP model's) fixed, and its codec built
+        now rather than at its first compressed step, past any warm-up: a spec that a unit
+        cannot take (a budget past its values, no matrix worth factoring at that rank) is
+        refused when the model is registered. A later load_state_dict() fixes the units afresh
+        and its codecs are built from the checkpoint, as ever."""
+        if self.fixed is not None or not self.warm or set(self.warm) != set(self.registered):
+            return
+        self.fix(None, None)
+        for u in self.fixed.values():
+            self._build(u, device, world)
+
+    def _book(self):
+        """(the fixed units by their first tensor key, the values they compress in all), kept
+        once per book of units, not found per call: FSDP per destination has W units a module,
+        a call each, so a scan per call would cost (modules · W)² a backward."""
+        if self._lookup is None or self._lookup[0] is not self.fixed:
+            self._lookup = (self.fixed, {u.entries[0][0]: u for u in self.fixed.values() if u.entries},
+                            sum(u.n_compressed for u in self.fixed.values()))
+        return self._lookup[1:]
+
+    def _build(self, u, device, world: int) -> None:
+        """u's codec and aggregator replica, unless built: the state's spec with u's share of its
+        budget (and blocks where registered so), InvalidArgument naming u where u refuses it."""
+        if u.codec is not None or not u.n_compressed:
+            return
+        total = self._book()[1]
+        spec = self.spec
+        if u.index in self.blocks:
+            name, _, options = spec.partition(":")
+            spec = f"{name}:{options + ',' if options.strip() else ''}blocks={self.blocks[u.index]}"
+        spec = _core.share_spec(spec, u.n_compressed / total)
+        try:
+            u.build(spec, device, world, self.pending.pop(u.index, None),
+                    self.shapes if self._whole_rule is None else None)
+        except _core.InvalidArgument as e:
+            raise _core.InvalidArgument(
+                f"unit {u.index} ({u.n_compressed:,} of the {total:,} values compressed, its share of the "
+                f"budget: {spec.split(',layout=')[0]}): {e}") from None
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def state_dict(self):

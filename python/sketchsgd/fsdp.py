@@ -295,6 +295,13 @@ def _units(state, index: int, shapes, blocks: int = 1) -> None:
     state.units.register(index, [(index, j) for j in range(len(shapes))], shapes, blocks)
 
 
+def _build(state, device) -> None:
+    """Every unit's codec built on device now (Units.build_registered), before any hook is set:
+    a spec that a module's unit cannot take is refused when the model is registered, with the
+    unit and its share of the budget named, not at its first compressed step."""
+    state.units.build_registered(device, state.comm.world)
+
+
 def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
     """Sets an all-reduce hook on every FSDP2 module under module (module included): its
     reduce-scattered gradient shard is averaged over state's process group through state's
@@ -315,10 +322,14 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: 
     # A replica's layout can fail on its ranks alone (_ReplicaHook): the flag goes out even where
     # the state's group is every rank concerned (shard groups of one; otherwise it does anyway).
     backward.always_flag = True
+    hooks = []
     for index, (m, g) in enumerate(groups):
         shapes = [tuple(p.padded_sharded_param_size) for p in _trained(g)]
         _units(state, index, shapes)
-        m.set_all_reduce_hook(_ReplicaHook(backward, index, shapes, g, replicas))
+        hooks.append(_ReplicaHook(backward, index, shapes, g, replicas))
+    _build(state, groups[0][1].device)
+    for (m, _), hook in zip(groups, hooks):
+        m.set_all_reduce_hook(hook)
 
 
 class _ReplicaHook:
@@ -501,6 +512,7 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
     # The dense codec's mean is the same in any order, and which tensors it sends whole (1-D
     # ones) too, unless a size threshold (dense_below) tells a shard from its parameter.
     elementwise = state.spec.partition(":")[0] == "dense" and not state.dense_below
+    scatters = []
     for index, (m, g) in enumerate(groups):
         world = g.mesh_info.shard_mesh_size
         scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in _trained(g)],
@@ -509,6 +521,9 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
             _scatter.register(state, index, scatter.chunks)
         else:
             _units(state, index, scatter.shapes, scatter.blocks)
+        scatters.append(scatter)
+    _build(state, groups[0][1].device)
+    for (m, _), scatter in zip(groups, scatters):
         m.set_custom_reduce_scatter(scatter)
 
 
@@ -630,9 +645,9 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
     state._bind()
     state._fsdp = True
     backward = _Backward(state, warmup, len(units), _flag_group(state, ranks))
-    module.register_comm_hook(None, _fsdp1_hook)
     world, rank = len(ranks), ranks.index(dist.get_rank())
     per_destination = gathered(state.spec)
+    hooks = []
     for index, (m, shapes) in enumerate(units):
         chunks = whole = None
         if per_destination and m.sharding_strategy != ShardingStrategy.NO_SHARD:
@@ -643,9 +658,13 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
             # Past the per-destination units' numbers where some instances have them.
             whole = index + len(units) * world if per_destination else index
             _units(state, whole, shapes)
+        hooks.append(_Fsdp1Unit(backward, index, shapes, world, rank, chunks, whole))
+    _build(state, getattr(units[0][0], "compute_device", None) or units[0][0]._flat_param.device)
+    module.register_comm_hook(None, _fsdp1_hook)
+    for (m, _), hook in zip(units, hooks):
         # FSDP1 gives every instance the root's one hook state; each is told which unit it is,
         # so that error feedback follows the instance, not the order of the hook calls.
-        m._comm_hook_state = _Fsdp1Unit(backward, index, shapes, world, rank, chunks, whole)
+        m._comm_hook_state = hook
 
 
 def state_dict(state: CompressionState) -> dict:

@@ -636,16 +636,21 @@ def diloco_misuse(rank, world, spec, every, bad_sync):
 
 
 def refused_unit(rank, world, spec, mode, steps, warmup):
-    """The MLP under mode with spec after `warmup` fp32 backward passes, spec being one that a
-    module's unit refuses when its codec is built (at its first compressed step). Returns per
-    step the error backward() raised (or None)."""
+    """The MLP under mode (reduce_scatter, replicas or fsdp1) registered with spec, one that a
+    module's unit refuses, and `warmup` fp32 backward passes to come. Returns the registration's
+    (error type, message), or (None, ""), and per step the error backward() raised, or None:
+    the model trains on with FSDP's own reduction."""
     from sketchsgd import fsdp
     from torch.distributed.device_mesh import init_device_mesh
+    registered = []
     if mode == "replicas":
         mesh = _mesh(world, 2)
         model, state = _shard(_model(), mesh["shard"]), CompressionState(spec, mesh["replicate"].get_group())
-        fsdp.compress_replicas(model, state, warmup=warmup)
+        _attempt(registered, mode, lambda: fsdp.compress_replicas(model, state, warmup=warmup))
+    elif mode == "fsdp1":
+        model, state = _fsdp1(), CompressionState(spec)
+        _attempt(registered, mode, lambda: fsdp.compress_fsdp1(model, state, warmup=warmup))
     else:
         model, state = _shard(_model(), init_device_mesh("cpu", (world,))), CompressionState(spec)
-        fsdp.compress_reduce_scatter(model, state, warmup=warmup)
-    return _steps_with_errors(model, rank, steps, lambda step: None)
+        _attempt(registered, mode, lambda: fsdp.compress_reduce_scatter(model, state, warmup=warmup))
+    return registered[0][1:], _steps_with_errors(model, rank, steps, lambda step: None)

@@ -486,19 +486,19 @@ def test_diloco_over_a_sharded_model_refuses_a_group_of_other_shards_and_fails_a
             assert loaded[1] == "ValueError" and "shard 0" in loaded[2], (rank, loaded)
 
 
-def test_a_spec_a_module_cannot_take_fails_its_steps_on_every_rank_not_fsdp():
+def test_a_spec_a_module_cannot_take_is_refused_when_the_model_is_registered():
     """PowerSGD at rank 8 on the MLP's last layer (10 × 48: its factors would outweigh it) is
-    refused when that module's codec is first built, past the fp32 warm-up: backward() raises
-    InvalidArgument on every rank, naming the unit and its share of the spec, and FSDP2 is left
-    as after any step (the next step raises the same, not an error of FSDP2's unsharded
-    parameters)."""
-    runs = ddp.run(fsdp_jobs.several, [("refused_unit", ("powersgd:rank=8", mode, 3, 1))
-                                       for mode in ("reduce_scatter", "replicas")])
+    refused by compress_reduce_scatter, compress_replicas and compress_fsdp1 on every rank, with
+    a warm-up to come (not at the first compressed step): InvalidArgument naming the unit and
+    its share of the spec, before any hook is set, so the model trains on with FSDP's own
+    reduction."""
+    runs = ddp.run(fsdp_jobs.several, [("refused_unit", ("powersgd:rank=8", mode, 2, 3))
+                                       for mode in ("reduce_scatter", "replicas", "fsdp1")])
     for rank in range(4):
-        for errors in runs[rank]:
-            assert errors[0] is None, (rank, errors)
-            assert [e[0] for e in errors[1:]] == ["InvalidArgument"] * 2, (rank, errors)
-            assert "unit" in errors[1][1] and "powersgd:rank=8" in errors[1][1], errors[1]
+        for (error, message), steps in runs[rank]:
+            assert error == "InvalidArgument", (rank, error, message)
+            assert "unit" in message and "powersgd:rank=8" in message, message
+            assert steps == [None, None], (rank, steps)
 
 
 def test_a_nan_in_a_warm_up_step_raises_on_every_rank_too():
