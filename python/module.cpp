@@ -74,13 +74,14 @@ const char* format_name(WireFloat f) {
                                 : "fp32";
 }
 
-/// A Round's requests for Python: ("sum", room, format) or ("gather", bytes as a memoryview of
+/// A Round's requests for Python: ("sum", room, format, columns, offset, count: 0 for all of the
+/// room) or ("gather", bytes as a memoryview of
 /// the round's memory, valid until its next call).
 py::list requests(const std::vector<Round::Request>& reqs) {
   py::list out;
   for (const auto& r : reqs) {
     if (r.op == Round::Op::Sum)
-      out.append(py::make_tuple("sum", r.room, format_name(r.format), r.columns));
+      out.append(py::make_tuple("sum", r.room, format_name(r.format), r.columns, r.offset, r.count));
     else  // writable: torch.frombuffer warns on read-only memory; nothing writes to it
       out.append(py::make_tuple("gather",
                                 py::memoryview::from_memory(const_cast<uint8_t*>(r.bytes.data()),

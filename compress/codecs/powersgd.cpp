@@ -197,6 +197,11 @@ class PowerSGD final : public SummableCodec {
       if (m.rank != o_.rank) return 1;
     return o_.rank;
   }
+  /// The factors; the tensors sent as they are follow P.
+  uint64_t sum_grouped(MessageKind kind) const override {
+    if (kind == MessageKind::Gradient) return plan_.p_size;
+    return kind == MessageKind::Answer ? plan_.q_size : 0;
+  }
 
  private:
   /// The next Q before orthonormalisation: random from seed (integer arithmetic, the same on

@@ -54,10 +54,13 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
         asked[:] = []
         for op, *args in reqs:
             if op == "sum":
-                (room, fmt, columns), t = args, core.rooms[args[0]]
+                room, fmt, columns, offset, count = args
+                t = core.rooms[room]
+                if count:
+                    t = t[offset:offset + count]
                 wire = _DTYPES[fmt]
                 n = t.numel() if wire != torch.int8 else _int8.padded(t.numel(), columns)
-                cast = None if wire == torch.float32 else u.room(("cast", room), n, t, wire)
+                cast = None if wire == torch.float32 else u.room(("cast", room, offset), n, t, wire)
                 asked.append(Sum(t, wire, cast, columns))
             else:
                 asked.append(Gather(torch.frombuffer(args[0], dtype=torch.uint8).to(on)))

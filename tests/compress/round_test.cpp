@@ -92,12 +92,17 @@ struct Group {
     std::vector<std::vector<uint8_t>> all;
     for (size_t i = 0; i < n; ++i) {
       if (reqs[0][i].op == Round::Op::Sum) {
-        std::vector<float> sum(room(0, reqs[0][i].room).size(), 0.0f);
+        const Round::Request& q = reqs[0][i];
+        const size_t lo = q.offset, hi = q.count ? q.offset + q.count : room(0, q.room).size();
+        std::vector<float> sum(hi - lo, 0.0f);
         for (uint32_t r = 0; r < kRanks; ++r) {
-          const auto& v = room(r, reqs[r][i].room);
-          for (size_t j = 0; j < sum.size(); ++j) sum[j] += v[j];
+          EXPECT_EQ(reqs[r][i].offset, q.offset);
+          EXPECT_EQ(reqs[r][i].count, q.count);
+          const auto& v = room(r, q.room);
+          for (size_t j = lo; j < hi; ++j) sum[j - lo] += v[j];
         }
-        for (uint32_t r = 0; r < kRanks; ++r) room(r, reqs[r][i].room) = sum;
+        for (uint32_t r = 0; r < kRanks; ++r)
+          std::copy(sum.begin(), sum.end(), room(r, q.room).begin() + ptrdiff_t(lo));
       } else {
         for (uint32_t r = 0; r < kRanks; ++r) {
           EXPECT_EQ(reqs[r][i].bytes.size(), reqs[0][i].bytes.size());
@@ -264,17 +269,29 @@ TEST_P(Rounds, ANonFiniteWholeTensorStopsEveryRankAndTheNextStepGoesOn) {
 }
 
 // wire=int8: each Sum names its format and the columns its scales go by (the driver's to run,
-// wire.hpp); a whole-only unit's sum stays float32.
+// wire.hpp); the values sent as they are (the codec's 1-D tensor, the unit's tensors sent whole)
+// are a Sum of their own in F16, over the room's values after the factors; a whole-only unit's
+// sum stays float32.
 TEST(Round, AnInt8CodecAsksForItsSumsInInt8ByColumn) {
   Group group("powersgd:rank=3,wire=int8,layout=50x80+1000", kWhole);
   std::vector<std::vector<float>> buffers(kRanks);
   std::vector<std::vector<Round::Request>> reqs(kRanks);
+  // The layout's 1000-value tensor is sent as it is, inside the codec's payload after P.
+  const uint64_t own = group.codecs[0]->sum_grouped(MessageKind::Gradient);
+  const uint64_t rest = group.payload[0].size() - own;
+  ASSERT_EQ(rest, 1000u + kWhole);
   for (uint32_t r = 0; r < kRanks; ++r) {
     buffers[r] = group.place(grad(r, 0), grad(r, 0, kWhole));
     reqs[r] = group.rounds[r]->start(buffers[r], {group.kept, group.whole_runs}, 0);
-    ASSERT_EQ(reqs[r].size(), 1u);
+    ASSERT_EQ(reqs[r].size(), 2u);
     EXPECT_EQ(reqs[r][0].format, WireFloat::I8);
     EXPECT_EQ(reqs[r][0].columns, 3u);
+    EXPECT_EQ(reqs[r][0].offset, 0u);
+    EXPECT_EQ(reqs[r][0].count, own);
+    EXPECT_EQ(reqs[r][1].room, 0);
+    EXPECT_EQ(reqs[r][1].format, WireFloat::F16);
+    EXPECT_EQ(reqs[r][1].offset, own);
+    EXPECT_EQ(reqs[r][1].count, rest);
   }
   auto got = group.run(reqs);
   for (uint32_t r = 0; r < kRanks; ++r) {

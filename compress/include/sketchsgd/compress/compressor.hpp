@@ -78,6 +78,10 @@ class Compressor {
   /// The payload's values as rows of this many columns, for the scales of an I8 sum
   /// (wire.hpp: i8_groups): a column's values share them. Default 1.
   virtual uint64_t sum_columns(MessageKind) const { return 1; }
+  /// Of a phase's summable payload, the leading values that are the codec's own (those an I8
+  /// sum groups by sum_columns()); the rest are values it sends as they are (PowerSGD's
+  /// tensors too small to factor), which an I8 all-reduce sums in F16 (Round). Default: all.
+  virtual uint64_t sum_grouped(MessageKind kind) const { return sum_size(kind); }
   /// encode() for an all-reduce: the same checks and state change, the summable payload written
   /// to out (length sum_size(Gradient), in the device's memory) instead of a message.
   void encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out);

@@ -17,13 +17,14 @@
 // by max first, then the integers at 127 / W levels summed, wire.hpp) or Gather (an all-gather
 // of bytes of the same length on every rank; every rank's copy comes back to the next call, in
 // rank order). Families:
-//   summable (dense, sketch, powersgd): Sum(codec payload ++ whole tensors); for two-round codecs
+//   summable (dense, sketch, powersgd): Sum(codec payload ++ whole tensors) (I8: Sum(the
+//     codec's own values) and Sum(the values sent as they are) in F16); for two-round codecs
 //     then Sum(answer);
 //   gathered (topk, signsgd, terngrad, qsgd): Gather(message length), then Gather(the message
 //     padded to the longest) and Sum(whole tensors);
 //   nothing compressed: Sum(whole tensors).
 // The tensors sent whole (small ones, by the layout rule: Layout::sent_whole) travel beside the
-// codec's payload (summable: in its Sum and wire format; gathered: an fp32 Sum) and are averaged
+// codec's payload (summable: in its Sum and wire format, F16 beside I8; gathered: an fp32 Sum) and are averaged
 // with float32(1/W), as the aggregators average.
 //
 // A rank whose gradient is not finite (what it compresses, or a tensor it sends whole: checked
@@ -63,18 +64,21 @@ class Round {
   struct Request {
     Op op;
     /// Sum: which room (0 payload, 1 answer), the format to sum it in and, for I8, the room's
-    /// columns (wire.hpp: i8_groups).
+    /// columns (wire.hpp: i8_groups); the room's values [offset, offset + count), all of it
+    /// where count is 0.
     int room = 0;
     WireFloat format = WireFloat::F32;
     uint64_t columns = 1;
+    uint64_t offset = 0, count = 0;
     /// Gather: this rank's bytes (host memory, valid until the next call).
     std::span<const uint8_t> bytes;
 
-    static Request sum(int room, WireFloat format, uint64_t columns = 1) {
-      return {Op::Sum, room, format, columns, {}};
+    static Request sum(int room, WireFloat format, uint64_t columns = 1, uint64_t offset = 0,
+                       uint64_t count = 0) {
+      return {Op::Sum, room, format, columns, offset, count, {}};
     }
     static Request gather(std::span<const uint8_t> bytes) {
-      return {Op::Gather, 0, WireFloat::F32, 1, bytes};
+      return {Op::Gather, 0, WireFloat::F32, 1, 0, 0, bytes};
     }
   };
 
@@ -119,6 +123,11 @@ class Round {
   Request sum_request(int room, MessageKind kind) const {
     return Request::sum(room, codec_->sum_format(kind), codec_->sum_columns(kind));
   }
+  /// The first phase's Sums of the payload room: the codec's payload and the tensors sent whole
+  /// beside it in its format, but beside an I8 payload (its values that are the codec's own:
+  /// sum_grouped) those sent as they are in F16 (its scales go by the codec's columns, which
+  /// they are not).
+  std::vector<Request> payload_sums() const;
   /// The failure this rank signalled at start, if any.
   void rethrow_own() const;
   /// NonFiniteError naming the first NaN/±Inf among the tensors sent whole (whole: their values
