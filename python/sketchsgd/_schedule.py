@@ -180,7 +180,12 @@ class Scheduler:
                 if any(rnd.index in errors for rnd, _ in flight):  # the scales' collective failed
                     fut = None
                     break
-                fut, settle, more = more()
+                try:
+                    fut, settle, more = more()
+                except Exception as e:  # noqa: BLE001 - handed on through the units' futures
+                    errors.update((rnd.index, e) for rnd, _ in flight)
+                    fut = None
+                    break
         landed()
         for rnd, out in held:
             if rnd.index not in errors:
