@@ -161,11 +161,17 @@ class _Backward:
             return False
         return True
 
-    def fail(self, device, error) -> None:
-        """error (a LayoutError every rank of the state's group saw alike) raised at the end of
-        this backward, as a failed round's; at once outside a backward."""
+    def fail(self, device, error, spoil=None) -> None:
+        """error (a LayoutError) raised at the end of this backward, as a failed round's; at
+        once outside a backward. spoil(dense): this rank's round over NaN, where this backward has
+        not failed yet, so that its other ranks fail in it as well (here error stands for it)."""
         if not self.run(device, lambda dense: None):
             return  # failed already: that error is the one raised
+        if spoil is not None:
+            try:
+                self.run(device, spoil)
+            except _core.NonFiniteError:  # outside a backward it raises at once
+                pass
         if not self.queued:
             raise error
         self.failed = error
@@ -187,6 +193,8 @@ class _Backward:
         flag = torch.tensor([code], dtype=torch.int32,
                             device=self.device if dist.get_backend(self.flag_group) == "nccl" else "cpu")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.flag_group)
+        if flag.item() == 3 and isinstance(failed, _core.NonFiniteError):
+            failed = None  # a round another replica group spoiled (see _Replicas): told below
         if failed is not None:
             raise failed
         if alone is not None:
@@ -358,11 +366,15 @@ class _ReplicaHook:
             shard += self.held
             self.held = None
         if shard.numel() != self.size:
-            # The replicas' rounds go on over zeros (another replica may have its layout right and
-            # be waiting in them); every rank raises at the backward's end.
-            zeros = _hook.scratch(self.backward.state, "zeros", self.size, torch.float32, shard.device).zero_()
-            self.backward.reduce(self.index, zeros, self.shapes)
-            self.backward.fail(shard.device, _layout_error(self.index, shard.numel(), self.size))
+            # The replicas' round goes on (another replica may have its layout right and be waiting
+            # in it), over NaN: every rank's round fails as a non-finite one does, this rank's
+            # error feedback kept and the others' gradients kept in theirs (over zeros it would
+            # spend them on a step then thrown away). Every rank raises LayoutError at the
+            # backward's end.
+            nan = _hook.scratch(self.backward.state, "nan", self.size, torch.float32, shard.device)
+            self.backward.fail(shard.device, _layout_error(self.index, shard.numel(), self.size),
+                               lambda dense: _hook.reduce_shard(self.backward.state, self.index,
+                                                                nan.fill_(math.nan), self.shapes, dense, None))
             shard.zero_()
             return
         if not self.backward.reduce(self.index, shard, self.shapes):

@@ -548,14 +548,22 @@ def unused(rank, world, spec, mode, steps, skip_step, zeros=False):
     """_Branches (one FSDP module) sharded under mode with spec; at skip_step `other` is left out of the forward
     (on every rank under "reduce_scatter", on replica 1's ranks 2 and 3 alone under "replicas").
     zeros: set_reduce_scatter_unused_params(True) first (FSDP2 reduces zeros for it). Returns per
-    step the error backward() raised (or None), and this rank's shards."""
+    step the error backward() raised (or None), this rank's shards, and whether its worker state
+    (error feedback) came out of skip_step as it went in."""
+    from sketchsgd._checkpoint import worker_states
     model, state = _build(rank, world, spec, mode, _Branches())
     if zeros:
         model.set_reduce_scatter_unused_params(True)
     leave_out = rank >= 2 if mode == "replicas" else True
-    return _steps_with_errors(model, rank, steps,
-                              lambda step: setattr(model, "use_other", not (step == skip_step and leave_out))), \
-        _local(model)
+    kept = {}
+
+    def before(step):
+        model.use_other = not (step == skip_step and leave_out)
+        if step in (skip_step, skip_step + 1):
+            kept[step] = worker_states(state.state_dict(gather=False)["units"])
+    errors = _steps_with_errors(model, rank, steps, before)
+    same = all(torch.equal(a, b) for a, b in zip(kept[skip_step].values(), kept[skip_step + 1].values()))
+    return errors, _local(model), same
 
 
 def divided(rank, world, spec, mode, steps, factor):

@@ -389,25 +389,31 @@ def test_a_parameter_without_a_gradient_fails_the_step_on_every_rank_and_trainin
     """A parameter of an FSDP module left out of one forward (FSDP2 reduces the module without it):
     backward() raises LayoutError on every rank, under full sharding (every rank left it out) and
     under HSDP where only replica 1 did (replica 0's ranks, whose layout was right, are told
-    through the flag rather than left waiting in their round); the steps after it train, and the
-    replicas agree. With set_reduce_scatter_unused_params(True) FSDP2 reduces zeros for it and
-    nothing fails."""
-    runs = ddp.run(fsdp_jobs.several, [("unused", ("powersgd:rank=1", mode, 5, 2, zeros))
-                                       for mode in ("reduce_scatter", "replicas") for zeros in (False, True)])
+    through the flag rather than left waiting in their round, which fails on every rank of it:
+    replica 1 spends none of its error feedback, bit for bit under top-k; PowerSGD's settles a
+    deferred subtraction, as after a NaN); the steps after it train, and the replicas agree. With
+    set_reduce_scatter_unused_params(True) FSDP2 reduces zeros for it and nothing fails."""
+    configs = [("powersgd:rank=1", mode, zeros) for mode in ("reduce_scatter", "replicas") for zeros in (False, True)]
+    configs.append(("topk:k=40", "replicas", False))
+    runs = ddp.run(fsdp_jobs.several, [("unused", (spec, mode, 5, 2, zeros)) for spec, mode, zeros in configs])
     for rank in range(4):
-        for (errors, local), (mode, zeros) in zip(runs[rank], [(m, z) for m in ("reduce_scatter", "replicas")
-                                                               for z in (False, True)]):
+        for (errors, local, same), (spec, mode, zeros) in zip(runs[rank], configs):
             assert np.isfinite(local).all(), (mode, rank)
             if zeros:
                 assert errors == [None] * 5, (mode, rank, errors)
+                assert not same, (mode, rank)  # a step that ran moved the error feedback
                 continue
+            if mode == "reduce_scatter" or spec.startswith("topk"):
+                # (replica 0's ranks keep their gradient in theirs, as after another rank's NaN)
+                assert same == (mode == "reduce_scatter" or rank >= 2), (spec, mode, rank)
             assert [e is None for e in errors] == [True, True, False, True, True], (mode, rank, errors)
             assert errors[2][0] == "LayoutError", (mode, rank, errors[2])
             told = mode == "replicas" and rank < 2  # replica 0: its layout was right
             assert ("another replica group" in errors[2][1]) == told, (mode, rank, errors[2])
             assert told or "set_reduce_scatter_unused_params" in errors[2][1], errors[2]
-    for shard in (0, 1):
-        assert np.array_equal(runs[shard][2][1], runs[shard + 2][2][1]), shard
+    for run in (2, 4):
+        for shard in (0, 1):
+            assert np.array_equal(runs[shard][run][1], runs[shard + 2][run][1]), (run, shard)
 
 
 def test_hsdp_gradient_accumulation_compresses_once_an_optimizer_step():
