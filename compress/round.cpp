@@ -176,12 +176,14 @@ std::vector<Round::Request> Round::payload_sums() const {
   // The values sent as they are (the codec's own, and the unit's tensors sent whole) share no
   // column with the codec's: grouped with them they would be rounded to 127 / W levels of the
   // largest of whatever 256 rows fell together, with no error feedback to take it back (on
-  // the GPT-2 job that cost 0.036 nats of validation loss against summing them in F16).
+  // the GPT-2 job that cost 0.036 nats of validation loss). In groups of their own (runs of
+  // kI8Rows consecutive values, one column) they lose nothing measurable against F16 at half
+  // its bytes.
   const uint64_t own = codec_->sum_grouped(MessageKind::Gradient), rest = sum_size_ - own + whole_;
   if (rest == 0) return {sum};
-  if (own == 0) return {Request::sum(0, WireFloat::F16)};
+  if (own == 0) return {Request::sum(0, WireFloat::I8)};
   sum.count = own;
-  return {sum, Request::sum(0, WireFloat::F16, 1, own, rest)};
+  return {sum, Request::sum(0, WireFloat::I8, 1, own, rest)};
 }
 
 std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>> gathered) {

@@ -270,7 +270,8 @@ TEST_P(Rounds, ANonFiniteWholeTensorStopsEveryRankAndTheNextStepGoesOn) {
 
 // wire=int8: each Sum names its format and the columns its scales go by (the driver's to run,
 // wire.hpp); the values sent as they are (the codec's 1-D tensor, the unit's tensors sent whole)
-// are a Sum of their own in F16, over the room's values after the factors; a whole-only unit's
+// are a Sum of their own in I8 with one column (scales of their own), over the room's values
+// after the factors; a whole-only unit's
 // sum stays float32.
 TEST(Round, AnInt8CodecAsksForItsSumsInInt8ByColumn) {
   Group group("powersgd:rank=3,wire=int8,layout=50x80+1000", kWhole);
@@ -289,7 +290,8 @@ TEST(Round, AnInt8CodecAsksForItsSumsInInt8ByColumn) {
     EXPECT_EQ(reqs[r][0].offset, 0u);
     EXPECT_EQ(reqs[r][0].count, own);
     EXPECT_EQ(reqs[r][1].room, 0);
-    EXPECT_EQ(reqs[r][1].format, WireFloat::F16);
+    EXPECT_EQ(reqs[r][1].format, WireFloat::I8);
+    EXPECT_EQ(reqs[r][1].columns, 1u);
     EXPECT_EQ(reqs[r][1].offset, own);
     EXPECT_EQ(reqs[r][1].count, rest);
   }

@@ -400,10 +400,10 @@ def test_the_hook_returns_before_its_first_collective_completes(tmp_path):
 
 
 # Collectives a coalesced step of deep_model() issues (5 units: 10-15 when each issues its own):
-# one a phase for summable codecs (int8: the factors' scales' max beside the biases' fp16 sum,
-# then the integers); a gathered codec's lengths, then its messages beside the all-reduce of the
-# biases (sent whole).
-COALESCED = {"powersgd:rank=2": 2, "powersgd:rank=2,wire=int8": 5, "dense:wire=int8": 3, "sketch:rows=3,cols=500,k=100,p2=2": 2, "dense": 1,
+# one a phase for summable codecs (int8: the scales' max, then the integers, the factors' and
+# the biases' laid end to end); a gathered codec's lengths, then its messages beside the
+# all-reduce of the biases (sent whole).
+COALESCED = {"powersgd:rank=2": 2, "powersgd:rank=2,wire=int8": 4, "dense:wire=int8": 2, "sketch:rows=3,cols=500,k=100,p2=2": 2, "dense": 1,
              "sketch:rows=1,cols=800,k=100,fetch=1": 1, "topk:k=200,momentum=0.9": 3, "signsgd:ef=1": 3}
 
 

@@ -80,7 +80,8 @@ class Compressor {
   virtual uint64_t sum_columns(MessageKind) const { return 1; }
   /// Of a phase's summable payload, the leading values that are the codec's own (those an I8
   /// sum groups by sum_columns()); the rest are values it sends as they are (PowerSGD's
-  /// tensors too small to factor), which an I8 all-reduce sums in F16 (Round). Default: all.
+  /// tensors too small to factor), which an I8 all-reduce sums in groups of their own (Round).
+  /// Default: all.
   virtual uint64_t sum_grouped(MessageKind kind) const { return sum_size(kind); }
   /// encode() for an all-reduce: the same checks and state change, the summable payload written
   /// to out (length sum_size(Gradient), in the device's memory) instead of a message.

@@ -18,14 +18,14 @@
 // of bytes of the same length on every rank; every rank's copy comes back to the next call, in
 // rank order). Families:
 //   summable (dense, sketch, powersgd): Sum(codec payload ++ whole tensors) (I8: Sum(the
-//     codec's own values) and Sum(the values sent as they are) in F16); for two-round codecs
-//     then Sum(answer);
+//     codec's own values) and Sum(the values sent as they are) in I8 by one column); for
+//     two-round codecs then Sum(answer);
 //   gathered (topk, signsgd, terngrad, qsgd): Gather(message length), then Gather(the message
 //     padded to the longest) and Sum(whole tensors);
 //   nothing compressed: Sum(whole tensors).
 // The tensors sent whole (small ones, by the layout rule: Layout::sent_whole) travel beside the
-// codec's payload (summable: in its Sum and wire format, F16 beside I8; gathered: an fp32 Sum) and are averaged
-// with float32(1/W), as the aggregators average.
+// codec's payload (summable: in its Sum and wire format, beside I8 in I8 groups of their own;
+// gathered: an fp32 Sum) and are averaged with float32(1/W), as the aggregators average.
 //
 // A rank whose gradient is not finite (what it compresses, or a tensor it sends whole: checked
 // before the encode, so the codec's state stays as it was) still runs every collective of the
@@ -125,8 +125,8 @@ class Round {
   }
   /// The first phase's Sums of the payload room: the codec's payload and the tensors sent whole
   /// beside it in its format, but beside an I8 payload (its values that are the codec's own:
-  /// sum_grouped) those sent as they are in F16 (its scales go by the codec's columns, which
-  /// they are not).
+  /// sum_grouped) those sent as they are in I8 groups of their own, one column (its scales go
+  /// by the codec's columns, which they are not).
   std::vector<Request> payload_sums() const;
   /// The failure this rank signalled at start, if any.
   void rethrow_own() const;
