@@ -77,10 +77,17 @@ def _compressed(state, bucket, buf):
     rounds = _rounds_of(state, bucket.index(), ids, bucket.gradients(), buf)
     if state.coalesce and not state._blocking:
         futures = state.scheduler.hold(rounds, bucket.is_last())
+    elif state._blocking or (bucket.is_last() and not buf.is_cuda):
+        # The last bucket of a step on the CPU finishes on this thread (Scheduler.now says why).
+        out = torch.futures.Future()
+        try:
+            state.scheduler.now(rounds)
+            out.set_result(buf)
+        except Exception as e:  # noqa: BLE001 - handed on through the future, as DDP expects
+            out.set_exception(e)
+        return out
     else:
-        # The last bucket of a step on the CPU finishes on this thread (Scheduler.run says why).
-        inline = state._blocking or (bucket.is_last() and not buf.is_cuda)
-        futures = [state.scheduler.run(rnd, inline) for rnd in rounds]
+        futures = [state.scheduler.run(rnd) for rnd in rounds]
     return combined(futures, buf)
 
 
@@ -143,12 +150,9 @@ def average(state: CompressionState, tensors) -> list:
         for t in tensors:
             views.append(buf[at:at + t.numel()].view(t.shape))
             at += t.numel()
-        rounds = _rounds_of(state, 0, list(range(len(tensors))), views, buf)
-        fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
-        state._inflight.append(fut)
+        state.scheduler.now(_rounds_of(state, 0, list(range(len(tensors))), views, buf))
     finally:
         state._end_step(True)
-    fut.wait()
     return views
 
 
@@ -182,14 +186,11 @@ def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool
     state._begin(buf)
     try:
         if dense:
-            fut = state.comm.all_reduce_mean(buf)
+            state.comm.all_reduce_mean(buf).wait()
         else:
-            rounds = _shard_rounds(state, index, shapes, buf, window)
-            fut = combined([state.scheduler.run(rnd, inline=True) for rnd in rounds], buf)
-        state._inflight.append(fut)
+            state.scheduler.now(_shard_rounds(state, index, shapes, buf, window))
     finally:
         state._end_step(not dense)
-    fut.wait()
     if dense:
         _finite_mean(buf, index)
     if part is None:

@@ -38,44 +38,19 @@ class Scheduler:
             if self.chain is chain:
                 return
 
-    def run(self, rnd: Round, inline: bool):
-        """Runs a unit's round alone: its first phase's collectives issued now; each later phase
-        run once the previous one's collectives completed, and its collectives issued; finish
-        once the last completed. Returns a future set when finish has run, or with the first
-        error (a collective's, a phase's or finish's).
-
-        Not inline, only the first phase runs on the caller's thread (DDP's autograd thread):
-        every later one runs from the completion callback of the previous one, in its turn in
-        the chain (_in_turn), so backward goes on while the collectives are under way and they
-        still go out in the same order on every rank. Inline: everything on this thread, for
-        the last bucket of a step on the CPU (backward is over and DDP waits for it at once, so
-        there is nothing to overlap, while gloo's callback thread, another core scheduled late
-        on a busy machine, finds the matrices cold: PowerSGD rank 4 on the demo's MLP applied in
-        0.5 ms here, 0.7-0.9 ms there) and for a caller that waits anyway (average())."""
+    def run(self, rnd: Round):
+        """Runs a unit's round alone, overlapped with the caller: its first phase's collectives
+        issued now, on the caller's thread (DDP's autograd thread); each later phase run from the
+        completion callback of the previous one's collectives, in its turn in the chain
+        (_in_turn), and its collectives issued; finish once the last completed. So backward goes
+        on while the collectives are under way, and they still go out in the same order on every
+        rank. Returns a future set when finish has run, or with the first error (a collective's,
+        a phase's or finish's)."""
         out = torch.futures.Future()
 
         def fail(e):
             if not out.done():
                 out.set_exception(e)
-
-        if inline:
-            try:
-                for i, phase in enumerate(rnd.phases):
-                    if i:
-                        fut.wait()
-                        settle()
-                    fut, settle, more = self.comm.issue(phase())
-                    while more is not None:  # int8 sums: their integers once their scales are agreed
-                        fut.wait()
-                        settle()
-                        fut, settle, more = more()
-                fut.wait()  # a failed collective's error, not a finish on what it left
-                settle()
-                rnd.finish()
-                out.set_result(None)
-            except Exception as e:  # noqa: BLE001 - handed on through the future, as from a callback
-                fail(e)
-            return out
 
         settle = None
 
@@ -107,6 +82,41 @@ class Scheduler:
 
         issue(0)
         return out
+
+    def now(self, rounds) -> None:
+        """Runs rounds one after another on this thread, each to its end, for a caller that waits
+        anyway (average(), FSDP's calls) and for the last bucket of a DDP step on the CPU
+        (backward is over and DDP waits for it at once, so there is nothing to overlap, while
+        gloo's callback thread, another core scheduled late on a busy machine, finds the matrices
+        cold: PowerSGD rank 4 on the demo's MLP applied in 0.5 ms here, 0.7-0.9 ms there). No
+        futures: FSDP calls once per module where DDP calls once per bucket, so what a call costs
+        beside the codec counts as many times (FSDP2's three calls a step on the demo's MLP: 0.28
+        ms less with PowerSGD). A round that fails does not stop the later ones (every rank
+        issues their collectives); the first error is raised once all have run."""
+        first = None
+        for rnd in rounds:
+            try:
+                self._inline(rnd)
+            except Exception as e:  # noqa: BLE001 - raised below, once every round has run
+                if first is None:
+                    first = e
+        if first is not None:
+            raise first
+
+    def _inline(self, rnd: Round) -> None:
+        """rnd's phases, their collectives and finish, on this thread; raises the first error."""
+        for i, phase in enumerate(rnd.phases):
+            if i:
+                fut.wait()
+                settle()
+            fut, settle, more = self.comm.issue(phase())
+            while more is not None:  # int8 sums: their integers once their scales are agreed
+                fut.wait()
+                settle()
+                fut, settle, more = more()
+        fut.wait()  # a failed collective's error, not a finish on what it left
+        settle()
+        rnd.finish()
 
     def _in_turn(self, after, issue, fail):
         """Calls issue() once `after` has completed and every issue chained before this one has
