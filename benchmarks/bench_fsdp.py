@@ -27,10 +27,12 @@ one process, outside DDP and FSDP: rank 0's round with the other ranks' sums tak
 (its payloads times W), for DDP's one unit of the MLP's tensors against FSDP2's units (one a
 layer, its W chunks as FSDP2 lays them, blocks=W, this rank's chunk of the step written out).
 What running inside a backward pass adds to the phases is then the full runs' difference.
+--cold: 64 MB written before each phase of each unit, outside the timing, so that every phase
+finds the caches as a backward pass leaves them (FSDP's own work between its calls; autograd's).
 
     .venv/bin/python benchmarks/bench_fsdp.py [--ranks 1] [--threads 1] [--steps 30] [--rounds 3]
                                               [--json out.json] [--table]   (the docs' table from the run)
-    .venv/bin/python benchmarks/bench_fsdp.py --ranks 2 --isolated [--only powersgd] [--json out.json] [--table]
+    .venv/bin/python benchmarks/bench_fsdp.py --ranks 2 --isolated [--cold] [--only powersgd] [--json out.json] [--table]
 """
 import argparse
 import copy
@@ -63,6 +65,8 @@ def main():
     ap.add_argument("--table", action="store_true", help="write the docs' table data file (needs --json: its raw data)")
     ap.add_argument("--isolated", action="store_true", help="a layout codec's C++ phases alone, outside DDP and FSDP, "
                     "in DDP's units and FSDP2's (needs --ranks W ≥ 2, --device cpu)")
+    ap.add_argument("--cold", action="store_true", help="with --isolated: 64 MB written before each phase of each "
+                    "unit, outside the timing (the caches as a backward pass leaves them)")
     args = ap.parse_args()
     if args.table and not args.json:
         ap.error("--table: give --json too (the table's raw data)")
@@ -70,6 +74,8 @@ def main():
     args.specs = [s for s in specs if not args.only or any(o in s for o in args.only.split(","))]
     if not args.specs:
         ap.error(f"--only {args.only}: no spec{' of a layout codec' if args.isolated else ''} has any of these")
+    if args.cold and not args.isolated:
+        ap.error("--cold: with --isolated")
     if args.isolated and (args.ranks < 2 or args.device != "cpu"):
         ap.error("--isolated: give --ranks W ≥ 2 (the units' chunks) and the CPU")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
@@ -168,21 +174,30 @@ def isolated(args):
         shard = [[(-(-s[0] // W), *s[1:]) for s in layer] for layer in layers]  # FSDP2 pads rows to W chunks
         return [unit(spec, chunk * W, W) for chunk in shard]
 
+    junk = torch.empty(16 << 20) if args.cold else None  # 64 MB: more than the caches of a core
+
+    def timed(phase):
+        if junk is not None:
+            junk.fill_(1.0)
+        t = time.perf_counter()
+        phase()
+        return time.perf_counter() - t
+
     def step(us, kind):
         for u in us:
             u["x"].copy_(torch.randn(u["n"]))  # a new gradient, outside the timing
-        t = time.perf_counter()
+        t = 0.0
         for u in us:
             r, n, (pay, ans) = u["round"], u["n"], u["rooms"]
-            r.start(u["x"].data_ptr(), n, [(0, n)], [], 0)
+            t += timed(lambda: r.start(u["x"].data_ptr(), n, [(0, n)], [], 0))
             pay.mul_(W)  # the other ranks' payloads taken to be this one's
-            r.next([])
+            t += timed(lambda: r.next([]))
             ans.mul_(W)
             if kind == "ddp":
-                r.finish([], u["x"].data_ptr(), n, [(0, n)], [])
+                t += timed(lambda: r.finish([], u["x"].data_ptr(), n, [(0, n)], []))
             else:
-                r.finish_window([], u["out"].data_ptr(), 0, n // W, n, [(0, n)], [])
-        return 1e3 * (time.perf_counter() - t)
+                t += timed(lambda: r.finish_window([], u["out"].data_ptr(), 0, n // W, n, [(0, n)], []))
+        return 1e3 * t
 
     results = []
     for spec in args.specs:
@@ -201,20 +216,22 @@ def isolated(args):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ranks": W, "threads": args.threads, "width": w, "rounds": args.rounds, "steps": args.steps,
-                       "isolated": True, "results": results}, f, indent=1)
+                       "isolated": True, "cold": args.cold, "results": results}, f, indent=1)
     if args.table:
         import doc_tables
         head = ["codec", "DDP's unit: ms a step", "FSDP2's units: ms a step", "FSDP2 / DDP"]
         rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp2_ms']:.2f}", f"{r['fsdp2_ms'] / r['ddp_ms']:.2f}"]
                 for r in results]
-        doc_tables.write(f"docs/data/tables/fsdp-phases{'' if w == 1024 else f'-{w}'}.json",
+        doc_tables.write(f"docs/data/tables/fsdp-phases{'' if w == 1024 else f'-{w}'}{'-cold' if args.cold else ''}.json",
                          "benchmarks/bench_fsdp.py " + " ".join(sys.argv[1:]), time.strftime("%Y-%m-%d"),
                          f"the 2-core dev machine, PyTorch {torch.__version__}, cpu", head, rows, data=args.json,
                          note=f"MLP 784-{w}-{w}-10, {args.threads} thread(s), one process: rank 0 of {W}'s C++ round "
                               "(start, next, finish) with the other ranks' sums taken to be its own; DDP: one unit of "
                               "the six tensors, its step written whole; FSDP2: a unit a layer in FSDP2's layout "
                               f"(blocks={W}), this rank's chunk of the step written out (finish_window). Medians of "
-                              f"{args.rounds} interleaved rounds of {args.steps} steps.")
+                              f"{args.rounds} interleaved rounds of {args.steps} steps"
+                              + ("; 64 MB written before each phase of each unit, outside the timing (cold caches)."
+                                 if args.cold else "."))
 
 
 def spawn(args, port):
