@@ -27,6 +27,45 @@ SPECS = [_budgeted(spec) for c in sketchsgd.codecs() for spec in c["examples"]] 
 ]
 
 
+def test_a_blocking_call_runs_every_round_and_raises_the_first_error():
+    """Scheduler.now (FSDP's calls, average(), DDP's last bucket on the CPU): a round whose phase
+    or finish fails leaves the later rounds to run (every rank issues their collectives alike),
+    and the first error is raised once all have run."""
+    from sketchsgd._schedule import Round, Scheduler
+    ran = []
+
+    class Comm:  # each phase's collectives, completed at once
+        def issue(self, requests):
+            done = torch.futures.Future()
+            done.set_result(None)
+            return done, lambda: ran.append(("settled", requests[0])), None
+
+    def phase(name, error=None):
+        def run():
+            ran.append(name)
+            if error is not None:
+                raise error
+            return [name]
+        return run
+
+    def finish(name, error=None):
+        def run():
+            if error is not None:
+                raise error
+            ran.append(name)
+        return run
+
+    rounds = [Round(0, [phase("a1", ValueError("first"))], finish("a done")),
+              Round(1, [phase("b1"), phase("b2")], finish("b done")),
+              Round(2, [phase("c1")], finish("c done", KeyError("second")))]
+    with pytest.raises(ValueError, match="first"):
+        Scheduler(Comm()).now(rounds)
+    assert ran == ["a1", "b1", ("settled", "b1"), "b2", ("settled", "b2"), "b done", "c1", ("settled", "c1")]
+    ran.clear()
+    Scheduler(Comm()).now(rounds[1:2])
+    assert ran[-1] == "b done"
+
+
 def test_every_codec_trains_and_every_rank_ends_identical():
     """Two buckets per model (bucket_cap_mb=0.002): the loss falls and all ranks hold the
     same parameters, bit for bit, for every codec."""
