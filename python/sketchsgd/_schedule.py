@@ -90,9 +90,9 @@ class Scheduler:
         gloo's callback thread, another core scheduled late on a busy machine, finds the matrices
         cold: PowerSGD rank 4 on the demo's MLP applied in 0.5 ms here, 0.7-0.9 ms there). No
         futures: FSDP calls once per module where DDP calls once per bucket, so what a call costs
-        beside the codec counts as many times (FSDP2's three calls a step on the demo's MLP: 0.28
-        ms less with PowerSGD). A round that fails does not stop the later ones (every rank
-        issues their collectives); the first error is raised once all have run."""
+        beside the codec counts as many times (BENCHMARKS.md, a codec's work under FSDP). A round
+        that fails does not stop the later ones (every rank issues their collectives); the first
+        error is raised once all have run."""
         first = None
         for rnd in rounds:
             try:
