@@ -492,7 +492,7 @@ SKETCHSGD_REGISTER_CODEC(
        1, 1, 65536},
       {"wire",
        "format of P, Q and the uncompressed values on the wire (int8: a scale per column of "
-       "256 rows, replies in fp16)",
+       "64 rows, replies in fp16)",
        0,
        0,
        3,

@@ -171,7 +171,7 @@ class Compressor:
                 "int8": torch.int8}[self._c.sum_format(_kind(kind))]
 
     def sum_columns(self, kind: str = "gradient") -> int:
-        """The payload's values as rows of this many columns, each column's runs of 256 rows
+        """The payload's values as rows of this many columns, each column's runs of _int8.ROWS rows
         sharing an int8 scale (PowerSGD: its rank); 1 for most codecs."""
         return self._c.sum_columns(_kind(kind))
 

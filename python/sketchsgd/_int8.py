@@ -9,7 +9,7 @@ collectives; this module only computes."""
 
 import torch
 
-ROWS = 256  # wire.hpp: kI8Rows
+ROWS = 64  # wire.hpp: kI8Rows
 
 
 def levels(world: int) -> int:

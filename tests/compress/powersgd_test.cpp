@@ -404,7 +404,7 @@ TEST(PowerSGD, SixteenBitWireHalvesTheBytesAndStaysClose) {
   EXPECT_THROW(big.workers[0]->encode(huge, 0, 0), NonFiniteError);
 }
 
-/// wire=int8: a byte a value and a scale per column of 256 rows through a parameter server
+/// wire=int8: a byte a value and a scale per column of 64 rows through a parameter server
 /// (each message's scales its own; replies in fp16), near the fp32 round; only summable codecs
 /// offer it.
 TEST(PowerSGD, Int8WireTakesAByteAValueAndStaysClose) {

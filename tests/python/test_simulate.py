@@ -11,6 +11,7 @@ import jobs
 import sketchsgd
 from sketchsgd import NonFiniteError
 from sketchsgd.simulate import LocalGroup
+from sketchsgd import _int8
 from sketchsgd.torch import CompressionState, average
 
 # Each codec's first registered example: every family (summable, gathered), every codec.
@@ -61,7 +62,9 @@ def test_int8_sums_average_within_their_rounding_on_every_rank_alike():
     """dense:wire=int8 over 4 simulated ranks: every value of the mean within half a unit of its
     group's scale (every rank's largest magnitude there over 127 // 4), the same bits on every
     rank; a byte a value and 4 a group's scale counted; a NaN on one rank raises on every rank."""
-    world, n = 4, 1000  # 4 groups of 256 values, the last one short
+    world, n = 4, 1000  # groups of _int8.ROWS values, the last one short
+    rows = _int8.ROWS
+    assert n % rows, "the last group should be short"
 
     def values(rank):  # a matrix: a vector would go whole, in float32
         g = torch.Generator().manual_seed(rank)
@@ -79,9 +82,9 @@ def test_int8_sums_average_within_their_rounding_on_every_rank_alike():
     results = LocalGroup(world).run(job)
     exact = (sum(values(r) for r in range(world)) / world).view(-1)
     largest = torch.stack([values(r).abs() for r in range(world)]).amax(0).view(-1)
-    unit = torch.cat([largest[i:i + 256].amax().expand(len(largest[i:i + 256])) for i in range(0, n, 256)]) / (127 // world)
+    unit = torch.cat([largest[i:i + rows].amax().expand(len(largest[i:i + rows])) for i in range(0, n, rows)]) / (127 // world)
     mean, stats = results[0]
-    assert stats["payload_bytes"] == n + 4 * 4, stats
+    assert stats["payload_bytes"] == n + 4 * -(-n // rows), stats
     mean = mean.view(-1)
     assert all(torch.equal(m.view(-1), mean) for m, _ in results)
     err = (mean - exact).abs()

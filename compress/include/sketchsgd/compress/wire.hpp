@@ -49,7 +49,7 @@ inline constexpr uint64_t wire_bytes(WireFloat f) {
 /// I8's groups: n values read as rows of `columns` (row-major: PowerSGD's factors have a column
 /// per rank, whose magnitudes differ), each column's values in runs of kI8Rows rows sharing a
 /// scale. Scale g = (row block g / columns, column g % columns).
-inline constexpr uint64_t kI8Rows = 256;
+inline constexpr uint64_t kI8Rows = 64;
 inline constexpr uint64_t i8_groups(uint64_t n, uint64_t columns) {
   return (n + columns * kI8Rows - 1) / (columns * kI8Rows) * columns;
 }
