@@ -11,7 +11,8 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/docs"
 cp "$src/README.md" "$tmp/"
 cp -r "$src/docs/"*.md "$src/docs/data" "$tmp/docs/"
-table=$(ls "$tmp/docs/data/tables/"*.json | head -1)
+tables=("$tmp/docs/data/tables/"*.json)  # (not `ls | head -1`: under pipefail, ls's SIGPIPE fails it)
+table=${tables[0]}
 "$python" - "$table" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
