@@ -54,7 +54,7 @@ SKETCHSGD_REGISTER_CODEC(kDense, {"dense",
                                   {{"momentum", "local momentum rho", 0, 0, 0.999, false},
                                    {"wire",
                                     "format of the gradients and the mean on the wire (int8: a "
-                                    "scale per 256 values, the mean in fp16)",
+                                    "scale per 64 values, the mean in fp16)",
                                     0,
                                     0,
                                     3,

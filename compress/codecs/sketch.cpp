@@ -343,7 +343,7 @@ SKETCHSGD_REGISTER_CODEC(
       {"block", "blocked hashing: coordinates per window, a power of two", 1024, 1, 65536},
       {"fetch", "1: FetchSGD, momentum and error kept as sketches on the server", 0, 0, 1},
       {"wire",
-       "format of the sketch table on the wire (int8: a scale per 256 values; second-round "
+       "format of the sketch table on the wire (int8: a scale per 64 values; second-round "
        "values stay fp32)",
        0,
        0,
