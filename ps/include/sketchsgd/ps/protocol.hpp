@@ -37,8 +37,8 @@ inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // Welcome, the primary-backup messages Follow, Sync, Commit, Ack, Deposed; the server's optimizer
 // in Welcome, its state and step count in Model); 8: asynchronous jobs (the mode in Welcome, a
 // worker's weight in Hello; an Update names its version, the push's age, its pusher and that
-// worker's push number)
-inline constexpr uint16_t kProtocolVersion = 8;
+// worker's push number); 9: int8 payloads take a scale per 64 rows of a column (kI8Rows), not 256
+inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
