@@ -22,6 +22,8 @@ class Sum:
 
     def __init__(self, t, wire=None, cast=None, columns: int = 1):
         self.t, self.wire, self.cast, self.columns = t, wire if wire is not None else t.dtype, cast, columns
+        self.kind, self.n = (Sum, self.wire, t.device), t.numel()  # read once: a round reuses its sums
+        self.cast_needed = self.wire != t.dtype
 
 
 class Gather:
@@ -29,6 +31,7 @@ class Gather:
 
     def __init__(self, t, everyone=None):
         self.t, self.everyone = t, everyone
+        self.kind, self.n = (Gather, t.dtype, t.device), t.numel()
 
 
 def settled(buf):
@@ -170,18 +173,25 @@ class Communicator:
         return fut.then(lambda f: f.value()[0].mul_(inv))
 
     def issue(self, requests, flat=None):
-        """Issues the collectives of requests; returns (future, settle, more): once the future has
-        completed, settle() makes the results whole that it covers. more is None, unless requests
-        hold int8 sums (_Int8Sums), whose integers depend on their groups' scales: the future then
+        """Issues the collectives of requests; returns (pending, settle, more): once they have
+        completed (pending.wait(), or pending.future), settle() makes the results whole that
+        they cover. more is None, unless requests
+        hold int8 sums (_Int8Sums), whose integers depend on their groups' scales: pending then
         covers their scales' max all-reduce too (issued now, beside the others), and more(),
         called once it has completed and settle() has run, issues the integers and returns
-        (future, settle, None) for them. A caller that does not wait calls more() in its turn
+        (pending, settle, None) for them. A caller that does not wait calls more() in its turn
         (the scheduler's chain), so that every rank issues it in the same order. Alone (flat
         None), each request is one collective on its own tensor. flat (a phase's key,
         coalesced): one all-reduce per wire dtype and one all-gather per dtype, over the
         requests laid end to end in a buffer kept under that key (the requests come in unit
         order, the same on every rank), and the int8 sums' scales and integers one all-reduce
         each."""
+        if len(requests) == 1 and type(requests[0]) is Sum and not requests[0].cast_needed:
+            # A phase's one sum in its own dtype (PowerSGD's factors, a dense unit): the common
+            # case, in as few steps as it takes (FSDP runs it once per module a step).
+            r = requests[0]
+            self.count(r.n * r.wire.itemsize, 0)
+            return Pending([self.ops.all_reduce(r.t)]), _nothing, None
         eights = [r for r in requests if isinstance(r, Sum) and r.wire == torch.int8]
         works, after = self._plain([r for r in requests if not (isinstance(r, Sum) and r.wire == torch.int8)], flat)
         if not eights:
@@ -199,16 +209,16 @@ class Communicator:
         works, after = [], []
         kinds = {}
         for r in requests:
-            kinds.setdefault((type(r), r.wire if isinstance(r, Sum) else r.t.dtype, r.t.device), []).append(r)
+            kinds.setdefault(r.kind, []).append(r)
         for (kind, dtype, device), rs in kinds.items():
-            n = sum(r.t.numel() for r in rs)
+            n = sum(r.n for r in rs)
             self.count(n * dtype.itemsize, 0)
             if len(rs) == 1 or flat is None:
                 for r in rs:
                     if kind is Gather:
                         r.everyone = [torch.empty_like(r.t) for _ in range(W)]
                         works.append(ops.all_gather(r.everyone, r.t))
-                    elif r.wire == r.t.dtype:
+                    elif not r.cast_needed:
                         works.append(ops.all_reduce(r.t))
                     else:
                         r.cast.copy_(r.t)
@@ -252,18 +262,44 @@ def _unlay(buf, ts) -> None:
         at += t.numel()
 
 
+def _nothing() -> None:
+    pass
+
+
+class Pending:
+    """Collectives issued together: wait() for all of them on this thread, or their future
+    (made when asked for), which completes with the last of them."""
+
+    def __init__(self, works):
+        self.works, self._future = works, None
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+    @property
+    def future(self):
+        if self._future is None:
+            ws = self.works
+            self._future = ws[0].get_future() if len(ws) == 1 else \
+                torch.futures.collect_all([w.get_future() for w in ws])
+        return self._future
+
+
 def _joined(works, after):
-    """(future, settle) of collectives issued together: the future completes with the last of
-    them; settle() once it has makes their results whole (after: functions to call)."""
-    fut = works[0].get_future() if len(works) == 1 else torch.futures.collect_all([w.get_future() for w in works])
+    """(pending, settle) of collectives issued together (Pending); settle(), once they have
+    completed, makes their results whole (after: functions to call)."""
+    pending = Pending(works)
 
     def settle():
-        if len(works) > 1:  # collect_all drops the collectives' CUDA events: order after them here
-            for f in fut.value():
+        if len(works) > 1 and pending._future is not None:
+            # collect_all drops the collectives' CUDA events: order after them here (wait()
+            # waited for each)
+            for f in pending._future.value():
                 f.wait()
         for a in after:
             a()
-    return fut, settle
+    return pending, settle
 
 
 class _Int8Sums:

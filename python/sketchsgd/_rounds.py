@@ -35,6 +35,23 @@ class Core:
             self.streams = u.codec._streams
             self.round = _core.Round(codec, u.aggregator._a, comm.rank, u.n_dense, payload.data_ptr(),
                                      payload.numel(), answer.data_ptr(), answer.numel())
+        self._sums = {}
+        self.phases = self.round.phases
+
+    def sum_of(self, req, u):
+        """The Sum a phase's request ("sum", room, format, columns, offset, count) stands for:
+        the same every step, so made once (its view of the room and its cast room)."""
+        s = self._sums.get(req)
+        if s is None:
+            _, room, fmt, columns, offset, count = req
+            t = self.rooms[room]
+            if count:
+                t = t[offset:offset + count]
+            wire = _DTYPES[fmt]
+            n = t.numel() if wire != torch.int8 else _int8.padded(t.numel(), columns)
+            cast = None if wire == torch.float32 else u.room(("cast", room, offset), n, t, wire)
+            s = self._sums[req] = Sum(t, wire, cast, columns)
+        return s
 
 
 def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
@@ -46,24 +63,16 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
     core = u.core
     if core is None:
         core = u.core = Core(comm, u, buf)
-    on = comm.host(buf)
     comm.count(0, (u.n_compressed + u.n_dense) * 4)
     asked = []  # the current phase's requests
 
     def requests(reqs):
         asked[:] = []
-        for op, *args in reqs:
-            if op == "sum":
-                room, fmt, columns, offset, count = args
-                t = core.rooms[room]
-                if count:
-                    t = t[offset:offset + count]
-                wire = _DTYPES[fmt]
-                n = t.numel() if wire != torch.int8 else _int8.padded(t.numel(), columns)
-                cast = None if wire == torch.float32 else u.room(("cast", room, offset), n, t, wire)
-                asked.append(Sum(t, wire, cast, columns))
+        for req in reqs:
+            if req[0] == "sum":
+                asked.append(core.sum_of(req, u))
             else:
-                asked.append(Gather(torch.frombuffer(args[0], dtype=torch.uint8).to(on)))
+                asked.append(Gather(torch.frombuffer(req[1], dtype=torch.uint8).to(comm.host(buf))))
         return list(asked)
 
     def gathered():
@@ -88,4 +97,4 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
                 core.round.finish_window(got, out.data_ptr(), lo, out.numel(), buf.numel(), kept, whole)
         settled(buf if window is None else window[0])
 
-    return Round(u.index, [first, second][:core.round.phases], finish)
+    return Round(u.index, [first, second][:core.phases], finish)

@@ -24,6 +24,7 @@ class Scheduler:
         # first one's callback) has been issued; a driver waits for it before issuing its own.
         self.chain = torch.futures.Future()
         self.chain.set_result(None)
+        self._chained = False  # whether _in_turn ever chained a collective (blocking callers never do)
         self._held = []  # coalesce: this step's (round, future) so far, in unit order
 
     def drain(self) -> None:
@@ -32,7 +33,7 @@ class Scheduler:
         callback that issues the one before, ahead of the gate that callback then opens): what a
         driver does before it issues collectives of its own, so that theirs follow every
         chained one on every rank, whatever the timing."""
-        while True:
+        while self._chained:
             chain = self.chain
             chain.wait()
             if self.chain is chain:
@@ -74,11 +75,11 @@ class Scheduler:
             nonlocal settle
             settle = done
             if more is not None:
-                self._in_turn(fut, lambda: (done(), issued(i, *more())), fail)
+                self._in_turn(fut.future, lambda: (done(), issued(i, *more())), fail)
             elif i + 1 == len(rnd.phases):
-                fut.then(end)
+                fut.future.then(end)
             else:
-                self._in_turn(fut, lambda: issue(i + 1), fail)
+                self._in_turn(fut.future, lambda: issue(i + 1), fail)
 
         issue(0)
         return out
@@ -90,7 +91,10 @@ class Scheduler:
         gloo's callback thread, another core scheduled late on a busy machine, finds the matrices
         cold: PowerSGD rank 4 on the demo's MLP applied in 0.5 ms here, 0.7-0.9 ms there). No
         futures: FSDP calls once per module where DDP calls once per bucket, so what a call costs
-        beside the codec counts as many times (BENCHMARKS.md, a codec's work under FSDP). A round
+        beside the codec counts as many times (BENCHMARKS.md, a codec's work under FSDP). Each
+        stretch of Python between two phases runs on caches the phase left cold (a torch call of
+        1 µs warm takes tens there), so the stretches touch little: the collectives waited for
+        as works (Pending), a unit's sums made once (_rounds.Core.sum_of). A round
         that fails does not stop the later ones (every rank issues their collectives); the first
         error is raised once all have run."""
         first = None
@@ -125,6 +129,7 @@ class Scheduler:
         their own, so the collectives follow the order in which they were chained, which is the
         same on every rank (DDP calls the hook for its buckets in order). The chain goes on
         whatever happens."""
+        self._chained = True
         turn, self.chain = self.chain, torch.futures.Future()
         gate = self.chain
 
