@@ -8,7 +8,6 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
-#include <sketchsgd/kernels/sample.hpp>
 
 namespace sketchsgd::ps {
 namespace {
@@ -104,8 +103,7 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
                     " queries its workers in a second round");
   agg_ = make_aggregator();
   outer_ = std::make_unique<OuterStep>(cfg_.outer, cfg_.dim, Device::cpu());
-  workers_.resize(cfg_.world);
-  next_.resize(cfg_.world);
+  roster_ = Roster(cfg_.world, cfg_.population, cfg_.sample_seed);
   pending_pull_.assign(cfg_.world, false);
   reset_round();
 }
@@ -122,8 +120,7 @@ uint64_t Engine::max_frame_bytes() const {
 }
 
 uint32_t Engine::live_workers() const {
-  return uint32_t(std::count_if(workers_.begin(), workers_.end(),
-                                [](const Worker& w) { return w.registered && w.alive; }));
+  return roster_.live();
 }
 
 void Engine::restore(const Checkpoint& c) {
@@ -149,8 +146,8 @@ void Engine::restore(const Checkpoint& c) {
   SKETCHSGD_REQUIRE(c.outer.size() % std::max<size_t>(cfg_.dim, 1) != 0 || vectors == 0 ||
                         vectors == cfg_.outer.buffers(),
                     ConfigMismatch, "checkpoint with ", vectors,
-                    " optimizer state vectors, the server's ", to_string(cfg_.outer.kind), " keeps ",
-                    cfg_.outer.buffers());
+                    " optimizer state vectors, the server's ", to_string(cfg_.outer.kind),
+                    " keeps ", cfg_.outer.buffers());
   SKETCHSGD_REQUIRE(c.outer.empty() || cfg_.outer.stateful(), ConfigMismatch,
                     "checkpoint with optimizer state, the server runs plain SGD");
   auto agg = make_aggregator();  // on the configured device, as at start
@@ -160,18 +157,17 @@ void Engine::restore(const Checkpoint& c) {
   model_ = c.params;
   snapshot_ = Frame();
   round_ = c.round;
-  next_.assign(cfg_.world, Worker{});  // check-ins were for the round the server was at
+  roster_.forget_waiting();  // check-ins were for the round the server was at
   // Asynchronous jobs: the pushes numbered by an earlier state may be lost; each worker's next
   // Hello says where it is.
-  for (Worker& w : workers_) w.numbered = false;
-  next_of_.clear();
+  for (Worker& w : roster_.workers()) w.numbered = false;
   early_.clear();
   last_outcome_.clear();
   reset_round();
 }
 
 Checkpoint Engine::checkpoint() const {
-  return Checkpoint{cfg_.job,           round_,         cfg_.spec, model_,
+  return Checkpoint{cfg_.job,           round_,         cfg_.spec,  model_,
                     agg_->save_state(), outer_->save(), cfg_.shard, outer_->steps()};
 }
 
@@ -198,7 +194,7 @@ void Engine::absorb_in_order(bool closing) {
       agg_->add(held_[r].bytes());
     } catch (const Error& e) {
       got[r] = false;  // a corrupt message does not count as a contribution
-      drop(workers_[r].peer, "rank " + std::to_string(r) + ": " + e.what());
+      drop(roster_[r].peer, "rank " + std::to_string(r) + ": " + e.what());
     }
     merge_ms_ += ms_between(t0, Clock::now());
     held_[r] = Frame();
@@ -214,40 +210,23 @@ void Engine::reset_round() {
   metrics_.bytes_up.assign(cfg_.world, 0);
   metrics_.dense_bytes = cfg_.dim * 4 + kHeaderBytes;
   merge_ms_ = 0;
-  if (federated()) {
-    sampled_ = sample_clients(cfg_.population, cfg_.world, cfg_.sample_seed, round_);
-    next_sampled_ = sample_clients(cfg_.population, cfg_.world, cfg_.sample_seed, round_ + 1);
-  }
-}
-
-void Engine::release_slots() {
-  for (uint32_t r = 0; r < cfg_.world; ++r) {
-    if (workers_[r].registered) rank_of_.erase(workers_[r].peer);
-    workers_[r] = Worker{};
-    pending_pull_[r] = false;
-  }
+  if (federated()) roster_.sample(round_);
 }
 
 void Engine::seat_waiting(std::vector<Outgoing>& out) {
-  for (uint32_t r = 0; r < cfg_.world; ++r) {
-    if (!next_[r].registered) continue;
-    workers_[r] = next_[r];
-    workers_[r].behind = false;
-    rank_of_[workers_[r].peer] = r;
-    if (next_[r].behind)
+  for (const auto& [r, behind] : roster_.seat_waiting()) {
+    if (behind)
       resend_outcome(r, round_ - 1, out);  // as a fixed worker gets it
     else
       on_pull(r, out);
   }
-  next_.assign(cfg_.world, Worker{});
-  next_of_.clear();
 }
 
 // ---- sending
 // --------------------------------------------------------------------------------------
 
 void Engine::send(uint32_t rank, Frames frames, std::vector<Outgoing>& out) const {
-  out.push_back(Outgoing{workers_[rank].peer, std::move(frames)});
+  out.push_back(Outgoing{roster_[rank].peer, std::move(frames)});
 }
 
 namespace {
@@ -257,7 +236,7 @@ Frame envelope(Type t, uint64_t job, uint64_t round, uint32_t rank, uint64_t ses
 }  // namespace
 
 Frame Engine::to(uint32_t rank, Type t, uint64_t round) const {
-  return envelope(t, cfg_.job, round, rank, workers_[rank].session);
+  return envelope(t, cfg_.job, round, rank, roster_[rank].session);
 }
 
 void Engine::finished_reply(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out,
@@ -328,20 +307,19 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
       on_hello(peer, e, frames, now, out, user);
       return;
     }
-    const auto it = rank_of_.find(peer);
-    if (it == rank_of_.end()) {
-      if (const auto w = next_of_.find(peer); w != next_of_.end())
-        return on_waiting(w->second, e, now);
+    const auto held = roster_.rank_of(peer);
+    if (!held) {
+      if (const auto slot = roster_.waiting_slot(peer)) return on_waiting(*slot, e, now);
       if (e.type == Type::Bye) return;
       if (finished() && e.type == Type::Push) return finished_reply(peer, e, out);
       // A worker whose server restarted learns here that it must register again.
       refuse(peer, e, true, "not registered (send hello first)", out);
       return;
     }
-    const uint32_t rank = it->second;
+    const uint32_t rank = *held;
     SKETCHSGD_REQUIRE(e.rank == rank, ProtocolError, "connection of rank ", rank,
                       " sent a message as rank ", e.rank);
-    Worker& w = workers_[rank];
+    Worker& w = roster_[rank];
     if (e.session != w.session) {
       // Only this registration's token counts: a capture replayed from this connection after a
       // re-registration, or traffic of an older registration, changes nothing. (A heartbeat sent
@@ -449,27 +427,25 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
     ahead = slot->ahead;
   }
   // One connection, one registration (a client checked in ahead is not yet any rank).
-  const auto held = rank_of_.find(peer);
-  if (held != rank_of_.end() && (ahead || held->second != rank))
-    return mismatch("this connection is already rank " + std::to_string(held->second) +
-                    " of round " + std::to_string(round_));
-  const auto waits = next_of_.find(peer);
-  if (waits != next_of_.end() && (!ahead || waits->second != rank))
-    return mismatch("this connection is already slot " + std::to_string(waits->second) +
-                    " of round " + std::to_string(round_ + 1));
+  const auto held = roster_.rank_of(peer);
+  if (held && (ahead || *held != rank))
+    return mismatch("this connection is already rank " + std::to_string(*held) + " of round " +
+                    std::to_string(round_));
+  const auto waits = roster_.waiting_slot(peer);
+  if (waits && (!ahead || *waits != rank))
+    return mismatch("this connection is already slot " + std::to_string(*waits) + " of round " +
+                    std::to_string(round_ + 1));
 
-  auto& index = ahead ? next_of_ : rank_of_;
-  Worker& w = (ahead ? next_ : workers_)[rank];
-  if (w.registered && w.peer != peer) {
-    if (w.alive && now - w.last_seen < cfg_.heartbeat * cfg_.dead_after)
+  const Worker& before = ahead ? roster_.waiting(rank) : roster_[rank];
+  if (before.registered && before.peer != peer) {
+    if (before.alive && now - before.last_seen < cfg_.heartbeat * cfg_.dead_after)
       return refuse(peer, e, true, "rank " + std::to_string(rank) + " is held by a live connection",
                     out);
-    index.erase(w.peer);
     hooks_.log("rank " + std::to_string(rank) + " re-registered on a new connection");
-  } else if (!w.registered && !federated()) {
+  } else if (!before.registered && !federated()) {
     hooks_.log("rank " + std::to_string(rank) + " registered");
   }
-  w.peer = peer;
+  Worker& w = roster_.hold(peer, rank, ahead);
   w.session = 0;
   while (w.session == 0) w.session = rng_();  // 0 marks "no registration" in a Hello
   w.registered = true;
@@ -477,7 +453,6 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.last_seen = now;
   w.behind = false;
   w.weight = h.weight;
-  index[peer] = rank;
   if (cfg_.async && !w.numbered) {
     // Its Hello names the push it is at: a server that knows nothing of it (a new or restored
     // one) takes it at its word; one that does keeps its own count, so a push it has applied
@@ -508,7 +483,7 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
 }
 
 void Engine::on_waiting(uint32_t slot, const Envelope& e, Clock::time_point now) {
-  Worker& w = next_[slot];
+  Worker& w = roster_.waiting(slot);
   SKETCHSGD_REQUIRE(e.rank == slot, ProtocolError, "connection of slot ", slot, " of round ",
                     round_ + 1, " sent a message as rank ", e.rank);
   if (e.session != w.session) {
@@ -523,8 +498,7 @@ void Engine::on_waiting(uint32_t slot, const Envelope& e, Clock::time_point now)
   if (e.type == Type::Bye) {  // it will not come after all: its slot may be taken again
     hooks_.log("client in slot " + std::to_string(slot) + " of round " +
                std::to_string(round_ + 1) + " left before its round");
-    next_of_.erase(w.peer);
-    w = Worker{};
+    roster_.leave_waiting(slot);
     return;
   }
   throw ProtocolError(std::string(to_string(e.type)) + " from slot " + std::to_string(slot) +
@@ -552,9 +526,7 @@ std::optional<Engine::Slot> Engine::slot_of(const PeerId& peer, const Envelope& 
     refuse(peer, e, true, "round " + std::to_string(e.round) + " is not open yet" + at, out);
   } else {
     const bool ahead = e.round > round_;
-    const auto& sample = ahead ? next_sampled_ : sampled_;
-    const auto it = std::lower_bound(sample.begin(), sample.end(), e.rank);
-    if (it != sample.end() && *it == e.rank) return Slot{uint32_t(it - sample.begin()), ahead};
+    if (const auto slot = roster_.slot_of(e.rank, ahead)) return Slot{*slot, ahead};
     refuse(peer, e, false, client + " is not sampled in round " + std::to_string(e.round), out);
   }
   return std::nullopt;
@@ -588,7 +560,7 @@ void Engine::on_pull(uint32_t rank, std::vector<Outgoing>& out) {
   Frames fr = model_frames();
   if (cfg_.async) {
     // Its pushes from now on are computed on this version (its own updates counted apart).
-    Worker& w = workers_[rank];
+    Worker& w = roster_[rank];
     w.base = round_;
     w.own = 0;
     fr[0] = to(rank, Type::Model, w.next_push);
@@ -615,7 +587,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
                std::to_string(rank) + " (now at " + std::to_string(round_) + ")");
     return;
   }
-  if (finished()) return finished_reply(workers_[rank].peer, e, out);
+  if (finished()) return finished_reply(roster_[rank].peer, e, out);
   if (e.round > round_ && e.round <= round_ + cfg_.staleness) {
     const auto msg = f[1].bytes();
     SKETCHSGD_REQUIRE(from(msg, rank, e.round), ProtocolError, "push of rank ", rank, " round ",
@@ -653,7 +625,7 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
 }
 
 void Engine::send_ack(uint32_t rank, std::vector<Outgoing>& out) const {
-  const Worker& w = workers_[rank];
+  const Worker& w = roster_[rank];
   Frames fr = w.ack;
   fr[0] = to(rank, decode_envelope(fr[0].bytes(), fr.size() - 1).type, w.next_push - 1);
   send(rank, std::move(fr), out);
@@ -661,7 +633,7 @@ void Engine::send_ack(uint32_t rank, std::vector<Outgoing>& out) const {
 
 void Engine::on_async_push(uint32_t rank, const Envelope& e, std::span<const uint8_t> msg,
                            std::vector<Outgoing>& out) {
-  Worker& w = workers_[rank];
+  Worker& w = roster_[rank];
   if (e.round < w.next_push) {
     // Sent again after a reconnect: its reply was lost (the last push), or the worker has moved
     // on since (an older one). Applied once either way.
@@ -719,8 +691,8 @@ void Engine::on_async_push(uint32_t rank, const Envelope& e, std::span<const uin
   }
   snapshot_ = Frame();
   ++w.own;
-  const UpdateInfo info{lr, 1, round_ + 1, uint32_t(std::min<uint64_t>(age, UINT32_MAX)), rank,
-                        e.round};
+  const UpdateInfo info{lr,   1,      round_ + 1, uint32_t(std::min<uint64_t>(age, UINT32_MAX)),
+                        rank, e.round};
   const Frame info_frame = Frame::own(encode(info));
   last_outcome_ = {envelope(Type::Update, cfg_.job, round_, 0, 0), info_frame, payload};
   if (ended_) ended_(round_, last_outcome_);
@@ -791,7 +763,7 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
     // A second phase nobody can answer any more (the queried workers died or were dropped).
     bool live = false;
     for (uint32_t r = 0; r < cfg_.world; ++r)
-      live |= pushed_[r] && workers_[r].registered && workers_[r].alive;
+      live |= pushed_[r] && roster_[r].registered && roster_[r].alive;
     if (live && now - phase_start_ < cfg_.deadline) return false;
     abort_round(now, out, "no answer to the query arrived");
     return true;
@@ -805,7 +777,7 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
     missing.push_back(r);
     // Still to come: a live worker, or a federated client that has not registered yet (one
     // that registered and then fell silent or left is gone, like a dead worker).
-    const Worker& w = workers_[r];
+    const Worker& w = roster_[r];
     if (federated() ? !(w.registered && !w.alive) : w.registered && w.alive) live_all = false;
   }
   if (all) {
@@ -889,7 +861,7 @@ void Engine::end_round(Type outcome, Frames payload, Clock::time_point now,
   last_outcome_.insert(last_outcome_.end(), payload.begin(), payload.end());
   if (ended_) ended_(round_, last_outcome_);
   for (uint32_t r = 0; r < cfg_.world; ++r) {
-    if (!workers_[r].registered) continue;  // "dead" ones too: they may only be slow
+    if (!roster_[r].registered) continue;  // "dead" ones too: they may only be slow
     Frames fr = last_outcome_;
     fr[0] = to(r, outcome, round_);
     send(r, std::move(fr), out);
@@ -917,7 +889,7 @@ void Engine::finish_round(std::vector<Outgoing>& out) {
   metrics_.round = round_;
   metrics_.merge_ms = merge_ms_;
   for (uint32_t r = 0; r < cfg_.world; ++r) {
-    const Worker& w = workers_[r];
+    const Worker& w = roster_[r];
     if (w.registered && w.alive && !pushed_[r]) metrics_.stragglers.push_back(r);
     if (!w.registered || !w.alive) metrics_.dead.push_back(r);
   }
@@ -926,7 +898,10 @@ void Engine::finish_round(std::vector<Outgoing>& out) {
                ranks_text(metrics_.stragglers) + (metrics_.reason.empty() ? "" : ": ") +
                metrics_.reason);
   hooks_.round(metrics_);
-  if (federated()) release_slots();
+  if (federated()) {  // its clients leave: every slot waits for the next sample
+    roster_.release();
+    pending_pull_.assign(cfg_.world, false);
+  }
   ++round_;
   if (hooks_.checkpoint && cfg_.checkpoint_every &&
       (round_ % cfg_.checkpoint_every == 0 || finished()))
@@ -958,7 +933,7 @@ void Engine::follow(uint64_t round, const CommitInfo& c, std::span<const uint8_t
   if (cfg_.async && c.outcome == Type::Update && c.info.pusher < cfg_.world) {
     // Which push this was: sent again to this server after a failover, it is answered, not
     // applied twice.
-    Worker& w = workers_[c.info.pusher];
+    Worker& w = roster_[c.info.pusher];
     w.numbered = true;
     w.next_push = c.info.push + 1;
     ++w.own;
@@ -985,7 +960,7 @@ std::optional<Clock::time_point> Engine::deadline() const {
 void Engine::tick(Clock::time_point now, std::vector<Outgoing>& out) {
   const auto limit = cfg_.heartbeat * cfg_.dead_after;
   for (uint32_t r = 0; r < cfg_.world; ++r) {
-    Worker& w = workers_[r];
+    Worker& w = roster_[r];
     if (w.registered && w.alive && now - w.last_seen > limit) {
       w.alive = false;
       hooks_.log("rank " + std::to_string(r) + " is dead: silent for " +

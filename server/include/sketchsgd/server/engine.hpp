@@ -34,6 +34,7 @@
 #include <sketchsgd/ps/outer.hpp>
 #include <sketchsgd/ps/protocol.hpp>
 #include <sketchsgd/server/checkpoint.hpp>
+#include <sketchsgd/server/roster.hpp>
 
 namespace sketchsgd::ps {
 
@@ -183,25 +184,7 @@ class Engine {
   uint64_t max_frame_bytes() const;
 
  private:
-  struct Worker {
-    PeerId peer;
-    bool registered = false;
-    bool alive = false;
-    uint64_t session = 0;  ///< token issued in its Welcome; its every message must carry it
-    Clock::time_point last_seen{};
-    /// Checked in ahead with the model of the round before its own: that round's outcome brings
-    /// it up to date.
-    bool behind = false;
-    // Asynchronous jobs: the push number expected next (known from its first Hello, kept across
-    // registrations), the version it last fetched, its updates applied since, and the reply to
-    // its last push (sent again when that push comes again).
-    bool numbered = false;
-    uint64_t next_push = 0;
-    uint64_t base = 0;
-    uint64_t own = 0;
-    float weight = 1.0f;  // what each of its pushes counts for (its Hello's)
-    Frames ack;
-  };
+  using Worker = Roster::Worker;
 
   void on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
                 std::vector<Outgoing>& out, std::string_view user);
@@ -248,8 +231,6 @@ class Engine {
   std::optional<Slot> slot_of(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out);
   /// Traffic of a client checked in for the next round: heartbeats and Bye, nothing else.
   void on_waiting(uint32_t slot, const Envelope& e, Clock::time_point now);
-  /// A federated round has ended: its clients leave, their slots wait for the next sample.
-  void release_slots();
   /// A federated round has opened: the clients checked in for it take their slots and get the
   /// round before's outcome (or the model, if they came before there was one).
   void seat_waiting(std::vector<Outgoing>& out);
@@ -278,14 +259,8 @@ class Engine {
   uint64_t epoch_ = 0;
   std::function<void(uint64_t, const Frames&)> ended_;
 
-  std::vector<Worker> workers_;
-  std::map<PeerId, uint32_t> rank_of_;
-  // Federated clients checked in for the next round, by slot, and their connections.
-  std::vector<Worker> next_;
-  std::map<PeerId, uint32_t> next_of_;
-  std::vector<bool> pending_pull_;
-  std::vector<uint32_t> sampled_;       // a federated job's clients of this round, in slot order
-  std::vector<uint32_t> next_sampled_;  // and of the next round
+  Roster roster_;
+  std::vector<bool> pending_pull_;  // ranks that asked for the model before it existed
 
   // current round
   std::vector<bool> pushed_;    // gradient phase contributors
