@@ -171,8 +171,8 @@ void Compressor::do_apply_values(std::span<const float>, std::span<float>) {
   throw ProtocolError("codec " + spec_ + "'s update is not a float vector");
 }
 
-void Compressor::do_apply_window(std::span<const float> update, std::span<float> step,
-                                 uint64_t lo) {
+void Compressor::do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo,
+                                 bool) {
   SKETCHSGD_REQUIRE(lo <= dim_ && step.size() <= dim_ - lo, InvalidArgument, "apply: values [", lo,
                     ", +", step.size(), ") of a step of ", dim_);
   if (lo == 0 && step.size() == dim_) return do_apply_values(update, step);

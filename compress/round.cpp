@@ -248,11 +248,16 @@ std::vector<Round::Request> Round::padded(std::span<const std::span<const uint8_
 
 void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> buffer,
                    Runs at) {
-  finish(gathered, buffer, 0, buffer.size(), at);
+  finish_into(gathered, buffer, 0, buffer.size(), at, false);
 }
 
 void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out,
                    uint64_t lo, uint64_t n, Runs at) {
+  finish_into(gathered, out, lo, n, at, true);
+}
+
+void Round::finish_into(std::span<const std::span<const uint8_t>> gathered, std::span<float> out,
+                        uint64_t lo, uint64_t n, Runs at, bool streamed) {
   SKETCHSGD_REQUIRE(phase_ + 1 == phases(), ProtocolError, "round: finish() before the last phase");
   SKETCHSGD_REQUIRE(lo <= n && out.size() <= n - lo, InvalidArgument, "round: values [", lo, ", +",
                     out.size(), ") of a buffer of ", n);
@@ -301,7 +306,7 @@ void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span
         // Settled: the unchecked path. One run: only its part in out computed.
         if (one) {
           codec_->do_apply_window(update_.span().first(values), out.subspan(from - lo, to - from),
-                                  to > from ? from - k0 : 0);
+                                  to > from ? from - k0 : 0, streamed);
           written = true;
         } else
           codec_->do_apply_values(update_.span().first(values), room());

@@ -13,9 +13,13 @@
 // units' rate rather than the loads' (one-accumulator loops reached a third of it, and OpenBLAS
 // half: BM_LowRank).
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -45,6 +49,24 @@ SKETCHSGD_INLINE v8 load(const float* p) {
 }
 SKETCHSGD_INLINE void store(float* p, v8 v) {
   std::memcpy(p, &v, sizeof v);
+}
+/// p[0, 8) = v by streaming stores (p 16-byte aligned): the lines written past the caches, not
+/// fetched first. Ordered for other threads by the sfence after the pass (stream_fence()).
+SKETCHSGD_INLINE void stream(float* p, v8 v) {
+#if defined(__x86_64__)
+  __m128 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  _mm_stream_ps(p, lo);
+  _mm_stream_ps(p + 4, hi);
+#else
+  store(p, v);
+#endif
+}
+inline void stream_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
 }
 SKETCHSGD_INLINE float hsum(v8 v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
@@ -396,15 +418,34 @@ SKETCHSGD_WIDE void answer_narrow(const float* __restrict m, size_t ldm, size_t 
 }
 
 /// out[j] = Σ_k a[k]·bt[k·ld + j] for j < w and ranks up to 4 (bt padded with zero rows): a
-/// strip of one row of a·bᵀ; m[j] −= out[j] too when m is given (then out may be null).
+/// strip of one row of a·bᵀ; m[j] −= out[j] too when m is given (then out may be null). With
+/// `streamed`, out's aligned whole vectors are written by streaming stores (the same values).
 SKETCHSGD_WIDE void expand_narrow(const float* __restrict a, const float* __restrict bt, size_t ld,
-                                  size_t r, size_t w, float* __restrict out, float* __restrict m) {
+                                  size_t r, size_t w, float* __restrict out, float* __restrict m,
+                                  bool streamed) {
   const float a0 = a[0], a1 = r > 1 ? a[1] : 0.0f, a2 = r > 2 ? a[2] : 0.0f,
               a3 = r > 3 ? a[3] : 0.0f;
   const float *b0 = bt, *b1 = b0 + ld, *b2 = b1 + ld, *b3 = b2 + ld;
   if (out == nullptr) {
 #pragma omp simd
     for (size_t j = 0; j < w; ++j) m[j] -= a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j];
+    return;
+  }
+  if (streamed) {  // up to an aligned value one at a time, the vectors streamed, the tail
+    size_t j = 0;
+    auto one = [&](size_t t) __attribute__((always_inline)) {
+      const float v = a0 * b0[t] + a1 * b1[t] + a2 * b2[t] + a3 * b3[t];
+      out[t] = v;
+      if (m != nullptr) m[t] -= v;
+    };
+    for (; j < w && (reinterpret_cast<uintptr_t>(out + j) & 15) != 0; ++j) one(j);
+    const v8 s0 = splat(a0), s1 = splat(a1), s2 = splat(a2), s3 = splat(a3);
+    for (; j + 8 <= w; j += 8) {
+      const v8 v = s0 * load(b0 + j) + s1 * load(b1 + j) + s2 * load(b2 + j) + s3 * load(b3 + j);
+      stream(out + j, v);
+      if (m != nullptr) store(m + j, load(m + j) - v);
+    }
+    for (; j < w; ++j) one(j);
     return;
   }
   if (m != nullptr) {
@@ -610,7 +651,7 @@ void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_
 }
 
 void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_t cols, size_t r,
-                    float* m) {
+                    float* m, bool streamed) {
   if (rows == 0 || cols == 0) return;
   if (r == 0) {
     if (c != nullptr) std::fill(c, c + rows * cols, 0.0f);
@@ -619,10 +660,12 @@ void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_
   const size_t ld = stride(cols);
   if (r <= 4) {
     const std::vector<float> bt = transposed(b, cols, r, 4);
+    streamed = streamed && c != nullptr;
     each_strip(rows, cols, strip_width(cols, 4), [&](size_t lo, size_t n, size_t j, size_t w) {
       for (size_t i = lo; i < lo + n; ++i)
         expand_narrow(a + i * r, bt.data() + j, ld, r, w, c != nullptr ? c + i * cols + j : nullptr,
-                      m != nullptr ? m + i * cols + j : nullptr);
+                      m != nullptr ? m + i * cols + j : nullptr, streamed);
+      if (streamed) stream_fence();  // this thread's streaming stores before the region's end
     });
     return;
   }

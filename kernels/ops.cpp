@@ -149,8 +149,8 @@ void lowrank_answer(const Device& d, const float* m, const float* p, float* q, s
 }
 
 void lowrank_expand(const Device& d, const float* a, const float* b, float* c, size_t rows,
-                    size_t cols, size_t r, float* m) {
-  if (!d.is_gpu()) return cpu::lowrank_expand(a, b, c, rows, cols, r, m);
+                    size_t cols, size_t r, float* m, bool streamed) {
+  if (!d.is_gpu()) return cpu::lowrank_expand(a, b, c, rows, cols, r, m, streamed);
   // Two products reading only the small factors: m − a·bᵀ is a GEMM with β = 1.
   if (c != nullptr) cu::gemm(false, true, rows, cols, r, 1.0f, a, r, b, r, 0.0f, c, cols, d.stream);
   if (m != nullptr)

@@ -336,8 +336,9 @@ class PowerSGD final : public SummableCodec {
   /// only (into step), and error −= step when `error` is given (the error feedback with the
   /// step: every row, in the window or not), but for the matrices that defer it. Rows outside
   /// the window are expanded only for the error, and not at all where it is deferred: under
-  /// FSDP a rank keeps 1/W of the step.
-  void write_step(std::span<const float> update, std::span<float> step, uint64_t lo, float* error) {
+  /// FSDP a rank keeps 1/W of the step. streamed: step's rows by streaming stores.
+  void write_step(std::span<const float> update, std::span<float> step, uint64_t lo, float* error,
+                  bool streamed) {
     const float* p = update.data();
     const float* q = p + plan_.p_size;
     const float* dense = q + plan_.q_size;
@@ -346,10 +347,11 @@ class PowerSGD final : public SummableCodec {
       x.each_block([&](uint64_t at, uint64_t p_at, uint64_t rows) {
         float* e = error && !defers(x) ? error + at : nullptr;
         const uint64_t from = std::clamp(at, lo, hi), to = std::clamp(at + rows * x.cols, lo, hi);
-        auto expand = [&](uint64_t a, uint64_t b, float* out) {  // rows [a, b)
+        // Rows [a, b), into out (null: the error alone); the step's own rows may be streamed.
+        auto expand = [&](uint64_t a, uint64_t b, float* out, bool in_step = false) {
           if (a < b && (out || e))
             ops::lowrank_expand(device(), p + p_at + a * x.rank, q + x.q_at, out, b - a, x.cols,
-                                x.rank, e ? e + a * x.cols : nullptr);
+                                x.rank, e ? e + a * x.cols : nullptr, in_step && streamed);
         };
         if (to <= from) return expand(0, rows, nullptr);  // none in the window
         // Rows [r0, r1) hold the block's values in the window, rows [f0, f1) wholly.
@@ -367,7 +369,7 @@ class PowerSGD final : public SummableCodec {
         expand(r1, rows, nullptr);
         if (f0 > f1) return cut(r0);  // the window inside one row
         if (r0 < f0) cut(r0);
-        expand(f0, f1, step.data() + (at + f0 * x.cols - lo));
+        expand(f0, f1, step.data() + (at + f0 * x.cols - lo), true);
         if (f1 < r1) cut(f1);
       });
     std::vector<kernels::Piece> parts;
@@ -380,16 +382,17 @@ class PowerSGD final : public SummableCodec {
     ops::scale_pieces(device(), parts, 1.0f);
   }
   void do_apply_values(std::span<const float> update, std::span<float> step) override {
-    do_apply_window(update, step, 0);
+    do_apply_window(update, step, 0, false);
   }
-  void do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo) override {
+  void do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo,
+                       bool streamed) override {
     SKETCHSGD_REQUIRE(lo <= dim() && step.size() <= dim() - lo, InvalidArgument,
                       "powersgd: values [", lo, ", +", step.size(), ") of a step of ", dim());
     // Error: M − P̂·Q̄ᵀ on the matrices (ef=1), nothing elsewhere (sent exactly); Q̄ for the
     // next round's warm start.
     settle();  // an apply with no encode since the last one
     const auto e = fb_.error();
-    write_step(update, step, lo, o_.ef ? e.data() : nullptr);  // or the next absorb, where deferred
+    write_step(update, step, lo, o_.ef ? e.data() : nullptr, streamed);  // or the next absorb
     if (o_.ef && std::any_of(plan_.matrices.begin(), plan_.matrices.end(),
                              [&](const Plan::Matrix& x) { return defers(x); })) {
       deferred_p_.assign(update.begin(), update.begin() + plan_.p_size);

@@ -333,6 +333,20 @@ TEST(LowRank, PassesMatchPlainLoops) {
         ASSERT_EQ(c2[e], c[e]) << e;
         ASSERT_EQ(m[e], m0[e] - c[e]) << e;  // the error written in the same pass
       }
+      // Streamed stores write the same bits, wherever c starts (its rows' aligned vectors
+      // streamed, the ends one value at a time), with and without the error, nothing past c.
+      for (size_t shift : {0, 1, 3, 5}) {
+        std::vector<float> room(n + 16, -7.0f);
+        auto m2 = m0;
+        float* cs = room.data() + shift;
+        k::lowrank_expand(a.data(), b.data(), cs, rows, cols, r, nullptr, true);
+        ASSERT_TRUE(std::equal(c.begin(), c.end(), cs)) << shift;
+        k::lowrank_expand(a.data(), b.data(), cs, rows, cols, r, m2.data(), true);
+        ASSERT_TRUE(std::equal(c.begin(), c.end(), cs)) << shift;
+        ASSERT_EQ(m2, m) << shift;
+        for (size_t e = 0; e < room.size(); ++e)
+          if (e < shift || e >= shift + n) ASSERT_EQ(room[e], -7.0f) << shift << " " << e;
+      }
     }
   }
   // Rank 0 expands to zero; absorb without a product is elementwise.

@@ -134,8 +134,11 @@ class Compressor {
   /// do_apply_values() that writes only the step's values [lo, lo + step.size()) (into step),
   /// with the same state change: for a caller that keeps a part of the step (a rank's shard under
   /// FSDP). Default: the whole step into a scratch vector, then the part copied. Codecs whose step
-  /// is a product of factors (PowerSGD) override it to compute only that part.
-  virtual void do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo);
+  /// is a product of factors (PowerSGD) override it to compute only that part; streamed: step is
+  /// memory the caller reads only later, written past the caches where the codec can
+  /// (kernels::cpu::lowrank_expand's streamed).
+  virtual void do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo,
+                               bool streamed);
   /// Validates an Update payload completely, then writes its dense step and changes the
   /// codec's state.
   virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) = 0;

@@ -113,11 +113,17 @@ class Round {
   /// finish() that writes only the buffer's values [lo, lo + out.size()), into out, of a buffer
   /// of n values (the runs' offsets are the buffer's): for a driver that keeps a part of the
   /// mean (a rank's shard under FSDP), without the rest written or copied. The codec computes
-  /// only that part where it can (do_apply_window); its state changes as under finish().
+  /// only that part where it can (do_apply_window); its state changes as under finish(). out is
+  /// taken to be the driver's own memory, not in cache and read only after the round (FSDP's
+  /// output, new each call): a codec that computes its part writes it by streaming stores on the
+  /// CPU (PowerSGD at ranks up to 4), without fetching its lines first.
   void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out, uint64_t lo,
               uint64_t n, Runs at);
 
  private:
+  /// Both finish()es: streamed, the window's (do_apply_window's streamed).
+  void finish_into(std::span<const std::span<const uint8_t>> gathered, std::span<float> out,
+                   uint64_t lo, uint64_t n, Runs at, bool streamed);
   bool summable() const { return codec_ && sum_size_ > 0; }
   /// The Sum of a room in the format of the codec's payload of that kind.
   Request sum_request(int room, MessageKind kind) const {

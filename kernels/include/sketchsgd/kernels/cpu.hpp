@@ -133,8 +133,12 @@ void lowrank_unabsorb(float* m, const float* g, float* u, float rho, size_t n);
 void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r);
 /// c = a·bᵀ (a: rows × r, b: cols × r, c: rows × cols); m −= c as well when m is given (the
 /// error feedback written out in the same pass). c may be null when m is given: only m −= a·bᵀ.
+/// streamed: c written by streaming stores at ranks up to 4 (the same values), for memory that is
+/// not in cache and is read only later (FSDP's output of a reduce-scatter): its lines are not
+/// fetched before they are written, a read as long as the write. Past rank 4 the pass is bound by
+/// the FMA units and c is stored as usual.
 void lowrank_expand(const float* a, const float* b, float* c, size_t rows, size_t cols, size_t r,
-                    float* m = nullptr);
+                    float* m = nullptr, bool streamed = false);
 
 // ---- dense vectors ------------------------------------------------------------------------------
 /// Index of the first NaN/±Inf in x, or kNone.

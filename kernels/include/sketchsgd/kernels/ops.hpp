@@ -57,9 +57,10 @@ void orthonormalize(const Device& d, Scratch& s, std::span<float> base, const Fa
 /// q = mᵀ·p for one matrix (m: rows × cols, p: rows × r, q: cols × r; row-major, d's memory).
 void lowrank_answer(const Device& d, const float* m, const float* p, float* q, size_t rows,
                     size_t cols, size_t r);
-/// c = a·bᵀ (a: rows × r, b: cols × r), and m −= a·bᵀ where m is given (c may then be null).
+/// c = a·bᵀ (a: rows × r, b: cols × r), and m −= a·bᵀ where m is given (c may then be null);
+/// streamed: c is memory read only later (kernels::cpu::lowrank_expand's; the CPU's alone).
 void lowrank_expand(const Device& d, const float* a, const float* b, float* c, size_t rows,
-                    size_t cols, size_t r, float* m);
+                    size_t cols, size_t r, float* m, bool streamed = false);
 /// Whether d runs kernels::cpu::lowrank_absorb, the error feedback fused into the first product
 /// in one pass (the CPU, where both are bound by memory); elsewhere it is the feedback's own
 /// absorb and a gemm.
