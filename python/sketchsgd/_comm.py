@@ -186,12 +186,16 @@ class Communicator:
         requests laid end to end in a buffer kept under that key (the requests come in unit
         order, the same on every rank), and the int8 sums' scales and integers one all-reduce
         each."""
-        if len(requests) == 1 and type(requests[0]) is Sum and not requests[0].cast_needed:
-            # A phase's one sum in its own dtype (PowerSGD's factors, a dense unit): the common
-            # case, in as few steps as it takes (FSDP runs it once per module a step).
+        if len(requests) == 1 and type(requests[0]) is Sum and requests[0].wire is not torch.int8:
+            # A phase's one sum (PowerSGD's factors, a dense unit), in its own dtype or a 16-bit
+            # wire: the common case, in as few steps as it takes (FSDP runs it once per module a
+            # step).
             r = requests[0]
             self.count(r.n * r.wire.itemsize, 0)
-            return Pending([self.ops.all_reduce(r.t)]), _nothing, None
+            if not r.cast_needed:
+                return Pending([self.ops.all_reduce(r.t)]), _nothing, None
+            r.cast.copy_(r.t)
+            return Pending([self.ops.all_reduce(r.cast)]), (lambda: r.t.copy_(r.cast)), None
         eights = [r for r in requests if isinstance(r, Sum) and r.wire == torch.int8]
         works, after = self._plain([r for r in requests if not (isinstance(r, Sum) and r.wire == torch.int8)], flat)
         if not eights:
