@@ -98,8 +98,8 @@ struct Setup {
 
 Result run(const Setup& st, const std::string& spec, uint32_t shards, bool replicas,
            bool failover) {
-  const auto& [server_bin, launch_primary, backup_launch, bind_primary, backup_bind, d, world,
-               warm, rounds, heartbeat_ms, tmp] = st;
+  const auto& [server_bin, launch_primary, backup_launch, bind_primary, backup_bind, d, world, warm,
+               rounds, heartbeat_ms, tmp] = st;
   std::vector<demo::Process> servers;  // the primaries, then their backups
   std::vector<std::string> endpoints(shards);
   for (uint32_t k = 0; k < (replicas ? 2 * shards : shards); ++k) {
@@ -237,7 +237,7 @@ Result run(const Setup& st, const std::string& spec, uint32_t shards, bool repli
       throw std::runtime_error("server " + std::to_string(i) + " exited with " +
                                std::to_string(rc));
     if (i < shards && !(failover && i == 0))  // the primaries' links (the backups' metrics
-      res.link_mb =                          // hold only the rounds they ran themselves)
+      res.link_mb =                           // hold only the rounds they ran themselves)
           std::max(res.link_mb, link_mb((tmp / ("m" + std::to_string(i))).string(), world, rounds));
   }
   res.round_ms = median(round_ms);
@@ -261,7 +261,8 @@ int main(int argc, char** argv) {
   f.add("heartbeat-ms", "2000",
         "liveness interval: a worker reconnects after 3 silent ones, so on slow links it must "
         "exceed a third of the longest wait for an update");
-  f.add("backup-launch", "", "with --replicas: shard {i}'s backup's command prefix (default: --launch)");
+  f.add("backup-launch", "",
+        "with --replicas: shard {i}'s backup's command prefix (default: --launch)");
   f.add("backup-bind", "", "with --replicas: shard {i}'s backup's endpoint (default: --bind)");
   f.add("replicas", "0", "0: no backups; 1: a backup per shard; 0,1: both, one after the other");
   f.add("failover", "0",
@@ -329,8 +330,8 @@ int main(int argc, char** argv) {
                       r.rss_mb_sum, r.failover_ms);
           std::fflush(stdout);
           if (out)
-            out << "{\"links\":\"" << f.str("label") << "\",\"spec\":\"" << spec
-                << "\",\"d\":" << d << ",\"workers\":" << world << ",\"shards\":" << shards
+            out << "{\"links\":\"" << f.str("label") << "\",\"spec\":\"" << spec << "\",\"d\":" << d
+                << ",\"workers\":" << world << ",\"shards\":" << shards
                 << ",\"replicas\":" << int(replicas) << ",\"rounds\":" << f.u64("rounds")
                 << ",\"round_ms\":" << r.round_ms << ",\"link_mb\":" << r.link_mb
                 << ",\"server_cpu_ms_sum\":" << r.cpu_ms_sum

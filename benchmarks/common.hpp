@@ -20,11 +20,18 @@ inline std::vector<float> gradient(size_t n, uint64_t seed = 1) {
 }
 
 /// Sketch shape scaled from the paper's CIFAR-10 setting (d = 6.5M, c = 500,000, k = 50,000).
-inline uint32_t cols_for(size_t d) { return uint32_t(std::max<size_t>(1024, d / 13)); }
-inline size_t k_for(size_t d) { return std::max<size_t>(16, d / 130); }
+inline uint32_t cols_for(size_t d) {
+  return uint32_t(std::max<size_t>(1024, d / 13));
+}
+inline size_t k_for(size_t d) {
+  return std::max<size_t>(16, d / 130);
+}
 
 inline void d_axis(benchmark::internal::Benchmark* b) {
-  b->ArgName("d")->RangeMultiplier(4)->Range(1 << 20, 1 << 26)->Unit(benchmark::kMillisecond)
+  b->ArgName("d")
+      ->RangeMultiplier(4)
+      ->Range(1 << 20, 1 << 26)
+      ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
 }
 

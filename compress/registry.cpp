@@ -243,10 +243,10 @@ std::vector<std::string> split_spec(std::string_view spec, std::span<const uint6
   for (const auto& o : e->options) {
     const double v = opts.values_.at(o.key);
     if (!o.budget || v <= 0) continue;
-    const uint64_t g = o.granule > 1 && uint64_t(v) % o.granule == 0 &&
-                               uint64_t(v) / o.granule >= sizes.size()
-                           ? o.granule
-                           : 1;
+    const uint64_t g =
+        o.granule > 1 && uint64_t(v) % o.granule == 0 && uint64_t(v) / o.granule >= sizes.size()
+            ? o.granule
+            : 1;
     const auto budget = static_cast<u128>(uint64_t(v) / g);
     std::vector<uint64_t> share(sizes.size());
     std::vector<std::pair<uint64_t, size_t>> rest;  // (remainder, part)

@@ -372,8 +372,8 @@ int run_worker(const ps::Flags& f) {
       const auto compute_start = Clock::now();
       loss_sum += model.gradient(x, y, grad);
       // This machine's speed: at least --step-ms a step, and a straggler's (1 + slow_by)× longer.
-      if (const double spent = seconds_since(compute_start), least = (1 + slow_by) *
-                                                                  std::max(step_s, spent);
+      if (const double spent = seconds_since(compute_start),
+          least = (1 + slow_by) * std::max(step_s, spent);
           least > spent)
         std::this_thread::sleep_for(std::chrono::duration<double>(least - spent));
       ++n;

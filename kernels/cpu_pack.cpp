@@ -230,8 +230,8 @@ void level_unpack(const uint8_t* codes, size_t n, float scale, uint32_t bits, fl
   const uint32_t levels = 1u << (bits - 1), sign = levels, per = 8 / bits;
   const uint32_t mask = (1u << bits) - 1u;
   for (size_t i = 0; i < n; ++i)
-    out[i] = weight * elem::level_value((codes[i / per] >> (bits * (i % per))) & mask, scale,
-                                        levels, sign);
+    out[i] = weight *
+             elem::level_value((codes[i / per] >> (bits * (i % per))) & mask, scale, levels, sign);
 }
 
 }  // namespace sketchsgd::kernels::cpu

@@ -29,8 +29,8 @@ void estimate(const SketchLayout&, const float*, const uint32_t*, size_t, float*
 void estimate_all(const SketchLayout&, const float*, float*, Stream) {
   absent();
 }
-void estimate_topk(const SketchLayout&, const float*, size_t, uint32_t*, float*, Workspace&,
-                   Stream, Order) {
+void estimate_topk(const SketchLayout&, const float*, size_t, uint32_t*, float*, Workspace&, Stream,
+                   Order) {
   absent();
 }
 void zero_buckets(const SketchLayout&, float*, const uint32_t*, size_t, Stream) {

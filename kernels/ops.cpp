@@ -65,8 +65,7 @@ void scale(const Device& d, std::span<float> y, std::span<const float> x, float 
 void scale_pieces(const Device& d, std::span<const kernels::Piece> pieces, float a) {
   if (d.is_gpu()) {
     for (size_t i = 0; i < pieces.size(); i += cu::kMaxPieces)
-      cu::scale_pieces(pieces.subspan(i, std::min(cu::kMaxPieces, pieces.size() - i)), a,
-                       d.stream);
+      cu::scale_pieces(pieces.subspan(i, std::min(cu::kMaxPieces, pieces.size() - i)), a, d.stream);
     return;
   }
   for (const auto& p : pieces) {
@@ -258,8 +257,7 @@ std::vector<kernels::ChunkStats> chunk_stats(const Device& d, Scratch& s, std::s
   return out;
 }
 
-std::span<const uint8_t> delta_encode(const Device& d, Scratch& s,
-                                      std::span<const uint32_t> idx) {
+std::span<const uint8_t> delta_encode(const Device& d, Scratch& s, std::span<const uint32_t> idx) {
   if (!d.is_gpu()) {
     const size_t n = cpu::delta_bytes(idx.data(), idx.size());
     uint8_t* out = s.room<uint8_t>(d, n, 0);

@@ -34,8 +34,8 @@ class Words {
 
 std::vector<uint32_t> sample_clients(uint32_t population, uint32_t per_round, uint64_t seed,
                                      uint64_t round) {
-  SKETCHSGD_REQUIRE(per_round >= 1 && per_round <= population, InvalidArgument,
-                    "sampling ", per_round, " clients of ", population,
+  SKETCHSGD_REQUIRE(per_round >= 1 && per_round <= population, InvalidArgument, "sampling ",
+                    per_round, " clients of ", population,
                     ": expected 1 ≤ clients per round ≤ population");
   Words words(hash::splitmix64(seed) ^ hash::splitmix64(round ^ 0xD1B54A32D192ED03ull));
   // Floyd: for j = N − C … N − 1 take a uniform t ≤ j, or j itself when t is taken already;

@@ -18,7 +18,8 @@ struct Exceptions {
   py::object error, invalid, nonfinite, mismatch, wire, protocol, timeout, finished, cuda;
 };
 
-inline py::object new_exception(py::module_& m, const char* name, py::tuple bases, const char* doc) {
+inline py::object new_exception(py::module_& m, const char* name, py::tuple bases,
+                                const char* doc) {
   const std::string qualified = std::string("sketchsgd._core.") + name;
   py::object type = py::reinterpret_steal<py::object>(
       PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr));

@@ -81,7 +81,8 @@ py::list requests(const std::vector<Round::Request>& reqs) {
   py::list out;
   for (const auto& r : reqs) {
     if (r.op == Round::Op::Sum)
-      out.append(py::make_tuple("sum", r.room, format_name(r.format), r.columns, r.offset, r.count));
+      out.append(
+          py::make_tuple("sum", r.room, format_name(r.format), r.columns, r.offset, r.count));
     else  // writable: torch.frombuffer warns on read-only memory; nothing writes to it
       out.append(py::make_tuple("gather",
                                 py::memoryview::from_memory(const_cast<uint8_t*>(r.bytes.data()),

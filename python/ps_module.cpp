@@ -85,8 +85,8 @@ PYBIND11_MODULE(_ps, m) {
       .def(py::init(&connect), py::arg("server"), py::arg("job"), py::arg("rank"), py::arg("world"),
            py::arg("population"), py::arg("join_round"), py::arg("spec"), py::arg("layout"),
            py::arg("dim"), py::arg("init"), py::arg("init_len"), py::arg("timeout"),
-           py::arg("quiet"), py::arg("shared_io"), py::arg("fetch_every"),
-           py::arg("weight"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("quiet"), py::arg("shared_io"), py::arg("fetch_every"), py::arg("weight"),
+           py::call_guard<py::gil_scoped_release>(),
            "Connects, registers and pulls the model (blocking).")
       .def_property_readonly("dim", [](Client& c) { return c.codec().dim(); })
       .def_property_readonly("spec", [](Client& c) { return c.codec().spec(); })

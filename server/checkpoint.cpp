@@ -127,8 +127,8 @@ Checkpoint decode_checkpoint(std::span<const uint8_t> b, const std::string& path
   if (version >= 2) {
     const auto n = r.get<uint64_t>();
     SKETCHSGD_REQUIRE(n == 0 || (dim && n % dim == 0 && n / dim <= (version >= 4 ? 2u : 1u)),
-                      WireError, "checkpoint ", path, ": optimizer state of ", n,
-                      " values for ", dim, " parameters");
+                      WireError, "checkpoint ", path, ": optimizer state of ", n, " values for ",
+                      dim, " parameters");
     c.outer.resize(n);
     r.get_array(std::span<float>(c.outer));
   }

@@ -181,10 +181,9 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       const double b1 = std::strtod(betas.c_str(), &mid);
       const double b2 = mid && *mid == ',' ? std::strtod(mid + 1, &end) : 0.0;
-      SKETCHSGD_REQUIRE(mid && *mid == ',' && mid != betas.c_str() && end && *end == '\0' &&
-                            end != mid + 1,
-                        sketchsgd::InvalidArgument, "--opt-betas: expected beta1,beta2, got '",
-                        betas, "'");
+      SKETCHSGD_REQUIRE(
+          mid && *mid == ',' && mid != betas.c_str() && end && *end == '\0' && end != mid + 1,
+          sketchsgd::InvalidArgument, "--opt-betas: expected beta1,beta2, got '", betas, "'");
       o.job.outer.beta1 = float(b1);
       o.job.outer.beta2 = float(b2);
     }

@@ -88,9 +88,8 @@ void Primary::pass(const PeerId& peer, const Frames& frames, Clock::time_point n
 void Primary::tick(Clock::time_point now, std::vector<Outgoing>& out) {
   const JobConfig& cfg = engine_.config();
   if (backup_ && now - backup_seen_ > cfg.heartbeat * cfg.dead_after)
-    lose_backup("silent for " + std::to_string(std::chrono::duration_cast<Millis>(
-                                                   now - backup_seen_)
-                                                   .count()) +
+    lose_backup("silent for " +
+                    std::to_string(std::chrono::duration_cast<Millis>(now - backup_seen_).count()) +
                     " ms",
                 now, out);
   if (backup_ && awaiting_ && now - awaiting_since_ > cfg.deadline)
@@ -149,8 +148,8 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
       const HelloInfo h = decode_hello(frames[1].bytes());
       std::string why = mismatch(engine_.config(), h);
       if (engine_.config().authenticated && user != kServerUser)
-        why = "only the job's server key may follow (this connection is rank " +
-              std::string(user) + "'s)";
+        why = "only the job's server key may follow (this connection is rank " + std::string(user) +
+              "'s)";
       if (!why.empty()) {
         log_("refused a backup: " + why);
         out.push_back(Outgoing{peer,
@@ -163,9 +162,9 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
                    std::to_string(engine_.epoch());
         return;
       }
-      log_(std::string(!backup_               ? "a backup follows"
-                       : *backup_ != peer     ? "a new backup replaces the last"
-                                              : "the backup asks for the whole state again") +
+      log_(std::string(!backup_           ? "a backup follows"
+                       : *backup_ != peer ? "a new backup replaces the last"
+                                          : "the backup asks for the whole state again") +
            " at round " + std::to_string(engine_.round()));
       backup_ = peer;
       backup_seen_ = now;
@@ -303,10 +302,10 @@ bool Backup::taken_over_by(const Frames& frames) const {
 }
 
 Frames Backup::notice() const {
-  return reply(Type::Deposed, engine_.round(),
-               {Frame::own(encode_text("the backup took over at round " +
-                                       std::to_string(engine_.round()) + " as epoch " +
-                                       std::to_string(engine_.epoch())))});
+  return reply(
+      Type::Deposed, engine_.round(),
+      {Frame::own(encode_text("the backup took over at round " + std::to_string(engine_.round()) +
+                              " as epoch " + std::to_string(engine_.epoch())))});
 }
 
 Frames Backup::promote() {

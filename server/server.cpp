@@ -20,15 +20,15 @@ namespace {
 
 std::string json_line(const RoundMetrics& m, uint32_t world, bool async) {
   // An asynchronous job's line is one push: its version (as "round"), pusher and age.
-  std::string s = "{\"round\":" + std::to_string(m.round) +
-                  (async ? ",\"pusher\":" + std::to_string(m.pusher) +
-                               ",\"age\":" + std::to_string(m.age)
-                         : std::string()) +
-                  ",\"aborted\":" + (m.aborted ? "true" : "false") +
-                  ",\"latency_ms\":" + std::to_string(m.latency_ms) +
-                  ",\"merge_ms\":" + std::to_string(m.merge_ms) +
-                  ",\"contributors\":" + std::to_string(m.contributors) +
-                  ",\"world\":" + std::to_string(world) + ",\"bytes_up\":[";
+  std::string s =
+      "{\"round\":" + std::to_string(m.round) +
+      (async ? ",\"pusher\":" + std::to_string(m.pusher) + ",\"age\":" + std::to_string(m.age)
+             : std::string()) +
+      ",\"aborted\":" + (m.aborted ? "true" : "false") +
+      ",\"latency_ms\":" + std::to_string(m.latency_ms) +
+      ",\"merge_ms\":" + std::to_string(m.merge_ms) +
+      ",\"contributors\":" + std::to_string(m.contributors) +
+      ",\"world\":" + std::to_string(world) + ",\"bytes_up\":[";
   uint64_t up = 0;
   for (size_t i = 0; i < m.bytes_up.size(); ++i) {
     s += (i ? "," : "") + std::to_string(m.bytes_up[i]);
@@ -286,8 +286,8 @@ uint64_t Server::run() {
     backup = std::make_unique<Backup>(*engine_, log);
     // The primary's whole state (model, momentum, FetchSGD's sketches) in one frame.
     up = std::make_unique<Upstream>(s.ctx, opts_.job, opts_.replica_of,
-                                    3 * engine_->max_frame_bytes() + (1 << 20),
-                                    opts_.curve_secret, log);
+                                    3 * engine_->max_frame_bytes() + (1 << 20), opts_.curve_secret,
+                                    log);
     up->io->post(Outgoing{{}, backup->follow()});
   }
   uint64_t ignored = 0;

@@ -67,7 +67,7 @@ void Session::hello(Outbox& out) {
   ShardId shard = opts_.shard;
   if (shard.model_dim == 0) shard.model_dim = codec_.dim();
   const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population,
-                    shard,        epoch_,       opts_.weight};
+                    shard,       epoch_,       opts_.weight};
   out.push_back({envelope(Type::Hello, round_), Frame::own(encode(h))});
 }
 

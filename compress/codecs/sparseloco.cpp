@@ -205,10 +205,9 @@ SKETCHSGD_REGISTER_CODEC(
        if (k == 0) k = std::max<uint64_t>(1, asked / 64);
        SKETCHSGD_REQUIRE(k <= asked, InvalidArgument, "sparseloco: k = ", k,
                          " exceeds the chunk of ", asked, " values");
-       return std::make_unique<SparseLoCo>(dim, std::move(spec), Chunks{dim, chunk, k, bits},
-                                           decay, o.flag("ef"),
-                                           payload::SparseFormat{o.flag("index"), WireFloat::F32},
-                                           device);
+       return std::make_unique<SparseLoCo>(
+           dim, std::move(spec), Chunks{dim, chunk, k, bits}, decay, o.flag("ef"),
+           payload::SparseFormat{o.flag("index"), WireFloat::F32}, device);
      },
      LayoutUse::None,
      {"sparseloco:chunk=256,k=16", "sparseloco:chunk=64,k=8,bits=4,decay=1,index=delta"}});

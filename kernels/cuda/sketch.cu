@@ -208,9 +208,8 @@ constexpr uint32_t kTileRows = 8;
 /// in two where the window wraps past the last column. Tiles start on a run boundary (the
 /// caller's split). Before sm_90 each thread adds its groups as the groups kernel does.
 __global__ void __launch_bounds__(kThreads)
-    accumulate_tiles_kernel(Hashes h, float* table, const float* x, uint64_t tiles,
-                            uint64_t offset, uint64_t base, float scale,
-                            unsigned long long* first_bad) {
+    accumulate_tiles_kernel(Hashes h, float* table, const float* x, uint64_t tiles, uint64_t offset,
+                            uint64_t base, float scale, unsigned long long* first_bad) {
   extern __shared__ __align__(128) float4 stage[];  // rows × kTile floats
   const float4* x4 = reinterpret_cast<const float4*>(x);
   const uint32_t run = min(h.b.size(), kTile);  // floats per window run
@@ -234,11 +233,11 @@ __global__ void __launch_bounds__(kThreads)
           float* row = table + uint64_t(r) * h.cols;
           const float* src = staged + r * kTile + p;
           ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared,
-                                          ::cuda::ptx::op_add, row + col, src, first * 4u);
+                                            ::cuda::ptx::op_add, row + col, src, first * 4u);
           if (first < run)
             ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared,
-                                            ::cuda::ptx::op_add, row, src + first,
-                                            (run - first) * 4u);
+                                              ::cuda::ptx::op_add, row, src + first,
+                                              (run - first) * 4u);
         }
       ::cuda::ptx::cp_async_bulk_commit_group();
       ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<0>());  // stage reusable
@@ -488,11 +487,11 @@ void accumulate(const SketchLayout& s, float* table, const float* x, size_t n, u
     const unsigned grid = unsigned(std::min<uint64_t>(items, uint64_t(sm_count()) * 64));
     const size_t smem = c.o.region * sizeof(float);
     if (h.b.size() >= 4 * kThreads)
-      accumulate_columns_kernel<true><<<grid, kThreads, smem, stream>>>(h, c, table, x, scale,
-                                                                         first_bad);
+      accumulate_columns_kernel<true>
+          <<<grid, kThreads, smem, stream>>>(h, c, table, x, scale, first_bad);
     else
-      accumulate_columns_kernel<false><<<grid, kThreads, smem, stream>>>(h, c, table, x, scale,
-                                                                          first_bad);
+      accumulate_columns_kernel<false>
+          <<<grid, kThreads, smem, stream>>>(h, c, table, x, scale, first_bad);
     SKETCHSGD_LAUNCH_CHECK();
   } else if (head) {
     // Whole tiles from the first run boundary, groups before and after them.
@@ -557,8 +556,9 @@ void estimate_topk(const SketchLayout& s, const float* table, size_t k, uint32_t
                         idx, val, ws, stream, order);
     return;
   }
-  with_estimator(
-      s, table, [&](auto est) { select::topk(est, s.dim, k, idx, val, ws, stream, s.block == 0, order); });
+  with_estimator(s, table, [&](auto est) {
+    select::topk(est, s.dim, k, idx, val, ws, stream, s.block == 0, order);
+  });
 }
 
 void zero_buckets(const SketchLayout& s, float* table, const uint32_t* idx, size_t n,

@@ -157,8 +157,8 @@ void scale(float* y, const float* x, size_t n, float a, Stream stream) {
 }
 
 void scale_pieces(std::span<const Piece> pieces, float a, Stream stream) {
-  SKETCHSGD_REQUIRE(pieces.size() <= kMaxPieces, InvalidArgument, "scale_pieces: ",
-                    pieces.size(), " pieces, at most ", kMaxPieces, " a launch");
+  SKETCHSGD_REQUIRE(pieces.size() <= kMaxPieces, InvalidArgument, "scale_pieces: ", pieces.size(),
+                    " pieces, at most ", kMaxPieces, " a launch");
   PieceList list{};
   uint64_t longest = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {

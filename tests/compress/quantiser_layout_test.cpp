@@ -80,9 +80,10 @@ TEST(QuantiserLayout, TernGradScalesEveryTensorByItsOwnMaximum) {
   // The largest entry of each tensor is always sent at its scale (probability 1).
   for (const auto& t : kTensors) {
     const auto* b = g.data() + t.offset;
-    const uint64_t arg = std::max_element(b, b + t.numel, [](float x, float y) {
-                           return std::fabs(x) < std::fabs(y);
-                         }) - g.data();
+    const uint64_t arg =
+        std::max_element(b, b + t.numel,
+                         [](float x, float y) { return std::fabs(x) < std::fabs(y); }) -
+        g.data();
     EXPECT_NE(step[arg], 0.0f) << arg;
   }
 }
@@ -124,7 +125,7 @@ TEST(QuantiserLayout, ACorruptLaterRunIsRefusedWhole) {
     std::vector<float> want(kDim), got(kDim);
     d->apply(one->finish().bytes(), want);
     c->apply(a->finish().bytes(), got);  // the mean of the one message that was taken
-    EXPECT_EQ(got, want);  // same codes, same sums: equal floats
+    EXPECT_EQ(got, want);                // same codes, same sums: equal floats
   }
   {
     auto c = make_compressor("signsgd:ef=1", kLayout);

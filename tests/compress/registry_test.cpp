@@ -49,7 +49,8 @@ TEST(Registry, ClearErrors) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message("zip").find("known: dense, powersgd, qsgd, signsgd, sketch, sparseloco, terngrad, topk"),
+  EXPECT_NE(message("zip").find(
+                "known: dense, powersgd, qsgd, signsgd, sketch, sparseloco, terngrad, topk"),
             std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("unknown option 'kk'"), std::string::npos);
   EXPECT_NE(message("topk:kk=3").find("global=<int>"), std::string::npos);  // lists accepted

@@ -36,7 +36,8 @@ TEST(SparseLoCo, LevelCodesRoundToTheNearestNonZeroLevel) {
     for (float x : {1.0f, -1.0f, 0.74f, -0.26f, 0.01f, 0.0f}) {
       const uint32_t code = elem::level_code(x, 1.0f, levels, sign);
       const float v = elem::level_value(code, 1.0f, levels, sign);
-      const float m = std::max(1.0f, std::min(float(levels), std::nearbyint(std::fabs(x) * levels)));
+      const float m =
+          std::max(1.0f, std::min(float(levels), std::nearbyint(std::fabs(x) * levels)));
       EXPECT_FLOAT_EQ(std::fabs(v), m / float(levels)) << bits << " " << x;  // never zero
       EXPECT_EQ(std::signbit(v), std::signbit(x) && x != 0.0f) << bits << " " << x;
     }
@@ -57,9 +58,9 @@ TEST(SparseLoCo, LevelCodesRoundToTheNearestNonZeroLevel) {
 TEST(SparseLoCo, EachChunkSendsItsTopKAtTwoBitsUnderItsOwnScale) {
   // Chunks of 8 (the last has 4), k = 2: the two largest |x| of each chunk, quantised to
   // ± scale / 2 or ± scale with scale the chunk's largest.
-  const std::vector<float> g = {0.1f, 4.0f, -0.2f, 0.0f, -1.5f, 0.3f, 0.2f, 0.1f,  // 4, -1.5
-                                0.0f, 0.0f, 0.0f, 9.0f, 0.0f, 0.0f, -8.0f, 0.0f,   // 9, -8
-                                0.5f, -0.6f, 0.1f, 0.2f};                          // -0.6, 0.5
+  const std::vector<float> g = {0.1f, 4.0f,  -0.2f, 0.0f, -1.5f, 0.3f, 0.2f,  0.1f,  // 4, -1.5
+                                0.0f, 0.0f,  0.0f,  9.0f, 0.0f,  0.0f, -8.0f, 0.0f,  // 9, -8
+                                0.5f, -0.6f, 0.1f,  0.2f};                           // -0.6, 0.5
   auto c = make_compressor("sparseloco:chunk=8,k=2,bits=2,ef=0", g.size());
   const Message m = c->encode(g, 0, 0);
   EXPECT_EQ(payload_of(m).size(), 3 * 4 + 6 * 2 + 3 * 1);  // scales, u16 offsets, codes
@@ -71,7 +72,7 @@ TEST(SparseLoCo, EachChunkSendsItsTopKAtTwoBitsUnderItsOwnScale) {
   want[4] = -2.0f;  // 1.5 / 4 · 2 = 0.75 levels: rounds up to 1 of 2 → scale / 2
   want[11] = 9.0f;
   want[14] = -9.0f;  // 8 / 9 · 2 = 1.78: the top level
-  want[16] = 0.6f;  // 0.5 / 0.6 · 2 = 1.67: the top level
+  want[16] = 0.6f;   // 0.5 / 0.6 · 2 = 1.67: the top level
   want[17] = -0.6f;
   for (size_t i = 0; i < g.size(); ++i) EXPECT_FLOAT_EQ(step[i], want[i]) << i;
   // The defaults (chunks of 4096, k = 64, 2 bits): 4 + 128 + 16 bytes a chunk, 110x with the
@@ -126,7 +127,8 @@ TEST(SparseLoCo, ErrorFeedbackKeepsEverythingNotSentAndDecays) {
 TEST(SparseLoCo, TheServerAveragesOverlappingSelections) {
   const uint64_t dim = 64;
   std::vector<std::unique_ptr<Compressor>> w;
-  for (int i = 0; i < 3; ++i) w.push_back(make_compressor("sparseloco:chunk=32,k=1,bits=8,ef=0", dim));
+  for (int i = 0; i < 3; ++i)
+    w.push_back(make_compressor("sparseloco:chunk=32,k=1,bits=8,ef=0", dim));
   std::vector<std::vector<float>> g(3, std::vector<float>(dim, 0.0f));
   g[0][5] = 2.0f;  // chunk 0: workers 0 and 1 pick 5, worker 2 picks 7
   g[1][5] = 4.0f;

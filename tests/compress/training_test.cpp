@@ -93,26 +93,25 @@ TEST_P(Training, LogisticRegressionConverges) {
 
 INSTANTIATE_TEST_SUITE_P(
     EveryCodec, Training,
-    testing::Values(Case{"dense", 2.0f}, Case{"topk:k=100", 2.0f}, Case{"topk:k=100,global=1", 2.0f},
-                    Case{"terngrad", 1.0f}, Case{"terngrad:clip=2.5,chunk=500", 1.0f},
-                    Case{"signsgd", 0.002f}, Case{"signsgd:ef=1", 1.0f},
-                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5", 1.0f},
-                    Case{"sketch:rows=5,cols=500,k=100,p2=3,momentum=0.5,hashing=1", 1.0f},
-                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1", 1.0f},
-                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,hashing=random", 1.0f},
-                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1,hashing=random", 1.0f},
-                    Case{"powersgd:rank=2,layout=40x45+200", 2.0f},
-                    Case{"topk:k=100,index=delta,wire=fp16", 2.0f},
-                    Case{"powersgd:rank=1,ef=0,warm=0,layout=40x45+200", 2.0f},
-                    // Optional layouts: biases whole beside the sketch, scales per tensor.
-                    Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,layout=40x45+200", 1.0f},
-                    Case{"sketch:rows=5,cols=1000,k=100,fetch=1,layout=40x45+200", 1.0f},
-                    Case{"signsgd:ef=1,layout=40x45+200", 1.0f},
-                    Case{"terngrad:layout=40x45+200", 1.0f}, Case{"qsgd", 1.0f},
-                    Case{"qsgd:bits=2,bucket=128", 1.0f}, Case{"qsgd:bits=4,ef=1", 1.0f},
-                    Case{"qsgd:bits=8,norm=max,layout=40x45+200", 1.0f},
-                    Case{"sparseloco:chunk=100,k=10,decay=1", 2.0f},
-                    Case{"sparseloco:chunk=200,k=10,bits=4", 2.0f}),
+    testing::Values(
+        Case{"dense", 2.0f}, Case{"topk:k=100", 2.0f}, Case{"topk:k=100,global=1", 2.0f},
+        Case{"terngrad", 1.0f}, Case{"terngrad:clip=2.5,chunk=500", 1.0f}, Case{"signsgd", 0.002f},
+        Case{"signsgd:ef=1", 1.0f}, Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5", 1.0f},
+        Case{"sketch:rows=5,cols=500,k=100,p2=3,momentum=0.5,hashing=1", 1.0f},
+        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1", 1.0f},
+        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,hashing=random", 1.0f},
+        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1,hashing=random", 1.0f},
+        Case{"powersgd:rank=2,layout=40x45+200", 2.0f},
+        Case{"topk:k=100,index=delta,wire=fp16", 2.0f},
+        Case{"powersgd:rank=1,ef=0,warm=0,layout=40x45+200", 2.0f},
+        // Optional layouts: biases whole beside the sketch, scales per tensor.
+        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,layout=40x45+200", 1.0f},
+        Case{"sketch:rows=5,cols=1000,k=100,fetch=1,layout=40x45+200", 1.0f},
+        Case{"signsgd:ef=1,layout=40x45+200", 1.0f}, Case{"terngrad:layout=40x45+200", 1.0f},
+        Case{"qsgd", 1.0f}, Case{"qsgd:bits=2,bucket=128", 1.0f}, Case{"qsgd:bits=4,ef=1", 1.0f},
+        Case{"qsgd:bits=8,norm=max,layout=40x45+200", 1.0f},
+        Case{"sparseloco:chunk=100,k=10,decay=1", 2.0f},
+        Case{"sparseloco:chunk=200,k=10,bits=4", 2.0f}),
     [](const testing::TestParamInfo<Case>& info) {
       std::string name;
       for (const char* c = info.param.spec; *c; ++c) name += std::isalnum(*c) ? *c : '_';

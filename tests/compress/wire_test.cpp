@@ -189,7 +189,8 @@ TEST(Wire, Int8ValuesByColumn) {
   EXPECT_EQ(i8_groups(3 * kI8Rows + 1, 3), 6u);
   EXPECT_EQ(wire_size(WireFloat::I8, 4 * kI8Rows - 6, 2), 4 * 4 + 4 * kI8Rows - 6);
   EXPECT_EQ(wire_size(WireFloat::F16, 1000), 2000u);
-  const uint64_t columns = 3, n = 3 * (kI8Rows + kI8Rows / 4) + 2;  // two row blocks, the last short
+  const uint64_t columns = 3,
+                 n = 3 * (kI8Rows + kI8Rows / 4) + 2;  // two row blocks, the last short
   std::vector<float> v(n);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal;

@@ -64,7 +64,7 @@ TEST(Bf16, RoundsToNearestEvenAndRoundTrips) {
     const float lo = bf16_float(uint16_t(bits >> 16)), hi = bf16_float(uint16_t((bits >> 16) + 1));
     const double dl = std::fabs(double(f) - lo), dh = std::fabs(double(hi) - f);
     const uint16_t want = dl < dh || (dl == dh && !((bits >> 16) & 1)) ? uint16_t(bits >> 16)
-                                                                      : uint16_t((bits >> 16) + 1);
+                                                                       : uint16_t((bits >> 16) + 1);
     ASSERT_EQ(bf16_bits(f), want) << f;
   }
 }

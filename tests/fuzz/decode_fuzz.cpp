@@ -91,7 +91,8 @@ namespace {
 void decode_everything(std::span<const uint8_t> bytes) {
   static std::vector<std::unique_ptr<sketchsgd::Compressor>> codecs = [] {
     std::vector<std::unique_ptr<sketchsgd::Compressor>> v;
-    for (const auto& s : sketchsgd::example_specs(kLayout)) v.push_back(sketchsgd::make_compressor(s, kDim));
+    for (const auto& s : sketchsgd::example_specs(kLayout))
+      v.push_back(sketchsgd::make_compressor(s, kDim));
     return v;
   }();
   std::vector<float> step(kDim);

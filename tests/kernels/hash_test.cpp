@@ -49,7 +49,8 @@ TEST(Hash, PairCollisionRateIsOneOverCols) {
   const int trials = 200000;
   for (int s = 0; s < trials; ++s) {
     const auto h = hash::row_hash(uint64_t(s), 0);
-    hits += hash::bucket_of(hash::locate(h, 12345, cols)) == hash::bucket_of(hash::locate(h, 12346, cols));
+    hits += hash::bucket_of(hash::locate(h, 12345, cols)) ==
+            hash::bucket_of(hash::locate(h, 12346, cols));
   }
   const double p = 1.0 / cols, sd = std::sqrt(p * (1 - p) / trials);
   EXPECT_NEAR(double(hits) / trials, p, 6 * sd);

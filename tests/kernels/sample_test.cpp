@@ -46,7 +46,8 @@ TEST(SampleClients, GivesEveryClientAndEveryPairTheirShare) {
   const double each = double(rounds) * c / n, pair = rounds * (c * (c - 1.0)) / (n * (n - 1.0));
   for (double k : once) EXPECT_NEAR(k, each, 6 * std::sqrt(each * (1 - double(c) / n)));
   EXPECT_EQ(pairs.size(), n * (n - 1) / 2u);
-  for (const auto& [p, k] : pairs) EXPECT_NEAR(k, pair, 6 * std::sqrt(pair)) << p.first << "," << p.second;
+  for (const auto& [p, k] : pairs)
+    EXPECT_NEAR(k, pair, 6 * std::sqrt(pair)) << p.first << "," << p.second;
 }
 
 TEST(SampleClients, RefusesImpossibleRequests) {

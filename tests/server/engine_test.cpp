@@ -128,8 +128,9 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   Bytes future = encode(Envelope{Type::Hello, cfg.job, 0, 0, 0});
   future[4] = kProtocolVersion + 1;  // a worker speaking the next protocol version
   net.deliver(w.peer, {Frame::own(future), Frame::own(encode(good))});
-  EXPECT_NE(refusal(net, w.peer).find("protocol version " + std::to_string(kProtocolVersion + 1) +
-                                      ", this server speaks " + std::to_string(kProtocolVersion)),
+  EXPECT_NE(refusal(net, w.peer)
+                .find("protocol version " + std::to_string(kProtocolVersion + 1) +
+                      ", this server speaks " + std::to_string(kProtocolVersion)),
             std::string::npos);
 
   const HelloInfo federated{2, 500, w.codec->spec(), 100};
@@ -153,7 +154,8 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
   // The old connection is no longer rank 0.
   net.deliver(w.peer, {env(Type::Pull, cfg.job, 0, 0)});
   EXPECT_NE(refusal(net, w.peer).find("not registered"), std::string::npos);
-  EXPECT_EQ(net.engine.rejected(), 10u);  // 8 refusals; the other-version hello also fails to decode
+  EXPECT_EQ(net.engine.rejected(),
+            10u);  // 8 refusals; the other-version hello also fails to decode
 }
 
 TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {

@@ -59,7 +59,8 @@ std::vector<FakeWorker> arrive(Net& net, const JobConfig& cfg, std::span<const f
 }
 
 /// One round of fresh clients pushing synthetic gradients; returns their gradients in slot order.
-std::vector<std::vector<float>> run_round(Net& net, const JobConfig& cfg, std::span<const float> init) {
+std::vector<std::vector<float>> run_round(Net& net, const JobConfig& cfg,
+                                          std::span<const float> init) {
   auto cs = arrive(net, cfg, init);
   const uint64_t t = net.engine.round();
   std::vector<std::vector<float>> grads(cs.size());
@@ -97,12 +98,14 @@ TEST(Federated, OnlyTheSampledClientsRegisterEachForTheSlotOfItsPlace) {
   while (std::find(next.begin(), next.end(), next_outsider) != next.end()) ++next_outsider;
   FakeWorker not_next(next_outsider, cfg, 1);
   not_next.hello(net);
-  EXPECT_NE(refusal(net, not_next.peer, &retry).find("is not sampled in round 1"), std::string::npos);
+  EXPECT_NE(refusal(net, not_next.peer, &retry).find("is not sampled in round 1"),
+            std::string::npos);
   EXPECT_FALSE(retry);
   FakeWorker fixed(sample[0], cfg);
   fixed.population = 0;  // a worker of a fixed-worker job
   fixed.hello(net);
-  EXPECT_NE(refusal(net, fixed.peer).find("population 0, the job has 50 clients"), std::string::npos);
+  EXPECT_NE(refusal(net, fixed.peer).find("population 0, the job has 50 clients"),
+            std::string::npos);
 
   for (uint32_t slot = kPerRound; slot-- > 0;) {
     FakeWorker c(sample[slot], cfg);
@@ -133,7 +136,8 @@ TEST_P(FederatedCodecs, RoundsOfNewStatelessClientsMatchTheInProcessReference) {
   }
   EXPECT_EQ(net.engine.round(), 6u);
   EXPECT_EQ(net.engine.rejected(), 0u);
-  EXPECT_EQ(std::memcmp(net.engine.model().data(), expect.data(), kDim * 4), 0) << "server ≠ reference";
+  EXPECT_EQ(std::memcmp(net.engine.model().data(), expect.data(), kDim * 4), 0)
+      << "server ≠ reference";
   EXPECT_NE(std::memcmp(expect.data(), init.data(), kDim * 4), 0) << "nothing was trained";
 }
 
@@ -155,7 +159,8 @@ TEST(Federated, AClientOfAClosedRoundIsToldItIsOverNotServed) {
   late.round = 0;
   late.hello(net);
   bool retry = true;
-  EXPECT_NE(refusal(net, late.peer, &retry).find("came for round 0, which is over"), std::string::npos);
+  EXPECT_NE(refusal(net, late.peer, &retry).find("came for round 0, which is over"),
+            std::string::npos);
   EXPECT_FALSE(retry);
   EXPECT_EQ(net.engine.round(), 1u);
 }
@@ -184,10 +189,12 @@ TEST(Federated, AClientThatFallsSilentIsClosedOverOnceDead) {
   Net net(cfg);
   const auto init = test::initial_params(kDim, 3);
   auto cs = arrive(net, cfg, init);  // all four registered; the last falls silent
-  for (size_t i = 0; i + 1 < cs.size(); ++i) cs[i].push(net, test::synthetic_grad(cs[i].params, cs[i].id, 0, 5));
+  for (size_t i = 0; i + 1 < cs.size(); ++i)
+    cs[i].push(net, test::synthetic_grad(cs[i].params, cs[i].id, 0, 5));
   for (int i = 0; i < 5; ++i) {  // the others keep beating; the last is dead after 3 × 100 ms
     net.tick(100ms);
-    for (size_t j = 0; j + 1 < cs.size(); ++j) net.deliver(cs[j].peer, {cs[j].mine(Type::Heartbeat, 0)});
+    for (size_t j = 0; j + 1 < cs.size(); ++j)
+      net.deliver(cs[j].peer, {cs[j].mine(Type::Heartbeat, 0)});
   }
   for (size_t i = 0; i + 1 < cs.size(); ++i) EXPECT_EQ(cs[i].settle(net), Type::Update);
 }
@@ -205,14 +212,16 @@ TEST(Federated, TheSampleAndTheServerSketchesSurviveACheckpoint) {
   resumed.engine.restore(c);
   for (int t = 0; t < 2; ++t) run_round(resumed, cfg, {});
   EXPECT_EQ(resumed.engine.round(), 5u);
-  EXPECT_EQ(std::memcmp(resumed.engine.model().data(), straight.engine.model().data(), kDim * 4), 0);
+  EXPECT_EQ(std::memcmp(resumed.engine.model().data(), straight.engine.model().data(), kDim * 4),
+            0);
   // Without the server's momentum and error sketches the job goes elsewhere.
   Checkpoint lost = c;
   lost.codec_state = Net(cfg).engine.checkpoint().codec_state;
   Net amnesiac(cfg);
   amnesiac.engine.restore(lost);
   for (int t = 0; t < 2; ++t) run_round(amnesiac, cfg, {});
-  EXPECT_NE(std::memcmp(amnesiac.engine.model().data(), straight.engine.model().data(), kDim * 4), 0);
+  EXPECT_NE(std::memcmp(amnesiac.engine.model().data(), straight.engine.model().data(), kDim * 4),
+            0);
 }
 
 /// The clients sampled for the engine's next round, checked in: welcomed, with the model of the
@@ -252,7 +261,8 @@ TEST(Federated, TheNextRoundsClientsCheckInWhileThisOneRunsAndCatchUpWhenItOpens
     EXPECT_EQ(net.engine.live_workers(), kPerRound) << "check-ins took round " << t << "'s slots";
     // While waiting they may beat (and are not refused for it), not push.
     for (auto& c : next) net.deliver(c.peer, {c.mine(Type::Heartbeat, t + 1)});
-    for (auto& c : next) EXPECT_FALSE(net.next(c.peer)) << "client " << c.id << " heartbeat refused";
+    for (auto& c : next)
+      EXPECT_FALSE(net.next(c.peer)) << "client " << c.id << " heartbeat refused";
     const uint64_t rejected = net.engine.rejected();
     FakeWorker eager(next[0].id, cfg, t + 1);  // its codec, not next[0]'s
     eager.peer = next[0].peer;
@@ -263,7 +273,8 @@ TEST(Federated, TheNextRoundsClientsCheckInWhileThisOneRunsAndCatchUpWhenItOpens
     for (auto& c : cs) c.push(net, test::synthetic_grad(c.params, c.id, t, 5));
     for (auto& c : cs) EXPECT_EQ(c.settle(net), Type::Update) << "client " << c.id;
     for (auto& c : next) {
-      ASSERT_EQ(c.settle(net), Type::Update) << "client " << c.id << ": nothing when its round opened";
+      ASSERT_EQ(c.settle(net), Type::Update)
+          << "client " << c.id << ": nothing when its round opened";
       EXPECT_EQ(c.round, t + 1);
       EXPECT_EQ(std::memcmp(c.params.data(), net.engine.model().data(), kDim * 4), 0);
     }

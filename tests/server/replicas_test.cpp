@@ -22,8 +22,7 @@ using namespace std::chrono_literals;
 /// A primary, its backup and the workers of `job` (W = job.world), all with fast heartbeats so a
 /// failover takes a few hundred milliseconds.
 struct Replicated {
-  Replicated(Job j, const std::string& name, uint64_t rounds = 12)
-      : job(std::move(j)), name(name) {
+  Replicated(Job j, const std::string& name, uint64_t rounds = 12) : job(std::move(j)), name(name) {
     job.rounds = rounds;
     job.server_extra.insert(job.server_extra.end(), {"--heartbeat-ms", "100", "--deadline-ms",
                                                      "20000", "--policy", "wait"});
@@ -134,8 +133,8 @@ TEST(ProcessReplicasFaults, ABoundedStaleJobFailsOverToo) {
 TEST(ProcessReplicasFaults, BothLostIsATimeoutNotAHang) {
   Replicated j(Job{"topk:k=40", 2}, "both-lost");
   for (uint32_t r = 0; r < 2; ++r)
-    j.workers.push_back(j.job.worker(j.endpoints, r, j.out(r),
-                                     {"--sleep-ms", "30", "--timeout-ms", "3000"}));
+    j.workers.push_back(
+        j.job.worker(j.endpoints, r, j.out(r), {"--sleep-ms", "30", "--timeout-ms", "3000"}));
   j.wait_rounds("-p.jsonl", 3);
   j.backup.kill9();
   j.primary.kill9();

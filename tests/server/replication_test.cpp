@@ -379,8 +379,7 @@ TEST(Replication, APrimaryWhoseBackupTookOverIsDeposedAndSendsNoUpdate) {
   std::vector<std::vector<float>> grads;
   (void)push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2), [&] { p.pump(); });
   ASSERT_TRUE(p.primary.primary.deposed());
-  EXPECT_NE(p.primary.primary.deposed()->find("took over at round 2 as epoch 1"),
-            std::string::npos)
+  EXPECT_NE(p.primary.primary.deposed()->find("took over at round 2 as epoch 1"), std::string::npos)
       << *p.primary.primary.deposed();
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), std::nullopt);
   EXPECT_EQ(p.standby.engine.round(), 2u);

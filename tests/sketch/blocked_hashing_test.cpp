@@ -65,7 +65,8 @@ TEST(BlockedHash, PositionsOfOneBlockNeverCollideAndPairsCollideAtRateOneOverC) 
   }
   // Over many seeds, a fixed pair of coordinates in different blocks collides in about 1/c of
   // the rows (the analysis in hash.hpp), whatever their positions.
-  for (auto [j1, j2] : {std::pair<uint32_t, uint32_t>{5, 21}, {0, 1000}, {3, 35}, {17, 16 * 9 + 1}}) {
+  for (auto [j1, j2] :
+       {std::pair<uint32_t, uint32_t>{5, 21}, {0, 1000}, {3, 35}, {17, 16 * 9 + 1}}) {
     int hits = 0;
     const int trials = 64000;
     for (int s = 0; s < trials; ++s) {
@@ -113,7 +114,8 @@ TEST_P(BlockedKernels, FastPathsEqualThePlainLoopBitForBitOnAnyThreadCount) {
   s.windows = words.data();
   const auto x = test::gaussian(s.dim, 5);
   // Whole vectors and slices that start and end off block and group boundaries.
-  for (auto [off, len] : {std::pair<uint64_t, uint64_t>{0, s.dim}, {3, s.dim - 10}, {s.dim / 2 + 1, s.dim / 3}}) {
+  for (auto [off, len] :
+       {std::pair<uint64_t, uint64_t>{0, s.dim}, {3, s.dim - 10}, {s.dim / 2 + 1, s.dim / 3}}) {
     SCOPED_TRACE(testing::Message() << "slice " << off << "+" << len);
     const auto want = plain_table(s, words, x.data() + off, len, off, -0.5f);
     for (int threads : {1, 2, 3}) {
@@ -159,13 +161,13 @@ TEST_P(BlockedKernels, FastPathsEqualThePlainLoopBitForBitOnAnyThreadCount) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, BlockedKernels,
-    ::testing::Values(Shape{100003, 5, 4000, 1024},   // windows wrap at c; d not a multiple of B
-                      Shape{50000, 3, 4001, 1024},    // c not a multiple of 4: unaligned windows
-                      Shape{20000, 5, 700, 1024},     // c < B: the block shrinks to 512
-                      Shape{30011, 32, 256, 64},      // 32 rows
-                      Shape{10007, 1, 4096, 4096},    // one row, B = c: every window wraps
-                      Shape{9001, 2, 3, 1024},        // c = 3: blocks of 2, no vector groups
-                      Shape{12000, 4, 1000, 1}));     // B = 1: every coordinate its own block
+    ::testing::Values(Shape{100003, 5, 4000, 1024},  // windows wrap at c; d not a multiple of B
+                      Shape{50000, 3, 4001, 1024},   // c not a multiple of 4: unaligned windows
+                      Shape{20000, 5, 700, 1024},    // c < B: the block shrinks to 512
+                      Shape{30011, 32, 256, 64},     // 32 rows
+                      Shape{10007, 1, 4096, 4096},   // one row, B = c: every window wraps
+                      Shape{9001, 2, 3, 1024},       // c = 3: blocks of 2, no vector groups
+                      Shape{12000, 4, 1000, 1}));    // B = 1: every coordinate its own block
 
 // ---- the grouping by window (window_order.hpp): what the GPU's column path reads ----------------
 
@@ -194,8 +196,8 @@ Grouped grouped(uint64_t dim, uint32_t rows, uint32_t cols, uint32_t block, uint
 TEST(BlockedOrder, ListsEveryBlockOnceUnderTheChunkAndTileOfItsWindow) {
   for (auto [dim, cols, block, chunk, tile] :
        {std::tuple<uint64_t, uint32_t, uint32_t, uint32_t, uint32_t>{1000003, 20000, 1024, 17, 12},
-        {2000000, 9000, 4096, 20, 12},  // a region (T + B) wider than half the table
-        {300001, 7000, 256, 14, 10},    // d not a multiple of B: a short last block
+        {2000000, 9000, 4096, 20, 12},   // a region (T + B) wider than half the table
+        {300001, 7000, 256, 14, 10},     // d not a multiple of B: a short last block
         {65536, 6000, 1024, 30, 12}}) {  // one chunk
     SCOPED_TRACE(testing::Message() << dim << " c" << cols << " B" << block);
     const Grouped g = grouped(dim, 3, cols, block, chunk, tile, dim);
@@ -387,13 +389,13 @@ TEST_P(OneRowTopK, EqualsSortingEveryEstimateWithTiesAndAnyThreadCount) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, OneRowTopK,
-                         testing::Values(OneRow{200000, 9000, 1024},  // aligned, partial tail
-                                         OneRow{131072, 4096, 1024},  // whole blocks only
-                                         OneRow{50001, 9001, 1024},   // unaligned windows
-                                         OneRow{20000, 700, 1024},    // the block shrinks
-                                         OneRow{9001, 3, 1024},       // blocks of 2
-                                         OneRow{12000, 1000, 1},      // one coordinate a block
-                                         OneRow{70000, 1024, 1024})); // B = c: windows wrap
+                         testing::Values(OneRow{200000, 9000, 1024},   // aligned, partial tail
+                                         OneRow{131072, 4096, 1024},   // whole blocks only
+                                         OneRow{50001, 9001, 1024},    // unaligned windows
+                                         OneRow{20000, 700, 1024},     // the block shrinks
+                                         OneRow{9001, 3, 1024},        // blocks of 2
+                                         OneRow{12000, 1000, 1},       // one coordinate a block
+                                         OneRow{70000, 1024, 1024}));  // B = c: windows wrap
 
 TEST(BlockedSketch, SerialisesItsModeAndReadsTheOlderFormat) {
   SketchConfig c{5000, 3, 400, 4};

@@ -1,8 +1,8 @@
 // Test helpers: deterministic random vectors and planted heavy hitters.
 #pragma once
 
-#include <cstdint>
 #include <cctype>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <vector>

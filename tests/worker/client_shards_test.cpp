@@ -172,7 +172,8 @@ std::vector<float> federated(const std::string& endpoints, const std::string& sp
                              uint32_t population, uint32_t per_round, uint64_t dim, uint64_t rounds,
                              bool shared_io, bool ahead = false) {
   const auto init = test::initial_params(dim, 3);
-  std::vector<std::vector<std::vector<float>>> got(rounds, std::vector<std::vector<float>>(per_round));
+  std::vector<std::vector<std::vector<float>>> got(rounds,
+                                                   std::vector<std::vector<float>>(per_round));
   std::vector<std::vector<std::string>> errors(rounds, std::vector<std::string>(per_round));
   std::atomic<int64_t> opened{-1};  // the last round whose clients hold the model
   auto client = [&](uint64_t t, uint32_t i) {
@@ -183,12 +184,14 @@ std::vector<float> federated(const std::string& endpoints, const std::string& sp
       o.join_round = t;
       o.timeout = 30s;
       for (auto deadline = Clock::now() + 30s; opened.load() + 1 < int64_t(t);) {
-        if (Clock::now() > deadline) throw Error("round " + std::to_string(t - 1) + " never opened");
+        if (Clock::now() > deadline)
+          throw Error("round " + std::to_string(t - 1) + " never opened");
         std::this_thread::sleep_for(1ms);
       }
       Client c(o, make_compressor(spec, dim),
                t == 0 ? std::span<const float>(init) : std::span<const float>());
-      for (int64_t seen = opened.load(); seen < int64_t(t) && !opened.compare_exchange_weak(seen, t);) {
+      for (int64_t seen = opened.load();
+           seen < int64_t(t) && !opened.compare_exchange_weak(seen, t);) {
       }
       // Time for the next round's clients to check in while this one runs (they come once it
       // has opened, here): a device computing its gradient.
@@ -223,11 +226,13 @@ TEST(ShardedLoopback, FederatedClientsOverShardsEndBitIdenticalToOneServer) {
   auto one_options = test_loopback::options("dense", kPerRound, kDim, kRounds);
   one_options.job.population = kPopulation;
   Running one(one_options);
-  const auto ref = federated(one.server.endpoint(), "dense", kPopulation, kPerRound, kDim, kRounds, false);
+  const auto ref =
+      federated(one.server.endpoint(), "dense", kPopulation, kPerRound, kDim, kRounds, false);
   ASSERT_EQ(ref.size(), kDim);
   Shards shards("dense", kPerRound, kDim, kRounds, 3,
                 [](ServerOptions& o) { o.job.population = kPopulation; });
-  const auto got = federated(shards.endpoints(), "dense", kPopulation, kPerRound, kDim, kRounds, true);
+  const auto got =
+      federated(shards.endpoints(), "dense", kPopulation, kPerRound, kDim, kRounds, true);
   ASSERT_EQ(got.size(), kDim);
   EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
   EXPECT_EQ(one.finish(), kRounds);
@@ -240,21 +245,25 @@ TEST(ShardedLoopback, FederatedClientsCheckingInAheadEndBitIdenticalToOnesThatCo
   auto one_options = test_loopback::options("topk:k=40", kPerRound, kDim, kRounds);
   one_options.job.population = kPopulation;
   Running one(one_options);
-  const auto ref = federated(one.server.endpoint(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
+  const auto ref =
+      federated(one.server.endpoint(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
   ASSERT_EQ(ref.size(), kDim);
   EXPECT_EQ(one.finish(), kRounds);
   Running again(one_options);
-  const auto got = federated(again.server.endpoint(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true, true);
+  const auto got = federated(again.server.endpoint(), "topk:k=40", kPopulation, kPerRound, kDim,
+                             kRounds, true, true);
   ASSERT_EQ(got.size(), kDim);
   EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
   EXPECT_EQ(again.finish(), kRounds);
   // Over two shards: each server takes its check-ins on its own.
   const auto federated_job = [](ServerOptions& o) { o.job.population = kPopulation; };
   Shards shards("topk:k=40", kPerRound, kDim, kRounds, 2, federated_job);
-  const auto with_round = federated(shards.endpoints(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
+  const auto with_round =
+      federated(shards.endpoints(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
   for (auto& sv : shards.servers) EXPECT_EQ(sv->finish(), kRounds);
   Shards shards_again("topk:k=40", kPerRound, kDim, kRounds, 2, federated_job);
-  const auto sharded = federated(shards_again.endpoints(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true, true);
+  const auto sharded = federated(shards_again.endpoints(), "topk:k=40", kPopulation, kPerRound,
+                                 kDim, kRounds, true, true);
   ASSERT_EQ(sharded.size(), kDim);
   EXPECT_EQ(std::memcmp(sharded.data(), with_round.data(), kDim * 4), 0);
   for (auto& sv : shards_again.servers) EXPECT_EQ(sv->finish(), kRounds);

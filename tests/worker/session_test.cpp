@@ -1,5 +1,5 @@
-// The worker's round logic (Session) against the server's (Engine), in-process with a fake clock and
-// no sockets: registration, rounds bit for bit against the in-process reference, transient
+// The worker's round logic (Session) against the server's (Engine), in-process with a fake clock
+// and no sockets: registration, rounds bit for bit against the in-process reference, transient
 // refusals retried on a timer, reconnects, resynchronisation after a server restart, the job's end
 // as a typed error, traffic of another session or rank dropped; asynchronous jobs (pushes applied
 // as they arrive, in any order, ages, refusals, replies lost and sent again).
@@ -110,8 +110,8 @@ struct Worker {
     return stop;
   }
   void push(Wire& w, uint64_t seed, StepResult& res) {
-    const auto g = test::synthetic_grad(session.params(), session.options().rank,
-                                        session.next_push(), seed);
+    const auto g =
+        test::synthetic_grad(session.params(), session.options().rank, session.next_push(), seed);
     Session::Outbox out;
     session.push(g, out, res);
     w.send(peer, out);
@@ -127,8 +127,8 @@ std::vector<std::unique_ptr<Worker>> join(Wire& w, const JobConfig& cfg,
                                           const std::vector<float>& init) {
   std::vector<std::unique_ptr<Worker>> ws;
   for (uint32_t r = 0; r < cfg.world; ++r)
-    ws.push_back(std::make_unique<Worker>(cfg, r, r == 0 ? std::span<const float>(init)
-                                                         : std::span<const float>()));
+    ws.push_back(std::make_unique<Worker>(
+        cfg, r, r == 0 ? std::span<const float>(init) : std::span<const float>()));
   for (uint32_t r = cfg.world; r-- > 0;) ws[r]->hello(w);
   for (int pass = 0; pass < 3; ++pass)
     for (auto& x : ws) x->registration(w);
@@ -289,8 +289,9 @@ TEST(Session, FederatedClientsOutsideTheSampleOrTwoRoundsEarlyAreRefused) {
   Worker out(cfg, client(outsider, cfg, 1), {}, "outsider");
   out.hello(w);
   EXPECT_THROW(out.registration(w), ConfigMismatch);
-  Worker early(cfg, client(sample_clients(cfg.population, cfg.world, cfg.sample_seed, 3)[0], cfg, 3),
-               {}, "early");
+  Worker early(cfg,
+               client(sample_clients(cfg.population, cfg.world, cfg.sample_seed, 3)[0], cfg, 3), {},
+               "early");
   early.hello(w);
   early.registration(w);
   EXPECT_FALSE(early.session.registered());
@@ -317,8 +318,8 @@ TEST(Session, TransientRefusalRetriesHelloWhenItsTimerIsDue) {
   EXPECT_TRUE(out.empty()) << "Hello again before its time";
   // The first rank 1 falls silent; rank 0 keeps its heartbeats up.
   for (int i = 0; i < 5; ++i) {
-    Session::Outbox hb = {{Frame::own(encode(
-        Envelope{Type::Heartbeat, test_job::kJob, 0, 0, 0, ws[0]->session.session()}))}};
+    Session::Outbox hb = {{Frame::own(
+        encode(Envelope{Type::Heartbeat, test_job::kJob, 0, 0, 0, ws[0]->session.session()}))}};
     w.send(ws[0]->peer, hb);
     w.tick(100ms);
   }
@@ -389,23 +390,23 @@ TEST(Session, TheServersOptimizerRunsOnEveryWorkerAsOnTheServer) {
   // Nesterov momentum, Adagrad or Adam on the server: the Welcome tells the workers, each applies
   // the same step to its copy, and every copy equals the server's model bit for bit.
   for (const char* spec : {"dense", "topk:k=20", "sketch:k=30,cols=300,p2=2"})
-   for (const OuterOptions& opt : optimizers()) {
-    SCOPED_TRACE(std::string(to_string(opt.kind)));
-    JobConfig cfg = job(spec, 3, 1500);
-    cfg.outer = opt;
-    Wire w(cfg);
-    auto ws = join(w, cfg, test::initial_params(cfg.dim, 6));
-    for (int t = 0; t < 4; ++t) round(w, ws, 6);
-    for (auto& x : ws)
-      EXPECT_EQ(std::memcmp(x->session.params().data(), w.engine.model().data(), cfg.dim * 4), 0)
-          << spec << " " << x->peer;
-    // Without the momentum the same rounds land elsewhere: the step is not the plain one.
-    JobConfig plain = job(spec, 3, 1500);
-    Wire p(plain);
-    auto ps = join(p, plain, test::initial_params(plain.dim, 6));
-    for (int t = 0; t < 4; ++t) round(p, ps, 6);
-    EXPECT_NE(std::memcmp(p.engine.model().data(), w.engine.model().data(), cfg.dim * 4), 0);
-  }
+    for (const OuterOptions& opt : optimizers()) {
+      SCOPED_TRACE(std::string(to_string(opt.kind)));
+      JobConfig cfg = job(spec, 3, 1500);
+      cfg.outer = opt;
+      Wire w(cfg);
+      auto ws = join(w, cfg, test::initial_params(cfg.dim, 6));
+      for (int t = 0; t < 4; ++t) round(w, ws, 6);
+      for (auto& x : ws)
+        EXPECT_EQ(std::memcmp(x->session.params().data(), w.engine.model().data(), cfg.dim * 4), 0)
+            << spec << " " << x->peer;
+      // Without the momentum the same rounds land elsewhere: the step is not the plain one.
+      JobConfig plain = job(spec, 3, 1500);
+      Wire p(plain);
+      auto ps = join(p, plain, test::initial_params(plain.dim, 6));
+      for (int t = 0; t < 4; ++t) round(p, ps, 6);
+      EXPECT_NE(std::memcmp(p.engine.model().data(), w.engine.model().data(), cfg.dim * 4), 0);
+    }
 }
 
 TEST(Session, AResyncCarriesTheOptimizersStateWithTheModel) {
@@ -413,31 +414,31 @@ TEST(Session, AResyncCarriesTheOptimizersStateWithTheModel) {
   // count); the workers, two rounds further, resynchronise and the next round keeps every copy
   // equal to the server's.
   for (const OuterOptions& opt : optimizers()) {
-  SCOPED_TRACE(std::string(to_string(opt.kind)));
-  JobConfig cfg = job("dense", 2, 400);
-  cfg.outer = opt;
-  Wire w(cfg);
-  auto ws = join(w, cfg, test::initial_params(cfg.dim, 8));
-  round(w, ws, 8);
-  const Checkpoint at1 = w.engine.checkpoint();
-  ASSERT_EQ(at1.outer.size(), cfg.dim * opt.buffers());
-  EXPECT_EQ(at1.outer_steps, opt.kind == OuterKind::Adam ? 1u : 0u);
-  round(w, ws, 8);
-  round(w, ws, 8);
-  Wire back(cfg);
-  back.engine.restore(at1);
-  std::vector<StepResult> res(2);
-  for (size_t i = 0; i < 2; ++i) ws[i]->push(back, 8, res[i]);
-  for (int pass = 0; pass < 4; ++pass)
-    for (size_t i = 0; i < 2; ++i) ws[i]->pump(back, res[i]);
-  for (size_t i = 0; i < 2; ++i) ASSERT_EQ(res[i].outcome, StepResult::Outcome::Resynced);
-  round(back, ws, 8);
-  for (auto& x : ws)
-    EXPECT_EQ(std::memcmp(x->session.params().data(), back.engine.model().data(), cfg.dim * 4), 0)
-        << x->peer;
-  // A checkpoint with optimizer state does not restore into a job of plain SGD.
-  Wire plain(job("dense", 2, 400));
-  EXPECT_THROW(plain.engine.restore(at1), ConfigMismatch);
+    SCOPED_TRACE(std::string(to_string(opt.kind)));
+    JobConfig cfg = job("dense", 2, 400);
+    cfg.outer = opt;
+    Wire w(cfg);
+    auto ws = join(w, cfg, test::initial_params(cfg.dim, 8));
+    round(w, ws, 8);
+    const Checkpoint at1 = w.engine.checkpoint();
+    ASSERT_EQ(at1.outer.size(), cfg.dim * opt.buffers());
+    EXPECT_EQ(at1.outer_steps, opt.kind == OuterKind::Adam ? 1u : 0u);
+    round(w, ws, 8);
+    round(w, ws, 8);
+    Wire back(cfg);
+    back.engine.restore(at1);
+    std::vector<StepResult> res(2);
+    for (size_t i = 0; i < 2; ++i) ws[i]->push(back, 8, res[i]);
+    for (int pass = 0; pass < 4; ++pass)
+      for (size_t i = 0; i < 2; ++i) ws[i]->pump(back, res[i]);
+    for (size_t i = 0; i < 2; ++i) ASSERT_EQ(res[i].outcome, StepResult::Outcome::Resynced);
+    round(back, ws, 8);
+    for (auto& x : ws)
+      EXPECT_EQ(std::memcmp(x->session.params().data(), back.engine.model().data(), cfg.dim * 4), 0)
+          << x->peer;
+    // A checkpoint with optimizer state does not restore into a job of plain SGD.
+    Wire plain(job("dense", 2, 400));
+    EXPECT_THROW(plain.engine.restore(at1), ConfigMismatch);
   }
 }
 
@@ -528,8 +529,9 @@ TEST(Session, MessagesOfAnotherSessionRankOrJobAreDropped) {
   };
   Session::Outbox out;
   const uint64_t j = test_job::kJob;
-  for (const Frames& f : {forged(j, 0, e.session + 1), forged(j, 1, e.session),
-                          forged(j + 1, 0, e.session), Frames{}, Frames{Frame::own(Bytes(40, 0))}}) {
+  for (const Frames& f :
+       {forged(j, 0, e.session + 1), forged(j, 1, e.session), forged(j + 1, 0, e.session), Frames{},
+        Frames{Frame::own(Bytes(40, 0))}}) {
     EXPECT_FALSE(s.handle(f, w.now, out, res));
     EXPECT_EQ(s.round(), 0u) << "applied a message that is not this session's";
   }
@@ -552,7 +554,6 @@ TEST(Session, BadOptionsAndInitialParametersAreRefused) {
   EXPECT_THROW(Session(zero, *codec, ten), InvalidArgument);
   EXPECT_NO_THROW(Session(options(1, 2), *codec, {}));  // only rank 0 brings a model
 }
-
 
 // ---- asynchronous jobs (Downpour): every push applied as it arrives, answered to its pusher
 
@@ -662,10 +663,10 @@ TEST(Async, AWorkerThatFallsSilentHoldsNobodyBack) {
   Wire w(cfg);
   auto ws = join(w, cfg, test::initial_params(cfg.dim, 2));
   for (int i = 0; i < 5; ++i) w.tick(100ms);  // rank 2 never speaks again: dead
-  EXPECT_EQ(w.engine.live_workers(), 0u);  // nobody has spoken since: each comes back on push
+  EXPECT_EQ(w.engine.live_workers(), 0u);     // nobody has spoken since: each comes back on push
   for (int t = 0; t < 5; ++t)
-    for (uint32_t r : {0u, 1u}) EXPECT_EQ(async_step(w, *ws[r], 1).outcome,
-                                          StepResult::Outcome::Updated);
+    for (uint32_t r : {0u, 1u})
+      EXPECT_EQ(async_step(w, *ws[r], 1).outcome, StepResult::Outcome::Updated);
   EXPECT_EQ(w.engine.round(), 10u);
   EXPECT_EQ(w.engine.live_workers(), 2u);
 }
@@ -723,9 +724,9 @@ TEST(Async, APushFromTheFutureOrCarryingAnotherSendersMessageChangesNothing) {
   const auto g = test::synthetic_grad(ws[0]->session.params(), 0, 0, 7);
   auto push = [&](uint64_t number, uint32_t sender) {
     const Bytes msg = ws[0]->codec->encode(g, number, sender).release();
-    Session::Outbox out{{Frame::own(encode(Envelope{Type::Push, cfg.job, number, 0, 0,
-                                                    ws[0]->session.session()})),
-                         Frame::own(msg)}};
+    Session::Outbox out{
+        {Frame::own(encode(Envelope{Type::Push, cfg.job, number, 0, 0, ws[0]->session.session()})),
+         Frame::own(msg)}};
     w.send(ws[0]->peer, out);
   };
   push(5, 0);  // its push #0 has not come: #5 is from the future

@@ -51,7 +51,6 @@ struct Buffer {
   }
 };
 
-
 /// Loads this thread's kPer values of the tile at t0 (element q at t0 + q·blockDim + thread).
 /// A whole tile loads without conditions, so all kPer loads are in flight at once (with a bound
 /// check per load the compiler issues them one at a time: 0.8 instead of 2.5 TB/s measured).

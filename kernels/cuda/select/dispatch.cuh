@@ -156,8 +156,8 @@ void finish(const Full<V>& full, uint64_t k, uint32_t* idx, float* val, const Bu
 
   if (order == Order::Index) {  // indices are distinct: the order is total
     size_t bytes = b.temp_bytes;
-    SKETCHSGD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(b.temp, bytes, b.out_idx, idx, b.out_val,
-                                                         val, int64_t(k), 0, index_bits(n), stream));
+    SKETCHSGD_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+        b.temp, bytes, b.out_idx, idx, b.out_val, val, int64_t(k), 0, index_bits(n), stream));
     return;
   }
   // The k winners in the total order (|v| desc, index asc).

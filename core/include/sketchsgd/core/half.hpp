@@ -16,8 +16,8 @@ SKETCHSGD_HD uint16_t half_bits(float f) {
   const uint32_t a = x & 0x7FFFFFFFu;
   if (a >= 0x7F800000u) return uint16_t(sign | (a > 0x7F800000u ? 0x7E00u : 0x7C00u));
   if (a >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // ≥ 65520 rounds to Inf
-  if (a < 0x38800000u) {                                    // below 2^-14: subnormal or zero
-    if (a < 0x33000000u) return uint16_t(sign);             // ≤ 2^-25 rounds to 0
+  if (a < 0x38800000u) {                                  // below 2^-14: subnormal or zero
+    if (a < 0x33000000u) return uint16_t(sign);           // ≤ 2^-25 rounds to 0
     const uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u;
     const uint32_t shift = 126u - e;  // value in units of 2^-24 is m >> shift
     uint32_t h = m >> shift;

@@ -30,7 +30,6 @@ namespace sketchsgd::ps {
 
 struct OuterOptions;  // ps/outer.hpp
 
-
 inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // 5: the shard in Hello (sharded servers); 6: a federated client checks in a round ahead (the
 // model of the round before, then that round's outcome); 7: replicated shards (epochs in Hello and
@@ -136,7 +135,7 @@ struct WelcomeInfo {
   uint32_t staleness = 0;        ///< rounds a worker may push ahead of its last update
   float momentum = 0.0f;         ///< the outer step's momentum (OuterOptions), applied by all
   uint8_t nesterov = 0;
-  uint64_t epoch = 0;  ///< the server's epoch (one more each time a backup takes over)
+  uint64_t epoch = 0;     ///< the server's epoch (one more each time a backup takes over)
   uint8_t optimizer = 0;  ///< OuterKind: 0 SGD, 1 Adagrad, 2 Adam (and its ε, β1, β2)
   float eps = 1e-8f;
   float beta1 = 0.9f;

@@ -58,8 +58,8 @@ class Primary {
     Frames frames;
     std::string user;
   };
-  void on_backup(const PeerId& peer, const Envelope& e, const Frames& frames,
-                 Clock::time_point now, std::vector<Outgoing>& out, std::string_view user);
+  void on_backup(const PeerId& peer, const Envelope& e, const Frames& frames, Clock::time_point now,
+                 std::vector<Outgoing>& out, std::string_view user);
   /// A worker's message to the engine; what a round's end sends waits for the backup.
   void pass(const PeerId& peer, const Frames& frames, Clock::time_point now,
             std::vector<Outgoing>& out, std::string_view user);
@@ -77,10 +77,10 @@ class Primary {
   Clock::time_point backup_seen_{};
   std::optional<uint64_t> awaiting_;  // the round the backup must acknowledge
   Clock::time_point awaiting_since_{};
-  std::vector<Outgoing> held_;        // sent once it has
-  std::vector<Outgoing> commits_;     // the rounds that ended in this engine call
-  std::deque<Deferred> deferred_;     // worker messages that came meanwhile
-  uint64_t dropped_ = 0;              // deferred messages dropped for room
+  std::vector<Outgoing> held_;     // sent once it has
+  std::vector<Outgoing> commits_;  // the rounds that ended in this engine call
+  std::deque<Deferred> deferred_;  // worker messages that came meanwhile
+  uint64_t dropped_ = 0;           // deferred messages dropped for room
   std::optional<std::string> deposed_;
 };
 

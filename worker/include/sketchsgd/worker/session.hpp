@@ -159,9 +159,9 @@ class Session {
   uint64_t epoch_ = 0;    // the highest server epoch registered with (replicated servers)
   std::chrono::milliseconds heartbeat_;
   std::deque<std::pair<uint64_t, Frame>> pending_;  // pushes without an outcome yet
-  uint64_t resent_ = 0;               // bytes of pushes sent again with the last Welcome
-  bool resent_before_model_ = false;  // they went before the Pull: the Model needs none
-  std::optional<Clock::time_point> hello_at_;       // a Hello to send again then
+  uint64_t resent_ = 0;                        // bytes of pushes sent again with the last Welcome
+  bool resent_before_model_ = false;           // they went before the Pull: the Model needs none
+  std::optional<Clock::time_point> hello_at_;  // a Hello to send again then
   bool registered_ = false;
   bool synced_ = false;  // a Model of the current round has arrived since the last registration
   // A federated client checked in ahead holds the model of the round before its own; that
@@ -169,7 +169,7 @@ class Session {
   bool behind_ = false;
   bool model_changed_round_ = false;
   bool async_ = false;
-  bool fetching_ = false;   // a Pull without its Model yet
+  bool fetching_ = false;     // a Pull without its Model yet
   uint64_t since_fetch_ = 0;  // pushes since the last fetch (asynchronous jobs)
 };
 
