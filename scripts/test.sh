@@ -9,7 +9,7 @@
 #   bash scripts/test.sh --fast   the edit-compile-test loop: the release build, then ctest's fast
 #                                 tier (label fast: every C++ case, the quick Python files, the
 #                                 docs' tables); other tiers: ctest --preset default -L <label>
-#                                 with unit, process, python, e2e, network or docs
+#                                 with unit, process, python, e2e, network, docs or style
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=0
@@ -23,7 +23,7 @@ source scripts/packages.sh
 source scripts/venv.sh
 ensure_packages cmake ninja-build g++ libgtest-dev libgmock-dev libbenchmark-dev libomp-dev \
   libzmq3-dev cppzmq-dev zlib1g-dev libopenblas0-pthread libopenblas-dev dataset-fashion-mnist python3.11-doc \
-  iproute2 python3.11 python3.11-dev python3.11-venv pybind11-dev
+  iproute2 python3.11 python3.11-dev python3.11-venv pybind11-dev clang-format
 ensure_venv   # .venv with python/requirements.txt: torch 2.13 (CPU), accelerate, lightning, pytest, ...
 
 jobs=$(nproc)
