@@ -91,7 +91,6 @@ class Client {
   uint64_t shard_round(size_t i) const;
 
  private:
-  struct Link;
   struct Shard;
   /// Runs f(shard, its result) on every shard, in shard order, skipping those finished or
   /// already failed in this call; records failures in errors.
