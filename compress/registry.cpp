@@ -281,6 +281,16 @@ std::unique_ptr<Compressor> make_compressor(std::string_view spec, const Layout&
   return Registry::instance().make(with_layout(spec, layout), layout.size(), device);
 }
 
+bool compresses_any(std::string_view spec, const Layout& layout) {
+  SKETCHSGD_REQUIRE(!layout.empty(), InvalidArgument, "compresses_any: empty layout");
+  spec = trim(spec);
+  SKETCHSGD_REQUIRE(spec.find("layout=") == std::string_view::npos, InvalidArgument, "spec '", spec,
+                    "' has a layout already");
+  const auto [e, opts] = Registry::instance().parse(spec);
+  if (e->layout == LayoutUse::None || !e->compresses) return true;
+  return e->compresses(Registry::instance().parse(with_layout(spec, layout)).second);
+}
+
 std::string complete_spec(std::string_view spec, const Layout& layout) {
   spec = trim(spec);
   const CodecEntry* e = Registry::instance().find(trim(spec.substr(0, spec.find(':'))));

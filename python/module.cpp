@@ -184,6 +184,15 @@ PYBIND11_MODULE(_core, m) {
         "The canonical spec for a share of the model: its budgets (k, cols) scaled by share, at "
         "least 1 each; share 1 validates a spec.");
   m.def(
+      "compresses_any",
+      [](const std::string& spec, const std::string& layout) {
+        return compresses_any(spec, Layout::parse(layout));
+      },
+      py::arg("spec"), py::arg("layout"),
+      "Whether spec's codec would compress any of the vector made of layout's tensors "
+      "(\"40x45+200\"): false where a codec that reads the layout finds none worth its work "
+      "(PowerSGD: no matrix worth factoring at its rank), a vector better sent whole.");
+  m.def(
       "sent_whole",
       [](uint64_t dims, uint64_t numel, uint64_t dense_below) {
         return Layout::sent_whole(Layout::Tensor{0, numel, 0, 0, size_t(dims)}, dense_below);

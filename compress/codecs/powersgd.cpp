@@ -476,6 +476,11 @@ class PowerSGD final : public SummableCodec {
   uint64_t last_round_ = ~uint64_t(0);
 };
 
+/// The plan of a spec's options (its layout, rank, min_rate and blocks).
+Plan plan_of(const Options& o) {
+  return Plan(o.layout(), o.integer("rank"), o.number("min_rate"), o.integer("blocks"));
+}
+
 SKETCHSGD_REGISTER_CODEC(
     kPowerSGD,
     {"powersgd",
@@ -508,14 +513,15 @@ SKETCHSGD_REGISTER_CODEC(
                          "layout)");
        PowerOptions p{o.integer("rank"), float(o.number("momentum")), o.flag("ef"),
                       o.flag("warm"),    o.integer("seed"),           WireFloat(o.integer("wire"))};
-       const Plan plan(o.layout(), p.rank, o.number("min_rate"), o.integer("blocks"));
+       const Plan plan = plan_of(o);
        SKETCHSGD_REQUIRE(!plan.matrices.empty(), InvalidArgument, "powersgd: no tensor of layout ",
                          o.layout().text(), " is worth compressing at rank ", p.rank,
                          " (min_rate): use dense");
        return std::make_unique<PowerSGD>(dim, std::move(spec), plan, p, device);
      },
      LayoutUse::Required,
-     {"powersgd:rank=2", "powersgd:rank=1,warm=0", "powersgd:rank=1,momentum=0.9,wire=fp16"}});
+     {"powersgd:rank=2", "powersgd:rank=1,warm=0", "powersgd:rank=1,momentum=0.9,wire=fp16"},
+     [](const Options& o) { return !plan_of(o).matrices.empty(); }});
 
 }  // namespace
 }  // namespace sketchsgd

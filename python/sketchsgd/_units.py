@@ -11,7 +11,7 @@ warm-up, or DDP's initial single bucket right after a resume.
 import torch
 
 from . import _core
-from ._compressor import Compressor
+from ._compressor import Compressor, layout_text
 
 
 def checked_spec(spec: str) -> str:
@@ -75,6 +75,7 @@ class Units:
         self.pending = {}   # unit index -> states from load_state_dict()
         self.blocks = {}    # bucket index -> B: its tensors are B chunks of one matrix's rows each (register)
         self._lookup = None  # (fixed, its first key -> unit, its compressed values), for held()
+        self._factors = {}  # (tensor keys, blocks) -> whether the codec compresses any (_factored)
 
     @property
     def per_tensor(self) -> bool:
@@ -99,24 +100,44 @@ class Units:
             offset += n
         if offset != numel:
             raise RuntimeError(f"bucket {index}: gradients hold {offset} values, its buffer {numel}")
-        if self._whole_rule is None and all(len(self.shapes[k]) < 2 for k, _, _ in entries):
-            # A codec that reads shapes, given no matrix (an FSDP module of biases and norms
-            # alone, its weight frozen): it would have nothing to factor, so all of it goes whole.
+        if self._whole_rule is None and entries and not self._factored(index, [k for k, _, _ in entries]):
+            # A codec that reads shapes, given no tensor it would compress (an FSDP module of
+            # biases and norms alone, its weight frozen; a 3-class head, a LoRA factor too small
+            # to factor at the rank): all of it goes whole, as PyTorch's PowerSGD sends such
+            # tensors, rather than the codec refusing the unit.
             for k, _, _ in entries:
                 self.whole[k] = True
             entries = [(k, n, False) for k, n, _ in entries]
         return entries, where
+
+    def _factored(self, index: int, keys) -> bool:
+        """Whether the codec would compress any of these tensors (bucket index's, in order),
+        asked of the C++ registry once per set of tensors."""
+        key = (tuple(keys), self.blocks.get(index, 1))
+        known = self._factors.get(key)
+        if known is None:
+            shapes = [self.shapes[k] for k in keys]
+            known = self._factors[key] = any(len(s) >= 2 for s in shapes) and _core.compresses_any(
+                self._spec_of(index), layout_text(shapes))
+        return known
+
+    def _spec_of(self, index: int) -> str:
+        """The state's spec for bucket index: with blocks where registered so."""
+        if index not in self.blocks:
+            return self.spec
+        name, _, options = self.spec.partition(":")
+        return f"{name}:{options + ',' if options.strip() else ''}blocks={self.blocks[index]}"
 
     def register(self, index: int, ids, shapes, blocks: int = 1):
         """Bucket index's tensors (ids, of these shapes) known before its first call, as a DDP
         warm-up makes them known (sketchsgd.fsdp: each FSDP module's, or chunk's). blocks = B:
         they are B chunks of the same tensors, each a block of rows of its matrix (FSDP's
         sharded layout), for a codec that reads shapes (its option blocks)."""
+        if blocks > 1:
+            self.blocks[index] = blocks
         metas = [torch.empty(s, device="meta") for s in shapes]
         entries = self.entries(ids, metas, sum(m.numel() for m in metas), index)[0]
         self.warm[index] = self.registered[index] = entries
-        if blocks > 1:
-            self.blocks[index] = blocks
 
     def fix(self, index: int, entries):
         """Compression begins: the warm-up's buckets become units (a state without a warm-up:
@@ -167,11 +188,7 @@ class Units:
         if u.codec is not None or not u.n_compressed:
             return
         total = self._book()[1]
-        spec = self.spec
-        if u.index in self.blocks:
-            name, _, options = spec.partition(":")
-            spec = f"{name}:{options + ',' if options.strip() else ''}blocks={self.blocks[u.index]}"
-        spec = _core.share_spec(spec, u.n_compressed / total)
+        spec = _core.share_spec(self._spec_of(u.index), u.n_compressed / total)
         try:
             u.build(spec, device, world, self.pending.pop(u.index, None),
                     self.shapes if self._whole_rule is None else None)

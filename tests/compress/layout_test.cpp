@@ -43,6 +43,37 @@ TEST(Layout, IsPartOfTheCanonicalSpecAndMustFitTheVector) {
   EXPECT_THROW(make_compressor("powersgd:rank=4,layout=8x8+8", 72), InvalidArgument);
 }
 
+TEST(Layout, CompressesAnyTellsWhatTheCodecWouldRefuse) {
+  // PowerSGD factors a matrix where (rows + cols)·rank·min_rate < rows·cols.
+  EXPECT_FALSE(compresses_any("powersgd:rank=4", Layout({{8, 8}, {8}})));
+  EXPECT_FALSE(compresses_any("powersgd:rank=4", Layout({{3, 256}, {3}})));  // a 3-class head
+  EXPECT_TRUE(compresses_any("powersgd:rank=1", Layout({{3, 256}, {3}})));
+  EXPECT_TRUE(compresses_any("powersgd:rank=4", Layout({{3, 256}, {64, 64}})));
+  EXPECT_FALSE(compresses_any("powersgd:rank=4,min_rate=40", Layout({{64, 64}})));
+  EXPECT_FALSE(compresses_any("powersgd:rank=2", Layout::parse("1000")));  // no matrix at all
+  // blocks=B: the B chunks' rows make one matrix (3 × 256 as two 3-row chunks: 6 × 256).
+  EXPECT_FALSE(compresses_any("powersgd:rank=2", Layout({{3, 256}})));
+  EXPECT_TRUE(compresses_any("powersgd:rank=2,blocks=2", Layout({{3, 256}, {3, 256}})));
+  // What it says is what building does.
+  for (const char* spec : {"powersgd:rank=4", "powersgd:rank=1", "powersgd:rank=2,blocks=2"})
+    for (const Layout& l : {Layout({{3, 256}, {3, 256}}), Layout({{8, 8}, {8, 8}})}) {
+      bool built = true;
+      try {
+        make_compressor(spec, l);
+      } catch (const InvalidArgument&) {
+        built = false;
+      }
+      EXPECT_EQ(compresses_any(spec, l), built) << spec << " " << l.text();
+    }
+  // Codecs that read no layout, or take it as an option, compress anything.
+  EXPECT_TRUE(compresses_any("dense", Layout({{8, 8}})));
+  EXPECT_TRUE(compresses_any("topk:k=2", Layout({{8, 8}})));
+  EXPECT_THROW(compresses_any("powersgd:rank=4,layout=8x8", Layout({{8, 8}})), InvalidArgument);
+  EXPECT_THROW(compresses_any("nosuch", Layout({{8, 8}})), InvalidArgument);
+  EXPECT_THROW(compresses_any("powersgd:rank=2,blocks=2", Layout({{3, 256}})), InvalidArgument);
+  EXPECT_THROW(compresses_any("powersgd:rank=2", Layout()), InvalidArgument);
+}
+
 TEST(Layout, PartitionKeepsOrderAndMergesNeighbours) {
   const Layout l({{40, 50}, {40}, {10}, {30, 20}, {5}, {8, 8}});  // 2000 40 10 600 5 64
   const auto s = l.partition([](const Layout::Tensor& t) { return Layout::sent_whole(t, 100); });

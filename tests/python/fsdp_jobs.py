@@ -358,11 +358,11 @@ def full_shard(rank, world, spec, steps, warmup=0):
     return _train(model, rank, steps), _local(model), state.stats() if state else None
 
 
-def _fsdp1(strategy="FULL_SHARD", orig=False):
-    """The MLP under FSDP1 on the CPU: each Linear an instance, the root another (it holds no
-    parameter of its own)."""
+def _fsdp1(strategy="FULL_SHARD", orig=False, model=None):
+    """The MLP (or model, a Sequential) under FSDP1 on the CPU: each Linear an instance, the root
+    another (it holds no parameter of its own)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-    model = _model()
+    model = _model() if model is None else model
     how = dict(sharding_strategy=getattr(ShardingStrategy, strategy), device_id=torch.device("cpu"),
                use_orig_params=orig)
     for i, layer in enumerate(model):
@@ -528,6 +528,27 @@ def _build(rank, world, spec, mode, model):
         if spec:
             fsdp.compress_reduce_scatter(model, state)
     return model, state
+
+
+def _narrow():
+    """An MLP whose layers PowerSGD would not factor at rank 8 (6 × 32 and 4 × 6: their factors
+    outweigh them)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+
+
+def whole_units(rank, world, spec, mode, steps, narrow):
+    """fsdp_jobs' MLP (or _narrow's, narrow=True) under mode (replicas, reduce_scatter or fsdp1)
+    with spec (None: FSDP's own reduction). Returns (losses, this rank's shards, stats or None)."""
+    from sketchsgd import fsdp
+    model = _narrow() if narrow else _model()
+    if mode == "fsdp1":
+        model, state = _fsdp1(model=model), CompressionState(spec) if spec else None
+        if state:
+            fsdp.compress_fsdp1(model, state)
+        return _train(model, rank, steps), _fsdp1_local(model), state.stats() if state else None
+    model, state = _build(rank, world, spec, mode, model)
+    return _train(model, rank, steps), _local(model), state.stats() if state else None
 
 
 def frozen(rank, world, spec, mode, steps):

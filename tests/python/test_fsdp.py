@@ -493,18 +493,40 @@ def test_diloco_over_a_sharded_model_refuses_a_group_of_other_shards_and_fails_a
 
 
 def test_a_spec_a_module_cannot_take_is_refused_when_the_model_is_registered():
-    """PowerSGD at rank 8 on the MLP's last layer (10 × 48: its factors would outweigh it) is
-    refused by compress_reduce_scatter, compress_replicas and compress_fsdp1 on every rank, with
-    a warm-up to come (not at the first compressed step): InvalidArgument naming the unit and
-    its share of the spec, before any hook is set, so the model trains on with FSDP's own
-    reduction."""
-    runs = ddp.run(fsdp_jobs.several, [("refused_unit", ("powersgd:rank=8", mode, 2, 3))
+    """A top-k budget past the MLP's 5,803 values is refused by compress_reduce_scatter,
+    compress_replicas and compress_fsdp1 on every rank, with a warm-up to come (not at the first
+    compressed step): InvalidArgument naming the unit and its share of the spec, before any hook
+    is set, so the model trains on with FSDP's own reduction."""
+    runs = ddp.run(fsdp_jobs.several, [("refused_unit", ("topk:k=100000", mode, 2, 3))
                                        for mode in ("reduce_scatter", "replicas", "fsdp1")])
     for rank in range(4):
         for (error, message), steps in runs[rank]:
             assert error == "InvalidArgument", (rank, error, message)
-            assert "unit" in message and "powersgd:rank=8" in message, message
+            assert "unit" in message and "topk:k=" in message and "exceeds" in message, message
             assert steps == [None, None], (rank, steps)
+
+
+def test_a_module_with_no_matrix_worth_factoring_goes_whole():
+    """PowerSGD at rank 8, whose factors would outweigh the MLP's last layer (10 × 48), sends
+    that module whole, as PyTorch's PowerSGD sends such tensors, and factors the others (was:
+    the spec refused): under HSDP, full sharding and FSDP1 the loss falls, the shards stay
+    finite, and fewer bytes go out than fp32's. On a model where no module is worth factoring
+    (6 × 32 and 4 × 6) nothing is compressed: HSDP's replicas are FSDP2's own all-reduce bit for
+    bit, and the bytes are fp32's."""
+    modes = ("replicas", "reduce_scatter", "fsdp1")
+    calls = [("whole_units", (spec, mode, STEPS, False)) for mode in modes for spec in (None, "powersgd:rank=8")]
+    calls += [("whole_units", (spec, "replicas", STEPS, True)) for spec in (None, "powersgd:rank=8")]
+    runs = ddp.run(fsdp_jobs.several, calls)
+    for rank in range(4):
+        got = runs[rank]
+        for i, mode in enumerate(modes):
+            (plain, _, _), (losses, local, stats) = got[2 * i], got[2 * i + 1]
+            assert np.isfinite(local).all(), (mode, rank)
+            assert losses[0] == plain[0] and np.mean(losses[-3:]) < np.mean(losses[:3]), (mode, rank, losses)
+            assert stats["compressed_steps"] > 0 and stats["payload_bytes"] < stats["dense_bytes"], (mode, stats)
+        (plain, own, _), (losses, local, stats) = got[-2], got[-1]
+        assert losses == plain and np.array_equal(local, own), rank
+        assert stats["payload_bytes"] == stats["dense_bytes"], stats
 
 
 def test_a_nan_in_a_warm_up_step_raises_on_every_rank_too():

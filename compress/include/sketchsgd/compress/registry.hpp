@@ -77,6 +77,11 @@ struct CodecEntry {
   /// fuzz target and the comparisons iterate over them (example_specs()): a new codec registers
   /// its examples and is tested with the others.
   std::vector<std::string> examples = {};
+  /// For a codec that reads the layout: whether it would compress any of the options' layout
+  /// (PowerSGD: a matrix worth factoring at its rank). Where it would not, the vector is better
+  /// sent whole, and a framework that cuts a model into units sends such a unit so rather than
+  /// build the codec (which refuses it). Unset: always.
+  std::function<bool(const Options&)> compresses = {};
 };
 
 class Registry {
@@ -113,6 +118,10 @@ std::string share_spec(std::string_view spec, double share = 1.0);
 /// and the spec's layout cut at the parts' edges. InvalidArgument for a bad spec, a part of size
 /// 0, sizes that do not add up to the layout, or an edge inside a tensor.
 std::vector<std::string> split_spec(std::string_view spec, std::span<const uint64_t> sizes);
+/// Whether spec's codec, given the vector made of layout's tensors, would compress any of it
+/// (CodecEntry::compresses; true for a codec that reads no layout). InvalidArgument for a bad
+/// spec, one with a layout already, or a layout the codec cannot take.
+bool compresses_any(std::string_view spec, const Layout& layout);
 /// The spec with `layout=` added when its codec requires one and it has none yet (what a program
 /// that knows its model's shapes passes to server and workers alike); otherwise as is.
 std::string complete_spec(std::string_view spec, const Layout& layout);
