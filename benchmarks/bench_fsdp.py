@@ -6,6 +6,10 @@ MLP (784-W-W-10), on the CPU (gloo) or a GPU (NCCL).
 one bucket; under FSDP2 (fully_shard on each layer and the root) in sketchsgd.fsdp's replica
 hook on each layer's gradient (compress_replicas: in a group of one FSDP2 calls no
 reduce-scatter, so compress_reduce_scatter's path cannot run).
+--ranks W ≥ 2 --replicas R (W processes, R dividing W): HSDP, R replicas of W / R shards, the
+replicas averaged by compress_replicas on each layer's shard (a replica group of R ranks;
+fully_shard over the shard group), against DDP at W ranks. With R = W each shard group is one
+rank: the hook gets each layer's whole gradient and does DDP's work on it.
 --ranks W ≥ 2 (W processes): full sharding, FSDP2's compressed reduce-scatter
 (compress_reduce_scatter: summable codecs on each layer's whole gradient, PowerSGD and dense
 where FSDP2 lays it out and the sketch through a copy into parameter order, only this rank's
@@ -54,6 +58,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=count, default=1, help="processes: 1 (FSDP2's replica hook) or W ≥ 2 (full "
                     "sharding over W ranks: FSDP2's and FSDP1's compressed reduce-scatter)")
+    ap.add_argument("--replicas", type=count, help="with --ranks W: HSDP, R replicas of W / R shards (FSDP2's "
+                    "replica hook, compress_replicas) against DDP at W ranks")
     ap.add_argument("--threads", type=count, default=1, help="threads a rank")
     ap.add_argument("--steps", type=count, default=30)
     ap.add_argument("--rounds", type=count, default=3, help="time every configuration in turn this many times")
@@ -76,6 +82,8 @@ def main():
         ap.error(f"--only {args.only}: no spec{' of a layout codec' if args.isolated else ''} has any of these")
     if args.cold and not args.isolated:
         ap.error("--cold: with --isolated")
+    if args.replicas and (args.ranks < 2 or args.replicas < 2 or args.ranks % args.replicas or args.isolated):
+        ap.error(f"--replicas {args.replicas}: give --ranks W ≥ 2 that it divides, R ≥ 2, and no --isolated")
     if args.isolated and (args.ranks < 2 or args.device != "cpu"):
         ap.error("--isolated: give --ranks W ≥ 2 (the units' chunks) and the CPU")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
@@ -98,7 +106,7 @@ def main():
         ranks = [rank(0, args, port, None)]
     else:
         ranks = spawn(args, port)
-    kinds = ["ddp"] + (["fsdp2"] if args.ranks == 1 else ["fsdp2", "fsdp1"])
+    kinds = ["ddp"] + (["fsdp2"] if args.ranks == 1 or args.replicas else ["fsdp2", "fsdp1"])
     results = []
     print(f"{'spec':45s} " + " ".join(f"{k + ' ms':>9s}" for k in kinds) + " " +
           " ".join(f"{k + '/ddp':>10s}" for k in kinds[1:]))
@@ -115,7 +123,7 @@ def main():
               " / ".join(f"{phases[k]:.2f}" for k in kinds))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ranks": args.ranks, "threads": args.threads, "device": args.device, "width": args.width,
+            json.dump({"ranks": args.ranks, "replicas": args.replicas, "threads": args.threads, "device": args.device, "width": args.width,
                        "rounds": args.rounds, "steps": args.steps, "results": results}, f, indent=1)
     if args.table:
         table(args, results)
@@ -131,6 +139,15 @@ def table(args, results):
         rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp2_ms']:.2f}", f"{r['fsdp2_ratio']:.2f}",
                  f"{r['ddp_phases_ms']:.2f} / {r['fsdp2_phases_ms']:.2f}"] for r in results]
         how = "one process (a group of one); DDP: one bucket; FSDP2: compress_replicas, one call per layer (3)"
+    elif args.replicas:
+        R, S = args.replicas, args.ranks // args.replicas
+        name = f"fsdp-work-hsdp-{R}x{S}" + ("" if w == 1024 else f"-{w}")
+        head = ["codec", "DDP: ms a step", f"HSDP {R} × {S}: ms a step", "HSDP / DDP", "codec phases, DDP / HSDP (ms)"]
+        rows = [[f"`{r['spec']}`", f"{r['ddp_ms']:.2f}", f"{r['fsdp2_ms']:.2f}", f"{r['fsdp2_ratio']:.2f}",
+                 f"{r['ddp_phases_ms']:.2f} / {r['fsdp2_phases_ms']:.2f}"] for r in results]
+        how = (f"{args.ranks} processes; DDP: one bucket; FSDP2: HSDP, {R} replicas of {S} shard(s), compress_replicas "
+               f"over each replica group of {R}, one call per layer (3)" +
+               (": a shard group of one, so each call holds the layer's whole gradient" if S == 1 else ""))
     else:
         name = "fsdp-work-ranks" + ("" if w == 1024 else f"-{w}")
         head = ["codec", "DDP: ms a step", "FSDP2 full: ms a step", "FSDP2 / DDP", "FSDP1: ms a step", "FSDP1 / DDP",
@@ -339,7 +356,9 @@ def rank(me, args, port, queue):
     torch.manual_seed(0)
     w = args.width
     base = nn.Sequential(nn.Linear(784, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(dev)
-    mesh = init_device_mesh(dev.type, (W,))
+    R = args.replicas
+    mesh = (init_device_mesh(dev.type, (R, W // R), mesh_dim_names=("replicate", "shard")) if R else
+            init_device_mesh(dev.type, (W,)))
     gen = torch.Generator().manual_seed(100 + me)  # each rank its own batch, as in training
     x = torch.randn(32, 784, generator=gen).to(dev)
     y = torch.randint(0, 10, (32,), generator=gen).to(dev)
@@ -352,11 +371,15 @@ def rank(me, args, port, queue):
 
     def fsdp2(spec):
         m = copy.deepcopy(base)
+        shards = mesh["shard"] if R else mesh
         for layer in m:
             if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(m, mesh=mesh)
-        if W == 1:
+                fully_shard(layer, mesh=shards)
+        fully_shard(m, mesh=shards)
+        if R:
+            sketchsgd.fsdp.compress_replicas(
+                m, CompressionState(spec, process_group=mesh["replicate"].get_group()))
+        elif W == 1:
             sketchsgd.fsdp.compress_replicas(m, CompressionState(spec))
         else:
             sketchsgd.fsdp.compress_reduce_scatter(m, CompressionState(spec))
@@ -372,7 +395,7 @@ def rank(me, args, port, queue):
         sketchsgd.fsdp.compress_fsdp1(m, CompressionState(spec))
         return m
 
-    makers = {"ddp": ddp, "fsdp2": fsdp2} if W == 1 else {"ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1}
+    makers = {"ddp": ddp, "fsdp2": fsdp2} if W == 1 or R else {"ddp": ddp, "fsdp2": fsdp2, "fsdp1": fsdp1}
     models = {f"{kind} {spec}": make(spec) for kind, make in makers.items() for spec in args.specs}
     times = {key: [] for key in models}
     phases = {key: [] for key in models}

@@ -67,6 +67,8 @@ CASES = [
     ("benchmarks/bench_fsdp.py", ["--table"], "--table"),
     ("benchmarks/bench_fsdp.py", ["--ranks", "0"], "--ranks"),
     ("benchmarks/bench_fsdp.py", ["--isolated"], "--isolated"),
+    ("benchmarks/bench_fsdp.py", ["--ranks", "4", "--replicas", "3"], "--replicas"),
+    ("benchmarks/bench_fsdp.py", ["--replicas", "2"], "--replicas"),
     ("benchmarks/bench_fsdp.py", ["--isolated", "--ranks", "2", "--only", "dense"], "layout codec"),
     ("scripts/compare_fsdp.py", ["--only", "full:nothing"], "--only"),
     ("benchmarks/bench_round.py", ["--k", "0"], "--k"),
