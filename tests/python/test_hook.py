@@ -81,6 +81,18 @@ def test_every_codec_trains_and_every_rank_ends_identical():
             assert stats["last_ratio"] > 1.3, f"{spec}: {stats}"
 
 
+def test_a_bucket_with_no_matrix_worth_factoring_goes_whole():
+    """PowerSGD at rank 8 on two buckets: the last layer's (its 10 × 96 weight's factors would outweigh
+    it), so that bucket goes whole (fp32, as PyTorch's PowerSGD sends such tensors; it was refused),
+    while the 96 × 64 weight is factored. The loss falls, the ranks agree bit for bit, and fewer
+    bytes go out than fp32's."""
+    results = ddp.run(jobs.every_codec, ["powersgd:rank=8"], 40)
+    first, last, params, stats, buckets = results[0]["powersgd:rank=8"]
+    assert buckets == 2 and last < first - 0.05, (buckets, first, last)
+    assert all(results[r]["powersgd:rank=8"][2] == params for r in range(1, 4))
+    assert stats["compressed_steps"] == 38 and stats["payload_bytes"] < stats["dense_bytes"], stats
+
+
 def _expected(spec, per_rank, start_iter=2):
     """The same rounds through the C++ codecs and aggregator, message by message."""
     W = len(per_rank)
