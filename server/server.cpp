@@ -29,20 +29,25 @@ std::string json_line(const RoundMetrics& m, uint32_t world, bool async) {
       ",\"merge_ms\":" + std::to_string(m.merge_ms) +
       ",\"contributors\":" + std::to_string(m.contributors) +
       ",\"world\":" + std::to_string(world) + ",\"bytes_up\":[";
+  // Appended a piece at a time: `"," + std::to_string(...)` trips GCC 12's -Wrestrict (a false
+  // positive in its inlined operator+).
+  auto list = [&s](const auto& values) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(values[i]);
+    }
+  };
+  list(m.bytes_up);
   uint64_t up = 0;
-  for (size_t i = 0; i < m.bytes_up.size(); ++i) {
-    s += (i ? "," : "") + std::to_string(m.bytes_up[i]);
-    up += m.bytes_up[i];
-  }
+  for (const uint64_t b : m.bytes_up) up += b;
   const double ratio =
       m.contributors && up ? double(m.dense_bytes) * m.contributors / double(up) : 0;
   s += "],\"bytes_down_each\":" + std::to_string(m.bytes_down_each) +
        ",\"dense_bytes\":" + std::to_string(m.dense_bytes) +
        ",\"uplink_ratio\":" + std::to_string(ratio) + ",\"stragglers\":[";
-  for (size_t i = 0; i < m.stragglers.size(); ++i)
-    s += (i ? "," : "") + std::to_string(m.stragglers[i]);
+  list(m.stragglers);
   s += "],\"dead\":[";
-  for (size_t i = 0; i < m.dead.size(); ++i) s += (i ? "," : "") + std::to_string(m.dead[i]);
+  list(m.dead);
   std::string reason;
   for (char c : m.reason) reason += (c == '"' || c == '\\') ? ' ' : c;
   s += "],\"reason\":\"" + reason + "\"}";

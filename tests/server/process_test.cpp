@@ -18,6 +18,7 @@
 #include <thread>
 
 #include <random>
+#include <regex>
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/kernels/cpu.hpp>
 #include <sketchsgd/ps/flags.hpp>
@@ -109,9 +110,18 @@ TEST(ProcessFaults, KilledWorkerIsOutvotedByQuorumThenRestartsAndRejoins) {
   const auto lines = lines_of(metrics);
   ASSERT_EQ(lines.size(), job.rounds);
   bool quorum = false;
+  // Every line's lists as JSON: a count of bytes per rank, the ranks left out.
+  const std::regex lists(
+      R"re("bytes_up":\[\d+,\d+,\d+\].*"stragglers":\[(\d+(,\d+)*)?\],"dead":\[(\d+(,\d+)*)?\],"reason":"[^"]*"\}$)re");
   for (size_t i = 0; i < lines.size(); ++i) {
     EXPECT_NE(lines[i].find("\"round\":" + std::to_string(i) + ","), std::string::npos) << lines[i];
-    quorum |= lines[i].find("\"contributors\":2,") != std::string::npos;
+    EXPECT_TRUE(std::regex_search(lines[i], lists)) << lines[i];
+    if (lines[i].find("\"contributors\":2,") != std::string::npos) {
+      quorum = true;  // rank 2 left out: late or dead
+      EXPECT_TRUE(lines[i].find("\"stragglers\":[2]") != std::string::npos ||
+                  lines[i].find("\"dead\":[2]") != std::string::npos)
+          << lines[i];
+    }
   }
   EXPECT_TRUE(quorum);
 }
