@@ -22,7 +22,13 @@ class Log {
     std::lock_guard lock(mu_);
     const auto now = std::chrono::steady_clock::now();
     if (now - window_ >= std::chrono::seconds(1)) {
-      if (suppressed_) print("(" + std::to_string(suppressed_) + " similar lines suppressed)");
+      if (suppressed_) {
+        // Appended, not `"(" + std::to_string(...)`: GCC 12 warns falsely (-Wrestrict) there.
+        std::string note = "(";
+        note += std::to_string(suppressed_);
+        note += " similar lines suppressed)";
+        print(note);
+      }
       window_ = now;
       count_ = 0;
       suppressed_ = 0;
