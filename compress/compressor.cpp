@@ -268,7 +268,7 @@ void Aggregator::add(std::span<const uint8_t> message) {
   SKETCHSGD_REQUIRE(!seen_[h.sender], ProtocolError, "duplicate ", to_string(h.kind),
                     " from sender ", h.sender, " in round ", h.round);
   ByteReader r(payload_of(message), "payload");
-  absorb(r, h);  // validates fully before changing state
+  do_add(r, h);  // validates fully before changing state
   if (count_ == 0) round_ = h.round;
   seen_[h.sender] = true;
   ++count_;
@@ -289,13 +289,13 @@ void Aggregator::add_sum(std::span<const float> sum, uint32_t contributors, uint
                     " while collecting round ", round_);
   device_.require_accessible(sum.data(), sum.size_bytes(), "add_sum");
   const auto scope = device_.activate();
-  absorb_sum(sum, expecting_);  // validates fully before changing state
+  do_add_sum(sum, expecting_);  // validates fully before changing state
   round_ = round;
   seen_.assign(world_, true);
   count_ = contributors;
 }
 
-void Aggregator::absorb_sum(std::span<const float>, MessageKind kind) {
+void Aggregator::do_add_sum(std::span<const float>, MessageKind kind) {
   throw ProtocolError("codec " + std::string(to_string(info_.id)) + " cannot take a summed " +
                       std::string(to_string(kind)));
 }

@@ -112,7 +112,7 @@ Buffer<float>& SummableAggregator::sum_of(MessageKind kind) {
   return s;
 }
 
-void SummableAggregator::absorb(ByteReader& r, const Header& h) {
+void SummableAggregator::do_add(ByteReader& r, const Header& h) {
   const uint64_t n = info_.values[size_t(h.kind)];
   const auto v = payload::read_values(r, n, info_.format[size_t(h.kind)], payload_name(h.kind),
                                       info_.columns[size_t(h.kind)]);  // finite-checked
@@ -163,7 +163,7 @@ void SummableAggregator::settle_checks(bool raise) {
   }
 }
 
-void SummableAggregator::absorb_sum(std::span<const float> v, MessageKind kind) {
+void SummableAggregator::do_add_sum(std::span<const float> v, MessageKind kind) {
   if (defer_checks_)
     ops::flag_nonfinite(device_, v, flag(kind));
   else

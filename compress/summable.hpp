@@ -72,8 +72,8 @@ class SummableAggregator : public Aggregator {
                          std::span<float> out);
 
  private:
-  void absorb(ByteReader& payload, const Header& h) final;
-  void absorb_sum(std::span<const float> sum, MessageKind kind) final;
+  void do_add(ByteReader& payload, const Header& h) final;
+  void do_add_sum(std::span<const float> sum, MessageKind kind) final;
   Message reduce(const Header& phase, uint32_t contributors) final;
   void reduce_values(const Header& phase, uint32_t contributors, std::span<float> out) final;
   void clear() final;

@@ -48,7 +48,7 @@ class QsgdAggregator final : public MeanAggregator {
       : MeanAggregator(c, world), runs_(runs), bits_(bits) {}
 
  private:
-  void absorb(ByteReader& r, const Header&) override {
+  void do_add(ByteReader& r, const Header&) override {
     const auto norms = payload::read_scales(r, runs_.scales());
     const auto codes = r.take<uint8_t>(runs_.code_bytes());
     r.expect_end();

@@ -42,7 +42,7 @@ class VoteAggregator final : public Aggregator {
       : Aggregator(c, world), runs_(runs) {}
 
  private:
-  void absorb(ByteReader& r, const Header&) override {
+  void do_add(ByteReader& r, const Header&) override {
     const auto s = read_signs(r, runs_, false);
     if (neg_.size() != info_.dim) neg_.assign(info_.dim, 0);
     for (const auto& run : runs_.runs())
@@ -71,7 +71,7 @@ class ScaledSignAggregator final : public MeanAggregator {
       : MeanAggregator(c, world), runs_(runs) {}
 
  private:
-  void absorb(ByteReader& r, const Header&) override {
+  void do_add(ByteReader& r, const Header&) override {
     const auto s = read_signs(r, runs_, true);
     auto& sum = this->sum();
     for (const auto& run : runs_.runs())

@@ -87,7 +87,7 @@ class SparseLoCoAggregator final : public Aggregator {
       : Aggregator(c, world), ch_(ch), format_(f) {}
 
  private:
-  void absorb(ByteReader& r, const Header&) override {
+  void do_add(ByteReader& r, const Header&) override {
     const auto s = decode(r, ch_);
     sum_.add(s.indices, s.values);
   }

@@ -41,7 +41,7 @@ class TernAggregator final : public MeanAggregator {
       : MeanAggregator(c, world), runs_(runs), chunk_(chunk) {}
 
  private:
-  void absorb(ByteReader& r, const Header&) override {
+  void do_add(ByteReader& r, const Header&) override {
     const auto t = read_ternary(r, runs_, chunk_);
     // unpack_ternary validates every code of a run before it writes; with several runs, all are
     // decoded first, so a rejected message changes nothing.

@@ -49,7 +49,7 @@ class TopKAggregator final : public Aggregator {
       : Aggregator(c, world), k_(k), global_(global), format_(f) {}
 
  private:
-  void absorb(ByteReader& r, const Header&) override {
+  void do_add(ByteReader& r, const Header&) override {
     auto s = payload::read_sparse(r, info_.dim, k_, format_);
     r.expect_end();
     sum_.add(s.indices, s.values);

@@ -12,7 +12,7 @@
 //
 // Codecs come in two families (docs/CODECS.md): summable ones derive from SummableCodec
 // (compress/summable.hpp), which writes their message path once; gathered ones implement encode,
-// apply and an aggregator's absorb and reduce directly.
+// apply and an aggregator's do_add and reduce directly.
 #pragma once
 
 #include <cstdint>
@@ -219,10 +219,10 @@ class Aggregator {
  protected:
   /// Adds one message's payload (header checked by the caller); validates it fully before it
   /// changes any state.
-  virtual void absorb(ByteReader& payload, const Header& h) = 0;
+  virtual void do_add(ByteReader& payload, const Header& h) = 0;
   /// Adds a summed payload of the given kind (size checked by the caller; finiteness is the
   /// codec's to check, before it touches state). SummableAggregator implements it.
-  virtual void absorb_sum(std::span<const float> sum, MessageKind kind);
+  virtual void do_add_sum(std::span<const float> sum, MessageKind kind);
   /// Produces the phase's result. A Query result opens the Answer phase of the same round.
   virtual Message reduce(const Header& phase, uint32_t contributors) = 0;
   /// reduce() into the reply's values (codecs whose replies are float vectors; out checked).
