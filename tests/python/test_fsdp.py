@@ -96,8 +96,9 @@ def test_a_non_finite_shard_raises_on_every_rank_and_training_goes_on():
 def test_a_dcp_checkpoint_resumes_every_rank_bit_for_bit(tmp_path):
     """Model and compression state saved with torch.distributed.checkpoint; a new model and state
     loaded from it train on exactly as the saved ones did (every rank's error feedback back):
-    compressed replicas, and a compressed reduce-scatter past its fp32 warm-up."""
-    specs = ["powersgd:rank=2", "topk:k=400"]
+    compressed replicas, and a compressed reduce-scatter past its fp32 warm-up. PowerSGD at rank 8
+    sends the last layer's module whole: a unit without a codec resumes too."""
+    specs = ["powersgd:rank=2", "topk:k=400", "powersgd:rank=8"]
     (tmp_path / "replicas").mkdir()
     (tmp_path / "full").mkdir()
     both = ddp.run(fsdp_jobs.several, [("each", ("resume", specs, 4, 4, str(tmp_path / "replicas"))),
