@@ -16,7 +16,7 @@ def save(state, gather: bool) -> dict:
     state._bind()
     warm, units = state.units.state_dict()
     d = {"version": 1, "config": state._config(), "rank": state.rank, "world_size": state.world_size,
-         "iteration": state.iteration, "warm": warm, "units": units, "stats": dict(state._stats)}
+         "iteration": state.iteration, "warm": warm, "units": units, "stats": state._counts()}
     if gather:
         mine = worker_states(units or {})
         if state._exchange is None:
@@ -98,4 +98,4 @@ def load(state, d: dict) -> None:
     state.units.check(d["warm"], units if d["units"] is not None else None)
     state.iteration = int(d["iteration"])
     state.units.load(d["warm"], units if d["units"] is not None else None)
-    state._stats = dict(d["stats"])
+    state._load_counts(d["stats"])

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from . import _int8
+from ._traffic import Tally, ring
 
 
 class Sum:
@@ -92,8 +93,9 @@ class _Dist:
 
 class Communicator:
     """Collectives over one process group (None: the default one; or a simulated group's rank),
-    and the bytes this rank gave them in the current step: payload (what went out) and dense
-    (what fp32 all-reduces of the same tensors would have sent)."""
+    and the current step's bytes (a _traffic.Tally): what this rank handed to each collective,
+    what its link carried for it, and the values the dense reduction it stands for would have
+    reduced."""
 
     def __init__(self, group=None):
         if not ready(group):
@@ -102,20 +104,27 @@ class Communicator:
         self.group = group
         self.ops = group if simulated(group) else _Dist(group)
         self.world, self.rank, self.backend = self.ops.world, self.ops.rank, self.ops.backend
-        self.payload = self.dense = 0
+        self.shared = simulated(group)  # a gather's messages one copy for every rank (simulate.Rank.gathered)
+        self.tally = Tally()
         self._lock = threading.Lock()  # bytes are counted from completion callbacks too
         self._rooms = {}               # coalesced phases' buffers, reused every step
 
-    def count(self, payload: int, dense: int):
+    def count(self, kind: str, nbytes: int):
+        """A collective of `kind` (_traffic.KINDS but all_to_all) to which this rank hands nbytes."""
+        sent, received = ring(kind, nbytes, self.world)
         with self._lock:
-            self.payload += payload
-            self.dense += dense
+            self.tally.add(kind, nbytes, sent, received)
 
-    def take_counts(self):
-        """(payload, dense) bytes of the step, which starts again from zero."""
+    def count_dense(self, values: int):
+        """The dense reduction a step's collectives stand for: `values` gradient values."""
         with self._lock:
-            counts, self.payload, self.dense = (self.payload, self.dense), 0, 0
-        return counts
+            self.tally.dense += values
+
+    def take_counts(self) -> Tally:
+        """The step's tally; the next starts from zero."""
+        with self._lock:
+            tally, self.tally = self.tally, Tally()
+        return tally
 
     def host(self, like):
         """Where a collective of host data (message bytes, lengths) goes: NCCL moves only device
@@ -144,18 +153,20 @@ class Communicator:
         all-gather, blocking."""
         t = torch.tensor(mine, dtype=torch.int64, device=self.host(like))
         everyone = [torch.empty_like(t) for _ in range(self.world)]
-        self.count(t.numel() * 8, 0)
+        self.count("all_gather", t.numel() * 8)
         self.ops.all_gather(everyone, t, async_op=False)
         return [e.tolist() for e in everyone]
 
     def exchange(self, parts, sizes, like):
         """parts[r] (uint8) to rank r, and from each rank r its part for this rank, of sizes[r]
         bytes, in rank order: an all-to-all, blocking. Counts every part, this rank's own too: the
-        exchange's input, as a reduce-scatter's or an all-reduce's is counted whole (the link
-        carries the W − 1 others)."""
+        exchange's input, as a reduce-scatter's or an all-reduce's is counted whole; the link
+        carries the W − 1 others each way."""
         on = self.host(like)
         out = torch.empty(sum(sizes), dtype=torch.uint8, device=on)
-        self.count(sum(p.numel() for p in parts), 0)
+        payload = sum(p.numel() for p in parts)
+        with self._lock:
+            self.tally.add("all_to_all", payload, payload - parts[self.rank].numel(), sum(sizes) - sizes[self.rank])
         self.ops.all_to_all(out, torch.cat(parts).to(on), list(sizes), [p.numel() for p in parts])
         return list(out.split(list(sizes)))
 
@@ -167,7 +178,8 @@ class Communicator:
 
     def all_reduce_mean(self, buf):
         """buf's mean over the ranks (fp32 all-reduce, then float32(1/W)): a future of buf."""
-        self.count(buf.numel() * 4, buf.numel() * 4)
+        self.count("all_reduce", buf.numel() * 4)
+        self.count_dense(buf.numel())
         inv = mean_factor(self.world)
         fut = self.ops.all_reduce(buf).get_future()
         return fut.then(lambda f: f.value()[0].mul_(inv))
@@ -191,7 +203,7 @@ class Communicator:
             # wire: the common case, in as few steps as it takes (FSDP runs it once per module a
             # step).
             r = requests[0]
-            self.count(r.n * r.wire.itemsize, 0)
+            self.count("all_reduce", r.n * r.wire.itemsize)
             if not r.cast_needed:
                 return Pending([self.ops.all_reduce(r.t)]), _nothing, None
             r.cast.copy_(r.t)
@@ -216,10 +228,13 @@ class Communicator:
             kinds.setdefault(r.kind, []).append(r)
         for (kind, dtype, device), rs in kinds.items():
             n = sum(r.n for r in rs)
-            self.count(n * dtype.itemsize, 0)
+            self.count("all_gather" if kind is Gather else "all_reduce", n * dtype.itemsize)
             if len(rs) == 1 or flat is None:
                 for r in rs:
-                    if kind is Gather:
+                    if kind is Gather and self.shared:  # a simulated group's: read, never written
+                        r.everyone, work = ops.gathered(r.t)
+                        works.append(work)
+                    elif kind is Gather:
                         r.everyone = [torch.empty_like(r.t) for _ in range(W)]
                         works.append(ops.all_gather(r.everyone, r.t))
                     elif not r.cast_needed:
@@ -317,7 +332,7 @@ class _Int8Sums:
         self.level = _int8.levels(comm.world)
         self.groups = [_int8.Groups(r.t, r.columns) for r in sums]
         largest = [g.largest() for g in self.groups]
-        comm.count(sum(m.numel() for m in largest) * 4, 0)
+        comm.count("all_reduce", sum(m.numel() for m in largest) * 4)
         if flat is None or len(sums) == 1:
             self.largest = largest
             self.works = [comm.ops.all_reduce(m, op=dist.ReduceOp.MAX) for m in largest]
@@ -332,7 +347,7 @@ class _Int8Sums:
         """Issues the integers' all-reduce (the scales' has completed): (works, after)."""
         comm, level = self.comm, self.level
         qs = [g.quantize(m, level, r.cast)[:g.n] for g, m, r in zip(self.groups, self.largest, self.sums)]
-        comm.count(sum(g.n for g in self.groups), 0)
+        comm.count("all_reduce", sum(g.n for g in self.groups))
 
         def back():
             for g, m, r in zip(self.groups, self.largest, self.sums):

@@ -213,7 +213,8 @@ def reduce_scatter_mean(state: CompressionState, index: int, full, out) -> None:
     state._begin(buf)
     try:
         mean = float32_of(state, "out", out)
-        state.comm.count(buf.numel() * 4, buf.numel() * 4)
+        state.comm.count("reduce_scatter", buf.numel() * 4)
+        state.comm.count_dense(buf.numel())
         state.comm.reduce_scatter_sum(mean, buf)
         mean.mul_(_comm.mean_factor(state.comm.world))
         _finite_mean(mean, index)

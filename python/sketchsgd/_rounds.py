@@ -63,7 +63,7 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
     core = u.core
     if core is None:
         core = u.core = Core(comm, u, buf)
-    comm.count(0, (u.n_compressed + u.n_dense) * 4)
+    comm.count_dense(u.n_compressed + u.n_dense)
     asked = []  # the current phase's requests
 
     def requests(reqs):

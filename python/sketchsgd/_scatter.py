@@ -89,7 +89,7 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
         units.append(u)
         cores.append(u.core)
         runs.append((u.segments(where, True), u.segments(where, False)))
-        comm.count(0, (u.n_compressed + u.n_dense) * 4)
+        comm.count_dense(u.n_compressed + u.n_dense)
     coded = [u.codec is not None for u in units]  # the same on every rank (chunk r's layout)
 
     # Each chunk's encode (coded) or its whole tensors gathered and checked (a unit of whole
@@ -158,7 +158,7 @@ def _whole(comm, W, me, units, cores) -> None:
         return
     rooms = [c.rooms[0] for c in cores]
     if all(u.n_dense == longest for u in units):
-        comm.count(longest * 4 * W, 0)  # the reduce-scatter's input, as counted elsewhere
+        comm.count("reduce_scatter", longest * 4 * W)  # its whole input, as counted elsewhere
         comm.reduce_scatter_sum(rooms[me], rooms)
         return
     got = comm.exchange([room.view(torch.uint8) for room in rooms], [rooms[me].numel() * 4] * W, rooms[me])

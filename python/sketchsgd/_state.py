@@ -12,6 +12,7 @@ from . import _checkpoint, _core
 from ._comm import Communicator, ready
 from ._exchange import Exchange
 from ._schedule import Scheduler
+from ._traffic import Tally
 from ._units import Units, checked_spec
 
 
@@ -95,8 +96,11 @@ class CompressionState:
         uses_layout = next(c["layout"] for c in _core.codecs() if c["name"] == name) == "required"
         self.units = Units(self.spec, None if uses_layout else self._sent_whole)
         self.iteration = 0
-        self._stats = {"steps": 0, "compressed_steps": 0, "payload_bytes": 0, "dense_bytes": 0,
-                       "last_payload_bytes": 0, "last_dense_bytes": 0}
+        # The dense reduction this state's rounds stand for, the baseline of its link bytes:
+        # sketchsgd.fsdp's reduce-scatter drivers set "reduce_scatter".
+        self.replaces = "all_reduce"
+        self._steps = {"steps": 0, "compressed_steps": 0}
+        self._total, self._last = Tally(), Tally()
 
     def _sent_whole(self, dims: int, numel: int) -> bool:
         return _core.sent_whole(max(dims, 2) if self.compress_1d else dims, numel, self.dense_below)
@@ -162,27 +166,53 @@ class CompressionState:
 
     def _end_step(self, compressed: bool):
         self.scheduler.drain()  # the step's last phases are issued (and counted)
-        payload, dense = self.comm.take_counts()
-        s = self._stats
-        s["steps"] += 1
-        s["compressed_steps"] += int(compressed)
-        s["payload_bytes"] += payload
-        s["dense_bytes"] += dense
-        s["last_payload_bytes"] = payload
-        s["last_dense_bytes"] = dense
+        self._last = self.comm.take_counts()
+        self._total.merge(self._last)
+        self._steps["steps"] += 1
+        self._steps["compressed_steps"] += int(compressed)
         with self._step_lock:
             self.iteration += 1
             self._open = False
 
     def stats(self) -> dict:
-        """Payload bytes this rank contributed to the collectives (an all-reduce of n floats
-        counts 4n bytes, an all-gather the rank's own padded message), against dense fp32."""
-        s = dict(self._stats)
+        """This rank's bytes over every step so far, and (last_…) over the last step.
+
+        Link bytes, what the rank's network link carries (sent + received, by the ring
+        algorithms gloo and NCCL run for large messages, headers aside: sketchsgd._traffic):
+        sent_bytes, received_bytes, link_bytes; bf16_link_bytes and fp32_link_bytes, what a dense
+        reduction of the same values (an all-reduce; FSDP's reduce-scatter where this state
+        compresses one) would carry at this world size; link_ratio_bf16 and link_ratio_fp32, those
+        over link_bytes. by_collective: payload, sent and received per kind of collective.
+
+        Payload, what the rank hands to the collectives (an all-reduce of n floats counts 4n
+        bytes, an all-gather the rank's own padded message): payload_bytes, against dense_bytes
+        (4 bytes a value reduced); ratio is dense over payload. A payload ratio is no traffic
+        ratio: at W ranks an all-reduce's link carries 2(W − 1)/W of its payload each way, an
+        all-gather's W − 1 times."""
+        W = self.comm.world if self.comm else 1
+        total, last = self._total, self._last
+        s = dict(self._steps, world=W, replaces=self.replaces)
+        s["payload_bytes"], s["last_payload_bytes"] = sum(total.payload.values()), sum(last.payload.values())
+        s["dense_bytes"], s["last_dense_bytes"] = 4 * total.dense, 4 * last.dense
         s["ratio"] = s["dense_bytes"] / s["payload_bytes"] if s["payload_bytes"] else 0.0
         s["last_ratio"] = s["last_dense_bytes"] / s["last_payload_bytes"] if s["last_payload_bytes"] else 0.0
+        s.update(total.report(W, self.replaces))
+        s.update(last.report(W, self.replaces, prefix="last_"))
+        s["by_collective"] = total.by_collective()
         return s
 
     # ---- checkpoints (sketchsgd._checkpoint) ----------------------------------------------------
+    def _counts(self) -> dict:
+        """The statistics' counts, as a checkpoint holds them."""
+        return dict(self._steps, total=self._total.state(), last=self._last.state())
+
+    def _load_counts(self, d: dict) -> None:
+        """Restores _counts(). A checkpoint of an earlier version, which counted payload alone,
+        restores the step counts; its bytes start again from zero."""
+        self._steps = {"steps": int(d["steps"]), "compressed_steps": int(d["compressed_steps"])}
+        self._total = Tally.of(d["total"]) if "total" in d else Tally()
+        self._last = Tally.of(d["last"]) if "last" in d else Tally()
+
     def _config(self):
         return repr((self.spec, self.start_iter, self.compress_1d, self.dense_below))
 

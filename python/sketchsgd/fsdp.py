@@ -527,6 +527,7 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
         f"is not the shard group (ranks {shard}, in this order: a rank's chunk is the one at its place in it): "
         "pass mesh['shard'].get_group() (or the default group for a 1-D mesh over every rank)")
     per_destination = backward.always_flag = gathered(state.spec)
+    state.replaces = "reduce_scatter"  # the baseline of its link bytes (stats())
     # The dense codec's mean is the same in any order, and which tensors it sends whole (1-D
     # ones) too, unless a size threshold (dense_below) tells a shard from its parameter.
     elementwise = state.spec.partition(":")[0] == "dense" and not state.dense_below
@@ -662,6 +663,8 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
         raise ValueError("sketchsgd.fsdp.compress_fsdp1: no FSDP1 instance with parameters under this module")
     state._bind()
     state._fsdp = True
+    if any(m.sharding_strategy != ShardingStrategy.NO_SHARD for m, _ in units):
+        state.replaces = "reduce_scatter"  # the baseline of its link bytes (stats())
     backward = _Backward(state, warmup, len(units), _flag_group(state, ranks))
     world, rank = len(ranks), ranks.index(dist.get_rank())
     per_destination = gathered(state.spec)

@@ -21,6 +21,7 @@ from . import _core
 from ._comm import ready
 from ._hook import average
 from ._state import CompressionState
+from ._traffic import ring
 
 __all__ = ["DiLoCo", "nesterov"]
 
@@ -212,16 +213,30 @@ class DiLoCo:
 
     # ---- statistics and checkpoints --------------------------------------------------------------
     def stats(self) -> dict:
-        """Bytes this rank handed to the collectives (syncs and warm-up; bytes_per_sync: the syncs'
-        mean), against what per-step DDP would have all-reduced for the same inner steps (the
-        gradient in the model's dtype)."""
+        """This rank's bytes over the syncs and warm-up steps so far, against per-step DDP's for
+        the same inner steps.
+
+        Link bytes (what the rank's link carries, sent + received: CompressionState.stats()):
+        link_bytes, link_bytes_per_sync (the syncs' mean, warm-up aside); per_step_bf16_link_bytes
+        and per_step_fp32_link_bytes, what a ring all-reduce of the gradient every inner step would
+        have carried at this world size; link_ratio_bf16 and link_ratio_fp32, those over
+        link_bytes. Payload (handed to the collectives, no traffic figure: an all-gather's link
+        carries W − 1 times it): payload_bytes, bytes_per_sync, bytes_per_inner_step, against
+        per_step_dense_bytes (the gradient in the model's dtype each inner step); ratio."""
         dim = sum(p.numel() for p in self.params)
-        payload = self.state.stats()["payload_bytes"] + self._warmup_bytes
+        codec = self.state.stats()
+        W = codec["world"]
+        payload = codec["payload_bytes"] + self._warmup_bytes
         per_step = dim * self._width * self.inner_steps
-        return {"inner_steps": self.inner_steps, "syncs": self.syncs, "payload_bytes": payload,
+        link = codec["link_bytes"] + sum(ring("all_reduce", self._warmup_bytes, W))
+        bf16, fp32 = (sum(ring("all_reduce", dim * w, W)) * self.inner_steps for w in (2, 4))
+        return {"inner_steps": self.inner_steps, "syncs": self.syncs, "world": W, "payload_bytes": payload,
                 "per_step_dense_bytes": per_step, "ratio": per_step / payload if payload else 0.0,
                 "bytes_per_inner_step": payload / self.inner_steps if self.inner_steps else 0.0,
-                "bytes_per_sync": self.state.stats()["payload_bytes"] / self.syncs if self.syncs else 0.0}
+                "bytes_per_sync": codec["payload_bytes"] / self.syncs if self.syncs else 0.0,
+                "link_bytes": round(link), "link_bytes_per_sync": codec["link_bytes"] / self.syncs if self.syncs else 0.0,
+                "per_step_bf16_link_bytes": round(bf16), "per_step_fp32_link_bytes": round(fp32),
+                "link_ratio_bf16": bf16 / link if link else 0.0, "link_ratio_fp32": fp32 / link if link else 0.0}
 
     def state_dict(self, gather: bool = True) -> dict:
         """The anchor, the outer optimizer, the counters and the codec state (error feedback).

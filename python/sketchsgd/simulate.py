@@ -121,6 +121,13 @@ class Rank:
             o.copy_(x)
         return _Done(out)
 
+    def gathered(self, t):
+        """(every rank's t in rank order, a completed work): one copy of each, shared read-only by
+        every rank, where all_gather() copies W messages into each of W ranks (at W = 256 a top-k
+        round's W² messages, gigabytes, for what a process holds once)."""
+        everyone = self.group._meet(self.rank, t, lambda ts: [x.clone() for x in ts])
+        return everyone, _Done(t)
+
     def broadcast(self, t, root: int = 0):
         """t becomes rank root's t."""
         t.copy_(self.group._meet(self.rank, t, lambda ts: ts[root].clone()))

@@ -51,6 +51,7 @@ no update anywhere, and the next one goes on alike on every rank.
 
 from ._hook import FlatBucket, average, compression_hook
 from ._state import CompressionState
+from ._traffic import link_bytes
 from .outer import DiLoCo, nesterov
 
-__all__ = ["CompressionState", "DiLoCo", "FlatBucket", "average", "compression_hook", "nesterov"]
+__all__ = ["CompressionState", "DiLoCo", "FlatBucket", "average", "compression_hook", "link_bytes", "nesterov"]

@@ -198,3 +198,57 @@ def test_models_on_the_gpu_with_the_anchor_and_a_cpu_only_codec_on_the_host():
     results = LocalGroup(3).run(job)
     assert all(r[1] == results[0][1] for r in results)
     assert all(sum(r[0][-4:]) < sum(r[0][:4]) for r in results)
+
+
+@pytest.mark.parametrize("world", [1, 3, 4])
+def test_link_bytes_follow_each_collective_on_a_ring(world):
+    """stats()'s link bytes: an all-reduce's link carries 2(W − 1)/W of what the rank hands it each
+    way, an all-gather's W − 1 times the rank's message; the baselines are a ring all-reduce of the
+    same values in bf16 and fp32; a group of one moves nothing."""
+    n = 64 * 50
+
+    def job(rank, spec):
+        state = CompressionState(spec, process_group=rank)
+        g = torch.Generator().manual_seed(rank.rank)
+        for _ in range(2):
+            average(state, [torch.randn(64, 50, generator=g)])
+        return state.stats()
+    for spec, kind in [("dense", "all_reduce"), ("powersgd:rank=2", "all_reduce"), ("topk:k=100", "all_gather"),
+                       ("sketch:rows=1,cols=500,k=50", "all_reduce")]:
+        for s in LocalGroup(world).run(lambda r: job(r, spec)):
+            ring = 2 * (world - 1) / world
+            assert s["world"] == world and s["steps"] == 2, s
+            assert s["dense_bytes"] == 2 * n * 4, s
+            assert s["bf16_link_bytes"] == round(2 * 2 * ring * n * 2), s
+            assert s["fp32_link_bytes"] == round(2 * 2 * ring * n * 4), s
+            if world == 1:
+                assert s["link_bytes"] == 0 and s["link_ratio_bf16"] == 0.0, s
+                continue
+            by = s["by_collective"]
+            assert kind in by, (spec, by)
+            for k, c in by.items():
+                per = {"all_reduce": ring, "all_gather": world - 1}[k]
+                assert c["sent"] == c["received"] == round(per * c["payload"]), (spec, k, c)
+            assert s["link_bytes"] == s["sent_bytes"] + s["received_bytes"], s
+            assert s["sent_bytes"] == pytest.approx(sum(c["sent"] for c in by.values()), abs=len(by)), s
+            assert s["link_ratio_bf16"] == pytest.approx(s["bf16_link_bytes"] / s["link_bytes"], rel=1e-4), s
+            assert s["last_link_bytes"] * 2 == pytest.approx(s["link_bytes"], abs=2), s  # two like steps
+            if spec == "dense":  # fp32 on the wire: the fp32 baseline itself
+                assert s["link_bytes"] == pytest.approx(s["fp32_link_bytes"], abs=2), s
+                assert s["link_ratio_fp32"] == pytest.approx(1.0, rel=1e-4), s
+
+
+def test_a_gathered_codecs_link_grows_with_the_group_and_a_summed_ones_does_not():
+    """The reason the wire's bytes matter: top-k's link bytes per rank grow as W − 1, a sketch's
+    stay under twice its payload at any W."""
+    def link(world, spec):
+        def job(rank):
+            state = CompressionState(spec, process_group=rank)
+            average(state, [torch.randn(64, 50, generator=torch.Generator().manual_seed(rank.rank))])
+            return state.stats()
+        return LocalGroup(world).run(job)[0]
+    top = [link(w, "topk:k=100") for w in (2, 8)]
+    sketch = [link(w, "sketch:rows=1,cols=500,k=50") for w in (2, 8)]
+    assert top[1]["link_bytes"] == pytest.approx(7 * top[0]["link_bytes"], rel=1e-6)
+    assert sketch[1]["link_bytes"] == pytest.approx(sketch[0]["link_bytes"] * (2 * 7 / 8) / (2 * 1 / 2), rel=1e-6)
+    assert sketch[1]["link_bytes"] < 2 * 2 * sketch[1]["payload_bytes"]
