@@ -13,9 +13,15 @@ workloads (examples/workloads.py): the demo's MLP on Fashion-MNIST (default), a 
 (resnet8, resnet20) and a byte-level transformer language model on Python's documentation; each
 has its optimiser and defaults (--lr, --momentum, --batch per worker override them). Worker r
 trains on items r, r+W, … reshuffled every epoch. --dtype bf16|fp16 trains the model in half
-precision (half-precision DDP buckets). Payload = bytes one worker contributes to a round's
-collectives (an all-reduce of n floats counts 4n bytes whatever the algorithm, an all-gather the
-worker's own part), the same accounting for every hook.
+precision (half-precision DDP buckets). Link bytes = what one worker's link carries a step, sent +
+received, by the ring algorithms (sketchsgd.torch.link_bytes; an all-gather's rank receives and
+forwards the W − 1 others' messages), against a bf16 and an fp32 all-reduce of the gradient at
+the same W; --interface-bytes DEV also counts what the rank's interface carried (one rank a
+network namespace: tests/network/link_bytes_test.py). Payload = bytes one worker hands to a
+round's collectives (an all-reduce of n floats counts 4n bytes whatever the algorithm, an
+all-gather the worker's own part), kept beside them: no traffic figure. The same accounting for
+every hook. --simulate W holds the workload's data once for every simulated worker and refuses,
+before it starts, a group that would not fit in memory.
 
 --fsdp full|hsdp shards the model with FSDP2 instead (fully_shard on each transformer block, or
 each top-level layer, and the root): full over every rank, --hook compressing the reduce-scatter
@@ -51,24 +57,74 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import workloads
+from sketchsgd.torch import link_bytes
 from cli import count, momentum, natural, nonnegative, one_line, positive
 
 class Payload:
-    """Counts what this worker hands to dist.all_reduce / all_gather (PyTorch's hooks call them)."""
+    """Counts what this worker hands to dist.all_reduce / all_gather (PyTorch's hooks call them),
+    and what its link carries for them (sent + received, by sketchsgd's ring model)."""
 
     def __init__(self):
-        self.bytes = 0
+        self.bytes = self.link = 0
         self._reduce, self._gather = dist.all_reduce, dist.all_gather
         dist.all_reduce = self.all_reduce
         dist.all_gather = self.all_gather
 
     def all_reduce(self, t, *a, **k):
-        self.bytes += t.numel() * t.element_size()
+        self._count("all_reduce", t.numel() * t.element_size(), k.get("group"))
         return self._reduce(t, *a, **k)
 
     def all_gather(self, out, t, *a, **k):
-        self.bytes += t.numel() * t.element_size()
+        self._count("all_gather", t.numel() * t.element_size(), k.get("group"))
         return self._gather(out, t, *a, **k)
+
+    def _count(self, kind, n, group):
+        self.bytes += n
+        self.link += sum(link_bytes(kind, n, dist.get_world_size(group)))
+
+    def __call__(self):
+        return self.bytes, self.link
+
+
+def link_of(state):
+    """(payload, link bytes) so far of a sketchsgd CompressionState or DiLoCo."""
+    def counts():
+        s = state.stats()
+        return s["payload_bytes"], s["link_bytes"]
+    return counts
+
+
+def per_step(steps, payload, kind, world):
+    """(payload, link bytes) so far of a reduction of `payload` bytes (`kind`) every step."""
+    link = sum(link_bytes(kind, payload, world))
+    return lambda: (steps["n"] * payload, steps["n"] * link)
+
+
+class Interface:
+    """The bytes a network interface of this rank's namespace sent and received over the steady
+    steps (/sys/class/net/DEV/statistics: headers included), to hold stats()'s link bytes against;
+    nothing without a device (--interface-bytes)."""
+
+    def __init__(self, dev):
+        self.dev, self.at = dev, None
+
+    def _read(self):
+        base = f"/sys/class/net/{self.dev}/statistics/"
+        got = []
+        for name in ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets"):
+            with open(base + name) as f:
+                got.append(int(f.read()))
+        return got
+
+    def start(self):
+        if self.dev:
+            self.at = self._read()
+
+    def stop(self, steps: int):
+        """(bytes sent, received, packets sent, received) a step since start(), over `steps` steps."""
+        if not self.dev or self.at is None or steps <= 0:
+            return 0.0, 0.0, 0.0, 0.0
+        return tuple((b - a) / steps for a, b in zip(self.at, self._read()))
 
 
 def torch_powersgd_options(hook):
@@ -83,11 +139,11 @@ def torch_powersgd_options(hook):
 
 
 def register(hook, ddp, args, dim, width=4):
-    """Registers the hook; returns (a function giving the payload bytes so far, SGD momentum).
+    """Registers the hook; returns (a function giving the (payload, link) bytes so far, SGD momentum).
     width: bytes a gradient value has in the model's dtype (what DDP all-reduces without a hook)."""
     if hook == "none":
         steps = {"n": 0}
-        return (lambda: steps["n"] * dim * width), args.momentum, steps
+        return per_step(steps, dim * width, "all_reduce", dist.get_world_size()), args.momentum, steps
     if hook.startswith("torch:"):  # PyTorch's own hooks, by an explicit name
         hook = hook[len("torch:"):]
     elif hook.startswith("sketchsgd:"):  # a sketchsgd spec whose name PyTorch's hooks share
@@ -96,7 +152,7 @@ def register(hook, ddp, args, dim, width=4):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         counter = Payload()
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return (lambda: counter.bytes), args.momentum, None
+        return counter, args.momentum, None
     wrapped = hook.startswith("fp16:powersgd")  # inside PyTorch's fp16_compress_wrapper: fp16 on the wire
     if wrapped:
         hook = hook[len("fp16:"):]
@@ -111,7 +167,7 @@ def register(hook, ddp, args, dim, width=4):
                                    warm_start=True, random_seed=args.seed)
         ddp.register_comm_hook(state, default_hooks.fp16_compress_wrapper(psgd.powerSGD_hook) if wrapped
                                else psgd.powerSGD_hook)
-        return (lambda: counter.bytes), args.momentum, None
+        return counter, args.momentum, None
     return _ours(hook, ddp, args, dim)
 
 
@@ -119,28 +175,34 @@ def _ours(hook, ddp, args, dim):
     from sketchsgd.torch import CompressionState, compression_hook
     state = CompressionState(hook, start_iter=args.start_iter, coalesce=args.coalesce)
     ddp.register_comm_hook(state, compression_hook)
-    return (lambda: state.stats()["payload_bytes"]), _sgd_momentum(hook, dim, args), state
+    return link_of(state), _sgd_momentum(hook, dim, args), state
 
 
 def simulated(hook, model, args, dim, group):
     """--simulate, per step: no DDP; after each backward the gradients are averaged through
     sketchsgd.torch.average() on the simulated group (the whole model one unit, as DDP with one
     bucket), plain fp32 for the first --start-iter steps as the hooks warm up. Returns (a
-    function giving the payload bytes so far, SGD momentum, the averaging to run after each
+    function giving the (payload, link) bytes so far, SGD momentum, the averaging to run after each
     backward)."""
     from sketchsgd.torch import CompressionState, average
     spec = "dense" if hook == "none" else hook[len("sketchsgd:"):] if hook.startswith("sketchsgd:") else hook
     warm, state = CompressionState("dense", process_group=group), CompressionState(spec, process_group=group)
     params = [p for p in model.parameters() if p.requires_grad]
-    steps = {"n": 0}
+    steps = {"n": 0, "warm": link_of(warm)}
 
     def after_backward():
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        means = average(warm if steps["n"] < args.start_iter else state, grads)
+        means = average(steps["state"] if steps["n"] < args.start_iter else state, grads)
         steps["n"] += 1
+        if steps["n"] == args.start_iter:  # the warm-up's buffers freed (W of them), its counts kept
+            counted = steps["warm"]()
+            steps["state"], steps["warm"] = None, lambda: counted
         for p, m in zip(params, means):
             p.grad = m.to(p.dtype).view_as(p)
-    return ((lambda: warm.stats()["payload_bytes"] + state.stats()["payload_bytes"]),
+    steps["state"] = warm
+    del warm
+    mine = link_of(state)
+    return ((lambda: tuple(map(sum, zip(steps["warm"](), mine())))),
             _sgd_momentum(spec, dim, args) if spec != "dense" else args.momentum, after_backward)
 
 
@@ -155,7 +217,7 @@ def _sgd_momentum(spec, dim, args):
 
 def sharded(args, model, W, device):
     """--fsdp: model sharded with FSDP2 and its gradients reduced as --hook says. Returns (the
-    model, a function giving the payload bytes so far, SGD momentum, and for FSDP2's own
+    model, a function giving the (payload, link) bytes so far, SGD momentum, and for FSDP2's own
     reductions a step counter {"n": steps}, their bytes counted per step from its padded shards)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -192,10 +254,11 @@ def sharded(args, model, W, device):
         else:
             state = CompressionState(spec, process_group=mesh["replicate"].get_group())
             sketchsgd.fsdp.compress_replicas(model, state, warmup=args.start_iter)
-        return model, (lambda: state.stats()["payload_bytes"]), _sgd_momentum(spec, dim, args), None
-    per_step = padded * (S if R == 1 else 1) * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
+        return model, link_of(state), _sgd_momentum(spec, dim, args), None
+    each = padded * (S if R == 1 else 1) * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
     steps = {"n": 0}
-    return model, (lambda: steps["n"] * per_step), args.momentum, steps
+    return model, per_step(steps, each, "reduce_scatter" if R == 1 else "all_reduce", S if R == 1 else R), \
+        args.momentum, steps
 
 
 def sharded_fsdp1(args, model, W, device):
@@ -222,18 +285,18 @@ def sharded_fsdp1(args, model, W, device):
         from sketchsgd.torch import CompressionState
         state = CompressionState(spec)
         sketchsgd.fsdp.compress_fsdp1(model, state, warmup=args.start_iter)
-        return model, (lambda: state.stats()["payload_bytes"]), _sgd_momentum(spec, dim, args), None
+        return model, link_of(state), _sgd_momentum(spec, dim, args), None
     # FSDP1 reduce-scatters each unit's flat gradient padded to W chunks: W times a rank's shard.
-    per_step = dim * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
+    each = dim * (torch.finfo(reduce_dtype).bits // 8 if reduce_dtype else 4)
     steps = {"n": 0}
-    return model, (lambda: steps["n"] * per_step), args.momentum, steps
+    return model, per_step(steps, each, "reduce_scatter", W), args.momentum, steps
 
 
 def local_steps(args, model, group=None):
     """--local H: the model trains without a per-step sync. Every H steps, sketchsgd's DiLoCo (the
     --hook spec compresses the pseudo-gradient; "dense" is DiLoCo itself; Nesterov SGD as the
-    outer optimizer) or PyTorch's PeriodicModelAverager (--hook torch:average). Returns (payload
-    so far, what runs after each step and returns whether it synced, the last sync)."""
+    outer optimizer) or PyTorch's PeriodicModelAverager (--hook torch:average). Returns ((payload,
+    link) bytes so far, what runs after each step and returns whether it synced, the last sync)."""
     if args.hook in ("average", "torch:average"):
         from torch.distributed.algorithms.model_averaging import averagers, utils
         counter = Payload()
@@ -244,7 +307,7 @@ def local_steps(args, model, group=None):
             averager.average_parameters(model.parameters())
             return averaging
 
-        return (lambda: counter.bytes), after, lambda: utils.average_parameters(iter(model.parameters()), None)
+        return counter, after, lambda: utils.average_parameters(iter(model.parameters()), None)
     from sketchsgd.torch import DiLoCo
     spec = args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
     if spec == "none" or spec.startswith("torch:"):
@@ -252,7 +315,7 @@ def local_steps(args, model, group=None):
     outer = DiLoCo(model, spec, every=args.local, process_group=group, anchor_device=args.outer_device,
                    outer_optimizer=lambda p: torch.optim.SGD(p, lr=args.outer_lr, momentum=args.outer_momentum,
                                                              nesterov=args.outer_momentum > 0))
-    return (lambda: outer.stats()["payload_bytes"]), outer.step, outer.sync
+    return link_of(outer), outer.step, outer.sync
 
 
 def _fits(spec, dim):
@@ -277,15 +340,22 @@ def _exit_with_launcher():
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
+def make_job(args):
+    return workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied,
+                          args.heads, args.seq)
+
+
 def optimizer(args, model, momentum):
     if args.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum, weight_decay=args.weight_decay)
 
 
-def worker(rank, args, port, queue, group=None):
+def worker(rank, args, port, queue, group=None, job=None):
     """One rank: a process of its own (torch.distributed), or with --simulate a thread whose
-    collectives are `group`'s (sketchsgd.simulate), every rank on the one device."""
+    collectives are `group`'s (sketchsgd.simulate), every rank on the one device. job: the
+    workload, shared read-only by a simulated group's ranks (its data is most of a rank's memory
+    otherwise: 485 MB of Fashion-MNIST each); None: this rank loads its own."""
     W = args.workers
     cuda = args.device == "cuda"
     if group is None:
@@ -303,8 +373,7 @@ def worker(rank, args, port, queue, group=None):
         dist.init_process_group(backend, rank=rank, world_size=W, timeout=datetime.timedelta(minutes=10))
     after_backward = None
     try:
-        job = workloads.make(args.workload, args.data, args.text, args.width, args.depth, args.vocab, args.untied,
-                             args.heads, args.seq)
+        job = job or make_job(args)
         dtype = workloads.DTYPES[args.dtype]
         if group is not None:
             with group.lock:  # torch's generator is the process's: one rank at a time seeds and draws
@@ -347,8 +416,9 @@ def worker(rank, args, port, queue, group=None):
             return up * (0.5 * (1 + math.cos(math.pi * s / total)) if args.schedule == "cosine" else 1.0)
 
         warm = torch.optim.lr_scheduler.LambdaLR(opt, factor) if args.warmup or args.schedule == "cosine" else None
-        rows, step, t0, hook_bytes_before = [], 0, time.time(), 0
+        rows, step, t0, hook_bytes_before = [], 0, time.time(), (0, 0)
         steady, step_ms = [], []
+        nic, wire = Interface(args.interface_bytes), (0.0, 0.0, 0.0, 0.0)
         for epoch in range(args.epochs):
             order = job.order(rank, W, epoch, args.seed)
             loss_sum = 0.0
@@ -373,20 +443,24 @@ def worker(rank, args, port, queue, group=None):
                     torch.cuda.synchronize(device)
                 if step >= args.start_iter + 1:  # the steady state: past the hooks' warm-up
                     step_ms.append(1e3 * (time.perf_counter() - began))
+                if step == args.start_iter:
+                    nic.start()  # the steady steps' interface bytes from here
                 if isinstance(extra, dict):
                     extra["n"] += 1
                 step += 1
                 now = payload()
                 if step > args.start_iter + 1:
-                    steady.append(now - hook_bytes_before)
+                    steady.append((now[0] - hook_bytes_before[0], now[1] - hook_bytes_before[1]))
                 hook_bytes_before = now
+                if epoch == args.epochs - 1 and i == per_epoch - 1 and step > args.start_iter + 1:
+                    wire = nic.stop(step - args.start_iter - 1)  # before the evaluation's collectives
                 loss_sum += loss.item()
                 if not math.isfinite(loss.item()):
                     raise FloatingPointError(f"step {step}: the training loss is {loss.item()}")
                 if rank == 0 and (i + 1) % args.progress == 0:
                     rate = step / (time.time() - t0)
                     print(f"  epoch {epoch + 1}/{args.epochs} step {i + 1}/{per_epoch} loss {loss_sum / (i + 1):.4f} "
-                          f"({rate:.1f} steps/s, payload {now / step / 1e3:.1f} kB/round)", flush=True)
+                          f"({rate:.1f} steps/s, link {now[1] / step / 1e3:.1f} kB/round)", flush=True)
             if not synced and epoch == args.epochs - 1:  # the replicas agree before the evaluation
                 with torch.no_grad():
                     last_sync()
@@ -396,7 +470,8 @@ def worker(rank, args, port, queue, group=None):
             quality = job.evaluate(ddp if args.fsdp == "fsdp1" else model, device, dtype, args.eval_items) \
                 if rank == 0 or args.fsdp else {}
             rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, job.metric: quality.get(job.metric),
-                         "payload_bytes_per_round": payload() / step, "seconds": time.time() - t0})
+                         "payload_bytes_per_round": payload()[0] / step, "link_bytes_per_round": payload()[1] / step,
+                         "seconds": time.time() - t0})
             if rank == 0:
                 print(f"epoch {epoch + 1}: loss {loss_sum / per_epoch:.4f}, {job.describe(quality[job.metric])}",
                       flush=True)
@@ -406,12 +481,17 @@ def worker(rank, args, port, queue, group=None):
         # all-gather of CUDA tensors died with a bus error on torch 2.11), summed below per replica.
         flat = torch.cat([(p.to_local() if hasattr(p, "to_local") else p).detach().reshape(-1).cpu()
                           for p in ddp.parameters()])
-        digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum())])
-        gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(W)]
+        # Each rank's steady steps as its interface counted them and as the ring model says, to
+        # rank 0 beside the digest.
+        model_link = float(np.mean([b for _, b in steady])) if steady else 0.0
+        digest = torch.tensor([float(flat.double().sum()), float(flat.abs().double().sum()), *wire, model_link])
+        gathered = [torch.zeros(7, dtype=torch.float64) for _ in range(W)]
         if group is not None:
             group.all_gather(gathered, digest.double())
         else:
             dist.all_gather(gathered, digest.double().to(device) if backend == "nccl" else digest.double())
+        per_rank = [g.cpu()[2:].tolist() for g in gathered]  # (tx, rx, packets, model) a steady step, each rank
+        gathered = [g.cpu()[:2] for g in gathered]
         if args.fsdp:  # mesh (replicate, shard) in rank order: a replica's ranks are consecutive
             per = W // (args.replicas if args.fsdp == "hsdp" else 1)
             gathered = [sum(g.cpu() for g in gathered[i:i + per]) for i in range(0, W, per)]
@@ -420,12 +500,24 @@ def worker(rank, args, port, queue, group=None):
             dist.barrier()  # gloo's shutdown can hang unless every rank got here
         if rank == 0:
             dense = dim * width  # DDP's all-reduce of the gradient in the model's dtype
-            mean = payload() / step
-            steady_mean = float(np.mean(steady)) if steady else mean
+            mean = payload()[0] / step
+            steady_mean = float(np.mean([a for a, _ in steady])) if steady else mean
+            link_mean = payload()[1] / step
+            steady_link = float(np.mean([b for _, b in steady])) if steady else link_mean
+            # What the rank's link would carry for a ring all-reduce of the gradient (the field's
+            # baseline in bf16, fp32 beside it), at this W.
+            bf16, fp32 = (sum(link_bytes("all_reduce", dim * w, W)) for w in (2, 4))
             queue.put({"hook": args.hook, "workload": args.workload, "dtype": args.dtype, "workers": W,
                        "epochs": args.epochs, "steps_per_epoch": per_epoch, "dim": dim, "metric": job.metric,
                        "quality": quality[job.metric], **quality, "payload_bytes_per_round": mean,
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
+                       "link_bytes_per_round": link_mean, "steady_link_bytes_per_round": steady_link,
+                       "bf16_link_bytes_per_step": bf16, "fp32_link_bytes_per_step": fp32,
+                       "steady_link_ratio_bf16": bf16 / steady_link if steady_link else 0.0,
+                       "steady_link_ratio_fp32": fp32 / steady_link if steady_link else 0.0,
+                       "interface_bytes_per_step": [{"tx": t, "rx": r, "tx_packets": tp, "rx_packets": rp, "model": m}
+                                                    for t, r, tp, rp, m in per_rank]
+                       if args.interface_bytes else None,
                        "steady_ratio": dense / steady_mean, "seconds": time.time() - t0, "steps": step, "lr": args.lr,
                        "optimizer": args.optimizer, "batch": args.batch, "schedule": args.schedule,
                        "local": args.local, "fsdp": args.fsdp, "replicas": args.replicas,
@@ -471,6 +563,11 @@ def check(p, args):
             p.error(f"--simulate with --{'fsdp' if args.fsdp else 'backend'}: the simulated group has collectives of "
                     "its own (no torch.distributed process group, so no FSDP2)")
         args.workers = args.simulate
+        try:
+            args.job = make_job(args)
+        except (OSError, ValueError) as e:
+            p.error(f"--workload {args.workload}: {e}")
+        _check_fits(p, args, args.job)
     if args.rank is not None:
         if not args.master or not 0 <= args.rank < args.workers:
             p.error("--rank needs --master ADDR:PORT and 0 <= rank < --workers")
@@ -487,6 +584,10 @@ def check(p, args):
         path = getattr(args, name)
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"--{name} {path}: no such folder {os.path.dirname(os.path.abspath(path))}")
+    if args.interface_bytes and not os.path.exists(f"/sys/class/net/{args.interface_bytes}/statistics/tx_bytes"):
+        p.error(f"--interface-bytes {args.interface_bytes}: no such network interface here")
+    if args.interface_bytes and args.simulate is not None:
+        p.error("--interface-bytes: a simulated group's ranks meet in memory, no interface carries them")
     if args.outer_device and not args.local:
         p.error("--outer-device: DiLoCo's, with --local H")
     if args.outer_device == "cuda" and args.device != "cuda":
@@ -657,6 +758,8 @@ def main():
                    "0: all)")
     p.add_argument("--progress", type=count, default=100, help="a progress line every N steps")
     p.add_argument("--timeout", type=positive, default=3600, help="give up after this many seconds")
+    p.add_argument("--interface-bytes", metavar="DEV", help="also count the steady steps' bytes on this network "
+                   "interface of each rank's namespace (headers included), against the ring model's link bytes")
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--csv", help="write one row per epoch here")
     p.add_argument("--rank", type=natural, help="run only this rank in this process (with --master)")
@@ -717,11 +820,13 @@ def simulate(args):
     """--simulate W: the W ranks as threads of this process (sketchsgd.simulate.LocalGroup)."""
     from sketchsgd.simulate import LocalGroup
     torch.set_num_threads(args.threads)
+    _return_large_frees()
     print(f"ddp_train: {args.workers} simulated workers (threads of one process on {args.device}), {args.workload} "
           f"({args.dtype}), hook {args.hook}, {args.epochs} epochs", flush=True)
     out = _Collected()
+    job = args.job  # check()'s: one copy of the data, read by every rank
     try:
-        LocalGroup(args.workers, timeout=args.timeout).run(lambda rank: worker(rank.rank, args, None, out, rank))
+        LocalGroup(args.workers, timeout=args.timeout).run(lambda rank: worker(rank.rank, args, None, out, rank, job))
     except Exception:  # noqa: BLE001 - the failing rank's error, once (the others ended with it)
         import traceback
         traceback.print_exc()
@@ -729,10 +834,56 @@ def simulate(args):
     report(out[0], args)
 
 
+# Bytes a simulated worker holds at its peak, in copies of its model's float32 values (model,
+# gradient, the mean, the codec's buffers, error feedback and momentum): measured on the MLP at
+# W = 64 (docs/BENCHMARKS.md "A simulated group's memory"), summed codecs up to 8.6, gathered
+# ones (their encoders' selection buffers, W messages decoded) 11.6; rounded up.
+WORKER_COPIES = {"summed": 9.5, "gathered": 12.5}
+
+
+def _return_large_frees():
+    """Large blocks from mmap, always (glibc's M_MMAP_THRESHOLD fixed at 1 MiB): W threads free and
+    reallocate model-sized buffers every step, which glibc's growing threshold keeps in its arenas
+    (a simulated MLP worker's peak 105 -> 67 MB measured at W = 64)."""
+    import ctypes
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass  # not glibc: its own allocator's rules
+
+
+def _check_fits(p, args, job):
+    """p.error (status 2) before a simulated group that would not fit in memory."""
+    import sketchsgd
+    with torch.random.fork_rng():
+        dim = sum(p.numel() for p in job.model(args.seed).parameters())
+    spec = args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
+    try:
+        family = "summed" if spec in ("none", "dense") or not sketchsgd.gathered(spec) else "gathered"
+    except (ValueError, RuntimeError, StopIteration):
+        family = "gathered"  # not a spec of ours (PyTorch's hooks have no simulated form; checked later)
+    copies = WORKER_COPIES[family]
+    need = args.workers * dim * 4 * copies
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        free = info["MemAvailable"]
+    except (OSError, KeyError, ValueError):
+        return
+    if need > 0.9 * free:
+        most = int(0.9 * free // (dim * 4 * copies))
+        p.error(f"--simulate {args.workers}: about {need / 2**30:.1f} GiB for {args.workers} workers of "
+                f"{dim:,} parameters ({copies:g} float32 copies of the model each), {free / 2**30:.1f} GiB "
+                f"available: at most {most} workers fit")
+
+
 def report(summary, args):
-    print(f"summary: {args.hook}: {summary['metric']} {summary['quality']:.4f}, payload "
-          f"{summary['payload_bytes_per_round'] / 1e3:.1f} kB/round ({summary['ratio']:.1f}x less than dense; steady "
-          f"{summary['steady_ratio']:.1f}x), {summary['seconds']:.0f} s, replicas identical: {summary['replicas_identical']}")
+    print(f"summary: {args.hook}: {summary['metric']} {summary['quality']:.4f}, link "
+          f"{summary['steady_link_bytes_per_round'] / 1e3:.1f} kB a steady step per rank (sent + received; a bf16 "
+          f"all-reduce at W = {summary['workers']} {summary['bf16_link_bytes_per_step'] / 1e3:.1f} kB: "
+          f"{summary['steady_link_ratio_bf16']:.2f}x this, fp32 {summary['steady_link_ratio_fp32']:.2f}x; payload "
+          f"{summary['steady_payload_bytes_per_round'] / 1e3:.1f} kB), {summary['seconds']:.0f} s, replicas identical: "
+          f"{summary['replicas_identical']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

@@ -18,6 +18,7 @@ import datetime
 import os
 
 import torch
+from sketchsgd.torch import link_bytes
 import torch.nn as nn
 
 TIMEOUT = datetime.timedelta(seconds=120)
@@ -88,8 +89,8 @@ def fragments(model: nn.Module, n: int):
 
 
 def local_steps(args, model, opt, rank: int):
-    """torchft's (Streaming) DiLoCo on this worker, hooked into opt.step(). Returns (payload so
-    far, what runs after each step and says whether a sync finished, the final averaging)."""
+    """torchft's (Streaming) DiLoCo on this worker, hooked into opt.step(). Returns ((payload,
+    link) bytes so far, what runs after each step and says whether a sync finished, the final averaging)."""
     os.environ.setdefault("RUST_LOG", "warn")
     import torch.distributed as dist
     import torchft.manager
@@ -99,7 +100,7 @@ def local_steps(args, model, opt, rank: int):
     torchft.manager.ManagerServer = lambda **kw: serve(**{**kw, "bind": kw["bind"].replace("[::]", "127.0.0.1")})
     opts = options(args.hook)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # this replica group's
-    sent = {"bytes": 0}
+    sent = {"bytes": 0, "link": 0.0}
     manager = Manager(
         pg=ProcessGroupGloo(timeout=TIMEOUT), min_replica_size=args.workers, use_async_quorum=False,
         load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["opt"])),
@@ -111,6 +112,7 @@ def local_steps(args, model, opt, rank: int):
 
     def counted(t, *a, **k):
         sent["bytes"] += t.numel() * t.element_size()
+        sent["link"] += sum(link_bytes("all_reduce", t.numel() * t.element_size(), args.workers))
         return reduce(t, *a, **k)
     manager.allreduce = counted
     parts = fragments(model, opts["fragments"])
@@ -131,10 +133,11 @@ def local_steps(args, model, opt, rank: int):
         """The replicas averaged (fp32, counted) before the evaluation, as ours syncs once more."""
         flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
         sent["bytes"] += flat.numel() * 4
+        sent["link"] += sum(link_bytes("all_reduce", flat.numel() * 4, args.workers))
         dist.all_reduce(flat)
         flat /= args.workers
         at = 0
         for p in model.parameters():
             p.copy_(flat[at:at + p.numel()].view_as(p))
             at += p.numel()
-    return (lambda: sent["bytes"]), after, last_sync
+    return (lambda: (sent["bytes"], sent["link"])), after, last_sync

@@ -241,6 +241,12 @@ def test_a_simulated_job_is_the_gloo_job(tmp_path):
     sim = _train(tmp_path, *common, "--simulate", "3")
     assert sim["simulated"] and not gloo["simulated"] and sim["workers"] == 3 and sim["replicas_identical"]
     assert sim["payload_bytes_per_round"] == gloo["payload_bytes_per_round"]
+    assert sim["steady_link_bytes_per_round"] == gloo["steady_link_bytes_per_round"] > 0
+    # sparseloco's messages are gathered (a rank's link carries W − 1 = 2 times them each way), the
+    # biases sent whole summed (2(W − 1)/W = 4/3 times)
+    link, payload = sim["steady_link_bytes_per_round"], sim["steady_payload_bytes_per_round"]
+    assert 2 * 4 / 3 * payload < link < 2 * 2 * payload, (link, payload)
+    assert sim["bf16_link_bytes_per_step"] == pytest.approx(2 * 2 * (2 / 3) * sim["dim"] * 2)
     assert abs(sim["test_accuracy"] - gloo["test_accuracy"]) <= 2 / 2000
 
 
