@@ -442,6 +442,10 @@ int run_worker(const ps::Flags& f) {
 
 struct Traffic {
   uint64_t rounds = 0, up = 0, down = 0, dense = 0;
+  /// What the workers' links would carry, sent + received, for a ring all-reduce of the
+  /// gradient in bf16 every step: 2 · 2(W − 1)/W of its 2d bytes each (the baseline of
+  /// sketchsgd.torch's stats(); a worker's own link carries its push and pull).
+  double bf16 = 0;
 };
 
 /// One server's metrics file.
@@ -464,6 +468,8 @@ Traffic traffic(const std::string& metrics, uint32_t workers, uint32_t steps_per
     t.down += number(l, "bytes_down_each") * receivers + (async ? number(l, "dense_bytes") : 0);
     // A dense push and a dense update each, every step.
     t.dense += 2 * number(l, "dense_bytes") * receivers * steps_per_round;
+    t.bf16 += 4.0 * (workers - 1) / workers * (number(l, "dense_bytes") / 2.0) * receivers *
+              steps_per_round;
   }
   return t;
 }
@@ -479,6 +485,7 @@ Traffic traffic(const ps::Flags& f, uint32_t workers, uint32_t steps_per_round, 
     t.up += part.up;
     t.down += part.down;
     t.dense += part.dense;
+    t.bf16 += part.bf16;
   }
   return t;
 }
@@ -575,11 +582,13 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
     }
   }
   const double ratio = t.up + t.down ? double(t.dense) / double(t.up + t.down) : 0;
+  const double ratio_bf16 = t.up + t.down ? t.bf16 / double(t.up + t.down) : 0;
   std::fprintf(stderr,
                "\nsummary: test accuracy %.2f%% | %llu rounds | up %.1f MB, down %.1f MB "
-               "(dense: %.1f MB) | %.1fx less traffic than dense | %.1f s\n",
+               "(dense fp32 pushes and pulls: %.1f MB) | link bytes %.1fx fewer than a bf16 "
+               "all-reduce at W = %u (%.1fx fewer than dense fp32 pushes and pulls) | %.1f s\n",
                100 * acc, (unsigned long long)t.rounds, t.up / 1e6, t.down / 1e6, t.dense / 1e6,
-               ratio, wall);
+               ratio_bf16, plan.workers, ratio, wall);
   std::ofstream js(f.str("out") + "/summary.json");
   js << "{\"codec\":\"" << f.str("codec") << "\",\"spec\":\"" << codec->spec() << "\",\"model\":\""
      << f.str("model") << "\",\"workers\":" << plan.workers << ",\"epochs\":" << plan.epochs
@@ -587,7 +596,8 @@ int run_all(const ps::Flags& f, int argc, char** argv) {
      << ",\"fetch_every\":" << plan.local.fetch_every << ",\"shards\":" << shards_of(f)
      << ",\"steps\":" << plan.steps() << ",\"test_accuracy\":" << acc << ",\"bytes_up\":" << t.up
      << ",\"bytes_down\":" << t.down << ",\"dense_bytes\":" << t.dense
-     << ",\"traffic_ratio\":" << ratio << ",\"wall_s\":" << wall << "}\n";
+     << ",\"traffic_ratio\":" << ratio << ",\"bf16_allreduce_link_bytes\":" << t.bf16
+     << ",\"link_ratio_bf16\":" << ratio_bf16 << ",\"wall_s\":" << wall << "}\n";
   return 0;
 }
 

@@ -29,6 +29,8 @@ import time
 
 import experiments  # noqa: E402  (scripts/: the runs and their plot families)
 
+WORKERS = 4  # compare_ddp.py's
+
 # Lines of the plot: a family of hooks whose points differ by budget only (experiments.json).
 FAMILIES = experiments.families("ddp")
 FAMILY = experiments.family_of("ddp")  # run name -> family
@@ -56,6 +58,8 @@ def load(args):
             e = runs.setdefault(name, {"hook": r.get("hook", name), "payload": r["steady_payload_bytes_per_round"],
                                        "ratio": r["steady_ratio"], "acc": {}, "metric": metric,
                                        "torch": torch_version})
+            if "steady_link_bytes_per_round" in r:  # counted by stats() (runs before it: link_of)
+                e["link"] = r["steady_link_bytes_per_round"]
             e["acc"][seed] = 100 * r[metric] if metric == "test_accuracy" else r[metric]
     return runs
 
@@ -81,6 +85,36 @@ def with_earlier(runs, path):
         else:
             runs[name] = e
     return runs, replaced
+
+
+def gathered_hook(hook: str) -> bool:
+    """Whether a hook's messages go out by all-gather (sketchsgd's gathered codecs) rather than
+    by all-reduce (PyTorch's hooks, none, fp16, sketchsgd's summed codecs)."""
+    if not hook.startswith("sketchsgd:") and (hook in ("none", "fp16", "average") or
+                                              hook.startswith(("powersgd", "torch:", "torchft:"))):
+        return False  # PyTorch's and torchft's own: all-reduces
+    import sketchsgd
+    return sketchsgd.gathered(hook[len("sketchsgd:"):] if hook.startswith("sketchsgd:") else hook)
+
+
+def link_of(e, world: int = WORKERS) -> float:
+    """A run's link bytes a step per rank, sent + received: counted (ddp_train.py's
+    steady_link_bytes_per_round) or, for a run made before they were, from its payload by the
+    ring model: an all-reduce's link carries 2(W − 1)/W of it each way, an all-gather's W − 1
+    times. A gathered hook's whole payload is counted as gathered (its biases, sent whole, are
+    summed: on the MLP ~5 % of top-k's payload, so its link bytes read up to ~2 % high at W = 4)."""
+    if "link" in e:
+        return e["link"]
+    per = (world - 1) if gathered_hook(e["hook"]) else 2 * (world - 1) / world
+    return 2 * per * e["payload"]
+
+
+def bf16_link(e, world: int = WORKERS) -> float:
+    """What a bf16 ring all-reduce of the run's gradient carries through a rank's link a step:
+    2 · 2(W − 1)/W · 2d bytes (d from the run's payload and its payload ratio against dense in
+    the model's dtype, fp32 here)."""
+    d = e["ratio"] * e["payload"] / 4
+    return 2 * 2 * (world - 1) / world * 2 * d
 
 
 def summary(e):
@@ -177,7 +211,7 @@ def plot(runs, out, workload, sc):
     placed = set()
     for f in FAMILIES:
         label, color, marker = f["label"], f["colour"], f["marker"]
-        pts = sorted((e["payload"], *summary(e)[:2], n) for n, e in runs.items() if FAMILY.get(n) == f["family"])
+        pts = sorted((link_of(e), *summary(e)[:2], n) for n, e in runs.items() if FAMILY.get(n) == f["family"])
         if not pts:
             continue
         placed.update(p[3] for p in pts)
@@ -190,10 +224,10 @@ def plot(runs, out, workload, sc):
         if n in placed:
             continue
         m = summary(e)[0]
-        ax.scatter([e["payload"]], [m], color="gray", marker="x")
-        ax.annotate(n, (e["payload"], m), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.scatter([link_of(e)], [m], color="gray", marker="x")
+        ax.annotate(n, (link_of(e), m), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("payload per worker per round, steady state (bytes, log)")
+    ax.set_xlabel(f"link bytes a step per rank at W = {WORKERS}, sent + received, steady state (log)")
     what = {"mlp": "Fashion-MNIST MLP, 3 epochs", "resnet8": "ResNet-8 on Fashion-MNIST, 1 epoch",
             "transformer": "byte-level transformer LM, 300 steps", "lm": "GPT-2 LM (BPE), 2,432 steps"}.get(workload,
                                                                                                       workload)
@@ -271,8 +305,8 @@ def main():
     suffix = "" if args.workload == "mlp" else f"-{args.workload}"
     args.runs = args.runs or f"build/compare-ddp{suffix}"
     args.out = args.out or f"build/frontier{suffix}"
-    runs, replaced = load(args), []
-    if runs and args.earlier:
+    runs, replaced = load(args) if os.path.isdir(args.runs) else {}, []
+    if args.earlier:  # with no runs here, the earlier file's alone (a table restated from its data)
         runs, replaced = with_earlier(runs, args.earlier)
     if not runs:
         ap.error(f"no results in {args.runs}: run scripts/compare_ddp.py --workload {args.workload} first")
@@ -281,21 +315,24 @@ def main():
     noise = max(seeded) if seeded else (0.02 if loss else 0.5)
     sc = Scale(args.workload, noise)
     unit = "" if loss else " %"
-    columns = ["hook", "payload (steady)", "vs dense", f"{sc.name}, seed 1", "mean ± sd (seeds)", "PyTorch"]
+    columns = ["hook", f"link bytes a step per rank (W = {WORKERS})", "bf16 all-reduce's link bytes / these",
+               "payload (steady)", "payload vs fp32", f"{sc.name}, seed 1", "mean ± sd (seeds)", "PyTorch"]
     rows = []
-    for n, e in sorted(runs.items(), key=lambda kv: -kv[1]["payload"]):
+    for n, e in sorted(runs.items(), key=lambda kv: -link_of(kv[1])):
         m, sd, k = summary(e)
         first = e["acc"].get(1)
         digits = 4 if loss else 2
-        rows.append([f"`{e['hook']}`", f"{e['payload']:,.0f} B", f"{e['ratio']:.0f}×",
+        rows.append([f"`{e['hook']}`", f"{link_of(e):,.0f} B", f"{bf16_link(e) / link_of(e):.1f}×",
+                     f"{e['payload']:,.0f} B", f"{e['ratio']:.0f}×",
                      sc.fmt(first) if first is not None else "—",
                      f"{m:.{digits}f} ± {sd:.{digits}f}{unit} ({k})" if sd is not None else "—",
                      e.get("torch", "?")])
-    v = verdicts(runs, sc)
+    # Verdicts on link bytes: what a rank's link carries, not what it hands to the collectives.
+    v = verdicts({n: dict(e, payload=link_of(e)) for n, e in runs.items()}, sc)
     noise_text = f"{noise:.4f}" if loss else f"{noise:.2f} points"
     text = "\n".join("| " + " | ".join(r) + " |" for r in [columns] + rows) + \
         f"\n\nRun-to-run noise (largest sd over hooks run with 3 seeds, earlier runs included): {noise_text}.\n\n" + \
-        "\n".join("| " + " | ".join(r) + " |" for r in [verdict_columns(sc)] + v) + "\n"
+        "\n".join("| " + " | ".join(r) + " |" for r in [verdict_columns(sc, traffic="link bytes")] + v) + "\n"
     print(text)
     png = plot(runs, args.out, args.workload, sc)
     with open(os.path.join(args.out, "table.md"), "w") as f:
@@ -315,7 +352,8 @@ def main():
         doc_tables.write(f"docs/data/tables/frontier{suffix}.json", cmd, day, where, columns, rows, data=data,
                          note=f"Every hook of compare_ddp.py --workload {args.workload}, seed 1; the contested points "
                               "again with seeds 2 and 3.")
-        doc_tables.write(f"docs/data/tables/frontier{suffix}-verdicts.json", cmd, day, where, verdict_columns(sc), v,
+        doc_tables.write(f"docs/data/tables/frontier{suffix}-verdicts.json", cmd, day, where,
+                         verdict_columns(sc, traffic="link bytes"), v,
                          data=data,
                          note=f"{sc.name.capitalize()} values are means over the seeds run (their count in brackets); the "
                               f"run-to-run noise (the largest sd over hooks run with 3 seeds) is {noise_text}.")

@@ -7,10 +7,12 @@ on the same workload, seeds, data order and examples seen.
 
     .venv/bin/python scripts/local_frontier.py [--workload transformer] [--write-docs]
 
-Traffic is what one worker hands to the collectives per training example it sees: a local run's
-bytes over all its steps (the sync before the evaluation included), a per-step hook's payload
-per step in the steady state (past its dense warm-up steps), each over the batch; "less" is
-per-step DDP's dense fp32 all-reduce over it. Verdicts: for each baseline (DiLoCo with fp32
+Traffic is link bytes, what one worker's link carries per training example it sees (sent +
+received, at W = 4, from the payload by the ring model for runs made before stats() counted
+them: scripts/frontier.py's link_of): a local run's over all its steps (the sync before the
+evaluation included), a per-step hook's per step in the steady state (past its dense warm-up
+steps), each over the batch; against per-step DDP's bf16 all-reduce. Payload (what the worker
+hands to the collectives) and its ratio against per-step DDP's fp32 payload stay as columns. Verdicts: for each baseline (DiLoCo with fp32
 pseudo-gradients, PeriodicModelAverager, per-step DDP and PyTorch's PowerSGD) the best sketchsgd
 local point at that traffic or less — ahead when better by more than the noise (the largest sd
 over points run with 3 seeds), level within it — and our least traffic within the noise.
@@ -115,6 +117,11 @@ def points(args):
     return out, batch, steps
 
 
+def link(p):
+    """A point's link bytes per example (frontier.link_of over its payload per example)."""
+    return frontier.link_of({"hook": p["hook"], "payload": p["per_example"]})
+
+
 def mean_sd(p):
     v = list(p["loss"].values())
     return statistics.mean(v), (statistics.stdev(v) if len(v) > 1 else None), len(v)
@@ -124,7 +131,7 @@ def verdicts(pts, sc):
     """frontier.verdicts over bytes per example: for each baseline (DiLoCo with fp32 pseudo-gradients,
     PeriodicModelAverager, per-step DDP and PyTorch's PowerSGD), the best sketchsgd local point
     at that traffic or less, and our least traffic within the noise of its quality."""
-    runs = {n: {"hook": p["hook"], "payload": p["per_example"], "acc": p["loss"]} for n, p in pts.items()}
+    runs = {n: {"hook": p["hook"], "payload": link(p), "acc": p["loss"]} for n, p in pts.items()}
     theirs = [n for n, p in pts.items() if p["baseline"]]
     ours = [n for n, p in pts.items() if not p["baseline"] and p["H"] > 1]
     return frontier.verdicts(runs, sc, theirs, ours, label=lambda n: f"{pts[n]['label']}, H = {pts[n]['H']}")
@@ -142,7 +149,7 @@ def plot(pts, out, workload, dense, target):
     tagged = []
     for f in FAMILIES:
         label, colour, marker = f["label"], f["colour"], f["marker"]
-        line = sorted((p["per_example"], *mean_sd(p)[:2], p["H"]) for n, p in pts.items()
+        line = sorted((link(p), *mean_sd(p)[:2], p["H"]) for n, p in pts.items()
                       if FAMILY.get(n) == f["family"])
         if not line:
             continue
@@ -157,9 +164,9 @@ def plot(pts, out, workload, dense, target):
     # Per-step points close together (PowerSGD at rank 4: ours and PyTorch's, alone and in fp16)
     # would print their labels over each other: each is written a line below its near neighbours'.
     placed = []
-    for n, p in sorted(pts.items(), key=lambda item: item[1]["per_example"]):
+    for n, p in sorted(pts.items(), key=lambda item: link(item[1])):
         if p["H"] == 1:
-            x, y = p["per_example"], mean_sd(p)[0]
+            x, y = link(p), mean_sd(p)[0]
             ax.scatter(x, y, marker="x", color="black")
             lines = sum(1 for px, py in placed if abs(math.log10(x / px)) < 0.5 and abs(y - py) < 0.1)
             placed.append((x, y))
@@ -167,9 +174,9 @@ def plot(pts, out, workload, dense, target):
     ax.axhline(target, color="tab:red", ls=":", lw=1,
                label=f"per-step dense {'+ 2 %' if workload in frontier.LOSSES else '- 0.5 points'} ({target:.3f})")
     least = LEAST.get(workload, 1000)
-    ax.axvline(dense / least, color="tab:red", ls="--", lw=1, label=f"{least:,}x less than dense DDP")
+    ax.axvline(dense / least, color="tab:red", ls="--", lw=1, label=f"{least:,}x fewer link bytes than bf16 DDP")
     ax.set_xscale("log")
-    ax.set_xlabel("bytes per worker per training example (log)")
+    ax.set_xlabel("link bytes per worker per training example, W = 4, sent + received (log)")
     ax.set_ylabel(f"validation loss ({frontier.LOSSES[workload]})" if workload in frontier.LOSSES else "test accuracy (%)")
     ax.set_title(f"{workload}, 4 gloo workers: local steps (a line: one method at several H; bars: ±1 sd over "
                  "seeds) vs per-step DDP (x)", fontsize=9)
@@ -203,7 +210,8 @@ def main():
     noise = max(seeded) if seeded else (0.02 if lower else 0.3)
     sc = frontier.Scale(args.workload, noise, first_rule=False)
     dense_q = mean_sd(pts["none"])[0]
-    dense = pts["none"]["per_example"] * pts["none"]["less"]  # per-step dense fp32 bytes per example
+    fp32 = pts["none"]["per_example"] * pts["none"]["less"]  # per-step dense fp32 payload per example
+    dense = 2 * 2 * 3 / 4 * fp32 / 2  # its bf16 all-reduce's link bytes per example at W = 4
     target = dense_q * 1.02 if lower else dense_q - 0.5
 
     def paired(p):
@@ -223,25 +231,29 @@ def main():
         m, d = paired(p)
         return m <= d * 1.02 if lower else m >= d - 0.5
 
-    columns = ["method", "H", "pseudo-gradient", "bytes per example", "less than dense", f"{sc.name}, seed 1",
-               "mean ± sd (seeds)", "vs per-step dense (same seeds)"]
+    columns = ["method", "H", "pseudo-gradient", "link bytes per example", "fewer than bf16 per-step DDP",
+               "payload per example", "payload less than fp32 DDP's", f"{sc.name}, seed 1", "mean ± sd (seeds)",
+               "vs per-step dense (same seeds)"]
     rows = []
-    for n, p in sorted(pts.items(), key=lambda kv: (-kv[1]["per_example"])):
+    for n, p in sorted(pts.items(), key=lambda kv: (-link(kv[1]))):
         m, sd, k = mean_sd(p)
-        rows.append([p["label"], p["H"], f"`{p['hook']}`", f"{p['per_example']:,.0f} B", f"{dense / p['per_example']:,.0f}×",
+        fewer = dense / link(p)
+        rows.append([p["label"], p["H"], f"`{p['hook']}`", f"{link(p):,.0f} B",
+                     f"{fewer:,.0f}×" if fewer >= 10 else f"{fewer:.1f}×",
+                     f"{p['per_example']:,.0f} B", f"{fp32 / p['per_example']:,.0f}×",
                      sc.fmt(p["loss"][1]) if 1 in p["loss"] else "—",
                      f"{sc.fmt(m)} ± {sd:.{4 if lower else 2}f} ({k})" if sd is not None else "—",
                      gap(p)])
     v = verdicts(pts, sc)
-    vcols = frontier.verdict_columns(sc, theirs="baseline", traffic="bytes per example")
+    vcols = frontier.verdict_columns(sc, theirs="baseline", traffic="link bytes per example")
     least = LEAST.get(args.workload, 1000)
-    met = [p for p in pts.values() if p["H"] > 1 and good(p) and dense / p["per_example"] >= least]
+    met = [p for p in pts.values() if p["H"] > 1 and good(p) and dense / link(p) >= least]
     rule = "loss within 2 % of" if lower else "accuracy within 0.5 points of"
     rule += f" per-step dense at the same seeds (all seeds: {target:.4f}" if lower else \
         f" per-step dense at the same seeds (all seeds: {target:.2f} %"
     text = "\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in [columns] + rows) + \
         f"\n\nNoise (largest sd over points with 3 seeds): {noise:.4f}. Target: {rule}) at " \
-        f"≥ {least:,}× less than dense ({dense / least:,.0f} B per example or less): " + \
+        f"≥ {least:,}× fewer link bytes than bf16 per-step DDP ({dense / least:,.0f} B per example or less): " + \
         (", ".join(f"{p['label']} H={p['H']}" for p in met) if met else "no point meets it") + ".\n\n" + \
         "\n".join("| " + " | ".join(str(c) for c in r) + " |" for r in [vcols] + v) + "\n"
     print(text)

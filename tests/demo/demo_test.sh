@@ -30,7 +30,11 @@ s = json.load(open(f"{out}/summary.json"))
 assert l2 < l1, f"loss did not fall: {l1} -> {l2}"
 assert acc > 0.6, f"test accuracy {acc} after 2 epochs"
 assert s["rounds"] == 400 and s["traffic_ratio"] > 10, s
-print(f"loss {l1:.3f} -> {l2:.3f}, accuracy {acc:.3f}, {s['traffic_ratio']:.1f}x less traffic")
+# A worker's push + pull against its link's bytes for a bf16 ring all-reduce: 2 * 2(W - 1)/W * 2d
+# a step, where dense fp32 pushes and pulls are 8d (W = 2: half the fp32 ratio).
+assert abs(s["link_ratio_bf16"] - s["traffic_ratio"] * (2 * 2 * (2 - 1) / 2 * 2) / 8) < 1e-4 * s["traffic_ratio"], s
+print(f"loss {l1:.3f} -> {l2:.3f}, accuracy {acc:.3f}, {s['traffic_ratio']:.1f}x less traffic than dense fp32 pushes "
+      f"and pulls, link bytes {s['link_ratio_bf16']:.1f}x fewer than a bf16 all-reduce at W = 2")
 PY
 cmp "$out/params.rank0" "$out/params.rank1"
 echo "workers hold identical parameters"
