@@ -409,7 +409,15 @@ def worker(rank, args, port, queue, group=None, job=None):
         per_epoch = job.items() // W // args.batch
         if args.max_steps:
             per_epoch = min(per_epoch, args.max_steps)
-        total = args.epochs * per_epoch
+        if per_epoch < 1:
+            raise ValueError(f"{job.items()} items over {W} workers at batch {args.batch}: no step in an epoch")
+        # --total-steps: as many epochs as it takes, the last cut short (at W = 256 and batch 32 an
+        # epoch of the MLP is 7 steps)
+        epochs = -(-args.total_steps // per_epoch) if args.total_steps else args.epochs
+        lengths = [per_epoch] * epochs
+        if args.total_steps:
+            lengths[-1] = args.total_steps - (epochs - 1) * per_epoch
+        total = sum(lengths)
 
         def factor(s):  # linear warm-up, then constant or a cosine decay to 0 at the last step
             up = min(1.0, (s + 1) / args.warmup) if args.warmup else 1.0
@@ -419,10 +427,10 @@ def worker(rank, args, port, queue, group=None, job=None):
         rows, step, t0, hook_bytes_before = [], 0, time.time(), (0, 0)
         steady, step_ms = [], []
         nic, wire = Interface(args.interface_bytes), (0.0, 0.0, 0.0, 0.0)
-        for epoch in range(args.epochs):
+        for epoch in range(epochs):
             order = job.order(rank, W, epoch, args.seed)
             loss_sum = 0.0
-            for i in range(per_epoch):
+            for i in range(lengths[epoch]):
                 x, y = job.batch(order[i * args.batch:(i + 1) * args.batch], device, dtype)
                 began = time.perf_counter()
                 loss = job.loss(ddp(x), y)
@@ -452,16 +460,16 @@ def worker(rank, args, port, queue, group=None, job=None):
                 if step > args.start_iter + 1:
                     steady.append((now[0] - hook_bytes_before[0], now[1] - hook_bytes_before[1]))
                 hook_bytes_before = now
-                if epoch == args.epochs - 1 and i == per_epoch - 1 and step > args.start_iter + 1:
+                if epoch == epochs - 1 and i == lengths[epoch] - 1 and step > args.start_iter + 1:
                     wire = nic.stop(step - args.start_iter - 1)  # before the evaluation's collectives
                 loss_sum += loss.item()
                 if not math.isfinite(loss.item()):
                     raise FloatingPointError(f"step {step}: the training loss is {loss.item()}")
                 if rank == 0 and (i + 1) % args.progress == 0:
                     rate = step / (time.time() - t0)
-                    print(f"  epoch {epoch + 1}/{args.epochs} step {i + 1}/{per_epoch} loss {loss_sum / (i + 1):.4f} "
+                    print(f"  epoch {epoch + 1}/{epochs} step {i + 1}/{lengths[epoch]} loss {loss_sum / (i + 1):.4f} "
                           f"({rate:.1f} steps/s, link {now[1] / step / 1e3:.1f} kB/round)", flush=True)
-            if not synced and epoch == args.epochs - 1:  # the replicas agree before the evaluation
+            if not synced and epoch == epochs - 1:  # the replicas agree before the evaluation
                 with torch.no_grad():
                     last_sync()
                 synced = True
@@ -469,11 +477,11 @@ def worker(rank, args, port, queue, group=None, job=None):
             # FSDP1 wraps the model in a new module (FSDP2 shards it in place).
             quality = job.evaluate(ddp if args.fsdp == "fsdp1" else model, device, dtype, args.eval_items) \
                 if rank == 0 or args.fsdp else {}
-            rows.append({"epoch": epoch + 1, "loss": loss_sum / per_epoch, job.metric: quality.get(job.metric),
+            rows.append({"epoch": epoch + 1, "loss": loss_sum / lengths[epoch], job.metric: quality.get(job.metric),
                          "payload_bytes_per_round": payload()[0] / step, "link_bytes_per_round": payload()[1] / step,
                          "seconds": time.time() - t0})
             if rank == 0:
-                print(f"epoch {epoch + 1}: loss {loss_sum / per_epoch:.4f}, {job.describe(quality[job.metric])}",
+                print(f"epoch {epoch + 1}: loss {loss_sum / lengths[epoch]:.4f}, {job.describe(quality[job.metric])}",
                       flush=True)
         if args.fsdp and args.fsdp != "fsdp1":
             model.reshard()  # the root keeps its parameters gathered after a forward without backward
@@ -508,7 +516,7 @@ def worker(rank, args, port, queue, group=None, job=None):
             # baseline in bf16, fp32 beside it), at this W.
             bf16, fp32 = (sum(link_bytes("all_reduce", dim * w, W)) for w in (2, 4))
             queue.put({"hook": args.hook, "workload": args.workload, "dtype": args.dtype, "workers": W,
-                       "epochs": args.epochs, "steps_per_epoch": per_epoch, "dim": dim, "metric": job.metric,
+                       "epochs": epochs, "steps_per_epoch": per_epoch, "dim": dim, "metric": job.metric,
                        "quality": quality[job.metric], **quality, "payload_bytes_per_round": mean,
                        "steady_payload_bytes_per_round": steady_mean, "ratio": dense / mean,
                        "link_bytes_per_round": link_mean, "steady_link_bytes_per_round": steady_link,
@@ -754,6 +762,8 @@ def main():
     p.add_argument("--data", default=workloads.FASHION, help="Fashion-MNIST's folder")
     p.add_argument("--text", default=workloads.TEXT, help="the language models' text: a folder of *.rst.txt")
     p.add_argument("--max-steps", type=natural, default=0, help="steps per epoch at most (quick runs)")
+    p.add_argument("--total-steps", type=natural, default=0, help="train this many steps in all, over as many "
+                   "epochs as it takes, the last cut short (in place of --epochs)")
     p.add_argument("--eval-items", type=natural, default=0, help="evaluate on the first N held-out items (quick runs; "
                    "0: all)")
     p.add_argument("--progress", type=count, default=100, help="a progress line every N steps")

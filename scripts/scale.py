@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,7 +62,7 @@ def command(name, hook, W, seed, args, out):
     import workloads
     base = workloads.defaults(args.workload)["lr"]
     return [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--workload", args.workload,
-            "--simulate", str(W), "--hook", hook, "--epochs", "1", "--max-steps", str(args.steps + args.start_iter),
+            "--simulate", str(W), "--hook", hook, "--total-steps", str(args.steps + args.start_iter),
             "--start-iter", str(args.start_iter), "--warmup", str(args.warmup), "--lr", f"{lr_at(base, W):.6g}",
             "--seed", str(seed), "--eval-items", str(args.eval_items), "--progress", str(max(1, args.steps // 4)),
             "--timeout", str(args.timeout), "--json", out]
@@ -98,12 +99,12 @@ def mean(xs):
 
 
 def summarise(points):
-    """(name, W) -> {"quality": mean, "spread": max - min, "seeds", "link": bytes a step, "ratio",
+    """(name, W) -> {"quality": mean, "sd" (None for one seed), "seeds", "link": bytes a step, "ratio",
     "family", "seconds"} over the seeds run."""
     out = {}
     for (name, W), rs in points.items():
         q = [r["quality"] for r in rs]
-        out[name, W] = {"quality": mean(q), "spread": max(q) - min(q), "seeds": len(rs),
+        out[name, W] = {"quality": mean(q), "sd": statistics.stdev(q) if len(q) > 1 else None, "seeds": len(rs),
                         "link": mean([r["steady_link_bytes_per_round"] for r in rs]),
                         "ratio": mean([r["steady_link_ratio_bf16"] for r in rs]),
                         "seconds": mean([r["seconds"] for r in rs])}
@@ -187,8 +188,8 @@ def write_docs(table, worlds, families, args, metric, points):
                 continue
             q = f"{100 * t['quality']:.2f} %" if metric == "test_accuracy" else f"{t['quality']:.3f}"
             if t["seeds"] > 1:
-                q += f" (spread {100 * t['spread']:.2f}, {t['seeds']} seeds)" if metric == "test_accuracy" else \
-                    f" (spread {t['spread']:.3f}, {t['seeds']} seeds)"
+                q += f" ± {100 * t['sd']:.2f} ({t['seeds']} seeds)" if metric == "test_accuracy" else \
+                    f" ± {t['sd']:.3f} ({t['seeds']} seeds)"
             rows.append([f"`{n}`", kind, W, q, f"{t['link'] / 1e3:,.0f}", f"{t['ratio']:.2f}×", f"{t['seconds']:.0f}"])
     date = time.strftime("%Y-%m-%d")
     name = f"scale-{args.workload}" + ("" if args.series == "families" else f"-{args.series}")
@@ -209,7 +210,8 @@ def write_docs(table, worlds, families, args, metric, points):
         doc_tables.write(os.path.join(doc_tables.TABLES, f"{name}-crossover.json"), cmd, date,
                          args.machine, ["gathered", "summed", "fewer link bytes from W", "and within the noise from W"],
                          crossover(table, worlds, families, args.noise), data=data,
-                         note=f"the grid W = {args.workers}; within the noise: quality at most {args.noise:g} below.")
+                         note=f"the grid W = {args.workers}; within the noise: quality at most {args.noise:.4f} below "
+                          "(the largest sd over points run with 3 seeds).")
     plot(table, worlds, families, os.path.join(ROOT, "docs", "images", f"{name}.png"), args.workload, metric)
 
 
@@ -226,7 +228,8 @@ def main():
     ap.add_argument("--start-iter", type=count, default=5, help="plain fp32 steps first")
     ap.add_argument("--warmup", type=count, default=5, help="steps of linear learning-rate warm-up")
     ap.add_argument("--eval-items", type=count, default=10000)
-    ap.add_argument("--noise", type=float, default=0.005, help="--write-docs: quality difference within the noise")
+    ap.add_argument("--noise", type=float, help="--write-docs: a quality difference within the noise (default: the "
+                    "largest sd over points run with 3 seeds or more; 0.005 where none was)")
     ap.add_argument("--timeout", type=count, default=3600, help="seconds a point at most")
     ap.add_argument("--out", help="the points' folder (default: build/scale-<workload>)")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the points run before")
@@ -241,7 +244,7 @@ def main():
     unknown = sorted(set(only) - set(names))
     if unknown:
         ap.error(f"--only {args.only}: no such codec {unknown[0]!r} (of {','.join(names)})")
-    if not 0 <= args.noise < 1:
+    if args.noise is not None and not 0 <= args.noise < 1:
         ap.error(f"--noise {args.noise}: a quality difference in [0, 1)")
     families = [f for f in series if f[0] in only]
     if args.smoke:
@@ -260,7 +263,8 @@ def main():
         t = time.time()
         r, before = run_point(n, h, W, s, args)
         if r is None:
-            failed.append((n, W, s))
+            if not args.report_only:  # --report-only: a point not run is left out, not failed
+                failed.append((n, W, s))
             continue
         metric = r["metric"]
         points.setdefault((n, W), []).append(r)
@@ -276,7 +280,11 @@ def main():
         print(f"scale.py --smoke: {len(points)} codecs at W = 16 ran, link bytes counted")
         return
     if args.write_docs and points:
-        write_docs(summarise(points), worlds, families, args, metric, points)
+        table = summarise(points)
+        if args.noise is None:
+            seeded = [statistics.stdev([r["quality"] for r in rs]) for rs in points.values() if len(rs) >= 3]
+            args.noise = max(seeded) if seeded else 0.005
+        write_docs(table, worlds, families, args, metric, points)
     if failed:
         sys.exit(f"scale.py: {len(failed)} points failed: {failed}")
 

@@ -33,6 +33,7 @@ CASES = [
     ("examples/ddp_train.py", ["--progress", "0"], "--progress"),
     ("examples/ddp_train.py", ["--workers", "0"], "--workers"),
     ("examples/ddp_train.py", ["--simulate", "100000"], "--simulate"),
+    ("examples/ddp_train.py", ["--total-steps", "-1"], "--total-steps"),
     ("examples/ddp_train.py", ["--interface-bytes", "nosuchdev0"], "--interface-bytes"),
     ("examples/ddp_train.py", ["--lr", "nan"], "--lr"),
     # Valid-looking, but no codec takes it: refused once, not by every rank.

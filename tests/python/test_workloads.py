@@ -271,3 +271,12 @@ def test_local_steps_sync_every_h_and_end_identical(tmp_path, hook, least):
     r = _train(tmp_path, "--workload", "resnet8", "--local", "4", "--hook", hook)
     assert r["replicas_identical"] and r["local"] == 4, r
     assert r["ratio"] > least, r["ratio"]
+
+
+def test_total_steps_run_over_as_many_epochs_as_they_take(tmp_path):
+    """--total-steps 7 with 3-step epochs (--max-steps 3): epochs of 3, 3 and 1 steps, the steady
+    link bytes counted over the steps past the warm-up, each epoch evaluated."""
+    r = _train(tmp_path, "--simulate", "2", "--max-steps", "3", "--total-steps", "7", "--start-iter", "2",
+               "--hook", "topk:k=1000,momentum=0.9")
+    assert r["steps"] == 7 and r["epochs"] == 3 and len(r["epochs_log"]) == 3, r
+    assert r["steady_link_bytes_per_round"] > 0
