@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from bench_network import Testbed, wait_all  # noqa: E402
+from cli import positive  # noqa: E402  (the command-line checks shared with examples/)
 
 # One of each family: dense (DDP's own fp32 all-reduce), low-rank and sketched sums, sparse and
 # quantised gathers.
@@ -54,7 +55,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", default="4,8", help="comma-separated W")
     ap.add_argument("--hooks", help="hooks separated by ';' (default: a codec of each family)")
-    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--timeout", type=positive, default=300, help="seconds a job at most")
     ap.add_argument("--json", help="write every rank's figures here")
     args = ap.parse_args()
     try:
