@@ -846,15 +846,15 @@ def simulate(args):
 
 # Bytes a simulated worker holds at its peak, in copies of its model's float32 values (model,
 # gradient, the mean, the codec's buffers, error feedback and momentum): measured on the MLP at
-# W = 64 (docs/BENCHMARKS.md "A simulated group's memory"), summed codecs up to 8.6, gathered
-# ones (their encoders' selection buffers, W messages decoded) 11.6; rounded up.
+# W = 64 (docs/BENCHMARKS.md "A simulated group's memory"; gathered codecs hold more: their
+# encoders' selection buffers and the W messages decoded), rounded up.
 WORKER_COPIES = {"summed": 9.5, "gathered": 12.5}
 
 
 def _return_large_frees():
     """Large blocks from mmap, always (glibc's M_MMAP_THRESHOLD fixed at 1 MiB): W threads free and
-    reallocate model-sized buffers every step, which glibc's growing threshold keeps in its arenas
-    (a simulated MLP worker's peak 105 -> 67 MB measured at W = 64)."""
+    reallocate model-sized buffers every step, which glibc's growing threshold would keep in its
+    arenas (docs/BENCHMARKS.md "A simulated group's memory")."""
     import ctypes
     try:
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
@@ -866,7 +866,7 @@ def _check_fits(p, args, job):
     """p.error (status 2) before a simulated group that would not fit in memory."""
     import sketchsgd
     with torch.random.fork_rng():
-        dim = sum(p.numel() for p in job.model(args.seed).parameters())
+        dim = sum(t.numel() for t in job.model(args.seed).parameters())
     spec = args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
     try:
         family = "summed" if spec in ("none", "dense") or not sketchsgd.gathered(spec) else "gathered"
