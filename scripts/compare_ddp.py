@@ -37,6 +37,7 @@ from cli import count, natural  # noqa: E402
 import launch  # noqa: E402  (how a job of the matrix runs)
 
 import experiments  # noqa: E402  (the runs of each workload, their budgets and why: experiments.json)
+import frontier  # noqa: E402  (the ring model for runs made before link bytes were counted)
 from frontier import LOSSES  # noqa: E402  (the workloads scored by validation loss, and its unit)
 
 
@@ -59,8 +60,46 @@ def quality(r):
     return f"{r['val_loss']:.4f}"
 
 
-COLUMNS = ["hook", "test accuracy", "payload per worker per round (steady)", "vs dense (steady)",
-           "vs dense (mean over the run)", "replicas identical", "wall time"]
+COLUMNS = ["hook", "test accuracy", "link bytes a step per rank (steady)", "bf16 all-reduce's link bytes / these",
+           "payload per worker per round (steady)", "payload vs fp32 (steady)", "payload vs fp32 (mean over the run)",
+           "replicas identical", "wall time"]
+# The tables' columns before link bytes were counted: kept rows in them are restated (restate()).
+PAYLOAD_COLUMNS = ["hook", "test accuracy", "payload per worker per round (steady)", "vs dense (steady)",
+                   "vs dense (mean over the run)", "replicas identical", "wall time"]
+
+
+def link_cells(hook, payload, ratio, run=None, world=4):
+    """A row's link bytes a step per rank (sent + received) and a bf16 all-reduce's over them: as the
+    run counted them, or for a run made before it did, from its payload by the ring model."""
+    if run and run.get("steady_link_bytes_per_round"):
+        link, bf16 = run["steady_link_bytes_per_round"], run["bf16_link_bytes_per_step"]
+    else:
+        e = {"hook": hook, "payload": payload, "ratio": ratio}
+        link, bf16 = frontier.link_of(e, world), frontier.bf16_link(e, world)
+    return [f"{link:,.0f} B", f"{bf16 / link:.1f}×"]
+
+
+def restate(path, columns, world=4):
+    """Rows of a table data file still in PAYLOAD_COLUMNS, in COLUMNS (link bytes from the payload
+    by the ring model, said in the note); other files untouched. Returns whether it rewrote it."""
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        t = json.load(f)
+    old = [c if c != "test accuracy" else columns[1] for c in PAYLOAD_COLUMNS]
+    if t.get("columns") != old:
+        return False
+    rows = []
+    for r in t["rows"]:
+        hook, payload, ratio = r[0].strip("`"), float(r[2].rstrip(" B").replace(",", "")), float(r[3].rstrip("×"))
+        rows.append([r[0], r[1], *link_cells(hook, payload, ratio, world=world), *r[2:]])
+    t["columns"], t["rows"] = columns, rows
+    t["note"] = (t.get("note", "") + f" Link bytes at W = {world}: from each run's payload by the ring model "
+                 "(all-reduce 2(W − 1)/W each way, all-gather W − 1 messages; the runs predate counting them).").strip()
+    with open(path, "w") as f:
+        json.dump(t, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    return True
 
 
 def report(names, args):
@@ -70,10 +109,11 @@ def report(names, args):
         if name in names and os.path.exists(path):
             with open(path) as f:
                 runs.append((name, hook, json.load(f)))
-    rows = [[f"`{hook}`", quality(r), f"{r['steady_payload_bytes_per_round']:,.0f} B",
-             f"{r['steady_ratio']:.1f}×", f"{r['ratio']:.1f}×", "yes" if r["replicas_identical"] else "NO",
-             f"{r['seconds']:.0f} s"] for _, hook, r in runs]
-    columns = COLUMNS if args.workload not in LOSSES else [c if c != "test accuracy" else "validation loss" for c in COLUMNS]
+    rows = [[f"`{hook}`", quality(r),
+             *link_cells(hook, r["steady_payload_bytes_per_round"], r["steady_ratio"], r, args.workers),
+             f"{r['steady_payload_bytes_per_round']:,.0f} B", f"{r['steady_ratio']:.1f}×", f"{r['ratio']:.1f}×",
+             "yes" if r["replicas_identical"] else "NO", f"{r['seconds']:.0f} s"] for _, hook, r in runs]
+    columns = columns_of(args.workload)
     table = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] +
                       ["| " + " | ".join(r) + " |" for r in rows])
     print(table)
@@ -84,6 +124,10 @@ def report(names, args):
         write_docs(rows, runs, args)
 
 
+def columns_of(workload):
+    return COLUMNS if workload not in LOSSES else [c if c != "test accuracy" else "validation loss" for c in COLUMNS]
+
+
 def write_docs(rows, runs, args):
     """The table's data file (the rows of the hooks run, the others kept) and, for a full run, the
     plot; then the docs' tables. What the figures mean is written in docs/RESULTS.md."""
@@ -92,10 +136,10 @@ def write_docs(rows, runs, args):
     command = ".venv/bin/python scripts/compare_ddp.py --write-docs"
     if args.table != "ddp-hooks":
         command += f"{' --local' if args.local else ''} --workload {args.workload} --only {args.only} --table {args.table}"
-    doc_tables.write(f"docs/data/tables/{args.table}.json", command,
-                     time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {version}, gloo",
-                     [c if c != "test accuracy" or args.workload not in LOSSES else "validation loss" for c in COLUMNS],
-                     rows, key=0,
+    path = f"docs/data/tables/{args.table}.json"
+    restate(path, columns_of(args.workload), args.workers)  # so that its kept rows merge with these
+    doc_tables.write(path, command, time.strftime("%Y-%m-%d"), f"the 2-core dev machine, PyTorch {version}, gloo",
+                     columns_of(args.workload), rows, key=0,
                      note=f"{args.workers} processes, {args.epochs} epochs, seed {args.seed}, one run each.")
     png = os.path.join(args.out, "ddp_accuracy_vs_payload.png")
     if os.path.exists(png) and args.table != "ddp-hooks":
@@ -156,6 +200,8 @@ def main():
     ap.add_argument("--write-docs", action="store_true", help="write the table's data file (and plot) into docs/")
     ap.add_argument("--table", default="ddp-hooks", type=table_name,
                     help="the data file --write-docs writes: docs/data/tables/TABLE.json (default ddp-hooks)")
+    ap.add_argument("--restate", action="store_true", help="run nothing: rewrite --table's rows kept from before "
+                    "link bytes were counted with link columns (from their payload by the ring model), and the docs")
     ap.add_argument("--local", action="store_true",
                     help="the local-steps list (DiLoCo with each codec, PeriodicModelAverager) instead of per-step hooks")
     args = ap.parse_args()
@@ -174,6 +220,14 @@ def main():
     if args.write_docs and args.workload != "mlp" and args.table == "ddp-hooks":
         ap.error("--write-docs: ddp-hooks is the MLP's table (--table NAME for other runs); the other "
                  "workloads' frontier tables: scripts/frontier.py --write-docs")
+    if args.restate:
+        import doc_tables
+        path = f"docs/data/tables/{args.table}.json"
+        if not os.path.exists(path):
+            ap.error(f"--restate: no table {path}")
+        print(f"{path}: " + ("restated" if restate(path, columns_of(args.workload), args.workers) else "already in link bytes"))
+        doc_tables.main([])
+        return
     if args.table != "ddp-hooks" and not (args.write_docs and args.only):
         ap.error("--table NAME goes with --write-docs and --only (the runs the table holds)")
     only = set(filter(None, args.only.split(",")))

@@ -27,6 +27,7 @@ import time
 
 import experiments  # noqa: E402  (the runs: experiments.json)
 import launch  # noqa: E402
+import frontier  # noqa: E402  (the DDP runs' link bytes)
 from frontier import LOSSES  # noqa: E402  (the workloads' loss units)
 
 def link_share(mode, hook, run):
@@ -118,9 +119,11 @@ def report(workload, matrix, write_docs):
         rs = got.get((mode, e["name"]))
         if not rs and (mode, e["name"]) == ("full", "none") and stand_in and full_bf16:
             # No FSDP2 run: uncompressed DDP's seeds (the same steps), fp32 bytes twice bf16's.
-            rows.append([mode, "`none` (per-step dense DDP's runs)", f"{2 * full_bf16:,.0f} B", "0.5×", "0.5×",
-                         f"{mean:.4f} ({len(plain)})", "+0.0000", "within", "—", "—", "—"])
-            points.append((mode, "none", 2 * full_bf16, mean))
+            share = link_share(mode, "none", {"workers": 4})
+            rows.append([mode, "`none` (per-step dense DDP's runs)", f"{2 * share * 2 * full_bf16:,.0f} B", "0.5×",
+                         f"{2 * full_bf16:,.0f} B", "0.5×", f"{mean:.4f} ({len(plain)})", "+0.0000", "within", "—",
+                         "—", "—"])
+            points.append((mode, "none", 2 * share * 2 * full_bf16, mean))
             continue
         if not rs or seed != e.get("seeds", [1])[0]:
             continue
@@ -132,24 +135,27 @@ def report(workload, matrix, write_docs):
         # FSDP2's bf16 reduce_dtype: its run, or what the run records it would send.
         bf16_bytes = bf16[0]["steady_payload_bytes_per_round"] if bf16 else rs[0].get("fsdp_bf16_bytes_per_step")
         vs = f"{bf16_bytes / sent:.1f}×" if bf16_bytes else "—"
-        link = (f"{bf16_bytes * link_share(mode, 'bf16', rs[0]) / (sent * link_share(mode, e['hook'], rs[0])):.1f}×"
-                if bf16_bytes else "—")
+        # Sent + received: a ring's collectives carry as much into a rank as out of it.
+        on_link = 2 * sent * link_share(mode, e["hook"], rs[0])
+        link = f"{2 * bf16_bytes * link_share(mode, 'bf16', rs[0]) / on_link:.1f}×" if bf16_bytes else "—"
         diff = loss - mean
         verdict = "within" if diff <= noise else "behind"
         theirs = ddp.get(e.get("ddp", ""), {})
         if theirs:
             ddp_loss = statistics.mean(theirs["acc"].values())
-            ddp_cell = f"{ddp_loss:.4f} at {theirs['payload']:,.0f} B"
+            ddp_cell = f"{ddp_loss:.4f} at {frontier.link_of(theirs):,.0f} B"
             ddp_verdict = "within" if ddp_loss - ddp_plain <= noise else "behind"
         else:
             ddp_cell = ddp_verdict = "—"
-        rows.append([mode, f"`{e['hook']}`", f"{sent:,.0f} B", vs, link, f"{loss:.4f}" + (f" ({count})" if count > 1 else ""),
+        rows.append([mode, f"`{e['hook']}`", f"{on_link:,.0f} B", link, f"{sent:,.0f} B", vs,
+                     f"{loss:.4f}" + (f" ({count})" if count > 1 else ""),
                      f"{diff:+.4f}", verdict, ddp_cell, ddp_verdict,
                      "yes" if all(r["replicas_identical"] for r in rs) else "NO"])
-        points.append((mode, e["name"], sent, loss))
-    columns = ["mode", "reduction", "gradient bytes per rank per step", "vs bf16 reduce_dtype",
-               "on each link, vs bf16 (ring)", "validation loss",
-               "vs uncompressed FSDP2", f"within the noise ({noise:.4f})", "same codec under DDP (its payload)",
+        points.append((mode, e["name"], on_link, loss))
+    columns = ["mode", "reduction", "link bytes a step per rank (ring, sent + received)",
+               "bf16 reduce_dtype's link bytes / these", "payload handed a step per rank", "payload: bf16's / this",
+               "validation loss", "vs uncompressed FSDP2", f"within the noise ({noise:.4f})",
+               "same codec under DDP (its link bytes at W = 4)",
                "under DDP: within the noise of uncompressed DDP", "replicas identical"]
     print(" | ".join(columns))
     for r in rows:
@@ -175,9 +181,10 @@ def report(workload, matrix, write_docs):
                          note=f"{steps} steps, seed 1 (uncompressed: {where}, mean {mean:.4f}); "
                               "full: the reduce-scatter's input (a summable codec: its payload, all-reduced; a "
                               "gathered codec, sent per destination: its messages for every chunk, its own "
-                              "included); hsdp: a rank's shard across the 2 replicas; fsdp1: as full, over FSDP1's flat gradients. On each link: what those "
-                              "bytes put on a rank's link on a ring (docs/PYTORCH.md, \"FSDP2: what the bytes "
-                              "are\"). DDP: the frontier's mean over its seeds.",
+                              "included); hsdp: a rank's shard across the 2 replicas; fsdp1: as full, over FSDP1's flat gradients. Link bytes: what "
+                              "that payload puts through a rank's link on a ring, sent + received (docs/PYTORCH.md, "
+                              "\"FSDP2: what the bytes are\"); the traffic to compare. DDP: the frontier's mean over "
+                              "its seeds.",
                          data=f"docs/data/fsdp-{workload}.json")
         with open(f"docs/data/fsdp-{workload}.json", "w") as f:
             json.dump({f"{m}:{n}": [{k: r.get(k) for k in ("hook", "fsdp", "replicas", "seed", "val_loss",
@@ -204,7 +211,7 @@ def plot(workload, points, mean, noise, png):
                 ax.annotate(name, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.axhspan(mean - noise, mean + noise, color="grey", alpha=0.2, label="uncompressed FSDP2 ± 2 sd")
     ax.set_xscale("log")
-    ax.set_xlabel("gradient bytes per rank per step over the compressed links (log)")
+    ax.set_xlabel("link bytes a step per rank over the compressed links, sent + received, W = 4 (log)")
     ax.set_ylabel(f"validation loss ({LOSSES[workload]})")
     ax.set_title(f"FSDP, {workload}, 4 gloo ranks: FSDP2 full sharding and HSDP 2 × 2, FSDP1 FULL_SHARD", fontsize=9)
     ax.legend(fontsize=8)

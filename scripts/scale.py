@@ -51,21 +51,49 @@ FAMILIES = [
 # its rows, at the same cells (FetchSGD's own runs held 30-50 cells a coordinate).
 SIZING = [(f"sketch-{c}x-r{r}", f"sketch:rows={r},cols={c * 18000 // r},k=18000,momentum=0.9", "summed")
           for c, r in [(5, 1), (10, 1), (30, 1), (50, 1), (30, 3), (30, 5)]]
+# --series diloco: the families as DiLoCo's codecs (--local H: H local steps, then the
+# pseudo-gradient compressed and summed or gathered, and DiLoCo's Nesterov outer step). No codec
+# momentum (the outer optimizer's is the job's), so no FetchSGD: its momentum lives in the sketch.
+DILOCO = [("dense-bf16", "dense:wire=bf16", "summed"),
+          ("powersgd", "sketchsgd:powersgd:rank=4,wire=fp16", "summed"),
+          ("sketch", "sketch:rows=1,cols=90000,k=18000", "summed"),
+          ("sketch-p2", "sketch:rows=1,cols=60000,k=12000,p2=2", "summed"),
+          ("topk", "topk:k=20000", "gathered"),
+          ("sparseloco", "sparseloco:chunk=4096,k=64", "gathered"),
+          ("qsgd", "qsgd:bits=4", "gathered")]
+SERIES = {"families": FAMILIES, "sizing": SIZING, "global": FAMILIES, "diloco": DILOCO}
 BASE_WORKERS = 4  # the learning rate's reference group (the tables' W elsewhere)
+LOCAL_STEPS = 8  # --series diloco: H
 
 
-def lr_at(base: float, W: int) -> float:
-    return base * math.sqrt(W / BASE_WORKERS)
+def lr_at(base: float, W: int, series: str = "families") -> float:
+    """The square-root rule for a global batch grown W / 4 times; --series global keeps it fixed."""
+    return base if series == "global" else base * math.sqrt(W / BASE_WORKERS)
+
+
+def batch_at(workload: str, W: int, series: str):
+    """The batch per worker: the workload's, or under --series global the global batch of
+    W = 4's (4 x the workload's) split over W; None where W does not divide it."""
+    import workloads
+    batch = workloads.defaults(workload)["batch"]
+    if series != "global":
+        return batch
+    return BASE_WORKERS * batch // W if BASE_WORKERS * batch % W == 0 else None
 
 
 def command(name, hook, W, seed, args, out):
     import workloads
     base = workloads.defaults(args.workload)["lr"]
-    return [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--workload", args.workload,
-            "--simulate", str(W), "--hook", hook, "--total-steps", str(args.steps + args.start_iter),
-            "--start-iter", str(args.start_iter), "--warmup", str(args.warmup), "--lr", f"{lr_at(base, W):.6g}",
-            "--seed", str(seed), "--eval-items", str(args.eval_items), "--progress", str(max(1, args.steps // 4)),
-            "--timeout", str(args.timeout), "--json", out]
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "ddp_train.py"), "--workload", args.workload,
+           "--simulate", str(W), "--hook", hook, "--total-steps", str(args.steps + args.start_iter),
+           "--start-iter", str(args.start_iter), "--warmup", str(args.warmup),
+           "--lr", f"{lr_at(base, W, args.series):.6g}", "--seed", str(seed), "--eval-items", str(args.eval_items),
+           "--progress", str(max(1, args.steps // 4)), "--timeout", str(args.timeout), "--json", out]
+    if args.series == "global":
+        cmd += ["--batch", str(batch_at(args.workload, W, "global"))]
+    if args.series == "diloco":
+        cmd += ["--local", str(LOCAL_STEPS)]
+    return cmd
 
 
 def run_point(name, hook, W, seed, args):
@@ -173,6 +201,20 @@ def plot(table, worlds, families, path, workload, metric):
     print(f"plot: {path}")
 
 
+def job_note(args) -> str:
+    import workloads
+    batch = workloads.defaults(args.workload)["batch"]
+    if args.series == "global":
+        job = (f"a global batch of {BASE_WORKERS * batch} split over W (2 items a worker at W = 64), the workload's "
+               f"lr at every W")
+    else:
+        job = "batch per worker the workload's, lr × sqrt(W / 4)"
+    local = f", DiLoCo every {LOCAL_STEPS} steps (link bytes a step: a sync's over {LOCAL_STEPS})" \
+        if args.series == "diloco" else ""
+    return (f"{args.steps} steps after {args.start_iter} fp32 ones, {job} after a {args.warmup}-step warm-up{local}; "
+            "link bytes sent + received.")
+
+
 def write_docs(table, worlds, families, args, metric, points):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import doc_tables
@@ -204,9 +246,8 @@ def write_docs(table, worlds, families, args, metric, points):
                      ["codec", "family", "W", metric.replace("_", " "), "link kB a step per rank",
                       "bf16 all-reduce's link bytes / these", "seconds"], rows,
                      data=data,
-                     note=f"{args.steps} steps after {args.start_iter} fp32 ones, batch per worker the workload's, "
-                          f"lr × sqrt(W / 4) after a {args.warmup}-step warm-up; link bytes sent + received.")
-    if args.series == "families":
+                     note=job_note(args))
+    if args.series in ("families", "global", "diloco"):
         doc_tables.write(os.path.join(doc_tables.TABLES, f"{name}-crossover.json"), cmd, date,
                          args.machine, ["gathered", "summed", "fewer link bytes from W", "and within the noise from W"],
                          crossover(table, worlds, families, args.noise), data=data,
@@ -219,8 +260,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="mlp", choices=["mlp"], help="the job (the budgets are the MLP's)")
     ap.add_argument("--workers", default="4,16,64,256", type=items(count), help="comma-separated W")
-    ap.add_argument("--series", default="families", choices=["families", "sizing"],
-                    help="families: a codec of each family; sizing: the sketch's cells per coordinate and rows")
+    ap.add_argument("--series", default="families", choices=sorted(SERIES),
+                    help="families: a codec of each family; sizing: the sketch's cells per coordinate and rows; "
+                    "global: the families at W = 4's global batch split over W (the learning rate fixed); "
+                    f"diloco: the families as DiLoCo's codecs, H = {LOCAL_STEPS}")
     ap.add_argument("--only", help="comma-separated names of the series' codecs (families: " +
                     ",".join(n for n, _, _ in FAMILIES) + ")")
     ap.add_argument("--seeds", default="1", type=items(count), help="comma-separated seeds")
@@ -238,7 +281,7 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="W = 16, 3 steps a family, into a temporary folder: "
                     "every family runs and its link bytes are counted (the fast tier)")
     args = ap.parse_args()
-    series = FAMILIES if args.series == "families" else SIZING
+    series = SERIES[args.series]
     names = [n for n, _, _ in series]
     only = args.only.split(",") if args.only else names
     unknown = sorted(set(only) - set(names))
@@ -250,9 +293,15 @@ def main():
     if args.smoke:
         args.workers, args.seeds, args.steps, args.start_iter, args.warmup, args.eval_items = [16], [1], 3, 2, 1, 200
     worlds, seeds = sorted(args.workers), args.seeds
+    uneven = [W for W in worlds if batch_at(args.workload, W, args.series) in (None, 0)]
+    if uneven:
+        ap.error(f"--series global: W = {uneven[0]} does not divide the global batch of "
+                 f"{BASE_WORKERS * batch_at(args.workload, 1, 'families')} items")
     args.workers, args.seeds = ",".join(map(str, worlds)), ",".join(map(str, seeds))
     scratch = tempfile.TemporaryDirectory() if args.smoke else None
-    args.out = scratch.name if scratch else (args.out or os.path.join(ROOT, "build", f"scale-{args.workload}"))
+    # The sizing series' names are its own; global's and diloco's are the families' (own folders).
+    folder = f"scale-{args.workload}" + ("" if args.series in ("families", "sizing") else f"-{args.series}")
+    args.out = scratch.name if scratch else (args.out or os.path.join(ROOT, "build", folder))
     os.makedirs(args.out, exist_ok=True)
     todo = [(n, h, W, s) for W in worlds for n, h, _ in families for s in seeds]
     points, failed, began = {}, [], time.time()

@@ -5,6 +5,7 @@ on stdout). Each case fails while the arguments are checked, so the processes ar
 side by side, in a scratch folder (relative defaults such as build/demo land there). The C++
 programs come from the build tree (PYTHONPATH=<build>/python): their cases are skipped where
 they are not built."""
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +85,9 @@ CASES = [
     ("scripts/compare_codecs.py", ["--only", "dense,bogus"], "--only"),
     ("scripts/compare_ddp.py", ["--workers", "0"], "--workers"),
     ("scripts/compare_ddp.py", ["--only", "bogus"], "--only"),
+    ("scripts/compare_ddp.py", ["--restate", "--table", "no-such-table"], "--restate"),
+    ("scripts/scale.py", ["--series", "global", "--workers", "4,256"], "--series global"),
+    ("scripts/scale.py", ["--series", "diloco", "--only", "fetchsgd"], "--only"),
     ("scripts/compare_federated.py", ["--split", "iid,bogus"], "--split"),
     ("scripts/compare_local_ps.py", ["--seeds", "1,x"], "--seeds"),
     ("scripts/compare_shards.py", ["--shards", "2,4"], "--shards"),
@@ -188,3 +192,27 @@ def test_a_bad_value_is_refused_with_one_line_and_status_2(i):
         assert [line for line in lines if not line.startswith(("usage:", " "))] == lines[-1:], shown
         assert lines[-1].startswith(f"{_name(program)}: error: "), shown
     assert names in lines[-1], shown
+
+
+def test_a_table_of_payload_rows_is_restated_in_link_bytes(tmp_path):
+    """compare_ddp.py --restate: a row kept from before link bytes were counted gets them from its
+    payload by the ring model at W = 4 (an all-reduce's rank 3x its payload, sent + received; a
+    gather's 6x), the bf16 all-reduce's over them beside it; a table already restated is left."""
+    sys.path[:0] = [os.path.join(ROOT, "scripts"), os.path.join(ROOT, "examples")]
+    import compare_ddp
+    path = tmp_path / "t.json"
+    old = {"command": "c", "date": "2026-11-23", "machine": "m", "note": "n.", "columns": compare_ddp.PAYLOAD_COLUMNS,
+           "rows": [["`none`", "87.07 %", "7,454,760 B", "1.0×", "1.0×", "yes", "65 s"],
+                    ["`topk:k=20000,momentum=0.9`", "85.94 %", "168,292 B", "44.3×", "40.0×", "yes", "80 s"]]}
+    path.write_text(json.dumps(old))
+    assert compare_ddp.restate(str(path), compare_ddp.COLUMNS)
+    t = json.loads(path.read_text())
+    assert t["columns"] == compare_ddp.COLUMNS
+    dense, topk = t["rows"]
+    assert dense[2:4] == ["22,364,280 B", "0.5×"]  # 3 x 7,454,760; bf16's is half of fp32's
+    assert topk[2] == f"{6 * 168292:,} B"
+    bf16 = 3 * 44.3 * 168292 / 2
+    assert topk[3] == f"{bf16 / (6 * 168292):.1f}×"
+    assert topk[4:] == old["rows"][1][2:]
+    assert "ring model" in t["note"]
+    assert not compare_ddp.restate(str(path), compare_ddp.COLUMNS)
