@@ -254,6 +254,9 @@ def write_docs(table, worlds, families, args, metric, points):
     date = time.strftime("%Y-%m-%d")
     name = f"scale-{args.workload}" + ("" if args.series == "families" else f"-{args.series}")
     cmd += "" if args.series == "families" else f" --series {args.series}"
+    for flag, value, default in (("--start-iter", args.start_iter, 5), ("--warmup", args.warmup, 5),
+                                 ("--eval-items", args.eval_items, 10000)):
+        cmd += f" {flag} {value}" if value != default else ""
     data = os.path.join("docs", "data", f"{name}.json")  # every point's figures, the tables' source
     keep = ("hook", "workers", "seed", "steps", "lr", "metric", "quality", "steady_link_bytes_per_round",
             "steady_payload_bytes_per_round", "bf16_link_bytes_per_step", "steady_link_ratio_bf16", "seconds")
