@@ -225,7 +225,12 @@ def main():
         path = f"docs/data/tables/{args.table}.json"
         if not os.path.exists(path):
             ap.error(f"--restate: no table {path}")
-        print(f"{path}: " + ("restated" if restate(path, columns_of(args.workload), args.workers) else "already in link bytes"))
+        try:
+            done = restate(path, columns_of(args.workload), args.workers)
+        except (ValueError, KeyError, IndexError, AttributeError) as e:  # not a table data file, or a row cut short
+            ap.error(f"--restate: {path}: not a table compare_ddp.py wrote ({type(e).__name__}: {e})")
+        print(f"{path}: " + ("restated" if done else "not in the payload columns compare_ddp.py wrote before link "
+                              "bytes: left as it is"))
         doc_tables.main([])
         return
     if args.table != "ddp-hooks" and not (args.write_docs and args.only):
