@@ -248,16 +248,40 @@ std::vector<Round::Request> Round::padded(std::span<const std::span<const uint8_
 
 void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> buffer,
                    Runs at) {
-  finish_into(gathered, buffer, 0, buffer.size(), at, false);
+  finish_into(gathered, {}, buffer, 0, buffer.size(), at, false);
 }
 
 void Round::finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out,
                    uint64_t lo, uint64_t n, Runs at) {
-  finish_into(gathered, out, lo, n, at, true);
+  finish_into(gathered, {}, out, lo, n, at, true);
 }
 
-void Round::finish_into(std::span<const std::span<const uint8_t>> gathered, std::span<float> out,
-                        uint64_t lo, uint64_t n, Runs at, bool streamed) {
+void Round::finish_update(std::span<const uint8_t> update, std::span<float> buffer, Runs at) {
+  SKETCHSGD_REQUIRE(gathered(), ProtocolError,
+                    "round: finish_update() of a round that gathers no messages");
+  SKETCHSGD_REQUIRE(!update.empty(), WireError, "round: an update of 0 bytes");
+  finish_into({}, update, buffer, 0, buffer.size(), at, false);
+}
+
+Message Round::reduce(std::span<const std::span<const uint8_t>> gathered) {
+  SKETCHSGD_REQUIRE(this->gathered(), ProtocolError,
+                    "round: reduce() of a round that gathers no messages");
+  SKETCHSGD_REQUIRE(phase_ + 1 == phases(), ProtocolError, "round: reduce() before the last phase");
+  SKETCHSGD_REQUIRE(gathered.size() == world_, InvalidArgument, "round: ", gathered.size(),
+                    " messages gathered in a group of ", world_);
+  rethrow_own();
+  const auto scope = device_.activate();
+  for (uint32_t r = 0; r < world_; ++r) {
+    SKETCHSGD_REQUIRE(gathered[r].size() >= sizes_[r], WireError, "rank ", r,
+                      "'s message: ", gathered[r].size(), " bytes gathered of ", sizes_[r]);
+    aggregator_->add(gathered[r].first(sizes_[r]));
+  }
+  return aggregator_->finish();
+}
+
+void Round::finish_into(std::span<const std::span<const uint8_t>> gathered,
+                        std::span<const uint8_t> update, std::span<float> out, uint64_t lo,
+                        uint64_t n, Runs at, bool streamed) {
   SKETCHSGD_REQUIRE(phase_ + 1 == phases(), ProtocolError, "round: finish() before the last phase");
   SKETCHSGD_REQUIRE(lo <= n && out.size() <= n - lo, InvalidArgument, "round: values [", lo, ", +",
                     out.size(), ") of a buffer of ", n);
@@ -315,15 +339,14 @@ void Round::finish_into(std::span<const std::span<const uint8_t>> gathered, std:
         codec_->apply(update.bytes(), whole_step);
       }
     } else {
-      SKETCHSGD_REQUIRE(gathered.size() == world_, InvalidArgument, "round: ", gathered.size(),
-                        " messages gathered in a group of ", world_);
-      for (uint32_t r = 0; r < world_; ++r) {
-        SKETCHSGD_REQUIRE(gathered[r].size() >= sizes_[r], WireError, "rank ", r,
-                          "'s message: ", gathered[r].size(), " bytes gathered of ", sizes_[r]);
-        aggregator_->add(gathered[r].first(sizes_[r]));
+      rethrow_own();
+      Message reduced;
+      if (update.empty()) {
+        reduced = reduce(gathered);
+        update = reduced.bytes();
       }
       if (whole_step.empty()) whole_step = room();
-      codec_->apply(aggregator_->finish().bytes(), whole_step);
+      codec_->apply(update, whole_step);
     }
     if (!written && (whole_step.empty() || whole_step.data() == step_.data()))
       ops::scale_pieces(device_, pieces(out, lo, at.kept, step_.data(), true), 1.0f);

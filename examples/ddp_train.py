@@ -181,13 +181,17 @@ def _ours(hook, ddp, args, dim):
 def simulated(hook, model, args, dim, group):
     """--simulate, per step: no DDP; after each backward the gradients are averaged through
     sketchsgd.torch.average() on the simulated group (the whole model one unit, as DDP with one
-    bucket), plain fp32 for the first --start-iter steps as the hooks warm up. Returns (a
+    bucket; the matrices first, then the vectors: the tensors a codec compresses end to end, so
+    that each worker's round reads them and writes its step in place, where interleaved with the
+    biases it sent whole they took a copy each way), plain fp32 for the first --start-iter steps
+    as the hooks warm up. Returns (a
     function giving the (payload, link) bytes so far, SGD momentum, the averaging to run after each
     backward)."""
     from sketchsgd.torch import CompressionState, average
     spec = "dense" if hook == "none" else hook[len("sketchsgd:"):] if hook.startswith("sketchsgd:") else hook
     warm, state = CompressionState("dense", process_group=group), CompressionState(spec, process_group=group)
     params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in params if p.dim() >= 2] + [p for p in params if p.dim() < 2]  # see above
     steps = {"n": 0, "warm": link_of(warm)}
 
     def after_backward():
@@ -845,10 +849,10 @@ def simulate(args):
 
 
 # Bytes a simulated worker holds at its peak, in copies of its model's float32 values (model,
-# gradient, the mean, the codec's buffers, error feedback and momentum): measured on the MLP at
-# W = 64 (docs/BENCHMARKS.md "A simulated group's memory"; gathered codecs hold more: their
-# encoders' selection buffers and the W messages decoded), rounded up.
-WORKER_COPIES = {"summed": 9.5, "gathered": 12.5}
+# gradient, the mean, the codec's buffers, error feedback and momentum): the largest of the
+# families' measured on the MLP from W = 32 to 64, rounded up (docs/BENCHMARKS.md "A simulated
+# group's memory"). Gathered codecs hold no more: the group reduces their messages once.
+WORKER_COPIES = 9.0
 
 
 def _return_large_frees():
@@ -864,15 +868,9 @@ def _return_large_frees():
 
 def _check_fits(p, args, job):
     """p.error (status 2) before a simulated group that would not fit in memory."""
-    import sketchsgd
     with torch.random.fork_rng():
         dim = sum(t.numel() for t in job.model(args.seed).parameters())
-    spec = args.hook[len("sketchsgd:"):] if args.hook.startswith("sketchsgd:") else args.hook
-    try:
-        family = "summed" if spec in ("none", "dense") or not sketchsgd.gathered(spec) else "gathered"
-    except (ValueError, RuntimeError, StopIteration):
-        family = "gathered"  # not a spec of ours (PyTorch's hooks have no simulated form; checked later)
-    copies = WORKER_COPIES[family]
+    copies = WORKER_COPIES
     need = args.workers * dim * 4 * copies
     try:
         with open("/proc/meminfo") as f:

@@ -316,6 +316,27 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              r.finish(g.spans, floats(buffer, n), {runs(kept), runs(whole)});
            })
+      .def_property_readonly("gathered", &Round::gathered)
+      .def(
+          "reduce",
+          [](Round& r, const py::list& gathered) {
+            const Gathered g(gathered);
+            Message msg;
+            {
+              py::gil_scoped_release release;
+              msg = r.reduce(g.spans);
+            }
+            return view_of(std::move(msg));
+          },
+          "A gathered round's update from every rank's message, for finish_update() of each "
+          "rank of a group in one process (a read-only memoryview).")
+      .def("finish_update",
+           [](Round& r, const py::buffer& update, uintptr_t buffer, uint64_t n, const Runs& kept,
+              const Runs& whole) {
+             const View u(update);
+             py::gil_scoped_release release;
+             r.finish_update(u.bytes(), floats(buffer, n), {runs(kept), runs(whole)});
+           })
       .def(
           "finish_window",
           [](Round& r, const py::list& gathered, uintptr_t out, uint64_t lo, uint64_t count,

@@ -88,6 +88,14 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
             return requests(core.round.next(got))
 
     def finish():
+        if comm.shared and window is None and core.round.gathered:
+            # A simulated group's ranks share one process: the update from everyone's messages
+            # reduced once (by rank 0's round), not by each of W ranks.
+            with core.streams.ordered():
+                update = comm.ops.once(lambda: core.round.reduce(gathered()))
+                core.round.finish_update(update, buf.data_ptr(), buf.numel(), kept, whole)
+            settled(buf)
+            return
         got = gathered()
         with core.streams.ordered():
             if window is None:

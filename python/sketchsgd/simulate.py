@@ -25,6 +25,7 @@ worker that seeds it and draws from it (a model's initialisation, dropout) does 
 `group.lock`, or uses a torch.Generator of its own, or its draws interleave with the others'.
 """
 
+import copy
 import math
 import threading
 
@@ -127,6 +128,21 @@ class Rank:
         round's W² messages, gigabytes, for what a process holds once)."""
         everyone = self.group._meet(self.rank, t, lambda ts: [x.clone() for x in ts])
         return everyone, _Done(t)
+
+    def once(self, fn):
+        """Rank 0's fn(), handed to every rank: for what every rank would compute alike from the
+        same inputs (a gathered round's update from every rank's message: W decodes a group where
+        each rank's own would be W² at W ranks). Each rank passes its fn; only rank 0's runs. What
+        it raises, every rank raises (a copy each), and the group goes on."""
+        def run(fns):
+            try:
+                return True, fns[0]()
+            except Exception as e:  # noqa: BLE001 - raised again on every rank below
+                return False, e
+        ok, out = self.group._meet(self.rank, fn, run)
+        if not ok:
+            raise copy.copy(out)
+        return out
 
     def broadcast(self, t, root: int = 0):
         """t becomes rank root's t."""

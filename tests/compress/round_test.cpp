@@ -118,9 +118,11 @@ struct Group {
   }
 
   /// One step on every rank: x[r] and whole[r] in, steps and wholes out. Every rank's error,
-  /// if any, as text ("" where none).
+  /// if any, as text ("" where none). shared: a gathered round's update reduced by rank 0 alone
+  /// and finished from by every rank (a simulated group's path).
   std::vector<std::string> step(const std::vector<std::vector<float>>& x,
-                                const std::vector<std::vector<float>>& whole, uint64_t round) {
+                                const std::vector<std::vector<float>>& whole, uint64_t round,
+                                bool shared = false) {
     std::vector<std::string> errors(kRanks);
     std::vector<std::vector<Round::Request>> reqs(kRanks);
     std::vector<std::vector<float>> buffers(kRanks);
@@ -131,10 +133,22 @@ struct Group {
     for (int phase = 1;; ++phase) {
       const auto got = run(reqs);
       std::vector<std::vector<Round::Request>> next(kRanks);
+      Message update;
+      if (shared && phase == rounds[0]->phases() && rounds[0]->gathered()) {
+        try {
+          update = rounds[0]->reduce(spans(got));
+        } catch (const Error& e) {
+          errors.assign(kRanks, e.what());
+          break;
+        }
+      }
       for (uint32_t r = 0; r < kRanks; ++r) {
         const auto gathered = spans(got);
         try {
-          if (phase == rounds[r]->phases()) {
+          if (phase == rounds[r]->phases() && !update.bytes().empty()) {
+            rounds[r]->finish_update(update.bytes(), buffers[r], {kept, whole_runs});
+            take(buffers[r], steps[r], wholes[r]);
+          } else if (phase == rounds[r]->phases()) {
             rounds[r]->finish(gathered, buffers[r], {kept, whole_runs});
             take(buffers[r], steps[r], wholes[r]);
           } else
@@ -449,7 +463,42 @@ TEST(Round, RefusesAPartPastTheBuffer) {
   EXPECT_NO_THROW(group.rounds[0]->finish(Group::spans(got), out, n - 100, n, at));
 }
 
+// A group in one process: rank 0's round reduces the messages once and every rank finishes from
+// that update; the steps, the whole tensors' mean and every codec's state are those of each rank
+// reducing on its own, bit for bit, step after step.
+class GatheredRounds : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GatheredRounds, AnUpdateReducedOnceFinishesEveryRankAsItsOwnWould) {
+  Group own(GetParam(), kWhole, true), shared(GetParam(), kWhole, true);
+  ASSERT_TRUE(own.rounds[0]->gathered());
+  for (uint64_t round = 0; round < 3; ++round) {
+    std::vector<std::vector<float>> x(kRanks), whole(kRanks);
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      x[r] = grad(r, round);
+      whole[r] = grad(r, round, kWhole);
+    }
+    for (const auto& e : own.step(x, whole, round)) ASSERT_EQ(e, "");
+    for (const auto& e : shared.step(x, whole, round, true)) ASSERT_EQ(e, "");
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      ASSERT_EQ(shared.steps[r], own.steps[r]) << "round " << round << " rank " << r;
+      ASSERT_EQ(shared.wholes[r], own.wholes[r]) << "round " << round << " rank " << r;
+      ASSERT_EQ(shared.codecs[r]->save_state(), own.codecs[r]->save_state()) << "round " << round;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, Rounds, ::testing::ValuesIn(fp32_examples()),
+                         test::spec_name<::testing::TestParamInfo<std::string>>);
+
+/// The registry's examples of gathered codecs (nothing summed).
+std::vector<std::string> gathered_examples() {
+  std::vector<std::string> out;
+  for (const auto& spec : example_specs(Layout::parse("50x80+1000")))
+    if (make_compressor(spec, kDim)->sum_size(MessageKind::Gradient) == 0) out.push_back(spec);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, GatheredRounds, ::testing::ValuesIn(gathered_examples()),
                          test::spec_name<::testing::TestParamInfo<std::string>>);
 
 // Half-precision wires: the ranks agree with each other (the collective's rounding is the same
@@ -516,6 +565,50 @@ TEST(Round, AUnitOfWholeTensorsOnlyIsTheirMean) {
     }
     EXPECT_EQ(std::memcmp(buffers[r].data(), before.data(), before.size() * 4), 0) << "rank " << r;
   }
+}
+
+// reduce() and finish_update(): only a gathered round's, only after its last phase, and an update
+// that is not this codec's refused with nothing changed (the same step then finishes).
+TEST(Round, ReducingOnceRefusesCallsOutOfOrderAndForeignUpdates) {
+  Group summed("sketch:rows=1,cols=500,k=50", kWhole);
+  EXPECT_FALSE(summed.rounds[0]->gathered());
+  EXPECT_THROW(summed.rounds[0]->reduce({}), ProtocolError);
+  std::vector<float> buf(kDim + kWhole);
+  const Round::Runs at{summed.kept, summed.whole_runs};
+  const std::vector<uint8_t> some(64, 1);
+  EXPECT_THROW(summed.rounds[0]->finish_update(some, buf, at), ProtocolError);
+
+  Group group("topk:k=50", kWhole);
+  ASSERT_TRUE(group.rounds[0]->gathered());
+  std::vector<std::vector<float>> buffers(kRanks);
+  std::vector<std::vector<Round::Request>> reqs(kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    buffers[r] = group.place(grad(r, 0), grad(r, 0, kWhole));
+    reqs[r] = group.rounds[r]->start(buffers[r], at, 0);
+  }
+  auto got = group.run(reqs);
+  EXPECT_THROW(group.rounds[0]->reduce(Group::spans(got)), ProtocolError);  // a phase is left
+  for (uint32_t r = 0; r < kRanks; ++r) reqs[r] = group.rounds[r]->next(Group::spans(got));
+  got = group.run(reqs);
+  const auto all = Group::spans(got);
+  EXPECT_THROW(group.rounds[0]->reduce(std::span(all).first(1)), InvalidArgument);
+  const Message update = group.rounds[0]->reduce(all);
+  // Truncated, empty or garbled bytes.
+  const auto bytes = update.bytes();
+  std::vector<uint8_t> garbled(bytes.begin(), bytes.end());
+  garbled[0] ^= 0xFF;
+  EXPECT_THROW(group.rounds[1]->finish_update(bytes.first(bytes.size() - 3), buffers[1], at),
+               WireError);
+  EXPECT_THROW(group.rounds[1]->finish_update({}, buffers[1], at), WireError);
+  EXPECT_THROW(group.rounds[1]->finish_update(garbled, buffers[1], at), WireError);
+  // Refused before anything changed: the step finishes from the update, as rank 2's own.
+  group.rounds[1]->finish_update(bytes, buffers[1], at);
+  group.rounds[2]->finish(all, buffers[2], at);
+  std::vector<float> x1(kDim), w1(kWhole), x2(kDim), w2(kWhole);
+  group.take(buffers[1], x1, w1);
+  group.take(buffers[2], x2, w2);
+  EXPECT_EQ(x1, x2);
+  EXPECT_EQ(w1, w2);
 }
 
 TEST(Round, RefusesWrongSizesAndCallsOutOfOrder) {

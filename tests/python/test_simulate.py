@@ -58,6 +58,23 @@ def test_a_nan_on_one_rank_raises_on_every_rank_and_the_group_goes_on():
         assert all(r[2] == results[0][2] for r in results), f"{spec}: replicas differ after the next sync"
 
 
+def test_once_hands_rank_0s_result_or_its_error_to_every_rank_and_the_group_goes_on():
+    calls = []
+
+    def job(r):
+        got = r.once(lambda: calls.append(r.rank) or 10 * r.rank + 1)
+
+        def bad():
+            raise sketchsgd.WireError(f"rank {r.rank}'s bytes")
+        with pytest.raises(sketchsgd.WireError, match="rank 0's bytes") as e:
+            r.once(bad)
+        return got, e.value, r.once(lambda: r.rank + 7)
+    results = LocalGroup(3).run(job)
+    assert calls == [0]
+    assert [(g, after) for g, _, after in results] == [(1, 7)] * 3
+    assert len({id(err) for _, err, _ in results}) == 3  # a copy each: no traceback shared by threads
+
+
 def test_int8_sums_average_within_their_rounding_on_every_rank_alike():
     """dense:wire=int8 over 4 simulated ranks: every value of the mean within half a unit of its
     group's scale (every rank's largest magnitude there over 127 // 4), the same bits on every

@@ -120,10 +120,25 @@ class Round {
   void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out, uint64_t lo,
               uint64_t n, Runs at);
 
+  /// Whether the round gathers messages (a gathered codec): its update is then the aggregator's
+  /// mean of every rank's message, which every rank's finish() computes alike.
+  bool gathered() const { return codec_ && !summable(); }
+  /// A gathered round after its last phase: the step's update from every rank's message (what
+  /// finish() applies), for ranks that share one process (a simulated group): one rank reduces,
+  /// every rank's finish_update() applies it, so a group decodes W messages once, not W times
+  /// (at W = 256 a top-k step's W² decodes were most of its time). Raises as finish() would.
+  Message reduce(std::span<const std::span<const uint8_t>> gathered);
+  /// finish() with the update reduce() made on any rank of the group from the same messages.
+  /// Raises what finish() would for this rank's own failure, or WireError for an update that is
+  /// not one of this codec's.
+  void finish_update(std::span<const uint8_t> update, std::span<float> buffer, Runs at);
+
  private:
-  /// Both finish()es: streamed, the window's (do_apply_window's streamed).
-  void finish_into(std::span<const std::span<const uint8_t>> gathered, std::span<float> out,
-                   uint64_t lo, uint64_t n, Runs at, bool streamed);
+  /// Both finish()es and finish_update(): streamed, the window's (do_apply_window's streamed);
+  /// update, a gathered round's update (empty: reduced here from gathered).
+  void finish_into(std::span<const std::span<const uint8_t>> gathered,
+                   std::span<const uint8_t> update, std::span<float> out, uint64_t lo, uint64_t n,
+                   Runs at, bool streamed);
   bool summable() const { return codec_ && sum_size_ > 0; }
   /// The Sum of a room in the format of the codec's payload of that kind.
   Request sum_request(int room, MessageKind kind) const {
