@@ -7,10 +7,13 @@ codec's link bytes fall below a gathered one's at equal quality.
     .venv/bin/python scripts/scale.py [--workload mlp] [--workers 4,16,64,256] [--only topk,fetchsgd]
         [--seeds 1,2] [--steps 60] [--out build/scale-mlp] [--write-docs] [--report-only]
     .venv/bin/python scripts/scale.py --smoke     # W = 16, a few steps per family (the fast tier)
+    .venv/bin/python scripts/scale.py --restore ...   # a fresh clone: the docs' points taken as run
 
 A point is one run, <out>/<name>-w<W>-s<seed>.json (ddp_train.py's summary) beside the flags it
 ran with (.args): a point done before with the same flags is not run again, so a study cut short
-goes on where it stopped. A line per point shows progress (ddp_train's own lines go to the
+goes on where it stopped; --restore first writes the points of the docs' data file
+(docs/data/scale-<workload>[-<series>].json) into it where their flags are this run's, so that a
+fresh clone adds points to the docs' study rather than running it again. A line per point shows progress (ddp_train's own lines go to the
 point's .log). --write-docs writes docs/data/tables/scale-<workload>.json and
 scale-<workload>-crossover.json (scripts/doc_tables.py renders them) and
 docs/images/scale-<workload>.png.
@@ -135,6 +138,53 @@ def run_point(name, hook, W, seed, args):
         return json.load(f), False
 
 
+def data_name(args) -> str:
+    """The series' tables and data file: scale-<workload>[-<series>]."""
+    return f"scale-{args.workload}" + ("" if args.series == "families" else f"-{args.series}")
+
+
+def recorded(args):
+    """The docs' data file's points for --restore: {"<name>-w<W>": [summary, ...]}. Raises
+    ValueError where there is none, or where its table ran with flags the data file does not
+    record (--start-iter, --warmup, --eval-items) other than this run's."""
+    name = data_name(args)
+    try:
+        with open(os.path.join(ROOT, "docs", "data", f"{name}.json")) as f:
+            points = json.load(f)
+        with open(os.path.join(ROOT, "docs", "data", "tables", f"{name}.json")) as f:
+            table = json.load(f)["command"].split()
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"no docs' points for {name} ({e})") from None
+    for flag, value, default in (("--start-iter", args.start_iter, 5), ("--warmup", args.warmup, 5),
+                                 ("--eval-items", args.eval_items, 10000)):
+        ran = int(table[table.index(flag) + 1]) if flag in table else default
+        if ran != value:
+            raise ValueError(f"the docs' {name} ran with {flag} {ran}, this run's is {value}")
+    return points
+
+
+def restore(points, families, worlds, seeds, args) -> int:
+    """Writes into args.out the recorded points whose hook, W, seed, steps and learning rate are
+    this run's, where the folder has none of its own: how many."""
+    import workloads
+    base, n = workloads.defaults(args.workload)["lr"], 0
+    for name, hook, _ in families:
+        for W in worlds:
+            for r in points.get(f"{name}-w{W}", []):
+                if (r.get("seed") not in seeds or r.get("hook") != hook or r.get("steps") != args.steps + args.start_iter
+                        or not math.isclose(r.get("lr", -1), float(f"{lr_at(base, W, args.series):.6g}"))):
+                    continue
+                out = os.path.join(args.out, f"{name}-w{W}-s{r['seed']}.json")
+                if os.path.exists(out):  # a point run here: its own figures
+                    continue
+                with open(out, "w") as f:
+                    json.dump(r, f, indent=1)
+                with open(out[:-5] + ".args", "w") as f:
+                    json.dump(command(name, hook, W, r["seed"], args, out)[2:], f)
+                n += 1
+    return n
+
+
 def mean(xs):
     return sum(xs) / len(xs)
 
@@ -252,7 +302,7 @@ def write_docs(table, worlds, families, args, metric, points):
                     f" ± {t['sd']:.3f} ({t['seeds']} seeds)"
             rows.append([f"`{n}`", kind, W, q, f"{t['link'] / 1e3:,.0f}", f"{t['ratio']:.2f}×", f"{t['seconds']:.0f}"])
     date = time.strftime("%Y-%m-%d")
-    name = f"scale-{args.workload}" + ("" if args.series == "families" else f"-{args.series}")
+    name = data_name(args)
     cmd += "" if args.series == "families" else f" --series {args.series}"
     for flag, value, default in (("--start-iter", args.start_iter, 5), ("--warmup", args.warmup, 5),
                                  ("--eval-items", args.eval_items, 10000)):
@@ -302,6 +352,8 @@ def main():
     ap.add_argument("--timeout", type=count, default=3600, help="seconds a point at most")
     ap.add_argument("--out", help="the points' folder (default: build/scale-<workload>)")
     ap.add_argument("--report-only", action="store_true", help="run nothing: report the points run before")
+    ap.add_argument("--restore", action="store_true", help="first take the docs' data file's points with this run's "
+                    "flags as run (written into --out)")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--machine", default="the 2-core dev machine")
     ap.add_argument("--smoke", action="store_true", help="W = 16, 3 steps a family, into a temporary folder: "
@@ -318,6 +370,12 @@ def main():
     if args.noise is not None and not 0 <= args.noise < 1:
         ap.error(f"--noise {args.noise}: a quality difference in [0, 1)")
     families = [f for f in series if f[0] in only]
+    points_before = None
+    if args.restore and not args.smoke:
+        try:
+            points_before = recorded(args)
+        except ValueError as e:
+            ap.error(f"--restore: {e}")
     if args.smoke:
         args.workers, args.seeds, args.steps, args.start_iter, args.warmup, args.eval_items = [16], [1], 3, 2, 1, 200
     worlds, seeds = sorted(args.workers), args.seeds
@@ -332,6 +390,9 @@ def main():
     args.out = scratch.name if scratch else (args.out or os.path.join(ROOT, "build", folder))
     os.makedirs(args.out, exist_ok=True)
     todo = [(n, h, W, s) for W in worlds for n, h, _ in families for s in seeds]
+    if points_before is not None:
+        print(f"scale.py --restore: {restore(points_before, families, worlds, seeds, args)} points from docs/data/"
+              f"{data_name(args)}.json", flush=True)
     points, failed, began = {}, [], time.time()
     print(f"scale.py: {args.workload}, W = {args.workers}, {len(families)} codecs, seeds {args.seeds}, "
           f"{args.steps} steps a point: {len(todo)} points into {args.out}", flush=True)

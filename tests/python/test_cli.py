@@ -88,6 +88,7 @@ CASES = [
     ("scripts/compare_ddp.py", ["--restate", "--table", "no-such-table"], "--restate"),
     ("scripts/scale.py", ["--series", "global", "--workers", "4,256"], "--series global"),
     ("scripts/scale.py", ["--series", "diloco", "--only", "fetchsgd"], "--only"),
+    ("scripts/scale.py", ["--restore", "--warmup", "3", "--report-only"], "--restore"),
     ("scripts/compare_federated.py", ["--split", "iid,bogus"], "--split"),
     ("scripts/compare_local_ps.py", ["--seeds", "1,x"], "--seeds"),
     ("scripts/compare_shards.py", ["--shards", "2,4"], "--shards"),
@@ -216,3 +217,24 @@ def test_a_table_of_payload_rows_is_restated_in_link_bytes(tmp_path):
     assert topk[4:] == old["rows"][1][2:]
     assert "ring model" in t["note"]
     assert not compare_ddp.restate(str(path), compare_ddp.COLUMNS)
+
+
+def test_restore_takes_the_docs_points_with_this_runs_flags_as_run(tmp_path):
+    """scale.py --restore: the docs' data file's points whose flags are this run's are written into
+    the folder and reported as run before (a fresh clone's study goes on from them); those of
+    other flags (--steps 60: none recorded) are not, and a point the folder holds is its own."""
+    scale = [sys.executable, os.path.join(ROOT, "scripts", "scale.py"), "--restore", "--report-only",
+             "--workers", "256", "--only", "dense-bf16,fetchsgd", "--out", str(tmp_path)]
+    with open(os.path.join(ROOT, "docs", "data", "scale-mlp.json")) as f:
+        recorded = json.load(f)
+    own = dict(recorded["fetchsgd-w256"][0], quality=0.5)
+    (tmp_path / "fetchsgd-w256-s1.json").write_text(json.dumps(own))
+    out = subprocess.run(scale + ["--steps", "40"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--restore: 1 points" in out.stdout, out.stdout
+    assert f"dense-bf16, seed 1: test_accuracy {recorded['dense-bf16-w256'][0]['quality']:.4f}" in out.stdout
+    assert json.loads((tmp_path / "fetchsgd-w256-s1.json").read_text())["quality"] == 0.5
+    assert (tmp_path / "dense-bf16-w256-s1.args").exists()
+    other = subprocess.run(scale + ["--steps", "60", "--out", str(tmp_path / "other")], capture_output=True, text=True,
+                           timeout=120)
+    assert other.returncode == 0 and "--restore: 0 points" in other.stdout, other.stdout + other.stderr
