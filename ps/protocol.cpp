@@ -245,6 +245,7 @@ Bytes encode(const RefuseInfo& f) {
   Bytes out;
   ByteWriter w(out);
   w.put(uint8_t(f.retry));
+  w.put(uint8_t(f.elsewhere));
   w.put(uint8_t(f.refused));
   put_text(w, f.reason);
   return out;
@@ -256,6 +257,9 @@ RefuseInfo decode_refuse(std::span<const uint8_t> frame) {
   const auto retry = r.get<uint8_t>();
   SKETCHSGD_REQUIRE(retry <= 1, WireError, "refuse: retry = ", int(retry));
   f.retry = retry;
+  const auto elsewhere = r.get<uint8_t>();
+  SKETCHSGD_REQUIRE(elsewhere <= 1, WireError, "refuse: elsewhere = ", int(elsewhere));
+  f.elsewhere = elsewhere;
   const auto refused = r.get<uint8_t>();
   SKETCHSGD_REQUIRE(refused >= 1 && refused <= kMaxType, WireError, "refuse: type ", int(refused));
   f.refused = Type(refused);
@@ -294,6 +298,7 @@ Bytes encode(const ReplicaInfo& i) {
   Bytes out;
   ByteWriter w(out);
   w.put(i.epoch);
+  w.put(i.token);
   return out;
 }
 
@@ -301,8 +306,26 @@ ReplicaInfo decode_replica_info(std::span<const uint8_t> frame) {
   ByteReader r(frame, "replica info");
   ReplicaInfo i;
   i.epoch = r.get<uint64_t>();
+  i.token = r.get<uint64_t>();
   r.expect_end();
   return i;
+}
+
+Bytes encode(const DeposedInfo& d) {
+  Bytes out;
+  ByteWriter w(out);
+  w.put(d.token);
+  put_text(w, d.reason);
+  return out;
+}
+
+DeposedInfo decode_deposed(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "deposed");
+  DeposedInfo d;
+  d.token = r.get<uint64_t>();
+  d.reason = get_text(r);
+  r.expect_end();
+  return d;
 }
 
 Bytes encode(const CommitInfo& c) {

@@ -409,13 +409,20 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
     return mismatch("weight " + std::to_string(h.weight) +
                     ": a round job averages its pushes alike (weights are for --mode async)");
   if (h.epoch > epoch_) {
-    // A worker of this very job registered with a server of a later epoch: a backup took over
-    // from this one. (Checked last: a Hello of another job deposes nothing.)
-    const std::string why = "epoch " + std::to_string(epoch_) + " is over: rank " +
-                            std::to_string(e.rank) + " has registered with epoch " +
-                            std::to_string(h.epoch) + " (a backup took over)";
-    refuse(peer, e, true, why, out);
-    if (hooks_.deposed) hooks_.deposed(why);
+    // The worker registered with a server of a later epoch: perhaps a backup took over from this
+    // one, perhaps the field is forged. A worker's word is hearsay, so it deposes nothing (only
+    // the backup's Deposed, with the token of this server's Sync, does: replication.hpp); the
+    // worker is sent on to the replica that serves it.
+    const std::string why = "this server is at epoch " + std::to_string(epoch_) +
+                            ", the worker registered with epoch " + std::to_string(h.epoch) +
+                            " elsewhere: another replica serves the job";
+    hooks_.log("refused Hello from rank " + std::to_string(e.rank) + ": " + why);
+    ++rejected_;
+    RefuseInfo r{true, Type::Hello, why};
+    r.elsewhere = true;
+    out.push_back(Outgoing{
+        peer,
+        {envelope(Type::Refuse, cfg_.job, round_, e.rank, e.session), Frame::own(encode(r))}});
     return;
   }
   uint32_t rank = e.rank;

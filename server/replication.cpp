@@ -1,5 +1,8 @@
 #include <sketchsgd/server/replication.hpp>
 
+#include <algorithm>
+#include <random>
+
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/checkpoint.hpp>
 
@@ -34,6 +37,10 @@ size_t deferred_room(const JobConfig& cfg) {
 }  // namespace
 
 Primary::Primary(Engine& engine, Log log) : engine_(engine), log_(std::move(log)) {
+  // Unguessable by a peer that was never sent this server's state: the token in a Deposed notice
+  // is what proves the sender was this server's backup.
+  std::random_device rd;
+  while (token_ == 0) token_ = uint64_t(rd()) << 32 | rd();
   engine_.observe([this](uint64_t round, const Frames& outcome) {
     if (!backup_) return;  // nobody to tell: no copies of the state
     const Envelope le = decode_envelope(outcome[0].bytes(), outcome.size() - 1);
@@ -66,14 +73,38 @@ void Primary::handle(const PeerId& peer, const Frames& frames, Clock::time_point
   if (replication) return on_backup(peer, *e, frames, now, out, user);
   if (awaiting_ && !(e && e->type == Type::Heartbeat)) {
     // Handled once the round is acknowledged: a re-sent push would get the held outcome.
-    if (deferred_.size() >= deferred_room(engine_.config())) {
-      deferred_.pop_front();
-      if (dropped_++ % 1000 == 0) log_("too many messages while the backup acknowledges: dropped");
-    }
-    deferred_.push_back(Deferred{peer, frames, std::string(user)});
+    defer(peer, frames, user);
     return;
   }
   pass(peer, frames, now, out, user);
+}
+
+void Primary::defer(const PeerId& peer, const Frames& frames, std::string_view user) {
+  // Room is bounded per connection and in all; what must go is a flooding connection's own
+  // oldest, then a stranger's (a peer with no registration), and a worker's last of all, so a
+  // flood of strangers' messages costs no worker its Pull or push.
+  const JobConfig& cfg = engine_.config();
+  const auto of = [&](const PeerId& p) {
+    return std::find_if(deferred_.begin(), deferred_.end(),
+                        [&](const Deferred& d) { return d.peer == p; });
+  };
+  std::optional<std::deque<Deferred>::iterator> victim;
+  const size_t mine = size_t(std::count_if(deferred_.begin(), deferred_.end(),
+                                           [&](const Deferred& d) { return d.peer == peer; }));
+  if (mine >= 8 + size_t(cfg.staleness)) {
+    victim = of(peer);
+  } else if (deferred_.size() >= deferred_room(cfg)) {
+    const auto stranger = std::find_if(deferred_.begin(), deferred_.end(),
+                                       [&](const Deferred& d) { return !engine_.knows(d.peer); });
+    victim = stranger != deferred_.end() ? stranger : deferred_.begin();
+  }
+  if (victim) {
+    deferred_.erase(*victim);
+    if (dropped_++ % 1000 == 0)
+      log_("too many messages while the backup acknowledges: dropped (" + std::to_string(dropped_) +
+           " so far)");
+  }
+  deferred_.push_back(Deferred{peer, frames, std::string(user)});
 }
 
 void Primary::pass(const PeerId& peer, const Frames& frames, Clock::time_point now,
@@ -87,6 +118,10 @@ void Primary::pass(const PeerId& peer, const Frames& frames, Clock::time_point n
 
 void Primary::tick(Clock::time_point now, std::vector<Outgoing>& out) {
   const JobConfig& cfg = engine_.config();
+  if (backup_ && resync_ && now - last_sync_ >= cfg.heartbeat) {
+    resync_ = false;
+    resync(now, out);
+  }
   if (backup_ && now - backup_seen_ > cfg.heartbeat * cfg.dead_after)
     lose_backup("silent for " +
                     std::to_string(std::chrono::duration_cast<Millis>(now - backup_seen_).count()) +
@@ -131,13 +166,24 @@ void Primary::replicate(uint64_t round_before, bool model_before, std::vector<Ou
 }
 
 void Primary::sync(Clock::time_point now, std::vector<Outgoing>& out) {
+  last_sync_ = now;
   if (!engine_.has_model()) return;  // nothing to hold yet: synced when rank 0's Init comes
   out.push_back(Outgoing{*backup_,
                          {envelope(Type::Sync, engine_.config().job, engine_.round()),
-                          Frame::own(encode(ReplicaInfo{engine_.epoch()})),
+                          Frame::own(encode(ReplicaInfo{engine_.epoch(), token_})),
                           Frame::own(encode(engine_.checkpoint()))}});
   awaiting_ = engine_.round();
   awaiting_since_ = now;
+}
+
+void Primary::resync(Clock::time_point now, std::vector<Outgoing>& out) {
+  // A Sync covers whatever was not acknowledged yet, but the held round's deadline runs on from
+  // when it was first held: a backup asking again and again holds it no longer.
+  const auto since = awaiting_ ? awaiting_since_ : now;
+  awaiting_.reset();
+  sync(now, out);
+  if (!awaiting_) return release(now, out);
+  awaiting_since_ = since;
 }
 
 void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& frames,
@@ -157,30 +203,78 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
                                 Frame::own(encode(RefuseInfo{false, Type::Follow, why}))}});
         return;
       }
+      const JobConfig& cfg = engine_.config();
       if (h.epoch > engine_.epoch()) {
-        deposed_ = "a server of epoch " + std::to_string(h.epoch) + " asked to follow epoch " +
-                   std::to_string(engine_.epoch());
+        // A server of a later epoch took over somewhere; it follows no server of an earlier one.
+        // Its word deposes nothing (a Follow carries no evidence): only a Deposed notice does.
+        why = "this server is at epoch " + std::to_string(engine_.epoch()) +
+              ", the follower at epoch " + std::to_string(h.epoch) +
+              ": a server of a later epoch follows none of an earlier one";
+        log_("refused a backup: " + why);
+        out.push_back(Outgoing{peer,
+                               {envelope(Type::Refuse, job, engine_.round()),
+                                Frame::own(encode(RefuseInfo{false, Type::Follow, why}))}});
+        return;
+      }
+      if ((!backup_ || *backup_ != peer) && now < follow_after_) {
+        // The last backup was lost before it acknowledged anything (a stray or hostile peer
+        // that held a round until the deadline): the next may follow after a cool-down that
+        // doubles with each such loss, so a flood of them costs a bounded share of the rounds.
+        if (ignored_follows_++ % 1000 == 0)
+          log_(
+              "a Follow during the cool-down after a backup that never acknowledged: not "
+              "answered (" +
+              std::to_string(ignored_follows_) + " so far)");
+        return;
+      }
+      if (backup_ && *backup_ != peer && now - backup_seen_ <= cfg.heartbeat * cfg.dead_after) {
+        // A live backup holds the role: another connection's Follow (a flood, a second backup)
+        // is not answered, so it costs no state sent. A backup that restarted on a new
+        // connection is taken once the old one has fallen silent (it follows again then).
+        if (ignored_follows_++ % 1000 == 0)
+          log_("a Follow from another connection while the backup is live: not answered (" +
+               std::to_string(ignored_follows_) + " so far)");
+        return;
+      }
+      if (backup_ && *backup_ == peer && now - last_sync_ < cfg.heartbeat) {
+        // The backup asks for the whole state again within an interval: sent at the next tick
+        // an interval on, so a flood of Follows costs one Sync an interval.
+        backup_seen_ = now;
+        resync_ = true;
         return;
       }
       log_(std::string(!backup_           ? "a backup follows"
                        : *backup_ != peer ? "a new backup replaces the last"
                                           : "the backup asks for the whole state again") +
            " at round " + std::to_string(engine_.round()));
+      if (backup_ != peer) acked_ = false;
       backup_ = peer;
       backup_seen_ = now;
-      awaiting_.reset();  // a Sync covers whatever an earlier backup had not acknowledged
-      sync(now, out);
-      if (!awaiting_) release(now, out);
+      resync(now, out);
       return;
     }
-    if (!backup_ || peer != *backup_) return;  // an Ack or Deposed of a backup since replaced
+    if (e.type == Type::Deposed) {
+      // From any connection (a backup that took over while cut off comes back on a new one), but
+      // only with this server's token: the evidence of its own backup's takeover.
+      SKETCHSGD_REQUIRE(frames.size() == 2, ProtocolError, "a Deposed notice of ", frames.size(),
+                        " frames");
+      const DeposedInfo d = decode_deposed(frames[1].bytes());
+      SKETCHSGD_REQUIRE(!engine_.config().authenticated || user == kServerUser, ProtocolError,
+                        "a Deposed notice from rank ", user, "'s key");
+      SKETCHSGD_REQUIRE(d.token == token_, ProtocolError,
+                        "a Deposed notice without this server's token (not its backup's word)");
+      deposed_ = d.reason;
+      return;
+    }
+    if (!backup_ || peer != *backup_) return;  // an Ack of a backup since replaced
     backup_seen_ = now;
     switch (e.type) {
       case Type::Ack:
-        if (awaiting_ && e.round == *awaiting_) release(now, out);
-        break;
-      case Type::Deposed:
-        deposed_ = decode_text(frames[1].bytes());
+        if (awaiting_ && e.round == *awaiting_) {
+          acked_ = true;
+          strikes_ = 0;
+          release(now, out);
+        }
         break;
       case Type::Heartbeat:
         break;  // liveness; the transport echoes it
@@ -206,6 +300,11 @@ void Primary::release(Clock::time_point now, std::vector<Outgoing>& out) {
 void Primary::lose_backup(const std::string& why, Clock::time_point now,
                           std::vector<Outgoing>& out) {
   log_("backup lost (" + why + "): serving without a replica");
+  if (!acked_) {
+    const JobConfig& cfg = engine_.config();
+    strikes_ = std::min(strikes_ + 1, 10u);
+    follow_after_ = now + std::max(cfg.deadline, cfg.heartbeat * cfg.dead_after) * (1 << strikes_);
+  }
   backup_.reset();
   if (awaiting_) release(now, out);
 }
@@ -252,6 +351,7 @@ void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
       const Checkpoint c = decode_checkpoint(frames[2].bytes(), "the primary's state");
       engine_.restore(c);  // checks job, codec, dim and shard
       engine_.set_epoch(info.epoch);
+      token_ = info.token;
       if (!synced_) log_("holds the primary's state at round " + std::to_string(c.round));
       synced_ = true;
       replies.push_back(reply(Type::Ack, engine_.round()));
@@ -302,10 +402,13 @@ bool Backup::taken_over_by(const Frames& frames) const {
 }
 
 Frames Backup::notice() const {
-  return reply(
-      Type::Deposed, engine_.round(),
-      {Frame::own(encode_text("the backup took over at round " + std::to_string(engine_.round()) +
-                              " as epoch " + std::to_string(engine_.epoch())))});
+  const DeposedInfo d{token_, "the backup took over at round " + std::to_string(engine_.round()) +
+                                  " as epoch " + std::to_string(engine_.epoch())};
+  return reply(Type::Deposed, engine_.round(), {Frame::own(encode(d))});
+}
+
+Frames Backup::reconnected() const {
+  return promoted_ ? notice() : follow();
 }
 
 Frames Backup::promote() {

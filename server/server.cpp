@@ -163,10 +163,6 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
       impl_->report_failures("CHECKPOINT FAILED (training goes on): ");
     };
   }
-  hooks.deposed = [this](const std::string& why) {
-    deposed_ = why;
-    stop_ = true;
-  };
   opts_.job.authenticated = !opts_.curve_secret.empty();
   if (!opts_.replica_of.empty()) {
     SKETCHSGD_REQUIRE(opts_.job.population == 0, InvalidArgument,
@@ -302,7 +298,7 @@ uint64_t Server::run() {
     std::vector<Frames> replies;
     for (auto& m : got) {
       if (m.reconnected) {
-        replies.push_back(backup->follow());
+        replies.push_back(backup->reconnected());
         continue;
       }
       backup->handle(m.frames, replies);  // ConfigMismatch (refused for good) ends the server

@@ -58,6 +58,7 @@ struct Client::Shard {
     link->hb_ms = session->heartbeat().count();
     link->session = session->session();
     link->rank = session->rank();
+    if (session->take_elsewhere()) link->elsewhere = true;
   }
 
   [[noreturn]] void timeout(const std::string& what) const {

@@ -66,12 +66,16 @@ Link::Link(const ClientOptions& o, uint64_t max_frame, IoThread::Log log)
     if (session.load() != 0 && now - io.last_send() >= hb)
       (void)io.send_now(nullptr, {Frame::own(encode(Envelope{Type::Heartbeat, opts.job, 0,
                                                              rank.load(), 0, session.load()}))});
-    if (now - last_recv > hb * opts.dead_after + backoff) {
+    const bool sent_on = elsewhere.exchange(false) && endpoints.size() > 1;
+    if (sent_on || now - last_recv > hb * opts.dead_after + backoff) {
       // A replicated server's next endpoint: its backup takes over when workers come to it.
       current = (current + 1) % endpoints.size();
-      log("server silent for " +
-          std::to_string(std::chrono::duration_cast<Millis>(now - last_recv).count()) +
-          " ms: reconnecting to " + endpoints[current]);
+      log((sent_on
+               ? std::string("server of an earlier epoch")
+               : "server silent for " +
+                     std::to_string(std::chrono::duration_cast<Millis>(now - last_recv).count()) +
+                     " ms") +
+          ": reconnecting to " + endpoints[current]);
       io.replace_socket(connect());
       last_recv = now;
       backoff = std::min(backoff * 2, opts.backoff_max);

@@ -14,7 +14,8 @@ namespace sketchsgd::ps {
 
 // The DEALER socket on an I/O thread, with the worker's liveness rules run there: a heartbeat when
 // nothing else went out for an interval, and a new socket when the server has been silent for
-// dead_after intervals (with exponential backoff).
+// dead_after intervals (with exponential backoff), or at once when it says another replica
+// serves the job.
 struct Link {
   /// Connects to the first of o.server's endpoints ('|'-separated: a server and its backups);
   /// InvalidArgument for a bad one. The I/O thread runs from here on.
@@ -27,6 +28,7 @@ struct Link {
   std::atomic<int64_t> hb_ms;           // the server's interval, once registered
   std::atomic<uint64_t> session{0};     // heartbeats carry the registration's token
   std::atomic<uint32_t> rank{0};        // and its rank (a federated client's slot)
+  std::atomic<bool> elsewhere{false};   // the server sent us on: try the next endpoint
   Clock::time_point last_recv;          // I/O thread only
   Millis backoff{100};                  // I/O thread only
   std::vector<std::string> endpoints;   // the server, or its primary then its backup

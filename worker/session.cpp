@@ -150,6 +150,7 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
                              ": server refused: " + r.reason);
       if (r.refused == Type::Hello) {
         opts_.log("registration refused for now: " + r.reason);
+        elsewhere_ = r.elsewhere;
         hello_at_ = now + std::min(heartbeat_, Millis(500));
       } else if (registered_) {
         // The server forgot us (it restarted): register again, then pull.

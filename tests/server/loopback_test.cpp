@@ -8,6 +8,7 @@
 #include <fstream>
 #include <future>
 #include <memory>
+#include <random>
 #include <thread>
 
 #include <sketchsgd/compress/registry.hpp>
@@ -397,6 +398,104 @@ TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
   EXPECT_EQ(run.finish(), kRounds);
   EXPECT_GT(run.server.engine().rejected(), 0u);
 }
+
+class LoopbackForged : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LoopbackForged, ClaimedEpochsDeposalsAndFollowsEndNoJob) {
+  // A server with no backup, round or asynchronous, while a peer that reaches its port sends
+  // what once ended a job with one message: Hellos of this very job claiming later epochs
+  // (2^31, 2^56), Deposed notices without the server's token, and Follows (it may become the
+  // backup, which never acknowledges: a held round, then a cool-down).
+  constexpr uint64_t kDim = 1000, kSteps = 8;
+  const bool async = GetParam();
+  auto o = options("topk:k=30", 2, kDim, async ? 0 : kSteps);
+  o.job.async = async;
+  o.job.deadline = 1500ms;
+  Running run(o);
+  const std::string spec = make_compressor("topk:k=30", kDim)->spec();
+  const auto init = test::initial_params(kDim, 3);
+
+  std::atomic<bool> done{false};
+  std::atomic<int> sent{0};
+  std::thread abuser([&] {
+    zmq::context_t ctx;
+    std::vector<zmq::socket_t> socks;
+    for (int i = 0; i < 4; ++i) {
+      socks.emplace_back(ctx, zmq::socket_type::dealer);
+      socks.back().set(zmq::sockopt::linger, 0);
+      socks.back().connect(run.server.endpoint());
+    }
+    const auto send = [](zmq::socket_t& s, const std::vector<Bytes>& parts) {
+      for (size_t k = 0; k < parts.size(); ++k) {
+        zmq::message_t m(parts[k].data(), parts[k].size());
+        (void)s.send(m, (k + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none) |
+                            zmq::send_flags::dontwait);
+      }
+    };
+    std::mt19937_64 rng(2);
+    for (int i = 0; i < 100000 && !done; ++i, ++sent) {  // for as long as the job runs
+      HelloInfo h{2, kDim, spec, 0, ShardId{0, 1, 0, kDim}, 0};
+      auto& s = socks[i % socks.size()];
+      switch (i % 4) {
+        case 0:
+          h.epoch = i % 8 ? uint64_t(1) << 31 : uint64_t(72057594021150720);
+          send(s, {encode(Envelope{Type::Hello, test_loopback::kJob, 0, uint32_t(i / 4 % 2), 0}),
+                   encode(h)});
+          break;
+        case 1:
+          send(s, {encode(Envelope{Type::Deposed, test_loopback::kJob, 0, 0, 0}),
+                   encode(DeposedInfo{rng(), "forged"})});
+          break;
+        case 2:
+          h.epoch = i % 8 == 2 ? 5 : 0;  // a later epoch, or a would-be backup
+          send(s, {encode(Envelope{Type::Follow, test_loopback::kJob, 0, 0, 0}), encode(h)});
+          break;
+        case 3:
+          send(s, {encode(Envelope{Type::Deposed, test_loopback::kJob, 0, 0, 0}),
+                   encode_text("no token")});
+          break;
+      }
+      if (i % 20 == 19) std::this_thread::sleep_for(1ms);
+    }
+  });
+  while (sent < 100) std::this_thread::sleep_for(1ms);
+
+  std::vector<std::string> errors(2);
+  std::vector<std::vector<float>> params(2);
+  std::vector<std::thread> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.emplace_back([&, r] {
+      try {
+        Client c(client_options(run.server.endpoint(), r, 2), make_compressor("topk:k=30", kDim),
+                 r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; t < kSteps; ++t)
+          if (c.step(test::synthetic_grad(c.params(), r, t, 9)).outcome !=
+              StepResult::Outcome::Updated)
+            throw Error("step not updated");
+        if (!async) params[r].assign(c.params().begin(), c.params().end());
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ws) t.join();
+  done = true;
+  abuser.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(run.server.deposed(), "");
+  EXPECT_EQ(run.server.engine().round(), async ? 2 * kSteps : kSteps);
+  if (!async) {
+    EXPECT_EQ(params[0], params[1]);
+    const auto model = run.server.engine().model();
+    EXPECT_EQ(std::vector<float>(model.begin(), model.end()), params[0]);
+  }
+  (void)run.finish();
+  EXPECT_EQ(run.server.deposed(), "");
+  EXPECT_GT(run.server.engine().rejected(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(RoundsAndAsync, LoopbackForged, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Async" : "Rounds"; });
 
 }  // namespace
 }  // namespace sketchsgd::ps

@@ -385,28 +385,106 @@ TEST(Replication, APrimaryWhoseBackupTookOverIsDeposedAndSendsNoUpdate) {
   EXPECT_EQ(p.standby.engine.round(), 2u);
 }
 
-TEST(Replication, AWorkerOfALaterEpochTellsAPrimaryItWasDeposed) {
+TEST(Replication, AWorkerOfALaterEpochIsSentOnAndDeposesNothing) {
+  // A worker's epoch is hearsay (a forged field, or a worker that registered elsewhere): the
+  // server refuses it, marked "elsewhere" so the worker tries its next replica, and goes on.
   const JobConfig cfg = test_job::make("dense", 2, 100);
-  std::string why;
-  Hooks h;
-  h.deposed = [&](const std::string& w) { why = w; };
-  Engine e(cfg, h);
+  Net net(cfg);
   FakeWorker w(1, cfg);
-  HelloInfo hello{2, 100, e.config().spec, 0, ShardId{0, 1, 0, 100}, 1};
-  std::vector<Outgoing> out;
-  e.handle(w.peer, {env(Type::Hello, cfg.job, 0, 1), Frame::own(encode(hello))}, Clock::now(), out);
-  EXPECT_NE(why.find("epoch 0 is over"), std::string::npos) << why;
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(decode_refuse(out[0].frames[1].bytes()).retry);
-  EXPECT_EQ(e.live_workers(), 0u);
+  HelloInfo hello{2, 100, net.engine.config().spec, 0, ShardId{0, 1, 0, 100}, 1};
+  for (uint64_t epoch : {uint64_t(1), uint64_t(1) << 31, uint64_t(72057594021150720)}) {
+    hello.epoch = epoch;
+    net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 1), Frame::own(encode(hello))});
+    const auto m = net.next(w.peer);
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->first.type, Type::Refuse);
+    const RefuseInfo r = decode_refuse(m->second[1].bytes());
+    EXPECT_TRUE(r.retry);
+    EXPECT_TRUE(r.elsewhere);
+    EXPECT_NE(r.reason.find("epoch " + std::to_string(epoch)), std::string::npos) << r.reason;
+    EXPECT_FALSE(net.primary.deposed());
+  }
+  EXPECT_EQ(net.engine.live_workers(), 0u);
   // Of the same epoch (or none): welcomed, with the server's epoch.
-  why.clear();
-  e.set_epoch(1);
-  out.clear();
-  e.handle(w.peer, {env(Type::Hello, cfg.job, 0, 1), Frame::own(encode(hello))}, Clock::now(), out);
-  EXPECT_TRUE(why.empty());
-  ASSERT_EQ(decode_envelope(out.at(0).frames[0].bytes(), 1).type, Type::Welcome);
-  EXPECT_EQ(decode_welcome(out[0].frames[1].bytes()).epoch, 1u);
+  net.engine.set_epoch(1);
+  hello.epoch = 1;
+  net.deliver(w.peer, {env(Type::Hello, cfg.job, 0, 1), Frame::own(encode(hello))});
+  const auto m = net.next(w.peer);
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->first.type, Type::Welcome);
+  EXPECT_EQ(decode_welcome(m->second[1].bytes()).epoch, 1u);
+  EXPECT_FALSE(decode_refuse(encode(RefuseInfo{true, Type::Push, "x"})).elsewhere);
+}
+
+TEST(Replication, OnlyItsOwnBackupsTokenDeposesAPrimary) {
+  auto s = started();
+  Pair& p = s->pair;
+  const PeerId stranger = "stranger";
+  // A notice without the token of the primary's Sync (forged, or of another primary's backup),
+  // truncated, or of the wrong shape: dropped, the job goes on.
+  p.primary.deliver(stranger,
+                    {env(Type::Deposed, p.cfg.job, 0, 0), Frame::own(encode(DeposedInfo{7, "x"}))});
+  p.primary.deliver(stranger, {env(Type::Deposed, p.cfg.job, 0, 0), bytes_frame(Bytes(3, 1))});
+  p.primary.deliver(stranger, {env(Type::Deposed, p.cfg.job, 0, 0)});
+  p.primary.deliver(Pair::kLink,
+                    {env(Type::Deposed, p.cfg.job, 0, 0), Frame::own(encode(DeposedInfo{0, ""}))});
+  EXPECT_FALSE(p.primary.primary.deposed());
+  std::vector<std::vector<float>> grads;
+  auto ended = push_and_settle(p.primary, s->ws, encode_all(s->ws, grads, 2), [&] { p.pump(); });
+  for (const auto& e : ended) EXPECT_EQ(e, Type::Update);
+  // A Follow of a later epoch carries no evidence either: refused for good, nothing deposed.
+  JobConfig later_cfg = p.cfg;
+  Net later_net(later_cfg);
+  later_net.engine.set_epoch(3);
+  Backup later(later_net.engine, [](const std::string&) {});
+  p.primary.tick(p.cfg.heartbeat * (p.cfg.dead_after + 1));  // the backup's role is free
+  p.primary.deliver(stranger, later.follow());
+  auto m = p.primary.next(stranger);
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->first.type, Type::Refuse);
+  EXPECT_FALSE(decode_refuse(m->second[1].bytes()).retry);
+  EXPECT_FALSE(p.primary.primary.deposed());
+  // The backup's own notice deposes it, from any connection (one made after a cut link).
+  const Frames notice = p.backup.promote();
+  EXPECT_EQ(decode_envelope(p.backup.reconnected()[0].bytes(), 1).type, Type::Deposed);
+  p.primary.deliver("backup-again", notice);
+  ASSERT_TRUE(p.primary.primary.deposed());
+  EXPECT_NE(p.primary.primary.deposed()->find("as epoch 1"), std::string::npos);
+}
+
+TEST(Replication, APrimaryWithoutABackupIsNeverDeposed) {
+  // No Sync went anywhere: no notice can carry its token (0 is never one).
+  const JobConfig cfg = test_job::make("topk:k=10", 2, 100);
+  Net net(cfg);
+  for (uint64_t token : {uint64_t(0), uint64_t(1), ~uint64_t(0)})
+    net.deliver("x", {env(Type::Deposed, cfg.job, 0, 0), Frame::own(encode(DeposedInfo{token}))});
+  EXPECT_FALSE(net.primary.deposed());
+}
+
+TEST(Replication, AFloodOfFollowsCostsOneSyncAnInterval) {
+  auto s = started();
+  Pair& p = s->pair;
+  const auto syncs = [&](const PeerId& peer) {
+    size_t n = 0;
+    while (auto m = p.primary.next(peer)) n += m->first.type == Type::Sync;
+    return n;
+  };
+  // Other connections, while the backup is live: not answered at all.
+  for (int i = 0; i < 2000; ++i)
+    p.primary.deliver("flood" + std::to_string(i % 50), p.backup.follow());
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(syncs("flood" + std::to_string(i)), 0u);
+  EXPECT_TRUE(p.primary.primary.has_backup());
+  // The backup itself, again and again within an interval: one Sync when the interval is over.
+  for (int i = 0; i < 1000; ++i) p.primary.deliver(Pair::kLink, p.backup.follow());
+  EXPECT_EQ(syncs(Pair::kLink), 0u);
+  p.primary.tick(p.cfg.heartbeat);
+  EXPECT_EQ(syncs(Pair::kLink), 1u);
+  p.primary.tick(p.cfg.heartbeat);
+  EXPECT_EQ(syncs(Pair::kLink), 0u);
+  // The backup, quiet past dead_after intervals, is replaced by the next connection to follow.
+  p.primary.tick(p.cfg.heartbeat * (p.cfg.dead_after + 1));
+  p.primary.deliver("restarted", p.backup.follow());
+  EXPECT_EQ(syncs("restarted"), 1u);
 }
 
 TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
@@ -496,7 +574,8 @@ TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {
   ASSERT_EQ(replies.size(), 4u);
   for (const auto& r : replies) EXPECT_EQ(decode_envelope(r[0].bytes(), 1).type, Type::Follow);
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), std::nullopt);
-  p.primary.deliver(Pair::kLink, replies[0]);
+  for (const auto& r : replies) p.primary.deliver(Pair::kLink, r);
+  p.primary.tick(p.cfg.heartbeat);  // one whole state an interval, however often asked
   p.pump();
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
   p.expect_same();
@@ -513,6 +592,49 @@ TEST(Replication, ABackupThatNeverAcknowledgesIsDroppedAtTheDeadline) {
   }
   EXPECT_FALSE(p.primary.primary.has_backup());
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
+}
+
+TEST(Replication, ABackupLostBeforeItAcknowledgedKeepsTheNextOutForACoolDown) {
+  // A peer that follows and never acknowledges holds one round until the deadline; the next
+  // peer to follow waits out a cool-down that doubles with each such loss.
+  const JobConfig cfg = test_job::make("topk:k=30", 2, 600);
+  Pair p(cfg);
+  std::vector<FakeWorker> ws = p.join(test::initial_params(600, 5));
+  const auto syncs = [&](const PeerId& peer) {
+    size_t n = 0;
+    while (auto m = p.primary.next(peer)) n += m->first.type == Type::Sync;
+    return n;
+  };
+  const Frame hb = env(Type::Heartbeat, cfg.job, 0, 0);
+  Millis held{0};
+  for (int strike = 1; strike <= 2; ++strike) {
+    const PeerId fake = "fake" + std::to_string(strike);
+    p.primary.deliver(fake, p.backup.follow());
+    ASSERT_EQ(syncs(fake), 1u) << "strike " << strike;
+    const uint64_t t = p.primary.engine.round();
+    std::vector<std::vector<float>> grads;
+    (void)push_and_settle(p.primary, ws, encode_all(ws, grads, t));
+    ASSERT_TRUE(p.primary.primary.holding());
+    for (held = Millis(0); p.primary.primary.has_backup(); held += cfg.heartbeat) {
+      p.primary.deliver(fake, {hb});  // alive, never acknowledging
+      p.primary.tick(cfg.heartbeat);
+    }
+    EXPECT_LE(held, cfg.deadline + cfg.heartbeat);
+    for (auto& w : ws) ASSERT_EQ(w.settle(p.primary), Type::Update);
+    // Another peer within the cool-down: nothing sent, nothing held.
+    const Millis cool = std::max(cfg.deadline, cfg.heartbeat * cfg.dead_after) * (1 << strike);
+    p.primary.tick(cool - cfg.heartbeat);
+    p.primary.deliver("early", p.backup.follow());
+    EXPECT_EQ(syncs("early"), 0u) << "strike " << strike;
+    EXPECT_FALSE(p.primary.primary.has_backup());
+    p.primary.tick(cfg.heartbeat);
+  }
+  // Past the cool-down a backup that acknowledges is taken, and clears the strikes.
+  p.primary.deliver(Pair::kLink, p.backup.follow());
+  p.pump();
+  EXPECT_TRUE(p.backup.synced());
+  EXPECT_TRUE(p.primary.primary.has_backup());
+  p.expect_same();
 }
 
 }  // namespace

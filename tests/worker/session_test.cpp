@@ -332,6 +332,29 @@ TEST(Session, TransientRefusalRetriesHelloWhenItsTimerIsDue) {
   EXPECT_EQ(std::memcmp(again.session.params().data(), w.engine.model().data(), 1200), 0);
 }
 
+TEST(Session, AServerOfAnEarlierEpochSendsTheWorkerOnToItsNextReplica) {
+  // Registered with a backup that took over (epoch 1), the worker comes to a server of epoch 0
+  // (the old primary, or a forged one): refused, marked elsewhere, once; the server goes on.
+  const JobConfig cfg = job("topk:k=10", 2, 300);
+  Wire later(cfg), older(cfg);
+  later.engine.set_epoch(1);
+  const auto init = test::initial_params(cfg.dim, 2);
+  auto ws = join(later, cfg, init);
+  Worker& w = *ws[1];
+  EXPECT_FALSE(w.session.take_elsewhere());
+  w.hello(older);
+  w.registration(older);
+  EXPECT_FALSE(w.session.registered());
+  EXPECT_TRUE(w.session.take_elsewhere());
+  EXPECT_FALSE(w.session.take_elsewhere()) << "once per refusal";
+  EXPECT_EQ(older.engine.rejected(), 1u);
+  // Back at the later server it registers as before, nothing sent on.
+  w.hello(later);
+  w.registration(later);
+  EXPECT_TRUE(w.session.synced());
+  EXPECT_FALSE(w.session.take_elsewhere());
+}
+
 TEST(Session, APushPastTheLastRoundRaisesJobFinishedAtOnce) {
   JobConfig cfg = job("dense", 2, 100);
   cfg.max_rounds = 1;

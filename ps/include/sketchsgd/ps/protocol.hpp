@@ -37,7 +37,7 @@ inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // in Welcome, its state and step count in Model); 8: asynchronous jobs (the mode in Welcome, a
 // worker's weight in Hello; an Update names its version, the push's age, its pusher and that
 // worker's push number); 9: int8 payloads take a scale per 64 rows of a column (kI8Rows), not 256
-inline constexpr uint16_t kProtocolVersion = 9;
+inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -69,7 +69,7 @@ enum class Type : uint8_t {
   Sync = 16,     ///< primary → backup: ReplicaInfo, then the whole state (a checkpoint's bytes)
   Commit = 17,   ///< primary → backup: CommitInfo, then round `round`'s update (or abort text)
   Ack = 18,      ///< backup → primary: holds the state as of `round` (the next round to run)
-  Deposed = 19,  ///< backup → primary: took over (text frame: why); the primary must stop
+  Deposed = 19,  ///< backup → primary: took over (DeposedInfo); the primary must stop
 };
 inline constexpr uint8_t kMaxType = 19;
 
@@ -154,6 +154,9 @@ struct RefuseInfo {
   bool retry = false;          ///< transient (rank still held, or not registered yet): try again
   Type refused = Type::Hello;  ///< the type of the refused message
   std::string reason;
+  /// The worker registered with a later epoch than this server's: the job is served by another
+  /// replica (the worker tries its next endpoint; this server is not deposed by its word).
+  bool elsewhere = false;
 };
 Bytes encode(const RefuseInfo& r);
 RefuseInfo decode_refuse(std::span<const uint8_t> frame);
@@ -173,9 +176,13 @@ struct UpdateInfo {
 Bytes encode(const UpdateInfo& u);
 UpdateInfo decode_update_info(std::span<const uint8_t> frame);
 
-/// A Sync's first frame: the primary's epoch (the state follows as a checkpoint's bytes).
+/// A Sync's first frame: the primary's epoch and its replication token (the state follows as a
+/// checkpoint's bytes). The token is the evidence of a takeover: only a server that was sent this
+/// primary's state knows it, so only its own backup can depose it (Deposed), never a peer that
+/// merely reaches the port.
 struct ReplicaInfo {
   uint64_t epoch = 0;
+  uint64_t token = 0;
 };
 Bytes encode(const ReplicaInfo& r);
 ReplicaInfo decode_replica_info(std::span<const uint8_t> frame);
@@ -187,6 +194,14 @@ struct CommitInfo {
   UpdateInfo info;              ///< the Update's learning rate and contributors
   Bytes codec_state;            ///< the aggregator's state after the round (FetchSGD's sketches)
 };
+/// A Deposed notice: the token of the primary's Sync, and why (the backup's takeover).
+struct DeposedInfo {
+  uint64_t token = 0;
+  std::string reason;
+};
+Bytes encode(const DeposedInfo& d);
+DeposedInfo decode_deposed(std::span<const uint8_t> frame);
+
 Bytes encode(const CommitInfo& c);
 CommitInfo decode_commit_info(std::span<const uint8_t> frame);
 

@@ -123,9 +123,6 @@ struct Hooks {
   /// last (last = true: the job is done once it is stored). The caller stores it (the server
   /// writes it on a thread of its own); unset: no snapshots are taken.
   std::function<void(Checkpoint, bool last)> checkpoint;
-  /// A worker has registered with a server of a later epoch: a backup took over from this one,
-  /// which must stop (unset: it only refuses such workers).
-  std::function<void(const std::string& why)> deposed;
 };
 
 class Engine {
@@ -163,8 +160,8 @@ class Engine {
   void observe(std::function<void(uint64_t round, const Frames& outcome)> ended) {
     ended_ = std::move(ended);
   }
-  /// One more each time a backup takes over; a worker registered with a later epoch proves this
-  /// server deposed (Hooks::deposed).
+  /// One more each time a backup takes over. A worker of a later epoch is refused and sent on
+  /// (RefuseInfo::elsewhere); what deposes a server is its backup's word (Primary).
   uint64_t epoch() const { return epoch_; }
   void set_epoch(uint64_t e) { epoch_ = e; }
 
@@ -179,6 +176,10 @@ class Engine {
   /// Requests answered with Finished (the job had ended).
   uint64_t late_requests() const { return late_; }
   uint32_t live_workers() const;
+  /// The peer holds a registration (a rank, or a federated client's slot of the next round).
+  bool knows(const PeerId& peer) const {
+    return roster_.rank_of(peer).has_value() || roster_.waiting_slot(peer).has_value();
+  }
   const JobConfig& config() const { return cfg_; }
   /// Largest frame a valid message of this job can carry (for ZMQ_MAXMSGSIZE).
   uint64_t max_frame_bytes() const;

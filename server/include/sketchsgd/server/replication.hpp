@@ -12,8 +12,14 @@
 // register with the backup, which takes over (its epoch one more than the primary's) and runs the
 // next round as the primary would have (the merge is in rank order, so bit for bit). A round the
 // backup never acknowledged was seen by no worker: they push it again there. A primary whose
-// backup took over is told so by the backup (Deposed) or by the first worker that comes to it
-// from the later epoch (Hooks::deposed), and stops; its backup lost, it goes on alone.
+// backup took over is told so by the backup (Deposed, at once and on every new connection to it)
+// and stops; its backup lost, it goes on alone. Only that notice deposes it, and only with the
+// token of the primary's own Sync: a worker's claimed epoch is hearsay (the engine sends such a
+// worker on to its next replica), a Follow carries no evidence, and a server that never had a
+// backup handed its token to nobody. A live backup keeps its role against other connections'
+// Follows, and asks for the whole state at most once an interval; a backup lost before it
+// acknowledged anything (a peer that only held a round) keeps the next out for a cool-down that
+// doubles with each such loss.
 #pragma once
 
 #include <deque>
@@ -60,6 +66,8 @@ class Primary {
   };
   void on_backup(const PeerId& peer, const Envelope& e, const Frames& frames, Clock::time_point now,
                  std::vector<Outgoing>& out, std::string_view user);
+  /// A message that came while a round waits for the backup, kept for release().
+  void defer(const PeerId& peer, const Frames& frames, std::string_view user);
   /// A worker's message to the engine; what a round's end sends waits for the backup.
   void pass(const PeerId& peer, const Frames& frames, Clock::time_point now,
             std::vector<Outgoing>& out, std::string_view user);
@@ -67,6 +75,8 @@ class Primary {
   void replicate(uint64_t round_before, bool model_before, std::vector<Outgoing>& staged,
                  Clock::time_point now, std::vector<Outgoing>& out);
   void sync(Clock::time_point now, std::vector<Outgoing>& out);
+  /// The whole state again (a backup followed, or asked again), the held round's deadline kept.
+  void resync(Clock::time_point now, std::vector<Outgoing>& out);
   /// The held messages go out, then the messages deferred meanwhile are handled.
   void release(Clock::time_point now, std::vector<Outgoing>& out);
   void lose_backup(const std::string& why, Clock::time_point now, std::vector<Outgoing>& out);
@@ -82,6 +92,13 @@ class Primary {
   std::deque<Deferred> deferred_;  // worker messages that came meanwhile
   uint64_t dropped_ = 0;           // deferred messages dropped for room
   std::optional<std::string> deposed_;
+  uint64_t token_ = 0;                // in every Sync; a Deposed notice must carry it
+  Clock::time_point last_sync_{};     // Syncs are at most one an interval
+  bool resync_ = false;               // the backup asked again within the interval
+  uint64_t ignored_follows_ = 0;      // of other connections while the backup was live
+  bool acked_ = false;                // the backup has acknowledged a round or a Sync
+  unsigned strikes_ = 0;              // backups lost in a row before they acknowledged anything
+  Clock::time_point follow_after_{};  // no new backup before (the cool-down after a strike)
 };
 
 /// The backup's side: the messages of its link to the primary in, its answers out. Holds the
@@ -91,8 +108,11 @@ class Backup {
   using Log = std::function<void(const std::string&)>;
   Backup(Engine& engine, Log log);
 
-  /// The Follow to send on every new connection to the primary.
+  /// The Follow to send on the first connection to the primary.
   Frames follow() const;
+  /// What a new connection to the primary says first: a Follow, or once promoted the Deposed
+  /// notice again (a primary cut off when this took over learns it when the link comes back).
+  Frames reconnected() const;
   /// A message from the primary; answers (Ack, or Deposed once promoted) go to `replies`. One
   /// it cannot apply (corrupt, out of turn) changes nothing and is answered with a Follow: the
   /// primary sends its whole state again. Throws ConfigMismatch when the primary refuses to be
@@ -123,6 +143,7 @@ class Backup {
   bool synced_ = false;
   bool promoted_ = false;
   bool primary_done_ = false;
+  uint64_t token_ = 0;  // the primary's, from its Sync: the evidence a Deposed notice carries
 };
 
 }  // namespace sketchsgd::ps

@@ -108,6 +108,9 @@ class Session {
   /// Timed work (a Hello retried after a transient refusal); next_tick() says when.
   void tick(Clock::time_point now, Outbox& out);
   std::optional<Clock::time_point> next_tick() const { return hello_at_; }
+  /// The server said another replica serves the job (a later epoch registered there): the
+  /// link should try its next endpoint. True once per such refusal.
+  bool take_elsewhere() { return std::exchange(elsewhere_, false); }
   /// Encodes grad (length dim, finite) and queues the push of round next_push().
   void push(std::span<const float> grad, Outbox& out, StepResult& res);
   /// Leaving cleanly (when registered).
@@ -163,7 +166,8 @@ class Session {
   bool resent_before_model_ = false;           // they went before the Pull: the Model needs none
   std::optional<Clock::time_point> hello_at_;  // a Hello to send again then
   bool registered_ = false;
-  bool synced_ = false;  // a Model of the current round has arrived since the last registration
+  bool elsewhere_ = false;  // a refusal sent us to the next replica (take_elsewhere())
+  bool synced_ = false;     // a Model of the current round has arrived since the last registration
   // A federated client checked in ahead holds the model of the round before its own; that
   // round's outcome brings it up to date.
   bool behind_ = false;
