@@ -282,28 +282,6 @@ SKETCHSGD_WIDE bool absorb_flat(float* m, const float* g, float* u, float rho, s
   return add_in(m, g, u, rho, n);
 }
 
-/// Takes back absorb_flat where g is finite (m −= x, u = (u − g)/ρ), to rounding.
-SKETCHSGD_WIDE void unabsorb_flat(float* __restrict m, const float* __restrict g,
-                                  float* __restrict u, float rho, size_t n) {
-  if (u != nullptr) {
-    const float inv = 1.0f / rho;
-#pragma omp simd
-    for (size_t j = 0; j < n; ++j) {
-      const bool ok = is_finite(g[j]);
-      const float v = m[j] - u[j], w = (u[j] - g[j]) * inv;
-      m[j] = pick(ok, v, m[j]);
-      u[j] = pick(ok, w, u[j]);
-    }
-    return;
-  }
-#pragma omp simd
-  for (size_t j = 0; j < n; ++j) {
-    const bool ok = is_finite(g[j]);
-    const float v = m[j] - g[j];
-    m[j] = pick(ok, v, m[j]);
-  }
-}
-
 /// One strip of a row for ranks up to 4 (q padded with zero rows): x = g (or u = ρ·u + g, x = u),
 /// m += x, p[k] += m·q_k, reading g, u and m once and writing m once; where g is NaN or ±Inf, m
 /// and u stay (returns whether any was). With pa (this row of a, padded to 4): m −= pa·btᵀ
@@ -601,15 +579,6 @@ bool lowrank_absorb(float* m, const float* g, float* u, float rho, const float* 
   });
   for (size_t i = 0; i < rows; ++i) std::copy_n(&p4[i * 4], r, p + i * r);
   return !bad.load();
-}
-
-void lowrank_unabsorb(float* m, const float* g, float* u, float rho, size_t n) {
-  const size_t chunk = 4096, chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for schedule(static) num_threads(threads_for(n))
-  for (size_t c = 0; c < chunks; ++c) {
-    const size_t lo = c * chunk, len = std::min(chunk, n - lo);
-    unabsorb_flat(m + lo, g + lo, u != nullptr ? u + lo : nullptr, rho, len);
-  }
 }
 
 void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r) {

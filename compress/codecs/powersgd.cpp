@@ -175,8 +175,10 @@ class PowerSGD final : public SummableCodec {
         q_factors_(plan.factors(true), device),
         q_(plan.q_size, device),
         qo_(plan.q_size, device) {
+    // The gradient is checked before the encode (Compressor::encode), not in the fused pass:
+    // a NaN found there would leave the tensors before it absorbed, which only a subtraction
+    // could take back, to rounding; checked first, a refused gradient leaves every bit as it was.
     reset_q(o.seed);
-    checks_finite_itself(fused_);
   }
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
@@ -244,9 +246,8 @@ class PowerSGD final : public SummableCodec {
     return out;
   }
 
-  /// compute_p on the CPU: M = g (or the momentum) + error and P = M·Q in one pass, which also
-  /// checks that g is finite (checks_finite_itself()): where it is not, absorb changes nothing, and
-  /// the rest is taken back before the error is raised.
+  /// compute_p on the CPU: M = g (or the momentum) + error and P = M·Q in one pass (g is finite:
+  /// checked before the encode).
   void fused_p(std::span<const float> g, float* p, float* dense, const char* what) {
     bool finite = true;
     const auto m = fb_.error();
@@ -274,12 +275,8 @@ class PowerSGD final : public SummableCodec {
                                        fb_.rho(), nullptr, nullptr, 1, d.numel, 0);
       std::memcpy(dense + d.at, m.data() + d.offset, d.numel * sizeof(float));
     }
-    if (!finite) {  // the layout covers the vector: one pass takes every tensor back
-      kernels::cpu::lowrank_unabsorb(m.data(), g.data(), u.empty() ? nullptr : u.data(), fb_.rho(),
-                                     m.size());
-      require_finite(g, what);
-      throw NonFiniteError(std::string(what) + ": non-finite gradient");  // not reached
-    }
+    SKETCHSGD_REQUIRE(finite, Error, what,
+                      ": the gradient changed during the encode (non-finite after the check)");
   }
 
   void do_encode_sum(std::span<const float> g, uint64_t round, std::span<float> out) override {

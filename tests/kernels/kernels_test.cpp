@@ -359,8 +359,8 @@ TEST(LowRank, PassesMatchPlainLoops) {
 
 /// The finiteness check in absorb's pass: at every rank path (elementwise, up to 4, past 4), with
 /// and without momentum and a deferred subtraction, a NaN or ±Inf in g is reported and leaves m
-/// (past the subtraction) and u as they were there; unabsorb takes the rest back.
-TEST(LowRank, AbsorbReportsNonFiniteGradientsAndUnabsorbTakesItBack) {
+/// (past the subtraction) and u as they were there.
+TEST(LowRank, AbsorbReportsNonFiniteGradients) {
   const size_t rows = 33, cols = 70, n = rows * cols;
   for (size_t r : {0, 2, 8}) {
     for (bool mom : {false, true}) {
@@ -384,11 +384,6 @@ TEST(LowRank, AbsorbReportsNonFiniteGradientsAndUnabsorbTakesItBack) {
       for (size_t e : {size_t(5), n - 1}) {
         EXPECT_FLOAT_EQ(m2[e], settled[e]) << e;
         EXPECT_EQ(u2[e], u0[e]) << e;
-      }
-      k::lowrank_unabsorb(m2.data(), g.data(), mom ? u2.data() : nullptr, 0.9f, n);
-      for (size_t e = 0; e < n; ++e) {
-        ASSERT_NEAR(m2[e], settled[e], 1e-5 * (1 + std::fabs(settled[e]))) << e;
-        ASSERT_NEAR(u2[e], u0[e], 1e-5 * (1 + std::fabs(u0[e]))) << e;
       }
     }
   }

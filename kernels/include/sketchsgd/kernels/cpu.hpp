@@ -119,16 +119,14 @@ void orthonormalize(float* a, size_t n, size_t r, float* rr = nullptr);
 /// and no more reads at all when b is q (a subtraction rewritten on q's columns).
 /// The gradient's finiteness check rides on the pass: where g is NaN or ±Inf, m (past the
 /// subtraction) and u stay as they were; false when g held any such value (p is then
-/// meaningless, and lowrank_unabsorb takes the rest back).
+/// meaningless and the other values absorbed: callers that must refuse such a g with their state
+/// untouched check it first, as the PowerSGD codec does).
 bool lowrank_absorb(float* m, const float* g, float* u, float rho, const float* q, float* p,
                     size_t rows, size_t cols, size_t r, const float* a = nullptr,
                     const float* b = nullptr);
 /// out = a·rᵀ (a: rows × k, r: k × k upper triangular, out: rows × k; row-major): a deferred
 /// subtraction's left factor carried over to the columns of q before orthonormalisation.
 void times_upper_transposed(const float* a, const float* r, float* out, size_t rows, size_t k);
-/// Takes back lowrank_absorb's m += x and u = ρ·u + g over n values where g is finite, to
-/// rounding (a deferred subtraction stays done).
-void lowrank_unabsorb(float* m, const float* g, float* u, float rho, size_t n);
 /// q = mᵀ·p (m: rows × cols, p: rows × r, q: cols × r).
 void lowrank_answer(const float* m, const float* p, float* q, size_t rows, size_t cols, size_t r);
 /// c = a·bᵀ (a: rows × r, b: cols × r, c: rows × cols); m −= c as well when m is given (the
