@@ -108,6 +108,7 @@ CASES = [
     ("benchmarks/bench_network.py", ["--timeout", "nan"], "--timeout"),
     ("benchmarks/bench_shards_links.py", ["--shards", "1,x"], "--shards"),
     ("benchmarks/churn_table.py", ["/nonexistent.jsonl"], "/nonexistent.jsonl"),
+    ("benchmarks/flood_table.py", ["--date", "today"], "--date"),
     ("benchmarks/compare_torch.py", ["--hashing", "blocked,bogus"], "--hashing"),
     ("benchmarks/gpu_report.py", ["--replot", "/nonexistent.json"], "--replot"),
     ("benchmarks/plot_bench.py", ["/nonexistent.json", "/"], "/nonexistent.json"),
