@@ -300,7 +300,9 @@ void Primary::release(Clock::time_point now, std::vector<Outgoing>& out) {
 void Primary::lose_backup(const std::string& why, Clock::time_point now,
                           std::vector<Outgoing>& out) {
   log_("backup lost (" + why + "): serving without a replica");
-  if (!acked_) {
+  if (!acked_ && awaiting_) {
+    // It held a round and acknowledged nothing (a backup that followed before the model and fell
+    // silent with nothing asked of it costs no strike: it follows again when it reconnects).
     const JobConfig& cfg = engine_.config();
     strikes_ = std::min(strikes_ + 1, 10u);
     follow_after_ = now + std::max(cfg.deadline, cfg.heartbeat * cfg.dead_after) * (1 << strikes_);

@@ -594,6 +594,22 @@ TEST(Replication, ABackupThatNeverAcknowledgesIsDroppedAtTheDeadline) {
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
 }
 
+TEST(Replication, ABackupSilentBeforeTheModelCameFollowsAgainAtOnce) {
+  // It followed before rank 0's Init, so nothing was asked of it (and, unanswered, it sends no
+  // heartbeats): lost for silence, it earns no cool-down and follows again when it reconnects.
+  const JobConfig cfg = test_job::make("topk:k=30", 2, 600);
+  Pair p(cfg);
+  p.follow();
+  EXPECT_TRUE(p.primary.primary.has_backup());
+  p.primary.tick(cfg.heartbeat * (cfg.dead_after + 1));
+  EXPECT_FALSE(p.primary.primary.has_backup());
+  std::vector<FakeWorker> ws = p.join(test::initial_params(600, 5));
+  p.primary.deliver(Pair::kLink, p.backup.follow());
+  p.pump();
+  EXPECT_TRUE(p.backup.synced());
+  p.expect_same();
+}
+
 TEST(Replication, ABackupLostBeforeItAcknowledgedKeepsTheNextOutForACoolDown) {
   // A peer that follows and never acknowledges holds one round until the deadline; the next
   // peer to follow waits out a cool-down that doubles with each such loss.

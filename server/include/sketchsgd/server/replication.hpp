@@ -17,9 +17,9 @@
 // token of the primary's own Sync: a worker's claimed epoch is hearsay (the engine sends such a
 // worker on to its next replica), a Follow carries no evidence, and a server that never had a
 // backup handed its token to nobody. A live backup keeps its role against other connections'
-// Follows, and asks for the whole state at most once an interval; a backup lost before it
-// acknowledged anything (a peer that only held a round) keeps the next out for a cool-down that
-// doubles with each such loss.
+// Follows, and asks for the whole state at most once an interval; a backup lost while it held a
+// round, having acknowledged nothing (a peer that only held rounds), keeps the next out for a
+// cool-down that doubles with each such loss.
 #pragma once
 
 #include <deque>
