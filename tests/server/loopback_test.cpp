@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <random>
@@ -323,14 +324,47 @@ TEST(LoopbackLate, WorkersPastTheLastRoundAreToldAtOnceNotAtTheirTimeout) {
   EXPECT_EQ(run.server.engine().late_requests(), 2u);
 }
 
+/// Two workers train `steps` steps of `spec` at the server, starting once `abuse` (on a thread
+/// of its own, told to stop when they are done) has sent `before` messages; each one's error
+/// ("" when none) and final parameters.
+struct Trained {
+  std::vector<std::string> errors = std::vector<std::string>(2);
+  std::vector<std::vector<float>> params = std::vector<std::vector<float>>(2);
+};
+using Abuse = std::function<void(const std::atomic<bool>& done, std::atomic<int>& sent)>;
+Trained train_while(Running& run, const std::string& spec, uint64_t dim, uint64_t steps, int before,
+                    const Abuse& abuse) {
+  std::atomic<bool> done{false};
+  std::atomic<int> sent{0};
+  std::thread abuser([&] { abuse(done, sent); });
+  for (int i = 0; i < 30000 && sent < before; ++i) std::this_thread::sleep_for(1ms);
+  const auto init = test::initial_params(dim, 3);
+  Trained out;
+  std::vector<std::thread> ws;
+  for (uint32_t r = 0; r < 2; ++r)
+    ws.emplace_back([&, r] {
+      try {
+        Client c(client_options(run.server.endpoint(), r, 2), make_compressor(spec, dim),
+                 r == 0 ? std::span<const float>(init) : std::span<const float>());
+        for (uint64_t t = 0; t < steps; ++t)
+          if (c.step(test::synthetic_grad(c.params(), r, t, 9)).outcome !=
+              StepResult::Outcome::Updated)
+            throw Error("step not updated");
+        out.params[r].assign(c.params().begin(), c.params().end());
+      } catch (const std::exception& e) {
+        out.errors[r] = e.what();
+      }
+    });
+  for (auto& t : ws) t.join();
+  done = true;
+  abuser.join();
+  return out;
+}
+
 TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
   constexpr uint64_t kDim = 2000, kRounds = 8;
   Running run(options("sketch:k=20,cols=300", 2, kDim, kRounds));
-  const auto init = test::initial_params(kDim, 3);
-
-  std::atomic<bool> done{false};
-  std::atomic<int> sent{0};
-  std::thread abuser([&] {
+  const Abuse abuse = [&](const std::atomic<bool>& done, std::atomic<int>& sent) {
     zmq::context_t ctx;
     zmq::socket_t s(ctx, zmq::socket_type::dealer);
     s.set(zmq::sockopt::linger, 0);
@@ -371,30 +405,10 @@ TEST(LoopbackAbuse, RawClientGarbageIsRefusedWhileWorkersTrain) {
     zmq::message_t huge(size_t(1) << 22);
     (void)s.send(huge, zmq::send_flags::dontwait);
     std::this_thread::sleep_for(50ms);
-  });
-  while (sent < 200) std::this_thread::sleep_for(1ms);
-
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ws;
-  for (uint32_t r = 0; r < 2; ++r)
-    ws.emplace_back([&, r] {
-      try {
-        Client c(client_options(run.server.endpoint(), r, 2),
-                 make_compressor("sketch:k=20,cols=300", kDim),
-                 r == 0 ? std::span<const float>(init) : std::span<const float>());
-        for (uint64_t t = 0; t < kRounds; ++t)
-          if (c.step(test::synthetic_grad(c.params(), r, t, 9)).outcome !=
-              StepResult::Outcome::Updated)
-            throw Error("round not updated");
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ws) t.join();
-  done = true;
-  abuser.join();
-  EXPECT_EQ(errors[0], "");
-  EXPECT_EQ(errors[1], "");
+  };
+  const auto t = train_while(run, "sketch:k=20,cols=300", kDim, kRounds, 200, abuse);
+  EXPECT_EQ(t.errors[0], "");
+  EXPECT_EQ(t.errors[1], "");
   EXPECT_EQ(run.finish(), kRounds);
   EXPECT_GT(run.server.engine().rejected(), 0u);
 }
@@ -413,11 +427,7 @@ TEST_P(LoopbackForged, ClaimedEpochsDeposalsAndFollowsEndNoJob) {
   o.job.deadline = 1500ms;
   Running run(o);
   const std::string spec = make_compressor("topk:k=30", kDim)->spec();
-  const auto init = test::initial_params(kDim, 3);
-
-  std::atomic<bool> done{false};
-  std::atomic<int> sent{0};
-  std::thread abuser([&] {
+  const Abuse abuse = [&](const std::atomic<bool>& done, std::atomic<int>& sent) {
     zmq::context_t ctx;
     std::vector<zmq::socket_t> socks;
     for (int i = 0; i < 4; ++i) {
@@ -457,37 +467,16 @@ TEST_P(LoopbackForged, ClaimedEpochsDeposalsAndFollowsEndNoJob) {
       }
       if (i % 20 == 19) std::this_thread::sleep_for(1ms);
     }
-  });
-  while (sent < 100) std::this_thread::sleep_for(1ms);
-
-  std::vector<std::string> errors(2);
-  std::vector<std::vector<float>> params(2);
-  std::vector<std::thread> ws;
-  for (uint32_t r = 0; r < 2; ++r)
-    ws.emplace_back([&, r] {
-      try {
-        Client c(client_options(run.server.endpoint(), r, 2), make_compressor("topk:k=30", kDim),
-                 r == 0 ? std::span<const float>(init) : std::span<const float>());
-        for (uint64_t t = 0; t < kSteps; ++t)
-          if (c.step(test::synthetic_grad(c.params(), r, t, 9)).outcome !=
-              StepResult::Outcome::Updated)
-            throw Error("step not updated");
-        if (!async) params[r].assign(c.params().begin(), c.params().end());
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ws) t.join();
-  done = true;
-  abuser.join();
-  EXPECT_EQ(errors[0], "");
-  EXPECT_EQ(errors[1], "");
+  };
+  const auto t = train_while(run, "topk:k=30", kDim, kSteps, 100, abuse);
+  EXPECT_EQ(t.errors[0], "");
+  EXPECT_EQ(t.errors[1], "");
   EXPECT_EQ(run.server.deposed(), "");
   EXPECT_EQ(run.server.engine().round(), async ? 2 * kSteps : kSteps);
   if (!async) {
-    EXPECT_EQ(params[0], params[1]);
+    EXPECT_EQ(t.params[0], t.params[1]);
     const auto model = run.server.engine().model();
-    EXPECT_EQ(std::vector<float>(model.begin(), model.end()), params[0]);
+    EXPECT_EQ(std::vector<float>(model.begin(), model.end()), t.params[0]);
   }
   (void)run.finish();
   EXPECT_EQ(run.server.deposed(), "");
