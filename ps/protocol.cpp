@@ -48,6 +48,8 @@ std::string_view to_string(Type t) {
       return "ack";
     case Type::Deposed:
       return "deposed";
+    case Type::Left:
+      return "left";
   }
   return "unknown";
 }
@@ -62,6 +64,7 @@ uint32_t payload_frames(Type t) {
     case Type::Heartbeat:
     case Type::Bye:
     case Type::Ack:
+    case Type::Left:
       return 0;
     default:
       return 1;
@@ -299,6 +302,15 @@ Bytes encode(const ReplicaInfo& i) {
   ByteWriter w(out);
   w.put(i.epoch);
   w.put(i.token);
+  w.put(uint32_t(i.outcome.size()));
+  for (const Bytes& f : i.outcome) {
+    w.put(uint64_t(f.size()));
+    w.put_array(std::span<const uint8_t>(f));
+  }
+  w.put(uint32_t(i.pushes.size()));
+  w.put_array(std::span<const uint64_t>(i.pushes));
+  w.put(uint32_t(i.left.size()));
+  w.put_array(std::span<const uint32_t>(i.left));
   return out;
 }
 
@@ -307,6 +319,26 @@ ReplicaInfo decode_replica_info(std::span<const uint8_t> frame) {
   ReplicaInfo i;
   i.epoch = r.get<uint64_t>();
   i.token = r.get<uint64_t>();
+  const auto frames = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(frames <= 1 + kMaxPayloadFrames, WireError, "replica info: an outcome of ",
+                    frames, " frames");
+  for (uint32_t k = 0; k < frames; ++k) {
+    const auto n = r.get<uint64_t>();
+    SKETCHSGD_REQUIRE(n <= r.left(), WireError, "replica info: a frame of ", n, " bytes, ",
+                      r.left(), " left");
+    const auto b = r.take<uint8_t>(n);
+    i.outcome.emplace_back(b.begin(), b.end());
+  }
+  const auto ranks = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(uint64_t(ranks) * 8 <= r.left(), WireError, "replica info: ", ranks,
+                    " push numbers, ", r.left(), " bytes left");
+  i.pushes.resize(ranks);
+  r.get_array(std::span<uint64_t>(i.pushes));
+  const auto left = r.get<uint32_t>();
+  SKETCHSGD_REQUIRE(uint64_t(left) * 4 <= r.left(), WireError, "replica info: ", left,
+                    " ranks that left, ", r.left(), " bytes left");
+  i.left.resize(left);
+  r.get_array(std::span<uint32_t>(i.left));
   r.expect_end();
   return i;
 }
@@ -337,6 +369,10 @@ Bytes encode(const CommitInfo& c) {
   w.put(uint8_t(c.outcome));
   w.put(c.info.lr);
   w.put(c.info.contributors);
+  w.put(c.info.version);
+  w.put(c.info.age);
+  w.put(c.info.pusher);
+  w.put(c.info.push);
   w.put(uint64_t(c.codec_state.size()));
   w.put_array(std::span<const uint8_t>(c.codec_state));
   return out;
@@ -352,6 +388,10 @@ CommitInfo decode_commit_info(std::span<const uint8_t> frame) {
   c.outcome = Type(t);
   c.info.lr = r.get<float>();
   c.info.contributors = r.get<uint32_t>();
+  c.info.version = r.get<uint64_t>();
+  c.info.age = r.get<uint32_t>();
+  c.info.pusher = r.get<uint32_t>();
+  c.info.push = r.get<uint64_t>();
   SKETCHSGD_REQUIRE(std::isfinite(c.info.lr), WireError, "commit info: learning rate ", c.info.lr);
   const auto n = r.get<uint64_t>();
   SKETCHSGD_REQUIRE(n <= r.left(), WireError, "commit info: codec state of ", n, " bytes, ",

@@ -166,6 +166,34 @@ void Engine::restore(const Checkpoint& c) {
   reset_round();
 }
 
+std::vector<uint64_t> Engine::next_pushes() const {
+  std::vector<uint64_t> v;
+  if (!cfg_.async) return v;
+  for (uint32_t r = 0; r < cfg_.world; ++r) v.push_back(next_push(r).value_or(kUnknownPush));
+  return v;
+}
+
+void Engine::resume(const std::vector<Bytes>& outcome, const std::vector<uint64_t>& pushes) {
+  Frames f;
+  if (!outcome.empty()) {
+    const Envelope e = decode_envelope(outcome[0], outcome.size() - 1);
+    SKETCHSGD_REQUIRE((e.type == Type::Update || e.type == Type::Abort) && round_ > 0 &&
+                          e.round == round_ - 1 && e.job == cfg_.job,
+                      WireError, "resume: an outcome (", to_string(e.type), " of round ", e.round,
+                      ") that is not round ", round_, " - 1's");
+    for (const Bytes& b : outcome) f.push_back(Frame::own(b));
+  }
+  SKETCHSGD_REQUIRE(pushes.empty() || (cfg_.async && pushes.size() == cfg_.world), WireError,
+                    "resume: ", pushes.size(), " push numbers for a job of ", cfg_.world,
+                    cfg_.async ? " workers" : " workers in rounds");
+  last_outcome_ = std::move(f);
+  for (uint32_t r = 0; r < pushes.size(); ++r) {
+    if (pushes[r] == kUnknownPush) continue;
+    roster_[r].numbered = true;
+    roster_[r].next_push = pushes[r];
+  }
+}
+
 Checkpoint Engine::checkpoint() const {
   return Checkpoint{cfg_.job,           round_,         cfg_.spec,  model_,
                     agg_->save_state(), outer_->save(), cfg_.shard, outer_->steps()};
@@ -336,7 +364,7 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
     }
     switch (e.type) {
       case Type::Init:
-        on_init(rank, frames, out);
+        on_init(rank, e.round, frames, out);
         break;
       case Type::Pull:
         on_pull(rank, out);
@@ -351,6 +379,7 @@ void Engine::handle(const PeerId& peer, const Frames& frames, Clock::time_point 
         break;  // liveness noted above; the transport echoes it
       case Type::Bye:
         w.alive = false;
+        w.left = true;
         hooks_.log("rank " + std::to_string(rank) + " left");
         break;
       default:
@@ -456,6 +485,7 @@ void Engine::on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Cl
   w.session = 0;
   while (w.session == 0) w.session = rng_();  // 0 marks "no registration" in a Hello
   w.registered = true;
+  w.left = false;
   w.alive = true;
   w.last_seen = now;
   w.behind = false;
@@ -539,7 +569,7 @@ std::optional<Engine::Slot> Engine::slot_of(const PeerId& peer, const Envelope& 
   return std::nullopt;
 }
 
-void Engine::on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out) {
+void Engine::on_init(uint32_t rank, uint64_t round, const Frames& f, std::vector<Outgoing>& out) {
   SKETCHSGD_REQUIRE(rank == 0 || federated(), ProtocolError, "init from rank ", rank,
                     " (only rank 0 initialises)");
   if (has_model())
@@ -553,7 +583,16 @@ void Engine::on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out)
   SKETCHSGD_REQUIRE(bad == kernels::kNone, NonFiniteError, "init: non-finite parameter at ", bad);
   model_ = std::move(p);
   snapshot_ = Frame();
-  hooks_.log("model initialised by rank 0 (" + std::to_string(cfg_.dim) + " parameters)");
+  // A server restarted without a checkpoint gets rank 0's current model: the job goes on from
+  // rank 0's round, not from round 0 again (which would run the rounds before it twice).
+  // (An asynchronous worker's round counts its own pushes; a federated client's is its round.)
+  if (!cfg_.async && !federated() && round > round_ && early_.empty()) {
+    round_ = cfg_.max_rounds ? std::min(round, cfg_.max_rounds) : round;
+    hooks_.log("model initialised by rank 0 at its round " + std::to_string(round_) + " (" +
+               std::to_string(cfg_.dim) + " parameters)");
+  } else {
+    hooks_.log("model initialised by rank 0 (" + std::to_string(cfg_.dim) + " parameters)");
+  }
   for (uint32_t r = 0; r < cfg_.world; ++r)
     if (pending_pull_[r]) on_pull(r, out);
 }

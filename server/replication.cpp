@@ -9,8 +9,8 @@
 namespace sketchsgd::ps {
 namespace {
 
-Frame envelope(Type t, uint64_t job, uint64_t round) {
-  return Frame::own(encode(Envelope{t, job, round, 0, 0, 0}));
+Frame envelope(Type t, uint64_t job, uint64_t round, uint32_t rank = 0) {
+  return Frame::own(encode(Envelope{t, job, round, rank, 0, 0}));
 }
 
 /// Why a backup of this description cannot follow the engine's job (empty: it can).
@@ -111,9 +111,16 @@ void Primary::pass(const PeerId& peer, const Frames& frames, Clock::time_point n
                    std::vector<Outgoing>& out, std::string_view user) {
   const uint64_t round = engine_.round();
   const bool model = engine_.has_model();
+  const size_t left = backup_ ? engine_.departed().size() : 0;
   std::vector<Outgoing> staged;
   engine_.handle(peer, frames, now, staged, user);
   replicate(round, model, staged, now, out);
+  if (backup_ && engine_.departed().size() > left) {
+    // A worker said goodbye: its backup must not wait for it to take over.
+    const auto d = engine_.departed();
+    for (uint32_t r : d)
+      out.push_back(Outgoing{*backup_, {envelope(Type::Left, engine_.config().job, 0, r)}});
+  }
 }
 
 void Primary::tick(Clock::time_point now, std::vector<Outgoing>& out) {
@@ -165,13 +172,20 @@ void Primary::replicate(uint64_t round_before, bool model_before, std::vector<Ou
   sync(now, out);  // the model arrived (rank 0's Init): the whole state
 }
 
+ReplicaInfo Primary::replica_info() const {
+  ReplicaInfo r{engine_.epoch(), token_, {}, engine_.next_pushes(), engine_.departed()};
+  for (const Frame& f : engine_.last_outcome())
+    r.outcome.emplace_back(f.bytes().begin(), f.bytes().end());
+  return r;
+}
+
 void Primary::sync(Clock::time_point now, std::vector<Outgoing>& out) {
   last_sync_ = now;
   if (!engine_.has_model()) return;  // nothing to hold yet: synced when rank 0's Init comes
-  out.push_back(Outgoing{*backup_,
-                         {envelope(Type::Sync, engine_.config().job, engine_.round()),
-                          Frame::own(encode(ReplicaInfo{engine_.epoch(), token_})),
-                          Frame::own(encode(engine_.checkpoint()))}});
+  out.push_back(
+      Outgoing{*backup_,
+               {envelope(Type::Sync, engine_.config().job, engine_.round()),
+                Frame::own(encode(replica_info())), Frame::own(encode(engine_.checkpoint()))}});
   awaiting_ = engine_.round();
   awaiting_since_ = now;
 }
@@ -351,7 +365,11 @@ void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
     case Type::Sync: {
       const ReplicaInfo info = decode_replica_info(frames[1].bytes());
       const Checkpoint c = decode_checkpoint(frames[2].bytes(), "the primary's state");
+      for (uint32_t r : info.left)
+        SKETCHSGD_REQUIRE(r < engine_.config().world, WireError, "sync: rank ", r, " left");
       engine_.restore(c);  // checks job, codec, dim and shard
+      engine_.resume(info.outcome, info.pushes);
+      left_ = std::set<uint32_t>(info.left.begin(), info.left.end());
       engine_.set_epoch(info.epoch);
       token_ = info.token;
       if (!synced_) log_("holds the primary's state at round " + std::to_string(c.round));
@@ -380,6 +398,9 @@ void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
     case Type::Bye:
       primary_done_ = true;
       return;
+    case Type::Left:
+      if (e.rank < engine_.config().world) left_.insert(e.rank);
+      return;
     case Type::Heartbeat:
       return;
     default:
@@ -387,11 +408,12 @@ void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
   }
 }
 
-bool Backup::taken_over_by(const Frames& frames) const {
+namespace {
+/// A worker's Hello this job would accept (its id, world, rank range, dim, shard and codec).
+bool acceptable(const JobConfig& cfg, const Frames& frames) {
   try {
     const Envelope e = decode_envelope(frames.at(0).bytes(), frames.size() - 1);
-    if (e.type != Type::Hello || e.job != engine_.config().job) return false;
-    const JobConfig& cfg = engine_.config();
+    if (e.type != Type::Hello || e.job != cfg.job) return false;
     HelloInfo h = decode_hello(frames.at(1).bytes());
     if (h.shard.model_dim == 0) h.shard.model_dim = h.dim;  // a whole model's, as a Hello says
     ShardId mine = cfg.shard;
@@ -401,6 +423,78 @@ bool Backup::taken_over_by(const Frames& frames) const {
   } catch (const Error&) {
     return false;
   }
+}
+}  // namespace
+
+Backup::Verdict Backup::consider(const Frames& frames, Clock::time_point now) {
+  const JobConfig& cfg = engine_.config();
+  if (!synced_ || !acceptable(cfg, frames)) return Verdict::Ignore;
+  if (behind(frames)) return Verdict::Behind;
+  if (now - heard_ < cfg.heartbeat * cfg.dead_after) return Verdict::Ignore;
+  came_.insert(decode_envelope(frames[0].bytes(), frames.size() - 1).rank);
+  // Every worker might hold a round this backup lacks (but one that said goodbye has nothing
+  // this backup was not sent), unless no round can be past its own (the job's last is done here).
+  size_t covered = 0;
+  for (uint32_t r = 0; r < cfg.world; ++r) covered += came_.count(r) || left_.count(r);
+  if (covered < cfg.world && !engine_.finished()) {
+    log_("rank " + std::to_string(decode_envelope(frames[0].bytes(), 1).rank) +
+         " came while the primary is silent: " + std::to_string(covered) + " of " +
+         std::to_string(cfg.world) + " workers (those that left counted)");
+    return Verdict::Ignore;
+  }
+  return Verdict::TakeOver;
+}
+
+bool Backup::everyone_here() const {
+  const uint32_t world = engine_.config().world;
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < world; ++r) n += engine_.registered(r) || left_.count(r);
+  return n == world;
+}
+
+void Backup::heard(Clock::time_point now) {
+  heard_ = now;
+  came_.clear();
+}
+
+bool Backup::behind(const Frames& hello) const {
+  try {
+    const Envelope e = decode_envelope(hello.at(0).bytes(), hello.size() - 1);
+    if (e.type != Type::Hello) return false;
+    // An asynchronous worker's Hello names its pushes answered: more than this server applied
+    // of it means some were applied where this backup never saw them.
+    if (engine_.config().async) {
+      const auto n = engine_.next_push(e.rank);
+      return n && e.round > *n;
+    }
+    return e.round > engine_.round();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+Frames Backup::unsync() {
+  synced_ = false;
+  return follow();
+}
+
+Frames Backup::refusal(const Frames& hello) const {
+  const Envelope e = decode_envelope(hello.at(0).bytes(), hello.size() - 1);
+  RefuseInfo r;
+  r.retry = !promoted_;
+  r.elsewhere = !promoted_;
+  r.reason = promoted_ ? "this server took over from its primary at round " +
+                             std::to_string(engine_.round()) + " but the worker holds round " +
+                             std::to_string(e.round) +
+                             ": the primary went on without its backup and the job's state is "
+                             "split (resume it from the primary's checkpoint)"
+                       : "this backup holds round " + std::to_string(engine_.round()) +
+                             ", the worker " + std::to_string(e.round) +
+                             ": its primary went on without it, and only the primary holds "
+                             "those rounds";
+  return {Frame::own(
+              encode(Envelope{Type::Refuse, engine_.config().job, engine_.round(), e.rank, 0, 0})),
+          Frame::own(encode(r))};
 }
 
 Frames Backup::notice() const {

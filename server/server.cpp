@@ -10,10 +10,11 @@
 #include <thread>
 
 #include <sketchsgd/ps/io_thread.hpp>
+#include <sketchsgd/ps/liveness.hpp>
 #include <sketchsgd/ps/log.hpp>
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/checkpoint_writer.hpp>
-#include <sketchsgd/server/replication.hpp>
+#include <sketchsgd/server/replica.hpp>
 
 namespace sketchsgd::ps {
 namespace {
@@ -66,24 +67,26 @@ struct Upstream {
         max_frame(max_frame),
         curve_secret(std::move(curve_secret)) {
     auto first = connect();
-    last_recv = Clock::now();
+    alive.heartbeat = job.heartbeat;
+    alive.dead_after = job.dead_after;
+    alive.backoff_max = Millis(5000);
+    alive.heard(Clock::now());
     IoThread::Hooks hooks;
     hooks.screen = [this](IoThread&, const Received&) {
-      last_recv = Clock::now();
+      alive.heard(Clock::now());
       answered = true;
       return true;
     };
     hooks.tick = [this, log](IoThread& io, Clock::time_point now) {
-      if (answered && now - io.last_send() >= this->job.heartbeat) {
+      if (answered && alive.heartbeat_due(now, io.last_send())) {
         const Envelope hb{Type::Heartbeat, this->job.job, 0, 0, 0, 0};
         (void)io.send_now(nullptr, {Frame::own(encode(hb))});
       }
-      if (now - last_recv > this->job.heartbeat * this->job.dead_after + backoff) {
+      if (alive.silent(now)) {
         log("primary silent: connecting again");
         io.replace_socket(connect());
-        last_recv = now;
+        alive.reconnected(now);
         answered = false;
-        backoff = std::min(backoff * 2, Millis(5000));
       }
     };
     IoOptions o;
@@ -117,8 +120,7 @@ struct Upstream {
   uint64_t max_frame;
   std::string curve_secret;
   std::atomic<bool> answered{false};  // heartbeats only once the primary knows this link
-  Clock::time_point last_recv;        // I/O thread only
-  Millis backoff{100};                // I/O thread only
+  Liveness alive;                     // I/O thread only (after construction)
   std::unique_ptr<IoThread> io;       // last: stopped first
 };
 
@@ -277,82 +279,71 @@ uint64_t Server::run() {
   const Millis tick = std::clamp(opts_.job.heartbeat / 4, Millis(5), Millis(100));
   std::vector<Outgoing> out;
   auto last_status = Clock::now();
-  std::optional<Clock::time_point> finished_at;
   auto log = [&s](const std::string& line) { s.log(line); };
   // Every server may be followed by a backup; a backup follows its primary until a worker comes.
-  Primary primary(*engine_, log);
-  std::unique_ptr<Backup> backup;
+  ReplicaOptions ro;
+  ro.backup = !opts_.replica_of.empty();
+  ro.finish_grace = opts_.finish_grace;
+  ro.finish_wait = opts_.finish_wait;
+  Replica replica(*engine_, ro, log);
   std::unique_ptr<Upstream> up;
-  if (!opts_.replica_of.empty()) {
-    backup = std::make_unique<Backup>(*engine_, log);
+  if (ro.backup) {
     // The primary's whole state (model, momentum, FetchSGD's sketches) in one frame.
     up = std::make_unique<Upstream>(s.ctx, opts_.job, opts_.replica_of,
                                     3 * engine_->max_frame_bytes() + (1 << 20), opts_.curve_secret,
                                     log);
-    up->io->post(Outgoing{{}, backup->follow()});
+    up->io->post(Outgoing{{}, replica.follow()});
   }
-  uint64_t ignored = 0;
+  std::vector<Frames> replies;  // to the primary
+  const auto send_up = [&] {
+    for (auto& f : replies) up->io->post(Outgoing{{}, std::move(f)});
+    replies.clear();
+  };
   const auto upstream = [&](Clock::time_point deadline) {
     std::deque<Received> got = up->io->take(deadline);
     if (const auto failure = up->io->failure()) std::rethrow_exception(failure);
-    std::vector<Frames> replies;
     for (auto& m : got) {
-      if (m.reconnected) {
-        replies.push_back(backup->reconnected());
-        continue;
-      }
-      backup->handle(m.frames, replies);  // ConfigMismatch (refused for good) ends the server
+      if (m.reconnected)
+        replies.push_back(replica.reconnected());
+      else
+        replica.upstream(m.frames, Clock::now(), replies);  // ConfigMismatch ends the server
     }
     up->io->release(got);
-    for (auto& f : replies) up->io->post(Outgoing{{}, std::move(f)});
+    send_up();
   };
-  const auto following = [&] { return backup && !backup->promoted(); };
   while (!stop_) {
     std::deque<Received> batch;
-    if (following()) {
+    if (replica.following()) {
       // The primary's traffic wakes this thread at once (its rounds wait for the
       // acknowledgements); a worker's Hello, which means the workers found the primary gone, is
       // looked at every tick: taking over is not in a hurry (the workers waited dead_after
       // heartbeats), and a following backup should not spin on the cores its primary needs.
       upstream(Clock::now() + tick);
       batch = io.take(Clock::now());
-      const bool hello = std::any_of(batch.begin(), batch.end(), [&](const Received& m) {
-        return backup->taken_over_by(m.frames);
-      });
-      if (hello && backup->synced()) {
-        up->io->post(Outgoing{{}, backup->promote()});
-      } else {
-        // No state to take over with (or no worker yet): stay silent, so that workers go on
-        // looking for the primary.
-        if (!batch.empty() && ignored++ % 100 == 0)
-          s.log("a backup not serving yet: ignored " + std::to_string(batch.size()) +
-                " worker messages");
-        io.release(batch);
-        batch.clear();
-      }
     } else {
       // At the next tick, or at the round's deadline if it comes first (a quorum round closes
       // at its deadline, not up to a tick later).
       const auto before = Clock::now();
       auto wake = before + tick;
-      if (const auto d = engine_->deadline(); d && *d > before) wake = std::min(wake, *d);
+      if (const auto d = replica.deadline(); d && *d > before) wake = std::min(wake, *d);
       batch = io.take(wake);
       if (up) upstream(Clock::now());  // answers a deposed primary's rounds
     }
     if (const auto failure = io.failure()) std::rethrow_exception(failure);
     const auto now = Clock::now();
     try {
-      for (auto& m : batch) primary.handle(m.peer, m.frames, now, out, m.user);
-      primary.tick(now, out);
+      for (auto& m : batch) replica.handle(m.peer, m.frames, now, out, replies, m.user);
+      replica.tick(now, out);
     } catch (const std::exception& e) {
       // The engine turns bad input into refusals; anything reaching here is a bug or an
       // exhausted resource. Log it and keep serving rather than end the job.
       s.log(std::string("internal error (round continues): ") + e.what());
     }
     io.release(batch);
+    if (up) send_up();
     for (auto& o : out) io.post(std::move(o));
     out.clear();
-    if (primary.deposed() && deposed_.empty()) deposed_ = *primary.deposed();
+    if (replica.deposed() && deposed_.empty()) deposed_ = *replica.deposed();
     if (!deposed_.empty()) break;
     if (opts_.status && now - last_status >= std::chrono::seconds(tty ? 1 : 10)) {
       last_status = now;
@@ -365,23 +356,13 @@ uint64_t Server::run() {
       else if (!opts_.quiet)
         s.log(line);
     }
-    // After the last round the server lingers a little, answering late workers "finished", and
-    // until the workers have said goodbye: a worker's Bye comes once it holds the last update,
-    // which on a slow link takes seconds to arrive and is lost if the socket closes first.
-    // A backup still following waits for its primary's goodbye: should the primary die before
-    // its workers hold the last update, they come here for it.
-    if (engine_->finished()) {
-      if (!finished_at) finished_at = now;
-      const auto since = now - *finished_at;
-      const bool idle = following() ? backup->primary_done() : engine_->live_workers() == 0;
-      if (since >= opts_.finish_grace && (idle || since >= opts_.finish_wait)) break;
-    }
+    if (replica.done(now)) break;
   }
   stop_ = true;
   if (!deposed_.empty()) {
     s.log("deposed: " + deposed_);
   } else {
-    primary.bye(out);  // a backup may stop once the job is over
+    replica.bye(out);  // a backup may stop once the job is over
     for (auto& o : out) io.post(std::move(o));
     out.clear();
   }

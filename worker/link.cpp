@@ -46,11 +46,12 @@ Link::Link(const ClientOptions& o, uint64_t max_frame, IoThread::Log log)
   } catch (const zmq::error_t& e) {
     throw InvalidArgument("client: cannot connect to '" + o.server + "': " + e.what());
   }
-  last_recv = Clock::now();
+  alive.dead_after = o.dead_after;
+  alive.backoff_max = o.backoff_max;
+  alive.heard(Clock::now());
   IoThread::Hooks hooks;
   hooks.screen = [this](IoThread&, const Received& m) {
-    last_recv = Clock::now();  // any traffic shows the server is alive
-    backoff = Millis(100);
+    alive.heard(Clock::now());  // any traffic shows the server is alive
     if (m.frames.size() != 1) return true;
     try {
       return decode_envelope(m.frames[0].bytes(), 0).type != Type::Heartbeat;
@@ -59,26 +60,25 @@ Link::Link(const ClientOptions& o, uint64_t max_frame, IoThread::Log log)
     }
   };
   hooks.tick = [this, log](IoThread& io, Clock::time_point now) {
-    const Millis hb(hb_ms.load());
+    alive.heartbeat = Millis(hb_ms.load());
     // Not before the first registration: the server would refuse an unregistered heartbeat,
     // addressed to a rank this link does not know yet (a sharded client's later shards wait
     // while the first registers).
-    if (session.load() != 0 && now - io.last_send() >= hb)
+    if (session.load() != 0 && alive.heartbeat_due(now, io.last_send()))
       (void)io.send_now(nullptr, {Frame::own(encode(Envelope{Type::Heartbeat, opts.job, 0,
                                                              rank.load(), 0, session.load()}))});
     const bool sent_on = elsewhere.exchange(false) && endpoints.size() > 1;
-    if (sent_on || now - last_recv > hb * opts.dead_after + backoff) {
+    if (sent_on || alive.silent(now)) {
       // A replicated server's next endpoint: its backup takes over when workers come to it.
       current = (current + 1) % endpoints.size();
-      log((sent_on
-               ? std::string("server of an earlier epoch")
-               : "server silent for " +
-                     std::to_string(std::chrono::duration_cast<Millis>(now - last_recv).count()) +
-                     " ms") +
+      log((sent_on ? std::string("server of an earlier epoch")
+                   : "server silent for " +
+                         std::to_string(
+                             std::chrono::duration_cast<Millis>(now - alive.last_recv).count()) +
+                         " ms") +
           ": reconnecting to " + endpoints[current]);
       io.replace_socket(connect());
-      last_recv = now;
-      backoff = std::min(backoff * 2, opts.backoff_max);
+      alive.reconnected(now);
     }
   };
   IoOptions io_opts;

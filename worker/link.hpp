@@ -8,14 +8,13 @@
 #include <vector>
 
 #include <sketchsgd/ps/io_thread.hpp>
+#include <sketchsgd/ps/liveness.hpp>
 #include <sketchsgd/worker/client.hpp>
 
 namespace sketchsgd::ps {
 
-// The DEALER socket on an I/O thread, with the worker's liveness rules run there: a heartbeat when
-// nothing else went out for an interval, and a new socket when the server has been silent for
-// dead_after intervals (with exponential backoff), or at once when it says another replica
-// serves the job.
+// The DEALER socket on an I/O thread, with the worker's liveness rules (ps/liveness.hpp) run
+// there, and a new socket at once when the server says another replica serves the job.
 struct Link {
   /// Connects to the first of o.server's endpoints ('|'-separated: a server and its backups);
   /// InvalidArgument for a bad one. The I/O thread runs from here on.
@@ -29,8 +28,7 @@ struct Link {
   std::atomic<uint64_t> session{0};     // heartbeats carry the registration's token
   std::atomic<uint32_t> rank{0};        // and its rank (a federated client's slot)
   std::atomic<bool> elsewhere{false};   // the server sent us on: try the next endpoint
-  Clock::time_point last_recv;          // I/O thread only
-  Millis backoff{100};                  // I/O thread only
+  Liveness alive;                       // I/O thread only (after construction)
   std::vector<std::string> endpoints;   // the server, or its primary then its backup
   size_t current = 0;                   // I/O thread only (after construction)
   std::deque<Received> backlog;         // taken from the I/O thread, not yet handled

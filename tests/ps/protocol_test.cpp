@@ -91,13 +91,18 @@ TEST(Protocol, EpochsAndReplicationMessagesRoundTripAndRejectCorruption) {
     const Envelope e{t, 3, 4, 0, 0, 0};
     EXPECT_EQ(decode_envelope(encode(e), payload_frames(t)).type, t) << to_string(t);
   }
-  const CommitInfo c{2, Type::Update, UpdateInfo{0.25f, 3}, Bytes{1, 2, 3, 4, 5}};
+  const CommitInfo c{2, Type::Update, UpdateInfo{0.25f, 3, 17, 4, 2, 9}, Bytes{1, 2, 3, 4, 5}};
   const Bytes cb = encode(c);
   const CommitInfo c2 = decode_commit_info(cb);
   EXPECT_EQ(c2.epoch, 2u);
   EXPECT_EQ(c2.outcome, Type::Update);
   EXPECT_EQ(c2.info.lr, 0.25f);
   EXPECT_EQ(c2.info.contributors, 3u);
+  // An asynchronous push's identity: a backup answers it again rather than apply it twice.
+  EXPECT_EQ(c2.info.version, 17u);
+  EXPECT_EQ(c2.info.age, 4u);
+  EXPECT_EQ(c2.info.pusher, 2u);
+  EXPECT_EQ(c2.info.push, 9u);
   EXPECT_EQ(c2.codec_state, c.codec_state);
   for (size_t n = 0; n < cb.size(); ++n)
     EXPECT_THROW(decode_commit_info(std::span<const uint8_t>(cb).first(n)), WireError) << n;
@@ -105,7 +110,7 @@ TEST(Protocol, EpochsAndReplicationMessagesRoundTripAndRejectCorruption) {
   other[8] = uint8_t(Type::Push);  // a round ends with an update or an abort
   EXPECT_THROW(decode_commit_info(other), WireError);
   Bytes huge = cb;
-  huge[17] = 0xFF;  // a codec state longer than the frame
+  huge[41] = 0xFF;  // a codec state longer than the frame
   EXPECT_THROW(decode_commit_info(huge), WireError);
   EXPECT_THROW(encode(CommitInfo{0, Type::Model}), InvalidArgument);
 }

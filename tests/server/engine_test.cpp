@@ -312,6 +312,25 @@ TEST(Engine, SnapshotsAreHandedOutEveryNRoundsAndAfterTheLast) {
   EXPECT_EQ(model, std::vector<float>(net.engine.model().begin(), net.engine.model().end()));
 }
 
+TEST(Engine, AnInitFromALaterRoundStartsTheJobThere) {
+  // A server restarted without a checkpoint gets rank 0's current model: the job goes on from
+  // rank 0's round (capped at the job's last), not from round 0 again. An asynchronous job's
+  // Init names rank 0's own pushes, not a version: its round stays.
+  for (const bool async : {false, true}) {
+    JobConfig cfg = test_job::make("topk:k=10", 2, 100);
+    cfg.async = async;
+    cfg.max_rounds = 10;
+    for (const uint64_t at : {uint64_t(4), uint64_t(25)}) {
+      Net net(cfg);
+      FakeWorker w(0, cfg, at);
+      w.join(net, test::initial_params(100, 1));
+      ASSERT_TRUE(net.engine.has_model());
+      EXPECT_EQ(net.engine.round(), async ? 0u : std::min<uint64_t>(at, 10))
+          << (async ? "async" : "rounds") << " at " << at;
+    }
+  }
+}
+
 TEST(Engine, AfterTheLastRoundPushesAreToldTheJobFinished) {
   JobConfig cfg = job("topk:k=10", 2, 200);
   cfg.max_rounds = 2;

@@ -288,35 +288,41 @@ void hold_round(Started& s, uint64_t t) {
 }
 
 TEST(Replication, AnAsynchronousPushTheBackupHoldsIsAnsweredThereNotAppliedAgain) {
+  // Rank 1's second push (its pusher and push number are not the defaults a Commit that lost
+  // them would decode to): committed, then the primary dies before rank 1 hears of it.
   JobConfig cfg = test_job::make("topk:k=30", 2, 600);
   cfg.async = true;
   Pair p(cfg);
   p.follow();
   auto ws = p.join(test::initial_params(600, 5));
-  const auto g = test::synthetic_grad(ws[0].params, 0, 0, 11);
-  const Frame msg = bytes_frame(ws[0].codec->encode(g, 0, 0));
-  p.primary.deliver(ws[0].peer, {ws[0].mine(Type::Push, 0), msg});
-  EXPECT_FALSE(p.primary.next(ws[0].peer)) << "the update went out before the backup had it";
+  FakeWorker& w1 = ws[1];
+  w1.push(p.primary, test::synthetic_grad(w1.params, 1, 0, 11));
+  p.pump();
+  ASSERT_EQ(w1.settle(p.primary), Type::Update);
+  const Frame msg = bytes_frame(w1.codec->encode(test::synthetic_grad(w1.params, 1, 1, 11), 1, 1));
+  p.primary.deliver(w1.peer, {w1.mine(Type::Push, 1), msg});
+  EXPECT_FALSE(p.primary.next(w1.peer)) << "the update went out before the backup had it";
   p.pump();  // committed and acknowledged; the primary dies before its pusher hears of it
   p.expect_same();
-  ASSERT_EQ(p.standby.engine.round(), 1u);
+  ASSERT_EQ(p.standby.engine.round(), 2u);
   (void)p.backup.promote();
   for (auto& w : ws) {
     w.join(p.standby, {});
     ASSERT_TRUE(w.take_model(p.standby)) << "rank " << w.rank;
   }
-  EXPECT_EQ(ws[0].round, 1u) << "the backup does not know push #0 was applied";
-  EXPECT_EQ(ws[1].round, 0u);
-  p.standby.deliver(ws[0].peer, {ws[0].mine(Type::Push, 0), msg});  // sent again
-  const auto reply = p.standby.next(ws[0].peer);
+  EXPECT_EQ(w1.round, 2u) << "the backup does not know push #1 was applied";
+  EXPECT_EQ(ws[0].round, 0u);
+  p.standby.deliver(w1.peer, {w1.mine(Type::Push, 1), msg});  // sent again
+  const auto reply = p.standby.next(w1.peer);
   ASSERT_TRUE(reply);
   EXPECT_EQ(reply->first.type, Type::Update);
-  EXPECT_EQ(reply->first.round, 0u);
-  EXPECT_EQ(decode_update_info(reply->second[1].bytes()).push, 0u);
-  EXPECT_EQ(p.standby.engine.round(), 1u) << "applied twice";
-  ws[1].push(p.standby, test::synthetic_grad(ws[1].params, 1, 0, 11));
-  EXPECT_EQ(ws[1].settle(p.standby), Type::Update);
-  EXPECT_EQ(p.standby.engine.round(), 2u);
+  EXPECT_EQ(reply->first.round, 1u);
+  EXPECT_EQ(decode_update_info(reply->second[1].bytes()).push, 1u);
+  EXPECT_EQ(decode_update_info(reply->second[1].bytes()).pusher, 1u);
+  EXPECT_EQ(p.standby.engine.round(), 2u) << "applied twice";
+  ws[0].push(p.standby, test::synthetic_grad(ws[0].params, 0, 0, 11));
+  EXPECT_EQ(ws[0].settle(p.standby), Type::Update) << "rank 0's first push";
+  EXPECT_EQ(p.standby.engine.round(), 3u);
 }
 
 TEST(Replication, ARoundsOutcomeWaitsForTheBackupsAcknowledgement) {
@@ -525,22 +531,80 @@ TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
   EXPECT_TRUE(primary.has_backup());
 }
 
-TEST(Replication, OnlyAHelloTheJobWouldAcceptMakesTheBackupTakeOver) {
+TEST(Replication, TheBackupTakesOverOnceEveryWorkerCameWhileThePrimaryWasSilent) {
   const JobConfig cfg = test_job::make("topk:k=10", 2, 100);
   Pair p(cfg);
   const std::string spec = p.standby.engine.config().spec;
-  const auto hello = [&](uint64_t job, uint32_t rank, HelloInfo h) {
-    return Frames{env(Type::Hello, job, 0, rank), Frame::own(encode(h))};
+  const auto hello = [&](uint64_t job, uint32_t rank, HelloInfo h, uint64_t round = 0) {
+    return Frames{env(Type::Hello, job, round, rank), Frame::own(encode(h))};
   };
   const HelloInfo good{2, 100, spec};
-  EXPECT_TRUE(p.backup.taken_over_by(hello(cfg.job, 1, good)));
-  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job + 1, 1, good))) << "another job";
-  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 2, good))) << "a rank outside the world";
-  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 0, HelloInfo{3, 100, spec}))) << "world";
-  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 0, HelloInfo{2, 101, spec}))) << "dim";
-  EXPECT_FALSE(p.backup.taken_over_by(hello(cfg.job, 0, HelloInfo{2, 100, "dense"}))) << "codec";
-  EXPECT_FALSE(p.backup.taken_over_by({env(Type::Heartbeat, cfg.job, 0, 0)}));
-  EXPECT_FALSE(p.backup.taken_over_by({bytes_frame(Bytes(40, 0xAB))})) << "garbage";
+  using V = Backup::Verdict;
+  const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(2);
+  const auto silent = t0 + cfg.heartbeat * cfg.dead_after;
+  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), silent), V::Ignore) << "no state yet";
+  p.follow();
+  (void)p.join(test::initial_params(100, 3));
+  ASSERT_TRUE(p.backup.synced());
+  p.backup.heard(t0);
+  for (const Frames& bad :
+       {hello(cfg.job + 1, 1, good), hello(cfg.job, 2, good), hello(cfg.job, 0, {3, 100, spec}),
+        hello(cfg.job, 0, {2, 101, spec}), hello(cfg.job, 0, {2, 100, "dense"}),
+        Frames{env(Type::Heartbeat, cfg.job, 0, 0)}, Frames{bytes_frame(Bytes(40, 0xAB))}})
+    EXPECT_EQ(p.backup.consider(bad, silent), V::Ignore);
+  // The primary heard from within dead_after heartbeats: a worker that came does not count.
+  EXPECT_EQ(p.backup.consider(hello(cfg.job, 0, good), silent - 1ms), V::Ignore);
+  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), silent), V::Ignore) << "1 of 2";
+  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), silent), V::Ignore) << "the same rank";
+  p.backup.heard(silent);  // the primary again: those that came are forgotten
+  const auto later = silent + cfg.heartbeat * cfg.dead_after;
+  EXPECT_EQ(p.backup.consider(hello(cfg.job, 0, good), later), V::Ignore);
+  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), later), V::TakeOver);
+  // A worker that applied a round this backup never had: the primary went on without it.
+  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good, p.standby.engine.round() + 1), later),
+            V::Behind);
+  EXPECT_FALSE(p.backup.promoted());
+}
+
+TEST(Replication, ABackupBehindAWorkerSendsItBackAndFollowsAgain) {
+  // The primary loses its backup (cut off) and ends a round alone; the workers then come to the
+  // backup holding that round. It sends them back and asks for the whole state; taking over
+  // would undo an update every worker applied.
+  auto s = started();
+  Pair& p = s->pair;
+  const uint64_t held = p.standby.engine.round();
+  auto& primary = p.primary;
+  primary.tick(primary.engine.config().heartbeat * 10);  // the backup is silent: dropped
+  std::vector<std::vector<float>> grads;
+  const auto ended = push_and_settle(primary, s->ws, encode_all(s->ws, grads, held));
+  for (const auto& e : ended) ASSERT_EQ(e, Type::Update);
+  ASSERT_EQ(primary.engine.round(), held + 1);
+  ASSERT_EQ(p.standby.engine.round(), held) << "the backup has not seen the round";
+  const Frames h = {env(Type::Hello, primary.engine.config().job, s->ws[0].round, 0),
+                    Frame::own(encode(HelloInfo{2, 600, primary.engine.config().spec}))};
+  EXPECT_TRUE(p.backup.behind(h));
+  const RefuseInfo r = decode_refuse(p.backup.refusal(h)[1].bytes());
+  EXPECT_TRUE(r.retry);
+  EXPECT_TRUE(r.elsewhere);
+  EXPECT_NE(r.reason.find("went on without it"), std::string::npos) << r.reason;
+  // Once it has taken over, such a worker is refused for good: the job's state is split.
+  (void)p.backup.promote();
+  EXPECT_FALSE(decode_refuse(p.backup.refusal(h)[1].bytes()).retry);
+}
+
+TEST(Replication, ABackupThatFoundItselfBehindHoldsNoStateUntilTheNextSync) {
+  auto s = started();
+  Pair& p = s->pair;
+  const Frames again = p.backup.unsync();
+  EXPECT_FALSE(p.backup.synced());
+  EXPECT_EQ(decode_envelope(again[0].bytes(), again.size() - 1).type, Type::Follow);
+  EXPECT_THROW((void)p.backup.promote(), Error) << "nothing to take over with";
+  // Its Follow brings the whole state again (within an interval of the last Sync).
+  p.primary.deliver(Pair::kLink, again);
+  p.primary.tick(p.cfg.heartbeat);
+  p.pump();
+  EXPECT_TRUE(p.backup.synced());
+  p.expect_same();
 }
 
 TEST(Replication, ACorruptCommitChangesNothingOnTheBackup) {

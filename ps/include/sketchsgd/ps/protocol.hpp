@@ -36,8 +36,12 @@ inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // Welcome, the primary-backup messages Follow, Sync, Commit, Ack, Deposed; the server's optimizer
 // in Welcome, its state and step count in Model); 8: asynchronous jobs (the mode in Welcome, a
 // worker's weight in Hello; an Update names its version, the push's age, its pusher and that
-// worker's push number); 9: int8 payloads take a scale per 64 rows of a column (kI8Rows), not 256
-inline constexpr uint16_t kProtocolVersion = 10;
+// worker's push number); 9: int8 payloads take a scale per 64 rows of a column (kI8Rows), not 256;
+// 10: deposition by the backup's token (ReplicaInfo's token, DeposedInfo), RefuseInfo's
+// elsewhere; 11: a Commit carries the whole UpdateInfo (an asynchronous push's pusher and push
+// number, without which a backup that took over re-applied pushes or refused rank 0's next), a
+// Sync the last outcome, the push numbers and the ranks that left (ReplicaInfo), Left
+inline constexpr uint16_t kProtocolVersion = 11;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -70,8 +74,9 @@ enum class Type : uint8_t {
   Commit = 17,   ///< primary → backup: CommitInfo, then round `round`'s update (or abort text)
   Ack = 18,      ///< backup → primary: holds the state as of `round` (the next round to run)
   Deposed = 19,  ///< backup → primary: took over (DeposedInfo); the primary must stop
+  Left = 20,     ///< primary → backup: worker `rank` said Bye (it will not come to take over)
 };
-inline constexpr uint8_t kMaxType = 19;
+inline constexpr uint8_t kMaxType = 20;
 
 std::string_view to_string(Type t);
 
@@ -179,10 +184,18 @@ UpdateInfo decode_update_info(std::span<const uint8_t> frame);
 /// A Sync's first frame: the primary's epoch and its replication token (the state follows as a
 /// checkpoint's bytes). The token is the evidence of a takeover: only a server that was sent this
 /// primary's state knows it, so only its own backup can depose it (Deposed), never a peer that
-/// merely reaches the port.
+/// merely reaches the port. What a backup needs beyond the checkpoint to serve as the primary
+/// would comes with it: the last round's outcome as the workers got it (frames: envelope, then
+/// payload; a worker that missed it gets it, codec state and all, rather than the model), and
+/// in asynchronous jobs each rank's next push number (kUnknownPush where the primary has none),
+/// so that a push sent again is answered, not applied twice.
+inline constexpr uint64_t kUnknownPush = ~uint64_t(0);
 struct ReplicaInfo {
   uint64_t epoch = 0;
   uint64_t token = 0;
+  std::vector<Bytes> outcome;
+  std::vector<uint64_t> pushes;
+  std::vector<uint32_t> left;  ///< ranks that said Bye (as Left tells them one by one)
 };
 Bytes encode(const ReplicaInfo& r);
 ReplicaInfo decode_replica_info(std::span<const uint8_t> frame);

@@ -160,6 +160,14 @@ class Engine {
   void observe(std::function<void(uint64_t round, const Frames& outcome)> ended) {
     ended_ = std::move(ended);
   }
+  /// Asynchronous jobs: each rank's next push number (kUnknownPush where none is known); empty
+  /// in round jobs. With last_outcome() what a backup needs beyond checkpoint() (ReplicaInfo).
+  std::vector<uint64_t> next_pushes() const;
+  /// After restore(): the last round's outcome (as last_outcome() held it on the primary) and
+  /// the push numbers, so that a worker that missed the outcome gets it and a push sent again
+  /// is answered, not applied twice. Throws WireError (changing nothing) for an outcome that is
+  /// not round() − 1's Update or Abort, or push numbers of another world.
+  void resume(const std::vector<Bytes>& outcome, const std::vector<uint64_t>& pushes);
   /// One more each time a backup takes over. A worker of a later epoch is refused and sent on
   /// (RefuseInfo::elsewhere); what deposes a server is its backup's word (Primary).
   uint64_t epoch() const { return epoch_; }
@@ -176,6 +184,22 @@ class Engine {
   /// Requests answered with Finished (the job had ended).
   uint64_t late_requests() const { return late_; }
   uint32_t live_workers() const;
+  /// Ranks that said Bye and have not registered since (a job of fixed workers).
+  std::vector<uint32_t> departed() const {
+    std::vector<uint32_t> v;
+    if (!federated())
+      for (uint32_t r = 0; r < cfg_.world; ++r)
+        if (roster_[r].left) v.push_back(r);
+    return v;
+  }
+  /// The rank holds a registration (live or not).
+  bool registered(uint32_t rank) const { return rank < cfg_.world && roster_[rank].registered; }
+  /// Asynchronous jobs: the push number this server expects next of rank, where it knows it
+  /// (from a push it applied or followed); nothing before then, or in round jobs.
+  std::optional<uint64_t> next_push(uint32_t rank) const {
+    if (!cfg_.async || rank >= cfg_.world || !roster_[rank].numbered) return std::nullopt;
+    return roster_[rank].next_push;
+  }
   /// The peer holds a registration (a rank, or a federated client's slot of the next round).
   bool knows(const PeerId& peer) const {
     return roster_.rank_of(peer).has_value() || roster_.waiting_slot(peer).has_value();
@@ -190,7 +214,7 @@ class Engine {
   void on_hello(const PeerId& peer, const Envelope& e, const Frames& f, Clock::time_point now,
                 std::vector<Outgoing>& out, std::string_view user);
   void refuse_other_version(const PeerId& peer, const Frames& frames, std::vector<Outgoing>& out);
-  void on_init(uint32_t rank, const Frames& f, std::vector<Outgoing>& out);
+  void on_init(uint32_t rank, uint64_t round, const Frames& f, std::vector<Outgoing>& out);
   void on_pull(uint32_t rank, std::vector<Outgoing>& out);
   void on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
                std::vector<Outgoing>& out);

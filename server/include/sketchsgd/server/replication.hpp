@@ -6,6 +6,7 @@
 //          ◄─ Sync: the whole state ────────             (answered by Ack)
 //          ◄─ Commit: round r's outcome ────             before any worker sees it
 //          ── Ack(r + 1) ───────────────────►            then the Update goes to the workers
+//          ◄─ Left: rank w said goodbye ─────
 //
 // The primary holds a round's outgoing messages until its backup has acknowledged the round, so
 // every update a worker has seen is on both servers: when workers find the primary silent they
@@ -25,6 +26,7 @@
 #include <deque>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,8 @@ class Primary {
   void replicate(uint64_t round_before, bool model_before, std::vector<Outgoing>& staged,
                  Clock::time_point now, std::vector<Outgoing>& out);
   void sync(Clock::time_point now, std::vector<Outgoing>& out);
+  /// A Sync's first frame: epoch, token, the last outcome and the push numbers.
+  ReplicaInfo replica_info() const;
   /// The whole state again (a backup followed, or asked again), the held round's deadline kept.
   void resync(Clock::time_point now, std::vector<Outgoing>& out);
   /// The held messages go out, then the messages deferred meanwhile are handled.
@@ -122,10 +126,37 @@ class Backup {
   /// then can it take over.
   bool synced() const { return synced_; }
   bool promoted() const { return promoted_; }
-  /// Whether a message to this server is a worker's Hello that this job would accept (its id,
-  /// world, rank range, dim, shard and codec): only such a Hello means the workers found the
-  /// primary gone, not a stray or misconfigured process.
-  bool taken_over_by(const Frames& frames) const;
+  /// What a message on this backup's own port means while it follows.
+  enum class Verdict : uint8_t {
+    Ignore,    ///< stay silent: not a Hello this job would accept, no state yet, the primary still
+               ///< heard from, or more workers to come
+    Behind,    ///< the worker has applied rounds this backup never had (its primary lost it and
+               ///< went on alone): answer refusal(), follow again (unsync())
+    TakeOver,  ///< every worker has come while the primary was silent: promote()
+  };
+  /// A worker's Hello means the workers found the primary gone only if this job would accept it
+  /// (its id, world, rank range, dim, shard and codec), it comes while the primary has been
+  /// silent to this backup too for dead_after heartbeats, and the worker holds no round this
+  /// backup lacks; the backup takes over once every rank has so come (a worker not heard from
+  /// might hold a round the primary released after it lost this backup), those that left
+  /// counted (the primary says so, Left: what they were answered, this backup holds), or the
+  /// first once the job's last round is done here.
+  Verdict consider(const Frames& frames, Clock::time_point now);
+  /// Anything came from the primary: workers that come now do not mean it is gone.
+  void heard(Clock::time_point now);
+  /// A Hello of a worker that has applied rounds this backup never had (an asynchronous
+  /// worker's: more of its pushes answered than this backup applied).
+  bool behind(const Frames& hello) const;
+  /// Having found itself behind: it no longer counts as holding the primary's state. Returns the
+  /// Follow that asks the primary, should it be alive, for all of it again.
+  Frames unsync();
+  /// The answer to a worker that is ahead: try again at the next replica (the primary, if it
+  /// lives); or, once this backup has taken over (the job's state is split), for good.
+  Frames refusal(const Frames& hello) const;
+  /// The ranks the primary said left.
+  const std::set<uint32_t>& left() const { return left_; }
+  /// Every rank has registered with this server or said goodbye to the primary.
+  bool everyone_here() const;
   /// Takes over from the primary: the epoch goes one up. Returns the Deposed notice for the
   /// primary (should it only be paused or cut off, it stops when it reads it); its later
   /// messages are answered so too.
@@ -144,6 +175,9 @@ class Backup {
   bool promoted_ = false;
   bool primary_done_ = false;
   uint64_t token_ = 0;  // the primary's, from its Sync: the evidence a Deposed notice carries
+  Clock::time_point heard_{};  // the primary's last message
+  std::set<uint32_t> came_;    // ranks whose Hellos came since the primary fell silent
+  std::set<uint32_t> left_;    // ranks that said goodbye (Left, or the Sync)
 };
 
 }  // namespace sketchsgd::ps

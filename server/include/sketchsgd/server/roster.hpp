@@ -28,6 +28,7 @@ class Roster {
     /// Checked in ahead with the model of the round before its own: that round's outcome brings
     /// it up to date.
     bool behind = false;
+    bool left = false;  ///< said Bye (until it registers again)
     // Asynchronous jobs: the push number expected next (known from its first Hello, kept across
     // registrations), the version it last fetched, its updates applied since, and the reply to
     // its last push (sent again when that push comes again).

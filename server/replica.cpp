@@ -1,0 +1,94 @@
+#include <sketchsgd/server/replica.hpp>
+
+namespace sketchsgd::ps {
+
+namespace {
+bool is_push(const Frames& frames) {
+  try {
+    return decode_envelope(frames.at(0).bytes(), frames.size() - 1).type == Type::Push;
+  } catch (const Error&) {
+    return false;
+  }
+}
+}  // namespace
+
+Replica::Replica(Engine& engine, ReplicaOptions opts, Log log)
+    : engine_(engine), opts_(opts), log_(std::move(log)), primary_(engine, log_) {
+  if (opts_.backup) backup_ = std::make_unique<Backup>(engine, log_);
+}
+
+void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
+                     std::vector<Outgoing>& out, std::vector<Frames>& up, std::string_view user) {
+  if (following()) {
+    switch (backup_->consider(frames, now)) {
+      case Backup::Verdict::Ignore:
+        // Stay silent, so that the workers go on looking for the primary.
+        if (ignored_++ % 100 == 0)
+          log_("a backup not serving yet: ignored " + std::to_string(ignored_) +
+               " worker messages");
+        return;
+      case Backup::Verdict::Behind:
+        log_(
+            "a worker holds rounds this backup never had (its primary went on without it): "
+            "not taking over; asking the primary for its state again");
+        up.push_back(backup_->unsync());
+        out.push_back(Outgoing{peer, backup_->refusal(frames)});
+        return;
+      case Backup::Verdict::TakeOver:
+        up.push_back(backup_->promote());
+        gathering_ = engine_.config().async;
+        break;
+    }
+  } else if (backup_ && backup_->behind(frames)) {
+    // Taken over, and a worker comes holding rounds its primary released after losing this
+    // backup: those updates are nowhere here. Said loudly, not undone silently.
+    log_("a worker holds rounds this server never had: the job's state is split");
+    out.push_back(Outgoing{peer, backup_->refusal(frames)});
+    return;
+  }
+  if (gathering_ && is_push(frames)) {
+    // Bounded: a worker has few pushes out, and one sent again replaces nothing here.
+    if (waiting_.size() >= 8 * size_t(engine_.config().world)) waiting_.pop_front();
+    waiting_.emplace_back(peer, frames);
+    return;
+  }
+  primary_.handle(peer, frames, now, out, user);
+  if (gathering_ && backup_->everyone_here()) {
+    gathering_ = false;
+    log_("every worker has registered since the takeover: applying their pushes");
+    auto held = std::exchange(waiting_, {});
+    for (auto& [p, f] : held) primary_.handle(p, f, now, out);
+  }
+}
+
+void Replica::upstream(const Frames& frames, Clock::time_point now, std::vector<Frames>& up) {
+  if (!backup_) return;
+  backup_->heard(now);
+  backup_->handle(frames, up);
+}
+
+Frames Replica::reconnected() const {
+  return backup_ ? backup_->reconnected() : Frames{};
+}
+
+Frames Replica::follow() const {
+  return backup_ ? backup_->follow() : Frames{};
+}
+
+void Replica::tick(Clock::time_point now, std::vector<Outgoing>& out) {
+  primary_.tick(now, out);
+}
+
+bool Replica::done(Clock::time_point now) {
+  if (!engine_.finished()) return false;
+  if (!finished_at_) finished_at_ = now;
+  const auto since = now - *finished_at_;
+  // A backup still following waits for its primary's goodbye: should the primary die before its
+  // workers hold the last update, they come here for it. A serving server waits for its workers'
+  // (each says Bye once it holds the last update, which on a slow link takes seconds to arrive
+  // and is lost if the socket closes first).
+  const bool idle = following() ? backup_->primary_done() : engine_.live_workers() == 0;
+  return since >= opts_.finish_grace && (idle || since >= opts_.finish_wait);
+}
+
+}  // namespace sketchsgd::ps
