@@ -17,8 +17,20 @@ Replica::Replica(Engine& engine, ReplicaOptions opts, Log log)
   if (opts_.backup) backup_ = std::make_unique<Backup>(engine, log_);
 }
 
+void Replica::woke(Clock::time_point now) {
+  const JobConfig& cfg = engine_.config();
+  if (backup_ && ran_ && now - *ran_ > cfg.heartbeat * cfg.dead_after && following()) {
+    log_("this server did not run for " +
+         std::to_string(std::chrono::duration_cast<Millis>(now - *ran_).count()) +
+         " ms: counting the workers that come from now on");
+    backup_->heard(now);
+  }
+  ran_ = now;
+}
+
 void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point now,
                      std::vector<Outgoing>& out, std::vector<Frames>& up, std::string_view user) {
+  woke(now);
   if (following()) {
     switch (backup_->consider(frames, now)) {
       case Backup::Verdict::Ignore:
@@ -62,6 +74,7 @@ void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point
 }
 
 void Replica::upstream(const Frames& frames, Clock::time_point now, std::vector<Frames>& up) {
+  woke(now);
   if (!backup_) return;
   backup_->heard(now);
   backup_->handle(frames, up);
@@ -76,6 +89,7 @@ Frames Replica::follow() const {
 }
 
 void Replica::tick(Clock::time_point now, std::vector<Outgoing>& out) {
+  woke(now);
   primary_.tick(now, out);
 }
 

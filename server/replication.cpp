@@ -462,11 +462,9 @@ bool Backup::behind(const Frames& hello) const {
     const Envelope e = decode_envelope(hello.at(0).bytes(), hello.size() - 1);
     if (e.type != Type::Hello) return false;
     // An asynchronous worker's Hello names its pushes answered: more than this server applied
-    // of it means some were applied where this backup never saw them.
-    if (engine_.config().async) {
-      const auto n = engine_.next_push(e.rank);
-      return n && e.round > *n;
-    }
+    // of it means some were applied where this backup never saw them (none known: a rank that
+    // registered after the last Sync and had no push committed here since).
+    if (engine_.config().async) return e.round > engine_.next_push(e.rank).value_or(0);
     return e.round > engine_.round();
   } catch (const Error&) {
     return false;

@@ -1,4 +1,5 @@
 #include "sim/sim.hpp"
+#include "sim/network.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -54,7 +55,6 @@ Kind parse_kind(const std::string& s) {
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 uint64_t fnv(std::span<const uint8_t> b, uint64_t h = 1469598103934665603ull) {
   for (uint8_t x : b) h = (h ^ x) * 1099511628211ull;
@@ -126,15 +126,10 @@ class World {
     for (size_t i = 0; i < servers_.size(); ++i) start_server(int(i), false);
     for (size_t w = 0; w < workers_.size(); ++w)
       at(now_ + std::chrono::milliseconds(rng_() % 50), [this, w] { start_worker(int(w)); });
-    const auto limit = now_ + std::chrono::minutes(10);
+    const auto limit = start_ + std::chrono::minutes(10);
     try {
-      while (!queue_.empty() && !all_done()) {
-        Event e = queue_.top();
-        queue_.pop();
-        if (e.t > limit) break;
-        now_ = std::max(now_, e.t);
-        fns_[e.fn]();
-        fns_.erase(e.fn);
+      while (!all_done() && clock_.step(limit)) {
+        now_ = clock_.now();
         ++events_;
         check();
       }
@@ -164,18 +159,7 @@ class World {
   void expect(std::vector<float> ref) { reference_ = std::move(ref); }
 
  private:
-  // ---- the event queue: time, then the order of scheduling
-  struct Event {
-    Clock::time_point t;
-    uint64_t seq;
-    uint64_t fn;
-    bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
-  };
-  void at(Clock::time_point t, std::function<void()> f) {
-    const uint64_t id = seq_++;
-    fns_.emplace(id, std::move(f));
-    queue_.push(Event{t, id, id});
-  }
+  void at(Clock::time_point t, std::function<void()> f) { clock_.at(t, std::move(f)); }
 
   void note(const std::string& s) {
     if (keep_) trace_.push_back(std::to_string(int64_t(ms(now_ - start_))) + " ms: " + s);
@@ -206,8 +190,7 @@ class World {
     bool answered = false;
     std::optional<Bytes> disk;     // the checkpoint file
     std::optional<Bytes> writing;  // a snapshot on its way to the disk
-    bool crashed_once = false;
-    uint64_t max_epoch = 0;  // the highest it reached
+    uint64_t max_epoch = 0;        // the highest it reached
   };
 
   struct Part {
@@ -242,26 +225,19 @@ class World {
     }
   };
 
-  struct Pipe {
-    std::deque<std::pair<Clock::time_point, Frames>> q;
-  };
+  /// What a connection is to the job (the network knows only its two nodes).
   struct Conn {
-    int id = 0;
     bool from_server = false;  // a backup's link to its primary
     int client = 0;            // worker or server index
     int part = 0;              // the worker's shard
     int server = 0;
     uint32_t incarnation = 0;  // of the server when it last heard this connection
     uint32_t gen = 0;          // the server-side identity (new after a server restart)
-    bool closed = false;
-    Pipe up, down;
+    int id = 0;
     PeerId peer() const { return "c" + std::to_string(id) + "." + std::to_string(gen); }
   };
 
   int node_of_worker(int w) const { return int(servers_.size()) + w; }
-  int client_node(const Conn& c) const {
-    return c.from_server ? c.client : node_of_worker(c.client);
-  }
 
   void add_server(uint32_t shard, bool backup) {
     auto s = std::make_unique<Server>();
@@ -306,77 +282,19 @@ class World {
 
   // ---- connections
   int open(bool from_server, int client, int part, int server) {
-    auto c = std::make_unique<Conn>();
-    c->id = int(conns_.size());
-    c->from_server = from_server;
-    c->client = client;
-    c->part = part;
-    c->server = server;
-    c->incarnation = servers_[server]->incarnation;
-    conns_.push_back(std::move(c));
-    return int(conns_.size()) - 1;
+    Conn c;
+    c.from_server = from_server;
+    c.client = client;
+    c.part = part;
+    c.server = server;
+    c.incarnation = servers_[server]->incarnation;
+    c.id = net_.open(from_server ? client : node_of_worker(client), server);
+    conns_.push_back(c);
+    return c.id;
   }
-  /// Closed by its client (a new socket replaces it): what it held toward the server may still
-  /// arrive, or not; nothing more reaches the client.
-  void close(int id) {
-    Conn& c = *conns_[id];
-    if (c.closed) return;
-    c.closed = true;
-    c.down.q.clear();
-    if (rng_() % 2) c.up.q.clear();
-  }
-
-  Clock::time_point latency() { return now_ + std::chrono::microseconds(200 + rng_() % 4800); }
-  /// A message on a connection (up: toward the server).
-  void send(int id, bool up, Frames f) {
-    Conn& c = *conns_[id];
-    if (c.closed) return;
-    Pipe& p = up ? c.up : c.down;
-    auto t = latency();
-    if (!p.q.empty()) t = std::max(t, p.q.back().first);
-    const bool twice =
-        sc_.duplicates > 0 && std::uniform_real_distribution<>(0, 1)(rng_) < sc_.duplicates;
-    if (twice) p.q.emplace_back(t, f);
-    p.q.emplace_back(t, std::move(f));
-    at(t, [this, id, up] { drain(id, up); });
-  }
-  bool partitioned(int a, int b) const {
-    for (const auto& [from, until, set] : partitions_)
-      if (now_ >= from && now_ < until && set.count(a) != set.count(b)) return true;
-    return false;
-  }
-  std::optional<Clock::time_point> heal_time(int a, int b) const {
-    std::optional<Clock::time_point> t;
-    for (const auto& [from, until, set] : partitions_)
-      if (now_ >= from && now_ < until && set.count(a) != set.count(b))
-        t = std::max(t.value_or(until), until);
-    return t;
-  }
-  Clock::time_point paused_until(int node) const {
-    const auto it = paused_.find(node);
-    return it == paused_.end() ? Clock::time_point{} : it->second;
-  }
-  void drain(int id, bool up) {
-    Conn& c = *conns_[id];
-    Pipe& p = up ? c.up : c.down;
-    const int from = up ? client_node(c) : c.server, to = up ? c.server : client_node(c);
-    while (!p.q.empty() && p.q.front().first <= now_) {
-      if (const auto heal = heal_time(from, to)) {  // TCP retransmits once it heals
-        at(*heal, [this, id, up] { drain(id, up); });
-        return;
-      }
-      if (const auto t = paused_until(to); t > now_) {  // read once it runs again
-        at(t, [this, id, up] { drain(id, up); });
-        return;
-      }
-      Frames f = std::move(p.q.front().second);
-      p.q.pop_front();
-      if (up)
-        to_server(id, f);
-      else
-        to_client(id, f);
-    }
-  }
+  void close(int id) { net_.close(id); }
+  void send(int id, bool up, Frames f) { net_.send(id, up, std::move(f)); }
+  Clock::time_point paused_until(int node) const { return net_.paused_until(node); }
 
   // ---- servers
   void start_server(int i, bool restart) {
@@ -445,8 +363,7 @@ class World {
     if (clear_error) server_errors_ = true;
     note(s.name + " stopped: " + why);
     // What it sent still goes out (the socket's linger); nothing more is read.
-    for (auto& c : conns_)
-      if (c->server == i) c->up.q.clear();
+    net_.drop(i, false);
   }
 
   void crash(int i) {
@@ -454,7 +371,6 @@ class World {
     if (s.state != SState::Up) return;
     fault("kill -9 " + s.name + " at round " + std::to_string(s.engine->round()));
     s.state = SState::Down;
-    s.crashed_once = true;
     if (s.writing && rng_() % 4 == 0) {
       // Torn: what a disk without an atomic rename could leave.
       Bytes torn(s.writing->begin(), s.writing->begin() + long(rng_() % s.writing->size()));
@@ -462,8 +378,7 @@ class World {
       fault(s.name + "'s checkpoint write torn");
     }
     s.writing.reset();
-    for (auto& c : conns_)
-      if (c->server == i) c->up.q.clear(), c->down.q.clear();
+    net_.drop(i, true);
     if (s.up >= 0) close(s.up);
     s.replica.reset();
     s.engine.reset();
@@ -488,7 +403,7 @@ class World {
   }
 
   void to_server(int id, const Frames& f) {
-    Conn& c = *conns_[id];
+    Conn& c = conns_[id];
     Server& s = *servers_[c.server];
     if (s.state != SState::Up) return;
     if (c.incarnation != s.incarnation) {  // ZeroMQ connects again: a new identity
@@ -548,7 +463,7 @@ class World {
   }
 
   void from_primary(int id, const Frames& f) {
-    Conn& c = *conns_[id];
+    Conn& c = conns_[id];
     Server& s = *servers_[c.client];
     if (s.state != SState::Up || s.up != id) return;
     s.alive.heard(now_);
@@ -624,7 +539,7 @@ class World {
   }
 
   void to_client(int id, const Frames& f) {
-    Conn& c = *conns_[id];
+    Conn& c = conns_[id];
     if (c.from_server) return from_primary(id, f);
     Worker& x = *workers_[c.client];
     Part& pt = x.parts[c.part];
@@ -786,7 +701,7 @@ class World {
             std::string who;
             for (int n : side) who += " " + node_name(n);
             fault("partition {" + who + " } for " + std::to_string(d.count()) + " ms");
-            partitions_.push_back({now_, now_ + d, side});
+            net_.partition(side, d);
           });
           break;
         }
@@ -794,7 +709,7 @@ class World {
           const int n = int((pick >> 8) % nodes);
           at(t, [this, n, d] {
             fault("SIGSTOP " + node_name(n) + " for " + std::to_string(d.count()) + " ms");
-            paused_[n] = std::max(paused_until(n), now_ + d);
+            net_.pause(n, now_ + d);
           });
           break;
         }
@@ -839,7 +754,7 @@ class World {
     if (sc_.sabotage == Scenario::Sabotage::None || sabotaged_) return;
     Part& p = workers_[0]->parts[0];
     if (sc_.sabotage == Scenario::Sabotage::Stall && p.session->next_push() >= 2) {
-      paused_[node_of_worker(0)] = now_ + std::chrono::hours(24);
+      net_.pause(node_of_worker(0), now_ + std::chrono::hours(24));
       sabotaged_ = true;
     }
   }
@@ -900,9 +815,15 @@ class World {
                        std::any_of(servers_.begin(), servers_.end(), [](const auto& s) {
                          return s->exit == "finished" && s->engine && s->engine->finished();
                        });
+    // And a split said so: a backup took over on Hellos that had waited (in a partition, in a
+    // paused server) while their workers went back to a primary going on alone; the rounds it
+    // released are refused loudly, not undone.
+    const bool split = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
+      return w->exit.find("the job's state is split") != std::string::npos;
+    });
     for (size_t w = 0; w < workers_.size(); ++w) {
       const Worker& x = *workers_[w];
-      if (x.state == WState::Failed && !(server_errors_ || !no_server.empty() || ended))
+      if (x.state == WState::Failed && !(server_errors_ || !no_server.empty() || ended || split))
         throw Violation("worker " + std::to_string(w) + " failed: " + x.exit);
     }
     cause_ = server_errors_       ? "a server refused to start: " + refusal_
@@ -1011,15 +932,13 @@ class World {
   std::vector<JobConfig> cfgs_;
   std::vector<std::unique_ptr<Server>> servers_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::vector<std::unique_ptr<Conn>> conns_;
-  std::vector<std::tuple<Clock::time_point, Clock::time_point, std::set<int>>> partitions_;
-  std::map<int, Clock::time_point> paused_;
+  std::vector<Conn> conns_;  // by the network's numbers
 
-  Clock::time_point start_ = Clock::time_point{} + std::chrono::hours(1);
+  Clockwork clock_;
+  Network net_{clock_, rng_, sc_.duplicates,
+               [this](int id, bool up, Frames f) { up ? to_server(id, f) : to_client(id, f); }};
+  Clock::time_point start_ = clock_.now();
   Clock::time_point now_ = start_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
-  std::map<uint64_t, std::function<void()>> fns_;
-  uint64_t seq_ = 0;
   uint64_t events_ = 0;
   uint32_t faults_ = 0;
   std::vector<std::string> trace_;

@@ -73,6 +73,11 @@ const Found kFound[] = {
      "a Sync carried no push numbers: a stale backup took over unseen"},
     {Kind::Async, "sketch:k=20,cols=200,fetch=1", 1105,
      "a promoted backup served one worker while the old primary served the others"},
+    {Kind::Async, "sketch:k=20,cols=200,fetch=1", 121227,
+     "a backup paused while its primary went on alone counted a Hello that had waited out the "
+     "pause"},
+    {Kind::Async, "sketch:k=20,cols=200,fetch=1", 250858,
+     "a rank the backup had no push number of counted as not behind"},
     {Kind::Stale, "topk:k=30", 3, "a push of a round ahead counted as a worker ahead"},
     {Kind::Restart, "dense", 77, "a server restarted without a checkpoint ran from round 0 again"},
 };

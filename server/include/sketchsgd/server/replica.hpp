@@ -67,6 +67,11 @@ class Replica {
   const Backup* backup() const { return backup_.get(); }
 
  private:
+  /// A server that did not run for dead_after heartbeats (stopped, swapped out) discounts the
+  /// workers it had counted: what it reads now may have waited that long (a Hello of a worker
+  /// that has since gone back to its primary and applied rounds there).
+  void woke(Clock::time_point now);
+
   Engine& engine_;
   ReplicaOptions opts_;
   Log log_;
@@ -74,6 +79,7 @@ class Replica {
   std::unique_ptr<Backup> backup_;
   uint64_t ignored_ = 0;    // messages a following backup did not answer
   bool gathering_ = false;  // taken over (asynchronous job): pushes wait for every worker
+  std::optional<Clock::time_point> ran_;           // when this server last ran (a handle or a tick)
   std::deque<std::pair<PeerId, Frames>> waiting_;  // those pushes, in order
   std::optional<Clock::time_point> finished_at_;
 };
