@@ -25,6 +25,7 @@ void Replica::woke(Clock::time_point now) {
          " ms: counting the workers that come from now on");
     backup_->heard(now);
   }
+  if (!ran_) heard_ = now;
   ran_ = now;
 }
 
@@ -32,6 +33,7 @@ void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point
                      std::vector<Outgoing>& out, std::vector<Frames>& up, std::string_view user) {
   woke(now);
   if (following()) {
+    heard_ = now;
     switch (backup_->consider(frames, now)) {
       case Backup::Verdict::Ignore:
         // Stay silent, so that the workers go on looking for the primary.
@@ -76,6 +78,7 @@ void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point
 void Replica::upstream(const Frames& frames, Clock::time_point now, std::vector<Frames>& up) {
   woke(now);
   if (!backup_) return;
+  heard_ = now;
   backup_->heard(now);
   backup_->handle(frames, up);
 }
@@ -94,7 +97,14 @@ void Replica::tick(Clock::time_point now, std::vector<Outgoing>& out) {
 }
 
 bool Replica::done(Clock::time_point now) {
+  if (following() && !engine_.finished() && now - heard_ >= 10 * opts_.finish_wait) {
+    why_ = "neither the primary nor a worker said anything for " +
+           std::to_string(std::chrono::duration_cast<Millis>(now - heard_).count()) +
+           " ms: the job went on or ended without this backup";
+    return true;
+  }
   if (!engine_.finished()) return false;
+  why_ = "the job is done";
   if (!finished_at_) finished_at_ = now;
   const auto since = now - *finished_at_;
   // A backup still following waits for its primary's goodbye: should the primary die before its

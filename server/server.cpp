@@ -356,7 +356,10 @@ uint64_t Server::run() {
       else if (!opts_.quiet)
         s.log(line);
     }
-    if (replica.done(now)) break;
+    if (replica.done(now)) {
+      s.log("stopping: " + replica.why());
+      break;
+    }
   }
   stop_ = true;
   if (!deposed_.empty()) {

@@ -455,7 +455,7 @@ class World {
     if (s.replica->done(now_)) {
       s.replica->bye(out);
       route(i, out);
-      stop(i, "finished", false);
+      stop(i, s.engine->finished() ? "finished" : "stopped: " + s.replica->why(), false);
       return;
     }
     if (const auto d = s.replica->deadline(); d && *d > now_) next = std::min(next, *d);
@@ -737,16 +737,23 @@ class World {
   }
 
   // ---- invariants
-  /// Every worker is done or failed, and every server has stopped, or a minute later is still
-  /// waiting with its reason logged (a primary cut off while its backup finished the job, that
-  /// backup then killed, waits for its workers: nobody is left to tell it).
+  /// Every worker is done or failed, and every server has stopped, or six minutes later is
+  /// still serving with its reason logged (a primary cut off while its backup finished the job,
+  /// that backup then killed, waits for its workers: nobody is left to tell it), and its backup
+  /// with it. A backup still following a primary that is gone stops by itself (Replica::done).
   bool all_done() {
     for (const auto& w : workers_)
       if (w->state != WState::Done && w->state != WState::Failed) return false;
     if (!workers_done_at_) workers_done_at_ = now_;
-    if (now_ - *workers_done_at_ > std::chrono::minutes(1)) return true;
+    const bool late = now_ - *workers_done_at_ > std::chrono::minutes(6);
     for (const auto& s : servers_)
-      if (s->state == SState::Up) return false;
+      if (s->state == SState::Up) {
+        if (late && s->replica->following() && servers_[s->primary]->state != SState::Up)
+          throw Violation(s->name +
+                          " still follows a gone primary six minutes after the workers "
+                          "ended");
+        if (!late) return false;
+      }
     return true;
   }
 

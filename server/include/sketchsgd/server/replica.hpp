@@ -51,8 +51,11 @@ class Replica {
   /// The first thing a backup says to its primary.
   Frames follow() const;
   void tick(Clock::time_point now, std::vector<Outgoing>& out);
-  /// The job is over here (see the top of this file): the server may stop.
+  /// The job is over here (see the top of this file), or this is a backup whose primary and
+  /// workers have all been silent for ten times finish_wait (the job ended without it, or they are
+  /// gone): the server may stop. why() says which.
   bool done(Clock::time_point now);
+  const std::string& why() const { return why_; }
   /// Tells a backup following this server that the job is over.
   void bye(std::vector<Outgoing>& out) const { primary_.bye(out); }
 
@@ -79,7 +82,9 @@ class Replica {
   std::unique_ptr<Backup> backup_;
   uint64_t ignored_ = 0;    // messages a following backup did not answer
   bool gathering_ = false;  // taken over (asynchronous job): pushes wait for every worker
-  std::optional<Clock::time_point> ran_;           // when this server last ran (a handle or a tick)
+  std::optional<Clock::time_point> ran_;  // when this server last ran (a handle or a tick)
+  Clock::time_point heard_{};  // a following backup: its primary's or a worker's last word
+  std::string why_;            // what done() found
   std::deque<std::pair<PeerId, Frames>> waiting_;  // those pushes, in order
   std::optional<Clock::time_point> finished_at_;
 };
