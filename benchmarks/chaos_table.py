@@ -11,8 +11,6 @@ the next round.
 """
 import argparse
 import collections
-import datetime
-import json
 import os
 import re
 import statistics
@@ -24,36 +22,42 @@ DATA = os.path.join(ROOT, "docs/data/chaos-soak.jsonl")
 MACHINE = "the 2-core dev machine (AMD EPYC Zen 4 under KVM, 2 threads)"
 
 
-def day(s):
-    try:
-        return datetime.date.fromisoformat(s).isoformat()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a date YYYY-MM-DD, not {s!r}")
+
+def settle(job):
+    """The fields of a record from before chaos.py told a worker that outlived the job's bound
+    from a server left waiting: a process killed at the end (-9) that no fault killed."""
+    if "servers_left" in job:
+        return job
+    killed = {f["who"] for f in job["faults"] if f["kind"] == "kill"}
+    job["servers_left"] = [s for s in ("primary", "backup")
+                           if job["exit"].get(s) == -9 and s not in killed]
+    job["hung"] = any(code == -9 for who, code in job["exit"].items() if who.startswith("w"))
+    job["problems"] = [p for p in job["problems"] if "outlived" not in p or job["hung"]]
+    return job
 
 
 def why(job):
-    """What ended a job early, in a few words."""
-    kinds = [f["kind"] + " " + f["who"] for f in job["faults"]]
+    """What ended a job early: how its workers ended, and what became of each server."""
     errors = " ".join(job["worker_errors"].values())
-    if re.search(r"no answer from", errors):
-        if job["exit"].get("primary") == 4 and any(k == "kill backup" for k in kinds):
-            return "primary deposed, then its backup killed"
-        return "no server could serve (workers timed out)"
-    return errors[:60] or "unknown"
+    killed = {f["who"] for f in job["faults"] if f["kind"] == "kill"}
+
+    def fate(s):
+        if s in killed:
+            return "killed"
+        if s in job["servers_left"]:
+            return "left waiting"
+        return {0: "finished", 4: "deposed"}.get(job["exit"].get(s), f"exit {job['exit'].get(s)}")
+
+    if "no answer from" in errors:
+        return f"workers timed out: primary {fate('primary')}, backup {fate('backup')}"
+    return errors[:80] or "unknown"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--date", type=day, default=datetime.date.today().isoformat(),
-                    help="the soak's date (default: today)")
+    doc_tables.date_flag(ap)
     date = ap.parse_args(argv).date
-    try:
-        with open(DATA) as f:
-            jobs = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as e:
-        ap.error(f"cannot read {DATA}: {e}")
-    if not jobs:
-        ap.error(f"{DATA} holds no jobs")
+    jobs = [settle(j) for j in doc_tables.read_jsonl(ap, DATA, "jobs")]
     by = collections.OrderedDict()
     for j in jobs:
         by.setdefault(j["codec"], []).append(j)
@@ -68,6 +72,7 @@ def main(argv=None):
                      sum(j["finished"] for j in js), sum(j["whole"] and j["finished"] for j in js),
                      sum(j["lost_or_twice"] for j in js), sum(j["duplicate_rounds"] for j in js),
                      "; ".join(f"{w} ({n})" for w, n in early.most_common(2)) or "none",
+                     sum(bool(j["servers_left"]) for j in js),
                      f"{statistics.median(rec):.2f} / {max(rec):.2f}" if rec else "",
                      sum(bool(j["problems"]) for j in js)])
 
@@ -76,16 +81,18 @@ def main(argv=None):
     row("all", jobs)
     minutes = sum(j["seconds"] for j in jobs) / 60
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/chaos-soak.json"),
-                     "sudo .venv/bin/python scripts/chaos.py --minutes 30 --out docs/data/chaos-soak.jsonl",
+                     "sudo .venv/bin/python scripts/chaos.py --minutes 30 --out docs/data/chaos-soak.jsonl` "
+                     "(then `--minutes 7 --seed 2",
                      date, MACHINE,
                      ["codec", "jobs", "faults", "of which", "finished", "whole (bit for bit checked)",
                       "updates lost or applied twice", "rounds ended twice on a server",
-                      "ended early by a clear error: why", "recovery s, median / max", "invariants broken"],
+                      "ended early by a clear error: why", "servers left waiting",
+                      "recovery s, median / max", "invariants broken"],
                      rows, data="docs/data/chaos-soak.jsonl",
                      note=f"{len(jobs)} jobs one after another, {minutes:.0f} minutes of jobs: a "
                           f"sketchsgd-server primary, its backup (`--replica-of`) and 3 sketchsgd_test_worker "
                           f"processes, each on a test host of its own (network namespaces on one bridge), "
-                          f"`--policy wait`, 60 rounds at d = 4,000; up to 5 faults a job, one every 0.4-2 s: "
+                          f"`--policy wait`, 120 rounds at d = 4,000; up to 8 faults a job, one every 0.4-2 s: "
                           f"kill -9 of a server (one a job, while both run), SIGSTOP of any process for "
                           f"0.2-2 s, a host's link cut for 0.2-2 s. \"Whole\": every round had every worker, "
                           f"so the job must end bit for bit as the same job without faults (run first); "

@@ -7,8 +7,6 @@ the flood cost the primary (its CPU a Follow, its memory).
     .venv/bin/python benchmarks/flood_table.py [--date YYYY-MM-DD]
 """
 import argparse
-import datetime
-import json
 import os
 
 import doc_tables
@@ -18,25 +16,11 @@ DATA = os.path.join(ROOT, "docs/data/ps-flood.jsonl")
 MACHINE = "the 2-core dev machine (AMD EPYC Zen 4 under KVM, 2 threads)"
 
 
-def day(s):
-    try:
-        return datetime.date.fromisoformat(s).isoformat()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a date YYYY-MM-DD, not {s!r}")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--date", type=day, default=datetime.date.today().isoformat(),
-                    help="the measurements' date (default: today)")
+    doc_tables.date_flag(ap)
     date = ap.parse_args(argv).date
-    try:
-        with open(DATA) as f:
-            runs = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as e:
-        ap.error(f"cannot read {DATA}: {e}")
-    if not runs:
-        ap.error(f"{DATA} holds no runs")
+    runs = doc_tables.read_jsonl(ap, DATA, "runs")
     rows = []
     for r in runs:
         # The primary's extra CPU over the flooded phase (its rounds less one), a Follow sent.

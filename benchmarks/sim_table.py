@@ -1,16 +1,14 @@
 #!/usr/bin/env python3
 """The docs' table sim-soak from sketchsgd_sim's JSON lines (docs/data/sim-soak.jsonl): per job
 kind, the seeded fault schedules run, the faults they injected, the jobs that finished, the ones
-a clear error ended (grouped by why no server could serve) and the invariants broken (none, or the
-soak would have stopped at the seed).
+a clear error ended (grouped by why no server could serve) and the invariants broken (the soak
+stops at the first and prints its seed and trace).
 
     build/default/tests/sim/sketchsgd_sim --seeds 1e6 --jobs 2 --out docs/data/sim-soak.jsonl
     .venv/bin/python benchmarks/sim_table.py [--date YYYY-MM-DD]
 """
 import argparse
 import collections
-import datetime
-import json
 import os
 
 import doc_tables
@@ -21,25 +19,11 @@ MACHINE = "the 2-core dev machine (AMD EPYC Zen 4 under KVM, 2 threads)"
 ORDER = ["rounds", "quorum", "stale", "async", "restart", "sharded"]
 
 
-def day(s):
-    try:
-        return datetime.date.fromisoformat(s).isoformat()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a date YYYY-MM-DD, not {s!r}")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--date", type=day, default=datetime.date.today().isoformat(),
-                    help="the soak's date (default: today)")
+    doc_tables.date_flag(ap)
     date = ap.parse_args(argv).date
-    try:
-        with open(DATA) as f:
-            lines = [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError) as e:
-        ap.error(f"cannot read {DATA}: {e}")
-    if not lines:
-        ap.error(f"{DATA} holds no runs")
+    lines = doc_tables.read_jsonl(ap, DATA, "runs")
     kinds = collections.OrderedDict()
     for r in lines:  # several soaks add up, kind by kind
         k = kinds.setdefault(r["kind"], {"seeds": 0, "events": 0, "faults": 0, "finished": 0,
@@ -62,7 +46,8 @@ def main(argv=None):
     runs = {(r["first"], r["wall_seconds"]) for r in lines}  # each soak writes a line a kind
     wall = sum(w for _, w in runs)
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/sim-soak.json"),
-                     "build/default/tests/sim/sketchsgd_sim --seeds 1e6 --jobs 2 --out docs/data/sim-soak.jsonl",
+                     f"build/default/tests/sim/sketchsgd_sim --seeds {total['seeds']} --jobs 2 "
+                     "--out docs/data/sim-soak.jsonl",
                      date, MACHINE,
                      ["job kind", "schedules (seeds)", "faults injected", "events", "jobs finished",
                       "ended by a clear error: why (the commonest)", "invariants broken"],

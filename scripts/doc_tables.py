@@ -82,6 +82,32 @@ def write(path, command, date, machine, columns, rows, data=None, note=None, key
         f.write("\n")
 
 
+def date_flag(ap):
+    """Adds --date (the measurements' date, YYYY-MM-DD; default today) to a producer's parser."""
+    import datetime
+
+    def day(s):
+        try:
+            return datetime.date.fromisoformat(s).isoformat()
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a date YYYY-MM-DD, not {s!r}")
+
+    ap.add_argument("--date", type=day, default=datetime.date.today().isoformat(),
+                    help="the measurements' date (default: today)")
+
+
+def read_jsonl(ap, path, what="runs"):
+    """A producer's JSON lines; a missing, unreadable or empty file is the parser's error."""
+    try:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        ap.error(f"cannot read {path}: {e}")
+    if not rows:
+        ap.error(f"{path} holds no {what}")
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 when a table is out of date")

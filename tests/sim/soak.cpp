@@ -34,7 +34,7 @@ uint64_t count(const Flags& f, const std::string& name, double lo, double hi) {
 
 /// One job kind's runs.
 struct Tally {
-  uint64_t seeds = 0, events = 0, faults = 0, finished = 0;
+  uint64_t seeds = 0, events = 0, faults = 0, finished = 0, violations = 0;
   double sim_seconds = 0;
   // The clear errors that ended runs early: how often, and the lowest seed of each.
   std::map<std::string, std::pair<uint64_t, uint64_t>> endings;
@@ -128,7 +128,10 @@ int main(int argc, char** argv) {
             if (!e.first || seed < e.second) e.second = seed;
             ++e.first;
           }
-          if (!r.ok && (!failed || seed < *failed)) failed = seed;
+          if (!r.ok) {
+            ++t.violations;
+            if (!failed || seed < *failed) failed = seed;
+          }
         }
         ++done;
         if (!r.ok) stop = true;
@@ -147,18 +150,8 @@ int main(int argc, char** argv) {
   progress.join();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "\n");
-  if (failed) {
-    sim::Scenario s = scenario(*failed);
-    const sim::Report r = sim::shrink(s, *failed);
-    std::printf("VIOLATION at seed %llu (%s, %s, %u faults, %u left after shrinking): %s\n",
-                (unsigned long long)*failed, sim::to_string(s.kind), s.spec.c_str(), s.faults,
-                r.faults, r.violation.c_str());
-    for (const auto& line : r.trace) std::printf("  %s\n", line.c_str());
-    std::printf("again: sketchsgd_sim --seeds 1 --first %llu --kind %s --spec '%s' --trace\n",
-                (unsigned long long)*failed, sim::to_string(s.kind), s.spec.c_str());
-    return 1;
-  }
-  std::printf("%llu seeds, no violation, %.1f s\n", (unsigned long long)done.load(), secs);
+  std::printf("%llu seeds, %s, %.1f s\n", (unsigned long long)done.load(),
+              failed ? "stopped at a violation" : "no violation", secs);
   for (const auto& [name, t] : kinds) {
     std::printf("%-8s %9llu seeds %11llu events %9llu faults %9llu finished\n", name.c_str(),
                 (unsigned long long)t.seeds, (unsigned long long)t.events,
@@ -172,8 +165,9 @@ int main(int argc, char** argv) {
     for (const auto& [name, t] : kinds) {
       out << "{\"kind\":" << quoted(name) << ",\"seeds\":" << t.seeds << ",\"first\":" << first
           << ",\"events\":" << t.events << ",\"faults\":" << t.faults
-          << ",\"finished\":" << t.finished << ",\"violations\":0,\"sim_seconds\":" << t.sim_seconds
-          << ",\"wall_seconds\":" << secs << ",\"jobs\":" << jobs << ",\"ended\":{";
+          << ",\"finished\":" << t.finished << ",\"violations\":" << t.violations
+          << ",\"sim_seconds\":" << t.sim_seconds << ",\"wall_seconds\":" << secs
+          << ",\"jobs\":" << jobs << ",\"ended\":{";
       bool comma = false;
       for (const auto& [why, n] : t.endings) {
         out << (comma ? "," : "") << quoted(why) << ":[" << n.first << "," << n.second << "]";
@@ -185,6 +179,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "sketchsgd_sim: cannot write %s\n", f.str("out").c_str());
       return 2;
     }
+  }
+  if (failed) {
+    sim::Scenario s = scenario(*failed);
+    const sim::Report r = sim::shrink(s, *failed);
+    std::printf("VIOLATION at seed %llu (%s, %s, %u faults, %u left after shrinking): %s\n",
+                (unsigned long long)*failed, sim::to_string(s.kind), s.spec.c_str(), s.faults,
+                r.faults, r.violation.c_str());
+    for (const auto& line : r.trace) std::printf("  %s\n", line.c_str());
+    std::printf("again: sketchsgd_sim --seeds 1 --first %llu --kind %s --spec '%s' --trace\n",
+                (unsigned long long)*failed, sim::to_string(s.kind), s.spec.c_str());
+    return 1;
   }
   return 0;
 }
