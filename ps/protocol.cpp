@@ -50,6 +50,10 @@ std::string_view to_string(Type t) {
       return "deposed";
     case Type::Left:
       return "left";
+    case Type::Probe:
+      return "probe";
+    case Type::Present:
+      return "present";
   }
   return "unknown";
 }
@@ -358,6 +362,23 @@ DeposedInfo decode_deposed(std::span<const uint8_t> frame) {
   d.reason = get_text(r);
   r.expect_end();
   return d;
+}
+
+Bytes encode(const ProbeInfo& p) {
+  Bytes out;
+  ByteWriter w(out);
+  w.put(p.epoch);
+  w.put(p.hold_ms);
+  return out;
+}
+
+ProbeInfo decode_probe(std::span<const uint8_t> frame) {
+  ByteReader r(frame, "probe");
+  ProbeInfo p;
+  p.epoch = r.get<uint64_t>();
+  p.hold_ms = r.get<uint32_t>();
+  r.expect_end();
+  return p;
 }
 
 Bytes encode(const CommitInfo& c) {

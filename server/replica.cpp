@@ -3,12 +3,21 @@
 namespace sketchsgd::ps {
 
 namespace {
-bool is_push(const Frames& frames) {
+bool is(const Frames& frames, Type t) {
   try {
-    return decode_envelope(frames.at(0).bytes(), frames.size() - 1).type == Type::Push;
+    return decode_envelope(frames.at(0).bytes(), frames.size() - 1).type == t;
   } catch (const Error&) {
     return false;
   }
+}
+
+/// A worker's answer to a probe as the Hello it answers for: once this server serves, the worker
+/// that answered waits for its Welcome.
+Frames as_hello(const Frames& present) {
+  Envelope e = decode_envelope(present.at(0).bytes(), present.size() - 1);
+  e.type = Type::Hello;
+  e.session = 0;
+  return {Frame::own(encode(e)), present.at(1)};
 }
 }  // namespace
 
@@ -48,6 +57,14 @@ void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point
         up.push_back(backup_->unsync());
         out.push_back(Outgoing{peer, backup_->refusal(frames)});
         return;
+      case Backup::Verdict::Probe:
+        if (probes_++ % 100 == 0)
+          log_(
+              "the primary is silent: asking the workers that come whether they are still "
+              "looking (" +
+              std::to_string(probes_) + " probes)");
+        out.push_back(Outgoing{peer, backup_->probe(frames, now)});
+        return;
       case Backup::Verdict::TakeOver:
         up.push_back(backup_->promote());
         gathering_ = engine_.config().async;
@@ -60,7 +77,11 @@ void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point
     out.push_back(Outgoing{peer, backup_->refusal(frames)});
     return;
   }
-  if (gathering_ && is_push(frames)) {
+  if (backup_ && is(frames, Type::Present)) {
+    handle(peer, as_hello(frames), now, out, up, user);
+    return;
+  }
+  if (gathering_ && is(frames, Type::Push)) {
     // Bounded: a worker has few pushes out, and one sent again replaces nothing here.
     if (waiting_.size() >= 8 * size_t(engine_.config().world)) waiting_.pop_front();
     waiting_.emplace_back(peer, frames);

@@ -409,11 +409,12 @@ void Backup::apply(const Frames& frames, std::vector<Frames>& replies) {
 }
 
 namespace {
-/// A worker's Hello this job would accept (its id, world, rank range, dim, shard and codec).
+/// A worker's Hello (or its answer to a probe, which carries the same) this job would accept
+/// (its id, world, rank range, dim, shard and codec).
 bool acceptable(const JobConfig& cfg, const Frames& frames) {
   try {
     const Envelope e = decode_envelope(frames.at(0).bytes(), frames.size() - 1);
-    if (e.type != Type::Hello || e.job != cfg.job) return false;
+    if ((e.type != Type::Hello && e.type != Type::Present) || e.job != cfg.job) return false;
     HelloInfo h = decode_hello(frames.at(1).bytes());
     if (h.shard.model_dim == 0) h.shard.model_dim = h.dim;  // a whole model's, as a Hello says
     ShardId mine = cfg.shard;
@@ -424,25 +425,58 @@ bool acceptable(const JobConfig& cfg, const Frames& frames) {
     return false;
   }
 }
+
+/// SplitMix64's finaliser: nonces no peer can guess from the ones before.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 }  // namespace
+
+Millis Backup::hold() const {
+  const JobConfig& cfg = engine_.config();
+  return 2 * std::chrono::duration_cast<Millis>(cfg.heartbeat * cfg.dead_after);
+}
 
 Backup::Verdict Backup::consider(const Frames& frames, Clock::time_point now) {
   const JobConfig& cfg = engine_.config();
   if (!synced_ || !acceptable(cfg, frames)) return Verdict::Ignore;
   if (behind(frames)) return Verdict::Behind;
-  if (now - heard_ < cfg.heartbeat * cfg.dead_after) return Verdict::Ignore;
-  came_.insert(decode_envelope(frames[0].bytes(), frames.size() - 1).rank);
+  const auto window = cfg.heartbeat * cfg.dead_after;
+  if (now - heard_ < window) return Verdict::Ignore;
+  const Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
+  // No round can be past this backup's once the job's last is done here: the first will do.
+  if (engine_.finished()) return Verdict::TakeOver;
+  if (e.type == Type::Hello) return Verdict::Probe;
+  const auto asked = asked_.find(e.rank);
+  if (asked == asked_.end() || asked->second.nonce != e.session || now - asked->second.at > window)
+    return Verdict::Ignore;  // answers no probe of now (a late, replayed or forged one)
+  came_[e.rank] = asked->second.at;
+  asked_.erase(asked);
+  std::erase_if(came_, [&](const auto& c) { return now - c.second > hold(); });
   // Every worker might hold a round this backup lacks (but one that said goodbye has nothing
-  // this backup was not sent), unless no round can be past its own (the job's last is done here).
+  // this backup was not sent).
   size_t covered = 0;
   for (uint32_t r = 0; r < cfg.world; ++r) covered += came_.count(r) || left_.count(r);
-  if (covered < cfg.world && !engine_.finished()) {
-    log_("rank " + std::to_string(decode_envelope(frames[0].bytes(), 1).rank) +
-         " came while the primary is silent: " + std::to_string(covered) + " of " +
+  if (covered < cfg.world) {
+    log_("rank " + std::to_string(e.rank) +
+         " answered while the primary is silent: " + std::to_string(covered) + " of " +
          std::to_string(cfg.world) + " workers (those that left counted)");
     return Verdict::Ignore;
   }
   return Verdict::TakeOver;
+}
+
+Frames Backup::probe(const Frames& hello, Clock::time_point now) {
+  const Envelope h = decode_envelope(hello.at(0).bytes(), hello.size() - 1);
+  const uint64_t nonce = mix(token_ ^ mix(++probes_)) | 1;  // never 0 (no session)
+  asked_[h.rank] = Asked{nonce, now};
+  const ProbeInfo p{engine_.epoch() + 1, uint32_t(hold().count())};
+  return {Frame::own(encode(
+              Envelope{Type::Probe, engine_.config().job, engine_.round(), h.rank, 0, nonce})),
+          Frame::own(encode(p))};
 }
 
 bool Backup::everyone_here() const {
@@ -455,12 +489,13 @@ bool Backup::everyone_here() const {
 void Backup::heard(Clock::time_point now) {
   heard_ = now;
   came_.clear();
+  asked_.clear();
 }
 
 bool Backup::behind(const Frames& hello) const {
   try {
     const Envelope e = decode_envelope(hello.at(0).bytes(), hello.size() - 1);
-    if (e.type != Type::Hello) return false;
+    if (e.type != Type::Hello && e.type != Type::Present) return false;
     // An asynchronous worker's Hello names its pushes answered: more than this server applied
     // of it means some were applied where this backup never saw them (none known: a rank that
     // registered after the last Sync and had no push committed here since).

@@ -64,11 +64,21 @@ void Session::hello(Outbox& out) {
   session_ = 0;
   hello_at_.reset();
   slot_ = opts_.rank;  // a Hello names the worker's rank, or the federated client's id
+  out.push_back({envelope(Type::Hello, round_), Frame::own(encode(hello_info()))});
+}
+
+HelloInfo Session::hello_info() const {
   ShardId shard = opts_.shard;
   if (shard.model_dim == 0) shard.model_dim = codec_.dim();
-  const HelloInfo h{opts_.world, codec_.dim(), codec_.spec(), opts_.population,
-                    shard,       epoch_,       opts_.weight};
-  out.push_back({envelope(Type::Hello, round_), Frame::own(encode(h))});
+  // While it has promised a backup to keep away from the old epoch, the worker says it is at the
+  // new one: a server of the old one sends it on (Engine refuses a Hello of a later epoch).
+  const uint64_t epoch = promise_ ? std::max(epoch_, promise_->epoch) : epoch_;
+  return HelloInfo{opts_.world, codec_.dim(), codec_.spec(), opts_.population,
+                   shard,       epoch,        opts_.weight};
+}
+
+void Session::expire(Clock::time_point now) {
+  if (promise_ && now >= promise_->until) promise_.reset();
 }
 
 void Session::bye(Outbox& out) const {
@@ -78,6 +88,7 @@ void Session::bye(Outbox& out) const {
 }
 
 void Session::tick(Clock::time_point now, Outbox& out) {
+  expire(now);
   if (hello_at_ && now >= *hello_at_) hello(out);
 }
 
@@ -92,8 +103,9 @@ std::optional<Session::Parsed> Session::parse(const Frames& frames) const {
                       "message for job ", e.job, " rank ", e.rank);
     // Registration answers come before (or instead of) a session; everything else must belong to
     // the current one, so traffic of an earlier registration is never applied.
-    const bool any_session =
-        e.type == Type::Welcome || e.type == Type::Refuse || e.type == Type::Finished;
+    // (A Probe's session field is the backup's nonce.)
+    const bool any_session = e.type == Type::Welcome || e.type == Type::Refuse ||
+                             e.type == Type::Finished || e.type == Type::Probe;
     SKETCHSGD_REQUIRE(any_session || (session_ != 0 && e.session == session_), ProtocolError,
                       to_string(e.type), " of another session");
     return Parsed{e, frames};
@@ -104,9 +116,19 @@ std::optional<Session::Parsed> Session::parse(const Frames& frames) const {
 }
 
 bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
+  expire(now);
   switch (m.env.type) {
     case Type::Welcome: {
       const WelcomeInfo w = decode_welcome(m.frames[1].bytes());
+      if (promise_ && w.epoch < promise_->epoch) {
+        // Welcomed by the old epoch after answering a backup that may be taking over (the Hello
+        // crossed the Probe): rounds applied there could be ones the backup lacks.
+        opts_.log("a server of epoch " + std::to_string(w.epoch) +
+                  " welcomed this worker, which told a backup taking over as epoch " +
+                  std::to_string(promise_->epoch) + " it would wait: trying the next replica");
+        elsewhere_ = true;
+        return true;
+      }
       registered_ = true;
       session_ = m.env.session;
       slot_ = m.env.rank;
@@ -157,6 +179,26 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
         opts_.log("server: " + r.reason + ": registering again");
         hello(out);
       }
+      return true;
+    }
+    case Type::Probe: {
+      if (registered_) {
+        opts_.log("ignored a backup's probe: registered with a server");
+        return true;
+      }
+      ProbeInfo p;
+      try {
+        p = decode_probe(m.frames[1].bytes());
+        // Bounded: a confused server keeps this worker from the others for minutes at most.
+        SKETCHSGD_REQUIRE(p.hold_ms <= 600000, WireError, "hold of ", p.hold_ms, " ms");
+      } catch (const Error& ex) {
+        opts_.log(std::string("dropped a backup's probe: ") + ex.what());
+        return true;
+      }
+      promise_ = Promise{p.epoch, now + Millis(p.hold_ms)};
+      out.push_back(
+          {Frame::own(encode(Envelope{Type::Present, opts_.job, round_, slot_, 0, m.env.session})),
+           Frame::own(encode(hello_info()))});
       return true;
     }
     case Type::Finished:

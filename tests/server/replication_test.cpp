@@ -531,7 +531,7 @@ TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
   EXPECT_TRUE(primary.has_backup());
 }
 
-TEST(Replication, TheBackupTakesOverOnceEveryWorkerCameWhileThePrimaryWasSilent) {
+TEST(Replication, TheBackupTakesOverOnceEveryWorkerAnsweredItsProbeWhileThePrimaryWasSilent) {
   const JobConfig cfg = test_job::make("topk:k=10", 2, 100);
   Pair p(cfg);
   const std::string spec = p.standby.engine.config().spec;
@@ -539,9 +539,18 @@ TEST(Replication, TheBackupTakesOverOnceEveryWorkerCameWhileThePrimaryWasSilent)
     return Frames{env(Type::Hello, job, round, rank), Frame::own(encode(h))};
   };
   const HelloInfo good{2, 100, spec};
+  // The worker's answer to a probe: the Probe's nonce as its session, its Hello's info.
+  const auto answer = [&](const Frames& probe, HelloInfo h = {2, 100, ""}) {
+    const Envelope e = decode_envelope(probe.at(0).bytes(), probe.size() - 1);
+    EXPECT_EQ(e.type, Type::Probe);
+    if (h.spec.empty()) h.spec = spec;
+    return Frames{Frame::own(encode(Envelope{Type::Present, cfg.job, 0, e.rank, 0, e.session})),
+                  Frame::own(encode(h))};
+  };
   using V = Backup::Verdict;
   const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(2);
-  const auto silent = t0 + cfg.heartbeat * cfg.dead_after;
+  const auto window = cfg.heartbeat * cfg.dead_after;
+  const auto silent = t0 + window;
   EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), silent), V::Ignore) << "no state yet";
   p.follow();
   (void)p.join(test::initial_params(100, 3));
@@ -554,12 +563,50 @@ TEST(Replication, TheBackupTakesOverOnceEveryWorkerCameWhileThePrimaryWasSilent)
     EXPECT_EQ(p.backup.consider(bad, silent), V::Ignore);
   // The primary heard from within dead_after heartbeats: a worker that came does not count.
   EXPECT_EQ(p.backup.consider(hello(cfg.job, 0, good), silent - 1ms), V::Ignore);
-  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), silent), V::Ignore) << "1 of 2";
-  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), silent), V::Ignore) << "the same rank";
-  p.backup.heard(silent);  // the primary again: those that came are forgotten
-  const auto later = silent + cfg.heartbeat * cfg.dead_after;
-  EXPECT_EQ(p.backup.consider(hello(cfg.job, 0, good), later), V::Ignore);
-  EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good), later), V::TakeOver);
+  // A Hello alone never counts (it may have waited in the network while its worker went back to
+  // the primary): it is probed.
+  ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, good), silent), V::Probe);
+  const Frames probe0 = p.backup.probe(hello(cfg.job, 0, good), silent);
+  const ProbeInfo pi = decode_probe(probe0[1].bytes());
+  EXPECT_EQ(pi.epoch, p.standby.engine.epoch() + 1);
+  EXPECT_EQ(Millis(pi.hold_ms), p.backup.hold());
+  EXPECT_EQ(p.backup.hold(), 2 * window);
+  // Answers that prove nothing: no probe of this rank, another nonce, or too late.
+  Frames forged = answer(probe0);
+  forged[0] = Frame::own(encode(
+      Envelope{Type::Present, cfg.job, 0, 1, 0, decode_envelope(probe0[0].bytes(), 1).session}));
+  EXPECT_EQ(p.backup.consider(forged, silent), V::Ignore) << "rank 1 was not probed";
+  Frames guessed = answer(probe0);
+  guessed[0] = Frame::own(encode(Envelope{Type::Present, cfg.job, 0, 0, 0,
+                                          decode_envelope(probe0[0].bytes(), 1).session + 2}));
+  EXPECT_EQ(p.backup.consider(guessed, silent), V::Ignore) << "another nonce";
+  EXPECT_EQ(p.backup.consider(answer(probe0), silent + window + 1ms), V::Ignore) << "late";
+  EXPECT_EQ(p.backup.consider(answer(probe0, {3, 100, ""}), silent), V::Ignore) << "a bad Hello";
+  // Probed again, rank 0 answers in time: 1 of 2.
+  ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, good), silent), V::Probe);
+  const Frames again0 = p.backup.probe(hello(cfg.job, 0, good), silent);
+  EXPECT_NE(decode_envelope(again0[0].bytes(), 1).session,
+            decode_envelope(probe0[0].bytes(), 1).session);
+  EXPECT_EQ(p.backup.consider(answer(probe0), silent), V::Ignore) << "the earlier probe's";
+  EXPECT_EQ(p.backup.consider(answer(again0), silent), V::Ignore) << "1 of 2";
+  EXPECT_EQ(p.backup.consider(answer(again0), silent), V::Ignore) << "an answer counts once";
+  // Rank 1 answers after rank 0's answer stopped counting (hold()): still 1 of 2.
+  const auto expired = silent + p.backup.hold() + 1ms;
+  ASSERT_EQ(p.backup.consider(hello(cfg.job, 1, good), expired), V::Probe);
+  const Frames probe1 = p.backup.probe(hello(cfg.job, 1, good), expired);
+  EXPECT_EQ(p.backup.consider(answer(probe1), expired), V::Ignore) << "rank 0's answer expired";
+  // The primary again: those that answered are forgotten, and so are the probes out.
+  ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, good), expired), V::Probe);
+  const Frames before = p.backup.probe(hello(cfg.job, 0, good), expired);
+  p.backup.heard(expired);
+  const auto later = expired + window;
+  EXPECT_EQ(p.backup.consider(answer(before), later), V::Ignore) << "a probe of before";
+  ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, good), later), V::Probe);
+  const Frames a = p.backup.probe(hello(cfg.job, 0, good), later);
+  ASSERT_EQ(p.backup.consider(hello(cfg.job, 1, good), later), V::Probe);
+  const Frames b = p.backup.probe(hello(cfg.job, 1, good), later);
+  EXPECT_EQ(p.backup.consider(answer(a), later), V::Ignore);
+  EXPECT_EQ(p.backup.consider(answer(b), later + window), V::TakeOver);
   // A worker that applied a round this backup never had: the primary went on without it.
   EXPECT_EQ(p.backup.consider(hello(cfg.job, 1, good, p.standby.engine.round() + 1), later),
             V::Behind);

@@ -78,6 +78,9 @@ const Found kFound[] = {
      "pause"},
     {Kind::Async, "sketch:k=20,cols=200,fetch=1", 250858,
      "a rank the backup had no push number of counted as not behind"},
+    {Kind::Quorum, "topk:k=30", 348453,
+     "a backup counted a Hello held by a partition while its worker went back to the primary, "
+     "applied the last round and left: the backup ran that round again without it"},
     {Kind::Stale, "topk:k=30", 3, "a push of a round ahead counted as a worker ahead"},
     {Kind::Restart, "dense", 77, "a server restarted without a checkpoint ran from round 0 again"},
 };

@@ -41,7 +41,7 @@ inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // elsewhere; 11: a Commit carries the whole UpdateInfo (an asynchronous push's pusher and push
 // number, without which a backup that took over re-applied pushes or refused rank 0's next), a
 // Sync the last outcome, the push numbers and the ranks that left (ReplicaInfo), Left
-inline constexpr uint16_t kProtocolVersion = 11;
+inline constexpr uint16_t kProtocolVersion = 12;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -75,8 +75,11 @@ enum class Type : uint8_t {
   Ack = 18,      ///< backup → primary: holds the state as of `round` (the next round to run)
   Deposed = 19,  ///< backup → primary: took over (DeposedInfo); the primary must stop
   Left = 20,     ///< primary → backup: worker `rank` said Bye (it will not come to take over)
+  // Between a backup and a worker that came to it while the primary is silent:
+  Probe = 21,    ///< backup → worker: are you still looking? (ProbeInfo; `session`: a nonce)
+  Present = 22,  ///< worker → backup: yes, unregistered (HelloInfo; `session`: the Probe's nonce)
 };
-inline constexpr uint8_t kMaxType = 20;
+inline constexpr uint8_t kMaxType = 22;
 
 std::string_view to_string(Type t);
 
@@ -214,6 +217,15 @@ struct DeposedInfo {
 };
 Bytes encode(const DeposedInfo& d);
 DeposedInfo decode_deposed(std::span<const uint8_t> frame);
+
+/// A Probe: the epoch the backup would take over as, and how long a worker that answers keeps
+/// away from servers of an older one (the backup counts the answer no longer than that).
+struct ProbeInfo {
+  uint64_t epoch = 0;
+  uint32_t hold_ms = 0;
+};
+Bytes encode(const ProbeInfo& p);
+ProbeInfo decode_probe(std::span<const uint8_t> frame);
 
 Bytes encode(const CommitInfo& c);
 CommitInfo decode_commit_info(std::span<const uint8_t> frame);

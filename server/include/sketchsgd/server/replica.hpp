@@ -3,17 +3,17 @@
 // it. What Server::run does with its two sockets, decided here: the ZeroMQ server (server.cpp)
 // runs one over its sockets and threads, the simulator (tests/sim) many in one process.
 //
-// A following backup answers nothing on its own port, so workers go on looking for the primary,
-// until every worker has come with a Hello the job would accept while the primary has been silent
-// to it too (Backup::consider): then it takes over (its Deposed notice goes up to the primary)
-// and serves. A worker holding rounds the backup never had (the primary lost it and went on
-// alone) is sent back to the primary, and the backup asks for the primary's whole state again;
-// one that comes so after the takeover is refused for good (the job's state is split). An
-// asynchronous job's backup that took over applies no push until every worker has registered with
-// it (or had left): until then a worker bound to the old primary's epoch could go on there (cut
-// off, not dead), and what this server applied would be lost with it, should it die. A finished
-// job's server stops after a grace, once its workers have said goodbye (or a following backup once
-// its primary has), or at the latest after finish_wait.
+// A following backup answers nothing on its own port but a Probe, so workers go on looking for the
+// primary, until every worker has come with a Hello the job would accept while the primary has
+// been silent to it too, and answered the Probe (Backup::consider): then it takes over (its Deposed
+// notice goes up to the primary) and serves. A worker holding rounds the backup never had (the
+// primary lost it and went on alone) is sent back to the primary, and the backup asks for the
+// primary's whole state again; one that comes so after the takeover is refused for good (the job's
+// state is split). An asynchronous job's backup that took over applies no push until every worker
+// has registered with it (or had left): until then a worker bound to the old primary's epoch could
+// go on there (cut off, not dead), and what this server applied would be lost with it, should it
+// die. A finished job's server stops after a grace, once its workers have said goodbye (or a
+// following backup once its primary has), or at the latest after finish_wait.
 #pragma once
 
 #include <chrono>
@@ -81,6 +81,7 @@ class Replica {
   Primary primary_;
   std::unique_ptr<Backup> backup_;
   uint64_t ignored_ = 0;    // messages a following backup did not answer
+  uint64_t probes_ = 0;     // Probes it sent
   bool gathering_ = false;  // taken over (asynchronous job): pushes wait for every worker
   std::optional<Clock::time_point> ran_;  // when this server last ran (a handle or a tick)
   Clock::time_point heard_{};  // a following backup: its primary's or a worker's last word

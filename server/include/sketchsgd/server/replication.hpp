@@ -25,6 +25,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -128,20 +129,31 @@ class Backup {
   bool promoted() const { return promoted_; }
   /// What a message on this backup's own port means while it follows.
   enum class Verdict : uint8_t {
-    Ignore,    ///< stay silent: not a Hello this job would accept, no state yet, the primary still
-               ///< heard from, or more workers to come
+    Ignore,    ///< stay silent: not a Hello or Present this job would accept, no state yet, the
+               ///< primary still heard from, a Present that answers no probe of now, or more
+               ///< workers to come
     Behind,    ///< the worker has applied rounds this backup never had (its primary lost it and
                ///< went on alone): answer refusal(), follow again (unsync())
-    TakeOver,  ///< every worker has come while the primary was silent: promote()
+    Probe,     ///< a Hello while the primary is silent: answer probe(), and count the worker only
+               ///< once it answers (a Hello may have waited in the network while its worker went
+               ///< back to the primary and applied rounds there)
+    TakeOver,  ///< every worker has answered a probe while the primary was silent: promote()
   };
-  /// A worker's Hello means the workers found the primary gone only if this job would accept it
-  /// (its id, world, rank range, dim, shard and codec), it comes while the primary has been
-  /// silent to this backup too for dead_after heartbeats, and the worker holds no round this
-  /// backup lacks; the backup takes over once every rank has so come (a worker not heard from
-  /// might hold a round the primary released after it lost this backup), those that left
-  /// counted (the primary says so, Left: what they were answered, this backup holds), or the
-  /// first once the job's last round is done here.
+  /// A worker counts toward a takeover only if this job would accept its Hello (its id, world,
+  /// rank range, dim, shard and codec), the primary has been silent to this backup too for
+  /// dead_after heartbeats, the worker holds no round this backup lacks, and it answered this
+  /// backup's probe (Present, with the probe's nonce) within dead_after heartbeats: a worker
+  /// answers only while registered nowhere, and then keeps away from servers of the primary's
+  /// epoch for hold() (so it applies no round there that this backup lacks), as long as its
+  /// answer counts here. The backup takes over once every rank so counts (a worker not heard
+  /// from might hold a round the primary released after it lost this backup), those that left
+  /// counted (the primary says so, Left: what they were answered, this backup holds), or at the
+  /// first Hello once the job's last round is done here.
   Verdict consider(const Frames& frames, Clock::time_point now);
+  /// The Probe that answers the Hello consider() found so (Verdict::Probe).
+  Frames probe(const Frames& hello, Clock::time_point now);
+  /// How long a worker's answer counts (and so how long it keeps away from the old epoch).
+  Millis hold() const;
   /// Anything came from the primary: workers that come now do not mean it is gone.
   void heard(Clock::time_point now);
   /// A Hello of a worker that has applied rounds this backup never had (an asynchronous
@@ -176,8 +188,14 @@ class Backup {
   bool primary_done_ = false;
   uint64_t token_ = 0;  // the primary's, from its Sync: the evidence a Deposed notice carries
   Clock::time_point heard_{};  // the primary's last message
-  std::set<uint32_t> came_;    // ranks whose Hellos came since the primary fell silent
-  std::set<uint32_t> left_;    // ranks that said goodbye (Left, or the Sync)
+  struct Asked {
+    uint64_t nonce = 0;
+    Clock::time_point at{};
+  };
+  std::map<uint32_t, Asked> asked_;  // each rank's last probe since the primary fell silent
+  std::map<uint32_t, Clock::time_point> came_;  // ranks that answered one: when it went
+  uint64_t probes_ = 0;                         // probes sent (for their nonces)
+  std::set<uint32_t> left_;                     // ranks that said goodbye (Left, or the Sync)
 };
 
 }  // namespace sketchsgd::ps

@@ -148,6 +148,16 @@ class Session {
   /// Applies an Update's step to params(); returns the update's bytes.
   uint64_t apply_update(const Parsed& m);
   Frame envelope(Type t, uint64_t round) const;
+  HelloInfo hello_info() const;
+  /// Forgets a promise whose time is up.
+  void expire(Clock::time_point now);
+
+  /// Answering a backup's Probe, the worker promised to register with no server of an epoch
+  /// before `epoch` until `until` (the backup counts it toward a takeover that long).
+  struct Promise {
+    uint64_t epoch = 0;
+    Clock::time_point until{};
+  };
 
   ClientOptions opts_;
   Compressor& codec_;
@@ -165,6 +175,7 @@ class Session {
   uint64_t resent_ = 0;                        // bytes of pushes sent again with the last Welcome
   bool resent_before_model_ = false;           // they went before the Pull: the Model needs none
   std::optional<Clock::time_point> hello_at_;  // a Hello to send again then
+  std::optional<Promise> promise_;
   bool registered_ = false;
   bool elsewhere_ = false;  // a refusal sent us to the next replica (take_elsewhere())
   bool synced_ = false;     // a Model of the current round has arrived since the last registration
