@@ -116,12 +116,11 @@ TEST(ProcessFaults, KilledWorkerIsOutvotedByQuorumThenRestartsAndRejoins) {
   for (size_t i = 0; i < lines.size(); ++i) {
     EXPECT_NE(lines[i].find("\"round\":" + std::to_string(i) + ","), std::string::npos) << lines[i];
     EXPECT_TRUE(std::regex_search(lines[i], lists)) << lines[i];
-    if (lines[i].find("\"contributors\":2,") != std::string::npos) {
-      quorum = true;  // rank 2 left out: late or dead
-      EXPECT_TRUE(lines[i].find("\"stragglers\":[2]") != std::string::npos ||
-                  lines[i].find("\"dead\":[2]") != std::string::npos)
-          << lines[i];
-    }
+    // Rank 2 left out, late or dead (on a loaded machine another rank may be too: a
+    // process that stalls past the heartbeats is outvoted like a dead one).
+    if (lines[i].find("\"contributors\":2,") != std::string::npos)
+      quorum |= lines[i].find("\"stragglers\":[2]") != std::string::npos ||
+                lines[i].find("\"dead\":[2]") != std::string::npos;
   }
   EXPECT_TRUE(quorum);
 }
