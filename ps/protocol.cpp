@@ -368,7 +368,7 @@ Bytes encode(const ProbeInfo& p) {
   Bytes out;
   ByteWriter w(out);
   w.put(p.epoch);
-  w.put(p.hold_ms);
+  w.put(p.release);
   return out;
 }
 
@@ -376,7 +376,8 @@ ProbeInfo decode_probe(std::span<const uint8_t> frame) {
   ByteReader r(frame, "probe");
   ProbeInfo p;
   p.epoch = r.get<uint64_t>();
-  p.hold_ms = r.get<uint32_t>();
+  p.release = r.get<uint8_t>();
+  SKETCHSGD_REQUIRE(p.release <= 1, WireError, "probe: release ", int(p.release));
   r.expect_end();
   return p;
 }

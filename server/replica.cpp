@@ -65,6 +65,14 @@ void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point
               std::to_string(probes_) + " probes)");
         out.push_back(Outgoing{peer, backup_->probe(frames, now)});
         return;
+      case Backup::Verdict::Release:
+        if (releases_++ % 100 == 0)
+          log_(
+              "a worker waits for this backup to take over while the primary is heard: "
+              "releasing it (" +
+              std::to_string(releases_) + " releases)");
+        out.push_back(Outgoing{peer, backup_->release(frames)});
+        return;
       case Backup::Verdict::TakeOver:
         up.push_back(backup_->promote());
         gathering_ = engine_.config().async;

@@ -445,8 +445,14 @@ Backup::Verdict Backup::consider(const Frames& frames, Clock::time_point now) {
   if (!synced_ || !acceptable(cfg, frames)) return Verdict::Ignore;
   if (behind(frames)) return Verdict::Behind;
   const auto window = cfg.heartbeat * cfg.dead_after;
-  if (now - heard_ < window) return Verdict::Ignore;
   const Envelope e = decode_envelope(frames[0].bytes(), frames.size() - 1);
+  if (now - heard_ < window) {
+    // No probe went out since the primary was last heard (heard() voided those before): a worker
+    // that claims the epoch this backup would take over as waits for nothing.
+    const bool waits =
+        e.type == Type::Hello && decode_hello(frames[1].bytes()).epoch > engine_.epoch();
+    return waits ? Verdict::Release : Verdict::Ignore;
+  }
   // No round can be past this backup's once the job's last is done here: the first will do.
   if (engine_.finished()) return Verdict::TakeOver;
   if (e.type == Type::Hello) return Verdict::Probe;
@@ -473,9 +479,17 @@ Frames Backup::probe(const Frames& hello, Clock::time_point now) {
   const Envelope h = decode_envelope(hello.at(0).bytes(), hello.size() - 1);
   const uint64_t nonce = mix(token_ ^ mix(++probes_)) | 1;  // never 0 (no session)
   asked_[h.rank] = Asked{nonce, now};
-  const ProbeInfo p{engine_.epoch() + 1, uint32_t(hold().count())};
+  const ProbeInfo p{engine_.epoch() + 1, 0};
   return {Frame::own(encode(
               Envelope{Type::Probe, engine_.config().job, engine_.round(), h.rank, 0, nonce})),
+          Frame::own(encode(p))};
+}
+
+Frames Backup::release(const Frames& hello) const {
+  const Envelope h = decode_envelope(hello.at(0).bytes(), hello.size() - 1);
+  const ProbeInfo p{engine_.epoch() + 1, 1};
+  return {Frame::own(
+              encode(Envelope{Type::Probe, engine_.config().job, engine_.round(), h.rank, 0, 0})),
           Frame::own(encode(p))};
 }
 

@@ -63,8 +63,13 @@ struct Client::Shard {
 
   [[noreturn]] void timeout(const std::string& what) const {
     const ClientOptions& o = session->options();
-    throw TimeoutError("worker " + std::to_string(o.rank) + ": no answer from " + o.server +
-                       " for " + what + " within " + std::to_string(o.timeout.count()) + " ms");
+    const auto promised = session->promised();
+    throw TimeoutError(
+        "worker " + std::to_string(o.rank) + ": no answer from " + o.server + " for " + what +
+        " within " + std::to_string(o.timeout.count()) + " ms" +
+        (promised ? " (it answered a backup taking over as epoch " + std::to_string(*promised) +
+                        " and so keeps away from older servers; that backup never came back)"
+                  : ""));
   }
 
   /// The next event of the link (a server message, or the news that the socket was replaced),

@@ -77,10 +77,6 @@ HelloInfo Session::hello_info() const {
                    shard,       epoch,        opts_.weight};
 }
 
-void Session::expire(Clock::time_point now) {
-  if (promise_ && now >= promise_->until) promise_.reset();
-}
-
 void Session::bye(Outbox& out) const {
   // A federated client whose round has ended holds no slot any more: nothing to say.
   const bool done = opts_.population != 0 && round_ > opts_.join_round;
@@ -88,7 +84,6 @@ void Session::bye(Outbox& out) const {
 }
 
 void Session::tick(Clock::time_point now, Outbox& out) {
-  expire(now);
   if (hello_at_ && now >= *hello_at_) hello(out);
 }
 
@@ -116,7 +111,6 @@ std::optional<Session::Parsed> Session::parse(const Frames& frames) const {
 }
 
 bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
-  expire(now);
   switch (m.env.type) {
     case Type::Welcome: {
       const WelcomeInfo w = decode_welcome(m.frames[1].bytes());
@@ -130,6 +124,7 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
         return true;
       }
       registered_ = true;
+      promise_.reset();  // kept: this server's epoch is the promised one or later
       session_ = m.env.session;
       slot_ = m.env.rank;
       heartbeat_ = Millis(w.heartbeat_ms);
@@ -189,13 +184,24 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       ProbeInfo p;
       try {
         p = decode_probe(m.frames[1].bytes());
-        // Bounded: a confused server keeps this worker from the others for minutes at most.
-        SKETCHSGD_REQUIRE(p.hold_ms <= 600000, WireError, "hold of ", p.hold_ms, " ms");
       } catch (const Error& ex) {
         opts_.log(std::string("dropped a backup's probe: ") + ex.what());
         return true;
       }
-      promise_ = Promise{p.epoch, now + Millis(p.hold_ms)};
+      if (p.release) {
+        // The backup follows its primary again, having voided every answer to its probes: the
+        // primary is alive, so that is where to go.
+        if (promise_ && promise_->epoch <= p.epoch) {
+          opts_.log("a backup that did not take over as epoch " + std::to_string(p.epoch) +
+                    " released this worker: trying the next replica");
+          promise_.reset();
+          elsewhere_ = true;
+        }
+        return true;
+      }
+      // No time limit: the backup may have counted the answer and taken over, in which case a
+      // round applied by the old epoch would be one it lacks (and, asynchronous, lost silently).
+      promise_ = Promise{std::max(p.epoch, promise_ ? promise_->epoch : 0)};
       out.push_back(
           {Frame::own(encode(Envelope{Type::Present, opts_.job, round_, slot_, 0, m.env.session})),
            Frame::own(encode(hello_info()))});

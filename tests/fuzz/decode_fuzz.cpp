@@ -83,6 +83,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     decode_replica_info(raw);
   } catch (const sketchsgd::Error&) {
   }
+  try {
+    decode_probe(raw);
+  } catch (const sketchsgd::Error&) {
+  }
 #endif
   return 0;
 }

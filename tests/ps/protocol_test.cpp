@@ -115,5 +115,25 @@ TEST(Protocol, EpochsAndReplicationMessagesRoundTripAndRejectCorruption) {
   EXPECT_THROW(encode(CommitInfo{0, Type::Model}), InvalidArgument);
 }
 
+TEST(Protocol, AProbeAndItsReleaseRoundTripAndRejectCorruption) {
+  for (Type t : {Type::Probe, Type::Present}) {
+    const Envelope e{t, 3, 4, 1, 0, 0x1234567};
+    EXPECT_EQ(decode_envelope(encode(e), payload_frames(t)).session, 0x1234567u) << to_string(t);
+  }
+  const ProbeInfo p = decode_probe(encode(ProbeInfo{6, 0}));
+  EXPECT_EQ(p.epoch, 6u);
+  EXPECT_EQ(p.release, 0);
+  EXPECT_EQ(decode_probe(encode(ProbeInfo{6, 1})).release, 1);
+  const Bytes b = encode(ProbeInfo{6, 1});
+  for (size_t n = 0; n < b.size(); ++n)
+    EXPECT_THROW(decode_probe(std::span<const uint8_t>(b).first(n)), WireError) << n;
+  Bytes bad = b;
+  bad.back() = 2;  // neither a probe nor a release
+  EXPECT_THROW(decode_probe(bad), WireError);
+  bad = b;
+  bad.push_back(0);
+  EXPECT_THROW(decode_probe(bad), WireError);
+}
+
 }  // namespace
 }  // namespace sketchsgd::ps

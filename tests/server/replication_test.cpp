@@ -561,15 +561,26 @@ TEST(Replication, TheBackupTakesOverOnceEveryWorkerAnsweredItsProbeWhileThePrima
         hello(cfg.job, 0, {2, 101, spec}), hello(cfg.job, 0, {2, 100, "dense"}),
         Frames{env(Type::Heartbeat, cfg.job, 0, 0)}, Frames{bytes_frame(Bytes(40, 0xAB))}})
     EXPECT_EQ(p.backup.consider(bad, silent), V::Ignore);
-  // The primary heard from within dead_after heartbeats: a worker that came does not count.
+  // The primary heard from within dead_after heartbeats: a worker that came does not count, and
+  // one that claims the epoch this backup would take over as (it answered a probe before the
+  // primary was heard again) is released, to go back to the primary.
   EXPECT_EQ(p.backup.consider(hello(cfg.job, 0, good), silent - 1ms), V::Ignore);
+  HelloInfo waiting = good;
+  waiting.epoch = p.standby.engine.epoch() + 1;
+  ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, waiting), silent - 1ms), V::Release);
+  const Frames release = p.backup.release(hello(cfg.job, 0, waiting));
+  const Envelope re = decode_envelope(release[0].bytes(), release.size() - 1);
+  EXPECT_EQ(re.type, Type::Probe);
+  EXPECT_EQ(re.rank, 0u);
+  EXPECT_EQ(decode_probe(release[1].bytes()).release, 1);
+  EXPECT_EQ(decode_probe(release[1].bytes()).epoch, waiting.epoch);
   // A Hello alone never counts (it may have waited in the network while its worker went back to
   // the primary): it is probed.
   ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, good), silent), V::Probe);
   const Frames probe0 = p.backup.probe(hello(cfg.job, 0, good), silent);
   const ProbeInfo pi = decode_probe(probe0[1].bytes());
   EXPECT_EQ(pi.epoch, p.standby.engine.epoch() + 1);
-  EXPECT_EQ(Millis(pi.hold_ms), p.backup.hold());
+  EXPECT_EQ(pi.release, 0);
   EXPECT_EQ(p.backup.hold(), 2 * window);
   // Answers that prove nothing: no probe of this rank, another nonce, or too late.
   Frames forged = answer(probe0);
@@ -599,6 +610,7 @@ TEST(Replication, TheBackupTakesOverOnceEveryWorkerAnsweredItsProbeWhileThePrima
   ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, good), expired), V::Probe);
   const Frames before = p.backup.probe(hello(cfg.job, 0, good), expired);
   p.backup.heard(expired);
+  EXPECT_EQ(p.backup.consider(answer(before), expired + 1ms), V::Ignore) << "heard: no release";
   const auto later = expired + window;
   EXPECT_EQ(p.backup.consider(answer(before), later), V::Ignore) << "a probe of before";
   ASSERT_EQ(p.backup.consider(hello(cfg.job, 0, good), later), V::Probe);

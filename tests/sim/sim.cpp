@@ -884,6 +884,11 @@ class World {
     if (async()) held = seen_version_.count(shard) ? seen_version_.at(shard) : 0;
     for (const auto& o : servers_)
       if (o->shard == shard) epoch = std::max(epoch, o->max_epoch);
+    // The epoch a worker promised a backup that probed it (Session::promised): that backup may
+    // have taken over counting the answer, so no older server may serve the worker.
+    uint64_t promised = 0;
+    for (const auto& w : workers_)
+      promised = std::max(promised, w->parts[shard].session->promised().value_or(0));
     std::string why;
     for (const auto& o : servers_) {
       if (o->shard != shard) continue;
@@ -894,6 +899,8 @@ class World {
         w = o->exit.substr(0, o->exit.find(':'));
       else if (o->engine->epoch() < epoch)
         w = "of an epoch before its backup's takeover";
+      else if (o->engine->epoch() < promised && !o->replica->following())
+        w = "of an epoch before the one its workers promised a probing backup";
       else if (o->engine->round() < held)
         w = "behind the workers";
       else if (o->replica->following() && !o->replica->backup()->synced())

@@ -78,6 +78,9 @@ const Found kFound[] = {
      "pause"},
     {Kind::Async, "sketch:k=20,cols=200,fetch=1", 250858,
      "a rank the backup had no push number of counted as not behind"},
+    {Kind::Async, "topk:k=30", 400462,
+     "a worker's promise to a probing backup lapsed while that backup was cut off after taking "
+     "over: it went back to the old primary, whose pushes the backup then lacked"},
     {Kind::Quorum, "topk:k=30", 348453,
      "a backup counted a Hello held by a partition while its worker went back to the primary, "
      "applied the last round and left: the backup ran that round again without it"},

@@ -361,25 +361,30 @@ TEST(Session, AWorkerAnswersABackupsProbeOnlyWhileLookingThenKeepsAwayFromTheOld
   const auto init = test::initial_params(cfg.dim, 2);
   auto ws = join(primary, cfg, init);
   Worker& w = *ws[1];
-  const auto probe = [&](uint64_t nonce, uint32_t hold_ms, uint64_t epoch = 1) {
+  const auto probe = [&](uint64_t nonce, uint8_t release = 0, uint64_t epoch = 1) {
     return Frames{Frame::own(encode(Envelope{Type::Probe, cfg.job, 0, 1, 0, nonce})),
-                  Frame::own(encode(ProbeInfo{epoch, hold_ms}))};
+                  Frame::own(encode(ProbeInfo{epoch, release}))};
   };
   Session::Outbox out;
   StepResult res;
   // Registered: a probe (a Hello of before, answered late) is not answered.
-  w.session.handle(probe(77, 1000), primary.now, out, res);
+  w.session.handle(probe(77), primary.now, out, res);
   EXPECT_TRUE(out.empty());
+  EXPECT_FALSE(w.session.promised());
   // Looking again (its link registers anew), the worker answers with the probe's nonce and its
   // Hello's fields; a Hello it sent before the probe is welcomed by the old epoch meanwhile.
   w.hello(primary);
   ASSERT_EQ(primary.inbox[w.peer].size(), 1u);
   EXPECT_FALSE(w.session.registered());
-  for (const Frames& bad : {probe(5, 600001), Frames{probe(5, 10)[0], Frame::own(Bytes(3, 1))}}) {
+  Bytes odd = encode(ProbeInfo{1, 0});
+  odd.back() = 2;
+  for (const Frames& bad : {Frames{probe(5)[0], Frame::own(std::move(odd))},
+                            Frames{probe(5)[0], Frame::own(Bytes(3, 1))}}) {
     w.session.handle_registration(bad, primary.now, out);
     EXPECT_TRUE(out.empty()) << "a bad probe is dropped";
   }
-  w.session.handle_registration(probe(77, 1000), primary.now, out);
+  EXPECT_FALSE(w.session.promised());
+  w.session.handle_registration(probe(77), primary.now, out);
   ASSERT_EQ(out.size(), 1u);
   const Envelope e = decode_envelope(out[0][0].bytes(), out[0].size() - 1);
   EXPECT_EQ(e.type, Type::Present);
@@ -389,20 +394,30 @@ TEST(Session, AWorkerAnswersABackupsProbeOnlyWhileLookingThenKeepsAwayFromTheOld
   const HelloInfo h = decode_hello(out[0][1].bytes());
   EXPECT_EQ(h.epoch, 1u) << "the epoch it promised";
   EXPECT_EQ(h.dim, cfg.dim);
+  EXPECT_EQ(w.session.promised(), 1u);
   out.clear();
   // The Welcome of epoch 0 that crossed the probe is not taken: on to the next replica.
   w.registration(primary);
   EXPECT_FALSE(w.session.registered());
   EXPECT_TRUE(w.session.take_elsewhere());
-  // Its Hellos claim the new epoch until the hold is over, so the old epoch sends it on.
+  // Its Hellos claim the new epoch, however long it waits (the backup may have taken over
+  // counting its answer), so the old epoch sends it on.
+  primary.tick(3600s);
+  w.session.tick(primary.now, out);
   w.hello(primary);
   w.registration(primary);
   EXPECT_FALSE(w.session.registered());
   EXPECT_TRUE(w.session.take_elsewhere());
   EXPECT_GE(primary.engine.rejected(), 1u);
-  // After the hold, the old epoch serves it again.
-  primary.tick(1000ms);
-  w.session.tick(primary.now, out);
+  // A release of an older epoch than promised frees nothing; one of the promised epoch does,
+  // and sends the worker back to the primary, which serves it again.
+  w.session.handle_registration(probe(0, 1, 0), primary.now, out);
+  EXPECT_EQ(w.session.promised(), 1u);
+  EXPECT_FALSE(w.session.take_elsewhere());
+  w.session.handle_registration(probe(0, 1, 1), primary.now, out);
+  EXPECT_TRUE(out.empty()) << "a release is not answered";
+  EXPECT_FALSE(w.session.promised());
+  EXPECT_TRUE(w.session.take_elsewhere());
   w.hello(primary);
   w.registration(primary);
   EXPECT_TRUE(w.session.synced());

@@ -40,8 +40,10 @@ inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // 10: deposition by the backup's token (ReplicaInfo's token, DeposedInfo), RefuseInfo's
 // elsewhere; 11: a Commit carries the whole UpdateInfo (an asynchronous push's pusher and push
 // number, without which a backup that took over re-applied pushes or refused rank 0's next), a
-// Sync the last outcome, the push numbers and the ranks that left (ReplicaInfo), Left
-inline constexpr uint16_t kProtocolVersion = 12;
+// Sync the last outcome, the push numbers and the ranks that left (ReplicaInfo), Left; 12: Probe
+// and Present (a worker counts toward a takeover only by answering the backup's probe); 13: a
+// Probe may release its promise (ProbeInfo's release; the promise no longer lapses with time)
+inline constexpr uint16_t kProtocolVersion = 13;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;
@@ -76,7 +78,8 @@ enum class Type : uint8_t {
   Deposed = 19,  ///< backup → primary: took over (DeposedInfo); the primary must stop
   Left = 20,     ///< primary → backup: worker `rank` said Bye (it will not come to take over)
   // Between a backup and a worker that came to it while the primary is silent:
-  Probe = 21,    ///< backup → worker: are you still looking? (ProbeInfo; `session`: a nonce)
+  Probe = 21,    ///< backup → worker: are you still looking? (ProbeInfo; `session`: a nonce),
+                 ///< or: you are free of your answer (ProbeInfo's release)
   Present = 22,  ///< worker → backup: yes, unregistered (HelloInfo; `session`: the Probe's nonce)
 };
 inline constexpr uint8_t kMaxType = 22;
@@ -218,11 +221,13 @@ struct DeposedInfo {
 Bytes encode(const DeposedInfo& d);
 DeposedInfo decode_deposed(std::span<const uint8_t> frame);
 
-/// A Probe: the epoch the backup would take over as, and how long a worker that answers keeps
-/// away from servers of an older one (the backup counts the answer no longer than that).
+/// A Probe: the epoch the backup would take over as. A worker that answers keeps away from
+/// servers of an older epoch until it registers with one of `epoch` or later, or until that
+/// backup, following its primary again, releases it (`release` = 1: the backup did not take over
+/// and counts no answer to its probes any more).
 struct ProbeInfo {
   uint64_t epoch = 0;
-  uint32_t hold_ms = 0;
+  uint8_t release = 0;
 };
 Bytes encode(const ProbeInfo& p);
 ProbeInfo decode_probe(std::span<const uint8_t> frame);

@@ -82,6 +82,7 @@ class Replica {
   std::unique_ptr<Backup> backup_;
   uint64_t ignored_ = 0;    // messages a following backup did not answer
   uint64_t probes_ = 0;     // Probes it sent
+  uint64_t releases_ = 0;   // Probes that released a worker
   bool gathering_ = false;  // taken over (asynchronous job): pushes wait for every worker
   std::optional<Clock::time_point> ran_;  // when this server last ran (a handle or a tick)
   Clock::time_point heard_{};  // a following backup: its primary's or a worker's last word

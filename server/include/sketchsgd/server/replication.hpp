@@ -138,21 +138,28 @@ class Backup {
                ///< once it answers (a Hello may have waited in the network while its worker went
                ///< back to the primary and applied rounds there)
     TakeOver,  ///< every worker has answered a probe while the primary was silent: promote()
+    Release,   ///< a Hello that claims a later epoch (its worker answered a probe of this
+               ///< backup's) while the primary is heard: answer release()
   };
   /// A worker counts toward a takeover only if this job would accept its Hello (its id, world,
   /// rank range, dim, shard and codec), the primary has been silent to this backup too for
   /// dead_after heartbeats, the worker holds no round this backup lacks, and it answered this
-  /// backup's probe (Present, with the probe's nonce) within dead_after heartbeats: a worker
-  /// answers only while registered nowhere, and then keeps away from servers of the primary's
-  /// epoch for hold() (so it applies no round there that this backup lacks), as long as its
-  /// answer counts here. The backup takes over once every rank so counts (a worker not heard
+  /// backup's probe (Present, with the probe's nonce) within dead_after heartbeats, no longer
+  /// than hold() ago: a worker answers only while registered nowhere, and then keeps away from
+  /// servers of the primary's epoch (so it applies no round there that this backup lacks) until
+  /// it registers here or this backup, hearing its primary again, releases it. The backup takes
+  /// over once every rank so counts (a worker not heard
   /// from might hold a round the primary released after it lost this backup), those that left
   /// counted (the primary says so, Left: what they were answered, this backup holds), or at the
   /// first Hello once the job's last round is done here.
   Verdict consider(const Frames& frames, Clock::time_point now);
   /// The Probe that answers the Hello consider() found so (Verdict::Probe).
   Frames probe(const Frames& hello, Clock::time_point now);
-  /// How long a worker's answer counts (and so how long it keeps away from the old epoch).
+  /// The answer to a Hello consider() found to need a release (Verdict::Release): the Probe that
+  /// frees its worker to go back to the primary. Safe only so: this backup has heard its primary
+  /// since its last probe, which voided every answer.
+  Frames release(const Frames& hello) const;
+  /// How long a worker's answer counts.
   Millis hold() const;
   /// Anything came from the primary: workers that come now do not mean it is gone.
   void heard(Clock::time_point now);

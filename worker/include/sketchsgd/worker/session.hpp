@@ -111,6 +111,11 @@ class Session {
   /// The server said another replica serves the job (a later epoch registered there): the
   /// link should try its next endpoint. True once per such refusal.
   bool take_elsewhere() { return std::exchange(elsewhere_, false); }
+  /// The epoch this worker promised a backup to wait for (it answered its probe), if it did and
+  /// has neither registered there nor been released: servers of an older epoch refuse it.
+  std::optional<uint64_t> promised() const {
+    return promise_ ? std::optional<uint64_t>(promise_->epoch) : std::nullopt;
+  }
   /// Encodes grad (length dim, finite) and queues the push of round next_push().
   void push(std::span<const float> grad, Outbox& out, StepResult& res);
   /// Leaving cleanly (when registered).
@@ -149,14 +154,10 @@ class Session {
   uint64_t apply_update(const Parsed& m);
   Frame envelope(Type t, uint64_t round) const;
   HelloInfo hello_info() const;
-  /// Forgets a promise whose time is up.
-  void expire(Clock::time_point now);
-
   /// Answering a backup's Probe, the worker promised to register with no server of an epoch
-  /// before `epoch` until `until` (the backup counts it toward a takeover that long).
+  /// before `epoch`, until it registers with one of `epoch` or later or the backup releases it.
   struct Promise {
     uint64_t epoch = 0;
-    Clock::time_point until{};
   };
 
   ClientOptions opts_;
