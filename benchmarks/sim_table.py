@@ -16,7 +16,7 @@ import doc_tables
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "docs/data/sim-soak.jsonl")
 MACHINE = "the 2-core dev machine (AMD EPYC Zen 4 under KVM, 2 threads)"
-ORDER = ["rounds", "quorum", "stale", "async", "restart", "sharded"]
+ORDER = ["rounds", "quorum", "stale", "async", "restart", "sharded", "federated"]
 
 
 def main(argv=None):

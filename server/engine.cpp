@@ -569,6 +569,12 @@ std::optional<Engine::Slot> Engine::slot_of(const PeerId& peer, const Envelope& 
   return std::nullopt;
 }
 
+void Engine::save(bool now) {
+  if (hooks_.checkpoint && cfg_.checkpoint_every &&
+      (now || round_ % cfg_.checkpoint_every == 0 || finished()))
+    hooks_.checkpoint(checkpoint(), finished());
+}
+
 void Engine::on_init(uint32_t rank, uint64_t round, const Frames& f, std::vector<Outgoing>& out) {
   SKETCHSGD_REQUIRE(rank == 0 || federated(), ProtocolError, "init from rank ", rank,
                     " (only rank 0 initialises)");
@@ -593,6 +599,10 @@ void Engine::on_init(uint32_t rank, uint64_t round, const Frames& f, std::vector
   } else {
     hooks_.log("model initialised by rank 0 (" + std::to_string(cfg_.dim) + " parameters)");
   }
+  // The initial model is checkpointed as a round's end is: a server killed before its first
+  // round ended restarts with it rather than wait for an Init (a federated job's next clients
+  // hold none).
+  save(true);
   for (uint32_t r = 0; r < cfg_.world; ++r)
     if (pending_pull_[r]) on_pull(r, out);
 }
@@ -749,9 +759,7 @@ void Engine::on_async_push(uint32_t rank, const Envelope& e, std::span<const uin
   metrics_.bytes_down_each = payload.size();
   hooks_.round(metrics_);
   ++round_;
-  if (hooks_.checkpoint && cfg_.checkpoint_every &&
-      (round_ % cfg_.checkpoint_every == 0 || finished()))
-    hooks_.checkpoint(checkpoint(), finished());
+  save(false);
   reset_round();
 }
 
@@ -804,8 +812,18 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
   const bool gradient = phase_ == MessageKind::Gradient;
   const auto& got = gradient ? pushed_ : answered_;
   const uint32_t count = uint32_t(std::count(got.begin(), got.end(), true));
+  const bool late = now - phase_start_ >= cfg_.deadline;
   if (count == 0) {
-    if (gradient) return false;
+    if (gradient) {
+      // No deadline before the first push, except in a federated round: its clients come for it
+      // alone, and after a restart from an older checkpoint they may all have been and gone.
+      // Counted from when the round was first seen empty; aborted a deadline later.
+      if (!federated() || cfg_.policy == Policy::Wait) return false;
+      if (!empty_since_ || empty_since_->first != round_) empty_since_.emplace(round_, now);
+      if (now - empty_since_->second < cfg_.deadline) return false;
+      abort_round(now, out, "no client pushed within the deadline of the round's opening");
+      return true;
+    }
     // A second phase nobody can answer any more (the queried workers died or were dropped).
     bool live = false;
     for (uint32_t r = 0; r < cfg_.world; ++r)
@@ -830,7 +848,6 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
     close_phase(now, out, "");
     return round_ != before || phase_ != phase;
   }
-  const bool late = now - phase_start_ >= cfg_.deadline;
   if (!gradient) {
     // The answers of dead workers never come, whatever the policy.
     if (live_all || late) close_phase(now, out, "no answer from " + ranks_text(missing));
@@ -842,6 +859,15 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
         close_phase(now, out,
                     "quorum of " + std::to_string(count) + ", missing " + ranks_text(missing));
         return round_ != before || phase_ != phase;
+      }
+      // A federated round's clients come for it alone: those missing at the deadline are not
+      // coming back (the next round's are sampled already, and would wait for ever behind it).
+      if (federated() && late) {
+        abort_round(now, out,
+                    "deadline passed with " + std::to_string(count) + " of " +
+                        std::to_string(cfg_.world) + " pushes, short of the quorum of " +
+                        std::to_string(cfg_.min_workers) + ", missing " + ranks_text(missing));
+        return true;
       }
       break;
     case Policy::Abort:
@@ -949,9 +975,7 @@ void Engine::finish_round(std::vector<Outgoing>& out) {
     pending_pull_.assign(cfg_.world, false);
   }
   ++round_;
-  if (hooks_.checkpoint && cfg_.checkpoint_every &&
-      (round_ % cfg_.checkpoint_every == 0 || finished()))
-    hooks_.checkpoint(checkpoint(), finished());
+  save(false);
   reset_round();
   if (federated() && !finished()) seat_waiting(out);
 }
@@ -989,9 +1013,7 @@ void Engine::follow(uint64_t round, const CommitInfo& c, std::span<const uint8_t
   std::swap(agg_, spare_);
   last_outcome_ = std::move(outcome);
   ++round_;
-  if (hooks_.checkpoint && cfg_.checkpoint_every &&
-      (round_ % cfg_.checkpoint_every == 0 || finished()))
-    hooks_.checkpoint(checkpoint(), finished());
+  save(false);
   reset_round();
 }
 

@@ -64,7 +64,10 @@ void Session::hello(Outbox& out) {
   session_ = 0;
   hello_at_.reset();
   slot_ = opts_.rank;  // a Hello names the worker's rank, or the federated client's id
-  out.push_back({envelope(Type::Hello, round_), Frame::own(encode(hello_info()))});
+  // A federated client registers for its round, also when it checked in ahead and holds the
+  // model of the round before (a Hello naming that round would ask for a slot there).
+  const uint64_t round = opts_.population ? std::max(round_, opts_.join_round) : round_;
+  out.push_back({envelope(Type::Hello, round), Frame::own(encode(hello_info()))});
 }
 
 HelloInfo Session::hello_info() const {
@@ -239,8 +242,13 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
       synced_ = !behind_;
       fetching_ = false;
       since_fetch_ = 0;
-      init_.clear();
-      init_.shrink_to_fit();
+      if (!opts_.population) {
+        // Rank 0 initialises a server that lost its model from its current one; a federated
+        // client given the initial model keeps it for that (its current one may be of the round
+        // before its own, which the server may not have reached again).
+        init_.clear();
+        init_.shrink_to_fit();
+      }
       return true;
     }
     default:
@@ -275,6 +283,7 @@ uint64_t Session::apply_update(const Parsed& m) {
 void Session::push(std::span<const float> grad, Outbox& out, StepResult& res) {
   const uint64_t r = next_push_;
   res.round = r;
+  if (opts_.population && pending_.empty()) before_push_ = codec_.save_state();
   const Frame msg = Frame::own(codec_.encode(grad, r, slot_).release());
   pending_.emplace_back(r, msg);
   out.push_back({envelope(Type::Push, r), msg});
@@ -309,6 +318,8 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
     if (model_changed_round_) {
       model_changed_round_ = false;
       pending_.clear();
+      if (before_push_) codec_.load_state(*before_push_);
+      before_push_.reset();
       next_push_ = round_;
       opts_.log("resynchronised with the server at round " + std::to_string(round_));
       res.outcome = StepResult::Outcome::Resynced;
@@ -362,6 +373,7 @@ bool Session::handle(const Frames& frames, Clock::time_point now, Outbox& out, S
   }
   ++round_;
   while (!pending_.empty() && pending_.front().first < round_) pending_.pop_front();
+  if (pending_.empty()) before_push_.reset();
   if (next_push_ < round_) next_push_ = round_;
   return false;
 }

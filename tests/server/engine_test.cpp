@@ -293,9 +293,11 @@ TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
   EXPECT_EQ(net.engine.round(), 1u);
 }
 
-/// The Engine writes nothing itself: it hands a snapshot out every checkpoint_every rounds and
-/// after the last one (marked last), and takes none when no one asked for them.
-TEST(Engine, SnapshotsAreHandedOutEveryNRoundsAndAfterTheLast) {
+/// The Engine writes nothing itself: it hands a snapshot out once the initial model came (a
+/// server killed before its first round's end restarts with it: a federated job's later clients
+/// hold none), every checkpoint_every rounds and after the last one (marked last), and takes none
+/// when no one asked for them.
+TEST(Engine, SnapshotsAreHandedOutAtTheInitialModelEveryNRoundsAndAfterTheLast) {
   JobConfig cfg = job("topk:k=10", 2, 200);
   cfg.max_rounds = 5;
   cfg.checkpoint_every = 2;
@@ -305,10 +307,14 @@ TEST(Engine, SnapshotsAreHandedOutEveryNRoundsAndAfterTheLast) {
     handed.emplace_back(c.round, last);
     model = c.params;
   });
-  auto ws = start(net, cfg, test::initial_params(200, 4));
+  const auto init = test::initial_params(200, 4);
+  auto ws = start(net, cfg, init);
+  ASSERT_EQ(handed, (std::vector<std::pair<uint64_t, bool>>{{0, false}}));
+  EXPECT_EQ(model, init);
   for (uint64_t t = 0; t < 5; ++t) run_round(net, ws, t);
   ASSERT_TRUE(net.engine.finished());
-  EXPECT_EQ(handed, (std::vector<std::pair<uint64_t, bool>>{{2, false}, {4, false}, {5, true}}));
+  EXPECT_EQ(handed, (std::vector<std::pair<uint64_t, bool>>{
+                        {0, false}, {2, false}, {4, false}, {5, true}}));
   EXPECT_EQ(model, std::vector<float>(net.engine.model().begin(), net.engine.model().end()));
 }
 
@@ -430,8 +436,8 @@ TEST(Engine, CheckpointRestoreResumesWithoutApplyingARoundTwice) {
   }
   const auto c = load_checkpoint(path.string());
   ASSERT_TRUE(c);
-  EXPECT_EQ(c->round, 4u);  // written after rounds 2 and 4; round 5 was lost with the "crash"
-  EXPECT_EQ(handed, (std::vector<std::pair<uint64_t, bool>>{{2, false}, {4, false}}));
+  EXPECT_EQ(c->round, 4u);  // written at 0, after 2 and 4; round 5 was lost with the "crash"
+  EXPECT_EQ(handed, (std::vector<std::pair<uint64_t, bool>>{{0, false}, {2, false}, {4, false}}));
   Net net(cfg);
   net.engine.restore(*c);
   EXPECT_EQ(net.engine.round(), 4u);

@@ -369,6 +369,53 @@ TEST(Federated, ClientsCheckedInAfterAnAbortedRoundStartFromTheModelItLeftUnchan
   EXPECT_EQ(std::memcmp(net.engine.model().data(), init.data(), kDim * 4), 0);
 }
 
+// A round's clients come for it alone: short of its quorum at the deadline, it is aborted (not
+// held open for clients that are not coming, with the next round's waiting behind it).
+TEST(Federated, ARoundShortOfItsQuorumAtTheDeadlineIsAbortedAndTheNextOneOpens) {
+  JobConfig cfg = federated("dense");
+  cfg.policy = Policy::Quorum;
+  cfg.min_workers = 3;
+  Net net(cfg);
+  const auto init = test::initial_params(kDim, 3);
+  auto cs = arrive(net, cfg, init);
+  cs.erase(cs.begin() + 2, cs.end());  // two of four push; the others are not heard of again
+  for (auto& c : cs) c.push(net, test::synthetic_grad(c.params, c.id, 0, 5));
+  auto next = check_in_ahead(net, cfg);
+  net.tick(cfg.deadline / 2);
+  for (auto& c : cs) EXPECT_EQ(c.settle(net), std::nullopt) << "closed before the deadline";
+  net.tick(cfg.deadline);
+  for (auto& c : cs) EXPECT_EQ(c.settle(net), Type::Abort);
+  EXPECT_EQ(net.engine.round(), 1u);
+  EXPECT_EQ(std::memcmp(net.engine.model().data(), init.data(), kDim * 4), 0);
+  for (auto& c : next) {
+    EXPECT_EQ(c.settle(net), Type::Abort) << "client " << c.id;
+    EXPECT_EQ(c.round, 1u);
+  }
+}
+
+// After a restart from a checkpoint older than the round the clients were at, the round may have
+// no client left to come: a deadline after it was first seen empty it is aborted, unless the
+// policy is to wait.
+TEST(Federated, ARoundNoClientPushesInIsAbortedADeadlineLaterUnlessThePolicyWaits) {
+  for (const Policy policy : {Policy::Quorum, Policy::Abort, Policy::Wait}) {
+    JobConfig cfg = federated("dense");
+    cfg.policy = policy;
+    cfg.min_workers = 3;
+    Net net(cfg);
+    const auto init = test::initial_params(kDim, 3);
+    run_round(net, cfg, init);
+    const Checkpoint at1 = net.engine.checkpoint();
+    Net back(cfg);
+    back.engine.restore(at1);
+    back.tick(cfg.deadline / 2);
+    back.tick(cfg.deadline / 2 + 1ms);
+    EXPECT_EQ(back.engine.round(), 1u) << "aborted before a deadline went by empty";
+    back.tick(cfg.deadline);
+    EXPECT_EQ(back.engine.round(), policy == Policy::Wait ? 1u : 2u) << to_string(policy);
+    EXPECT_EQ(std::memcmp(back.engine.model().data(), at1.params.data(), kDim * 4), 0);
+  }
+}
+
 TEST(Federated, ARestoredServerForgetsCheckInsAndTheClientsRegisterAgain) {
   const JobConfig cfg = federated("dense");
   const auto init = test::initial_params(kDim, 3);

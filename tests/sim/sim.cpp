@@ -17,6 +17,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/sample.hpp>
 #include <sketchsgd/ps/liveness.hpp>
 #include <sketchsgd/ps/shards.hpp>
 #include <sketchsgd/server/checkpoint.hpp>
@@ -41,6 +42,8 @@ const char* to_string(Kind k) {
       return "restart";
     case Kind::Sharded:
       return "sharded";
+    case Kind::Federated:
+      return "federated";
   }
   return "?";
 }
@@ -49,7 +52,7 @@ Kind parse_kind(const std::string& s) {
   for (Kind k : kKinds)
     if (s == to_string(k)) return k;
   throw InvalidArgument("sim: unknown job kind '" + s +
-                        "' (rounds, quorum, stale, async, restart, sharded)");
+                        "' (rounds, quorum, stale, async, restart, sharded, federated)");
 }
 
 namespace {
@@ -87,7 +90,7 @@ class World {
   World(const Scenario& s, uint64_t seed, bool keep_trace, bool faults)
       : sc_(s), rng_(seed), keep_(keep_trace) {
     shards_ = s.kind == Kind::Sharded ? 2 : 1;
-    replicated_ = s.kind != Kind::Restart;
+    replicated_ = s.kind != Kind::Restart && s.kind != Kind::Federated;
     plan_ = plan_shards(s.spec, s.dim, shards_);
     init_ = test::initial_params(s.dim, 5);
     for (uint32_t sh = 0; sh < shards_; ++sh) {
@@ -110,6 +113,12 @@ class World {
         case Kind::Restart:
           c.checkpoint_every = 1;
           break;
+        case Kind::Federated:
+          c.population = 3 * s.world;
+          c.policy = Policy::Quorum;
+          c.min_workers = s.world - 1;
+          c.checkpoint_every = 1;
+          break;
         default:
           break;
       }
@@ -117,15 +126,23 @@ class World {
       add_server(sh, false);
       if (replicated_) add_server(sh, true);
     }
-    for (uint32_t r = 0; r < s.world; ++r) add_worker(r);
+    if (federated())
+      for (uint64_t round = 0; round < s.rounds; ++round)
+        for (uint32_t id :
+             sample_clients(cfgs_[0].population, s.world, cfgs_[0].sample_seed, round))
+          add_worker(id, round);
+    else
+      for (uint32_t r = 0; r < s.world; ++r) add_worker(r);
     if (faults) schedule_faults(seed);
   }
 
   Report go() {
     Report rep;
     for (size_t i = 0; i < servers_.size(); ++i) start_server(int(i), false);
+    // A round's clients come about as the one before ends (those early are told to try again).
     for (size_t w = 0; w < workers_.size(); ++w)
-      at(now_ + std::chrono::milliseconds(rng_() % 50), [this, w] { start_worker(int(w)); });
+      at(now_ + std::chrono::milliseconds(rng_() % 50 + 25 * workers_[w]->join),
+         [this, w] { start_worker(int(w)); });
     const auto limit = start_ + std::chrono::minutes(10);
     try {
       while (!all_done() && clock_.step(limit)) {
@@ -152,9 +169,10 @@ class World {
     return rep;
   }
 
-  /// The model every worker holds at the end (rounds kinds), for the fault-free reference.
+  /// The model every worker holds at the end (rounds kinds; a federated job's last clients),
+  /// for the fault-free reference.
   std::vector<float> final_model() const {
-    return workers_.empty() ? std::vector<float>{} : workers_[0]->full();
+    return workers_.empty() ? std::vector<float>{} : workers_.back()->full();
   }
   void expect(std::vector<float> ref) { reference_ = std::move(ref); }
 
@@ -208,7 +226,8 @@ class World {
   };
 
   struct Worker {
-    uint32_t rank = 0;
+    uint32_t rank = 0;  // a federated client's id
+    uint64_t join = 0;  // a federated client's round
     std::vector<Part> parts;
     std::vector<ShardPlan> plan;
     WState state = WState::Idle;
@@ -250,9 +269,10 @@ class World {
     servers_.push_back(std::move(s));
   }
 
-  void add_worker(uint32_t rank) {
+  void add_worker(uint32_t rank, uint64_t join = 0) {
     auto w = std::make_unique<Worker>();
     w->rank = rank;
+    w->join = join;
     w->plan = plan_;
     for (uint32_t sh = 0; sh < shards_; ++sh) {
       Part p;
@@ -261,15 +281,19 @@ class World {
       o.job = cfgs_[sh].job;
       o.rank = rank;
       o.world = sc_.world;
+      o.population = cfgs_[sh].population;
+      o.join_round = join;
       if (shards_ > 1) o.shard = plan_[sh].id;
       o.heartbeat = cfgs_[sh].heartbeat;
       o.timeout = 60s;
       o.log = [this, rank](const std::string& s) {
         note("worker " + std::to_string(rank) + ": " + s);
       };
+      // A federated job's first clients all hold the initial model (one's Init counts).
+      const bool initialises = federated() ? join == 0 : rank == 0;
       const std::span<const float> init =
-          rank == 0 ? std::span<const float>(init_).subspan(plan_[sh].id.begin, plan_[sh].dim)
-                    : std::span<const float>();
+          initialises ? std::span<const float>(init_).subspan(plan_[sh].id.begin, plan_[sh].dim)
+                      : std::span<const float>();
       p.session = std::make_unique<Session>(o, *p.codec, init);
       p.alive.dead_after = o.dead_after;
       p.alive.backoff_max = o.backoff_max;
@@ -493,13 +517,18 @@ class World {
     who = i;
     last_[s.shard] = std::max(last_[s.shard], std::make_pair(ep, m.round + 1));
     committed_[{s.shard, m.round + 1}].insert(hash_of(s.engine->model()));
+    if (complete_.count({s.shard, m.round})) rerun_.insert({s.shard, m.round});
     // Whole: every worker's push (and answer) in it, as in the fault-free run.
-    complete_[{s.shard, m.round}] = !m.aborted && m.reason.empty() && m.contributors == sc_.world;
+    // (As the latest epoch ended it: a deposed primary that ends it late, when it wakes from a
+    // pause, serves nobody its outcome.)
+    const bool whole = !m.aborted && m.reason.empty() && m.contributors == sc_.world;
+    auto [at, fresh] = complete_.try_emplace({s.shard, m.round}, ep, whole);
+    if (!fresh && ep >= at->second.first) at->second = {ep, whole};
     primary_hash_[{s.shard, m.round + 1}] = hash_of(s.engine->model(), s.engine->codec_state());
     note(s.name + " ended round " + std::to_string(m.round) + (m.aborted ? " (aborted)" : "") +
          " with " + std::to_string(m.contributors) + " contributors");
   }
-  bool rollback_ok() const { return sc_.kind == Kind::Restart; }
+  bool rollback_ok() const { return sc_.kind == Kind::Restart || federated(); }
 
   // ---- workers
   void start_worker(int w) {
@@ -586,6 +615,9 @@ class World {
   }
 
   bool async() const { return sc_.kind == Kind::Async; }
+  bool federated() const { return sc_.kind == Kind::Federated; }
+  /// The push after a worker's last: the job's rounds, or a federated client's one.
+  uint64_t last_push(const Worker& x) const { return federated() ? x.join + 1 : sc_.rounds; }
 
   /// The training loop's next move: a push when every shard lets it, goodbye when done.
   void step(int w) {
@@ -597,7 +629,7 @@ class World {
       if (async())
         done &= p.finished || (p.session->next_push() >= sc_.rounds && p.session->settled());
       else
-        done &= p.finished || p.session->round() >= sc_.rounds;
+        done &= p.finished || p.session->round() >= last_push(x);
       free &= !p.finished && !p.session->must_wait();
     }
     if (!synced) return;
@@ -615,7 +647,7 @@ class World {
       note("worker " + std::to_string(w) + " done");
       return;
     }
-    if (!free || x.computing || x.parts[0].session->next_push() >= sc_.rounds) return;
+    if (!free || x.computing || x.parts[0].session->next_push() >= last_push(x)) return;
     // The gradient takes a while to compute; the push goes out when it is ready.
     x.computing = true;
     at(now_ + std::chrono::milliseconds(5 + rng_() % 25), [this, w] {
@@ -828,13 +860,23 @@ class World {
     const bool split = std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
       return w->exit.find("the job's state is split") != std::string::npos;
     });
+    // And a federated client whose round closed without it (late, or cut off): it is told so.
+    const auto passed_over = [&](const Worker& x) {
+      const auto it = complete_.find({0, x.join});
+      return federated() && it != complete_.end() && !it->second.second;
+    };
     for (size_t w = 0; w < workers_.size(); ++w) {
       const Worker& x = *workers_[w];
-      if (x.state == WState::Failed && !(server_errors_ || !no_server.empty() || ended || split))
+      if (x.state == WState::Failed &&
+          !(server_errors_ || !no_server.empty() || ended || split || passed_over(x)))
         throw Violation("worker " + std::to_string(w) + " failed: " + x.exit);
     }
+    const bool passed = std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) {
+      return w->state == WState::Failed && passed_over(*w);
+    });
     cause_ = server_errors_       ? "a server refused to start: " + refusal_
              : !no_server.empty() ? no_server
+             : passed             ? "a client's round closed without it (late or cut off)"
              : ended              ? "the job ended while a worker was cut off"
                                   : "";
     for (size_t w = 0; w < workers_.size(); ++w) {
@@ -843,15 +885,34 @@ class World {
       for (size_t p = 0; p < x.parts.size(); ++p) {
         const Part& pt = x.parts[p];
         const uint64_t r = async() ? pt.session->next_push() : pt.session->round();
-        if (r < sc_.rounds)
+        // (A federated client cut off after its push learns the job ended, not its round's
+        // outcome: nothing of it is lost, and it keeps no state.)
+        if (r < last_push(x) && !passed_over(x) && !(federated() && pt.finished))
           throw Violation("worker " + std::to_string(w) + " was told the job had finished at " +
-                          std::to_string(r) + " of " + std::to_string(sc_.rounds));
+                          std::to_string(r) + " of " + std::to_string(last_push(x)));
       }
-      if (!async() && x.full() != workers_[0]->full() && workers_[0]->state == WState::Done)
-        throw Violation("workers 0 and " + std::to_string(w) + " end with different models");
-      if (reference_ && whole() && x.full() != *reference_)
+      // Those that ended together (every worker; a federated round's clients that ran it) agree.
+      const auto ran = [&](const Worker& y) {
+        return y.state == WState::Done && y.parts[0].session->round() >= last_push(y);
+      };
+      // Passed over, or its round ran again after a restart from an older checkpoint (the
+      // clients that had left hold the lost outcome: a rollback, as the workers of a restarted
+      // server resynchronise to it).
+      if (!ran(x) || (federated() && rerun_.count({0, x.join}))) continue;
+      size_t first = 0;
+      while (federated() && (workers_[first]->join != x.join || !ran(*workers_[first]))) ++first;
+      if (!async() && x.full() != workers_[first]->full() && ran(*workers_[first]))
+        throw Violation("workers " + std::to_string(first) + " and " + std::to_string(w) +
+                        " end with different models");
+      if (reference_ && whole() && (!federated() || x.join + 1 == sc_.rounds) &&
+          x.full() != *reference_) {
+        const auto v = x.full();
+        const size_t at =
+            size_t(std::mismatch(v.begin(), v.end(), reference_->begin()).first - v.begin());
         throw Violation("worker " + std::to_string(w) +
-                        " ends with another model than the fault-free run");
+                        " ends with another model than the fault-free run (first at parameter " +
+                        std::to_string(at) + " of " + std::to_string(v.size()) + ")");
+      }
     }
     if (async()) {
       // The version the latest epoch reached: the pushes its server applied, each once.
@@ -866,7 +927,8 @@ class World {
   /// Every round's last outcome had all of its workers (the answers of a worker that died
   /// after its push are left out, whatever the policy).
   bool whole() const {
-    return std::all_of(complete_.begin(), complete_.end(), [](const auto& c) { return c.second; });
+    return std::all_of(complete_.begin(), complete_.end(),
+                       [](const auto& c) { return c.second.second; });
   }
   /// Why no server of the shard can serve every worker (empty: one can). One that can is up,
   /// holds the state (a backup that never got it does not), every round the workers have
@@ -895,13 +957,15 @@ class World {
       std::string w;
       if (o->state == SState::Down)
         w = "killed";
+      else if (o->state == SState::Stopped && federated() && o->exit == "finished")
+        return "";  // every round ran: its clients were served, or passed over (said so)
       else if (o->state == SState::Stopped)
         w = o->exit.substr(0, o->exit.find(':'));
       else if (o->engine->epoch() < epoch)
         w = "of an epoch before its backup's takeover";
       else if (o->engine->epoch() < promised && !o->replica->following())
         w = "of an epoch before the one its workers promised a probing backup";
-      else if (o->engine->round() < held)
+      else if (o->engine->round() < held && !federated())  // a federated one runs it again
         w = "behind the workers";
       else if (o->replica->following() && !o->replica->backup()->synced())
         w = "without the primary's state";
@@ -965,7 +1029,10 @@ class World {
   std::map<std::tuple<uint32_t, uint64_t, uint64_t>, std::optional<int>> acceptor_;
   std::map<std::pair<uint32_t, uint64_t>, std::set<uint64_t>> committed_;
   std::map<std::pair<uint32_t, uint64_t>, uint64_t> primary_hash_;
-  std::map<std::pair<uint32_t, uint64_t>, bool> complete_;
+  // per (shard, round): the epoch that ended it last, and whether every worker's push was in it
+  std::map<std::pair<uint32_t, uint64_t>, std::pair<uint64_t, bool>> complete_;
+  std::set<std::pair<uint32_t, uint64_t>>
+      rerun_;  // rounds a restart from an older checkpoint ran again
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> last_;  // per shard: the latest (epoch, round)
   std::map<uint32_t, uint64_t> seen_version_;  // per shard: the latest version a worker applied
   std::optional<std::vector<float>> reference_;
@@ -994,8 +1061,8 @@ std::vector<float> reference(const Scenario& s) {
 }  // namespace
 
 const std::vector<std::string>& codecs(Kind k) {
-  // Bounded staleness and asynchronous jobs take one-round codecs; a sharded PowerSGD needs a
-  // tensor for each shard.
+  // Bounded staleness, asynchronous and federated jobs take one-round codecs; a sharded PowerSGD
+  // needs a tensor for each shard.
   static const std::vector<std::string> one_round = {"dense", "topk:k=30",
                                                      "sketch:k=20,cols=200,fetch=1"};
   static const std::vector<std::string> every = {
@@ -1004,7 +1071,10 @@ const std::vector<std::string>& codecs(Kind k) {
   static const std::vector<std::string> sharded = {
       "dense", "topk:k=30", "sketch:k=20,cols=200,fetch=1", "sketch:k=20,cols=200,p2=2",
       "powersgd:rank=2,layout=15x10+15x10"};
-  return k == Kind::Stale || k == Kind::Async ? one_round : k == Kind::Sharded ? sharded : every;
+  // A federated round's clients are new (no codec state of their own).
+  return k == Kind::Stale || k == Kind::Async || k == Kind::Federated ? one_round
+         : k == Kind::Sharded                                         ? sharded
+                                                                      : every;
 }
 
 Scenario draw(uint64_t seed, std::optional<Kind> kind) {
@@ -1034,7 +1104,7 @@ Report shrink(Scenario& s, uint64_t seed) {
 Report run(const Scenario& s, uint64_t seed, bool keep_trace) {
   World w(s, seed, keep_trace, true);
   if (s.kind == Kind::Rounds || s.kind == Kind::Sharded ||
-      (s.kind == Kind::Restart && s.spec == "dense"))
+      (s.kind == Kind::Restart && s.spec == "dense") || s.kind == Kind::Federated)
     w.expect(reference(s));
   return w.go();
 }

@@ -25,11 +25,15 @@ enum class Kind : uint8_t {
   Async,    ///< Downpour: each push applied as it comes; primary + backup
   Restart,  ///< rounds, one server checkpointing every round, crashed and restarted
   Sharded,  ///< rounds over two shards, each a primary + backup
+  /// Cross-device: each round W clients sampled from a population of 3·W, new and stateless,
+  /// one push each; quorum W − 1 at the deadline; one server checkpointing every round, crashed
+  /// and restarted
+  Federated,
 };
 const char* to_string(Kind k);
 Kind parse_kind(const std::string& s);  ///< InvalidArgument for an unknown name
-inline constexpr Kind kKinds[] = {Kind::Rounds, Kind::Quorum,  Kind::Stale,
-                                  Kind::Async,  Kind::Restart, Kind::Sharded};
+inline constexpr Kind kKinds[] = {Kind::Rounds,  Kind::Quorum,  Kind::Stale,    Kind::Async,
+                                  Kind::Restart, Kind::Sharded, Kind::Federated};
 
 struct Scenario {
   Kind kind = Kind::Rounds;
@@ -37,6 +41,7 @@ struct Scenario {
   uint32_t world = 3;
   uint64_t dim = 300;
   uint64_t rounds = 6;       ///< rounds of the job (Async: pushes of each worker)
+                             ///< (Federated: W clients a round, W · rounds in all)
   uint32_t faults = 4;       ///< faults drawn for the schedule
   double duplicates = 0.01;  ///< chance that a message is delivered twice
   /// Faults of the schedule left out (bit i: the i-th drawn), so a failing schedule can be cut

@@ -86,6 +86,14 @@ const Found kFound[] = {
      "applied the last round and left: the backup ran that round again without it"},
     {Kind::Stale, "topk:k=30", 3, "a push of a round ahead counted as a worker ahead"},
     {Kind::Restart, "dense", 77, "a server restarted without a checkpoint ran from round 0 again"},
+    {Kind::Sharded, "sketch:k=20,cols=200,p2=2", 17019,
+     "the simulator took a deposed primary's late end of a round, woken from a pause, for the "
+     "round's outcome: a round closed without a dead worker's answer counted as whole"},
+    {Kind::Federated, "topk:k=30", 77,
+     "a server killed before its first round's checkpoint landed came back without a model, and "
+     "no client left held one"},
+    {Kind::Federated, "topk:k=30", 41840,
+     "a client whose push a restart lost pushed again with that push's error feedback in"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Regression, ::testing::ValuesIn(kFound), [](const auto& info) {

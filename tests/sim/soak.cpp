@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
   f.add("seeds", "200", "how many seeds to run (1e6 and the like accepted)");
   f.add("first", "1", "the first seed");
   f.add("jobs", "1", "threads");
-  f.add("kind", "", "only this job kind: rounds, quorum, stale, async, restart, sharded");
+  f.add("kind", "",
+        "only this job kind: rounds, quorum, stale, async, restart, sharded, federated");
   f.add("spec", "", "only this codec (with --kind)");
   f.add("faults", "", "faults per schedule (default: as the seed draws, 1..6)");
   f.add("out", "", "append one JSON line a job kind to this file");

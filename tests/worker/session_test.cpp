@@ -273,6 +273,59 @@ TEST(Session, AFederatedClientCheckedInAheadCatchesUpThroughAnAbortedRound) {
   }
 }
 
+// A server killed after round 0 ended comes back from its checkpoint of round 0; the clients of
+// round 1 had pushed to it. Round 0 is run again (its clients are gone: aborted at its deadline),
+// and each client of round 1 pushes once more, from the model it is given: as a client new to the
+// job would, not carrying its first push's error feedback on top of the gradient (it would count
+// the residual of a push the server never applied).
+TEST(Session, AFederatedClientWhosePushWasLostPushesAgainAsANewClientWould) {
+  JobConfig cfg = job("topk:k=30", 3, 600);
+  cfg.population = 40;
+  cfg.sample_seed = 4;
+  cfg.policy = Policy::Quorum;
+  cfg.min_workers = 2;
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 5);
+  auto first = check_in(w, cfg, 0, init);
+  const Checkpoint at0 = w.engine.checkpoint();
+  std::vector<StepResult> res(first.size());
+  for (size_t i = 0; i < first.size(); ++i) first[i]->push(w, 11, res[i]);
+  for (int pass = 0; pass < 3; ++pass)
+    for (size_t i = 0; i < first.size(); ++i) first[i]->pump(w, res[i]);
+  ASSERT_EQ(w.engine.round(), 1u);
+  auto next = check_in(w, cfg, 1, {});
+  for (auto& c : next) {
+    ASSERT_TRUE(c->session.synced()) << c->peer;
+    StepResult r;
+    Session::Outbox lost;  // the server dies before it reads them
+    c->session.push(test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11),
+                    lost, r);
+  }
+  Wire back(cfg);
+  back.engine.restore(at0);
+  for (auto& c : next) c->hello(back);  // a new socket: what it had queued is gone
+  for (int pass = 0; pass < 3; ++pass)
+    for (auto& c : next) {
+      StepResult r;
+      c->pump(back, r);
+    }
+  back.tick(cfg.deadline / 2);
+  back.tick(cfg.deadline);  // round 0 aborted: nobody came for it
+  for (auto& c : next) {
+    StepResult r;
+    c->pump(back, r);
+    ASSERT_EQ(c->session.round(), 1u) << c->peer;
+    ASSERT_EQ(c->session.next_push(), 1u) << c->peer;
+    const auto g = test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11);
+    Session::Outbox out;
+    c->session.push(g, out, r);
+    ASSERT_EQ(out.size(), 1u);
+    const auto fresh = make_compressor(cfg.spec, cfg.dim)->encode(g, 1, c->session.rank());
+    EXPECT_TRUE(std::ranges::equal(out[0][1].bytes(), fresh.bytes()))
+        << c->peer << " pushed its first push's error feedback again";
+  }
+}
+
 TEST(Session, FederatedClientsOutsideTheSampleOrTwoRoundsEarlyAreRefused) {
   JobConfig cfg = job("sketch:k=30,cols=300,fetch=1", 3, 600);
   cfg.population = 40;

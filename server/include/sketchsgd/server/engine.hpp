@@ -83,10 +83,12 @@ struct JobConfig {
   /// (sample_clients(population, world, sample_seed, round)). A sampled client registers for its
   /// round under its id, gets the slot of its place in the sample as its rank, pushes and
   /// leaves; every slot is free again once the round has ended. A slot whose client has not
-  /// come counts as live until the deadline. A client of the next round may check in while this
-  /// one runs: it is welcomed then, takes its slot and gets the model the moment its round
-  /// opens, so its connection and registration are off the round's path. 0: `world` fixed
-  /// workers.
+  /// come counts as live until the deadline; unless the policy is wait, a round short of its
+  /// quorum at the deadline, or without any push a deadline after it opened, is aborted (its
+  /// clients are not coming back: the next round's would wait behind it for ever). A client of the
+  /// next round may check in while this one runs: it is welcomed then, takes its slot and gets the
+  /// model the moment its round opens, so its connection and registration are off the round's path.
+  /// 0: `world` fixed workers.
   uint32_t population = 0;
   uint64_t sample_seed = 1;
   /// A sharded job's part (ps/shards.hpp): dim and spec are then the shard's range and its
@@ -215,6 +217,8 @@ class Engine {
                 std::vector<Outgoing>& out, std::string_view user);
   void refuse_other_version(const PeerId& peer, const Frames& frames, std::vector<Outgoing>& out);
   void on_init(uint32_t rank, uint64_t round, const Frames& f, std::vector<Outgoing>& out);
+  /// A checkpoint of the state now (`now`), or at a round's end where checkpoint_every says.
+  void save(bool now);
   void on_pull(uint32_t rank, std::vector<Outgoing>& out);
   void on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point now,
                std::vector<Outgoing>& out);
@@ -294,6 +298,7 @@ class Engine {
   uint32_t cursor_ = 0;         // ranks below it are merged (or skipped)
   MessageKind phase_ = MessageKind::Gradient;
   std::optional<Clock::time_point> round_start_;
+  std::optional<std::pair<uint64_t, Clock::time_point>> empty_since_;  // a federated round's
   Clock::time_point phase_start_{};
   Clock::time_point last_wait_log_{};
   RoundMetrics metrics_;

@@ -173,6 +173,9 @@ class Session {
   uint64_t epoch_ = 0;    // the highest server epoch registered with (replicated servers)
   std::chrono::milliseconds heartbeat_;
   std::deque<std::pair<uint64_t, Frame>> pending_;  // pushes without an outcome yet
+  // A federated client's codec state before its pending push: a push the server lost and the
+  // client computes again must not carry the first one's error feedback as well.
+  std::optional<Bytes> before_push_;
   uint64_t resent_ = 0;                        // bytes of pushes sent again with the last Welcome
   bool resent_before_model_ = false;           // they went before the Pull: the Model needs none
   std::optional<Clock::time_point> hello_at_;  // a Hello to send again then
