@@ -1,5 +1,5 @@
 // The simulator's CI tier: seeded fault schedules over every job kind and codec, the invariants
-// checked after every event (tests/sim/sim.cpp); the schedules that found bugs while it was
+// checked after every event (tests/sim/invariants.cpp); the schedules that found bugs while it was
 // written kept as regression cases; and the simulator's own test, that the invariants catch a
 // job broken on purpose. The soak command (sketchsgd_sim) runs millions.
 #include <gtest/gtest.h>
