@@ -53,12 +53,13 @@ def main(argv=None):
                       "ended by a clear error: why (the commonest)", "invariants broken"],
                      rows, data="docs/data/sim-soak.jsonl",
                      note=f"Each seed draws a job kind, a codec (dense, top-k, FetchSGD, the two-round sketch, "
-                          f"PowerSGD; one-round codecs for staleness and asynchronous jobs) and 1-6 faults "
-                          f"(partitions, SIGSTOP, kill -9, restarts) in the first 0.8 s of a 3-worker, 6-round "
-                          f"job, and runs it in one process on a simulated clock; {wall:,.0f} s of wall "
-                          f"time. \"Ended by a clear error\": every worker either finished or failed with an "
-                          f"error and the schedule left no server that could serve it (named: which server, "
-                          f"in what state).")
+                          f"PowerSGD; one-round codecs for staleness, asynchronous and federated jobs) and 1-6 "
+                          f"faults (partitions, SIGSTOP, kill -9, restarts) in the first 0.8 s of a 3-worker, "
+                          f"6-round job (federated: 3 clients a round sampled from 9, 18 in all), and runs it "
+                          f"in one process on a simulated clock; {wall:,.0f} s of wall time. \"Ended by a "
+                          f"clear error\": every worker either finished or failed with an error the schedule "
+                          f"explains: no server left that could serve it (named: which server, in what "
+                          f"state), or a federated client's round closed without it.")
 
 
 if __name__ == "__main__":
