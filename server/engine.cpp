@@ -815,10 +815,16 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
   const bool late = now - phase_start_ >= cfg_.deadline;
   if (count == 0) {
     if (gradient) {
-      // No deadline before the first push, except in a federated round: its clients come for it
-      // alone, and after a restart from an older checkpoint they may all have been and gone.
-      // Counted from when the round was first seen empty; aborted a deadline later.
+      // No deadline before the first push, except in a federated round that no live client holds
+      // a slot of: its clients come for it alone, and after a restart from an older checkpoint
+      // they may all have been and gone. (A registered client may train for longer than a
+      // deadline: the round's counts from its first push.) Counted from when the round was first
+      // seen so; aborted a deadline later.
       if (!federated() || cfg_.policy == Policy::Wait) return false;
+      if (roster_.live() > 0) {
+        empty_since_.reset();
+        return false;
+      }
       if (!empty_since_ || empty_since_->first != round_) empty_since_.emplace(round_, now);
       if (now - empty_since_->second < cfg_.deadline) return false;
       abort_round(now, out, "no client pushed within the deadline of the round's opening");

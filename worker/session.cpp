@@ -233,9 +233,14 @@ bool Session::control(const Parsed& m, Clock::time_point now, Outbox& out) {
         if (steps) std::memcpy(&t, b.data() + dim * 4 * (1 + k), 8);
         outer_->load(state, t);  // validates before it writes
       }
+      // A federated client's pending push was computed on the model it holds: a server that sends
+      // another for the same round ran the round before again, differently (restarted from an
+      // older checkpoint, with other clients' pushes): the push is stale and computed again.
+      const bool other = opts_.population && m.env.round == round_ && !pending_.empty() &&
+                         params_.size() == p.size() && params_.to_vector() != p;
       if (params_.size() != p.size()) params_ = Buffer<float>(p.size(), codec_.device());
       params_.upload(p);
-      if (m.env.round != round_) model_changed_round_ = true;  // the server is elsewhere
+      if (m.env.round != round_ || other) model_changed_round_ = true;  // the server is elsewhere
       round_ = m.env.round;
       if (model_changed_round_ || pending_.empty()) next_push_ = round_;
       behind_ = opts_.population != 0 && round_ < opts_.join_round;  // checked in ahead

@@ -416,6 +416,29 @@ TEST(Federated, ARoundNoClientPushesInIsAbortedADeadlineLaterUnlessThePolicyWait
   }
 }
 
+// A round's clients that registered may train for longer than a deadline (the round's counts from
+// its first push): while one is live the round stays open; once none is, the rule above applies.
+TEST(Federated, AnEmptyRoundStaysOpenWhileAClientOfItIsLive) {
+  JobConfig cfg = federated("dense");
+  cfg.policy = Policy::Quorum;
+  cfg.min_workers = 3;
+  Net net(cfg);
+  const auto init = test::initial_params(kDim, 3);
+  run_round(net, cfg, init);
+  auto cs = arrive(net, cfg, {});  // round 1's clients, registered, training
+  for (int i = 0; i < 25; ++i) {   // 2.5 deadlines' worth of heartbeats
+    net.tick(100ms);
+    for (auto& c : cs) net.deliver(c.peer, {c.mine(Type::Heartbeat, 1)});
+  }
+  EXPECT_EQ(net.engine.round(), 1u) << "aborted while its clients were training";
+  net.tick(400ms);  // silent: dead after 3 x 100 ms
+  EXPECT_EQ(net.engine.live_workers(), 0u);
+  net.tick(cfg.deadline / 2);
+  EXPECT_EQ(net.engine.round(), 1u);
+  net.tick(cfg.deadline);
+  EXPECT_EQ(net.engine.round(), 2u);
+}
+
 TEST(Federated, ARestoredServerForgetsCheckInsAndTheClientsRegisterAgain) {
   const JobConfig cfg = federated("dense");
   const auto init = test::initial_params(kDim, 3);

@@ -94,6 +94,9 @@ const Found kFound[] = {
      "no client left held one"},
     {Kind::Federated, "topk:k=30", 41840,
      "a client whose push a restart lost pushed again with that push's error feedback in"},
+    {Kind::Federated, "dense", 114607,
+     "a server restarted from an older checkpoint ran the round before again with another "
+     "client's push, and the next round's clients sent pushes computed on the old model"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Seeds, Regression, ::testing::ValuesIn(kFound), [](const auto& info) {

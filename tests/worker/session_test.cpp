@@ -326,6 +326,49 @@ TEST(Session, AFederatedClientWhosePushWasLostPushesAgainAsANewClientWould) {
   }
 }
 
+// The server comes back at the client's round but with another model (it ran the round before
+// again, with other clients' pushes): the client's pending push, computed on the model it held, is
+// stale; it is dropped and computed again on the model it is given, as a new client's would be.
+TEST(Session, AFederatedClientGivenAnotherModelOfItsRoundPushesAgainFromIt) {
+  JobConfig cfg = job("topk:k=30", 3, 600);
+  cfg.population = 40;
+  cfg.sample_seed = 4;
+  Wire w(cfg);
+  const auto init = test::initial_params(cfg.dim, 5);
+  auto first = check_in(w, cfg, 0, init);
+  std::vector<StepResult> res(first.size());
+  for (size_t i = 0; i < first.size(); ++i) first[i]->push(w, 11, res[i]);
+  for (int pass = 0; pass < 3; ++pass)
+    for (size_t i = 0; i < first.size(); ++i) first[i]->pump(w, res[i]);
+  ASSERT_EQ(w.engine.round(), 1u);
+  auto next = check_in(w, cfg, 1, {});
+  for (auto& c : next) {
+    StepResult r;
+    Session::Outbox lost;  // the server dies before it reads them
+    c->session.push(test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11),
+                    lost, r);
+  }
+  Checkpoint other = w.engine.checkpoint();
+  for (auto& v : other.params) v += 0.25f;
+  Wire back(cfg);
+  back.engine.restore(other);
+  for (auto& c : next) c->hello(back);
+  for (auto& c : next) {
+    StepResult r;
+    for (int pass = 0; pass < 3; ++pass) c->pump(back, r);
+    EXPECT_EQ(r.outcome, StepResult::Outcome::Resynced) << c->peer;
+    ASSERT_EQ(c->session.next_push(), 1u) << c->peer;
+    ASSERT_EQ(std::memcmp(c->session.params().data(), other.params.data(), cfg.dim * 4), 0);
+    const auto g = test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11);
+    Session::Outbox out;
+    c->session.push(g, out, r);
+    ASSERT_EQ(out.size(), 1u);
+    const auto fresh = make_compressor(cfg.spec, cfg.dim)->encode(g, 1, c->session.rank());
+    EXPECT_TRUE(std::ranges::equal(out[0][1].bytes(), fresh.bytes())) << c->peer;
+  }
+  EXPECT_EQ(back.engine.round(), 1u) << "a stale push was merged";
+}
+
 TEST(Session, FederatedClientsOutsideTheSampleOrTwoRoundsEarlyAreRefused) {
   JobConfig cfg = job("sketch:k=30,cols=300,fetch=1", 3, 600);
   cfg.population = 40;

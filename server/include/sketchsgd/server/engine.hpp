@@ -84,8 +84,9 @@ struct JobConfig {
   /// round under its id, gets the slot of its place in the sample as its rank, pushes and
   /// leaves; every slot is free again once the round has ended. A slot whose client has not
   /// come counts as live until the deadline; unless the policy is wait, a round short of its
-  /// quorum at the deadline, or without any push a deadline after it opened, is aborted (its
-  /// clients are not coming back: the next round's would wait behind it for ever). A client of the
+  /// quorum at the deadline, or without any push or live client a deadline after it was first
+  /// seen so, is aborted (its clients are not coming back: the next round's would wait behind it
+  /// for ever). A client of the
   /// next round may check in while this one runs: it is welcomed then, takes its slot and gets the
   /// model the moment its round opens, so its connection and registration are off the round's path.
   /// 0: `world` fixed workers.
