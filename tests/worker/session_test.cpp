@@ -273,6 +273,43 @@ TEST(Session, AFederatedClientCheckedInAheadCatchesUpThroughAnAbortedRound) {
   }
 }
 
+/// Round 0 run by its sampled clients; then round 1's clients, registered, push to a server that
+/// dies before it reads them. Round 1's clients, and the server's checkpoint of round 0.
+struct Lost {
+  std::vector<std::unique_ptr<Worker>> clients;
+  Checkpoint at0;
+};
+Lost lost_pushes_of_round_1(Wire& w, const JobConfig& cfg, std::span<const float> init) {
+  auto first = check_in(w, cfg, 0, init);
+  Checkpoint at0 = w.engine.checkpoint();
+  std::vector<StepResult> res(first.size());
+  for (size_t i = 0; i < first.size(); ++i) first[i]->push(w, 11, res[i]);
+  for (int pass = 0; pass < 3; ++pass)
+    for (size_t i = 0; i < first.size(); ++i) first[i]->pump(w, res[i]);
+  EXPECT_EQ(w.engine.round(), 1u);
+  auto next = check_in(w, cfg, 1, {});
+  for (auto& c : next) {
+    EXPECT_TRUE(c->session.synced()) << c->peer;
+    StepResult r;
+    Session::Outbox lost;
+    c->session.push(test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11),
+                    lost, r);
+  }
+  return {std::move(next), std::move(at0)};
+}
+
+/// The client's next push (of round 1) is what a new client's codec makes of the same gradient.
+void expect_push_as_new(Worker& c, const JobConfig& cfg) {
+  const auto g = test::synthetic_grad(c.session.params(), c.session.options().rank, 1, 11);
+  Session::Outbox out;
+  StepResult r;
+  c.session.push(g, out, r);
+  ASSERT_EQ(out.size(), 1u);
+  const auto fresh = make_compressor(cfg.spec, cfg.dim)->encode(g, 1, c.session.rank());
+  EXPECT_TRUE(std::ranges::equal(out[0][1].bytes(), fresh.bytes()))
+      << c.peer << " did not push as a new client would";
+}
+
 // A server killed after round 0 ended comes back from its checkpoint of round 0; the clients of
 // round 1 had pushed to it. Round 0 is run again (its clients are gone: aborted at its deadline),
 // and each client of round 1 pushes once more, from the model it is given: as a client new to the
@@ -286,21 +323,7 @@ TEST(Session, AFederatedClientWhosePushWasLostPushesAgainAsANewClientWould) {
   cfg.min_workers = 2;
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 5);
-  auto first = check_in(w, cfg, 0, init);
-  const Checkpoint at0 = w.engine.checkpoint();
-  std::vector<StepResult> res(first.size());
-  for (size_t i = 0; i < first.size(); ++i) first[i]->push(w, 11, res[i]);
-  for (int pass = 0; pass < 3; ++pass)
-    for (size_t i = 0; i < first.size(); ++i) first[i]->pump(w, res[i]);
-  ASSERT_EQ(w.engine.round(), 1u);
-  auto next = check_in(w, cfg, 1, {});
-  for (auto& c : next) {
-    ASSERT_TRUE(c->session.synced()) << c->peer;
-    StepResult r;
-    Session::Outbox lost;  // the server dies before it reads them
-    c->session.push(test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11),
-                    lost, r);
-  }
+  auto [next, at0] = lost_pushes_of_round_1(w, cfg, init);
   Wire back(cfg);
   back.engine.restore(at0);
   for (auto& c : next) c->hello(back);  // a new socket: what it had queued is gone
@@ -316,13 +339,7 @@ TEST(Session, AFederatedClientWhosePushWasLostPushesAgainAsANewClientWould) {
     c->pump(back, r);
     ASSERT_EQ(c->session.round(), 1u) << c->peer;
     ASSERT_EQ(c->session.next_push(), 1u) << c->peer;
-    const auto g = test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11);
-    Session::Outbox out;
-    c->session.push(g, out, r);
-    ASSERT_EQ(out.size(), 1u);
-    const auto fresh = make_compressor(cfg.spec, cfg.dim)->encode(g, 1, c->session.rank());
-    EXPECT_TRUE(std::ranges::equal(out[0][1].bytes(), fresh.bytes()))
-        << c->peer << " pushed its first push's error feedback again";
+    expect_push_as_new(*c, cfg);
   }
 }
 
@@ -335,19 +352,7 @@ TEST(Session, AFederatedClientGivenAnotherModelOfItsRoundPushesAgainFromIt) {
   cfg.sample_seed = 4;
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 5);
-  auto first = check_in(w, cfg, 0, init);
-  std::vector<StepResult> res(first.size());
-  for (size_t i = 0; i < first.size(); ++i) first[i]->push(w, 11, res[i]);
-  for (int pass = 0; pass < 3; ++pass)
-    for (size_t i = 0; i < first.size(); ++i) first[i]->pump(w, res[i]);
-  ASSERT_EQ(w.engine.round(), 1u);
-  auto next = check_in(w, cfg, 1, {});
-  for (auto& c : next) {
-    StepResult r;
-    Session::Outbox lost;  // the server dies before it reads them
-    c->session.push(test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11),
-                    lost, r);
-  }
+  auto next = lost_pushes_of_round_1(w, cfg, init).clients;
   Checkpoint other = w.engine.checkpoint();
   for (auto& v : other.params) v += 0.25f;
   Wire back(cfg);
@@ -359,12 +364,7 @@ TEST(Session, AFederatedClientGivenAnotherModelOfItsRoundPushesAgainFromIt) {
     EXPECT_EQ(r.outcome, StepResult::Outcome::Resynced) << c->peer;
     ASSERT_EQ(c->session.next_push(), 1u) << c->peer;
     ASSERT_EQ(std::memcmp(c->session.params().data(), other.params.data(), cfg.dim * 4), 0);
-    const auto g = test::synthetic_grad(c->session.params(), c->session.options().rank, 1, 11);
-    Session::Outbox out;
-    c->session.push(g, out, r);
-    ASSERT_EQ(out.size(), 1u);
-    const auto fresh = make_compressor(cfg.spec, cfg.dim)->encode(g, 1, c->session.rank());
-    EXPECT_TRUE(std::ranges::equal(out[0][1].bytes(), fresh.bytes())) << c->peer;
+    expect_push_as_new(*c, cfg);
   }
   EXPECT_EQ(back.engine.round(), 1u) << "a stale push was merged";
 }
