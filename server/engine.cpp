@@ -827,7 +827,7 @@ bool Engine::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
       }
       if (!empty_since_ || empty_since_->first != round_) empty_since_.emplace(round_, now);
       if (now - empty_since_->second < cfg_.deadline) return false;
-      abort_round(now, out, "no client pushed within the deadline of the round's opening");
+      abort_round(now, out, "no client of the round pushed or stayed live for a deadline");
       return true;
     }
     // A second phase nobody can answer any more (the queried workers died or were dropped).
