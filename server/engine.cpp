@@ -123,6 +123,16 @@ uint32_t Engine::live_workers() const {
   return roster_.live();
 }
 
+uint32_t Engine::awaited_workers() const {
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < cfg_.world; ++r) {
+    const Worker& w = roster_[r];
+    const bool last = !federated() && !cfg_.async && r < last_pushed_.size() && last_pushed_[r];
+    n += w.registered && !w.left && (w.alive || last);
+  }
+  return n;
+}
+
 void Engine::restore(const Checkpoint& c) {
   SKETCHSGD_REQUIRE(c.job == cfg_.job, ConfigMismatch, "checkpoint of job ", c.job,
                     ", server runs job ", cfg_.job);
@@ -230,8 +240,10 @@ void Engine::absorb_in_order(bool closing) {
 }
 
 void Engine::reset_round() {
+  if (std::find(pushed_.begin(), pushed_.end(), true) != pushed_.end()) last_pushed_ = pushed_;
   pushed_.assign(cfg_.world, false);
   answered_.assign(cfg_.world, false);
+  query_ = Frame();
   start_phase(MessageKind::Gradient);
   round_start_.reset();
   metrics_ = RoundMetrics{};
@@ -662,6 +674,14 @@ void Engine::on_push(uint32_t rank, const Envelope& e, const Frames& f, Clock::t
     on_pull(rank, out);
     return;
   }
+  if (phase_ == MessageKind::Answer && pushed_[rank] && !answered_[rank]) {
+    // A queried rank that pushes its round again has registered again: the Query went to its
+    // old connection and was lost (or its Answer was). It is asked again (an answer changes no
+    // state of the worker's codec, so a second one is harmless); else the round would wait for
+    // an answer that never comes (a chaos soak's stalled two-round jobs).
+    send(rank, {to(rank, Type::Query, round_), query_}, out);
+    return;
+  }
   SKETCHSGD_REQUIRE(phase_ == MessageKind::Gradient, ProtocolError, "late push from rank ", rank,
                     ": round ", round_, " is in its second phase");
   const auto msg = f[1].bytes();
@@ -914,6 +934,7 @@ void Engine::close_phase(Clock::time_point now, std::vector<Outgoing>& out, std:
   if (agg_->expecting() == MessageKind::Answer) {
     start_phase(MessageKind::Answer);
     phase_start_ = now;
+    query_ = payload;
     metrics_.contributors = count;
     metrics_.bytes_down_each += payload.size();
     for (uint32_t r = 0; r < cfg_.world; ++r)

@@ -139,8 +139,10 @@ bool Replica::done(Clock::time_point now) {
   // A backup still following waits for its primary's goodbye: should the primary die before its
   // workers hold the last update, they come here for it. A serving server waits for its workers'
   // (each says Bye once it holds the last update, which on a slow link takes seconds to arrive
-  // and is lost if the socket closes first).
-  const bool idle = following() ? backup_->primary_done() : engine_.live_workers() == 0;
+  // and is lost if the socket closes first), counting one that pushed the last round as coming
+  // even once declared dead: a pause or a lost connection at the end (the chaos soak's job whose
+  // primary, woken, ended the last round and stopped as its workers reconnected).
+  const bool idle = following() ? backup_->primary_done() : engine_.awaited_workers() == 0;
   return since >= opts_.finish_grace && (idle || since >= opts_.finish_wait);
 }
 

@@ -183,6 +183,44 @@ TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {
   EXPECT_EQ(net.engine.live_workers(), 3u);
 }
 
+// Found by scripts/chaos.py: a primary paused through the last round woke, ended it (its workers'
+// pushes had waited in its socket), found every worker declared dead (their connections had gone
+// while it slept) and stopped before they came back for the last update.
+TEST(Engine, AFinishedServerAwaitsTheWorkersOfTheLastRoundNotTheLongDead) {
+  JobConfig cfg = job("topk:k=10", 3, 200);
+  cfg.policy = Policy::Quorum;
+  cfg.min_workers = 2;
+  cfg.max_rounds = 2;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(200, 6));
+  // Round 0 without rank 2, declared dead (silent past dead_after heartbeats) and gone for good.
+  for (int i = 0; i < 2; ++i) ws[i].push(net, test::synthetic_grad(ws[i].params, i, 0, 3));
+  for (int t = 0; t < 4; ++t) {
+    for (int r = 0; r < 2; ++r) net.deliver(ws[r].peer, {ws[r].mine(Type::Heartbeat, 0)});
+    net.tick(100ms);
+  }
+  for (int r = 0; r < 2; ++r) ASSERT_EQ(ws[r].settle(net), Type::Update);
+  EXPECT_EQ(net.engine.awaited_workers(), 2u);
+  // The last round: ranks 0 and 1 push, then fall silent (paused, cut off) and are declared dead.
+  for (int i = 0; i < 2; ++i) ws[i].push(net, test::synthetic_grad(ws[i].params, i, 1, 3));
+  ASSERT_TRUE(net.engine.finished());
+  for (int t = 0; t < 4; ++t) net.tick(100ms);
+  EXPECT_EQ(net.engine.live_workers(), 0u);
+  EXPECT_EQ(net.engine.awaited_workers(), 2u) << "the last round's workers are coming back";
+  // Rank 0 comes back (its old connection's Update lost), gets the last update and says Bye.
+  ws[0].peer = "peer-0-again";
+  ws[0].hello(net);
+  const auto welcome = net.next(ws[0].peer);
+  ASSERT_EQ(welcome->first.type, Type::Welcome);
+  ws[0].session = welcome->first.session;
+  ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 1, 3));
+  EXPECT_EQ(ws[0].settle(net), Type::Update);
+  net.deliver(ws[0].peer, {ws[0].mine(Type::Bye, 2)});
+  EXPECT_EQ(net.engine.awaited_workers(), 1u);
+  net.deliver(ws[1].peer, {ws[1].mine(Type::Bye, 2)});
+  EXPECT_EQ(net.engine.awaited_workers(), 0u) << "rank 2, dead before the last round, is awaited";
+}
+
 TEST(Engine, AbortPolicyEndsTheRoundAtTheDeadline) {
   JobConfig cfg = job("dense", 2, 100);
   cfg.policy = Policy::Abort;
@@ -243,6 +281,59 @@ TEST(Engine, WaitPolicyWaitsPastTheDeadline) {
   EXPECT_EQ(ws[0].settle(net), Type::Update);
   EXPECT_EQ(ws[1].settle(net), Type::Update);
 }
+
+class TwoRoundCodecs : public ::testing::TestWithParam<std::string> {};
+
+// Found by scripts/chaos.py (two-round jobs stalled with every process live): a worker cut off
+// while its round was in its second phase registered again and pushed the round again, and the
+// server dropped that push ("in its second phase") and waited for an answer to a Query that had
+// gone to the old connection.
+TEST_P(TwoRoundCodecs, AQueriedWorkerThatRegistersAgainIsAskedAgain) {
+  JobConfig cfg = job(GetParam(), 2, 200);
+  cfg.policy = Policy::Wait;
+  Net net(cfg);
+  auto ws = start(net, cfg, test::initial_params(200, 5));
+  const Message g0 = ws[0].codec->encode(test::synthetic_grad(ws[0].params, 0, 0, 3), 0, 0);
+  net.deliver(ws[0].peer, {ws[0].mine(Type::Push, 0), bytes_frame(g0)});
+  ws[1].push(net, test::synthetic_grad(ws[1].params, 1, 0, 3));
+  ASSERT_EQ(net.next(ws[0].peer)->first.type, Type::Query);  // lost with the old connection
+  // Rank 0's old connection falls silent while rank 1 stays live (its Query waits for it, so the
+  // phase does not close on the dead rank's missing answer); rank 0 comes back on another.
+  for (int i = 0; i < 4; ++i) {
+    net.deliver(ws[1].peer, {ws[1].mine(Type::Heartbeat, 0)});
+    net.tick(100ms);
+  }
+  ws[0].peer = "peer-0-again";
+  ws[0].hello(net);
+  const auto welcome = net.next(ws[0].peer);
+  ASSERT_EQ(welcome->first.type, Type::Welcome);
+  ws[0].session = welcome->first.session;
+  // As a Session does: its push without an outcome again, then a Pull.
+  net.deliver(ws[0].peer, {ws[0].mine(Type::Push, 0), bytes_frame(g0)});
+  net.deliver(ws[0].peer, {ws[0].mine(Type::Pull, 0)});
+  const uint64_t rejected = net.engine.rejected();
+  EXPECT_FALSE(ws[0].settle(net));  // answers, if asked; the round waits for rank 1
+  ASSERT_EQ(ws[1].settle(net), Type::Update) << "the round waits for rank 0's answer";
+  EXPECT_EQ(ws[0].settle(net), Type::Update);
+  EXPECT_EQ(net.engine.round(), 1u);
+  EXPECT_EQ(net.engine.rejected(), rejected) << "a message of the job was refused";
+  EXPECT_EQ(std::memcmp(ws[0].params.data(), ws[1].params.data(), 800), 0);
+  // A rank whose Answer arrived is not asked again: its push again is a duplicate.
+  const Message g1 = ws[0].codec->encode(test::synthetic_grad(ws[0].params, 0, 1, 3), 1, 0);
+  net.deliver(ws[0].peer, {ws[0].mine(Type::Push, 1), bytes_frame(g1)});
+  ws[1].push(net, test::synthetic_grad(ws[1].params, 1, 1, 3));
+  EXPECT_FALSE(ws[0].settle(net));  // answers its Query; rank 1 has not yet
+  net.deliver(ws[0].peer, {ws[0].mine(Type::Push, 1), bytes_frame(g1)});
+  EXPECT_FALSE(net.next(ws[0].peer)) << "asked again after it answered";
+  EXPECT_EQ(ws[1].settle(net), Type::Update);
+  EXPECT_EQ(ws[0].settle(net), Type::Update);
+  EXPECT_EQ(net.engine.round(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, TwoRoundCodecs,
+                         ::testing::Values("sketch:k=10,cols=50,p2=2",
+                                           "powersgd:rank=2,layout=10x20"),
+                         test::spec_name<::testing::TestParamInfo<std::string>>);
 
 TEST(Engine, DuplicateFutureAndGarbageTrafficChangesNothing) {
   const JobConfig cfg = job("topk:k=10", 2, 200);

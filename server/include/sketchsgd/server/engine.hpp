@@ -187,6 +187,11 @@ class Engine {
   /// Requests answered with Finished (the job had ended).
   uint64_t late_requests() const { return late_; }
   uint32_t live_workers() const;
+  /// Workers a finished job's server still waits for (for their Bye): the live ones and, in a
+  /// job of fixed workers, those that pushed the last round and have not said Bye. Such a worker
+  /// declared dead at the job's very end (its connection lost, the process paused) is coming
+  /// back for the last update; one silent since before the last round is not waited for.
+  uint32_t awaited_workers() const;
   /// Ranks that said Bye and have not registered since (a job of fixed workers).
   std::vector<uint32_t> departed() const {
     std::vector<uint32_t> v;
@@ -293,10 +298,12 @@ class Engine {
   std::vector<bool> pending_pull_;  // ranks that asked for the model before it existed
 
   // current round
-  std::vector<bool> pushed_;    // gradient phase contributors
-  std::vector<bool> answered_;  // answer phase contributors
-  std::vector<Frame> held_;     // messages of this phase waiting for their turn to merge
-  uint32_t cursor_ = 0;         // ranks below it are merged (or skipped)
+  std::vector<bool> pushed_;       // gradient phase contributors
+  std::vector<bool> answered_;     // answer phase contributors
+  std::vector<bool> last_pushed_;  // the last round's contributors (awaited_workers)
+  std::vector<Frame> held_;        // messages of this phase waiting for their turn to merge
+  Frame query_;                    // the second phase's Query, asked again of a rank that lost it
+  uint32_t cursor_ = 0;            // ranks below it are merged (or skipped)
   MessageKind phase_ = MessageKind::Gradient;
   std::optional<Clock::time_point> round_start_;
   std::optional<std::pair<uint64_t, Clock::time_point>> empty_since_;  // a federated round's
