@@ -7,6 +7,12 @@
 // Reported: the median round time of each phase and their ratio, the primary's CPU a round and its
 // resident memory at the start and end of each phase (from /proc), and whether the job ended on
 // the primary (the flood took no backup's role and deposed nothing).
+//
+// `--flood-cpu N` keeps the flood on CPU N and the job (servers, workers) off it: on a small
+// machine a flooding thread sharing the job's cores slows the rounds by taking their CPU, which a
+// flood from another host would not; pinned, the ratio measures what serving the flood costs.
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -37,9 +43,28 @@ struct Phase {
   double round_ms = 0, cpu_ms_round = 0, rss_start = 0, rss_end = 0;
 };
 
-/// Sends `n` Follows of the job (epoch 0, the job's own description) from `conns` sockets.
+/// Keeps this process (and the servers it spawns after) off `cpu`.
+void avoid_cpu(int cpu) {
+  cpu_set_t all;
+  if (sched_getaffinity(0, sizeof all, &all) != 0 || !CPU_ISSET(cpu, &all) || CPU_COUNT(&all) < 2)
+    throw std::invalid_argument("--flood-cpu " + std::to_string(cpu) +
+                                ": not one of this process's CPUs, or the only one");
+  CPU_CLR(cpu, &all);
+  if (sched_setaffinity(0, sizeof all, &all) != 0)
+    throw std::runtime_error("cannot keep the job off CPU " + std::to_string(cpu));
+}
+
+/// Sends `n` Follows (from CPU `cpu` alone when it is not negative) of the job (epoch 0, the job's
+/// own description) from `conns` sockets.
 uint64_t flood(const std::string& endpoint, const std::string& spec, uint64_t dim, uint64_t n,
-               int conns) {
+               int conns, int cpu) {
+  if (cpu >= 0) {  // before the context: its I/O thread inherits this thread's CPUs
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0)
+      throw std::runtime_error("cannot pin the flood to CPU " + std::to_string(cpu));
+  }
   zmq::context_t ctx(1);
   std::vector<zmq::socket_t> socks;
   for (int i = 0; i < conns; ++i) {
@@ -69,6 +94,8 @@ int main(int argc, char** argv) {
   f.add("rounds", "30", "measured rounds a phase (at least 2; median reported)");
   f.add("follows", "10000", "Follow requests the flood sends");
   f.add("connections", "16", "sockets the flood sends them from");
+  f.add("flood-cpu", "",
+        "pin the flood to this CPU and the job to the others (default: no pinning)");
   f.add("out", "", "append a JSON line here");
   f.add("server", "", "the sketchsgd-server program (default: beside this one, ../server/)");
   try {
@@ -76,9 +103,12 @@ int main(int argc, char** argv) {
     const uint64_t d = f.u64("dim"), follows = f.u64("follows");
     const int warm = int(f.u64("warm")), rounds = int(f.u64("rounds"));
     const int conns = int(f.u64("connections"));
+    const int flood_cpu =
+        f.str("flood-cpu").empty() ? -1 : int(f.u64("flood-cpu", 0, CPU_SETSIZE - 1));
     if (warm < 1 || rounds < 2 || d == 0 || conns < 1 || conns > 1024)
       throw std::invalid_argument(
           "--warm at least 1, --rounds at least 2, --dim above 0, --connections in [1, 1024]");
+    if (flood_cpu >= 0) avoid_cpu(flood_cpu);  // before the servers start: they inherit it
     const std::string spec = make_compressor(f.str("codec"), d)->spec();
     const std::string bin = bench::server_program(f.str("server"), argv[0]);
     const int total = warm + 2 * rounds;
@@ -149,7 +179,7 @@ int main(int argc, char** argv) {
     double cpu1 = cpu_ms(primary.pid());
     quiet.cpu_ms_round = (cpu1 - cpu0) / rounds;
     uint64_t sent = 0;
-    std::thread flooder([&] { sent = flood(pe, spec, d, follows, conns); });
+    std::thread flooder([&] { sent = flood(pe, spec, d, follows, conns, flood_cpu); });
     wait_round(total - 2);  // the primary may be gone once the last round has ended
     flooded.rss_end = rss_mb(primary.pid());
     flooded.cpu_ms_round = (cpu_ms(primary.pid()) - cpu1) / (rounds - 1);
@@ -178,7 +208,8 @@ int main(int argc, char** argv) {
       std::ofstream out(f.str("out"), std::ios::app);
       out << "{\"spec\":\"" << spec << "\",\"d\":" << d << ",\"rounds\":" << rounds
           << ",\"follows\":" << follows << ",\"sent\":" << sent << ",\"connections\":" << conns
-          << ",\"quiet_ms\":" << quiet.round_ms << ",\"flooded_ms\":" << flooded.round_ms
+          << ",\"flood_cpu\":" << flood_cpu << ",\"quiet_ms\":" << quiet.round_ms
+          << ",\"flooded_ms\":" << flooded.round_ms
           << ",\"cpu_ms_round_quiet\":" << quiet.cpu_ms_round
           << ",\"cpu_ms_round_flooded\":" << flooded.cpu_ms_round << ",\"rss_mb\":["
           << quiet.rss_start << "," << quiet.rss_end << "," << flooded.rss_start << ","
