@@ -112,7 +112,7 @@ void Replica::upstream(const Frames& frames, Clock::time_point now, std::vector<
   backup_->handle(frames, up);
 }
 
-Frames Replica::reconnected() const {
+Frames Replica::reconnected() {
   return backup_ ? backup_->reconnected() : Frames{};
 }
 

@@ -230,7 +230,32 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
                                 Frame::own(encode(RefuseInfo{false, Type::Follow, why}))}});
         return;
       }
-      if ((!backup_ || *backup_ != peer) && now < follow_after_) {
+      // A Follow with this server's token is its own backup's (the token went to it alone, in a
+      // Sync), which numbers its connections: a later one replaces the backup's connection at
+      // once, cool-down or not (the backup connected again, and what its old connection still
+      // delivered may have been taken first: a chaos soak's primary answered a Follow the kernel
+      // had held on the old one, refused the new one's and lost the job when it died in the
+      // cool-down); an earlier one is stale. Without the token (a first Follow, a restarted
+      // backup, a stranger) the rules below apply.
+      const bool ours = e.session != 0 && e.session == token_;
+      if (ours && e.rank < backup_connection_) {
+        if (ignored_follows_++ % 1000 == 0)
+          log_("a Follow of the backup's earlier connection: not answered (" +
+               std::to_string(ignored_follows_) + " so far)");
+        return;
+      }
+      const bool newer = ours && e.rank > backup_connection_ && (!backup_ || *backup_ != peer);
+      if (ours) backup_connection_ = e.rank;
+      if (newer && backup_) {
+        log_("the backup follows again on a new connection at round " +
+             std::to_string(engine_.round()));
+        acked_ = false;
+        backup_ = peer;
+        backup_seen_ = now;
+        resync(now, out);
+        return;
+      }
+      if (!newer && (!backup_ || *backup_ != peer) && now < follow_after_) {
         // The last backup was lost before it acknowledged anything (a stray or hostile peer
         // that held a round until the deadline): the next may follow after a cool-down that
         // doubles with each such loss, so a flood of them costs a bounded share of the rounds.
@@ -338,7 +363,10 @@ Frames Backup::follow() const {
   ShardId shard = c.shard;
   if (shard.model_dim == 0) shard.model_dim = c.dim;
   const HelloInfo h{c.world, c.dim, c.spec, c.population, shard, engine_.epoch()};
-  return reply(Type::Follow, engine_.round(), {Frame::own(encode(h))});
+  // The envelope names this connection and carries the primary's token once a Sync brought it.
+  return {
+      Frame::own(encode(Envelope{Type::Follow, c.job, engine_.round(), connection_, 0, token_})),
+      Frame::own(encode(h))};
 }
 
 void Backup::handle(const Frames& frames, std::vector<Frames>& replies) {
@@ -550,7 +578,8 @@ Frames Backup::notice() const {
   return reply(Type::Deposed, engine_.round(), {Frame::own(encode(d))});
 }
 
-Frames Backup::reconnected() const {
+Frames Backup::reconnected() {
+  ++connection_;
   return promoted_ ? notice() : follow();
 }
 

@@ -493,6 +493,67 @@ TEST(Replication, AFloodOfFollowsCostsOneSyncAnInterval) {
   EXPECT_EQ(syncs("restarted"), 1u);
 }
 
+// Found by scripts/chaos.py: the backup's link was cut and it connected again; the kernel resent
+// the Follow of its old connection when the link returned, the primary took that one (nobody was
+// following), refused the new connection's as another connection's while the backup was live,
+// lost the old one unacknowledged, kept the backup out for a cool-down and died in it.
+TEST(Replication, TheBackupOnALaterConnectionReplacesItsEarlierOneAtOnce) {
+  auto s = started();
+  Pair& p = s->pair;
+  const auto syncs = [&](const PeerId& peer) {
+    size_t n = 0;
+    while (auto m = p.primary.next(peer)) n += m->first.type == Type::Sync;
+    return n;
+  };
+  const auto carry = [&](const PeerId& link) {  // the backup's side of this connection
+    while (auto m = p.primary.next(link)) {
+      std::vector<Frames> replies;
+      p.backup.handle(m->second, replies);
+      for (auto& r : replies) p.primary.deliver(link, r);
+    }
+  };
+  const auto anonymous = [](Frames f) {  // a stranger's copy: no token
+    Envelope e = decode_envelope(f[0].bytes(), f.size() - 1);
+    e.session = 0;
+    e.rank = 99;
+    f[0] = Frame::own(encode(e));
+    return f;
+  };
+  const Frames old_follow = p.backup.reconnected();  // connection 1: held by the cut link
+  const Frames new_follow = p.backup.reconnected();  // connection 2: the one it uses
+  p.primary.tick(p.cfg.heartbeat * (p.cfg.dead_after + 1));
+  ASSERT_FALSE(p.primary.primary.has_backup());
+  p.primary.inbox[Pair::kLink].clear();
+  p.primary.deliver("old-link", old_follow);  // delivered first: taken, nobody follows
+  EXPECT_EQ(syncs("old-link"), 1u);
+  hold_round(*s, 2);  // the old connection is gone: nobody acknowledges
+  p.primary.deliver("new-link", new_follow);
+  carry("new-link");
+  EXPECT_FALSE(p.primary.primary.holding()) << "the new connection's Follow was not answered";
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
+  p.expect_same();
+  // What the old connection still delivers is not answered; a stranger is not either.
+  p.primary.deliver("old-link", old_follow);
+  EXPECT_EQ(syncs("old-link"), 0u);
+  p.primary.deliver("stranger", anonymous(new_follow));
+  EXPECT_EQ(syncs("stranger"), 0u);
+
+  // Lost unacknowledged while holding a round (connection 3 followed, nothing carried): the
+  // cool-down keeps strangers out, not the backup's next connection.
+  p.primary.deliver("link-3", p.backup.reconnected());
+  EXPECT_EQ(syncs("link-3"), 1u);
+  hold_round(*s, 3);
+  while (p.primary.primary.has_backup()) p.primary.tick(p.cfg.heartbeat);
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
+  const Frames fourth = p.backup.reconnected();
+  p.primary.deliver("stranger", anonymous(fourth));
+  EXPECT_EQ(syncs("stranger"), 0u) << "a stranger followed in the cool-down";
+  p.primary.deliver("link-4", fourth);
+  carry("link-4");
+  EXPECT_TRUE(p.primary.primary.has_backup()) << "the backup was kept out by the cool-down";
+  p.expect_same();
+}
+
 TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
   const JobConfig cfg = test_job::make("topk:k=10", 2, 100);
   Pair p(cfg);

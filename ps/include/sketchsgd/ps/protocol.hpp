@@ -42,8 +42,9 @@ inline constexpr uint32_t kMagic = 0x53504B53;  // "SKPS"
 // number, without which a backup that took over re-applied pushes or refused rank 0's next), a
 // Sync the last outcome, the push numbers and the ranks that left (ReplicaInfo), Left; 12: Probe
 // and Present (a worker counts toward a takeover only by answering the backup's probe); 13: a
-// Probe may release its promise (ProbeInfo's release; the promise no longer lapses with time)
-inline constexpr uint16_t kProtocolVersion = 13;
+// Probe may release its promise (ProbeInfo's release; the promise no longer lapses with time);
+// 14: a Follow's envelope names the backup's connection (rank) and the primary's token (session)
+inline constexpr uint16_t kProtocolVersion = 14;
 inline constexpr size_t kEnvelopeBytes = 40;
 /// No message of the protocol has more payload frames; a peer sending more is refused unread.
 inline constexpr uint32_t kMaxPayloadFrames = 2;

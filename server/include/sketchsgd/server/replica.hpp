@@ -47,7 +47,7 @@ class Replica {
   /// refuses to be followed.
   void upstream(const Frames& frames, Clock::time_point now, std::vector<Frames>& up);
   /// What a new connection to the primary says first.
-  Frames reconnected() const;
+  Frames reconnected();
   /// The first thing a backup says to its primary.
   Frames follow() const;
   void tick(Clock::time_point now, std::vector<Outgoing>& out);

@@ -104,6 +104,7 @@ class Primary {
   bool acked_ = false;                // the backup has acknowledged a round or a Sync
   unsigned strikes_ = 0;              // backups lost in a row before they acknowledged anything
   Clock::time_point follow_after_{};  // no new backup before (the cool-down after a strike)
+  uint32_t backup_connection_ = 0;    // the latest connection its own backup has followed on
 };
 
 /// The backup's side: the messages of its link to the primary in, its answers out. Holds the
@@ -113,11 +114,14 @@ class Backup {
   using Log = std::function<void(const std::string&)>;
   Backup(Engine& engine, Log log);
 
-  /// The Follow to send on the first connection to the primary.
+  /// The Follow to send on the current connection to the primary: the connection's number and,
+  /// once synced, the primary's token in its envelope (rank, session), so the primary tells this
+  /// backup's later connection from a stranger and from what an earlier one still delivers.
   Frames follow() const;
-  /// What a new connection to the primary says first: a Follow, or once promoted the Deposed
-  /// notice again (a primary cut off when this took over learns it when the link comes back).
-  Frames reconnected() const;
+  /// What a new connection to the primary says first (its number one more): a Follow, or once
+  /// promoted the Deposed notice again (a primary cut off when this took over learns it when the
+  /// link comes back).
+  Frames reconnected();
   /// A message from the primary; answers (Ack, or Deposed once promoted) go to `replies`. One
   /// it cannot apply (corrupt, out of turn) changes nothing and is answered with a Follow: the
   /// primary sends its whole state again. Throws ConfigMismatch when the primary refuses to be
@@ -193,7 +197,8 @@ class Backup {
   bool synced_ = false;
   bool promoted_ = false;
   bool primary_done_ = false;
-  uint64_t token_ = 0;  // the primary's, from its Sync: the evidence a Deposed notice carries
+  uint64_t token_ = 0;       // the primary's, from its Sync: the evidence a Deposed notice carries
+  uint32_t connection_ = 0;  // connections to the primary before the current one
   Clock::time_point heard_{};  // the primary's last message
   struct Asked {
     uint64_t nonce = 0;
