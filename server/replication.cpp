@@ -182,6 +182,13 @@ ReplicaInfo Primary::replica_info() const {
 void Primary::sync(Clock::time_point now, std::vector<Outgoing>& out) {
   last_sync_ = now;
   if (!engine_.has_model()) return;  // nothing to hold yet: synced when rank 0's Init comes
+  if (!stated_) {
+    // A backup that followed before the model has had nothing to answer (it sends heartbeats
+    // once answered): its silence counts from here, not from its Follow (a chaos soak's backup
+    // was lost the moment the model came, with a strike, and kept out for the cool-down).
+    stated_ = true;
+    backup_seen_ = std::max(backup_seen_, now);
+  }
   out.push_back(
       Outgoing{*backup_,
                {envelope(Type::Sync, engine_.config().job, engine_.round()),
@@ -244,12 +251,18 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
                std::to_string(ignored_follows_) + " so far)");
         return;
       }
-      const bool newer = ours && e.rank > backup_connection_ && (!backup_ || *backup_ != peer);
-      if (ours) backup_connection_ = e.rank;
+      // Once an Ack between such passes: a peer that took the role when none was live holds the
+      // token too, and unacknowledged rounds held for a deadline each stay bounded by the
+      // cool-down.
+      const bool newer =
+          ours && rejoin_ && e.rank > backup_connection_ && (!backup_ || *backup_ != peer);
+      if (ours) backup_connection_ = std::max(backup_connection_, e.rank);
+      if (newer && (backup_ || now < follow_after_)) rejoin_ = false;  // the pass is used
       if (newer && backup_) {
         log_("the backup follows again on a new connection at round " +
              std::to_string(engine_.round()));
         acked_ = false;
+        stated_ = false;
         backup_ = peer;
         backup_seen_ = now;
         resync(now, out);
@@ -286,7 +299,7 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
                        : *backup_ != peer ? "a new backup replaces the last"
                                           : "the backup asks for the whole state again") +
            " at round " + std::to_string(engine_.round()));
-      if (backup_ != peer) acked_ = false;
+      if (backup_ != peer) acked_ = stated_ = false;
       backup_ = peer;
       backup_seen_ = now;
       resync(now, out);
@@ -310,7 +323,7 @@ void Primary::on_backup(const PeerId& peer, const Envelope& e, const Frames& fra
     switch (e.type) {
       case Type::Ack:
         if (awaiting_ && e.round == *awaiting_) {
-          acked_ = true;
+          acked_ = rejoin_ = true;
           strikes_ = 0;
           release(now, out);
         }

@@ -538,20 +538,34 @@ TEST(Replication, TheBackupOnALaterConnectionReplacesItsEarlierOneAtOnce) {
   p.primary.deliver("stranger", anonymous(new_follow));
   EXPECT_EQ(syncs("stranger"), 0u);
 
-  // Lost unacknowledged while holding a round (connection 3 followed, nothing carried): the
-  // cool-down keeps strangers out, not the backup's next connection.
-  p.primary.deliver("link-3", p.backup.reconnected());
+  // The same race after the backup fell silent, the earlier connection's Follow lost
+  // unacknowledged while holding a round (a strike, a cool-down): the cool-down keeps strangers
+  // out, not the backup's later connection.
+  p.primary.tick(p.cfg.heartbeat * (p.cfg.dead_after + 1));
+  ASSERT_FALSE(p.primary.primary.has_backup());
+  p.primary.inbox["new-link"].clear();
+  const Frames third = p.backup.reconnected(), fourth = p.backup.reconnected();
+  p.primary.deliver("link-3", third);
   EXPECT_EQ(syncs("link-3"), 1u);
   hold_round(*s, 3);
-  while (p.primary.primary.has_backup()) p.primary.tick(p.cfg.heartbeat);
+  while (p.primary.primary.has_backup()) p.primary.tick(p.cfg.heartbeat);  // the deadline
   for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
-  const Frames fourth = p.backup.reconnected();
   p.primary.deliver("stranger", anonymous(fourth));
   EXPECT_EQ(syncs("stranger"), 0u) << "a stranger followed in the cool-down";
   p.primary.deliver("link-4", fourth);
   carry("link-4");
   EXPECT_TRUE(p.primary.primary.has_backup()) << "the backup was kept out by the cool-down";
   p.expect_same();
+  // One such pass an Ack: a holder of the token that replaces the backup and acknowledges
+  // nothing is lost at the deadline, and its next connection waits out the cool-down.
+  p.primary.deliver("link-5", p.backup.reconnected());
+  EXPECT_EQ(syncs("link-5"), 1u);
+  hold_round(*s, 4);
+  while (p.primary.primary.has_backup()) p.primary.tick(p.cfg.heartbeat);
+  for (auto& w : s->ws) EXPECT_EQ(w.settle(p.primary), Type::Update);
+  p.primary.deliver("link-6", p.backup.reconnected());
+  EXPECT_EQ(syncs("link-6"), 0u) << "passed the cool-down twice without an Ack";
+  EXPECT_FALSE(p.primary.primary.has_backup());
 }
 
 TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
@@ -791,6 +805,28 @@ TEST(Replication, ABackupSilentBeforeTheModelCameFollowsAgainAtOnce) {
   p.primary.deliver(Pair::kLink, p.backup.follow());
   p.pump();
   EXPECT_TRUE(p.backup.synced());
+  p.expect_same();
+}
+
+TEST(Replication, ABackupThatFollowedBeforeTheModelIsSilentOnlyFromItsFirstSync) {
+  // Found by scripts/chaos.py: the model came just before its silence reached dead_after
+  // heartbeats; the primary sent it the state and, in the same breath, found it silent, lost it
+  // holding that state (a strike) and kept it out for the cool-down.
+  const JobConfig cfg = test_job::make("topk:k=30", 2, 600);
+  Pair p(cfg);
+  p.follow();
+  p.primary.tick(cfg.heartbeat * cfg.dead_after - Millis(10));
+  p.primary.now += Millis(20);  // past dead_after heartbeats when the Init comes
+  std::vector<FakeWorker> ws;
+  for (uint32_t r = 0; r < cfg.world; ++r) ws.emplace_back(r, cfg);
+  ws[0].join(p.primary, test::initial_params(600, 5));  // its Init: the backup's first Sync
+  p.primary.tick(Millis(1));
+  EXPECT_TRUE(p.primary.primary.has_backup()) << "lost the moment it was first asked";
+  p.pump();
+  EXPECT_TRUE(p.backup.synced());
+  ws[1].join(p.primary, {});
+  p.pump();
+  for (auto& w : ws) EXPECT_TRUE(w.take_model(p.primary)) << "rank " << w.rank;
   p.expect_same();
 }
 

@@ -105,6 +105,8 @@ class Primary {
   unsigned strikes_ = 0;              // backups lost in a row before they acknowledged anything
   Clock::time_point follow_after_{};  // no new backup before (the cool-down after a strike)
   uint32_t backup_connection_ = 0;    // the latest connection its own backup has followed on
+  bool rejoin_ = false;  // its own backup's later connection may replace it (once an Ack)
+  bool stated_ = false;  // the backup has been sent a state (its silence counts from then)
 };
 
 /// The backup's side: the messages of its link to the primary in, its answers out. Holds the
