@@ -46,8 +46,14 @@ def why(job):
             return "killed"
         if s in job["servers_left"]:
             return "left waiting"
-        return {0: "finished", 4: "deposed"}.get(job["exit"].get(s), f"exit {job['exit'].get(s)}")
+        # Status 0 is a server that stopped on its own: its job done, or (a backup) behind the
+        # workers and silent for ten finish-waits.
+        return {0: "stopped", 4: "deposed"}.get(job["exit"].get(s), f"exit {job['exit'].get(s)}")
 
+    if "keeps away from older servers" in errors:
+        # The worker's promise to a probing backup (docs/ARCHITECTURE.md, "Replicated servers").
+        return (f"workers timed out, promised to a backup taking over: primary {fate('primary')}, "
+                f"backup {fate('backup')}")
     if "no answer from" in errors:
         return f"workers timed out: primary {fate('primary')}, backup {fate('backup')}"
     return errors[:80] or "unknown"
@@ -81,8 +87,7 @@ def main(argv=None):
     row("all", jobs)
     minutes = sum(j["seconds"] for j in jobs) / 60
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/chaos-soak.json"),
-                     "sudo .venv/bin/python scripts/chaos.py --minutes 30 --out docs/data/chaos-soak.jsonl` "
-                     "(then `--minutes 7 --seed 2",
+                     "sudo .venv/bin/python scripts/chaos.py --minutes 30 --out docs/data/chaos-soak.jsonl",
                      date, MACHINE,
                      ["codec", "jobs", "faults", "of which", "finished", "whole (bit for bit checked)",
                       "updates lost or applied twice", "rounds ended twice on a server",
