@@ -281,6 +281,13 @@ TEST(Replication, RoundsThatEndTogetherAreCommittedOneByOne) {
 }
 
 /// Every worker pushes round t; the round ends on the primary and waits for the backup.
+/// The Syncs the primary sent `peer` since last asked (what else it sent is dropped).
+size_t syncs_to(Net& net, const PeerId& peer) {
+  size_t n = 0;
+  while (auto m = net.next(peer)) n += m->first.type == Type::Sync;
+  return n;
+}
+
 void hold_round(Started& s, uint64_t t) {
   std::vector<std::vector<float>> grads;
   (void)push_and_settle(s.pair.primary, s.ws, encode_all(s.ws, grads, t));
@@ -470,11 +477,7 @@ TEST(Replication, APrimaryWithoutABackupIsNeverDeposed) {
 TEST(Replication, AFloodOfFollowsCostsOneSyncAnInterval) {
   auto s = started();
   Pair& p = s->pair;
-  const auto syncs = [&](const PeerId& peer) {
-    size_t n = 0;
-    while (auto m = p.primary.next(peer)) n += m->first.type == Type::Sync;
-    return n;
-  };
+  const auto syncs = [&](const PeerId& peer) { return syncs_to(p.primary, peer); };
   // Other connections, while the backup is live: not answered at all.
   for (int i = 0; i < 2000; ++i)
     p.primary.deliver("flood" + std::to_string(i % 50), p.backup.follow());
@@ -500,11 +503,7 @@ TEST(Replication, AFloodOfFollowsCostsOneSyncAnInterval) {
 TEST(Replication, TheBackupOnALaterConnectionReplacesItsEarlierOneAtOnce) {
   auto s = started();
   Pair& p = s->pair;
-  const auto syncs = [&](const PeerId& peer) {
-    size_t n = 0;
-    while (auto m = p.primary.next(peer)) n += m->first.type == Type::Sync;
-    return n;
-  };
+  const auto syncs = [&](const PeerId& peer) { return syncs_to(p.primary, peer); };
   const auto carry = [&](const PeerId& link) {  // the backup's side of this connection
     while (auto m = p.primary.next(link)) {
       std::vector<Frames> replies;
@@ -836,11 +835,7 @@ TEST(Replication, ABackupLostBeforeItAcknowledgedKeepsTheNextOutForACoolDown) {
   const JobConfig cfg = test_job::make("topk:k=30", 2, 600);
   Pair p(cfg);
   std::vector<FakeWorker> ws = p.join(test::initial_params(600, 5));
-  const auto syncs = [&](const PeerId& peer) {
-    size_t n = 0;
-    while (auto m = p.primary.next(peer)) n += m->first.type == Type::Sync;
-    return n;
-  };
+  const auto syncs = [&](const PeerId& peer) { return syncs_to(p.primary, peer); };
   const Frame hb = env(Type::Heartbeat, cfg.job, 0, 0);
   Millis held{0};
   for (int strike = 1; strike <= 2; ++strike) {
