@@ -3,7 +3,7 @@
 replicated primary's rounds without and with a flood of Follow requests, one row a run, and what
 the flood cost the primary (its CPU a Follow, its memory).
 
-    build/default/benchmarks/sketchsgd_bench_flood --rounds 40 --out docs/data/ps-flood.jsonl
+    build/default/benchmarks/sketchsgd_bench_flood --rounds 40 [--flood-cpu 1] --out docs/data/ps-flood.jsonl
     .venv/bin/python benchmarks/flood_table.py [--date YYYY-MM-DD]
 """
 import argparse
@@ -26,16 +26,18 @@ def main(argv=None):
         # The primary's extra CPU over the flooded phase (its rounds less one), a Follow sent.
         extra = (r["cpu_ms_round_flooded"] - r["cpu_ms_round_quiet"]) * (r["rounds"] - 1)
         rss = r["rss_mb"]
-        rows.append([f"{r['follows']:,}", r["connections"], f"{r['quiet_ms']:.2f}", f"{r['flooded_ms']:.2f}",
+        pinned = r.get("flood_cpu", -1)
+        rows.append([f"{r['follows']:,}", r["connections"],
+                     f"CPU {pinned}, the job on the others" if pinned >= 0 else "no (shares the job's CPUs)", f"{r['quiet_ms']:.2f}", f"{r['flooded_ms']:.2f}",
                      f"{r['flooded_ms'] / r['quiet_ms']:.2f}×",
                      f"{r['cpu_ms_round_quiet']:.2f} / {r['cpu_ms_round_flooded']:.2f}",
                      f"{1000 * extra / r['follows']:.1f}", f"{rss[3] - rss[2]:+.1f}",
                      "finished" if r["primary_exit"] == 0 else f"exit {r['primary_exit']}"])
     r0 = runs[0]
     doc_tables.write(os.path.join(ROOT, "docs/data/tables/ps-flood.json"),
-                     "build/default/benchmarks/sketchsgd_bench_flood --rounds 40 [--follows 100000]", date,
+                     "build/default/benchmarks/sketchsgd_bench_flood --rounds 40 [--follows 100000] [--flood-cpu 1]", date,
                      MACHINE,
-                     ["Follows sent", "connections", "round ms, quiet", "round ms, flooded", "flooded / quiet",
+                     ["Follows sent", "connections", "flood pinned", "round ms, quiet", "round ms, flooded", "flooded / quiet",
                       "primary's CPU ms a round (quiet / flooded)", "primary's CPU µs a Follow",
                       "primary's memory over the flood, MB", "the job"],
                      rows, data="docs/data/ps-flood.jsonl",
@@ -44,7 +46,9 @@ def main(argv=None):
                           f"{r0['rounds']} while a thread of the benchmark sends valid Follows of the job as fast as "
                           "ZeroMQ takes them (they reach the primary over the first few of those rounds). Median "
                           "round; CPU and resident memory of the primary process from /proc. One row a run, "
-                          "one after another.")
+                          "one after another. Pinned (`--flood-cpu`), the flooding thread and its ZeroMQ I/O "
+                          "thread run on one CPU and everything else on the other, as a flood from another "
+                          "host would leave the primary's machine.")
     doc_tables.main([])
 
 
