@@ -5,13 +5,10 @@
 
 #include <sketchsgd/ps/transport.hpp>
 #include <sketchsgd/server/checkpoint.hpp>
+#include <sketchsgd/server/replies.hpp>
 
 namespace sketchsgd::ps {
 namespace {
-
-Frame envelope(Type t, uint64_t job, uint64_t round, uint32_t rank = 0) {
-  return Frame::own(encode(Envelope{t, job, round, rank, 0, 0}));
-}
 
 /// Why a backup of this description cannot follow the engine's job (empty: it can).
 std::string mismatch(const JobConfig& cfg, const HelloInfo& h) {
