@@ -300,16 +300,23 @@ std::string complete_spec(std::string_view spec, const Layout& layout) {
   return with_layout(spec, layout);
 }
 
-std::vector<std::string> example_specs(const Layout& layout) {
-  std::vector<std::string> out;
+std::vector<CodecExample> example_cases(const Layout& layout) {
+  std::vector<CodecExample> out;
   for (const CodecEntry* e : Registry::instance().entries()) {
     SKETCHSGD_REQUIRE(!e->examples.empty(), InvalidArgument, "codec ", e->name,
                       " registers no examples (CodecEntry::examples)");
-    for (const auto& spec : e->examples) {
-      if (e->layout != LayoutUse::Required) out.push_back(spec);
-      if (e->layout != LayoutUse::None && !layout.empty()) out.push_back(with_layout(spec, layout));
+    for (const CodecExample& x : e->examples) {
+      if (e->layout != LayoutUse::Required) out.push_back(x);
+      if (e->layout != LayoutUse::None && !layout.empty())
+        out.emplace_back(with_layout(x.spec, layout), x.lr, x.train);
     }
   }
+  return out;
+}
+
+std::vector<std::string> example_specs(const Layout& layout) {
+  std::vector<std::string> out;
+  for (CodecExample& x : example_cases(layout)) out.push_back(std::move(x.spec));
   return out;
 }
 

@@ -92,6 +92,12 @@ py::list requests(const std::vector<Round::Request>& reqs) {
 }
 
 /// Runs of a buffer as Python gives them: (offset, numel) pairs.
+std::vector<std::string> example_names(const CodecEntry& e) {
+  std::vector<std::string> v;
+  for (const CodecExample& x : e.examples) v.push_back(x.spec);
+  return v;
+}
+
 using Runs = std::vector<std::pair<uint64_t, uint64_t>>;
 std::vector<Layout::Run> runs(const Runs& pairs) {
   std::vector<Layout::Run> out;
@@ -162,7 +168,7 @@ PYBIND11_MODULE(_core, m) {
                               py::arg("layout") = e->layout == LayoutUse::Required   ? "required"
                                                   : e->layout == LayoutUse::Optional ? "optional"
                                                                                      : "none",
-                              py::arg("examples") = e->examples));
+                              py::arg("examples") = example_names(*e)));
         }
         return out;
       },

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include <sketchsgd/compress/registry.hpp>
 #include "support/helpers.hpp"
 #include "support/round.hpp"
 
@@ -55,18 +56,14 @@ double loss_grad(const Data& d, const std::vector<float>& w, size_t lo, size_t h
   return loss / double(hi - lo);
 }
 
-struct Case {
-  const char* spec;
-  float lr;
-};
-
-class Training : public testing::TestWithParam<Case> {};
+class Training : public testing::TestWithParam<CodecExample> {};
 
 TEST_P(Training, LogisticRegressionConverges) {
   const size_t dim = 2000, per_worker = 200;
   const uint32_t world = 4;
   const Data data = make_data(dim, per_worker * world, 42);
-  test::Job job(GetParam().spec, dim, world);
+  const CodecExample& x = GetParam();
+  test::Job job(x.train.empty() ? x.spec : x.spec + "," + x.train, dim, world);
   std::vector<std::vector<float>> models(world, std::vector<float>(dim, 0.0f));
   const double initial = loss_grad(data, models[0], 0, data.n, nullptr);
   std::vector<std::vector<float>> g(world, std::vector<float>(dim));
@@ -77,7 +74,7 @@ TEST_P(Training, LogisticRegressionConverges) {
     }
     const auto steps = job.round(g, uint64_t(step));
     for (uint32_t w = 0; w < world; ++w)
-      for (size_t j = 0; j < dim; ++j) models[w][j] -= GetParam().lr * steps[w][j];
+      for (size_t j = 0; j < dim; ++j) models[w][j] -= x.lr * steps[w][j];
   }
   for (uint32_t w = 1; w < world; ++w) ASSERT_EQ(models[w], models[0]) << "workers diverged";
   const double final_loss = loss_grad(data, models[0], 0, data.n, nullptr);
@@ -87,36 +84,19 @@ TEST_P(Training, LogisticRegressionConverges) {
     for (size_t j = 0; j < dim; ++j) m += double(data.x[i * dim + j]) * models[0][j];
     correct += (m > 0) == (data.y[i] > 0);
   }
-  EXPECT_LT(final_loss, 0.6 * initial) << GetParam().spec;
-  EXPECT_GT(double(correct) / data.n, 0.85) << GetParam().spec;
+  EXPECT_LT(final_loss, 0.6 * initial) << x.spec;
+  EXPECT_GT(double(correct) / data.n, 0.85) << x.spec;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryCodec, Training,
-    testing::Values(
-        Case{"dense", 2.0f}, Case{"topk:k=100", 2.0f}, Case{"topk:k=100,global=1", 2.0f},
-        Case{"terngrad", 1.0f}, Case{"terngrad:clip=2.5,chunk=500", 1.0f}, Case{"signsgd", 0.002f},
-        Case{"signsgd:ef=1", 1.0f}, Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5", 1.0f},
-        Case{"sketch:rows=5,cols=500,k=100,p2=3,momentum=0.5,hashing=1", 1.0f},
-        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1", 1.0f},
-        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,hashing=random", 1.0f},
-        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,fetch=1,hashing=random", 1.0f},
-        Case{"powersgd:rank=2,layout=40x45+200", 2.0f},
-        Case{"topk:k=100,index=delta,wire=fp16", 2.0f},
-        Case{"powersgd:rank=1,ef=0,warm=0,layout=40x45+200", 2.0f},
-        // Optional layouts: biases whole beside the sketch, scales per tensor.
-        Case{"sketch:rows=5,cols=1000,k=100,momentum=0.5,layout=40x45+200", 1.0f},
-        Case{"sketch:rows=5,cols=1000,k=100,fetch=1,layout=40x45+200", 1.0f},
-        Case{"signsgd:ef=1,layout=40x45+200", 1.0f}, Case{"terngrad:layout=40x45+200", 1.0f},
-        Case{"qsgd", 1.0f}, Case{"qsgd:bits=2,bucket=128", 1.0f}, Case{"qsgd:bits=4,ef=1", 1.0f},
-        Case{"qsgd:bits=8,norm=max,layout=40x45+200", 1.0f},
-        Case{"sparseloco:chunk=100,k=10,decay=1", 2.0f},
-        Case{"sparseloco:chunk=200,k=10,bits=4", 2.0f}),
-    [](const testing::TestParamInfo<Case>& info) {
-      std::string name;
-      for (const char* c = info.param.spec; *c; ++c) name += std::isalnum(*c) ? *c : '_';
-      return name;
-    });
+// Every registered example, with the layout for the codecs that take one: a new codec is trained
+// here as soon as it registers.
+INSTANTIATE_TEST_SUITE_P(EveryCodec, Training,
+                         testing::ValuesIn(example_cases(Layout::parse("40x45+200"))),
+                         [](const testing::TestParamInfo<CodecExample>& info) {
+                           std::string name;
+                           for (const char c : info.param.spec) name += std::isalnum(c) ? c : '_';
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace sketchsgd

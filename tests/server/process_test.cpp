@@ -36,9 +36,23 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 struct Case {
-  const char* spec;
+  std::string spec;
   uint32_t world;
 };
+
+/// Every registered example at W = 2, each codec's first at W = 4, and one at W = 1: a new
+/// codec runs over processes as soon as it registers.
+std::vector<Case> cases() {
+  const Layout layout = Layout::parse("50x50+500");  // Job::dim's 3,000 values
+  std::vector<Case> v;
+  for (const CodecEntry* e : Registry::instance().entries())
+    for (const CodecExample& x : e->examples)
+      v.push_back({complete_spec(x.spec, layout), 2});  // with a layout where the codec needs one
+  for (const CodecEntry* e : Registry::instance().entries())
+    v.push_back({complete_spec(e->examples.front().spec, layout), 4});
+  v.push_back({v.front().spec, 1});
+  return v;
+}
 
 class Processes : public ::testing::TestWithParam<Case> {};
 
@@ -61,13 +75,12 @@ TEST_P(Processes, ServerAndWorkersEqualTheInProcessReferenceBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Codecs, Processes,
-                         ::testing::Values(Case{"sketch:k=40,cols=400,p2=2", 1},
-                                           Case{"sketch:k=40,cols=400,p2=2", 2},
-                                           Case{"sketch:k=40,cols=400,p2=2", 4},
-                                           Case{"sketch:k=40,cols=400", 4}, Case{"topk:k=40", 4},
-                                           Case{"dense", 2}, Case{"terngrad", 2},
-                                           Case{"signsgd", 2}, Case{"signsgd:ef=1", 2}));
+INSTANTIATE_TEST_SUITE_P(Codecs, Processes, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name;
+                           for (const char c : info.param.spec) name += std::isalnum(c) ? c : '_';
+                           return name + "_W" + std::to_string(info.param.world);
+                         });
 
 /// The server's last checkpoint is at the job's final round and every worker (parameters written
 /// to scratch(prefix + rank)) holds exactly its model.

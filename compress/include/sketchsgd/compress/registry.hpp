@@ -59,6 +59,22 @@ class Options {
 
 enum class LayoutUse : uint8_t { None, Optional, Required };
 
+/// A spec that takes one of its codec's paths, and how it trains the tests' problem (logistic
+/// regression on 2,000 values, W = 4: tests/compress/training_test.cpp): the step size (most
+/// codecs' steps are on the gradient's scale and train at the default; one whose step is not
+/// states its own) and the options the problem adds (budgets that the automatic ones, sized for
+/// any vector of 100 values, leave too small for a codec's one-round recovery). So a new codec is
+/// trained with the others as soon as it registers, without a test to edit.
+struct CodecExample {
+  CodecExample(const char* s, float step = 1.0f, std::string options = {})
+      : spec(s), lr(step), train(std::move(options)) {}
+  CodecExample(std::string s, float step = 1.0f, std::string options = {})
+      : spec(std::move(s)), lr(step), train(std::move(options)) {}
+  std::string spec;
+  float lr = 1.0f;
+  std::string train;  ///< appended to spec for the training test ("" : none)
+};
+
 struct CodecEntry {
   std::string name;
   std::string summary;
@@ -76,7 +92,7 @@ struct CodecEntry {
   /// `layout=`, so they fit any vector of 100 values or more. Every codec-parametrised test, the
   /// fuzz target and the comparisons iterate over them (example_specs()): a new codec registers
   /// its examples and is tested with the others.
-  std::vector<std::string> examples = {};
+  std::vector<CodecExample> examples = {};
   /// For a codec that reads the layout: whether it would compress any of the options' layout
   /// (PowerSGD: a matrix worth factoring at its rank). Where it would not, the vector is better
   /// sent whole, and a framework that cuts a model into units sends such a unit so rather than
@@ -131,6 +147,8 @@ std::string complete_spec(std::string_view spec, const Layout& layout);
 /// is given each example twice, without and with it; without, codecs that require a layout are
 /// left out.
 std::vector<std::string> example_specs(const Layout& layout = {});
+/// The same examples with their training steps.
+std::vector<CodecExample> example_cases(const Layout& layout = {});
 
 struct CodecRegistrar {
   explicit CodecRegistrar(CodecEntry entry) { Registry::instance().add(std::move(entry)); }
