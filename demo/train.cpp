@@ -26,6 +26,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/ps/flags.hpp>
 #include <sketchsgd/ps/shards.hpp>
+#include <sketchsgd/server/job_flags.hpp>
 #include <sketchsgd/server/server.hpp>
 #include <sketchsgd/worker/client.hpp>
 #include <sketchsgd/worker/local_steps.hpp>
@@ -82,7 +83,7 @@ Slow slow_of(const ps::Flags& f, uint32_t workers) {
 
 /// Every flag's value, checked before anything starts (the processes of --role all get the same
 /// flags): a bad one is an InvalidArgument naming its flag, exit status 2.
-void check_flags(const ps::Flags& f) {
+void check_flags(const ps::Flags& f, const ps::JobFlags& job) {
   const std::string role = f.str("role"), model = f.str("model");
   SKETCHSGD_REQUIRE(role == "all" || role == "server" || role == "worker", InvalidArgument,
                     "--role must be all, server or worker, got '", role, "'");
@@ -95,11 +96,12 @@ void check_flags(const ps::Flags& f) {
   f.u64("push-every", 1, UINT32_MAX);
   f.u64("fetch-every", 0, UINT32_MAX);
   f.u64("subset", 0, UINT32_MAX);
-  const uint64_t shards = f.u64("shards", 1, 64);
-  f.u64("shard", 0, shards - 1);
+  f.u64("shards", 1, 64);  // the demo's limit (the server's is 1,024)
   f.u64("threads", 1, 1024);
-  f.u64("job");
   f.u64("seed");
+  ps::JobConfig scratch;  // the server's flags, checked as sketchsgd-server checks them
+  scratch.world = uint32_t(workers);
+  job.read(f, scratch);
   for (const char* name : {"lr", "outer-lr"})
     SKETCHSGD_REQUIRE(f.num(name) > 0, InvalidArgument, "--", name, " must be > 0, got ",
                       f.str(name));
@@ -109,23 +111,8 @@ void check_flags(const ps::Flags& f) {
   for (const char* name : {"wd", "clip"})
     SKETCHSGD_REQUIRE(f.num(name) >= 0, InvalidArgument, "--", name, " must be ≥ 0, got ",
                       f.str(name));
-  const std::string mode = f.str("mode");
-  SKETCHSGD_REQUIRE(mode == "rounds" || mode == "async", InvalidArgument,
-                    "--mode must be rounds or async, got '", mode, "'");
-  try {
-    ps::parse_outer_kind(f.str("server-opt"));
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(std::string("--server-opt: ") + e.what());
-  }
-  f.u64("staleness", 0, 64);
-  f.u64("min-workers", 0, workers);
-  f.u64("deadline-ms", 1, UINT32_MAX);
-  f.u64("max-age", 0, UINT32_MAX);
-  f.u64("age-scale", 0, 1);
   SKETCHSGD_REQUIRE(f.num("step-ms") >= 0 && f.num("step-ms") <= 60000, InvalidArgument,
                     "--step-ms must be in [0, 60000], got ", f.str("step-ms"));
-  SKETCHSGD_REQUIRE(mode == "rounds" || f.u64("staleness") == 0, InvalidArgument,
-                    "--staleness is for --mode rounds (an asynchronous job has none)");
   slow_of(f, uint32_t(workers));
 }
 
@@ -198,26 +185,17 @@ void on_term(int) {
   if (g_server) g_server->stop();
 }
 
-int run_server(const ps::Flags& f) {
+int run_server(const ps::Flags& f, const ps::JobFlags& job) {
   const Plan plan = plan_of(f);
   demo::FlatModel model(f.str("model"), f.u64("seed"));
   ps::ServerOptions o;
   o.bind = f.str("bind");
-  o.job.job = f.u64("job");
   o.job.world = plan.workers;
   o.job.dim = uint64_t(model.dim());
   o.job.spec = complete_spec(f.str("codec"), model.layout());
-  const uint32_t shards = shards_of(f);
-  if (shards > 1) {  // one range of the model, its share of the codec (ps/shards.hpp)
-    const uint64_t index = f.u64("shard");
-    SKETCHSGD_REQUIRE(index < shards, InvalidArgument, "--shard ", index, " of --shards ", shards);
-    const ps::ShardPlan p = ps::plan_shards(o.job.spec, o.job.dim, shards)[index];
-    o.job.shard = p.id;
-    o.job.dim = p.dim;
-    o.job.spec = p.spec;
-  }
+  o.job.policy = ps::Policy::Quorum;
+  job.read(f, o.job);  // the job id, the shard's range and codec, the mode, the optimizer
   o.job.lr = float(f.num("lr"));
-  o.job.outer.kind = ps::parse_outer_kind(f.str("server-opt"));
   if (plan.local_steps()) {  // the outer step on the mean pseudo-gradient (DiLoCo's defaults)
     o.job.lr = float(f.num("outer-lr"));
     if (o.job.outer.kind == ps::OuterKind::Sgd) {
@@ -226,19 +204,9 @@ int run_server(const ps::Flags& f) {
     }
   }
   o.job.device = codec_device(torch_device(f));  // the sketch unsketch runs where workers train
-  o.job.deadline = std::chrono::milliseconds(f.u64("deadline-ms"));
-  if (f.str("mode") == "async") {
-    // No rounds to count: the job ends when every worker has done its steps (run_all stops
-    // the server then).
-    o.job.async = true;
-    o.job.max_age = uint32_t(f.u64("max-age"));
-    o.job.age_scaled = f.u64("age-scale") != 0;
-  } else {
-    o.job.max_rounds = plan.rounds();
-    o.job.policy = ps::Policy::Quorum;
-    o.job.min_workers = uint32_t(f.u64("min-workers"));
-    o.job.staleness = uint32_t(f.u64("staleness"));
-  }
+  // An asynchronous job has no rounds to count: it ends when every worker has done its steps
+  // (run_all stops the server then).
+  if (!o.job.async) o.job.max_rounds = plan.rounds();
   o.metrics = metrics_path(f, uint32_t(f.u64("shard")));
   std::remove(o.metrics.c_str());
   o.quiet = !f.on("verbose");
@@ -614,11 +582,8 @@ int main(int argc, char** argv) {
   f.add("rank", "0", "this worker's rank (--role worker)");
   f.add("server", "tcp://127.0.0.1:5555", "server endpoint (--role worker)");
   f.add("bind", "tcp://127.0.0.1:5555", "endpoint to bind (--role server)");
-  f.add("shards", "1",
-        "S servers, each holding one range of the model (--role worker: --server lists all S, "
-        "comma-separated)");
-  f.add("shard", "0", "which shard this server is, 0..S-1 (--role server)");
-  f.add("job", "1", "job id");
+  ps::JobFlags job;  // the server's job flags, as sketchsgd-server has them
+  job.add(f, {"shards", "shard", "job"});
   f.add("model", "mlp", "mlp (1.86M parameters) | cnn");
   f.add("codec", kDefaultCodec, "codec spec (see sketchsgd-server --list-codecs)");
   f.add("epochs", "3", "passes over the training set");
@@ -633,16 +598,9 @@ int main(int argc, char** argv) {
   f.add("local-momentum", "0.9", "with local steps: the workers' SGD momentum");
   f.add("outer-lr", "0.7", "with local steps: the server's outer learning rate");
   f.add("outer-momentum", "0.9", "with local steps: the outer step's Nesterov momentum (0: none)");
-  f.add("mode", "rounds",
-        "rounds: the server merges each round's pushes | async: each push applied as it arrives "
-        "and the model fetched with it (Downpour; one-round codecs)");
-  f.add("server-opt", "sgd", "the server's step on each update: sgd | adagrad | adam");
-  f.add("staleness", "0", "rounds: a worker may push this many rounds ahead of its last update");
-  f.add("min-workers", "0",
-        "rounds: close a round at its deadline with this many pushes (0: wait for all W)");
-  f.add("deadline-ms", "60000", "rounds: how long a round waits from its first push");
-  f.add("max-age", "0", "async: refuse a push this many other workers' updates old (0: none)");
-  f.add("age-scale", "1", "async: divide a push's step by 1 + its age (1) or not (0)");
+  job.add(f,
+          {"mode", "server-opt", "staleness", "min-workers", "deadline-ms", "max-age", "age-scale"},
+          {{"deadline-ms", "60000"}});
   f.add("slow", "", "RANK:FACTOR: that worker computes FACTOR times slower (a straggler)");
   f.add("step-ms", "0",
         "every worker's step computes for at least this long (a fleet of machines of that speed: "
@@ -662,14 +620,14 @@ int main(int argc, char** argv) {
   f.add("verbose", "0", "server log lines", "", true);
   try {
     if (!f.parse(argc, argv)) return 0;
-    check_flags(f);
+    check_flags(f, job);
     try {
       std::filesystem::create_directories(f.str("out"));
     } catch (const std::filesystem::filesystem_error& e) {
       throw InvalidArgument("--out " + f.str("out") + ": " + e.code().message());
     }
     const std::string role = f.str("role");
-    if (role == "server") return run_server(f);
+    if (role == "server") return run_server(f, job);
     if (role == "worker") return run_worker(f);
     return run_all(f, argc, argv);
   } catch (const sketchsgd::JobFinished& e) {

@@ -6,14 +6,13 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/ps/flags.hpp>
-#include <sketchsgd/ps/shards.hpp>
 #include <sketchsgd/ps/transport.hpp>
+#include <sketchsgd/server/job_flags.hpp>
 #include <sketchsgd/server/server.hpp>
 
 namespace {
@@ -26,15 +25,6 @@ void on_signal(int sig) {
   g_server->stop();
 }
 
-/// What parse returns; its InvalidArgument told as one of the flag --name's.
-template <class Parse>
-auto named(const std::string& name, Parse&& parse) {
-  try {
-    return parse();
-  } catch (const sketchsgd::InvalidArgument& e) {
-    throw sketchsgd::InvalidArgument("--" + name + ": " + e.what());
-  }
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -48,67 +38,18 @@ int main(int argc, char** argv) {
       "tcp://0.0.0.0:5555");
   f.add("bind", "tcp://127.0.0.1:5555", "ZeroMQ endpoint to bind (tcp://HOST:PORT; PORT * = any)",
         "SKETCHSGD_BIND");
-  f.add("job", "1", "job id; workers must use the same", "SKETCHSGD_JOB");
-  f.add("world", "1", "number of workers W (a federated job: clients sampled per round)",
-        "SKETCHSGD_WORLD");
-  f.add("population", "0",
-        "a federated job's clients N: W of them sampled each round, each registers for its round, "
-        "pushes and leaves (0: W fixed workers)",
-        "SKETCHSGD_POPULATION");
-  f.add("sample-seed", "1", "a federated job: seed of the rounds' samples (clients draw the same)",
-        "SKETCHSGD_SAMPLE_SEED");
-  f.add("dim", "0", "number of parameters d (required)", "SKETCHSGD_DIM");
-  f.add("codec", "sketch", "codec spec, e.g. sketch:rows=5,cols=500000,k=50000,p2=4",
-        "SKETCHSGD_CODEC");
-  f.add("shards", "1",
-        "S servers share the model: each holds one range (--dim and --codec stay the whole "
-        "model's; workers list all S endpoints, comma-separated)",
-        "SKETCHSGD_SHARDS");
-  f.add("shard", "0", "with --shards: which one this server is, 0..S-1", "SKETCHSGD_SHARD");
+  JobFlags job;
+  job.add(f, {"job", "world", "population", "sample-seed", "dim", "codec", "shards", "shard"});
   f.add("replica-of", "",
         "a backup: the primary's endpoint (the same job flags); it holds the primary's state round "
         "by round and takes over when workers find the primary gone (workers list both: "
         "PRIMARY|BACKUP)",
         "SKETCHSGD_REPLICA_OF");
-  f.add("lr", "0.1", "learning rate: everyone does w -= lr * step", "SKETCHSGD_LR");
-  f.add("outer-momentum", "0",
-        "momentum of the step everyone applies (workers pushing pseudo-gradients: DiLoCo's outer "
-        "step; 0: plain w -= lr * step)",
-        "SKETCHSGD_OUTER_MOMENTUM");
-  f.add("outer-nesterov", "1", "with --outer-momentum: Nesterov's look-ahead (0: heavy ball)",
-        "SKETCHSGD_OUTER_NESTEROV");
-  f.add("server-opt", "sgd",
-        "the optimizer every holder of the model applies to each update: sgd (with "
-        "--outer-momentum), adagrad or adam (per coordinate, state kept with the model)",
-        "SKETCHSGD_SERVER_OPT");
-  f.add("opt-eps", "1e-8", "adagrad, adam: epsilon added to the root", "SKETCHSGD_OPT_EPS");
-  f.add("opt-betas", "0.9,0.999", "adam: beta1,beta2", "SKETCHSGD_OPT_BETAS");
-  f.add("policy", "quorum", "when a round's deadline passes: wait | quorum | abort",
-        "SKETCHSGD_POLICY");
-  f.add("min-workers", "0", "quorum size (0: all W)", "SKETCHSGD_MIN_WORKERS");
-  f.add("deadline-ms", "30000", "per-round deadline from its first push", "SKETCHSGD_DEADLINE_MS");
-  f.add("heartbeat-ms", "1000", "liveness interval workers must keep", "SKETCHSGD_HEARTBEAT_MS");
-  f.add("dead-after", "3", "missed heartbeat intervals before a worker is dead",
-        "SKETCHSGD_DEAD_AFTER");
-  f.add("staleness", "0", "bounded staleness: rounds a worker may push ahead (0: synchronous)",
-        "SKETCHSGD_STALENESS");
-  f.add("mode", "rounds",
-        "rounds: every update merges a round's pushes | async: no rounds, each push applied as it "
-        "arrives and answered to its worker alone (Downpour; one-round codecs)",
-        "SKETCHSGD_MODE");
-  f.add("max-age", "0",
-        "async: refuse a push computed on a model this many other workers' updates old (0: none)",
-        "SKETCHSGD_MAX_AGE");
-  f.add("age-scale", "1", "async: divide a push's step by 1 + its age (1) or not (0)",
-        "SKETCHSGD_AGE_SCALE");
-  f.add("device", "cpu",
-        "where the aggregator runs: cpu, cuda or cuda:N (sketch unsketch on the GPU)",
-        "SKETCHSGD_DEVICE");
+  job.add(f, {"lr", "outer-momentum", "outer-nesterov", "server-opt", "opt-eps", "opt-betas",
+              "policy", "min-workers", "deadline-ms", "heartbeat-ms", "dead-after", "staleness",
+              "mode", "max-age", "age-scale", "device"});
   f.add("checkpoint", "", "checkpoint file; resumed from when it exists", "SKETCHSGD_CHECKPOINT");
-  f.add("checkpoint-every", "100", "rounds between checkpoints (with --checkpoint)",
-        "SKETCHSGD_CHECKPOINT_EVERY");
-  f.add("rounds", "0", "stop after this many rounds (0: run until interrupted)",
-        "SKETCHSGD_ROUNDS");
+  job.add(f, {"checkpoint-every", "rounds"});
   f.add("finish-grace-ms", "500",
         "after the last round, how long to keep answering late workers 'job finished'",
         "SKETCHSGD_FINISH_GRACE_MS");
@@ -149,67 +90,8 @@ int main(int argc, char** argv) {
       o.curve_clients = read_key_list(f.str("curve-keys"));
     }
     o.bind = f.str("bind");
-    o.job.job = f.u64("job");
-    o.job.world = uint32_t(f.u64("world", 1, 65536));
-    o.job.population = uint32_t(f.u64("population", 0, UINT32_MAX));
-    o.job.sample_seed = f.u64("sample-seed");
-    o.job.dim = f.u64("dim");
-    SKETCHSGD_REQUIRE(o.job.dim > 0, sketchsgd::InvalidArgument, "--dim is required (see --help)");
-    o.job.spec = f.str("codec");
-    named("codec " + o.job.spec, [&] { return sketchsgd::share_spec(o.job.spec); });
-    const uint64_t shards = f.u64("shards"), shard = f.u64("shard");
-    SKETCHSGD_REQUIRE(shards >= 1 && shard < shards && shards <= 1024, sketchsgd::InvalidArgument,
-                      "--shard ", shard, " of --shards ", shards,
-                      ": need 0 <= shard < shards <= 1024");
-    if (shards > 1) {
-      const ShardPlan p = plan_shards(o.job.spec, o.job.dim, uint32_t(shards))[shard];
-      o.job.shard = p.id;
-      o.job.dim = p.dim;
-      o.job.spec = p.spec;
-    }
-    o.job.lr = float(f.num("lr"));
-    o.job.outer.momentum = float(f.num("outer-momentum"));
-    SKETCHSGD_REQUIRE(o.job.outer.momentum >= 0 && o.job.outer.momentum < 1,
-                      sketchsgd::InvalidArgument, "--outer-momentum must be in [0, 1), got ",
-                      f.str("outer-momentum"));
-    o.job.outer.nesterov = f.u64("outer-nesterov", 0, 1) != 0 && o.job.outer.momentum > 0;
-    o.job.outer.kind = named("server-opt", [&] { return parse_outer_kind(f.str("server-opt")); });
-    o.job.outer.eps = float(f.num("opt-eps"));
-    {
-      const std::string betas = f.str("opt-betas");
-      char* mid = nullptr;
-      char* end = nullptr;
-      const double b1 = std::strtod(betas.c_str(), &mid);
-      const double b2 = mid && *mid == ',' ? std::strtod(mid + 1, &end) : 0.0;
-      SKETCHSGD_REQUIRE(
-          mid && *mid == ',' && mid != betas.c_str() && end && *end == '\0' && end != mid + 1,
-          sketchsgd::InvalidArgument, "--opt-betas: expected beta1,beta2, got '", betas, "'");
-      o.job.outer.beta1 = float(b1);
-      o.job.outer.beta2 = float(b2);
-    }
-    named("server-opt", [&] {
-      o.job.outer.validate();
-      return 0;
-    });
-    o.job.policy = named("policy", [&] { return parse_policy(f.str("policy")); });
-    o.job.min_workers = uint32_t(f.u64("min-workers", 0, o.job.world));
-    o.job.deadline = Millis(f.u64("deadline-ms", 1, UINT32_MAX));
-    o.job.heartbeat = Millis(f.u64("heartbeat-ms", 1, UINT32_MAX));
-    o.job.dead_after = uint32_t(f.u64("dead-after", 1, UINT32_MAX));
-    o.job.staleness = uint32_t(f.u64("staleness", 0, 64));
-    const std::string mode = f.str("mode");
-    SKETCHSGD_REQUIRE(mode == "rounds" || mode == "async", sketchsgd::InvalidArgument,
-                      "--mode must be rounds or async, got '", mode, "'");
-    o.job.async = mode == "async";
-    o.job.max_age = uint32_t(f.u64("max-age", 0, UINT32_MAX));
-    o.job.age_scaled = f.u64("age-scale", 0, 1) != 0;
-    SKETCHSGD_REQUIRE(o.job.async || o.job.max_age == 0, sketchsgd::InvalidArgument,
-                      "--max-age bounds the pushes of --mode async jobs only");
-    if (o.job.async) o.job.policy = Policy::Wait;  // no rounds to close: the policy has no use
-    o.job.device = named("device", [&] { return sketchsgd::Device::parse(f.str("device")); });
+    job.read(f, o.job);
     o.checkpoint = f.str("checkpoint");
-    o.job.checkpoint_every = f.u64("checkpoint-every");
-    o.job.max_rounds = f.u64("rounds");
     o.finish_grace = Millis(f.u64("finish-grace-ms", 0, UINT32_MAX));
     o.finish_wait = Millis(f.u64("finish-wait-ms", 0, UINT32_MAX));
     o.linger = Millis(f.u64("linger-ms", 0, UINT32_MAX));
