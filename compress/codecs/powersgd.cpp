@@ -35,75 +35,12 @@
 #include <sketchsgd/kernels/ops.hpp>
 #include "../payload.hpp"
 #include "../summable.hpp"
+#include "powersgd_plan.hpp"
 
 namespace sketchsgd {
 namespace {
 
-/// Where every tensor of the layout goes: matrices factored at their rank (P and Q at offsets in
-/// the concatenated factors), the rest copied into the uncompressed part.
-struct Plan {
-  struct Matrix {
-    uint64_t offset, rows, cols, rank, p_at, q_at, r_at;  // r_at: its rank × rank block
-    // Its rows in `blocks` blocks, block b at offset + b · stride (blocks = 1: one block).
-    uint64_t blocks = 1, stride = 0;
-
-    /// f(its offset, its P rows' offset, its rows) for each block, in order.
-    template <class F>
-    void each_block(F&& f) const {
-      const uint64_t n = rows / blocks;
-      for (uint64_t b = 0; b < blocks; ++b) f(offset + b * stride, p_at + b * n * rank, n);
-    }
-  };
-  struct Dense {
-    uint64_t offset, numel, at;
-  };
-  std::vector<Matrix> matrices;
-  std::vector<Dense> dense;
-  uint64_t p_size = 0, q_size = 0, dense_size = 0, r_size = 0;
-
-  /// The P (rows × rank) or Q (cols × rank) factor of every matrix, for ops::orthonormalize.
-  std::vector<kernels::Factor> factors(bool q_side) const {
-    std::vector<kernels::Factor> out;
-    for (const auto& m : matrices)
-      out.push_back({q_side ? m.q_at : m.p_at, q_side ? m.cols : m.rows, m.rank, m.r_at});
-    return out;
-  }
-
-  Plan(const Layout& layout, uint64_t rank, double min_rate, uint64_t blocks) {
-    // Tensor j of the first chunk stands for its matrix: its rows are the block's times blocks.
-    const auto& all = layout.tensors();
-    SKETCHSGD_REQUIRE(all.size() % blocks == 0, InvalidArgument, "powersgd: blocks=", blocks,
-                      " but the layout has ", all.size(), " tensors, not chunks of equal ones");
-    const uint64_t per = all.size() / blocks, chunk = layout.size() / blocks;
-    for (uint64_t i = 0; i < all.size(); ++i) {
-      const auto& t = all[i];
-      const auto& first = all[i % per];
-      SKETCHSGD_REQUIRE(t.rows == first.rows && t.cols == first.cols && t.dims == first.dims &&
-                            t.offset == first.offset + (i / per) * chunk,
-                        InvalidArgument, "powersgd: blocks=", blocks, ": tensor ", i,
-                        " of the layout differs from tensor ", i % per,
-                        " of the first chunk (chunks of the same tensors expected)");
-    }
-    auto whole = [&](const Layout::Tensor& t) {
-      const uint64_t rows = t.rows * blocks, r = std::min({rows, t.cols, rank});
-      return t.dims < 2 || double(rows + t.cols) * double(r) * min_rate >= double(rows * t.cols);
-    };
-    for (uint64_t j = 0; j < per; ++j) {
-      const auto& t = all[j];
-      if (whole(t)) continue;
-      const uint64_t rows = t.rows * blocks, r = std::min({rows, t.cols, rank});
-      matrices.push_back({t.offset, rows, t.cols, r, p_size, q_size, r_size, blocks, chunk});
-      p_size += rows * r;
-      q_size += t.cols * r;
-      r_size += r * r;
-    }
-    for (const auto& t : all)
-      if (whole(t)) {
-        dense.push_back({t.offset, t.numel, dense_size});
-        dense_size += t.numel;
-      }
-  }
-};
+using powersgd::Plan;
 
 struct PowerOptions {
   uint64_t rank;
