@@ -346,8 +346,8 @@ def rank(me, args, port, queue):
     for name in ("start", "next", "finish", "finish_window"):
         setattr(sketchsgd._core.Round, name, phase(getattr(sketchsgd._core.Round, name)))
     sketchsgd._hook.reduce_shard = entry(sketchsgd._hook.reduce_shard)
-    sketchsgd.fsdp._ReduceScatter.__call__ = entry(sketchsgd.fsdp._ReduceScatter.__call__)
-    sketchsgd.fsdp._Fsdp1Unit.__call__ = entry(sketchsgd.fsdp._Fsdp1Unit.__call__)
+    sketchsgd.fsdp.fsdp2._ReduceScatter.__call__ = entry(sketchsgd.fsdp.fsdp2._ReduceScatter.__call__)
+    sketchsgd.fsdp.fsdp1._Fsdp1Unit.__call__ = entry(sketchsgd.fsdp.fsdp1._Fsdp1Unit.__call__)
     ddp_hook = entry(compression_hook)
 
     def hook(state, bucket):  # DDP reads the hook's parameter names

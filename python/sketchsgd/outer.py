@@ -106,7 +106,7 @@ class DiLoCo:
         meshes = {id(p.device_mesh): p for p in self._params if hasattr(p, "device_mesh")}
         if not meshes:
             return None, None
-        from .fsdp import _flag_group
+        from .fsdp._backward import _flag_group
         ours = dist.get_process_group_ranks(self.state.process_group or dist.group.WORLD)
         shard_ranks, place = set(), None
         for p in meshes.values():

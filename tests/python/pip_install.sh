@@ -22,5 +22,7 @@ g = torch.zeros(2000); g[7] = 5.0
 agg.add(c.encode(g))
 step = c.apply(agg.finish())
 assert step[7] == 5.0, step[7]
+import sketchsgd.fsdp  # the subpackages are installed too
+assert sketchsgd.fsdp.__file__.startswith(__import__("os").getcwd()), sketchsgd.fsdp.__file__
 print("pip-installed sketchsgd works:", sketchsgd.__file__)
 PY

@@ -444,7 +444,7 @@ def test_a_backward_that_raised_leaves_nothing_to_the_next():
     class Steps:
         iteration = 0
 
-    backward = fsdp._Backward(Steps(), 0, 1, (None, False))
+    backward = fsdp._backward._Backward(Steps(), 0, 1, (None, False))
     plan = {"fail": True, "abort": True, "ran": []}
 
     def reduce(dense):
