@@ -18,6 +18,7 @@ copies into its model: after a sync, every replica holds the same parameters, bi
 
 import torch
 from . import _core
+from ._agree import Outcome, agree
 from ._comm import ready
 from ._hook import average
 from ._state import CompressionState
@@ -191,22 +192,19 @@ class DiLoCo:
 
     def _flagged(self, deltas):
         """average() of a sharded model's shard, its failure told to the other replica groups
-        (one 4-byte all-reduce): each raises, none applies its shard's step."""
-        import torch.distributed as dist
+        (one 4-byte all-reduce: sketchsgd._agree): each raises, none applies its shard's step."""
         failed = None
         try:
             means = average(self.state, deltas)
         except _core.Error as e:  # any of the library's, seen alike by the group's ranks
             failed = e
-        group = self._flag[0]
-        code = 0 if failed is None else 1 if isinstance(failed, _core.NonFiniteError) else 2
-        flag = torch.tensor([code], dtype=torch.int32,
-                            device=deltas[0].device if dist.get_backend(group) == "nccl" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        mine = Outcome.OK if failed is None else Outcome.NON_FINITE \
+            if isinstance(failed, _core.NonFiniteError) else Outcome.ERROR
+        agreed = agree(mine, self._flag[0], deltas[0].device)
         if failed is not None:
             raise failed
-        if flag.item():
-            kind = _core.NonFiniteError if flag.item() == 1 else _core.Error
+        if agreed != Outcome.OK:
+            kind = _core.NonFiniteError if agreed == Outcome.NON_FINITE else _core.Error
             raise kind("DiLoCo: another replica group's sync failed (its ranks raised saying why): no shard took "
                        "this outer step")
         return means

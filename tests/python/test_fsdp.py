@@ -543,3 +543,27 @@ def test_a_nan_in_a_warm_up_step_raises_on_every_rank_too():
             assert [e is not None for e in errors] == [False, True, False, False, False], (rank, errors)
             assert errors[1][0] == "NonFiniteError", (rank, errors[1])
             assert np.isfinite(local).all(), rank
+
+
+def test_one_agreement_names_the_worst_outcome_and_each_error_its_own():
+    """sketchsgd._agree: an error's outcome (LayoutError states its own, a NaN is NON_FINITE, a
+    refused spec INVALID, any other library error ERROR), and the group's agreement keeps the
+    worst (here a group of one: the outcome itself, through the collective)."""
+    import torch.distributed as dist
+    from sketchsgd import _agree, fsdp
+    from sketchsgd._agree import Outcome
+
+    assert _agree.outcome_of(None) == Outcome.OK
+    assert _agree.outcome_of(sketchsgd.NonFiniteError("a NaN")) == Outcome.NON_FINITE
+    assert _agree.outcome_of(sketchsgd.InvalidArgument("k = 0")) == Outcome.INVALID
+    assert _agree.outcome_of(sketchsgd.WireError("truncated")) == Outcome.ERROR
+    assert _agree.outcome_of(sketchsgd.Error("other")) == Outcome.ERROR
+    assert _agree.outcome_of(fsdp.LayoutError("another layout")) == Outcome.LAYOUT
+    assert sorted(Outcome) == [Outcome.OK, Outcome.NON_FINITE, Outcome.ERROR, Outcome.LAYOUT, Outcome.INVALID]
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        for o in Outcome:
+            assert _agree.agree(o, dist.group.WORLD) == o
+    finally:
+        dist.destroy_process_group()

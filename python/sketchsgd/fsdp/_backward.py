@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core, _hook, _scatter
+from .._agree import Outcome, agree, outcome_of
 from .._state import CompressionState
 from ._compat import _groups
 
@@ -15,6 +16,8 @@ class LayoutError(RuntimeError):
     a parameter without a gradient in this backward (unused in the forward: call
     set_reduce_scatter_unused_params(True) on the model, so that FSDP2 reduces zeros for it), or
     requires_grad changed after compress_replicas / compress_reduce_scatter (freeze first)."""
+
+    outcome = Outcome.LAYOUT
 
 
 class _Backward:
@@ -116,31 +119,27 @@ class _Backward:
             if failed is not None:
                 raise failed
             return
-        wire = alone is not None or isinstance(failed, _core.WireError)
-        if failed is None or isinstance(failed, _core.NonFiniteError):  # (an InvalidArgument too)
-            code = 2 if wire else int(failed is not None)
-        else:
-            code = 3 if isinstance(failed, LayoutError) else 4 if isinstance(failed, _core.InvalidArgument) else 2
-        flag = torch.tensor([code], dtype=torch.int32,
-                            device=self.device if dist.get_backend(self.flag_group) == "nccl" else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.flag_group)
-        if flag.item() == 3 and isinstance(failed, _core.NonFiniteError):
+        mine = outcome_of(failed)
+        if alone is not None and mine in (Outcome.OK, Outcome.NON_FINITE):
+            mine = Outcome.ERROR  # a message only this rank could not decode
+        agreed = agree(mine, self.flag_group, self.device)
+        if agreed == Outcome.LAYOUT and isinstance(failed, _core.NonFiniteError):
             failed = None  # a round another replica group spoiled (see _Replicas): told below
         if failed is not None:
             raise failed
         if alone is not None:
             raise alone
-        if flag.item() == 4:
+        if agreed == Outcome.INVALID:
             raise _core.InvalidArgument("sketchsgd.fsdp: another replica group's codec refused its unit (its ranks "
                                         "raised InvalidArgument saying why); this step has no update")
-        if flag.item() == 3:
+        if agreed == Outcome.LAYOUT:
             raise LayoutError("sketchsgd.fsdp: an FSDP module of another replica group reduced a gradient of another "
                               "layout than its parameters' (its ranks raised LayoutError saying which); this step "
                               "has no update")
-        if flag.item() == 2:
+        if agreed == Outcome.ERROR:
             raise _core.WireError("sketchsgd.fsdp: another rank refused a message of its round (it raised "
                                   "WireError saying why); this step has no update")
-        if flag.item():
+        if agreed == Outcome.NON_FINITE:
             raise _core.NonFiniteError("sketchsgd.fsdp: a gradient shard of another replica group was not finite "
                                        "(its ranks raised NonFiniteError with the coordinate); this step has no "
                                        "update")
