@@ -8,13 +8,7 @@ namespace sketchsgd::ps {
 
 using Worker = Roster::Worker;
 
-AsyncPushes::AsyncPushes(const Parts& p)
-    : cfg_(p.cfg),
-      hooks_(p.hooks),
-      store_(p.store),
-      roster_(p.roster),
-      replies_(p.replies),
-      commit_(p.commit) {}
+AsyncPushes::AsyncPushes(const Parts& parts) : PushHandle(parts) {}
 
 void AsyncPushes::push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time_point,
                        std::vector<Outgoing>& out) {

@@ -20,14 +20,7 @@ std::string ranks_text(const std::vector<uint32_t>& r) {
 
 using Worker = Roster::Worker;
 
-Rounds::Rounds(const Parts& p)
-    : cfg_(p.cfg),
-      hooks_(p.hooks),
-      store_(p.store),
-      roster_(p.roster),
-      replies_(p.replies),
-      pull_(p.pull),
-      commit_(p.commit) {
+Rounds::Rounds(const Parts& parts) : PushHandle(parts) {
   reset();
 }
 

@@ -29,12 +29,6 @@ class AsyncPushes final : public PushHandle {
   void followed(const CommitInfo& c, const Frames& outcome) override;
 
  private:
-  const JobConfig& cfg_;
-  const Hooks& hooks_;
-  ModelStore& store_;
-  Roster& roster_;
-  Replies& replies_;
-  std::function<void(Frames, std::vector<Outgoing>&)> commit_;
   RoundMetrics metrics_;
 };
 

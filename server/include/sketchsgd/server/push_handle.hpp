@@ -49,7 +49,17 @@ inline bool from(std::span<const uint8_t> m, uint32_t rank, uint64_t round) {
 
 class PushHandle {
  public:
+  explicit PushHandle(const Parts& parts)
+      : cfg_(parts.cfg),
+        hooks_(parts.hooks),
+        store_(parts.store),
+        roster_(parts.roster),
+        replies_(parts.replies),
+        pull_(parts.pull),
+        commit_(parts.commit) {}
   virtual ~PushHandle() = default;
+  PushHandle(const PushHandle&) = delete;
+  PushHandle& operator=(const PushHandle&) = delete;
 
   /// A registered rank's Push (frames[1] its codec message); the model exists. Throws Error for
   /// a message that is dropped.
@@ -72,6 +82,15 @@ class PushHandle {
   virtual bool holds_later_pushes() const { return false; }
   /// The rank pushed the last round (a finished job of fixed workers waits for its Bye).
   virtual bool pushed_last(uint32_t /*rank*/) const { return false; }
+
+ protected:
+  const JobConfig& cfg_;
+  const Hooks& hooks_;
+  ModelStore& store_;
+  Roster& roster_;
+  Replies& replies_;
+  std::function<void(uint32_t, std::vector<Outgoing>&)> pull_;
+  std::function<void(Frames, std::vector<Outgoing>&)> commit_;
 };
 
 }  // namespace sketchsgd::ps

@@ -50,14 +50,6 @@ class Rounds final : public PushHandle {
   void start_phase(MessageKind kind);
   bool federated() const { return cfg_.population != 0; }
 
-  const JobConfig& cfg_;
-  const Hooks& hooks_;
-  ModelStore& store_;
-  Roster& roster_;
-  Replies& replies_;
-  std::function<void(uint32_t, std::vector<Outgoing>&)> pull_;
-  std::function<void(Frames, std::vector<Outgoing>&)> commit_;
-
   // the running round
   std::vector<bool> pushed_;       // gradient phase contributors
   std::vector<bool> answered_;     // answer phase contributors
