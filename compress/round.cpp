@@ -175,10 +175,10 @@ std::vector<Round::Request> Round::payload_sums() const {
   if (sum.format != WireFloat::I8) return {sum};
   // The values sent as they are (the codec's own, and the unit's tensors sent whole) share no
   // column with the codec's: grouped with them they would be rounded to 127 / W levels of the
-  // largest of whatever kI8Rows rows fell together, with no error feedback to take it back (on
-  // the GPT-2 job that cost 0.036 nats of validation loss). In groups of their own (runs of
-  // kI8Rows consecutive values, one column) they lose nothing measurable against F16 at half
-  // its bytes.
+  // largest of whatever kI8Rows rows fell together, with no error feedback to take it back
+  // (docs/RESULTS.md, "Sharded models: FSDP2", has what that cost the GPT-2 job). In groups of
+  // their own (runs of kI8Rows consecutive values, one column) they keep what F16 keeps at half its
+  // bytes.
   const uint64_t own = codec_->sum_grouped(MessageKind::Gradient), rest = sum_size_ - own + whole_;
   if (rest == 0) return {sum};
   if (own == 0) return {Request::sum(0, WireFloat::I8)};

@@ -18,10 +18,10 @@
 // block by block (P's rows and the step's are a block's own; Q = Σ_b M_bᵀ·P_b), so the result
 // is the unblocked one up to the summation order of Q. Matrix products: on the CPU,
 // kernels::cpu::lowrank_* with the error feedback fused into the first and last products (a
-// round streams the matrix seven times; OpenBLAS's packing and separate error passes made it
-// about twelve, and its blocking reaches half the FMA rate of the register tiles there, at
-// every rank: BM_LowRank); at ranks up to 4 five times, the error's subtraction deferred from
-// the step's pass to the next absorb (defers()). On a GPU everything stays on the device: cuBLAS
+// round streams the matrix seven times, where OpenBLAS's packing and separate error passes
+// stream it about twelve; BENCHMARKS.md, sketchsgd_bench LowRank, compares their speed); at ranks
+// up to 4 five times, the error's subtraction deferred from the step's pass to the next absorb
+// (defers()). On a GPU everything stays on the device: cuBLAS
 // products (ops::gemm), one launch orthonormalising every factor (ops::orthonormalize), and
 // replies that are float vectors (reply_size()), so a DDP hook passes device tensors between the
 // phases.

@@ -89,11 +89,11 @@ class Scheduler:
         anyway (average(), FSDP's calls) and for the last bucket of a DDP step on the CPU
         (backward is over and DDP waits for it at once, so there is nothing to overlap, while
         gloo's callback thread, another core scheduled late on a busy machine, finds the matrices
-        cold: PowerSGD rank 4 on the demo's MLP applied in 0.5 ms here, 0.7-0.9 ms there). No
+        cold: a codec's apply is slower there; BENCHMARKS.md, the DDP hooks' own work). No
         futures: FSDP calls once per module where DDP calls once per bucket, so what a call costs
         beside the codec counts as many times (BENCHMARKS.md, a codec's work under FSDP). Each
-        stretch of Python between two phases runs on caches the phase left cold (a torch call of
-        1 µs warm takes tens there), so the stretches touch little: the collectives waited for
+        stretch of Python between two phases runs on caches the phase left cold (a torch call costs
+        many times its warm cost there), so the stretches touch little: the collectives waited for
         as works (Pending), a unit's sums made once (_rounds.Core.sum_of). A round
         that fails does not stop the later ones (every rank issues their collectives); the first
         error is raised once all have run."""
