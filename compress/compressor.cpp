@@ -171,16 +171,6 @@ void Compressor::do_apply_values(std::span<const float>, std::span<float>) {
   throw ProtocolError("codec " + spec_ + "'s update is not a float vector");
 }
 
-void Compressor::do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo,
-                                 bool) {
-  SKETCHSGD_REQUIRE(lo <= dim_ && step.size() <= dim_ - lo, InvalidArgument, "apply: values [", lo,
-                    ", +", step.size(), ") of a step of ", dim_);
-  if (lo == 0 && step.size() == dim_) return do_apply_values(update, step);
-  if (step_.size() != dim_) step_ = Buffer<float>(dim_, device_);
-  do_apply_values(update, step_.span());
-  ops::copy(device_, step, step_.span().subspan(lo, step.size()));
-}
-
 void Compressor::do_encode_sum(std::span<const float>, uint64_t, std::span<float>) {
   throw ProtocolError("codec " + spec_ + " has no summable payload");
 }
@@ -299,8 +289,6 @@ void Aggregator::do_add_sum(std::span<const float>, MessageKind kind) {
   throw ProtocolError("codec " + std::string(to_string(info_.id)) + " cannot take a summed " +
                       std::string(to_string(kind)));
 }
-
-void Aggregator::settle_checks(bool) {}
 
 void Aggregator::abandon() {
   clear();

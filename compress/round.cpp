@@ -7,12 +7,15 @@
 
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/ops.hpp>
+#include "summable.hpp"
 
 namespace sketchsgd {
 
 Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole, Rooms rooms)
     : codec_(&codec),
       aggregator_(&aggregator),
+      summable_(dynamic_cast<SummableCodec*>(&codec)),
+      summed_(dynamic_cast<SummableAggregator*>(&aggregator)),
       world_(aggregator.world_size()),
       rank_(rank),
       whole_(whole),
@@ -23,6 +26,8 @@ Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t 
       inv_(1.0f / static_cast<float>(world_)) {
   SKETCHSGD_REQUIRE(rank < world_, InvalidArgument, "round: rank ", rank, " in a group of ",
                     world_);
+  SKETCHSGD_REQUIRE(!summable_ == !summed_, InvalidArgument, "round: codec ", codec.spec(),
+                    " with an aggregator of another family");
   require(rooms.payload, payload_size(&codec, whole), "payload room");
   require(rooms.answer, answer_size(&codec), "answer room");
 }
@@ -40,12 +45,12 @@ Round::Round(uint32_t world, uint64_t whole, const Device& device, std::span<flo
 }
 
 uint64_t Round::payload_size(const Compressor* codec, uint64_t whole) {
-  return (codec ? codec->sum_size(MessageKind::Gradient) : 0) + whole;
+  return (dynamic_cast<const SummableCodec*>(codec) ? codec->sum_size(MessageKind::Gradient) : 0) +
+         whole;
 }
 
 uint64_t Round::answer_size(const Compressor* codec) {
-  return codec && codec->sum_size(MessageKind::Gradient) > 0 ? codec->sum_size(MessageKind::Answer)
-                                                             : 0;
+  return dynamic_cast<const SummableCodec*>(codec) ? codec->sum_size(MessageKind::Answer) : 0;
 }
 
 int Round::phases() const {
@@ -117,7 +122,7 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
   if (aggregator_ &&
       (aggregator_->count() > 0 || aggregator_->expecting() != MessageKind::Gradient))
     aggregator_->abandon();
-  if (aggregator_) aggregator_->settle_checks(false);  // a failed step's, never read
+  if (summed_) summed_->settle_checks(false);  // a failed step's, never read
   round_ = round;
   phase_ = 0;
   failed_ = nullptr;
@@ -179,7 +184,8 @@ std::vector<Round::Request> Round::payload_sums() const {
   // (docs/RESULTS.md, "Sharded models: FSDP2", has what that cost the GPT-2 job). In groups of
   // their own (runs of kI8Rows consecutive values, one column) they keep what F16 keeps at half its
   // bytes.
-  const uint64_t own = codec_->sum_grouped(MessageKind::Gradient), rest = sum_size_ - own + whole_;
+  const uint64_t own = summable_->sum_grouped(MessageKind::Gradient),
+                 rest = sum_size_ - own + whole_;
   if (rest == 0) return {sum};
   if (own == 0) return {Request::sum(0, WireFloat::I8)};
   sum.count = own;
@@ -207,10 +213,9 @@ std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>
   Message query;
   reply(MessageKind::Query, query_, query);
   if (values) {
-    // The aggregator's reply, checked at finish() before anything changes state: the codec's
-    // unchecked path (answering changes none).
+    // The aggregator's reply, checked at finish() before anything changes state.
     const auto scope = device_.activate();
-    codec_->do_answer_values(query_.span().first(values), rooms_.answer);
+    summable_->answer_deferred(query_.span().first(values), rooms_.answer);
   } else
     codec_->answer_sum(query.bytes(), rooms_.answer);
   ++phase_;
@@ -327,13 +332,13 @@ void Round::finish_into(std::span<const std::span<const uint8_t>> gathered,
       reply(MessageKind::Update, update_, update);
       if (const uint64_t values = codec_->reply_size(MessageKind::Update)) {
         settle();
-        // Settled: the unchecked path. One run: only its part in out computed.
+        // One run: only its part in out computed.
         if (one) {
-          codec_->do_apply_window(update_.span().first(values), out.subspan(from - lo, to - from),
-                                  to > from ? from - k0 : 0, streamed);
+          summable_->apply_settled(update_.span().first(values), out.subspan(from - lo, to - from),
+                                   {to > from ? from - k0 : 0, streamed});
           written = true;
         } else
-          codec_->do_apply_values(update_.span().first(values), room());
+          summable_->apply_settled(update_.span().first(values), room(), {});
       } else {
         if (whole_step.empty()) whole_step = room();
         codec_->apply(update.bytes(), whole_step);
@@ -389,20 +394,6 @@ void Round::check_sum() const {
         "coordinate); this step has no update");
 }
 
-namespace {
-/// The aggregator's checks deferred while it lives.
-class Deferred {
- public:
-  explicit Deferred(bool& flag) : flag_(flag) { flag_ = true; }
-  ~Deferred() { flag_ = false; }
-  Deferred(const Deferred&) = delete;
-  Deferred& operator=(const Deferred&) = delete;
-
- private:
-  bool& flag_;
-};
-}  // namespace
-
 template <class F>
 void Round::attributed(F&& f) {
   try {
@@ -418,25 +409,25 @@ void Round::attributed(F&& f) {
 void Round::add_sum(std::span<const float> sum) {
   rethrow_own();
   attributed([&] {
-    const Deferred deferred(aggregator_->defer_checks_);
-    aggregator_->add_sum(sum, world_, round_);
+    const auto deferred = summed_->defer_checks();
+    summed_->add_sum(sum, world_, round_);
   });
 }
 
 void Round::reply(MessageKind kind, Buffer<float>& room, Message& message) {
   attributed([&] {  // a message's reduce() settles the checks first
-    const Deferred deferred(aggregator_->defer_checks_);
+    const auto deferred = summed_->defer_checks();
     if (const uint64_t n = codec_->reply_size(kind)) {
       if (room.size() != n) room = Buffer<float>(n, device_);
-      aggregator_->finish_values(room.span());
+      summed_->finish_values(room.span());
     } else {
-      message = aggregator_->finish();
+      message = summed_->finish();
     }
   });
 }
 
 void Round::settle() {
-  attributed([&] { aggregator_->settle_checks(true); });
+  attributed([&] { summed_->settle_checks(true); });
 }
 
 }  // namespace sketchsgd

@@ -76,6 +76,16 @@ void SummableCodec::do_apply(ByteReader& r, const Header&, std::span<float> step
   do_apply_values(read_reply(r, MessageKind::Update), step);
 }
 
+void SummableCodec::do_apply_window(std::span<const float> update, std::span<float> step,
+                                    uint64_t lo, bool) {
+  SKETCHSGD_REQUIRE(lo <= dim() && step.size() <= dim() - lo, InvalidArgument, "apply: values [",
+                    lo, ", +", step.size(), ") of a step of ", dim());
+  if (lo == 0 && step.size() == dim()) return do_apply_values(update, step);
+  if (window_.size() != dim()) window_ = Buffer<float>(dim(), device());
+  do_apply_values(update, window_.span());
+  ops::copy(device(), step, window_.span().subspan(lo, step.size()));
+}
+
 Message SummableCodec::do_encode(std::span<const float> grad, const Header& h) {
   const uint64_t n = sum_size(MessageKind::Gradient);
   if (ops::host_memory(device()) && sum_format(MessageKind::Gradient) == WireFloat::F32)
@@ -164,7 +174,7 @@ void SummableAggregator::settle_checks(bool raise) {
 }
 
 void SummableAggregator::do_add_sum(std::span<const float> v, MessageKind kind) {
-  if (defer_checks_)
+  if (deferred_)
     ops::flag_nonfinite(device_, v, flag(kind));
   else
     check_sum(kind, ops::find_nonfinite(device_, ops_, v));
@@ -204,7 +214,7 @@ void SummableAggregator::reduce_values(const Header& phase, uint32_t contributor
   // As the message would carry them: rounded to the wire format, which must hold them.
   const WireFloat f = info_.format[size_t(kind)];
   if (f == WireFloat::F32) return;
-  if (defer_checks_)
+  if (deferred_)
     ops::round_half(device_, out, f == WireFloat::BF16, flag(kind));
   else
     check_rounding(kind, f, ops::round_half(device_, ops_, out, f == WireFloat::BF16));

@@ -12,6 +12,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/compress/round.hpp>
 #include <sketchsgd/core/error.hpp>
+#include "compress/summable.hpp"
 #include "support/helpers.hpp"
 #include "support/round.hpp"
 
@@ -292,7 +293,8 @@ TEST(Round, AnInt8CodecAsksForItsSumsInInt8ByColumn) {
   std::vector<std::vector<float>> buffers(kRanks);
   std::vector<std::vector<Round::Request>> reqs(kRanks);
   // The layout's 1000-value tensor is sent as it is, inside the codec's payload after P.
-  const uint64_t own = group.codecs[0]->sum_grouped(MessageKind::Gradient);
+  const uint64_t own =
+      dynamic_cast<SummableCodec&>(*group.codecs[0]).sum_grouped(MessageKind::Gradient);
   const uint64_t rest = group.payload[0].size() - own;
   ASSERT_EQ(rest, 1000u + kWhole);
   for (uint32_t r = 0; r < kRanks; ++r) {
@@ -618,6 +620,13 @@ TEST(Round, RefusesWrongSizesAndCallsOutOfOrder) {
   EXPECT_THROW(Round(*codec, *agg, kRanks, kWhole, {payload, none}), InvalidArgument);  // rank
   EXPECT_THROW(Round(*codec, *agg, 0, kWhole, {small, none}), InvalidArgument);
   EXPECT_THROW(Round(0, kWhole, Device::cpu(), payload), InvalidArgument);
+  // The round goes by the codec's family: a summable codec with a gathered codec's aggregator
+  // (or the reverse) has no exchange to run.
+  auto dense = make_compressor("dense", kDim);
+  auto dense_agg = dense->make_aggregator(kRanks);
+  std::vector<float> dense_payload(Round::payload_size(dense.get(), kWhole));
+  EXPECT_THROW(Round(*dense, *agg, 0, kWhole, {dense_payload, none}), InvalidArgument);
+  EXPECT_THROW(Round(*codec, *dense_agg, 0, kWhole, {payload, none}), InvalidArgument);
   Round round(*codec, *agg, 0, kWhole, {payload, none});
   EXPECT_EQ(round.phases(), 2);
   auto buffer = grad(0, 0, kDim + kWhole);

@@ -78,11 +78,6 @@ class Compressor {
   /// The payload's values as rows of this many columns, for the scales of an I8 sum
   /// (wire.hpp: i8_groups): a column's values share them. Default 1.
   virtual uint64_t sum_columns(MessageKind) const { return 1; }
-  /// Of a phase's summable payload, the leading values that are the codec's own (those an I8
-  /// sum groups by sum_columns()); the rest are values it sends as they are (PowerSGD's
-  /// tensors too small to factor), which an I8 all-reduce sums in groups of their own (Round).
-  /// Default: all.
-  virtual uint64_t sum_grouped(MessageKind kind) const { return sum_size(kind); }
   /// encode() for an all-reduce: the same checks and state change, the summable payload written
   /// to out (length sum_size(Gradient), in the device's memory) instead of a message.
   void encode_sum(std::span<const float> grad, uint64_t round, std::span<float> out);
@@ -131,14 +126,6 @@ class Compressor {
   /// answer_values() and apply_values() of checked values (codecs with reply_size() > 0).
   virtual void do_answer_values(std::span<const float> query, std::span<float> out);
   virtual void do_apply_values(std::span<const float> update, std::span<float> step);
-  /// do_apply_values() that writes only the step's values [lo, lo + step.size()) (into step),
-  /// with the same state change: for a caller that keeps a part of the step (a rank's shard under
-  /// FSDP). Default: the whole step into a scratch vector, then the part copied. Codecs whose step
-  /// is a product of factors (PowerSGD) override it to compute only that part; streamed: step is
-  /// memory the caller reads only later, written past the caches where the codec can
-  /// (kernels::cpu::lowrank_expand's streamed).
-  virtual void do_apply_window(std::span<const float> update, std::span<float> step, uint64_t lo,
-                               bool streamed);
   /// Validates an Update payload completely, then writes its dense step and changes the
   /// codec's state.
   virtual void do_apply(ByteReader& payload, const Header& h, std::span<float> step) = 0;
@@ -150,9 +137,6 @@ class Compressor {
   virtual Feedback* feedback() { return nullptr; }
   const Feedback* feedback() const { return const_cast<Compressor*>(this)->feedback(); }
   friend class Aggregator;  // keeps info()
-  // Hands the codec values its own aggregator produced from sums it checked: answer_values()'
-  // and apply_values()' checks would each cost a host synchronisation on a GPU, for nothing.
-  friend class Round;
   /// save_state()/load_state() (the device active); default: feedback()'s state. Codecs with
   /// more worker state override both; load validates everything before changing anything.
   virtual Bytes do_save_state() const;
@@ -177,7 +161,7 @@ class Compressor {
   Device device_;
   bool checks_finite_ = false;
   uint64_t last_bytes_ = 0;
-  Buffer<float> step_;  // the whole step of the default apply_step and do_apply_window
+  Buffer<float> step_;  // the whole step of the default apply_step
 };
 
 /// Server side of one codec for a job of world_size workers. Messages of one phase must share a
@@ -229,15 +213,6 @@ class Aggregator {
   virtual void reduce_values(const Header& phase, uint32_t contributors, std::span<float> out);
   /// Drops partial state (called after finish(), before the next phase).
   virtual void clear() = 0;
-  /// Raises the first check that add_sum() or finish_values() deferred (defer_checks_), as the
-  /// check itself would have; with raise = false forgets them. Default: none to settle.
-  virtual void settle_checks(bool raise);
-
-  /// Set by Round (a friend) around its calls: add_sum()'s and finish_values()' checks of the
-  /// values go to flags read once, at the round's end (settle_checks()), rather than each costing
-  /// a host synchronisation on a GPU. A reduce() settles them before it changes any state.
-  bool defer_checks_ = false;
-
   const Device device_;  ///< the codec's device: where summed payloads lie
 
  private:
@@ -249,8 +224,6 @@ class Aggregator {
  private:
   /// After a phase's result: the next phase, or a new round.
   void next_phase(MessageKind reply);
-
-  friend class Round;
 
   uint32_t world_;
   uint32_t count_ = 0;

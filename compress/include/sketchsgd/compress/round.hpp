@@ -53,6 +53,9 @@
 
 namespace sketchsgd {
 
+class SummableCodec;
+class SummableAggregator;
+
 class Round {
  public:
   enum class Op : uint8_t { Sum, Gather };
@@ -113,10 +116,10 @@ class Round {
   /// finish() that writes only the buffer's values [lo, lo + out.size()), into out, of a buffer
   /// of n values (the runs' offsets are the buffer's): for a driver that keeps a part of the
   /// mean (a rank's shard under FSDP), without the rest written or copied. The codec computes
-  /// only that part where it can (do_apply_window); its state changes as under finish(). out is
-  /// taken to be the driver's own memory, not in cache and read only after the round (FSDP's
-  /// output, new each call): a codec that computes its part writes it by streaming stores on the
-  /// CPU (PowerSGD at ranks up to 4), without fetching its lines first.
+  /// only that part where it can (SummableCodec::apply_settled); its state changes as under
+  /// finish(). out is taken to be the driver's own memory, not in cache and read only after the
+  /// round (FSDP's output, new each call): a codec that computes its part writes it by streaming
+  /// stores on the CPU (PowerSGD at ranks up to 4), without fetching its lines first.
   void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out, uint64_t lo,
               uint64_t n, Runs at);
 
@@ -134,12 +137,12 @@ class Round {
   void finish_update(std::span<const uint8_t> update, std::span<float> buffer, Runs at);
 
  private:
-  /// Both finish()es and finish_update(): streamed, the window's (do_apply_window's streamed);
+  /// Both finish()es and finish_update(): streamed, the window's (SummableCodec::Window);
   /// update, a gathered round's update (empty: reduced here from gathered).
   void finish_into(std::span<const std::span<const uint8_t>> gathered,
                    std::span<const uint8_t> update, std::span<float> out, uint64_t lo, uint64_t n,
                    Runs at, bool streamed);
-  bool summable() const { return codec_ && sum_size_ > 0; }
+  bool summable() const { return summable_ != nullptr; }
   /// The Sum of a room in the format of the codec's payload of that kind.
   Request sum_request(int room, MessageKind kind) const {
     return Request::sum(room, codec_->sum_format(kind), codec_->sum_columns(kind));
@@ -179,6 +182,9 @@ class Round {
 
   Compressor* codec_ = nullptr;
   Aggregator* aggregator_ = nullptr;
+  // The codec's family (compress/summable.hpp): both set for a summable codec, else null.
+  SummableCodec* summable_ = nullptr;
+  SummableAggregator* summed_ = nullptr;
   uint32_t world_, rank_;
   uint64_t whole_, sum_size_ = 0;
   bool dense_ = false;
