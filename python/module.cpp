@@ -74,21 +74,18 @@ const char* format_name(WireFloat f) {
                                 : "fp32";
 }
 
-/// A Round's requests for Python: ("sum", room, format, columns, offset, count: 0 for all of the
-/// room) or ("gather", bytes as a memoryview of
-/// the round's memory, valid until its next call).
+/// A Round's requests for Python: Request objects (bound below), copies of the C++ ones; a
+/// Gather's bytes stay the round's memory, valid until its next call.
 py::list requests(const std::vector<Round::Request>& reqs) {
   py::list out;
-  for (const auto& r : reqs) {
-    if (r.op == Round::Op::Sum)
-      out.append(
-          py::make_tuple("sum", r.room, format_name(r.format), r.columns, r.offset, r.count));
-    else  // writable: torch.frombuffer warns on read-only memory; nothing writes to it
-      out.append(py::make_tuple("gather",
-                                py::memoryview::from_memory(const_cast<uint8_t*>(r.bytes.data()),
-                                                            py::ssize_t(r.bytes.size()), false)));
-  }
+  for (const auto& r : reqs) out.append(py::cast(r));
   return out;
+}
+
+/// What names a request's collective: equal requests ask for the same Sum of the same room
+/// (a Gather's bytes, new each call, are not compared).
+auto request_key(const Round::Request& r) {
+  return std::make_tuple(r.op, r.room, r.format, r.columns, r.offset, r.count);
 }
 
 /// Runs of a buffer as Python gives them: (offset, numel) pairs.
@@ -274,6 +271,47 @@ PYBIND11_MODULE(_core, m) {
       .def("load_state", [](Aggregator& a, const py::buffer& b) {
         const View v(b);
         a.load_state(v.bytes());
+      });
+
+  py::class_<Round::Request>(m, "Request",
+                             "A collective a Round asks its driver for (compress/round.hpp): op "
+                             "'sum', an all-reduce in place of one of its rooms (room 0 payload, "
+                             "1 answer; its values [offset, offset + count), all where count is "
+                             "0; summed in format, int8 by columns), or 'gather', an all-gather of "
+                             "bytes. Hashable by the collective it names.")
+      .def_property_readonly(
+          "op", [](const Round::Request& r) { return r.op == Round::Op::Sum ? "sum" : "gather"; })
+      .def_readonly("room", &Round::Request::room)
+      .def_property_readonly("format",
+                             [](const Round::Request& r) { return format_name(r.format); })
+      .def_readonly("columns", &Round::Request::columns)
+      .def_readonly("offset", &Round::Request::offset)
+      .def_readonly("count", &Round::Request::count)
+      .def_property_readonly(
+          "bytes",
+          [](const Round::Request& r) {
+            if (r.op != Round::Op::Gather)
+              throw ProtocolError("round: a sum request has no bytes: it sums a room in place");
+            // writable: torch.frombuffer warns on read-only memory; nothing writes to it
+            return py::memoryview::from_memory(const_cast<uint8_t*>(r.bytes.data()),
+                                               py::ssize_t(r.bytes.size()), false);
+          },
+          "A gather's bytes: a memoryview of the round's memory, valid until its next call.")
+      .def("__eq__",
+           [](const Round::Request& a, const Round::Request& b) {
+             return request_key(a) == request_key(b);
+           })
+      .def("__hash__",
+           [](const Round::Request& r) {
+             return py::hash(py::make_tuple(int(r.op), r.room, int(r.format), r.columns,
+                                            r.offset, r.count));
+           })
+      .def("__repr__", [](const Round::Request& r) {
+        if (r.op == Round::Op::Gather)
+          return "Request(gather, " + std::to_string(r.bytes.size()) + " bytes)";
+        return "Request(sum, room " + std::to_string(r.room) + ", " + format_name(r.format) +
+               ", columns " + std::to_string(r.columns) + ", [" + std::to_string(r.offset) +
+               ", +" + std::to_string(r.count) + "))";
       });
 
   py::class_<Round>(m, "Round")

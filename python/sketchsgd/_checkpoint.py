@@ -13,18 +13,18 @@ def save(state, gather: bool) -> dict:
     """CompressionState.state_dict() (its docstring says what it holds)."""
     if not isinstance(gather, bool):
         raise TypeError(f"gather={gather!r}: expected True or False")
-    state._bind()
+    state.bind()
     warm, units = state.units.state_dict()
-    d = {"version": 1, "config": state._config(), "rank": state.rank, "world_size": state.world_size,
-         "iteration": state.iteration, "warm": warm, "units": units, "stats": state._counts()}
+    d = {"version": 1, "config": state.configuration, "rank": state.rank, "world_size": state.world_size,
+         "iteration": state.iteration, "warm": warm, "units": units, "stats": state.counts()}
     if gather:
         mine = worker_states(units or {})
-        if state._exchange is None:
+        if state.exchange is None:
             d["workers"] = {state.rank: mine}
         elif state.rank == 0:
-            d["workers"] = state._exchange.collect(mine, state.iteration)
+            d["workers"] = state.exchange.collect(mine, state.iteration)
         else:
-            state._exchange.offer(mine, state.iteration)
+            state.exchange.offer(mine, state.iteration)
             d["workers"] = {state.rank: mine}
     return d
 
@@ -41,13 +41,13 @@ def snapshot(state, iteration: int, timeout: float):
     saying why when it has begun a later one."""
     deadline = time.monotonic() + timeout
     while True:
-        with state._step_lock:
-            if state.iteration == iteration and not state._open:
-                torch.futures.wait_all(state._inflight)
+        with state.held() as (now, open_):
+            if now == iteration and not open_:
+                state.wait_inflight()
                 return worker_states(save(state, gather=False)["units"] or {})
-            if state.iteration > iteration or (state.iteration == iteration and state._open):
+            if now > iteration or (now == iteration and open_):
                 return (f"state_dict() on rank 0 at step {iteration}: rank {state.rank} has begun step "
-                        f"{state.iteration + int(state._open) - 1} (its worker state has changed). Let every "
+                        f"{now + int(open_) - 1} (its worker state has changed). Let every "
                         "rank wait until rank 0 has saved (dist.barrier() after the save, as in PyTorch's "
                         "tutorial), or call state_dict() on every rank before the next step")
         if time.monotonic() > deadline:
@@ -57,7 +57,7 @@ def snapshot(state, iteration: int, timeout: float):
 
 
 def _told(config: str) -> str:
-    """A state's configuration (CompressionState._config(): the repr of its arguments' tuple) as
+    """A state's configuration (CompressionState.configuration: the repr of its arguments' tuple) as
     the arguments that made it."""
     try:
         spec, start_iter, compress_1d, dense_below = ast.literal_eval(config)
@@ -70,10 +70,10 @@ def load(state, d: dict) -> None:
     """CompressionState.load_state_dict()."""
     if not isinstance(d, dict) or d.get("version") != 1:
         raise ValueError("not a sketchsgd CompressionState state_dict")
-    state._bind()
-    if d["config"] != state._config():
+    state.bind()
+    if d["config"] != state.configuration:
         raise _core.ConfigMismatch(f"state_dict of a CompressionState{_told(d['config'])} loaded into "
-                                   f"CompressionState{_told(state._config())}")
+                                   f"CompressionState{_told(state.configuration)}")
     if "world_size" in d and d["world_size"] != state.world_size:
         raise _core.ConfigMismatch(f"state_dict of a state whose process group held {d['world_size']} ranks loaded "
                                    f"into one over {state.world_size}")
@@ -98,4 +98,4 @@ def load(state, d: dict) -> None:
     state.units.check(d["warm"], units if d["units"] is not None else None)
     state.iteration = int(d["iteration"])
     state.units.load(d["warm"], units if d["units"] is not None else None)
-    state._load_counts(d["stats"])
+    state.load_counts(d["stats"])

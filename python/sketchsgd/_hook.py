@@ -36,21 +36,17 @@ def _shard_rounds(state, index: int, shapes, buf, window):
     (state.units.fixed: a load_state_dict() makes another), are kept. FSDP calls once per module
     a backward, where DDP calls once per bucket: what a call costs in Python counts as many
     times."""
-    plan = state._plans.get(index)
-    if plan is None or plan[0] is not state.units.fixed or plan[1] != buf.numel():
-        held = _held(state, index, [(index, j) for j in range(len(shapes))], views_of(buf, shapes), buf)
-        plan = state._plans[index] = (state.units.fixed, buf.numel(), held)
-    return [_rounds.round_of(state.comm, u, buf, kept, whole, state.iteration, window) for u, kept, whole in plan[2]]
+    held = state.units.plan(index, buf.numel(),
+                            lambda: _held(state, index, [(index, j) for j in range(len(shapes))], views_of(buf, shapes),
+                                          buf))
+    return [_rounds.round_of(state.comm, u, buf, kept, whole, state.iteration, window) for u, kept, whole in held]
 
 
 def _widened(state, index, buf):
     """A float32 copy of a half-precision DDP bucket, the same tensor every step (a bucket's own:
     DDP's buckets are in flight together): the codecs and the collectives see float32 whatever
     the model's precision."""
-    t = state._wide.get(index)
-    if t is None or t.numel() != buf.numel() or t.device != buf.device:
-        t = state._wide[index] = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
-    return t.copy_(buf)
+    return state.buffer(("bucket", index), buf.numel(), torch.float32, buf.device).copy_(buf)
 
 
 def scratch(state, name: str, n: int, dtype, device):
@@ -58,11 +54,7 @@ def scratch(state, name: str, n: int, dtype, device):
     one FSDP module's call ends before the next begins, so one buffer the size of the largest
     serves them all, where one per module would keep a copy of the whole unsharded gradient
     alive: the memory FSDP shards the model to save)."""
-    key = (name, dtype, device)
-    t = state._wide.get(key)
-    if t is None or t.numel() < n:
-        t = state._wide[key] = torch.empty(n, dtype=dtype, device=device)
-    return t[:n]
+    return state.buffer(name, n, dtype, device)
 
 
 def float32_of(state, name: str, t):
@@ -75,9 +67,9 @@ def float32_of(state, name: str, t):
 def _compressed(state, bucket, buf):
     ids = [id(p) for p in bucket.parameters()]
     rounds = _rounds_of(state, bucket.index(), ids, bucket.gradients(), buf)
-    if state.coalesce and not state._blocking:
+    if state.coalesce and not state.blocking:
         futures = state.scheduler.hold(rounds, bucket.is_last())
-    elif state._blocking or (bucket.is_last() and not buf.is_cuda):
+    elif state.blocking or (bucket.is_last() and not buf.is_cuda):
         # The last bucket of a step on the CPU finishes on this thread (Scheduler.now says why).
         out = torch.futures.Future()
         try:
@@ -87,7 +79,7 @@ def _compressed(state, bucket, buf):
             out.set_exception(e)
         return out
     else:
-        futures = [state.scheduler.run(rnd) for rnd in rounds]
+        futures = [state.scheduler.run(task) for task in rounds]
     return combined(futures, buf)
 
 
@@ -95,12 +87,12 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
     """DDP communication hook: the bucket's averaged gradient through the state's codec. A
     float16 or bfloat16 bucket (a model in half precision) goes through a float32 copy, and the
     averaged result is rounded back into it."""
-    if getattr(state, "_fsdp", False):
+    if state.driver == "fsdp":
         raise ValueError("sketchsgd.torch.compression_hook: this CompressionState serves an FSDP model "
                          "(sketchsgd.fsdp); give the DDP model a state of its own")
-    state._ddp = True
+    state.claim("ddp")
     buf = bucket.buffer()
-    state._begin(buf)
+    state.begin(buf)
     wide = buf if buf.dtype == torch.float32 else _widened(state, bucket.index(), buf)
     warm = state.iteration < state.start_iter
     try:
@@ -111,10 +103,10 @@ def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.
             fut = state.comm.all_reduce_mean(wide)
         else:
             fut = _compressed(state, bucket, wide)
-        state._inflight.append(fut)
+        state.track(fut)
     finally:
         if bucket.is_last():
-            state._end_step(not warm)
+            state.end_step(not warm)
     if wide is buf:
         return fut
 
@@ -144,7 +136,7 @@ def average(state: CompressionState, tensors) -> list:
         if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"average(): a tensor of dtype {t.dtype}; float32, float16 or bfloat16 expected")
     buf = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-    state._begin(buf)
+    state.begin(buf)
     try:
         views, at = [], 0
         for t in tensors:
@@ -152,7 +144,7 @@ def average(state: CompressionState, tensors) -> list:
             at += t.numel()
         state.scheduler.now(_rounds_of(state, 0, list(range(len(tensors))), views, buf))
     finally:
-        state._end_step(True)
+        state.end_step(True)
     return views
 
 
@@ -183,14 +175,14 @@ def reduce_shard(state: CompressionState, index: int, shard, shapes, dense: bool
         out, lo = part
         wide = out if out.dtype == torch.float32 else scratch(state, "out", out.numel(), torch.float32, out.device)
         window = (wide, lo)
-    state._begin(buf)
+    state.begin(buf)
     try:
         if dense:
             state.comm.all_reduce_mean(buf).wait()
         else:
             state.scheduler.now(_shard_rounds(state, index, shapes, buf, window))
     finally:
-        state._end_step(not dense)
+        state.end_step(not dense)
     if dense:
         _finite_mean(buf, index)
     if part is None:
@@ -210,7 +202,7 @@ def reduce_scatter_mean(state: CompressionState, index: int, full, out) -> None:
     over the state's group; half-precision tensors through float32 copies. A step of the state,
     counted as the all-reduce of full it stands for (payload and dense alike)."""
     buf = float32_of(state, "in", full)
-    state._begin(buf)
+    state.begin(buf)
     try:
         mean = float32_of(state, "out", out)
         state.comm.count("reduce_scatter", buf.numel() * 4)
@@ -221,7 +213,7 @@ def reduce_scatter_mean(state: CompressionState, index: int, full, out) -> None:
         if mean is not out:
             out.copy_(mean)
     finally:
-        state._end_step(False)
+        state.end_step(False)
 
 
 def _finite_mean(mean, index: int) -> None:

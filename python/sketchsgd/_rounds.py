@@ -8,7 +8,7 @@ import torch
 
 from . import _core, _int8
 from ._comm import Gather, Sum, settled
-from ._schedule import Round
+from ._schedule import Task
 from ._tensors import Streams
 from ._units import Unit
 
@@ -39,22 +39,21 @@ class Core:
         self.phases = self.round.phases
 
     def sum_of(self, req, u):
-        """The Sum a phase's request ("sum", room, format, columns, offset, count) stands for:
-        the same every step, so made once (its view of the room and its cast room)."""
+        """The Sum a phase's sum request (_core.Request) stands for: the same every step, so made
+        once (its view of the room and its cast room)."""
         s = self._sums.get(req)
         if s is None:
-            _, room, fmt, columns, offset, count = req
-            t = self.rooms[room]
-            if count:
-                t = t[offset:offset + count]
-            wire = _DTYPES[fmt]
-            n = t.numel() if wire != torch.int8 else _int8.padded(t.numel(), columns)
-            cast = None if wire == torch.float32 else u.room(("cast", room, offset), n, t, wire)
-            s = self._sums[req] = Sum(t, wire, cast, columns)
+            t = self.rooms[req.room]
+            if req.count:
+                t = t[req.offset:req.offset + req.count]
+            wire = _DTYPES[req.format]
+            n = t.numel() if wire != torch.int8 else _int8.padded(t.numel(), req.columns)
+            cast = None if wire == torch.float32 else u.room(("cast", req.room, req.offset), n, t, wire)
+            s = self._sums[req] = Sum(t, wire, cast, req.columns)
         return s
 
 
-def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
+def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Task:
     """The unit's round for this step: its tensors read from buf (its compressed ones at the runs
     kept, the others at whole: Unit.segments) when it starts, the averaged result written back
     into them when it finishes; window = (out, lo):
@@ -69,10 +68,10 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
     def requests(reqs):
         asked[:] = []
         for req in reqs:
-            if req[0] == "sum":
+            if req.op == "sum":
                 asked.append(core.sum_of(req, u))
             else:
-                asked.append(Gather(torch.frombuffer(req[1], dtype=torch.uint8).to(comm.host(buf))))
+                asked.append(Gather(torch.frombuffer(req.bytes, dtype=torch.uint8).to(comm.host(buf))))
         return list(asked)
 
     def gathered():
@@ -105,4 +104,4 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Round:
                 core.round.finish_window(got, out.data_ptr(), lo, out.numel(), buf.numel(), kept, whole)
         settled(buf if window is None else window[0])
 
-    return Round(u.index, [first, second][:core.phases], finish)
+    return Task(u.index, [first, second][:core.phases], finish)

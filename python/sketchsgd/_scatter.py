@@ -68,11 +68,11 @@ def reduce_scatter(state, index: int, chunks, shapes, out) -> None:
     W, me = comm.world, comm.rank
     if len(shapes) != W:
         raise RuntimeError(f"sketchsgd.fsdp: group {index} has {len(shapes)} chunks for {W} ranks")
-    state._begin(chunks)
+    state.begin(chunks)
     try:
         _step(state, comm, W, me, index, chunks, shapes, out)
     finally:
-        state._end_step(True)
+        state.end_step(True)
 
 
 def _step(state, comm, W, me, index, chunks, shapes, out):
@@ -100,7 +100,7 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
         with cores[r].streams.ordered():
             reqs = cores[r].round.start(chunks[r].data_ptr(), n, runs[r][0], runs[r][1], state.iteration)
         if coded[r]:
-            lengths.append(int.from_bytes(bytes(reqs[0][1]), "little"))
+            lengths.append(int.from_bytes(bytes(reqs[0].bytes), "little"))
         else:
             lengths.append(0 if torch.isnan(cores[r].rooms[0][0]).item() else 1)
     failed = [r for r in range(W) if lengths[r] == 0]
@@ -134,7 +134,7 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
         for r in range(W):
             if coded[r]:
                 reqs = cores[r].round.next([int(row[r]).to_bytes(8, "little") for row in table])
-                sent.append(torch.frombuffer(reqs[0][1], dtype=torch.uint8)[:table[me][r]])
+                sent.append(torch.frombuffer(reqs[0].bytes, dtype=torch.uint8)[:table[me][r]])
             else:
                 sent.append(torch.empty(0, dtype=torch.uint8))
         got = comm.exchange(sent, [row[me] if coded[me] else 0 for row in table], chunks)

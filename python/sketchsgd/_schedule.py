@@ -2,14 +2,14 @@
 caller's thread, or a whole step's rounds coalesced. Every rank issues its collectives in the
 same order whatever the timing; that is this module's one job.
 
-A round (Round) is a unit's part of a step: phases, each a function that computes from the
-previous phase's collectives and returns its own requests (_comm.Sum, _comm.Gather), and finish,
-which writes the result."""
+A task (Task) is a unit's part of a step, what the C++ Round of the unit runs (_rounds.round_of):
+phases, each a function that computes from the previous phase's collectives and returns its own
+requests (_comm.Sum, _comm.Gather), and finish, which writes the result."""
 
 import torch
 
 
-class Round:
+class Task:
     def __init__(self, index: int, phases, finish):
         assert phases, "a unit has a phase at least"
         self.index, self.phases, self.finish = index, phases, finish
@@ -39,7 +39,7 @@ class Scheduler:
             if self.chain is chain:
                 return
 
-    def run(self, rnd: Round):
+    def run(self, task: Task):
         """Runs a unit's round alone, overlapped with the caller: its first phase's collectives
         issued now, on the caller's thread (DDP's autograd thread); each later phase run from the
         completion callback of the previous one's collectives, in its turn in the chain
@@ -59,7 +59,7 @@ class Scheduler:
             try:
                 f.wait()
                 settle()
-                rnd.finish()
+                task.finish()
                 out.set_result(None)
             except Exception as e:  # noqa: BLE001 - handed on through the future
                 fail(e)
@@ -67,7 +67,7 @@ class Scheduler:
         def issue(i):
             if i:
                 settle()
-            issued(i, *self.comm.issue(rnd.phases[i]()))
+            issued(i, *self.comm.issue(task.phases[i]()))
 
         def issued(i, fut, done, more):
             """Phase i's collectives under way: its next stage (int8 sums' integers), its next
@@ -76,7 +76,7 @@ class Scheduler:
             settle = done
             if more is not None:
                 self._in_turn(fut.future, lambda: (done(), issued(i, *more())), fail)
-            elif i + 1 == len(rnd.phases):
+            elif i + 1 == len(task.phases):
                 fut.future.then(end)
             else:
                 self._in_turn(fut.future, lambda: issue(i + 1), fail)
@@ -98,18 +98,18 @@ class Scheduler:
         that fails does not stop the later ones (every rank issues their collectives); the first
         error is raised once all have run."""
         first = None
-        for rnd in rounds:
+        for task in rounds:
             try:
-                self._inline(rnd)
+                self._inline(task)
             except Exception as e:  # noqa: BLE001 - raised below, once every round has run
                 if first is None:
                     first = e
         if first is not None:
             raise first
 
-    def _inline(self, rnd: Round) -> None:
-        """rnd's phases, their collectives and finish, on this thread; raises the first error."""
-        for i, phase in enumerate(rnd.phases):
+    def _inline(self, task: Task) -> None:
+        """task's phases, their collectives and finish, on this thread; raises the first error."""
+        for i, phase in enumerate(task.phases):
             if i:
                 fut.wait()
                 settle()
@@ -120,7 +120,7 @@ class Scheduler:
                 fut, settle, more = more()
         fut.wait()  # a failed collective's error, not a finish on what it left
         settle()
-        rnd.finish()
+        task.finish()
 
     def _in_turn(self, after, issue, fail):
         """Calls issue() once `after` has completed and every issue chained before this one has
@@ -148,8 +148,8 @@ class Scheduler:
         """Coalesced steps: keeps a call's rounds until the step's last call, which runs them all
         (_together). Returns their futures. A unit already held belongs to a step that never
         reached its last call (an error in between): that step's units fail and are dropped."""
-        held = {rnd.index for rnd, _ in self._held}
-        if any(rnd.index in held for rnd in rounds):
+        held = {task.index for task, _ in self._held}
+        if any(task.index in held for task in rounds):
             stale, self._held = self._held, []
             for _, out in stale:
                 out.set_exception(RuntimeError("sketchsgd hook: the step ended before its last bucket"))
@@ -176,40 +176,40 @@ class Scheduler:
                     fut.wait()
                     settle()
             except Exception as e:  # noqa: BLE001 - handed on through the units' futures
-                errors.update((rnd.index, e) for rnd, _ in flight)
+                errors.update((task.index, e) for task, _ in flight)
 
-        for i in range(max(len(rnd.phases) for rnd, _ in held)):
+        for i in range(max(len(task.phases) for task, _ in held)):
             landed()
             requests, flight = [], []
-            for rnd, out in held:
-                if rnd.index in errors or len(rnd.phases) <= i:
+            for task, out in held:
+                if task.index in errors or len(task.phases) <= i:
                     continue
                 try:
-                    requests += rnd.phases[i]()
-                    flight.append((rnd, out))
+                    requests += task.phases[i]()
+                    flight.append((task, out))
                 except Exception as e:  # noqa: BLE001 - handed on through the unit's future
-                    errors[rnd.index] = e
+                    errors[task.index] = e
             fut, settle, more = self.comm.issue(requests, flat=i) if requests else (None, None, None)
             while more is not None:  # int8 sums: their integers once their scales are agreed
                 landed()
-                if any(rnd.index in errors for rnd, _ in flight):  # the scales' collective failed
+                if any(task.index in errors for task, _ in flight):  # the scales' collective failed
                     fut = None
                     break
                 try:
                     fut, settle, more = more()
                 except Exception as e:  # noqa: BLE001 - handed on through the units' futures
-                    errors.update((rnd.index, e) for rnd, _ in flight)
+                    errors.update((task.index, e) for task, _ in flight)
                     fut = None
                     break
         landed()
-        for rnd, out in held:
-            if rnd.index not in errors:
+        for task, out in held:
+            if task.index not in errors:
                 try:
-                    rnd.finish()
+                    task.finish()
                 except Exception as e:  # noqa: BLE001 - handed on through the unit's future
-                    errors[rnd.index] = e
-            if rnd.index in errors:
-                out.set_exception(errors[rnd.index])
+                    errors[task.index] = e
+            if task.index in errors:
+                out.set_exception(errors[task.index])
             else:
                 out.set_result(None)
 

@@ -2,6 +2,7 @@
 statistics, and its checkpoints (sketchsgd._checkpoint). The drivers (the DDP hook, average())
 run its rounds."""
 
+import contextlib
 import hashlib
 import math
 import threading
@@ -67,19 +68,21 @@ class CompressionState:
         self.compress_1d = bool(compress_1d)
         self.dense_below = dense_below
         self.coalesce = coalesce
-        self.comm = self.scheduler = self._exchange = None  # bound to the process group (_bind)
+        # Bound to the process group (bind()); exchange: the other ranks' worker states for rank
+        # 0's checkpoint (None in a group of one).
+        self.comm = self.scheduler = self.exchange = None
         self._open = False       # a step's calls have begun and its last has not ended
         self._inflight = []      # this step's futures (a snapshot waits for them)
         self._step_lock = threading.Lock()
         self._ranks_checked = False
         self._checked = False
-        self._blocking = False   # every unit finishes in its hook call (tests: the order without overlap)
-        self._wide = {}          # DDP bucket index -> its float32 copy; (name, dtype, device) -> FSDP scratch
-        self._plans = {}         # FSDP group index -> its units and runs (sketchsgd._hook._shard_rounds)
+        self.blocking = False    # every unit finishes in its call (tests: the order without overlap)
+        self.driver = None       # what the state serves: "ddp" (the hook, average()) or "fsdp"
+        self._buffers = {}       # buffer(): key -> tensor
         # Every rank must run the same configuration: compare digests before anything can fail
         # on one rank alone, then raise on every rank alike.
         if ready(process_group):
-            self._bind()
+            self.bind()
             if check_ranks:
                 self._check_ranks()
         name, _, given = checked_spec(self.spec).partition(":")
@@ -118,20 +121,20 @@ class CompressionState:
     def backend(self):
         return self.comm.backend if self.comm else None
 
-    def _bind(self):
+    def bind(self):
         """Reads the process group: rank, world size, backend (no collective)."""
         if self.comm is not None:
             return
         self.comm = Communicator(self.process_group)
         self.scheduler = Scheduler(self.comm)
         if self.comm.world > 1:
-            digest = hashlib.sha256(self._config().encode()).hexdigest()[:16]
-            self._exchange = Exchange(self, self.comm.ops, digest, self.checkpoint_timeout)
+            digest = hashlib.sha256(self.configuration.encode()).hexdigest()[:16]
+            self.exchange = Exchange(self, self.comm.ops, digest, self.checkpoint_timeout)
 
     def _check_ranks(self):
         """Once: every rank's configuration is this one (a collective)."""
         if not self._ranks_checked:
-            differ = self.comm.same_everywhere(self._config() + repr(self.coalesce))
+            differ = self.comm.same_everywhere(self.configuration + repr(self.coalesce))
             if differ:
                 raise ValueError(f"rank {self.rank}: CompressionState(spec={self.spec!r}, ...) differs from ranks "
                                  f"{differ}: every rank must use the same spec and options")
@@ -151,12 +154,22 @@ class CompressionState:
             raise ValueError(f"sketchsgd hook: backend {self.backend!r} is not supported (gloo or nccl)")
         self._checked = True
 
-    def _begin(self, buf):
+    # ---- the drivers' interface (the DDP hook, average(), sketchsgd.fsdp) -------------------------
+    # A driver claims the state, runs each call between begin() and, at a step's last call,
+    # end_step(); it hands the futures of its calls to track() and keeps its per-call tensors in
+    # buffer().
+
+    def claim(self, driver: str) -> None:
+        """The state serves driver from now on ("ddp": the DDP hook and average(); "fsdp"); the
+        drivers refuse a state another one serves."""
+        self.driver = driver
+
+    def begin(self, buf):
         """A call begins: checks (the first call's on every rank compares the configuration), and
         the first call of a step opens it (checkpoints wait or refuse meanwhile). Then the
         collectives chained by earlier calls are issued before this call issues its own."""
         if not self._ranks_checked:
-            self._bind()
+            self.bind()
             self._check_ranks()
         self._check_tensor(buf)
         with self._step_lock:
@@ -164,7 +177,12 @@ class CompressionState:
                 self._open, self._inflight = True, []
         self.scheduler.drain()
 
-    def _end_step(self, compressed: bool):
+    def track(self, fut) -> None:
+        """A future of this step's (a checkpoint of the step's end waits for it)."""
+        self._inflight.append(fut)
+
+    def end_step(self, compressed: bool):
+        """The step's last call has issued its collectives: the step is counted and ends."""
         self.scheduler.drain()  # the step's last phases are issued (and counted)
         self._last = self.comm.take_counts()
         self._total.merge(self._last)
@@ -173,6 +191,32 @@ class CompressionState:
         with self._step_lock:
             self.iteration += 1
             self._open = False
+
+    def buffer(self, key, n: int, dtype, device):
+        """n values of dtype on device kept under key for the calls that follow: the same memory
+        each time (DDP's half-precision buckets: a float32 copy each, as they are in flight
+        together; sketchsgd.fsdp: one buffer the size of the largest module serves every blocking
+        call, where one per module would keep a copy of the whole unsharded gradient alive)."""
+        key = (key, dtype, device)
+        t = self._buffers.get(key)
+        if t is None or t.numel() < n:
+            t = self._buffers[key] = torch.empty(n, dtype=dtype, device=device)
+        return t[:n]
+
+    def buffer_sizes(self) -> dict:
+        """buffer()'s keys -> the values each holds (what the drivers' buffers keep alive)."""
+        return {key[0]: t.numel() for key, t in self._buffers.items()}
+
+    @contextlib.contextmanager
+    def held(self):
+        """The step's bookkeeping held still (no call begins or ends a step meanwhile): yields
+        (iteration, open), open while a step's calls have begun and its last has not ended."""
+        with self._step_lock:
+            yield self.iteration, self._open
+
+    def wait_inflight(self) -> None:
+        """Waits for the futures of the current step (under held(): its collectives done)."""
+        torch.futures.wait_all(self._inflight)
 
     def stats(self) -> dict:
         """This rank's bytes over every step so far, and (last_…) over the last step.
@@ -202,18 +246,20 @@ class CompressionState:
         return s
 
     # ---- checkpoints (sketchsgd._checkpoint) ----------------------------------------------------
-    def _counts(self) -> dict:
+    def counts(self) -> dict:
         """The statistics' counts, as a checkpoint holds them."""
         return dict(self._steps, total=self._total.state(), last=self._last.state())
 
-    def _load_counts(self, d: dict) -> None:
-        """Restores _counts(). A checkpoint of an earlier version, which counted payload alone,
+    def load_counts(self, d: dict) -> None:
+        """Restores counts(). A checkpoint of an earlier version, which counted payload alone,
         restores the step counts; its bytes start again from zero."""
         self._steps = {"steps": int(d["steps"]), "compressed_steps": int(d["compressed_steps"])}
         self._total = Tally.of(d["total"]) if "total" in d else Tally()
         self._last = Tally.of(d["last"]) if "last" in d else Tally()
 
-    def _config(self):
+    @property
+    def configuration(self) -> str:
+        """What every rank and a checkpoint must share: the repr of the arguments' tuple."""
         return repr((self.spec, self.start_iter, self.compress_1d, self.dense_below))
 
     def state_dict(self, gather: bool = True) -> dict:

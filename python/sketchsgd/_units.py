@@ -75,6 +75,7 @@ class Units:
         self.pending = {}   # unit index -> states from load_state_dict()
         self.blocks = {}    # bucket index -> B: its tensors are B chunks of one matrix's rows each (register)
         self._lookup = None  # (fixed, its first key -> unit, its compressed values), for held()
+        self._plans = {}     # plan(): index -> (fixed, numel, the plan)
         self._factors = {}  # (tensor keys, blocks) -> whether the codec compresses any (_factored)
 
     @property
@@ -147,6 +148,16 @@ class Units:
                 self.warm[index] = entries
             self.fixed = {i: Unit(i, e) for i, e in sorted(self.warm.items())}
             self.warm = {}
+
+    def plan(self, index: int, numel: int, make):
+        """make()'s result for call site index (an FSDP group's buffer of numel values, whose
+        tensors are the same at every call: its units and runs), kept while this book of units
+        lasts (fixed: a load() makes another) and the buffer keeps its size."""
+        got = self._plans.get(index)
+        if got is None or got[0] is not self.fixed or got[1] != numel:
+            made = make()  # may fix the book: kept with the book it made
+            got = self._plans[index] = (self.fixed, numel, made)
+        return got[2]
 
     def held(self, index: int, entries, device, world: int):
         """The units a call's buffer holds (whole), built on first use."""

@@ -102,7 +102,7 @@ def half_precision(rank, world, spec, steps):
     local = np.concatenate([p.to_local().detach().float().reshape(-1).numpy() for p in model.parameters()])
     largest = max(sum(-(-p.shape[0] // world) * world * (p.numel() // p.shape[0]) for p in m.parameters())
                   for m in model.modules() if isinstance(m, torch.nn.Linear))  # its rows padded to W
-    kept = {key[0]: t.numel() for key, t in state._wide.items()}
+    kept = state.buffer_sizes()
     return losses, local, kept, largest
 
 

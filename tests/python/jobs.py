@@ -647,7 +647,7 @@ def many_buckets(rank, world, specs, steps, mode, device="cpu"):
         m = deep_model().to(device)
         ddp = DDP(m, bucket_cap_mb=0.004, device_ids=[torch.device(device).index] if device != "cpu" else None)
         state = CompressionState(spec, coalesce=mode == "coalesce")
-        state._blocking = mode == "blocking"
+        state.blocking = mode == "blocking"
         ddp.register_comm_hook(state, compression_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         train(ddp, opt, rank, steps - 1, device=device)
@@ -691,7 +691,7 @@ def returns_before_its_collectives_complete(rank, world, specs, path, device="cp
         runs = []
         for blocking in (False, True):
             state = CompressionState(spec, start_iter=2)
-            state._blocking = blocking
+            state.blocking = blocking
             params = [torch.zeros(48, 40, device=device), torch.zeros(40, 40, device=device)]
             got = []
             for step in range(5):

@@ -110,6 +110,45 @@ def test_gathered_tells_which_collective_a_codecs_messages_take():
         sketchsgd.gathered("nosuch:k=1")
 
 
+def test_a_rounds_requests_name_their_collectives():
+    """The C++ Round's requests reach Python as objects: a Sum names its room, format, columns and
+    values (equal requests hash alike, so a driver keeps one Sum per request); a Gather's bytes
+    are the round's memory (a gathered codec's first: its message length, 8 bytes)."""
+    from sketchsgd import _core
+    dim, whole, world = 4000, 10, 2
+    grad = torch.randn(dim + whole)
+    kept, rest = [(0, dim)], [(dim, whole)]
+
+    def round_of(spec):
+        codec = _core.Compressor(spec, dim)
+        agg = codec.make_aggregator(world)
+        payload = torch.zeros(_core.Round.payload_size(codec, whole))
+        answer = torch.zeros(max(_core.Round.answer_size(codec), 1))
+        rnd = _core.Round(codec, agg, 0, whole, payload.data_ptr(), payload.numel(), answer.data_ptr(),
+                          _core.Round.answer_size(codec))
+        return rnd, (codec, agg, payload, answer)
+
+    rnd, held = round_of("powersgd:rank=2,wire=int8,layout=50x80")
+    first = rnd.start(grad.data_ptr(), grad.numel(), kept, rest, 0)
+    assert [r.op for r in first] == ["sum", "sum"]
+    own, tail = first
+    assert (own.room, own.format, own.offset) == (0, "int8", 0) and own.columns == 2
+    assert (tail.room, tail.format, tail.columns) == (0, "int8", 1)
+    assert tail.offset == own.count and tail.offset + tail.count == held[2].numel()
+    again, _ = round_of("powersgd:rank=2,wire=int8,layout=50x80")[0].start(grad.data_ptr(), grad.numel(), kept, rest, 0)
+    assert again == own and hash(again) == hash(own) and again != tail and len({own, tail, again}) == 2
+    with pytest.raises(RuntimeError, match="no bytes"):
+        own.bytes
+
+    rnd, held = round_of("topk:k=40")
+    (length,) = rnd.start(grad.data_ptr(), grad.numel(), kept, rest, 0)
+    assert length.op == "gather" and "gather" in repr(length)
+    n = int.from_bytes(bytes(length.bytes), "little")
+    assert 0 < n <= held[0].max_message_bytes("gradient")
+    padded = rnd.next([bytes(length.bytes)] * world)
+    assert [r.op for r in padded] == ["gather", "sum"] and len(padded[0].bytes) == n
+
+
 def test_finish_without_a_copy_hands_the_message_as_a_read_only_view_that_owns_it():
     spec, W = "sketch:rows=3,cols=600,k=100,p2=2,momentum=0", 2
     codecs = [sketchsgd.Compressor(spec, DIM) for _ in range(2 * W)]

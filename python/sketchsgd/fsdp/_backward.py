@@ -162,9 +162,9 @@ def _check(what: str, module, state, warmup) -> None:
         raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"sketchsgd.fsdp.{what}: initialise torch.distributed first")
-    if getattr(state, "_fsdp", False):
+    if state.driver == "fsdp":
         raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState already serves a model")
-    if getattr(state, "_ddp", False) or state.iteration:
+    if state.driver == "ddp" or state.iteration:
         raise ValueError(f"sketchsgd.fsdp.{what}: this CompressionState has run steps already (a DDP hook's, or "
                          "average()'s): give the FSDP model a state of its own")
 
@@ -213,7 +213,7 @@ def _register(what: str, module, state, warmup, wrong_group, hooked):
     if not groups:
         raise ValueError(f"sketchsgd.fsdp.{what}: no FSDP2 module with parameters that take gradients under this "
                          "module (apply torch.distributed.fsdp.fully_shard first)")
-    state._bind()
+    state.bind()
     for m, g in groups:
         if hooked(g):
             raise ValueError(f"sketchsgd.fsdp.{what}: {type(m).__name__} has a hook of it already (the model was "
@@ -228,7 +228,7 @@ def _register(what: str, module, state, warmup, wrong_group, hooked):
             raise ValueError(f"{type(m).__name__}: the state's process group (ranks {ranks}) {problem}")
     shards = {r for _, g in groups for r in dist.get_process_group_ranks(g.mesh_info.shard_process_group)}
     backward = _Backward(state, warmup, len(groups), _flag_group(state, shards))
-    state._fsdp = True
+    state.claim("fsdp")
     return groups, backward
 
 

@@ -34,7 +34,7 @@ def load_state_dict(state: CompressionState, d: dict) -> None:
     rank or the state serves no model yet."""
     if not isinstance(state, CompressionState):
         raise TypeError(f"state: expected a sketchsgd CompressionState, got {type(state).__name__}")
-    if not getattr(state, "_fsdp", False):
+    if state.driver != "fsdp":
         raise ValueError("sketchsgd.fsdp.load_state_dict: the state serves no model yet: call compress_replicas, "
                          "compress_reduce_scatter or compress_fsdp1 first, then load (the model's units are "
                          "checked against the checkpoint's)")

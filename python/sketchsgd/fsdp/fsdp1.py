@@ -128,8 +128,8 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
             units.append((m, _fsdp1_shapes(flat, len(ranks), m.sharding_strategy != ShardingStrategy.NO_SHARD)))
     if not units:
         raise ValueError("sketchsgd.fsdp.compress_fsdp1: no FSDP1 instance with parameters under this module")
-    state._bind()
-    state._fsdp = True
+    state.bind()
+    state.claim("fsdp")
     if any(m.sharding_strategy != ShardingStrategy.NO_SHARD for m, _ in units):
         state.replaces = "reduce_scatter"  # the baseline of its link bytes (stats())
     backward = _Backward(state, warmup, len(units), _flag_group(state, ranks))
