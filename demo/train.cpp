@@ -193,7 +193,7 @@ int run_server(const ps::Flags& f, const ps::JobFlags& job) {
   o.job.world = plan.workers;
   o.job.dim = uint64_t(model.dim());
   o.job.spec = complete_spec(f.str("codec"), model.layout());
-  o.job.policy = ps::Policy::Quorum;
+  o.job.mode = ps::SyncMode{{ps::Policy::Quorum}};
   job.read(f, o.job);  // the job id, the shard's range and codec, the mode, the optimizer
   o.job.lr = float(f.num("lr"));
   if (plan.local_steps()) {  // the outer step on the mean pseudo-gradient (DiLoCo's defaults)
@@ -206,7 +206,7 @@ int run_server(const ps::Flags& f, const ps::JobFlags& job) {
   o.job.device = codec_device(torch_device(f));  // the sketch unsketch runs where workers train
   // An asynchronous job has no rounds to count: it ends when every worker has done its steps
   // (run_all stops the server then).
-  if (!o.job.async) o.job.max_rounds = plan.rounds();
+  if (!o.job.async()) o.job.max_rounds = plan.rounds();
   o.metrics = metrics_path(f, uint32_t(f.u64("shard")));
   std::remove(o.metrics.c_str());
   o.quiet = !f.on("verbose");

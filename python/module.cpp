@@ -297,21 +297,19 @@ PYBIND11_MODULE(_core, m) {
                                                py::ssize_t(r.bytes.size()), false);
           },
           "A gather's bytes: a memoryview of the round's memory, valid until its next call.")
-      .def("__eq__",
-           [](const Round::Request& a, const Round::Request& b) {
-             return request_key(a) == request_key(b);
-           })
+      .def("__eq__", [](const Round::Request& a,
+                        const Round::Request& b) { return request_key(a) == request_key(b); })
       .def("__hash__",
            [](const Round::Request& r) {
-             return py::hash(py::make_tuple(int(r.op), r.room, int(r.format), r.columns,
-                                            r.offset, r.count));
+             return py::hash(
+                 py::make_tuple(int(r.op), r.room, int(r.format), r.columns, r.offset, r.count));
            })
       .def("__repr__", [](const Round::Request& r) {
         if (r.op == Round::Op::Gather)
           return "Request(gather, " + std::to_string(r.bytes.size()) + " bytes)";
         return "Request(sum, room " + std::to_string(r.room) + ", " + format_name(r.format) +
-               ", columns " + std::to_string(r.columns) + ", [" + std::to_string(r.offset) +
-               ", +" + std::to_string(r.count) + "))";
+               ", columns " + std::to_string(r.columns) + ", [" + std::to_string(r.offset) + ", +" +
+               std::to_string(r.count) + "))";
       });
 
   py::class_<Round>(m, "Round")

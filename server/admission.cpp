@@ -29,9 +29,9 @@ std::optional<uint32_t> Admission::hello(const PeerId& peer, const Envelope& e, 
   if (h.world != cfg_.world)
     return mismatch("world size " + std::to_string(h.world) + ", the job has " +
                     std::to_string(cfg_.world) + (federated() ? " clients a round" : " workers"));
-  if (h.population != cfg_.population)
+  if (h.population != cfg_.population())
     return mismatch("population " + std::to_string(h.population) + ", the job has " +
-                    (federated() ? std::to_string(cfg_.population) + " clients"
+                    (federated() ? std::to_string(cfg_.population()) + " clients"
                                  : std::string("fixed workers (population 0)")));
   if (!federated() && e.rank >= cfg_.world)
     return mismatch("rank " + std::to_string(e.rank) + " outside [0, " +
@@ -48,7 +48,7 @@ std::optional<uint32_t> Admission::hello(const PeerId& peer, const Envelope& e, 
   if (shard != cfg_.shard) return other_shard();
   if (h.spec != cfg_.spec)
     return mismatch("codec '" + h.spec + "', the job runs '" + cfg_.spec + "'");
-  if (h.weight != 1.0f && !cfg_.async)
+  if (h.weight != 1.0f && !cfg_.async())
     return mismatch("weight " + std::to_string(h.weight) +
                     ": a round job averages its pushes alike (weights are for --mode async)");
   if (h.epoch > epoch) {
@@ -100,7 +100,7 @@ std::optional<uint32_t> Admission::hello(const PeerId& peer, const Envelope& e, 
   w.last_seen = now;
   w.behind = false;
   w.weight = h.weight;
-  if (cfg_.async && !w.numbered) {
+  if (cfg_.async() && !w.numbered) {
     // Its Hello names the push it is at: a server that knows nothing of it (a new or restored
     // one) takes it at its word; one that does keeps its own count, so a push it has applied
     // already is answered again rather than applied twice.
@@ -110,9 +110,9 @@ std::optional<uint32_t> Admission::hello(const PeerId& peer, const Envelope& e, 
     w.own = 0;
     w.ack.clear();
   }
-  WelcomeInfo info{uint8_t(store_.has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness};
+  WelcomeInfo info{uint8_t(store_.has_model()), uint32_t(cfg_.heartbeat.count()), cfg_.staleness()};
   info.epoch = epoch;
-  info.async = uint8_t(cfg_.async);
+  info.async = uint8_t(cfg_.async());
   with_outer(info, cfg_.outer);
   out.push_back(
       Outgoing{peer,
@@ -159,10 +159,10 @@ std::optional<Admission::Slot> Admission::slot_of(const PeerId& peer, const Enve
                                                   std::vector<Outgoing>& out) {
   const std::string client = "client " + std::to_string(e.rank);
   const std::string at = " (the job is at round " + std::to_string(store_.round()) + ")";
-  if (e.rank >= cfg_.population) {
-    replies_.refuse(peer, e, false,
-                    client + " outside the population [0, " + std::to_string(cfg_.population) + ")",
-                    out);
+  if (e.rank >= cfg_.population()) {
+    replies_.refuse(
+        peer, e, false,
+        client + " outside the population [0, " + std::to_string(cfg_.population()) + ")", out);
   } else if (store_.finished()) {
     replies_.finished(peer, e, out);
   } else if (e.round < store_.round()) {

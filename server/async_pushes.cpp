@@ -50,9 +50,9 @@ void AsyncPushes::push(uint32_t rank, const Envelope& e, const Frames& f, Clock:
     w.ack[0] = replies_.to(rank, Type::Abort, e.round);
     replies_.resend(rank, w.ack, w.next_push - 1, out);
   };
-  if (cfg_.max_age && age > cfg_.max_age)
+  if (cfg_.max_age() && age > cfg_.max_age())
     return refuse_push("it is " + std::to_string(age) + " updates old (the bound is " +
-                       std::to_string(cfg_.max_age) + "): fetch the model");
+                       std::to_string(cfg_.max_age()) + "): fetch the model");
   const auto t0 = Clock::now();
   Message m;
   try {
@@ -64,7 +64,7 @@ void AsyncPushes::push(uint32_t rank, const Envelope& e, const Frames& f, Clock:
   }
   const Frame payload = Frame::own(std::move(m).release());
   const float lr =
-      cfg_.lr * w.weight / float(cfg_.world) / (cfg_.age_scaled ? float(1 + age) : 1.0f);
+      cfg_.lr * w.weight / float(cfg_.world) / (cfg_.age_scaled() ? float(1 + age) : 1.0f);
   try {
     store_.apply(payload.bytes(), lr);
   } catch (const Error& ex) {

@@ -20,7 +20,7 @@ Frames Backup::follow() const {
   const JobConfig& c = engine_.config();
   ShardId shard = c.shard;
   if (shard.model_dim == 0) shard.model_dim = c.dim;
-  const HelloInfo h{c.world, c.dim, c.spec, c.population, shard, engine_.epoch()};
+  const HelloInfo h{c.world, c.dim, c.spec, c.population(), shard, engine_.epoch()};
   // The envelope names this connection and carries the primary's token once a Sync brought it.
   return {
       Frame::own(encode(Envelope{Type::Follow, c.job, engine_.round(), connection_, 0, token_})),
@@ -199,7 +199,7 @@ bool Backup::behind(const Frames& hello) const {
     // An asynchronous worker's Hello names its pushes answered: more than this server applied
     // of it means some were applied where this backup never saw them (none known: a rank that
     // registered after the last Sync and had no push committed here since).
-    if (engine_.config().async) return e.round > engine_.next_push(e.rank).value_or(0);
+    if (engine_.config().async()) return e.round > engine_.next_push(e.rank).value_or(0);
     return e.round > engine_.round();
   } catch (const Error&) {
     return false;

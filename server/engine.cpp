@@ -20,13 +20,13 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
       replies_(cfg_.job, roster_, store_, hooks_.log),
       admission_(cfg_, roster_, store_, replies_, hooks_.log) {
   cfg_.spec = store_.spec();
-  SKETCHSGD_REQUIRE(cfg_.staleness == 0 || !store_.codec().two_rounds(), InvalidArgument,
+  SKETCHSGD_REQUIRE(cfg_.staleness() == 0 || !store_.codec().two_rounds(), InvalidArgument,
                     "bounded staleness needs a one-round codec: ", cfg_.spec,
                     " queries worker state that has moved on");
-  SKETCHSGD_REQUIRE(!cfg_.async || !store_.codec().two_rounds(), InvalidArgument,
+  SKETCHSGD_REQUIRE(!cfg_.async() || !store_.codec().two_rounds(), InvalidArgument,
                     "an asynchronous job needs a one-round codec: ", cfg_.spec,
                     " queries its workers in a second round");
-  roster_ = Roster(cfg_.world, cfg_.population, cfg_.sample_seed);
+  roster_ = Roster(cfg_.world, cfg_.population(), cfg_.sample_seed());
   pending_pull_.assign(cfg_.world, false);
   const Parts parts{
       cfg_,
@@ -36,7 +36,7 @@ Engine::Engine(JobConfig cfg, Hooks hooks)
       replies_,
       [this](uint32_t rank, std::vector<Outgoing>& out) { on_pull(rank, out); },
       [this](Frames outcome, std::vector<Outgoing>& out) { commit(std::move(outcome), out); }};
-  if (cfg_.async)
+  if (cfg_.async())
     handle_ = std::make_unique<AsyncPushes>(parts);
   else
     handle_ = std::make_unique<Rounds>(parts);
@@ -70,7 +70,7 @@ void Engine::restore(const Checkpoint& c) {
 
 std::vector<uint64_t> Engine::next_pushes() const {
   std::vector<uint64_t> v;
-  if (!cfg_.async) return v;
+  if (!cfg_.async()) return v;
   for (uint32_t r = 0; r < cfg_.world; ++r) v.push_back(next_push(r).value_or(kUnknownPush));
   return v;
 }
@@ -85,9 +85,9 @@ void Engine::resume(const std::vector<Bytes>& outcome, const std::vector<uint64_
                       ") that is not round ", store_.round(), " - 1's");
     for (const Bytes& b : outcome) f.push_back(Frame::own(b));
   }
-  SKETCHSGD_REQUIRE(pushes.empty() || (cfg_.async && pushes.size() == cfg_.world), WireError,
+  SKETCHSGD_REQUIRE(pushes.empty() || (cfg_.async() && pushes.size() == cfg_.world), WireError,
                     "resume: ", pushes.size(), " push numbers for a job of ", cfg_.world,
-                    cfg_.async ? " workers" : " workers in rounds");
+                    cfg_.async() ? " workers" : " workers in rounds");
   store_.set_last_outcome(std::move(f));
   for (uint32_t r = 0; r < pushes.size(); ++r) {
     if (pushes[r] == kUnknownPush) continue;
@@ -207,7 +207,7 @@ void Engine::on_init(uint32_t rank, uint64_t round, const Frames& f, std::vector
   // rank 0's round, not from round 0 again (which would run the rounds before it twice).
   // (An asynchronous worker's round counts its own pushes; a federated client's is its round.)
   const bool later =
-      !cfg_.async && !federated() && round > store_.round() && !handle_->holds_later_pushes();
+      !cfg_.async() && !federated() && round > store_.round() && !handle_->holds_later_pushes();
   store_.init(f[1].bytes(), later ? round : 0);
   if (later)
     hooks_.log("model initialised by rank 0 at its round " + std::to_string(store_.round()) + " (" +
@@ -229,7 +229,7 @@ void Engine::on_pull(uint32_t rank, std::vector<Outgoing>& out) {
   }
   pending_pull_[rank] = false;
   Frames fr = store_.model_frames();
-  if (cfg_.async) {
+  if (cfg_.async()) {
     // Its pushes from now on are computed on this version (its own updates counted apart).
     Worker& w = roster_[rank];
     w.base = store_.round();

@@ -96,8 +96,13 @@ void JobFlags::read(const Flags& f, JobConfig& cfg) const {
   const auto has = [&](const char* name) { return names_.count(name) != 0; };
   if (has("job")) cfg.job = f.u64("job");
   if (has("world")) cfg.world = uint32_t(f.u64("world", 1, 65536));
-  if (has("population")) cfg.population = uint32_t(f.u64("population", 0, UINT32_MAX));
-  if (has("sample-seed")) cfg.sample_seed = f.u64("sample-seed");
+  // The mode's values, read in the table's order and made one mode at the end.
+  RoundPolicy close = cfg.close();
+  uint32_t population = cfg.population(), staleness = cfg.staleness(), max_age = cfg.max_age();
+  uint64_t sample_seed = cfg.sample_seed();
+  bool async = cfg.async(), age_scaled = cfg.async() ? cfg.age_scaled() : AsyncMode{}.age_scaled;
+  if (has("population")) population = uint32_t(f.u64("population", 0, UINT32_MAX));
+  if (has("sample-seed")) sample_seed = f.u64("sample-seed");
   if (has("dim")) {
     cfg.dim = f.u64("dim");
     SKETCHSGD_REQUIRE(cfg.dim > 0, InvalidArgument, "--dim is required (see --help)");
@@ -144,25 +149,36 @@ void JobFlags::read(const Flags& f, JobConfig& cfg) const {
     cfg.outer.validate();
     return 0;
   });
-  if (has("policy")) cfg.policy = named("policy", [&] { return parse_policy(f.str("policy")); });
-  if (has("min-workers")) cfg.min_workers = uint32_t(f.u64("min-workers", 0, cfg.world));
+  if (has("policy")) close.policy = named("policy", [&] { return parse_policy(f.str("policy")); });
+  if (has("min-workers")) close.min_workers = uint32_t(f.u64("min-workers", 0, cfg.world));
   if (has("deadline-ms")) cfg.deadline = Millis(f.u64("deadline-ms", 1, UINT32_MAX));
   if (has("heartbeat-ms")) cfg.heartbeat = Millis(f.u64("heartbeat-ms", 1, UINT32_MAX));
   if (has("dead-after")) cfg.dead_after = uint32_t(f.u64("dead-after", 1, UINT32_MAX));
-  if (has("staleness")) cfg.staleness = uint32_t(f.u64("staleness", 0, 64));
+  if (has("staleness")) staleness = uint32_t(f.u64("staleness", 0, 64));
   if (has("mode")) {
     const std::string mode = f.str("mode");
     SKETCHSGD_REQUIRE(mode == "rounds" || mode == "async", InvalidArgument,
                       "--mode must be rounds or async, got '", mode, "'");
-    cfg.async = mode == "async";
+    async = mode == "async";
   }
-  if (has("max-age")) cfg.max_age = uint32_t(f.u64("max-age", 0, UINT32_MAX));
-  if (has("age-scale")) cfg.age_scaled = f.u64("age-scale", 0, 1) != 0;
-  SKETCHSGD_REQUIRE(cfg.async || cfg.max_age == 0, InvalidArgument,
+  if (has("max-age")) max_age = uint32_t(f.u64("max-age", 0, UINT32_MAX));
+  if (has("age-scale")) age_scaled = f.u64("age-scale", 0, 1) != 0;
+  SKETCHSGD_REQUIRE(async || max_age == 0, InvalidArgument,
                     "--max-age bounds the pushes of --mode async jobs only");
-  SKETCHSGD_REQUIRE(!cfg.async || cfg.staleness == 0, InvalidArgument,
+  SKETCHSGD_REQUIRE(!async || staleness == 0, InvalidArgument,
                     "--staleness is for --mode rounds (an asynchronous job has none)");
-  if (cfg.async) cfg.policy = Policy::Wait;  // no rounds to close: the policy has no use
+  SKETCHSGD_REQUIRE(!async || population == 0, InvalidArgument,
+                    "--population is for --mode rounds (an asynchronous job has no rounds to "
+                    "sample clients for)");
+  SKETCHSGD_REQUIRE(population == 0 || staleness == 0, InvalidArgument,
+                    "a federated job's clients leave after their round: no bounded staleness");
+  // An asynchronous job has no rounds to close: the policy flags have no use there.
+  if (async)
+    cfg.mode = AsyncMode{max_age, age_scaled};
+  else if (population)
+    cfg.mode = FederatedMode{close, population, sample_seed};
+  else
+    cfg.mode = SyncMode{close, staleness};
   if (has("device")) cfg.device = named("device", [&] { return Device::parse(f.str("device")); });
   if (has("checkpoint-every")) cfg.checkpoint_every = f.u64("checkpoint-every");
   if (has("rounds")) cfg.max_rounds = f.u64("rounds");

@@ -12,9 +12,9 @@ namespace {
 
 /// Why a backup of this description cannot follow the engine's job (empty: it can).
 std::string mismatch(const JobConfig& cfg, const HelloInfo& h) {
-  if (cfg.population != 0)
+  if (cfg.population() != 0)
     return "replication needs a job of fixed workers (this one is federated)";
-  if (h.world != cfg.world || h.population != cfg.population)
+  if (h.world != cfg.world || h.population != cfg.population())
     return "backup of world " + std::to_string(h.world) + ", the job has " +
            std::to_string(cfg.world);
   if (h.dim != cfg.dim || !(h.shard == cfg.shard))
@@ -88,7 +88,7 @@ void Primary::defer(const PeerId& peer, const Frames& frames, std::string_view u
   std::optional<std::deque<Deferred>::iterator> victim;
   const size_t mine = size_t(std::count_if(deferred_.begin(), deferred_.end(),
                                            [&](const Deferred& d) { return d.peer == peer; }));
-  if (mine >= 8 + size_t(cfg.staleness)) {
+  if (mine >= 8 + size_t(cfg.staleness())) {
     victim = of(peer);
   } else if (deferred_.size() >= deferred_room(cfg)) {
     const auto stranger = std::find_if(deferred_.begin(), deferred_.end(),

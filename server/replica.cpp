@@ -75,7 +75,7 @@ void Replica::handle(const PeerId& peer, const Frames& frames, Clock::time_point
         return;
       case Backup::Verdict::TakeOver:
         up.push_back(backup_->promote());
-        gathering_ = engine_.config().async;
+        gathering_ = engine_.config().async();
         break;
     }
   } else if (backup_ && backup_->behind(frames)) {

@@ -83,7 +83,7 @@ void Rounds::push(uint32_t rank, const Envelope& e, const Frames& f, Clock::time
     return;
   }
   if (store_.finished()) return replies_.finished(roster_[rank].peer, e, out);
-  if (e.round > store_.round() && e.round <= store_.round() + cfg_.staleness) {
+  if (e.round > store_.round() && e.round <= store_.round() + cfg_.staleness()) {
     const auto msg = f[1].bytes();
     SKETCHSGD_REQUIRE(from(msg, rank, e.round), ProtocolError, "push of rank ", rank, " round ",
                       e.round, " carries a message with another sender or round");
@@ -150,7 +150,7 @@ void Rounds::answer(uint32_t rank, const Envelope& e, const Frames& f) {
 // ---------------------------------------------------------------------------------------
 
 void Rounds::progress(Clock::time_point now, std::vector<Outgoing>& out) {
-  for (uint32_t n = 0; n <= cfg_.staleness && progress_once(now, out); ++n) {
+  for (uint32_t n = 0; n <= cfg_.staleness() && progress_once(now, out); ++n) {
   }
 }
 
@@ -183,7 +183,7 @@ bool Rounds::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
       // they may all have been and gone. (A registered client may train for longer than a
       // deadline: the round's counts from its first push.) Counted from when the round was first
       // seen so; aborted a deadline later.
-      if (!federated() || cfg_.policy == Policy::Wait) return false;
+      if (!federated() || cfg_.policy() == Policy::Wait) return false;
       if (roster_.live() > 0) {
         empty_since_.reset();
         return false;
@@ -223,9 +223,9 @@ bool Rounds::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
     if (live_all || late) close_phase(now, out, "no answer from " + ranks_text(missing));
     return store_.round() != before;
   }
-  switch (cfg_.policy) {
+  switch (cfg_.policy()) {
     case Policy::Quorum:
-      if (count >= cfg_.min_workers && (live_all || late)) {
+      if (count >= cfg_.min_workers() && (live_all || late)) {
         close_phase(now, out,
                     "quorum of " + std::to_string(count) + ", missing " + ranks_text(missing));
         return store_.round() != before || phase_ != phase;
@@ -236,7 +236,7 @@ bool Rounds::progress_once(Clock::time_point now, std::vector<Outgoing>& out) {
         abort_round(now, out,
                     "deadline passed with " + std::to_string(count) + " of " +
                         std::to_string(cfg_.world) + " pushes, short of the quorum of " +
-                        std::to_string(cfg_.min_workers) + ", missing " + ranks_text(missing));
+                        std::to_string(cfg_.min_workers()) + ", missing " + ranks_text(missing));
         return true;
       }
       break;
@@ -338,7 +338,8 @@ void Rounds::report_round() {
 }
 
 std::optional<Clock::time_point> Rounds::deadline() const {
-  if (!store_.has_model() || store_.finished() || cfg_.policy == Policy::Wait) return std::nullopt;
+  if (!store_.has_model() || store_.finished() || cfg_.policy() == Policy::Wait)
+    return std::nullopt;
   const bool running = phase_ == MessageKind::Answer ||
                        std::any_of(pushed_.begin(), pushed_.end(), [](bool b) { return b; });
   if (!running) return std::nullopt;

@@ -153,7 +153,7 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
   hooks.round = [this](const RoundMetrics& m) {
     ++impl_->rounds;
     if (impl_->metrics.is_open())
-      impl_->metrics << json_line(m, opts_.job.world, opts_.job.async) << '\n' << std::flush;
+      impl_->metrics << json_line(m, opts_.job.world, opts_.job.async()) << '\n' << std::flush;
   };
   if (!opts_.checkpoint.empty() && opts_.job.checkpoint_every) {
     // The round logic hands out snapshots; the file is written off its thread, the final one
@@ -167,7 +167,7 @@ Server::Server(ServerOptions opts) : opts_(std::move(opts)) {
   }
   opts_.job.authenticated = !opts_.curve_secret.empty();
   if (!opts_.replica_of.empty()) {
-    SKETCHSGD_REQUIRE(opts_.job.population == 0, InvalidArgument,
+    SKETCHSGD_REQUIRE(opts_.job.population() == 0, InvalidArgument,
                       "server: replication needs a job of fixed workers (not --population)");
   }
   engine_ = std::make_unique<Engine>(opts_.job, std::move(hooks));
@@ -238,12 +238,13 @@ void Server::start() {
     throw Error("server: cannot bind " + opts_.bind + ": " + e.what());
   }
   endpoint_ = r->get(zmq::sockopt::last_endpoint);
-  impl_->log(
-      "job " + std::to_string(opts_.job.job) + " listening on " + endpoint_ + ": " +
-      std::to_string(opts_.job.world) + " workers, dim " + std::to_string(opts_.job.dim) +
-      ", codec " + engine_->config().spec + ", policy " + std::string(to_string(opts_.job.policy)) +
-      (engine_->config().shard.count > 1 ? ", " + engine_->config().shard.describe(opts_.job.dim)
-                                         : std::string()));
+  impl_->log("job " + std::to_string(opts_.job.job) + " listening on " + endpoint_ + ": " +
+             std::to_string(opts_.job.world) + " workers, dim " + std::to_string(opts_.job.dim) +
+             ", codec " + engine_->config().spec + ", policy " +
+             std::string(to_string(opts_.job.policy())) +
+             (engine_->config().shard.count > 1
+                  ? ", " + engine_->config().shard.describe(opts_.job.dim)
+                  : std::string()));
 }
 
 uint64_t Server::run() {

@@ -160,8 +160,7 @@ TEST(Engine, RegistrationRefusesEveryMismatchWithAReason) {
 
 TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {
   JobConfig cfg = job("topk:k=10", 3, 200);
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 2;
+  cfg.closing() = {Policy::Quorum, 2};
   Net net(cfg);
   auto ws = start(net, cfg, test::initial_params(200, 1));
   for (int i = 0; i < 2; ++i) ws[i].push(net, test::synthetic_grad(ws[i].params, i, 0, 3));
@@ -188,8 +187,7 @@ TEST(Engine, QuorumPolicyClosesWithoutADeadWorker) {
 // while it slept) and stopped before they came back for the last update.
 TEST(Engine, AFinishedServerAwaitsTheWorkersOfTheLastRoundNotTheLongDead) {
   JobConfig cfg = job("topk:k=10", 3, 200);
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 2;
+  cfg.closing() = {Policy::Quorum, 2};
   cfg.max_rounds = 2;
   Net net(cfg);
   auto ws = start(net, cfg, test::initial_params(200, 6));
@@ -223,7 +221,7 @@ TEST(Engine, AFinishedServerAwaitsTheWorkersOfTheLastRoundNotTheLongDead) {
 
 TEST(Engine, AbortPolicyEndsTheRoundAtTheDeadline) {
   JobConfig cfg = job("dense", 2, 100);
-  cfg.policy = Policy::Abort;
+  cfg.closing().policy = Policy::Abort;
   Net net(cfg);
   auto ws = start(net, cfg, test::initial_params(100, 2));
   const std::vector<float> before(net.engine.model().begin(), net.engine.model().end());
@@ -246,8 +244,7 @@ TEST(Engine, TheDeadlineToWakeForIsTheRunningPhasesOnly) {
   // The server sleeps until its next tick or this deadline, whichever is first: a quorum round
   // closes at its deadline, not up to a tick later.
   JobConfig cfg = job("dense", 2, 100);
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 1;
+  cfg.closing() = {Policy::Quorum, 1};
   Net net(cfg);
   auto ws = start(net, cfg, test::initial_params(100, 2));
   EXPECT_FALSE(net.engine.deadline()) << "no round has started";
@@ -261,7 +258,7 @@ TEST(Engine, TheDeadlineToWakeForIsTheRunningPhasesOnly) {
   EXPECT_FALSE(net.engine.deadline());
   for (const Policy p : {Policy::Wait}) {  // waiting has nothing to wake for
     JobConfig w = cfg;
-    w.policy = p;
+    w.closing().policy = p;
     Net other(w);
     auto os = start(other, w, test::initial_params(100, 2));
     os[0].push(other, test::synthetic_grad(os[0].params, 0, 0, 3));
@@ -271,7 +268,7 @@ TEST(Engine, TheDeadlineToWakeForIsTheRunningPhasesOnly) {
 
 TEST(Engine, WaitPolicyWaitsPastTheDeadline) {
   JobConfig cfg = job("dense", 2, 100);
-  cfg.policy = Policy::Wait;
+  cfg.closing().policy = Policy::Wait;
   Net net(cfg);
   auto ws = start(net, cfg, test::initial_params(100, 2));
   ws[0].push(net, test::synthetic_grad(ws[0].params, 0, 0, 3));
@@ -290,7 +287,7 @@ class TwoRoundCodecs : public ::testing::TestWithParam<std::string> {};
 // gone to the old connection.
 TEST_P(TwoRoundCodecs, AQueriedWorkerThatRegistersAgainIsAskedAgain) {
   JobConfig cfg = job(GetParam(), 2, 200);
-  cfg.policy = Policy::Wait;
+  cfg.closing().policy = Policy::Wait;
   Net net(cfg);
   auto ws = start(net, cfg, test::initial_params(200, 5));
   const Message g0 = ws[0].codec->encode(test::synthetic_grad(ws[0].params, 0, 0, 3), 0, 0);
@@ -415,7 +412,7 @@ TEST(Engine, AnInitFromALaterRoundStartsTheJobThere) {
   // Init names rank 0's own pushes, not a version: its round stays.
   for (const bool async : {false, true}) {
     JobConfig cfg = test_job::make("topk:k=10", 2, 100);
-    cfg.async = async;
+    if (async) cfg.mode = AsyncMode{};
     cfg.max_rounds = 10;
     for (const uint64_t at : {uint64_t(4), uint64_t(25)}) {
       Net net(cfg);
@@ -646,7 +643,7 @@ TEST(Engine, TheHashingModeIsCheckedAtRegistrationAndOnRestore) {
 
 TEST(Engine, FetchSgdSketchesSurviveACheckpointAndAnAbort) {
   JobConfig cfg = job("sketch:k=30,cols=300,fetch=1,momentum=0.9", 2, 1000);
-  cfg.policy = Policy::Abort;
+  cfg.closing().policy = Policy::Abort;
   Net a(cfg);
   auto wa = start(a, cfg, test::initial_params(1000, 8));
   for (uint64_t t = 0; t < 3; ++t) run_round(a, wa, t);
@@ -709,7 +706,7 @@ TEST(CudaEngine, SketchServerOnTheGpuMatchesTheCpuAcrossACheckpoint) {
 
 TEST(Engine, BoundedStalenessHoldsEarlyPushesUpToTauRoundsAhead) {
   JobConfig cfg = job("topk:k=20", 2, 300);
-  cfg.staleness = 2;
+  cfg.as<SyncMode>().staleness = 2;
   Net net(cfg);
   auto ws = start(net, cfg, test::initial_params(300, 6));
   // Rank 0 runs ahead: rounds 0, 1, 2 on its stale parameters.
@@ -736,13 +733,13 @@ TEST(Engine, BoundedStalenessHoldsEarlyPushesUpToTauRoundsAhead) {
   EXPECT_EQ(std::memcmp(ws[0].params.data(), net.engine.model().data(), 1200), 0);
 
   JobConfig two = job("sketch:k=10,cols=100,p2=2", 2, 300);
-  two.staleness = 1;
+  two.as<SyncMode>().staleness = 1;
   EXPECT_THROW(Engine{two}, InvalidArgument);
 }
 
 TEST(Engine, ConfigIsValidated) {
   JobConfig c = job("dense", 2, 10);
-  c.min_workers = 3;
+  c.closing().min_workers = 3;
   EXPECT_THROW(Engine{c}, InvalidArgument);
   c = job("dense", 0, 10);
   EXPECT_THROW(Engine{c}, InvalidArgument);

@@ -25,10 +25,14 @@ using namespace std::chrono_literals;
 constexpr uint32_t kPopulation = 50, kPerRound = 4;
 constexpr uint64_t kDim = 300;
 
+template <class Mode>
+constexpr bool kHasStaleness = requires(Mode m) {
+  m.staleness;
+};
+
 JobConfig federated(const std::string& spec) {
   JobConfig c = test_job::make(spec, kPerRound, kDim);
-  c.population = kPopulation;
-  c.sample_seed = 9;
+  c.mode = FederatedMode{.population = kPopulation, .sample_seed = 9};
   return c;
 }
 
@@ -46,7 +50,7 @@ std::vector<FakeWorker> arrive(Net& net, const JobConfig& cfg, std::span<const f
                                uint32_t absent = ~0u) {
   std::vector<FakeWorker> cs;
   const uint64_t round = net.engine.round();
-  const auto sample = sample_clients(cfg.population, cfg.world, cfg.sample_seed, round);
+  const auto sample = sample_clients(cfg.population(), cfg.world, cfg.sample_seed(), round);
   for (uint32_t slot = 0; slot < sample.size(); ++slot) {
     if (slot == absent) continue;
     const uint32_t id = sample[slot];
@@ -77,7 +81,7 @@ std::vector<std::vector<float>> run_round(Net& net, const JobConfig& cfg,
 TEST(Federated, OnlyTheSampledClientsRegisterEachForTheSlotOfItsPlace) {
   const JobConfig cfg = federated("dense");
   Net net(cfg);
-  const auto sample = sample_clients(kPopulation, kPerRound, cfg.sample_seed, 0);
+  const auto sample = sample_clients(kPopulation, kPerRound, cfg.sample_seed(), 0);
   uint32_t outsider = 0;
   while (std::find(sample.begin(), sample.end(), outsider) != sample.end()) ++outsider;
 
@@ -89,12 +93,12 @@ TEST(Federated, OnlyTheSampledClientsRegisterEachForTheSlotOfItsPlace) {
   FakeWorker stranger(kPopulation, cfg);
   stranger.hello(net);
   EXPECT_NE(refusal(net, stranger.peer).find("outside the population [0, 50)"), std::string::npos);
-  FakeWorker early(sample_clients(kPopulation, kPerRound, cfg.sample_seed, 2)[0], cfg, 2);
+  FakeWorker early(sample_clients(kPopulation, kPerRound, cfg.sample_seed(), 2)[0], cfg, 2);
   early.hello(net);
   EXPECT_NE(refusal(net, early.peer, &retry).find("round 2 is not open yet"), std::string::npos);
   EXPECT_TRUE(retry);
   uint32_t next_outsider = 0;
-  const auto next = sample_clients(kPopulation, kPerRound, cfg.sample_seed, 1);
+  const auto next = sample_clients(kPopulation, kPerRound, cfg.sample_seed(), 1);
   while (std::find(next.begin(), next.end(), next_outsider) != next.end()) ++next_outsider;
   FakeWorker not_next(next_outsider, cfg, 1);
   not_next.hello(net);
@@ -167,8 +171,7 @@ TEST(Federated, AClientOfAClosedRoundIsToldItIsOverNotServed) {
 
 TEST(Federated, AClientThatNeverComesIsClosedOverAtTheDeadline) {
   JobConfig cfg = federated("dense");
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 3;
+  cfg.closing() = {Policy::Quorum, 3};
   Net net(cfg);
   const auto init = test::initial_params(kDim, 3);
   // The last sampled client never comes: it is not "dead", it may be on its way.
@@ -183,8 +186,7 @@ TEST(Federated, AClientThatNeverComesIsClosedOverAtTheDeadline) {
 
 TEST(Federated, AClientThatFallsSilentIsClosedOverOnceDead) {
   JobConfig cfg = federated("dense");
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 3;
+  cfg.closing() = {Policy::Quorum, 3};
   cfg.deadline = 60s;
   Net net(cfg);
   const auto init = test::initial_params(kDim, 3);
@@ -229,7 +231,7 @@ TEST(Federated, TheSampleAndTheServerSketchesSurviveACheckpoint) {
 std::vector<FakeWorker> check_in_ahead(Net& net, const JobConfig& cfg) {
   std::vector<FakeWorker> cs;
   const uint64_t round = net.engine.round() + 1;
-  const auto sample = sample_clients(cfg.population, cfg.world, cfg.sample_seed, round);
+  const auto sample = sample_clients(cfg.population(), cfg.world, cfg.sample_seed(), round);
   for (uint32_t id : sample) {
     cs.emplace_back(id, cfg, round);
     cs.back().peer = "client-" + std::to_string(id) + "-ahead-" + std::to_string(round);
@@ -329,7 +331,7 @@ TEST(Federated, ACheckedInClientHoldsItsSlotUntilItLeavesOrFallsSilent) {
   EXPECT_EQ(next[0].settle(net), Type::Update);
   EXPECT_EQ(std::memcmp(third.params.data(), net.engine.model().data(), kDim * 4), 0);
   // A check-in for a round past the job's last is told the job ends first.
-  FakeWorker late(sample_clients(kPopulation, kPerRound, cfg.sample_seed, 3)[0], cfg, 3);
+  FakeWorker late(sample_clients(kPopulation, kPerRound, cfg.sample_seed(), 3)[0], cfg, 3);
   late.hello(net);
   const auto m = net.next(late.peer);
   ASSERT_TRUE(m);
@@ -341,7 +343,7 @@ TEST(Federated, AClientCheckedInBeforeThereIsAModelGetsItWhenItsRoundOpens) {
   const JobConfig cfg = federated("topk:k=30");
   const auto init = test::initial_params(kDim, 3);
   Net net(cfg);
-  FakeWorker early(sample_clients(kPopulation, kPerRound, cfg.sample_seed, 1)[2], cfg, 1);
+  FakeWorker early(sample_clients(kPopulation, kPerRound, cfg.sample_seed(), 1)[2], cfg, 1);
   early.join(net, {});  // no initial parameters: it cannot give the server a model
   EXPECT_EQ(early.rank, 2u);
   EXPECT_FALSE(net.next(early.peer)) << "a model before there is one";
@@ -353,7 +355,7 @@ TEST(Federated, AClientCheckedInBeforeThereIsAModelGetsItWhenItsRoundOpens) {
 
 TEST(Federated, ClientsCheckedInAfterAnAbortedRoundStartFromTheModelItLeftUnchanged) {
   JobConfig cfg = federated("dense");
-  cfg.policy = Policy::Abort;
+  cfg.closing().policy = Policy::Abort;
   const auto init = test::initial_params(kDim, 3);
   Net net(cfg);
   auto cs = arrive(net, cfg, init, kPerRound - 1);  // the last sampled client never comes
@@ -373,8 +375,7 @@ TEST(Federated, ClientsCheckedInAfterAnAbortedRoundStartFromTheModelItLeftUnchan
 // held open for clients that are not coming, with the next round's waiting behind it).
 TEST(Federated, ARoundShortOfItsQuorumAtTheDeadlineIsAbortedAndTheNextOneOpens) {
   JobConfig cfg = federated("dense");
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 3;
+  cfg.closing() = {Policy::Quorum, 3};
   Net net(cfg);
   const auto init = test::initial_params(kDim, 3);
   auto cs = arrive(net, cfg, init);
@@ -399,8 +400,7 @@ TEST(Federated, ARoundShortOfItsQuorumAtTheDeadlineIsAbortedAndTheNextOneOpens) 
 TEST(Federated, ARoundNoClientPushesInIsAbortedADeadlineLaterUnlessThePolicyWaits) {
   for (const Policy policy : {Policy::Quorum, Policy::Abort, Policy::Wait}) {
     JobConfig cfg = federated("dense");
-    cfg.policy = policy;
-    cfg.min_workers = 3;
+    cfg.closing() = {policy, 3};
     Net net(cfg);
     const auto init = test::initial_params(kDim, 3);
     run_round(net, cfg, init);
@@ -420,8 +420,7 @@ TEST(Federated, ARoundNoClientPushesInIsAbortedADeadlineLaterUnlessThePolicyWait
 // its first push): while one is live the round stays open; once none is, the rule above applies.
 TEST(Federated, AnEmptyRoundStaysOpenWhileAClientOfItIsLive) {
   JobConfig cfg = federated("dense");
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 3;
+  cfg.closing() = {Policy::Quorum, 3};
   Net net(cfg);
   const auto init = test::initial_params(kDim, 3);
   run_round(net, cfg, init);
@@ -452,11 +451,13 @@ TEST(Federated, ARestoredServerForgetsCheckInsAndTheClientsRegisterAgain) {
 
 TEST(Federated, TheJobRefusesSettingsItCannotRun) {
   JobConfig cfg = federated("dense");
-  cfg.population = kPerRound - 1;
+  cfg.as<FederatedMode>().population = kPerRound - 1;
   EXPECT_THROW(Engine{cfg}, InvalidArgument);
-  cfg = federated("dense");
-  cfg.staleness = 1;
+  cfg.as<FederatedMode>().population = 0;
   EXPECT_THROW(Engine{cfg}, InvalidArgument);
+  // Its clients leave after their round: a federated job has no bounded staleness to set.
+  static_assert(!kHasStaleness<FederatedMode>);
+  EXPECT_EQ(federated("dense").staleness(), 0u);
 }
 
 }  // namespace

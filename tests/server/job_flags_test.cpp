@@ -45,8 +45,8 @@ TEST(JobFlags, ReadsWhatAProgramDeclaredWithItsOwnDefaults) {
   c.lr = 0.5f;  // --lr was not declared: the program's own value stays
   job.read(f, c);
   EXPECT_EQ(c.deadline, Millis(60000));
-  EXPECT_EQ(c.staleness, 2u);
-  EXPECT_FALSE(c.async);
+  EXPECT_EQ(c.staleness(), 2u);
+  EXPECT_FALSE(c.async());
   EXPECT_EQ(c.lr, 0.5f);
   // The second of two shards: its range and its share of the codec.
   EXPECT_EQ(c.shard.index, 1u);
@@ -63,9 +63,44 @@ TEST(JobFlags, AnAsynchronousJobHasNoRoundPolicy) {
   parse(f, {"--mode", "async", "--policy", "abort", "--max-age", "4"});
   JobConfig c;
   job.read(f, c);
-  EXPECT_TRUE(c.async);
-  EXPECT_EQ(c.policy, Policy::Wait);
-  EXPECT_EQ(c.max_age, 4u);
+  EXPECT_TRUE(c.async());
+  EXPECT_EQ(c.policy(), Policy::Wait);
+  EXPECT_EQ(c.max_age(), 4u);
+  EXPECT_TRUE(c.age_scaled());
+}
+
+// The flags make one of the three modes, with the fields of that mode alone.
+TEST(JobFlags, TheFlagsMakeOneMode) {
+  const auto read = [](std::vector<std::string> args) {
+    Flags f("test");
+    JobFlags job;
+    job.add(f, {"mode", "policy", "min-workers", "staleness", "population", "sample-seed",
+                "max-age", "age-scale", "world"});
+    parse(f, args);
+    JobConfig c;
+    job.read(f, c);
+    return c;
+  };
+  const JobConfig sync =
+      read({"--world", "4", "--policy", "quorum", "--min-workers", "3", "--staleness", "2"});
+  ASSERT_TRUE(std::holds_alternative<SyncMode>(sync.mode));
+  EXPECT_EQ(sync.policy(), Policy::Quorum);
+  EXPECT_EQ(sync.min_workers(), 3u);
+  EXPECT_EQ(sync.staleness(), 2u);
+  const JobConfig fed =
+      read({"--world", "4", "--population", "40", "--sample-seed", "7", "--policy", "abort"});
+  ASSERT_TRUE(fed.federated());
+  EXPECT_EQ(fed.population(), 40u);
+  EXPECT_EQ(fed.sample_seed(), 7u);
+  EXPECT_EQ(fed.policy(), Policy::Abort);
+  EXPECT_EQ(fed.staleness(), 0u);
+  const JobConfig async = read({"--mode", "async", "--age-scale", "0"});
+  ASSERT_TRUE(async.async());
+  EXPECT_FALSE(async.age_scaled());
+  EXPECT_EQ(async.population(), 0u);
+  // A mode's fields alone: what another mode would need is refused naming its flag.
+  EXPECT_THROW(read({"--mode", "async", "--population", "40"}), InvalidArgument);
+  EXPECT_THROW(read({"--world", "4", "--population", "40", "--staleness", "1"}), InvalidArgument);
 }
 
 TEST(JobFlags, EveryBadValueIsRefusedNamingItsFlag) {

@@ -128,7 +128,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Loopback, ::testing::ValuesIn(example_specs()),
 TEST(LoopbackStaleness, FastWorkerRunsAheadBoundedAndAllEndEqual) {
   constexpr uint64_t kDim = 2000, kRounds = 10;
   auto o = options("topk:k=40", 2, kDim, kRounds);
-  o.job.staleness = 2;
+  o.job.as<SyncMode>().staleness = 2;
   Running run(o);
   const auto got = test_loopback::train_stale(run.server.endpoint(), "topk:k=40", kDim, kRounds, 2);
   ASSERT_EQ(got.params[0].size(), kDim);
@@ -144,8 +144,7 @@ TEST(LoopbackAsync, AFastWorkerFinishesBeforeTheSlowOnePushesAndBothEndOnTheServ
   // pushes only once rank 0 has done all its steps.
   constexpr uint64_t kDim = 2000, kFast = 12, kSlow = 4;
   auto o = options("topk:k=40", 2, kDim, 0);
-  o.job.async = true;
-  o.job.policy = Policy::Wait;
+  o.job.mode = AsyncMode{};
   Running run(o);
   const auto init = test::initial_params(kDim, 3);
   std::promise<void> slow_ready, fast_done, slow_done;
@@ -423,7 +422,7 @@ TEST_P(LoopbackForged, ClaimedEpochsDeposalsAndFollowsEndNoJob) {
   constexpr uint64_t kDim = 1000, kSteps = 8;
   const bool async = GetParam();
   auto o = options("topk:k=30", 2, kDim, async ? 0 : kSteps);
-  o.job.async = async;
+  if (async) o.job.mode = AsyncMode{};
   o.job.deadline = 1500ms;
   Running run(o);
   const std::string spec = make_compressor("topk:k=30", kDim)->spec();

@@ -252,9 +252,7 @@ TEST(Replication, RoundsThatEndTogetherAreCommittedOneByOne) {
   // Bounded staleness with a quorum: two workers push rounds 0 and 1, the third is dead; one
   // tick closes both rounds, and the backup gets both commits in order.
   JobConfig cfg = test_job::make("topk:k=30", 3, 600);
-  cfg.staleness = 2;
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 2;
+  cfg.mode = SyncMode{{Policy::Quorum, 2}, 2};
   Pair p(cfg);
   p.follow();
   std::vector<FakeWorker> ws = p.join(test::initial_params(600, 5));
@@ -298,7 +296,7 @@ TEST(Replication, AnAsynchronousPushTheBackupHoldsIsAnsweredThereNotAppliedAgain
   // Rank 1's second push (its pusher and push number are not the defaults a Commit that lost
   // them would decode to): committed, then the primary dies before rank 1 hears of it.
   JobConfig cfg = test_job::make("topk:k=30", 2, 600);
-  cfg.async = true;
+  cfg.mode = AsyncMode{};
   Pair p(cfg);
   p.follow();
   auto ws = p.join(test::initial_params(600, 5));
@@ -582,7 +580,7 @@ TEST(Replication, ABackupOfAnotherJobOrAnUnreplicableJobIsRefused) {
   EXPECT_FALSE(p.primary.primary.has_backup());
 
   JobConfig federated = cfg;
-  federated.population = 10;
+  federated.mode = FederatedMode{.population = 10};
   Net federated_net(federated);
   federated_net.deliver(Pair::kLink, p.backup.follow());
   m = federated_net.next(Pair::kLink);

@@ -16,23 +16,20 @@ World::World(const Scenario& s, uint64_t seed, bool keep_trace, bool faults)
     c.deadline = 1000ms;
     switch (s.kind) {
       case Kind::Quorum:
-        c.policy = Policy::Quorum;
-        c.min_workers = s.world - 1;
+        c.mode = SyncMode{{Policy::Quorum, s.world - 1}};
         break;
       case Kind::Stale:
-        c.staleness = 1;
+        c.mode = SyncMode{.staleness = 1};
         break;
       case Kind::Async:
-        c.async = true;
+        c.mode = AsyncMode{};
         c.max_rounds = s.rounds * s.world;
         break;
       case Kind::Restart:
         c.checkpoint_every = 1;
         break;
       case Kind::Federated:
-        c.population = 3 * s.world;
-        c.policy = Policy::Quorum;
-        c.min_workers = s.world - 1;
+        c.mode = FederatedMode{{Policy::Quorum, s.world - 1}, 3 * s.world};
         c.checkpoint_every = 1;
         break;
       default:
@@ -44,7 +41,8 @@ World::World(const Scenario& s, uint64_t seed, bool keep_trace, bool faults)
   }
   if (federated())
     for (uint64_t round = 0; round < s.rounds; ++round)
-      for (uint32_t id : sample_clients(cfgs_[0].population, s.world, cfgs_[0].sample_seed, round))
+      for (uint32_t id :
+           sample_clients(cfgs_[0].population(), s.world, cfgs_[0].sample_seed(), round))
         add_worker(id, round);
   else
     for (uint32_t r = 0; r < s.world; ++r) add_worker(r);
@@ -119,7 +117,7 @@ void World::add_worker(uint32_t rank, uint64_t join) {
     o.job = cfgs_[sh].job;
     o.rank = rank;
     o.world = sc_.world;
-    o.population = cfgs_[sh].population;
+    o.population = cfgs_[sh].population();
     o.join_round = join;
     if (shards_ > 1) o.shard = plan_[sh].id;
     o.heartbeat = cfgs_[sh].heartbeat;

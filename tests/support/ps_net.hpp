@@ -68,7 +68,7 @@ inline Frame bytes_frame(std::span<const uint8_t> b) {
   return Frame::own(Bytes(b.begin(), b.end()));
 }
 
-/// A worker, or a federated client (cfg.population > 0): then `id` is the client's id, `round`
+/// A worker, or a federated client (cfg.population() > 0): then `id` is the client's id, `round`
 /// the round it registers for, and `rank` the slot its Welcome gives it.
 struct FakeWorker {
   FakeWorker(uint32_t r, const JobConfig& cfg, uint64_t join_round = 0)
@@ -77,7 +77,7 @@ struct FakeWorker {
         peer("peer-" + std::to_string(r)),
         job(cfg.job),
         world(cfg.world),
-        population(cfg.population),
+        population(cfg.population()),
         shard(cfg.shard),
         codec(make_compressor(cfg.spec, cfg.dim)),
         round(join_round) {}

@@ -92,10 +92,7 @@ TEST(ShardedLoopback, AsynchronousShardsEndBitIdenticalToOneServer) {
   // Each shard keeps its own versions; pushes in one order give every shard the ages one server
   // would see, so dense shards apply the same steps to their ranges.
   constexpr uint64_t kDim = 3001;
-  const auto async = [](ServerOptions& o) {
-    o.job.async = true;
-    o.job.policy = Policy::Wait;
-  };
+  const auto async = [](ServerOptions& o) { o.job.mode = AsyncMode{}; };
   const auto run = [&](const std::string& endpoints) {
     const auto init = test::initial_params(kDim, 3);
     Client c0(client_options(endpoints, 0, 2), make_compressor("dense", kDim), init);
@@ -224,13 +221,13 @@ TEST(ShardedLoopback, FederatedClientsOverShardsEndBitIdenticalToOneServer) {
   constexpr uint64_t kDim = 901, kRounds = 3;
   constexpr uint32_t kPopulation = 12, kPerRound = 3;
   auto one_options = test_loopback::options("dense", kPerRound, kDim, kRounds);
-  one_options.job.population = kPopulation;
+  one_options.job.mode = FederatedMode{.population = kPopulation};
   Running one(one_options);
   const auto ref =
       federated(one.server.endpoint(), "dense", kPopulation, kPerRound, kDim, kRounds, false);
   ASSERT_EQ(ref.size(), kDim);
   Shards shards("dense", kPerRound, kDim, kRounds, 3,
-                [](ServerOptions& o) { o.job.population = kPopulation; });
+                [](ServerOptions& o) { o.job.mode = FederatedMode{.population = kPopulation}; });
   const auto got =
       federated(shards.endpoints(), "dense", kPopulation, kPerRound, kDim, kRounds, true);
   ASSERT_EQ(got.size(), kDim);
@@ -243,7 +240,7 @@ TEST(ShardedLoopback, FederatedClientsCheckingInAheadEndBitIdenticalToOnesThatCo
   constexpr uint64_t kDim = 901, kRounds = 4;
   constexpr uint32_t kPopulation = 12, kPerRound = 3;
   auto one_options = test_loopback::options("topk:k=40", kPerRound, kDim, kRounds);
-  one_options.job.population = kPopulation;
+  one_options.job.mode = FederatedMode{.population = kPopulation};
   Running one(one_options);
   const auto ref =
       federated(one.server.endpoint(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
@@ -256,7 +253,9 @@ TEST(ShardedLoopback, FederatedClientsCheckingInAheadEndBitIdenticalToOnesThatCo
   EXPECT_EQ(std::memcmp(got.data(), ref.data(), kDim * 4), 0);
   EXPECT_EQ(again.finish(), kRounds);
   // Over two shards: each server takes its check-ins on its own.
-  const auto federated_job = [](ServerOptions& o) { o.job.population = kPopulation; };
+  const auto federated_job = [](ServerOptions& o) {
+    o.job.mode = FederatedMode{.population = kPopulation};
+  };
   Shards shards("topk:k=40", kPerRound, kDim, kRounds, 2, federated_job);
   const auto with_round =
       federated(shards.endpoints(), "topk:k=40", kPopulation, kPerRound, kDim, kRounds, true);
@@ -273,7 +272,8 @@ TEST(ShardedLoopback, BoundedStalenessOverShardsKeepsEveryShardInStep) {
   // Each shard keeps its own rounds and slack: the fast worker runs ahead on all of them at once,
   // and after sync() both workers hold every shard's model.
   constexpr uint64_t kDim = 2000, kRounds = 10;
-  Shards shards("topk:k=40", 2, kDim, kRounds, 3, [](ServerOptions& o) { o.job.staleness = 2; });
+  Shards shards("topk:k=40", 2, kDim, kRounds, 3,
+                [](ServerOptions& o) { o.job.as<SyncMode>().staleness = 2; });
   const auto got = test_loopback::train_stale(shards.endpoints(), "topk:k=40", kDim, kRounds, 2);
   ASSERT_EQ(got.params[0].size(), kDim);
   EXPECT_EQ(got.max_ahead[0], 2u) << "the fast worker never used its slack";

@@ -137,8 +137,7 @@ TEST(LocalSteps, AsynchronousDiLoCoAppliesEachPseudoGradientAsItArrives) {
   // applied when it comes; fetching every 2 steps asks the server (between pushes too).
   constexpr uint64_t kDim = 1000;
   ServerOptions o = server_options("topk:k=100", 2, kDim, 0, 0.7f, {0.9f, true});
-  o.job.async = true;
-  o.job.policy = Policy::Wait;
+  o.job.mode = AsyncMode{};
   Running run(o);
   const auto init = test::initial_params(kDim, 5);
   const auto got = train(run, "topk:k=100", 2, kDim, 12, {4, 2}, init);

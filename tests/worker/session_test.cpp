@@ -176,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, SessionCodecs,
 
 ClientOptions client(uint32_t id, const JobConfig& cfg, uint64_t round) {
   ClientOptions o = options(id, cfg.world);
-  o.population = cfg.population;
+  o.population = cfg.population();
   o.join_round = round;
   return o;
 }
@@ -186,7 +186,7 @@ ClientOptions client(uint32_t id, const JobConfig& cfg, uint64_t round) {
 std::vector<std::unique_ptr<Worker>> check_in(Wire& w, const JobConfig& cfg, uint64_t t,
                                               std::span<const float> init) {
   std::vector<std::unique_ptr<Worker>> cs;
-  for (uint32_t id : sample_clients(cfg.population, cfg.world, cfg.sample_seed, t))
+  for (uint32_t id : sample_clients(cfg.population(), cfg.world, cfg.sample_seed(), t))
     cs.push_back(std::make_unique<Worker>(cfg, client(id, cfg, t), init,
                                           "c" + std::to_string(id) + "r" + std::to_string(t)));
   for (auto& c : cs) c->hello(w);
@@ -202,15 +202,14 @@ class FederatedSessions : public ::testing::TestWithParam<bool> {};
 TEST_P(FederatedSessions, ClientsTakeTheirSlotsTrainAndLeaveWithTheirRound) {
   const bool ahead = GetParam();
   JobConfig cfg = job("sketch:k=30,cols=300,fetch=1", 3, 600);
-  cfg.population = 40;
-  cfg.sample_seed = 4;
+  cfg.mode = FederatedMode{.population = 40, .sample_seed = 4};
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 5);
   test::Job ref(w.engine.config().spec, cfg.dim, cfg.world);
   std::vector<float> expect = init;
   auto cs = check_in(w, cfg, 0, init);
   for (uint64_t t = 0; t < 4; ++t) {
-    const auto sample = sample_clients(cfg.population, cfg.world, cfg.sample_seed, t);
+    const auto sample = sample_clients(cfg.population(), cfg.world, cfg.sample_seed(), t);
     std::vector<std::unique_ptr<Worker>> next;
     if (ahead) {
       next = check_in(w, cfg, t + 1, init);
@@ -251,9 +250,7 @@ INSTANTIATE_TEST_SUITE_P(CheckIn, FederatedSessions, ::testing::Values(false, tr
 
 TEST(Session, AFederatedClientCheckedInAheadCatchesUpThroughAnAbortedRound) {
   JobConfig cfg = job("topk:k=30", 3, 600);
-  cfg.population = 40;
-  cfg.sample_seed = 4;
-  cfg.policy = Policy::Abort;
+  cfg.mode = FederatedMode{{Policy::Abort}, 40, 4};
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 5);
   auto cs = check_in(w, cfg, 0, init);
@@ -317,10 +314,7 @@ void expect_push_as_new(Worker& c, const JobConfig& cfg) {
 // the residual of a push the server never applied).
 TEST(Session, AFederatedClientWhosePushWasLostPushesAgainAsANewClientWould) {
   JobConfig cfg = job("topk:k=30", 3, 600);
-  cfg.population = 40;
-  cfg.sample_seed = 4;
-  cfg.policy = Policy::Quorum;
-  cfg.min_workers = 2;
+  cfg.mode = FederatedMode{{Policy::Quorum, 2}, 40, 4};
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 5);
   auto [next, at0] = lost_pushes_of_round_1(w, cfg, init);
@@ -348,8 +342,7 @@ TEST(Session, AFederatedClientWhosePushWasLostPushesAgainAsANewClientWould) {
 // stale; it is dropped and computed again on the model it is given, as a new client's would be.
 TEST(Session, AFederatedClientGivenAnotherModelOfItsRoundPushesAgainFromIt) {
   JobConfig cfg = job("topk:k=30", 3, 600);
-  cfg.population = 40;
-  cfg.sample_seed = 4;
+  cfg.mode = FederatedMode{.population = 40, .sample_seed = 4};
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 5);
   auto next = lost_pushes_of_round_1(w, cfg, init).clients;
@@ -371,28 +364,27 @@ TEST(Session, AFederatedClientGivenAnotherModelOfItsRoundPushesAgainFromIt) {
 
 TEST(Session, FederatedClientsOutsideTheSampleOrTwoRoundsEarlyAreRefused) {
   JobConfig cfg = job("sketch:k=30,cols=300,fetch=1", 3, 600);
-  cfg.population = 40;
-  cfg.sample_seed = 4;
+  cfg.mode = FederatedMode{.population = 40, .sample_seed = 4};
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 5);
   auto cs = check_in(w, cfg, 0, init);
   round(w, cs, 11);
   // At round 1: a client that was not sampled is refused for good; one two rounds early waits
   // its turn (the server takes check-ins for the next round only).
-  const auto now = sample_clients(cfg.population, cfg.world, cfg.sample_seed, 1);
+  const auto now = sample_clients(cfg.population(), cfg.world, cfg.sample_seed(), 1);
   uint32_t outsider = 0;
   while (std::find(now.begin(), now.end(), outsider) != now.end()) ++outsider;
   Worker out(cfg, client(outsider, cfg, 1), {}, "outsider");
   out.hello(w);
   EXPECT_THROW(out.registration(w), ConfigMismatch);
   Worker early(cfg,
-               client(sample_clients(cfg.population, cfg.world, cfg.sample_seed, 3)[0], cfg, 3), {},
-               "early");
+               client(sample_clients(cfg.population(), cfg.world, cfg.sample_seed(), 3)[0], cfg, 3),
+               {}, "early");
   early.hello(w);
   early.registration(w);
   EXPECT_FALSE(early.session.registered());
   EXPECT_TRUE(early.session.next_tick()) << "no Hello again for a round not open yet";
-  EXPECT_THROW(Worker(cfg, client(cfg.population, cfg, 0), {}), InvalidArgument);
+  EXPECT_THROW(Worker(cfg, client(cfg.population(), cfg, 0), {}), InvalidArgument);
 }
 
 TEST(Session, TransientRefusalRetriesHelloWhenItsTimerIsDue) {
@@ -747,7 +739,7 @@ TEST(Session, BadOptionsAndInitialParametersAreRefused) {
 
 JobConfig async_job(const std::string& spec, uint32_t world, uint64_t dim) {
   JobConfig c = job(spec, world, dim);
-  c.async = true;
+  c.mode = AsyncMode{};
   return c;
 }
 
@@ -839,7 +831,7 @@ TEST(Async, ADenseStepIsThePushScaledByTheWorldAndItsAge) {
   EXPECT_TRUE(same(w.engine.model(), expect));
 
   // Without the age's scaling, the step is lr / world whatever its age.
-  cfg.age_scaled = false;
+  cfg.as<AsyncMode>().age_scaled = false;
   Wire u(cfg);
   auto us = join(u, cfg, init);
   async_step(u, *us[0], 3);
@@ -861,7 +853,7 @@ TEST(Async, AWorkerThatFallsSilentHoldsNobodyBack) {
 
 TEST(Async, APushOlderThanTheBoundIsRefusedAndItsErrorFeedbackKept) {
   JobConfig cfg = async_job("topk:k=10", 2, 300);
-  cfg.max_age = 1;
+  cfg.as<AsyncMode>().max_age = 1;
   Wire w(cfg);
   auto ws = join(w, cfg, test::initial_params(cfg.dim, 5));
   async_step(w, *ws[1], 5);
@@ -997,7 +989,7 @@ TEST(Async, AWorkerFetchesEveryNthPushAndAppliesItsOwnUpdatesBetween) {
 TEST(Async, APushCountsForItsWorkersWeightWhichARoundJobRefuses) {
   // Rank 1 pushes every 3H steps where rank 0 pushes every H: each of its pushes counts 3 times.
   JobConfig cfg = async_job("dense", 2, 500);
-  cfg.age_scaled = false;
+  cfg.as<AsyncMode>().age_scaled = false;
   Wire w(cfg);
   const auto init = test::initial_params(cfg.dim, 4);
   ClientOptions heavy = options(1, 2);
@@ -1030,24 +1022,41 @@ TEST(Async, APushCountsForItsWorkersWeightWhichARoundJobRefuses) {
   }
 }
 
+/// Which of the mode-specific fields a mode type has.
+struct Fields {
+  bool staleness, population, close, max_age;
+};
+template <class Mode>
+constexpr Fields kHas{requires(Mode m){m.staleness;
+}  // namespace
+, requires(Mode m) {
+  m.population;
+}
+, requires(Mode m) {
+  m.close;
+}
+, requires(Mode m) {
+  m.max_age;
+}
+};  // namespace sketchsgd::ps
+
 TEST(Async, JobsThatCannotRunAsynchronouslyAreRefused) {
   std::string two_round;
   for (const auto& s : example_specs())
     if (make_compressor(s, 2000)->two_rounds()) two_round = s;
   ASSERT_FALSE(two_round.empty());
   EXPECT_THROW(Engine(async_job(two_round, 2, 2000)), InvalidArgument);
+  // No staleness, population or round policy can be written for an asynchronous job, nor an
+  // age bound for a job in rounds: each mode holds only its own fields.
+  static_assert(!kHas<AsyncMode>.staleness && !kHas<AsyncMode>.population &&
+                !kHas<AsyncMode>.close && !kHas<SyncMode>.max_age);
+  static_assert(kHas<SyncMode>.staleness && kHas<FederatedMode>.population &&
+                kHas<FederatedMode>.close && kHas<AsyncMode>.max_age);
   JobConfig c = async_job("topk:k=10", 2, 300);
-  c.staleness = 2;
-  EXPECT_THROW(Engine{c}, InvalidArgument);
-  c = async_job("topk:k=10", 2, 300);
-  c.population = 10;
-  EXPECT_THROW(Engine{c}, InvalidArgument);
-  c = async_job("topk:k=10", 2, 300);
-  c.policy = Policy::Quorum;
-  EXPECT_THROW(Engine{c}, InvalidArgument);
-  c = job("topk:k=10", 2, 300);
-  c.max_age = 3;
-  EXPECT_THROW(Engine{c}, InvalidArgument);
+  EXPECT_THROW(c.closing(), InvalidArgument);
+  EXPECT_EQ(c.policy(), Policy::Wait);
+  EXPECT_EQ(c.staleness(), 0u);
+  EXPECT_EQ(job("topk:k=10", 2, 300).max_age(), 0u);
 }
 
 }  // namespace

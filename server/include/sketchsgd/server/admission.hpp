@@ -41,7 +41,7 @@ class Admission {
   };
   /// A federated Hello's slot, or nothing with a refusal sent.
   std::optional<Slot> slot_of(const PeerId& peer, const Envelope& e, std::vector<Outgoing>& out);
-  bool federated() const { return cfg_.population != 0; }
+  bool federated() const { return cfg_.federated(); }
 
   const JobConfig& cfg_;
   Roster& roster_;

@@ -117,7 +117,7 @@ class Engine {
   /// Asynchronous jobs: the push number this server expects next of rank, where it knows it
   /// (from a push it applied or followed); nothing before then, or in round jobs.
   std::optional<uint64_t> next_push(uint32_t rank) const {
-    if (!cfg_.async || rank >= cfg_.world || !roster_[rank].numbered) return std::nullopt;
+    if (!cfg_.async() || rank >= cfg_.world || !roster_[rank].numbered) return std::nullopt;
     return roster_[rank].next_push;
   }
   /// The peer holds a registration (a rank, or a federated client's slot of the next round).
@@ -138,7 +138,7 @@ class Engine {
   /// round's clients released and the next round's seated.
   void commit(Frames outcome, std::vector<Outgoing>& out);
 
-  bool federated() const { return cfg_.population != 0; }
+  bool federated() const { return cfg_.federated(); }
   /// A federated round has opened: the clients checked in for it take their slots and get the
   /// round before's outcome (or the model, if they came before there was one).
   void seat_waiting(std::vector<Outgoing>& out);

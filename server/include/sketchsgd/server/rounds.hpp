@@ -48,7 +48,7 @@ class Rounds final : public PushHandle {
   /// arrival order: up to the first expected rank still missing, or all of them when closing.
   void absorb_in_order(bool closing);
   void start_phase(MessageKind kind);
-  bool federated() const { return cfg_.population != 0; }
+  bool federated() const { return cfg_.federated(); }
 
   // the running round
   std::vector<bool> pushed_;       // gradient phase contributors
