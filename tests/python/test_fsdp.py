@@ -20,6 +20,22 @@ REPLICA_SPECS = ["powersgd:rank=2", "sketch:rows=1,cols=2000,k=400,fetch=1", "to
                  "qsgd:bits=4", "terngrad", "powersgd:rank=2,wire=int8"]
 
 
+def test_every_fsdp_internal_the_package_reads_is_where_this_torch_has_it(monkeypatch):
+    """sketchsgd.fsdp reads FSDP's and autograd's internals through _compat alone; on this torch
+    each is where _compat looks (the GPU run checks its torch too). A torch that lays FSDP1's flat
+    parameter out otherwise is told by name."""
+    from sketchsgd.fsdp import _compat
+    from torch.distributed.fsdp._flat_param import FlatParameter
+    assert _compat.missing() == []
+
+    def elsewhere(self, *args, **kwargs):
+        self._layout = args
+
+    monkeypatch.setattr(FlatParameter, "_init_metadata", elsewhere)
+    assert _compat.missing() == ["FlatParameter._shapes", "FlatParameter._numels_with_padding",
+                                 "FlatParameter._is_padding_mask"]
+
+
 def test_compressed_replicas_train_and_dense_is_fsdp2s_own_hsdp():
     """With the dense codec the hook is FSDP2's HSDP all-reduce: the same losses and shards, bit
     for bit (two replicas: a + b and a float32(1/2) scale are exact whichever the order). Every

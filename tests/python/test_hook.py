@@ -27,11 +27,11 @@ SPECS = [_budgeted(spec) for c in sketchsgd.codecs() for spec in c["examples"]] 
 ]
 
 
-def test_a_blocking_call_runs_every_round_and_raises_the_first_error():
-    """Scheduler.now (FSDP's calls, average(), DDP's last bucket on the CPU): a round whose phase
-    or finish fails leaves the later rounds to run (every rank issues their collectives alike),
+def test_a_blocking_call_runs_every_task_and_raises_the_first_error():
+    """Scheduler.now (FSDP's calls, average(), DDP's last bucket on the CPU): a task whose phase
+    or finish fails leaves the later tasks to run (every rank issues their collectives alike),
     and the first error is raised once all have run."""
-    from sketchsgd._schedule import Round, Scheduler
+    from sketchsgd._schedule import Scheduler, Task
     ran = []
 
     class Comm:  # each phase's collectives, completed at once
@@ -55,14 +55,14 @@ def test_a_blocking_call_runs_every_round_and_raises_the_first_error():
             ran.append(name)
         return run
 
-    rounds = [Round(0, [phase("a1", ValueError("first"))], finish("a done")),
-              Round(1, [phase("b1"), phase("b2")], finish("b done")),
-              Round(2, [phase("c1")], finish("c done", KeyError("second")))]
+    tasks = [Task(0, [phase("a1", ValueError("first"))], finish("a done")),
+             Task(1, [phase("b1"), phase("b2")], finish("b done")),
+             Task(2, [phase("c1")], finish("c done", KeyError("second")))]
     with pytest.raises(ValueError, match="first"):
-        Scheduler(Comm()).now(rounds)
+        Scheduler(Comm()).now(tasks)
     assert ran == ["a1", "b1", ("settled", "b1"), "b2", ("settled", "b2"), "b done", "c1", ("settled", "c1")]
     ran.clear()
-    Scheduler(Comm()).now(rounds[1:2])
+    Scheduler(Comm()).now(tasks[1:2])
     assert ran[-1] == "b done"
 
 

@@ -8,6 +8,7 @@ import torch.distributed as dist
 from .. import _core, _hook, _scatter
 from .._agree import Outcome, agree, outcome_of
 from .._state import CompressionState
+from . import _compat
 from ._compat import _groups
 
 
@@ -60,7 +61,7 @@ class _Backward:
         """reduce(dense) (a call of the state on tensors on device); False where this backward
         has failed (nothing reduced; the end of the backward raises)."""
         self.device = device
-        task = torch._C._current_graph_task_id()
+        task = _compat.graph_task()
         if self.queued and task != self.task:
             # The backward that queued end() raised (its callbacks never run): what it held
             # belongs to no step, and this backward needs an end() of its own.
@@ -68,7 +69,7 @@ class _Backward:
             self.queued = self.warm = False
         if not self.queued:
             try:
-                torch.autograd.Variable._execution_engine.queue_callback(self.end)
+                _compat.at_backward_end(self.end)
                 self.queued, self.task = True, task
             except RuntimeError:  # not inside a backward (FSDP reduced outside one): raise at once
                 try:
@@ -218,15 +219,15 @@ def _register(what: str, module, state, warmup, wrong_group, hooked):
         if hooked(g):
             raise ValueError(f"sketchsgd.fsdp.{what}: {type(m).__name__} has a hook of it already (the model was "
                              "registered before): one state per model")
-        if g._is_hsdp:
+        if _compat.is_hsdp(g):
             raise ValueError(f"{type(m).__name__}: fully_shard was given a 2-D (HSDP) mesh, whose own all-reduce "
                              "averages the replicas; give it the shard dimension alone (mesh['shard'])")
         ranks = dist.get_process_group_ranks(state.process_group or dist.group.WORLD)
-        shard = dist.get_process_group_ranks(g.mesh_info.shard_process_group)
+        shard = dist.get_process_group_ranks(_compat.shard_group(g))
         problem = wrong_group(shard, ranks)  # each group's ranks in its own order
         if problem:
             raise ValueError(f"{type(m).__name__}: the state's process group (ranks {ranks}) {problem}")
-    shards = {r for _, g in groups for r in dist.get_process_group_ranks(g.mesh_info.shard_process_group)}
+    shards = {r for _, g in groups for r in dist.get_process_group_ranks(_compat.shard_group(g))}
     backward = _Backward(state, warmup, len(groups), _flag_group(state, shards))
     state.claim("fsdp")
     return groups, backward

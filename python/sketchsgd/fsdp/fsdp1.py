@@ -10,6 +10,7 @@ import torch.distributed as dist
 from .. import _hook, _scatter
 from .._compressor import gathered
 from .._state import CompressionState
+from . import _compat
 from ._backward import _Backward, _build, _check, _flag_group, _per_destination, _units
 
 
@@ -60,9 +61,9 @@ def _fsdp1_shapes(flat, world: int, sharded: bool):
     its shape, FSDP's alignment padding (use_orig_params) as 1-D runs, and under a sharded strategy
     the padding to `world` equal chunks."""
     try:
-        real = iter(flat._shapes)
-        shapes = [(n,) if pad else tuple(next(real)) for n, pad in zip(flat._numels_with_padding,
-                                                                      flat._is_padding_mask)]
+        real, numels, padding = _compat.flat_layout(flat)
+        real = iter(real)
+        shapes = [(n,) if pad else tuple(next(real)) for n, pad in zip(numels, padding)]
     except AttributeError as e:  # FlatParameter's layout, unchanged from PyTorch 2.0 to 2.13
         raise TypeError(f"sketchsgd.fsdp.compress_fsdp1: this PyTorch's FSDP1 flat parameter has no layout "
                         f"sketchsgd knows ({e})") from None
@@ -123,7 +124,7 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
                              f"FSDP's (ranks {dist.get_process_group_ranks(m.process_group)})")
         if getattr(m, "_comm_hook", None) is not None:
             raise ValueError("sketchsgd.fsdp.compress_fsdp1: the model has a communication hook already")
-        flat = getattr(m, "_flat_param", None)
+        flat = _compat.flat_param(m)
         if flat is not None:
             units.append((m, _fsdp1_shapes(flat, len(ranks), m.sharding_strategy != ShardingStrategy.NO_SHARD)))
     if not units:
@@ -147,9 +148,9 @@ def compress_fsdp1(module: torch.nn.Module, state: CompressionState, warmup: int
             whole = index + len(units) * world if per_destination else index
             _units(state, whole, shapes)
         hooks.append(_Fsdp1Unit(backward, index, shapes, world, rank, chunks, whole))
-    _build(state, getattr(units[0][0], "compute_device", None) or units[0][0]._flat_param.device)
+    _build(state, getattr(units[0][0], "compute_device", None) or _compat.flat_param(units[0][0]).device)
     module.register_comm_hook(None, _fsdp1_hook)
     for (m, _), hook in zip(units, hooks):
         # FSDP1 gives every instance the root's one hook state; each is told which unit it is,
         # so that error feedback follows the instance, not the order of the hook calls.
-        m._comm_hook_state = hook
+        _compat.set_hook_state(m, hook)

@@ -11,7 +11,8 @@ from .. import _hook, _scatter
 from .._compressor import gathered
 from .._state import CompressionState
 from ._backward import _build, _layout_error, _per_destination, _register, _units
-from ._compat import ReduceScatter, _trained
+from . import _compat
+from ._compat import ReduceScatter
 
 
 def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: int = 0) -> None:
@@ -30,17 +31,17 @@ def compress_replicas(module: torch.nn.Module, state: CompressionState, warmup: 
         lambda shard, ranks: None if len(set(shard) & set(ranks)) == 1 else
         f"and the shard group (ranks {shard}) must meet in this rank alone: pass the replica group, "
         "mesh['replicate'].get_group()",
-        lambda g: getattr(g, "_all_reduce_hook", None) is not None)
+        lambda g: _compat.all_reduce_hook(g) is not None)
     replicas = dist.get_world_size(state.process_group)
     # A replica's layout can fail on its ranks alone (_ReplicaHook): the flag goes out even where
     # the state's group is every rank concerned (shard groups of one; otherwise it does anyway).
     backward.always_flag = True
     hooks = []
     for index, (m, g) in enumerate(groups):
-        shapes = [tuple(p.padded_sharded_param_size) for p in _trained(g)]
+        shapes = _compat.shard_shapes(g)
         _units(state, index, shapes)
         hooks.append(_ReplicaHook(backward, index, shapes, g, replicas))
-    _build(state, groups[0][1].device)
+    _build(state, _compat.device(groups[0][1]))
     for (m, _), hook in zip(groups, hooks):
         m.set_all_reduce_hook(hook)
 
@@ -60,7 +61,7 @@ class _ReplicaHook:
         self.held = None  # the shards of micro-batches not all-reduced yet, summed
 
     def __call__(self, shard):
-        if not getattr(self.group, "all_reduce_grads", True):
+        if _compat.accumulating(self.group):
             if self.held is None:
                 self.held = shard.clone()
             else:
@@ -85,7 +86,7 @@ class _ReplicaHook:
         if not self.backward.reduce(self.index, shard, self.shapes):
             shard.zero_()  # the backward raises at its end on every rank: no update
             return
-        if getattr(self.group, "gradient_divide_factor", None) is not None:
+        if _compat.divide_factor(self.group) is not None:
             shard.mul_(self.replicas)
 
 
@@ -138,9 +139,9 @@ class _ReduceScatter(ReduceScatter):
             scale = None
         elif op == dist.ReduceOp.SUM:
             scale = float(world)
-        elif getattr(self.group, "gradient_divide_factor", None) is not None:
+        elif _compat.divide_factor(self.group) is not None:
             # set_gradient_divide_factor(f): FSDP2's PREMUL_SUM(1 / f), the sum over f
-            scale = world / self.group.gradient_divide_factor
+            scale = world / _compat.divide_factor(self.group)
         else:
             raise NotImplementedError(f"sketchsgd.fsdp: a reduce-scatter with op {op}; the compressed reduce-scatter "
                                       "computes the mean (AVG), the sum, or the sum over set_gradient_divide_factor's")
@@ -214,7 +215,7 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
         lambda shard, ranks: None if shard == ranks else
         f"is not the shard group (ranks {shard}, in this order: a rank's chunk is the one at its place in it): "
         "pass mesh['shard'].get_group() (or the default group for a 1-D mesh over every rank)",
-        lambda g: isinstance(getattr(g, "_reduce_scatter_comm", None), _ReduceScatter))
+        lambda g: isinstance(_compat.reduce_scatter(g), _ReduceScatter))
     per_destination = backward.always_flag = gathered(state.spec)
     state.replaces = "reduce_scatter"  # the baseline of its link bytes (stats())
     # The dense codec's mean is the same in any order, and which tensors it sends whole (1-D
@@ -222,14 +223,14 @@ def compress_reduce_scatter(module: torch.nn.Module, state: CompressionState, wa
     elementwise = state.spec.partition(":")[0] == "dense" and not state.dense_below
     scatters = []
     for index, (m, g) in enumerate(groups):
-        world = g.mesh_info.shard_mesh_size
-        scatter = _ReduceScatter(backward, index, [tuple(p.padded_sharded_param_size) for p in _trained(g)],
+        world = _compat.shard_size(g)
+        scatter = _ReduceScatter(backward, index, _compat.shard_shapes(g),
                                  world, per_destination, state.units.per_tensor, elementwise, g)
         if per_destination:
             _scatter.register(state, index, scatter.chunks)
         else:
             _units(state, index, scatter.shapes, scatter.blocks)
         scatters.append(scatter)
-    _build(state, groups[0][1].device)
+    _build(state, _compat.device(groups[0][1]))
     for (m, _), scatter in zip(groups, scatters):
         m.set_custom_reduce_scatter(scatter)
