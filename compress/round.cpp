@@ -226,7 +226,7 @@ std::vector<Round::Request> Round::padded(std::span<const std::span<const uint8_
   SKETCHSGD_REQUIRE(lengths.size() == world_, InvalidArgument, "round: ", lengths.size(),
                     " lengths gathered in a group of ", world_);
   rethrow_own();
-  const uint64_t limit = kHeaderBytes + codec_->max_payload(MessageKind::Gradient);
+  const uint64_t limit = message_limit();
   sizes_.assign(world_, 0);
   uint64_t longest = 0;
   for (uint32_t r = 0; r < world_; ++r) {
@@ -362,6 +362,12 @@ void Round::finish_into(std::span<const std::span<const uint8_t>> gathered,
 void Round::mean_into(std::span<const float> sum, std::span<float> out, uint64_t lo,
                       std::span<const Layout::Run> runs) const {
   ops::scale_pieces(device_, pieces(out, lo, runs, sum.data(), true), inv_);
+}
+
+uint64_t Round::message_limit() const {
+  SKETCHSGD_REQUIRE(gathered(), ProtocolError,
+                    "round: message_limit() of a round that gathers no messages");
+  return kHeaderBytes + codec_->max_payload(MessageKind::Gradient);
 }
 
 void Round::rethrow_own() const {

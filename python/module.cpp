@@ -13,6 +13,7 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/compress/round.hpp>
+#include <sketchsgd/compress/scatter.hpp>
 #include <sketchsgd/config.hpp>
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/core/gpu.hpp>
@@ -388,6 +389,40 @@ PYBIND11_MODULE(_core, m) {
             r.finish(g.spans, floats(out, count), lo, n, {runs(kept), runs(whole)});
           },
           "finish() writing only the buffer's values [lo, lo + count) of n, at out");
+
+  py::class_<Scatter>(m, "Scatter",
+                      "A gathered codec's reduce-scatter per destination (compress/scatter.hpp): "
+                      "Scatter(rounds, rank), rounds[r] the started round of chunk r; lengths() "
+                      "for the all-gather, next(table) -> (send, receive) for the all-to-all")
+      .def(py::init([](const std::vector<Round*>& rounds, uint32_t rank) {
+             return std::make_unique<Scatter>(rounds, rank);
+           }),
+           py::keep_alive<1, 2>())
+      .def_property_readonly("world", &Scatter::world)
+      .def("lengths", &Scatter::lengths)
+      .def(
+          "next",
+          [](Scatter& s, const std::vector<std::vector<uint64_t>>& table) {
+            std::vector<uint64_t> flat;
+            for (const auto& row : table) {
+              SKETCHSGD_REQUIRE(row.size() == s.world(), InvalidArgument, "scatter: a row of ",
+                                row.size(), " lengths for ", s.world(), " ranks");
+              flat.insert(flat.end(), row.begin(), row.end());
+            }
+            Scatter::Exchange ex;
+            {
+              py::gil_scoped_release release;
+              ex = s.next(flat);
+            }
+            py::list send;
+            for (const auto& part : ex.send)  // writable for torch.frombuffer; nothing writes
+              send.append(py::memoryview::from_memory(const_cast<uint8_t*>(part.data()),
+                                                      py::ssize_t(part.size()), false));
+            return py::make_tuple(send, ex.receive);
+          },
+          "table[i]: rank i's lengths(). Raises on every rank alike (NonFiniteError, WireError); "
+          "else (send, receive): send[r] this rank's bytes for rank r (memoryviews of the rounds' "
+          "memory, valid until their next start), receive[i] the bytes rank i sends here.");
 
   py::class_<Compressor>(m, "Compressor")
       .def(py::init([](const std::string& spec, uint64_t dim, int gpu, uintptr_t stream) {

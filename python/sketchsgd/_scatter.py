@@ -7,6 +7,8 @@ all-to-all, and each rank decodes and averages the W messages of its own chunk. 
 all-gather of whole-gradient messages, a rank sends and receives about W times fewer bytes over
 its links and decodes W times fewer values.
 
+The protocol is the C++ one of compress/scatter.hpp (_core.Scatter: what each rank sends where,
+and when every rank stops alike); this module makes the chunks' units and runs its collectives.
 The collectives of a group's step, the same on every rank:
   1. an all-gather of each rank's W message lengths (8 bytes each): every rank sees every
      length, so a failed encode (length 0: a rank that fails any of its chunks sends 0 for all)
@@ -92,52 +94,20 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
         comm.count_dense(u.n_compressed + u.n_dense)
     coded = [u.codec is not None for u in units]  # the same on every rank (chunk r's layout)
 
-    # Each chunk's encode (coded) or its whole tensors gathered and checked (a unit of whole
-    # tensors alone). lengths[r]: the message's bytes, or 1 for a unit of whole tensors; 0 where
-    # it failed.
-    lengths = []
+    # Each chunk's encode (coded) or its whole tensors gathered and checked; then the protocol
+    # of compress/scatter.hpp: this rank's lengths all-gathered, checked alike on every rank
+    # (a failure or a bad length raises everywhere before any message moves), the messages
+    # sent per destination.
     for r in range(W):
         with cores[r].streams.ordered():
-            reqs = cores[r].round.start(chunks[r].data_ptr(), n, runs[r][0], runs[r][1], state.iteration)
-        if coded[r]:
-            lengths.append(int.from_bytes(bytes(reqs[0].bytes), "little"))
-        else:
-            lengths.append(0 if torch.isnan(cores[r].rooms[0][0]).item() else 1)
-    failed = [r for r in range(W) if lengths[r] == 0]
-    mine = [0] * W if failed else lengths
-    table = comm.gather_lengths(mine, chunks)  # table[i][r]: rank i's message for chunk r
-
-    bad = [i for i in range(W) if 0 in table[i]]
-    if bad:
-        if failed:  # this rank's own error, with its coordinate
-            f = failed[0]
-            if coded[f]:
-                cores[f].round.next([int(v).to_bytes(8, "little") for v in (row[f] for row in table)])
-            else:
-                cores[f].round.finish([], chunks[f].data_ptr(), n, runs[f][0], runs[f][1])
-        raise _core.NonFiniteError(
-            f"rank {bad[0]}'s gradient was not finite (that rank raised NonFiniteError with the coordinate); "
-            "this step has no update")
-    for r in range(W):
-        limit = units[r].codec.max_message_bytes("gradient") if coded[r] else 1
-        for i in range(W):
-            if table[i][r] > limit:
-                raise _core.WireError(f"rank {i} sent a message of {table[i][r]} bytes for rank {r}'s chunk "
-                                      f"(limit {limit})")
-
+            cores[r].round.start(chunks[r].data_ptr(), n, runs[r][0], runs[r][1], state.iteration)
+    scatter = _core.Scatter([c.round for c in cores], me)
+    send, receive = scatter.next(comm.gather_lengths(scatter.lengths(), chunks))
     got = []
     if any(coded):
-        # Each round's next() pads this rank's message to the chunk's longest: the message is
-        # its first bytes. Round me's also takes the lengths it will read the messages by. A
-        # chunk of whole tensors alone has no message (0 bytes in the exchange).
-        sent = []
-        for r in range(W):
-            if coded[r]:
-                reqs = cores[r].round.next([int(row[r]).to_bytes(8, "little") for row in table])
-                sent.append(torch.frombuffer(reqs[0].bytes, dtype=torch.uint8)[:table[me][r]])
-            else:
-                sent.append(torch.empty(0, dtype=torch.uint8))
-        got = comm.exchange(sent, [row[me] if coded[me] else 0 for row in table], chunks)
+        parts = [torch.frombuffer(p, dtype=torch.uint8) if len(p) else torch.empty(0, dtype=torch.uint8)
+                 for p in send]
+        got = comm.exchange(parts, receive, chunks)
     _whole(comm, W, me, units, cores)
     try:
         with cores[me].streams.ordered():

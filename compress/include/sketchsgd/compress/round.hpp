@@ -123,6 +123,19 @@ class Round {
   void finish(std::span<const std::span<const uint8_t>> gathered, std::span<float> out, uint64_t lo,
               uint64_t n, Runs at);
 
+  uint32_t world() const { return world_; }
+  /// Whether the unit has compressed tensors (a codec), not only tensors sent whole.
+  bool compresses() const { return codec_ != nullptr; }
+  /// After start(): whether this rank's input failed its checks (it then tells the others through
+  /// the step's collectives, and raises at the next call).
+  bool failed() const { return failed_ != nullptr; }
+  /// Raises that failure (NonFiniteError with its coordinate), if any.
+  void rethrow_own() const;
+  /// A gathered round after start(): this rank's message bytes (0 where it failed).
+  uint64_t message_size() const { return message_.bytes().size(); }
+  /// A gathered round: the most bytes any rank's message may hold.
+  uint64_t message_limit() const;
+
   /// Whether the round gathers messages (a gathered codec): its update is then the aggregator's
   /// mean of every rank's message, which every rank's finish() computes alike.
   bool gathered() const { return codec_ && !summable(); }
@@ -152,8 +165,6 @@ class Round {
   /// sum_grouped) those sent as they are in I8 groups of their own, one column (its scales go
   /// by the codec's columns, which they are not).
   std::vector<Request> payload_sums() const;
-  /// The failure this rank signalled at start, if any.
-  void rethrow_own() const;
   /// NonFiniteError naming the first NaN/±Inf among the tensors sent whole (whole: their values
   /// end to end, as gathered from the buffer's runs), or null. On a GPU one read-back a start.
   std::exception_ptr check_whole(std::span<const float> whole, std::span<const Layout::Run> runs);
