@@ -135,7 +135,8 @@ def test_a_rounds_requests_name_their_collectives():
     assert (own.room, own.format, own.offset) == (0, "int8", 0) and own.columns == 2
     assert (tail.room, tail.format, tail.columns) == (0, "int8", 1)
     assert tail.offset == own.count and tail.offset + tail.count == held[2].numel()
-    again, _ = round_of("powersgd:rank=2,wire=int8,layout=50x80")[0].start(grad.data_ptr(), grad.numel(), kept, rest, 0)
+    other, other_held = round_of("powersgd:rank=2,wire=int8,layout=50x80")  # its rooms held while it writes them
+    again, _ = other.start(grad.data_ptr(), grad.numel(), kept, rest, 0)
     assert again == own and hash(again) == hash(own) and again != tail and len({own, tail, again}) == 2
     with pytest.raises(RuntimeError, match="no bytes"):
         own.bytes
