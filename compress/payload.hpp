@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include <sketchsgd/compress/sparse_reduce.hpp>
 #include <sketchsgd/compress/wire.hpp>
 #include <sketchsgd/core/bytes.hpp>
 #include <sketchsgd/core/device.hpp>
@@ -14,10 +15,7 @@
 namespace sketchsgd::payload {
 
 /// Sparse vector with strictly increasing indices.
-struct Sparse {
-  std::vector<uint32_t> indices;
-  std::vector<float> values;
-};
+using Sparse = SparseList;
 
 /// How a sparse list travels: indices as u32 or delta-coded (the first index, then each gap − 1,
 /// as LEB128 varints: about one byte per index when k is 1 % of d), values in a WireFloat.

@@ -7,11 +7,13 @@
 
 #include <sketchsgd/core/error.hpp>
 #include <sketchsgd/kernels/ops.hpp>
+#include "sparse_phases.hpp"
 #include "summable.hpp"
 
 namespace sketchsgd {
 
-Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole, Rooms rooms)
+Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole, Rooms rooms,
+             bool per_destination)
     : codec_(&codec),
       aggregator_(&aggregator),
       summable_(dynamic_cast<SummableCodec*>(&codec)),
@@ -28,9 +30,21 @@ Round::Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t 
                     world_);
   SKETCHSGD_REQUIRE(!summable_ == !summed_, InvalidArgument, "round: codec ", codec.spec(),
                     " with an aggregator of another family");
-  require(rooms.payload, payload_size(&codec, whole), "payload room");
+  require(rooms.payload, payload_size(&codec, whole, per_destination), "payload room");
   require(rooms.answer, answer_size(&codec), "answer room");
+  if (auto* lists = dynamic_cast<SparseListCodec*>(&codec);
+      lists && lists->reduces_sparse() && !per_destination)
+    sparse_ = std::make_unique<SparsePhases>(*lists, codec.dim(), world_, rank);
 }
+
+Round::~Round() = default;
+
+namespace {
+bool reduces_sparse(const Compressor* codec) {
+  const auto* lists = dynamic_cast<const SparseListCodec*>(codec);
+  return lists && lists->reduces_sparse();
+}
+}  // namespace
 
 Round::Round(uint32_t world, uint64_t whole, const Device& device, std::span<float> payload)
     : world_(world),
@@ -44,9 +58,10 @@ Round::Round(uint32_t world, uint64_t whole, const Device& device, std::span<flo
   require(payload, whole, "payload room");
 }
 
-uint64_t Round::payload_size(const Compressor* codec, uint64_t whole) {
+uint64_t Round::payload_size(const Compressor* codec, uint64_t whole, bool per_destination) {
+  // Under reduce=sparse the magnitudes' counts follow the tensors sent whole, in their Sum.
   return (dynamic_cast<const SummableCodec*>(codec) ? codec->sum_size(MessageKind::Gradient) : 0) +
-         whole;
+         whole + (reduces_sparse(codec) && !per_destination ? sparse::kBuckets : 0);
 }
 
 uint64_t Round::answer_size(const Compressor* codec) {
@@ -55,6 +70,7 @@ uint64_t Round::answer_size(const Compressor* codec) {
 
 int Round::phases() const {
   if (!codec_) return 1;
+  if (sparse_) return 6;
   return summable() && !codec_->two_rounds() ? 1 : 2;
 }
 
@@ -129,7 +145,7 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
   const auto scope = device_.activate();
   const std::span<float> payload = rooms_.payload;
   gather_runs(device_, buffer, at.whole, payload.subspan(sum_size_));
-  failed_ = check_whole(payload.subspan(sum_size_), at.whole);
+  failed_ = check_whole(payload.subspan(sum_size_, whole_), at.whole);
   if (!codec_) {
     // Everyone's sum NaN throughout: every rank reads its first value at finish().
     if (failed_) ops::scale(device_, payload, std::numeric_limits<float>::quiet_NaN());
@@ -141,6 +157,7 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
       return payload_sums();
     }
     message_ = Message();
+    if (sparse_) return {Request::gather(sparse_->start({}))};
     std::fill(std::begin(length_), std::end(length_), uint8_t(0));
     return {Request::gather(length_)};
   }
@@ -167,6 +184,7 @@ std::vector<Round::Request> Round::start(std::span<const float> buffer, Runs at,
     failed_ = std::current_exception();
     message_ = Message();
   }
+  if (sparse_) return {Request::gather(sparse_->start(message_.bytes()))};
   uint64_t n = message_.bytes().size();
   for (auto& b : length_) {
     b = uint8_t(n & 0xFF);
@@ -194,6 +212,11 @@ std::vector<Round::Request> Round::payload_sums() const {
 
 std::vector<Round::Request> Round::next(std::span<const std::span<const uint8_t>> gathered) {
   SKETCHSGD_REQUIRE(phase_ + 1 < phases(), ProtocolError, "round: next() after the last phase");
+  if (sparse_) {
+    auto out = next_sparse(gathered);
+    ++phase_;
+    return out;
+  }
   if (!summable()) {
     auto out = padded(gathered);
     ++phase_;
@@ -343,6 +366,15 @@ void Round::finish_into(std::span<const std::span<const uint8_t>> gathered,
         if (whole_step.empty()) whole_step = room();
         codec_->apply(update.bytes(), whole_step);
       }
+    } else if (sparse_) {
+      rethrow_own();
+      const payload::Sparse list = sparse_->update(gathered);
+      const Header h{codec_->id(), MessageKind::Update, dim, round_, kServerRank, 0};
+      const Message reduced =
+          payload::sparse_update(h, list.indices, list.values, sparse_->format());
+      if (whole_step.empty()) whole_step = room();
+      codec_->apply(reduced.bytes(), whole_step);
+      sparse_->settle(list);
     } else {
       rethrow_own();
       Message reduced;
@@ -357,6 +389,33 @@ void Round::finish_into(std::span<const std::span<const uint8_t>> gathered,
       ops::scale_pieces(device_, pieces(out, lo, at.kept, step_.data(), true), 1.0f);
   }
   mean_into(payload.subspan(sum_size_), out, lo, at.whole);
+}
+
+std::vector<Round::Request> Round::next_sparse(std::span<const std::span<const uint8_t>> gathered) {
+  const std::span<float> counts = rooms_.payload.subspan(whole_, sparse::kBuckets);
+  switch (phase_) {
+    case 0:
+      rethrow_own();
+      return {Request::exchange(sparse_->parts(gathered))};
+    case 1: {
+      std::vector<float> host(sparse::kBuckets);
+      sparse_->receive(gathered, host);
+      ops::copy_across(Device::cpu(), device_, counts.data(), host.data(), host.size());
+      return {Request::sum(0, WireFloat::F32)};  // the tensors sent whole beside the counts
+    }
+    case 2: {
+      std::vector<float> staging, fine(sparse::kBuckets);
+      sparse_->counted(ops::to_host(device_, counts, staging), fine);
+      ops::copy_across(Device::cpu(), device_, counts.data(), fine.data(), fine.size());
+      return {Request::sum(0, WireFloat::F32, 1, whole_, sparse::kBuckets)};
+    }
+    case 3: {
+      std::vector<float> staging;
+      return {Request::gather(sparse_->refined(ops::to_host(device_, counts, staging)))};
+    }
+    default:
+      return {Request::gather(sparse_->padded(gathered))};
+  }
 }
 
 void Round::mean_into(std::span<const float> sum, std::span<float> out, uint64_t lo,

@@ -56,10 +56,15 @@ void bind_round(py::module_& m) {
                              "A collective a Round asks its driver for (compress/round.hpp): op "
                              "'sum', an all-reduce in place of one of its rooms (room 0 payload, "
                              "1 answer; its values [offset, offset + count), all where count is "
-                             "0; summed in format, int8 by columns), or 'gather', an all-gather of "
-                             "bytes. Hashable by the collective it names.")
-      .def_property_readonly(
-          "op", [](const Round::Request& r) { return r.op == Round::Op::Sum ? "sum" : "gather"; })
+                             "0; summed in format, int8 by columns), 'gather', an all-gather of "
+                             "bytes, or 'exchange', an all-to-all of equal parts. Hashable by the "
+                             "collective it names.")
+      .def_property_readonly("op",
+                             [](const Round::Request& r) {
+                               return r.op == Round::Op::Sum      ? "sum"
+                                      : r.op == Round::Op::Gather ? "gather"
+                                                                  : "exchange";
+                             })
       .def_readonly("room", &Round::Request::room)
       .def_property_readonly("format",
                              [](const Round::Request& r) { return format_name(r.format); })
@@ -76,6 +81,19 @@ void bind_round(py::module_& m) {
                                                py::ssize_t(r.bytes.size()), false);
           },
           "A gather's bytes: a memoryview of the round's memory, valid until its next call.")
+      .def_property_readonly(
+          "parts",
+          [](const Round::Request& r) {
+            if (r.op != Round::Op::Exchange)
+              throw ProtocolError("round: only an exchange request has parts");
+            py::list out;
+            for (const auto& part : r.parts)  // writable for torch.frombuffer; nothing writes
+              out.append(py::memoryview::from_memory(const_cast<uint8_t*>(part.data()),
+                                                     py::ssize_t(part.size()), false));
+            return out;
+          },
+          "An exchange's parts, one per rank and all of one length: memoryviews of the round's "
+          "memory, valid until its next call.")
       .def("__eq__", [](const Round::Request& a,
                         const Round::Request& b) { return request_key(a) == request_key(b); })
       .def("__hash__",
@@ -86,6 +104,9 @@ void bind_round(py::module_& m) {
       .def("__repr__", [](const Round::Request& r) {
         if (r.op == Round::Op::Gather)
           return "Request(gather, " + std::to_string(r.bytes.size()) + " bytes)";
+        if (r.op == Round::Op::Exchange)
+          return "Request(exchange, " + std::to_string(r.parts.size()) + " parts of " +
+                 std::to_string(r.parts.empty() ? 0 : r.parts[0].size()) + " bytes)";
         return "Request(sum, room " + std::to_string(r.room) + ", " + format_name(r.format) +
                ", columns " + std::to_string(r.columns) + ", [" + std::to_string(r.offset) + ", +" +
                std::to_string(r.count) + "))";
@@ -93,12 +114,16 @@ void bind_round(py::module_& m) {
 
   py::class_<Round>(m, "Round")
       .def(py::init([](Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole,
-                       uintptr_t payload, uint64_t payload_n, uintptr_t answer, uint64_t answer_n) {
+                       uintptr_t payload, uint64_t payload_n, uintptr_t answer, uint64_t answer_n,
+                       bool per_destination) {
              return std::make_unique<Round>(
                  codec, aggregator, rank, whole,
-                 Round::Rooms{floats(payload, payload_n), floats(answer, answer_n)});
+                 Round::Rooms{floats(payload, payload_n), floats(answer, answer_n)},
+                 per_destination);
            }),
-           py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+           py::arg("codec"), py::arg("aggregator"), py::arg("rank"), py::arg("whole"),
+           py::arg("payload"), py::arg("payload_n"), py::arg("answer"), py::arg("answer_n"),
+           py::arg("per_destination") = false, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
       .def_static(
           "whole_only",
           [](uint32_t world, uint64_t whole, uintptr_t payload, uint64_t n, int gpu,
@@ -107,7 +132,8 @@ void bind_round(py::module_& m) {
                                            floats(payload, n));
           },
           "A round of a unit with nothing compressed.")
-      .def_static("payload_size", &Round::payload_size)
+      .def_static("payload_size", &Round::payload_size, py::arg("codec"), py::arg("whole"),
+                  py::arg("per_destination") = false)
       .def_static("answer_size", &Round::answer_size)
       .def_property_readonly("phases", &Round::phases)
       .def("start",
@@ -138,6 +164,7 @@ void bind_round(py::module_& m) {
              r.finish(g.spans, floats(buffer, n), {runs(kept), runs(whole)});
            })
       .def_property_readonly("gathered", &Round::gathered)
+      .def_property_readonly("sparse", &Round::sparse)
       .def(
           "reduce",
           [](Round& r, const py::list& gathered) {

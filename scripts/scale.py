@@ -28,7 +28,8 @@ steps. Budgets: the MLP's (k = 20,000 is about 1 % of its 1.86 M parameters; the
 Series (--series, the MLP): families (a codec of each family, the batch per worker fixed);
 sizing (the one-round sketch's cells per coordinate and rows); global (W = 4's global batch
 split over W, the learning rate fixed); diloco (the families as DiLoCo's pseudo-gradient codecs,
-a sync every 8 steps). Each writes its own tables (scale-<workload>[-<series>]).
+a sync every 8 steps); sparse (top-k and SparseLoCo's codec gathered against their sparse
+all-reduce, reduce=sparse; the gathered points are the families' own). Each writes its own tables (scale-<workload>[-<series>]).
 """
 import argparse
 import json
@@ -69,7 +70,13 @@ DILOCO = [("dense-bf16", "dense:wire=bf16", "summed"),
           ("topk", "topk:k=20000", "gathered"),
           ("sparseloco", "sparseloco:chunk=4096,k=64", "gathered"),
           ("qsgd", "qsgd:bits=4", "gathered")]
-SERIES = {"families": FAMILIES, "sizing": SIZING, "global": FAMILIES, "diloco": DILOCO}
+# --series sparse: the gathered sparse codecs against their sparse all-reduce (reduce=sparse: each
+# rank's link O(k), the update at most k values, what it drops back to error feedback).
+SPARSE = [("topk", "topk:k=20000,momentum=0.9", "gathered"),
+          ("topk-sparse", "topk:k=20000,momentum=0.9,reduce=sparse", "sparse"),
+          ("sparseloco", "sparseloco:chunk=4096,k=64", "gathered"),
+          ("sparseloco-sparse", "sparseloco:chunk=4096,k=64,reduce=sparse", "sparse")]
+SERIES = {"families": FAMILIES, "sizing": SIZING, "global": FAMILIES, "diloco": DILOCO, "sparse": SPARSE}
 # --workload lm (AdamW: no codec momentum): the per-step lm list's budgets (scripts/experiments.json:
 # k = 18,500 is 1 % of its 1.85 M parameters, the sketches hold 90,000 fp16 cells).
 LM = [("dense-bf16", "dense:wire=bf16", "summed"),
@@ -148,9 +155,15 @@ def recorded(args):
     ValueError where there is none, or where its table ran with flags the data file does not
     record (--start-iter, --warmup, --eval-items) other than this run's."""
     name = data_name(args)
+    shared = {}  # the sparse series shares the families' gathered points (the same hooks and flags)
+    if args.series == "sparse" and os.path.exists(os.path.join(ROOT, "docs", "data", f"scale-{args.workload}.json")):
+        with open(os.path.join(ROOT, "docs", "data", f"scale-{args.workload}.json")) as f:
+            shared = json.load(f)
+    if args.series == "sparse" and not os.path.exists(os.path.join(ROOT, "docs", "data", f"{name}.json")):
+        return shared
     try:
         with open(os.path.join(ROOT, "docs", "data", f"{name}.json")) as f:
-            points = json.load(f)
+            points = {**shared, **json.load(f)}
         with open(os.path.join(ROOT, "docs", "data", "tables", f"{name}.json")) as f:
             table = json.load(f)["command"].split()
     except (OSError, ValueError, KeyError) as e:
@@ -251,7 +264,7 @@ def plot(table, worlds, families, path, label, metric):
     a.set_title(f"{label}: quality against link bytes, a curve per W", fontsize=10)
     a.grid(alpha=0.3, which="both")
     a.legend(fontsize=8)
-    marks = {"summed": "o-", "gathered": "s--"}
+    marks = {"summed": "o-", "gathered": "s--", "sparse": "^-."}
     tab = plt.get_cmap("tab10")
     for j, (n, _, kind) in enumerate(families):
         ws = [W for W in worlds if (n, W) in table]
@@ -327,7 +340,8 @@ def write_docs(table, worlds, families, args, metric, points):
                           "(the largest sd over points run with 3 seeds, or the workload's default).")
     label = {"families": args.workload, "sizing": f"{args.workload}, the sketch's size",
              "global": f"{args.workload}, a fixed global batch",
-             "diloco": f"{args.workload}, DiLoCo every {LOCAL_STEPS} steps"}[args.series]
+             "diloco": f"{args.workload}, DiLoCo every {LOCAL_STEPS} steps",
+             "sparse": f"{args.workload}, the sparse all-reduce"}[args.series]
     plot(table, worlds, families, os.path.join(ROOT, "docs", "images", f"{name}.png"), label, metric)
 
 
@@ -339,7 +353,8 @@ def main():
     ap.add_argument("--series", default="families", choices=sorted(SERIES),
                     help="families: a codec of each family; sizing: the sketch's cells per coordinate and rows; "
                     "global: the families at W = 4's global batch split over W (the learning rate fixed); "
-                    f"diloco: the families as DiLoCo's codecs, H = {LOCAL_STEPS}")
+                    f"diloco: the families as DiLoCo's codecs, H = {LOCAL_STEPS}; sparse: top-k and SparseLoCo's "
+                    "codec gathered against their sparse all-reduce")
     ap.add_argument("--only", help="comma-separated names of the series' codecs (families: " +
                     ",".join(n for n, _, _ in FAMILIES) + ")")
     ap.add_argument("--seeds", default="1", type=items(count), help="comma-separated seeds")
@@ -386,7 +401,7 @@ def main():
     args.workers, args.seeds = ",".join(map(str, worlds)), ",".join(map(str, seeds))
     scratch = tempfile.TemporaryDirectory() if args.smoke else None
     # The sizing series' names are its own; global's and diloco's are the families' (own folders).
-    folder = f"scale-{args.workload}" + ("" if args.series in ("families", "sizing") else f"-{args.series}")
+    folder = f"scale-{args.workload}" + ("" if args.series in ("families", "sizing", "sparse") else f"-{args.series}")
     args.out = scratch.name if scratch else (args.out or os.path.join(ROOT, "build", folder))
     os.makedirs(args.out, exist_ok=True)
     todo = [(n, h, W, s) for W in worlds for n, h, _ in families for s in seeds]

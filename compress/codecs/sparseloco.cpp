@@ -20,6 +20,7 @@
 #include <sketchsgd/kernels/ops.hpp>
 #include "../codec_info.hpp"
 #include "../payload.hpp"
+#include "../sparse_codec.hpp"
 #include "../sparse_sum.hpp"
 
 namespace sketchsgd {
@@ -104,14 +105,15 @@ class SparseLoCoAggregator final : public Aggregator {
   SparseSum sum_;
 };
 
-class SparseLoCo final : public Compressor {
+class SparseLoCo final : public Compressor, public SparseListCodec {
  public:
   SparseLoCo(uint64_t dim, std::string spec, Chunks ch, float decay, bool ef,
-             payload::SparseFormat update, const Device& device)
+             payload::SparseFormat update, bool sparse_reduce, const Device& device)
       : Compressor(CodecId::SparseLoCo, dim, std::move(spec), device),
         ch_(ch),
         decay_(decay),
         update_(update),
+        sparse_reduce_(sparse_reduce),
         fb_(dim, 0.0f, ef, device) {}
 
   std::unique_ptr<Aggregator> make_aggregator(uint32_t world) const override {
@@ -120,6 +122,20 @@ class SparseLoCo final : public Compressor {
   uint64_t max_payload(MessageKind kind) const override {
     if (kind == MessageKind::Gradient) return ch_.payload_bytes();
     return kind == MessageKind::Update ? payload::sparse_bytes(dim(), update_) : 0;
+  }
+
+  bool reduces_sparse() const override { return sparse_reduce_; }
+  uint64_t budget() const override { return ch_.entries(); }
+  payload::Sparse pairs(std::span<const uint8_t> message) const override {
+    decode_header(message, max_payload(MessageKind::Gradient));
+    ByteReader r(payload_of(message));
+    return decode(r, ch_);
+  }
+  payload::SparseFormat list_format() const override { return update_; }
+  void refund(const payload::Sparse& dropped) override {
+    if (fb_.has_error())
+      for (size_t i = 0; i < dropped.indices.size(); ++i)
+        fb_.error()[dropped.indices[i]] += dropped.values[i];
   }
 
  private:
@@ -166,6 +182,7 @@ class SparseLoCo final : public Compressor {
   Chunks ch_;
   float decay_;
   payload::SparseFormat update_;
+  bool sparse_reduce_;
   Feedback fb_;
 };
 
@@ -186,7 +203,15 @@ SKETCHSGD_REGISTER_CODEC(
        0,
        1,
        true,
-       {"u32", "delta"}}},
+       {"u32", "delta"}},
+      {"reduce",
+       "among ranks (DDP, DiLoCo, FSDP): gather every rank's list, or sparse (a sparse all-reduce "
+       "keeping at most the entries one rank sends, what it drops back to error feedback)",
+       0,
+       0,
+       1,
+       true,
+       {"gather", "sparse"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        const auto bits = uint32_t(o.integer("bits"));
        SKETCHSGD_REQUIRE(bits == 2 || bits == 4 || bits == 8, InvalidArgument,
@@ -207,10 +232,11 @@ SKETCHSGD_REGISTER_CODEC(
                          " exceeds the chunk of ", asked, " values");
        return std::make_unique<SparseLoCo>(
            dim, std::move(spec), Chunks{dim, chunk, k, bits}, decay, o.flag("ef"),
-           payload::SparseFormat{o.flag("index"), WireFloat::F32}, device);
+           payload::SparseFormat{o.flag("index"), WireFloat::F32}, o.flag("reduce"), device);
      },
      LayoutUse::None,
-     {"sparseloco:chunk=256,k=16", "sparseloco:chunk=64,k=8,bits=4,decay=1,index=delta"}});
+     {"sparseloco:chunk=256,k=16", "sparseloco:chunk=64,k=8,bits=4,decay=1,index=delta",
+      "sparseloco:chunk=256,k=16,index=delta,reduce=sparse"}});
 
 }  // namespace
 }  // namespace sketchsgd

@@ -15,6 +15,7 @@
 #include <sketchsgd/kernels/ops.hpp>
 #include "../codec_info.hpp"
 #include "../payload.hpp"
+#include "../sparse_codec.hpp"
 #include "../sparse_sum.hpp"
 
 namespace sketchsgd {
@@ -28,6 +29,7 @@ struct TopKOptions {
   payload::SparseFormat format;  // delta-coded indices, 16-bit values
   bool per_layer;                // with a layout: k split over the tensors
   uint64_t dense_below;
+  bool sparse_reduce;  // collective drivers: the sparse all-reduce, not the all-gather
 };
 
 /// Where a layout sends what: the selected tensors, with their shares of k (budget=layer), and
@@ -77,7 +79,7 @@ class TopKAggregator final : public Aggregator {
   SparseSum sum_;
 };
 
-class TopK final : public Compressor {
+class TopK final : public Compressor, public SparseListCodec {
  public:
   TopK(uint64_t dim, std::string spec, const TopKOptions& o, const Layout& layout,
        const Device& device)
@@ -93,6 +95,21 @@ class TopK final : public Compressor {
   uint64_t max_payload(MessageKind kind) const override {
     if (kind == MessageKind::Gradient) return payload::sparse_bytes(sent(), o_.format);
     return kind == MessageKind::Update ? payload::sparse_bytes(dim(), o_.format) : 0;
+  }
+
+  bool reduces_sparse() const override { return o_.sparse_reduce; }
+  uint64_t budget() const override { return sent(); }
+  payload::Sparse pairs(std::span<const uint8_t> message) const override {
+    decode_header(message, max_payload(MessageKind::Gradient));
+    ByteReader r(payload_of(message));
+    auto s = payload::read_sparse(r, dim(), sent(), o_.format);
+    r.expect_end();
+    return s;
+  }
+  payload::SparseFormat list_format() const override { return o_.format; }
+  void refund(const payload::Sparse& dropped) override {
+    if (o_.ef && !dropped.indices.empty())
+      ops::add_sparse(device(), ops_, fb_.error(), dropped.indices, dropped.values, 1.0f);
   }
 
  private:
@@ -204,7 +221,15 @@ SKETCHSGD_REGISTER_CODEC(
        true,
        {"global", "layer"}},
       {"dense_below", "with a layout: tensors with fewer values (and 1-D ones) are sent whole", 0,
-       0, 4294967295.0}},
+       0, 4294967295.0},
+      {"reduce",
+       "among ranks (DDP, DiLoCo, FSDP): gather every rank's list, or sparse (a sparse all-reduce "
+       "keeping at most k values, what it drops back to error feedback)",
+       0,
+       0,
+       1,
+       true,
+       {"gather", "sparse"}}},
      [](const Options& o, uint64_t dim, std::string spec, const Device& device) {
        TopKOptions t{o.integer("k"),
                      o.flag("global"),
@@ -212,13 +237,18 @@ SKETCHSGD_REGISTER_CODEC(
                      float(o.number("momentum")),
                      {o.flag("index"), WireFloat(o.integer("wire"))},
                      o.flag("budget"),
-                     o.integer("dense_below")};
+                     o.integer("dense_below"),
+                     o.flag("reduce")};
        if (t.k == 0) t.k = std::max<uint64_t>(1, dim / 100);
        SKETCHSGD_REQUIRE(t.k <= dim, InvalidArgument, "topk: k = ", t.k, " exceeds dim ", dim);
+       SKETCHSGD_REQUIRE(!(t.global && t.sparse_reduce), InvalidArgument,
+                         "topk: global=1 re-selects a server's sum; reduce=sparse selects the "
+                         "ranks' own: choose one");
        return std::make_unique<TopK>(dim, std::move(spec), t, o.layout(), device);
      },
      LayoutUse::Optional,
-     {"topk:momentum=0.9", "topk:momentum=0.9,global=1,index=delta,wire=bf16"}});
+     {"topk:momentum=0.9", "topk:momentum=0.9,global=1,index=delta,wire=bf16",
+      "topk:index=delta,wire=fp16,reduce=sparse"}});
 
 }  // namespace
 }  // namespace sketchsgd

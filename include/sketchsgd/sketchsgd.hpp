@@ -8,6 +8,7 @@
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/compress/round.hpp>
 #include <sketchsgd/compress/scatter.hpp>
+#include <sketchsgd/compress/sparse_reduce.hpp>
 #include <sketchsgd/compress/wire.hpp>
 #include <sketchsgd/config.hpp>
 #include <sketchsgd/core/bytes.hpp>

@@ -1,6 +1,7 @@
 """The communicator: a round's collectives on torch.distributed (gloo or NCCL) or on a simulated
 group's threads (sketchsgd.simulate), the only module of the package that calls them. A round
-asks for Sum (an all-reduce, in a wire dtype of its own) and Gather (an all-gather); the
+asks for Sum (an all-reduce, in a wire dtype of its own), Gather (an all-gather) and Exchange
+(an all-to-all of equal parts: the sparse all-reduce's); the
 communicator issues them alone or, coalesced, laid end to end in one collective per kind and
 dtype, casts, counts the bytes, and knows the backends' rules (where NCCL and gloo want a
 tensor)."""
@@ -33,6 +34,16 @@ class Gather:
     def __init__(self, t, everyone=None):
         self.t, self.everyone = t, everyone
         self.kind, self.n = (Gather, t.dtype, t.device), t.numel()
+
+
+class Exchange:
+    """An all-to-all of equal parts: parts[r] (uint8, all of one length) goes to rank r;
+    afterwards `everyone` holds each rank's part for this one, in rank order. Always issued
+    alone."""
+
+    def __init__(self, parts):
+        self.parts, self.everyone = parts, None
+        self.kind, self.n = (Exchange, torch.uint8, parts[0].device), sum(p.numel() for p in parts)
 
 
 def settled(buf):
@@ -83,8 +94,8 @@ class _Dist:
         dist.broadcast(t, src=dist.get_global_rank(self.group, root) if self.group is not None else root,
                        group=self.group)
 
-    def all_to_all(self, out, t, out_sizes, in_sizes):
-        dist.all_to_all_single(out, t, out_sizes, in_sizes, group=self.group)
+    def all_to_all(self, out, t, out_sizes, in_sizes, async_op=False):
+        return dist.all_to_all_single(out, t, out_sizes, in_sizes, group=self.group, async_op=async_op)
 
     def reduce_scatter(self, out, t):
         # reduce_scatter_single since PyTorch 2.13, which deprecates reduce_scatter_tensor
@@ -225,6 +236,9 @@ class Communicator:
         works, after = [], []
         kinds = {}
         for r in requests:
+            if isinstance(r, Exchange):
+                works.append(self._exchange(r))
+                continue
             kinds.setdefault(r.kind, []).append(r)
         for (kind, dtype, device), rs in kinds.items():
             n = sum(r.n for r in rs)
@@ -257,6 +271,17 @@ class Communicator:
                     r.everyone = [o[at:at + r.t.numel()] for o in outs]
                     at += r.t.numel()
         return works, after
+
+    def _exchange(self, r):
+        """Issues an Exchange: its link carries the W − 1 parts that are not this rank's, each way."""
+        part = r.parts[0].numel()
+        with self._lock:
+            self.tally.add("all_to_all", r.n, r.n - part, r.n - part)
+        out = torch.empty(r.n, dtype=torch.uint8, device=r.parts[0].device)
+        sizes = [part] * self.world
+        work = self.ops.all_to_all(out, torch.cat(r.parts), sizes, sizes, async_op=True)
+        r.everyone = list(out.split(part))
+        return work
 
     def _room(self, key, n: int, dtype, device):
         t = self._rooms.get(key)

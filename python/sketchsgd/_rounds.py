@@ -7,7 +7,7 @@ requests to the communicator and the results back."""
 import torch
 
 from . import _core, _int8
-from ._comm import Gather, Sum, settled
+from ._comm import Exchange, Gather, Sum, settled
 from ._schedule import Task
 from ._tensors import Streams
 from ._units import Unit
@@ -17,13 +17,14 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
 
 class Core:
     """A unit's C++ Round and the rooms its sums are written into (float32, on the codec's device;
-    the round keeps their addresses, so they live as long as it does)."""
+    the round keeps their addresses, so they live as long as it does). per_destination: a chunk's
+    round of a reduce-scatter per destination (_scatter), gathered even under reduce=sparse."""
 
-    def __init__(self, comm, u: Unit, like):
+    def __init__(self, comm, u: Unit, like, per_destination: bool = False):
         codec = u.codec._c if u.codec is not None else None
         if codec is not None and "int8" in (codec.sum_format("gradient"), codec.sum_format("answer")):
             _int8.levels(comm.world)  # a group too large for int8 sums: refused before any collective
-        payload = u.room("payload", _core.Round.payload_size(codec, u.n_dense), like)
+        payload = u.room("payload", _core.Round.payload_size(codec, u.n_dense, per_destination), like)
         answer = u.room("answers", _core.Round.answer_size(codec), like)
         self.rooms = (payload, answer)
         if codec is None:
@@ -34,7 +35,7 @@ class Core:
         else:
             self.streams = u.codec._streams
             self.round = _core.Round(codec, u.aggregator._a, comm.rank, u.n_dense, payload.data_ptr(),
-                                     payload.numel(), answer.data_ptr(), answer.numel())
+                                     payload.numel(), answer.data_ptr(), answer.numel(), per_destination)
         self._sums = {}
         self.phases = self.round.phases
 
@@ -70,12 +71,15 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Task:
         for req in reqs:
             if req.op == "sum":
                 asked.append(core.sum_of(req, u))
+            elif req.op == "exchange":
+                on = comm.host(buf)
+                asked.append(Exchange([torch.frombuffer(p, dtype=torch.uint8).to(on) for p in req.parts]))
             else:
                 asked.append(Gather(torch.frombuffer(req.bytes, dtype=torch.uint8).to(comm.host(buf))))
         return list(asked)
 
     def gathered():
-        return [t.cpu().numpy() for g in asked if isinstance(g, Gather) for t in g.everyone]
+        return [t.cpu().numpy() for g in asked if isinstance(g, (Gather, Exchange)) for t in g.everyone]
 
     def first():
         with core.streams.ordered():
@@ -104,4 +108,4 @@ def round_of(comm, u: Unit, buf, kept, whole, round: int, window=None) -> Task:
                 core.round.finish_window(got, out.data_ptr(), lo, out.numel(), buf.numel(), kept, whole)
         settled(buf if window is None else window[0])
 
-    return Task(u.index, [first, second][:core.phases], finish)
+    return Task(u.index, [first] + [second] * (core.phases - 1), finish)

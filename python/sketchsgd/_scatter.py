@@ -87,7 +87,7 @@ def _step(state, comm, W, me, index, chunks, shapes, out):
         state.units.fix(_bucket(index, r, W), entries)
         (u,) = state.units.held(_bucket(index, r, W), entries, buf.device, W)
         if u.core is None:
-            u.core = Core(comm, u, buf)
+            u.core = Core(comm, u, buf, per_destination=True)
         units.append(u)
         cores.append(u.core)
         runs.append((u.segments(where, True), u.segments(where, False)))

@@ -122,6 +122,17 @@ class Rank:
             o.copy_(x)
         return _Done(out)
 
+    def all_to_all(self, out, t, out_sizes, in_sizes, async_op=False):
+        """out: from each rank r, in rank order, its part for this rank (t split by in_sizes, part
+        s for rank s; out split by out_sizes)."""
+        if len(out_sizes) != self.world or len(in_sizes) != self.world:
+            raise ValueError(f"all_to_all: {len(out_sizes)} and {len(in_sizes)} sizes for {self.world} ranks")
+        mine = list(t.split(list(in_sizes)))
+        everyone = self.group._meet(self.rank, mine, lambda ranks: [[p.clone() for p in ps] for ps in ranks])
+        if out.numel():
+            torch.cat([everyone[r][self.rank] for r in range(self.world)], out=out)
+        return _Done(out)
+
     def gathered(self, t):
         """(every rank's t in rank order, a completed work): one copy of each, shared read-only by
         every rank, where all_gather() copies W messages into each of W ranks (at W = 256 a top-k

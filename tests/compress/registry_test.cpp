@@ -24,7 +24,8 @@ TEST(Registry, BuildsEveryCodecAndCanonicalSpecRoundTrips) {
     EXPECT_EQ(again->id(), c->id());
   }
   EXPECT_EQ(make_compressor("topk:k=10", 1000)->spec(),
-            "topk:k=10,global=0,ef=1,momentum=0,index=u32,wire=fp32,budget=global,dense_below=0");
+            "topk:k=10,global=0,ef=1,momentum=0,index=u32,wire=fp32,budget=global,dense_below=0,"
+            "reduce=gather");
   EXPECT_GE(Registry::instance().entries().size(), 7u);
   // Every codec registers examples, each of its own name and without a layout (example_specs()
   // adds one); a layout-free listing leaves out only the codecs that require one.

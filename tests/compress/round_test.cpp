@@ -11,7 +11,10 @@
 
 #include <sketchsgd/compress/registry.hpp>
 #include <sketchsgd/compress/round.hpp>
+#include <sketchsgd/compress/sparse_reduce.hpp>
 #include <sketchsgd/core/error.hpp>
+#include <sketchsgd/kernels/cpu.hpp>
+#include "compress/sparse_sum.hpp"
 #include "compress/summable.hpp"
 #include "support/helpers.hpp"
 #include "support/round.hpp"
@@ -85,12 +88,14 @@ struct Group {
 
   std::vector<float>& room(uint32_t r, int which) { return which ? answer[r] : payload[r]; }
 
-  /// Runs one phase's requests "collectively"; returns the gathered bytes (the same for every
-  /// rank), in the order Round::next() takes them.
-  std::vector<std::vector<uint8_t>> run(const std::vector<std::vector<Round::Request>>& reqs) {
+  /// Runs one phase's requests "collectively"; returns what each rank takes back, in the order
+  /// Round::next() takes it: every rank's gathered bytes (the same for every rank), and each
+  /// rank's part for it from an exchange.
+  std::vector<std::vector<std::vector<uint8_t>>> run(
+      const std::vector<std::vector<Round::Request>>& reqs) {
     const size_t n = reqs[0].size();
     for (const auto& q : reqs) EXPECT_EQ(q.size(), n);
-    std::vector<std::vector<uint8_t>> all;
+    std::vector<std::vector<std::vector<uint8_t>>> all(kRanks);
     for (size_t i = 0; i < n; ++i) {
       if (reqs[0][i].op == Round::Op::Sum) {
         const Round::Request& q = reqs[0][i];
@@ -104,10 +109,18 @@ struct Group {
         }
         for (uint32_t r = 0; r < kRanks; ++r)
           std::copy(sum.begin(), sum.end(), room(r, q.room).begin() + ptrdiff_t(lo));
+      } else if (reqs[0][i].op == Round::Op::Exchange) {
+        for (uint32_t to = 0; to < kRanks; ++to)
+          for (uint32_t from = 0; from < kRanks; ++from) {
+            const auto& part = reqs[from][i].parts.at(to);
+            EXPECT_EQ(part.size(), reqs[0][i].parts[0].size());
+            all[to].emplace_back(part.begin(), part.end());
+          }
       } else {
         for (uint32_t r = 0; r < kRanks; ++r) {
           EXPECT_EQ(reqs[r][i].bytes.size(), reqs[0][i].bytes.size());
-          all.emplace_back(reqs[r][i].bytes.begin(), reqs[r][i].bytes.end());
+          for (uint32_t to = 0; to < kRanks; ++to)
+            all[to].emplace_back(reqs[r][i].bytes.begin(), reqs[r][i].bytes.end());
         }
       }
     }
@@ -137,14 +150,14 @@ struct Group {
       Message update;
       if (shared && phase == rounds[0]->phases() && rounds[0]->gathered()) {
         try {
-          update = rounds[0]->reduce(spans(got));
+          update = rounds[0]->reduce(spans(got[0]));
         } catch (const Error& e) {
           errors.assign(kRanks, e.what());
           break;
         }
       }
       for (uint32_t r = 0; r < kRanks; ++r) {
-        const auto gathered = spans(got);
+        const auto gathered = spans(got[r]);
         try {
           if (phase == rounds[r]->phases() && !update.bytes().empty()) {
             rounds[r]->finish_update(update.bytes(), buffers[r], {kept, whole_runs});
@@ -194,10 +207,13 @@ TEST_P(Rounds, GiveTheParameterServersStepsBitForBit) {
 void same_as_the_parameter_server(Group&& group) {
   test::Job ps(group.codecs[0]->spec(), kDim, kRanks);
   const float inv = 1.0f / float(kRanks);
+  // The sparse all-reduce keeps at most a rank's budget: the server's union of every rank's list
+  // where the ranks' lists coincide (SparseRound has the rest).
+  const bool sparse = group.rounds[0]->sparse();
   for (uint64_t round = 0; round < 4; ++round) {
     std::vector<std::vector<float>> x(kRanks), whole(kRanks);
     for (uint32_t r = 0; r < kRanks; ++r) {
-      x[r] = grad(r, round);
+      x[r] = grad(sparse ? 0 : r, round);
       whole[r] = grad(r, round, kWhole);
     }
     const auto errors = group.step(x, whole, round);
@@ -313,7 +329,7 @@ TEST(Round, AnInt8CodecAsksForItsSumsInInt8ByColumn) {
   }
   auto got = group.run(reqs);
   for (uint32_t r = 0; r < kRanks; ++r) {
-    reqs[r] = group.rounds[r]->next(Group::spans(got));
+    reqs[r] = group.rounds[r]->next(Group::spans(got[r]));
     ASSERT_EQ(reqs[r].size(), 1u);
     EXPECT_EQ(reqs[r][0].room, 1);
     EXPECT_EQ(reqs[r][0].format, WireFloat::I8);
@@ -322,7 +338,7 @@ TEST(Round, AnInt8CodecAsksForItsSumsInInt8ByColumn) {
   got = group.run(reqs);
   for (uint32_t r = 0; r < kRanks; ++r)
     EXPECT_NO_THROW(
-        group.rounds[r]->finish(Group::spans(got), buffers[r], {group.kept, group.whole_runs}));
+        group.rounds[r]->finish(Group::spans(got[r]), buffers[r], {group.kept, group.whole_runs}));
 }
 
 // PowerSGD's query is a float vector, so the checks of its sums wait for finish() (one host read
@@ -347,11 +363,11 @@ TEST(Round, ATwoPhaseCodecWithAFloatQueryRaisesAtFinishOnEveryRank) {
     }
     auto got = group.run(reqs);
     for (uint32_t r = 0; r < kRanks; ++r)
-      ASSERT_NO_THROW(reqs[r] = group.rounds[r]->next(Group::spans(got))) << "rank " << r;
+      ASSERT_NO_THROW(reqs[r] = group.rounds[r]->next(Group::spans(got[r]))) << "rank " << r;
     got = group.run(reqs);
     for (uint32_t r = 0; r < kRanks; ++r) {
       try {
-        group.rounds[r]->finish(Group::spans(got), buffers[r], {group.kept, group.whole_runs});
+        group.rounds[r]->finish(Group::spans(got[r]), buffers[r], {group.kept, group.whole_runs});
         ADD_FAILURE() << "rank " << r << " finished a step with a rank's Inf in it";
       } catch (const NonFiniteError& e) {
         EXPECT_NE(std::string(e.what()).find(r == 1 ? "4321" : "another rank"), std::string::npos)
@@ -394,15 +410,15 @@ void a_part_is_the_whole_finish_there(const std::string& spec, bool interleaved,
       const bool last = phase == whole.rounds[0]->phases();
       for (uint32_t r = 0; r < kRanks; ++r) {
         if (!last) {
-          a[r] = whole.rounds[r]->next(Group::spans(got_a));
-          b[r] = parts.rounds[r]->next(Group::spans(got_b));
+          a[r] = whole.rounds[r]->next(Group::spans(got_a[r]));
+          b[r] = parts.rounds[r]->next(Group::spans(got_b[r]));
           continue;
         }
-        whole.rounds[r]->finish(Group::spans(got_a), full[r], {whole.kept, whole.whole_runs});
+        whole.rounds[r]->finish(Group::spans(got_a[r]), full[r], {whole.kept, whole.whole_runs});
         const auto [lo, hi] = part(r, n);
         std::vector<float> out(hi - lo + 2, -7.0f);  // a value either side: not to be written
         const auto before = mine[r];
-        parts.rounds[r]->finish(Group::spans(got_b), std::span(out).subspan(1, hi - lo), lo, n,
+        parts.rounds[r]->finish(Group::spans(got_b[r]), std::span(out).subspan(1, hi - lo), lo, n,
                                 {parts.kept, parts.whole_runs});
         ASSERT_EQ(std::memcmp(out.data() + 1, full[r].data() + lo, (hi - lo) * 4), 0)
             << "round " << round << " rank " << r;
@@ -454,15 +470,15 @@ TEST(Round, RefusesAPartPastTheBuffer) {
     reqs[r] = group.rounds[r]->start(buffers[r], {group.kept, group.whole_runs}, 0);
   }
   auto got = group.run(reqs);
-  for (uint32_t r = 0; r < kRanks; ++r) reqs[r] = group.rounds[r]->next(Group::spans(got));
+  for (uint32_t r = 0; r < kRanks; ++r) reqs[r] = group.rounds[r]->next(Group::spans(got[r]));
   got = group.run(reqs);
   const uint64_t n = kDim + kWhole;
   std::vector<float> out(100);
   const Round::Runs at{group.kept, group.whole_runs};
-  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got), out, n - 99, n, at), InvalidArgument);
-  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got), out, n + 1, n, at), InvalidArgument);
-  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got), out, 0, kDim, at), InvalidArgument);
-  EXPECT_NO_THROW(group.rounds[0]->finish(Group::spans(got), out, n - 100, n, at));
+  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got[0]), out, n - 99, n, at), InvalidArgument);
+  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got[0]), out, n + 1, n, at), InvalidArgument);
+  EXPECT_THROW(group.rounds[0]->finish(Group::spans(got[0]), out, 0, kDim, at), InvalidArgument);
+  EXPECT_NO_THROW(group.rounds[0]->finish(Group::spans(got[0]), out, n - 100, n, at));
 }
 
 // A group in one process: rank 0's round reduces the messages once and every rank finishes from
@@ -492,16 +508,98 @@ TEST_P(GatheredRounds, AnUpdateReducedOnceFinishesEveryRankAsItsOwnWould) {
 INSTANTIATE_TEST_SUITE_P(Codecs, Rounds, ::testing::ValuesIn(fp32_examples()),
                          test::spec_name<::testing::TestParamInfo<std::string>>);
 
-/// The registry's examples of gathered codecs (nothing summed).
+/// The registry's examples of gathered codecs (nothing summed, every rank's message gathered).
 std::vector<std::string> gathered_examples() {
   std::vector<std::string> out;
   for (const auto& spec : example_specs(Layout::parse("50x80+1000")))
-    if (make_compressor(spec, kDim)->sum_size(MessageKind::Gradient) == 0) out.push_back(spec);
+    if (Group(spec, 0).rounds[0]->gathered()) out.push_back(spec);
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Codecs, GatheredRounds, ::testing::ValuesIn(gathered_examples()),
                          test::spec_name<::testing::TestParamInfo<std::string>>);
+
+// reduce=sparse: the update is the sparse all-reduce's of the ranks' lists (each its top-k):
+// the union's mean at its largest buckets, at most k values; what a rank's list lost goes back
+// to its error feedback, so the next lists are the top-k of what is left (a step of zero
+// gradients at the end sends only that).
+TEST(SparseRound, KeepsTheLargestAndErrorFeedbackTakesBackTheRest) {
+  const uint64_t k = 50;
+  Group group("topk:k=50,reduce=sparse", kWhole, true);
+  ASSERT_TRUE(group.rounds[0]->sparse());
+  ASSERT_FALSE(group.rounds[0]->gathered());
+  ASSERT_EQ(group.rounds[0]->phases(), 6);
+  std::vector<std::vector<float>> residual(kRanks, std::vector<float>(kDim, 0.0f));
+  for (uint64_t round = 0; round < 4; ++round) {
+    std::vector<std::vector<float>> x(kRanks), whole(kRanks);
+    std::vector<sparse::Sparse> lists(kRanks);
+    SparseSum sum;
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      x[r] = round == 3 ? std::vector<float>(kDim, 0.0f) : grad(r, round);
+      whole[r] = grad(r, round, kWhole);
+      for (uint64_t j = 0; j < kDim; ++j) residual[r][j] += x[r][j];
+      lists[r].indices.resize(k);
+      lists[r].values.resize(k);
+      kernels::cpu::topk(residual[r].data(), kDim, k, lists[r].indices.data(),
+                         lists[r].values.data(), kernels::Order::Index);
+      sum.add(lists[r].indices, lists[r].values);
+    }
+    const sparse::Sparse all = sum.mean(kRanks);
+    std::vector<float> counts(sparse::kBuckets, 0.0f), fine(sparse::kBuckets, 0.0f);
+    sparse::count(all, counts);
+    const uint32_t split = sparse::split(counts, k);
+    sparse::count_fine(all, split, fine);
+    const sparse::Sparse update = sparse::keep(all, sparse::cut(counts, fine, split, k));
+    ASSERT_LE(update.indices.size(), k);
+    ASSERT_LT(update.indices.size(), all.indices.size())
+        << "round " << round << ": nothing dropped";
+    std::vector<float> want(kDim, 0.0f);
+    for (size_t i = 0; i < update.indices.size(); ++i) want[update.indices[i]] = update.values[i];
+
+    for (const auto& e : group.step(x, whole, round)) ASSERT_EQ(e, "") << "round " << round;
+    for (uint32_t r = 0; r < kRanks; ++r)
+      ASSERT_EQ(std::memcmp(group.steps[r].data(), want.data(), kDim * sizeof(float)), 0)
+          << "round " << round << " rank " << r;
+    for (uint32_t r = 0; r < kRanks; ++r)
+      for (uint32_t i : lists[r].indices)  // sent and kept leaves the residual; dropped stays
+        if (std::binary_search(update.indices.begin(), update.indices.end(), i))
+          residual[r][i] = 0.0f;
+  }
+}
+
+// A part that does not decode (corrupted between ranks) stops every rank in the same phase:
+// its owner with the reason, the others told through the counts' sum; the next step goes on.
+TEST(SparseRound, ACorruptPartStopsEveryRankAlike) {
+  Group group("topk:k=50,reduce=sparse", kWhole);
+  const Round::Runs at{group.kept, group.whole_runs};
+  std::vector<std::vector<float>> buffers(kRanks);
+  std::vector<std::vector<Round::Request>> reqs(kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    buffers[r] = group.place(grad(r, 0), grad(r, 0, kWhole));
+    reqs[r] = group.rounds[r]->start(buffers[r], at, 0);
+  }
+  std::vector<std::string> errors(kRanks);
+  for (int phase = 1; phase < 5; ++phase) {
+    auto got = group.run(reqs);
+    if (phase == 2) got[1][2][0] ^= 0x7F;  // rank 2's part for rank 1: its count garbled
+    for (uint32_t r = 0; r < kRanks; ++r) try {
+        reqs[r] = group.rounds[r]->next(Group::spans(got[r]));
+      } catch (const WireError& e) {
+        errors[r] = e.what();
+      }
+    if (phase == 3) break;  // after the counts' sum: everyone knows
+  }
+  EXPECT_NE(errors[1].find("part"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("another rank"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[2].find("another rank"), std::string::npos) << errors[2];
+  std::vector<std::vector<float>> x(kRanks), whole(kRanks);
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    x[r] = grad(r, 1);
+    whole[r] = grad(r, 1, kWhole);
+  }
+  for (const auto& e : group.step(x, whole, 1)) ASSERT_EQ(e, "");
+  for (uint32_t r = 1; r < kRanks; ++r) ASSERT_EQ(group.steps[r], group.steps[0]);
+}
 
 // Half-precision wires: the ranks agree with each other (the collective's rounding is the same
 // for all), and the whole tensors still travel beside the payload.
@@ -589,10 +687,10 @@ TEST(Round, ReducingOnceRefusesCallsOutOfOrderAndForeignUpdates) {
     reqs[r] = group.rounds[r]->start(buffers[r], at, 0);
   }
   auto got = group.run(reqs);
-  EXPECT_THROW(group.rounds[0]->reduce(Group::spans(got)), ProtocolError);  // a phase is left
-  for (uint32_t r = 0; r < kRanks; ++r) reqs[r] = group.rounds[r]->next(Group::spans(got));
+  EXPECT_THROW(group.rounds[0]->reduce(Group::spans(got[0])), ProtocolError);  // a phase is left
+  for (uint32_t r = 0; r < kRanks; ++r) reqs[r] = group.rounds[r]->next(Group::spans(got[r]));
   got = group.run(reqs);
-  const auto all = Group::spans(got);
+  const auto all = Group::spans(got[0]);
   EXPECT_THROW(group.rounds[0]->reduce(std::span(all).first(1)), InvalidArgument);
   const Message update = group.rounds[0]->reduce(all);
   // Truncated, empty or garbled bytes.

@@ -56,10 +56,10 @@ struct Rank {
       }
       codecs[c] = make_compressor(chunks[c].spec, chunks[c].dim);
       aggregators[c] = codecs[c]->make_aggregator(kRanks);
-      payload[c].resize(Round::payload_size(codecs[c].get(), chunks[c].whole));
+      payload[c].resize(Round::payload_size(codecs[c].get(), chunks[c].whole, true));
       answer[c].resize(Round::answer_size(codecs[c].get()));
       rounds.push_back(std::make_unique<Round>(*codecs[c], *aggregators[c], rank, chunks[c].whole,
-                                               Round::Rooms{payload[c], answer[c]}));
+                                               Round::Rooms{payload[c], answer[c]}, true));
     }
   }
 };

@@ -120,7 +120,10 @@ def _expected(spec, per_rank, start_iter=2):
 def test_hook_equals_the_cpp_aggregator_on_the_same_inputs():
     # Summed payloads equal the messages' sum bit for bit where no rounding depends on the order
     # (quarter integers, no momentum); gathered codecs' messages are the same bytes on every rank.
-    gathered = [s for s in sketchsgd.example_specs() if sketchsgd.Compressor(s, 1920).sum_size() == 0]
+    # reduce=sparse keeps at most k of the aggregator's union (test_simulate.py and round_test.cpp
+    # hold it against the all-gather): not the aggregator's update.
+    gathered = [s for s in sketchsgd.example_specs()
+                if sketchsgd.Compressor(s, 1920).sum_size() == 0 and "reduce=sparse" not in s]
     specs = ["dense", "sketch:rows=3,cols=300,k=60,momentum=0", "sketch:rows=3,cols=300,k=60,p2=2,momentum=0",
              "sketch:rows=1,cols=500,k=60,fetch=1"] + gathered
     results = ddp.run(jobs.hook_rounds, specs, 3)

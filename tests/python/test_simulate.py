@@ -269,3 +269,61 @@ def test_a_gathered_codecs_link_grows_with_the_group_and_a_summed_ones_does_not(
     assert top[1]["link_bytes"] == pytest.approx(7 * top[0]["link_bytes"], rel=1e-6)
     assert sketch[1]["link_bytes"] == pytest.approx(sketch[0]["link_bytes"] * (2 * 7 / 8) / (2 * 1 / 2), rel=1e-6)
     assert sketch[1]["link_bytes"] < 2 * 2 * sketch[1]["payload_bytes"]
+
+
+def _averages(world, spec, same, steps=3, shape=(100, 200)):
+    """average() of each rank's random tensor (the same on every rank where same), steps times:
+    every rank's results and stats()."""
+    def job(rank):
+        state = CompressionState(spec, process_group=rank)
+        g = torch.Generator().manual_seed(0 if same else rank.rank)
+        return [average(state, [torch.randn(*shape, generator=g)])[0].clone() for _ in range(steps)], state.stats()
+    return LocalGroup(world).run(job)
+
+
+@pytest.mark.parametrize("codec,k", [("topk:k=200", 200), ("topk:k=200,index=delta,wire=fp16", 200),
+                                     ("sparseloco:chunk=500,k=10", 20000 // 500 * 10)])
+def test_a_sparse_reduce_is_the_all_gather_where_the_lists_coincide_and_keeps_k_where_not(codec, k):
+    """reduce=sparse (compress/sparse_reduce.hpp): where every rank sends the same list nothing is
+    dropped and each step is the all-gather's bit for bit; where they differ every rank holds the
+    same update of at most k values (a rank's budget: sparseloco's k a chunk; the union's
+    largest), its link bytes in an all-to-all, two all-reduces of counts and two all-gathers."""
+    world = 4
+    for same in (True, False):
+        gather = _averages(world, codec, same)
+        sparse = _averages(world, codec + ",reduce=sparse", same)
+        for r in range(world):
+            assert all(torch.equal(a, b) for a, b in zip(sparse[0][0], sparse[r][0])), "ranks differ"
+        for a, b in zip(gather[0][0], sparse[0][0]):
+            if same:
+                assert torch.equal(a, b)
+            else:
+                assert 0 < int((b != 0).sum()) <= k < int((a != 0).sum())
+        assert set(sparse[0][1]["by_collective"]) == {"all_to_all", "all_reduce", "all_gather"}
+        c = sparse[0][1]["by_collective"]["all_to_all"]
+        assert c["sent"] == c["received"] == c["payload"] * (world - 1) / world, c  # equal parts
+
+
+def test_the_sparse_reduces_link_bytes_do_not_grow_with_the_group():
+    """Top-k at 1 % (index=delta, fp16): at W = 64 a rank's link carries at least 8 times less with
+    the sparse all-reduce than with the all-gather, and about as much as at W = 16."""
+    spec, got = "topk:k=1000,index=delta,wire=fp16", {}
+    for world in (16, 64):
+        for reduce in ("gather", "sparse"):
+            s = _averages(world, f"{spec},reduce={reduce}", False, steps=2, shape=(200, 500))[0][1]
+            got[world, reduce] = s["received_bytes"]
+    assert got[64, "gather"] >= 8 * got[64, "sparse"], got
+    assert got[64, "sparse"] < 1.5 * got[16, "sparse"], got
+
+
+def test_all_to_all_hands_each_rank_every_ranks_part_for_it():
+    def job(rank):
+        parts = torch.arange(3 * 2, dtype=torch.int64) + 100 * rank.rank  # two values for each rank
+        out = torch.empty(6, dtype=torch.int64)
+        rank.all_to_all(out, parts, [2, 2, 2], [2, 2, 2])
+        with pytest.raises(ValueError, match="sizes"):
+            rank.all_to_all(out, parts, [2, 2], [2, 2, 2])
+        return out.tolist()
+    results = LocalGroup(3).run(job)
+    for r, got in enumerate(results):
+        assert got == [100 * s + 2 * r + j for s in range(3) for j in range(2)]

@@ -12,16 +12,21 @@
 // compressed ones (the codec's vector, end to end) and the ones sent whole; the round reads them
 // there and writes the mean back there.
 //
-// A request is Sum (an all-reduce, in place, of one of the driver's rooms, summed in the codec's
-// wire format: the driver casts to it and back; I8: its groups' largest magnitudes all-reduced
-// by max first, then the integers at 127 / W levels summed, wire.hpp) or Gather (an all-gather
-// of bytes of the same length on every rank; every rank's copy comes back to the next call, in
-// rank order). Families:
+// A request is Exchange (an all-to-all: parts[r] to rank r, all of one length, and from each
+// rank its part for this one, in rank order, to the next call), Sum (an all-reduce, in place, of
+// one of the driver's rooms, summed in the codec's wire format: the driver casts to it and back;
+// I8: its groups' largest magnitudes all-reduced by max first, then the integers at 127 / W levels
+// summed, wire.hpp) or Gather (an all-gather of bytes of the same length on every rank; every
+// rank's copy comes back to the next call, in rank order). Families:
 //   summable (dense, sketch, powersgd): Sum(codec payload ++ whole tensors) (I8: Sum(the
 //     codec's own values) and Sum(the values sent as they are) in I8 by one column); for
 //     two-round codecs then Sum(answer);
 //   gathered (topk, signsgd, terngrad, qsgd): Gather(message length), then Gather(the message
 //     padded to the longest) and Sum(whole tensors);
+//   sparse lists under reduce=sparse (topk, sparseloco): the sparse all-reduce
+//     (sparse_reduce.hpp) in six phases, Gather, Exchange, Sum(whole tensors ++ the magnitudes'
+//     counts), Sum(the finer counts), Gather, Gather (compress/sparse_phases.hpp): each rank's
+//     link O(k), not O(W · k);
 //   nothing compressed: Sum(whole tensors).
 // The tensors sent whole (small ones, by the layout rule: Layout::sent_whole) travel beside the
 // codec's payload (summable: in its Sum and wire format, beside I8 in I8 groups of their own;
@@ -44,6 +49,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -55,10 +61,11 @@ namespace sketchsgd {
 
 class SummableCodec;
 class SummableAggregator;
+class SparsePhases;
 
 class Round {
  public:
-  enum class Op : uint8_t { Sum, Gather };
+  enum class Op : uint8_t { Sum, Gather, Exchange };
   /// The driver's float32 rooms the round's sums are written into, in the codec's device memory;
   /// they must outlive the round. Lengths: payload_size() and answer_size().
   struct Rooms {
@@ -75,13 +82,19 @@ class Round {
     uint64_t offset = 0, count = 0;
     /// Gather: this rank's bytes (host memory, valid until the next call).
     std::span<const uint8_t> bytes;
+    /// Exchange: this rank's part for each rank, all of one length (host memory, valid until
+    /// the next call).
+    std::vector<std::span<const uint8_t>> parts;
 
     static Request sum(int room, WireFloat format, uint64_t columns = 1, uint64_t offset = 0,
                        uint64_t count = 0) {
-      return {Op::Sum, room, format, columns, offset, count, {}};
+      return {Op::Sum, room, format, columns, offset, count, {}, {}};
     }
     static Request gather(std::span<const uint8_t> bytes) {
-      return {Op::Gather, 0, WireFloat::F32, 1, 0, 0, bytes};
+      return {Op::Gather, 0, WireFloat::F32, 1, 0, 0, bytes, {}};
+    }
+    static Request exchange(std::vector<std::span<const uint8_t>> parts) {
+      return {Op::Exchange, 0, WireFloat::F32, 1, 0, 0, {}, std::move(parts)};
     }
   };
 
@@ -93,13 +106,20 @@ class Round {
 
   /// A unit with compressed tensors (codec.dim() values) and `whole` values sent whole. The
   /// codec and aggregator (of this rank; aggregator.world_size() ranks) outlive the round.
-  Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole, Rooms rooms);
+  /// per_destination: a chunk's round of a reduce-scatter per destination (Scatter), whose
+  /// messages go to one rank each: gathered, never a sparse all-reduce (reduce=sparse), which
+  /// has no place there.
+  Round(Compressor& codec, Aggregator& aggregator, uint32_t rank, uint64_t whole, Rooms rooms,
+        bool per_destination = false);
   /// A unit of whole tensors only (`whole` values, world ranks).
   Round(uint32_t world, uint64_t whole, const Device& device, std::span<float> payload);
+  ~Round();
 
-  static uint64_t payload_size(const Compressor* codec, uint64_t whole);
+  static uint64_t payload_size(const Compressor* codec, uint64_t whole,
+                               bool per_destination = false);
   static uint64_t answer_size(const Compressor* codec);
-  /// Collective steps a round takes: 2 for gathered and two-round codecs, else 1.
+  /// Collective steps a round takes: 6 under reduce=sparse, 2 for gathered and two-round codecs,
+  /// else 1.
   int phases() const;
 
   /// A new step's first requests, from the unit's values in buffer (the codec's device memory;
@@ -138,7 +158,9 @@ class Round {
 
   /// Whether the round gathers messages (a gathered codec): its update is then the aggregator's
   /// mean of every rank's message, which every rank's finish() computes alike.
-  bool gathered() const { return codec_ && !summable(); }
+  bool gathered() const { return codec_ && !summable() && !sparse_; }
+  /// Whether the round is a sparse all-reduce (a sparse-list codec with reduce=sparse).
+  bool sparse() const { return sparse_ != nullptr; }
   /// A gathered round after its last phase: the step's update from every rank's message (what
   /// finish() applies), for ranks that share one process (a simulated group): one rank reduces,
   /// every rank's finish_update() applies it, so a group decodes W messages once, not W times
@@ -182,6 +204,8 @@ class Round {
   template <class F>
   void attributed(F&& f);
   std::vector<Request> padded(std::span<const std::span<const uint8_t>> lengths);
+  /// next() under reduce=sparse: the phase after phase_.
+  std::vector<Request> next_sparse(std::span<const std::span<const uint8_t>> gathered);
   /// The runs' values in out (the buffer's [lo, lo + out.size())) = float32(1/W) · sum, the
   /// runs' values end to end.
   void mean_into(std::span<const float> sum, std::span<float> out, uint64_t lo,
@@ -196,6 +220,7 @@ class Round {
   // The codec's family (compress/summable.hpp): both set for a summable codec, else null.
   SummableCodec* summable_ = nullptr;
   SummableAggregator* summed_ = nullptr;
+  std::unique_ptr<SparsePhases> sparse_;  // reduce=sparse
   uint32_t world_, rank_;
   uint64_t whole_, sum_size_ = 0;
   bool dense_ = false;
